@@ -1,0 +1,214 @@
+"""NVRTC: our `.cu` sources -> cubin for one `sm_XY`, with the ptxas resource report and an on-disk cache.
+
+We always build a cubin (SASS) for the exact architecture, never PTX: the driver then has nothing to JIT,
+and an older driver than the NVRTC that built it still loads it. The cache key is a hash of every source
+and header text, the options, the NVRTC version and the arch, so any edit rebuilds and nothing stale loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import CompileError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_DIR = PACKAGE_DIR / "cu"
+INCLUDE_DIR = PACKAGE_DIR / "ptx"
+BASE_OPTIONS = ("-std=c++17", "-default-device", "-Xptxas=-v", "-lineinfo")
+_CACHE_MAGIC = b"rawgpu-cubin-v1\n"
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reported for one kernel: the numbers that decide occupancy and reveal local-memory use."""
+
+    name: str
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    shared_static: int = 0
+    stack_frame: int = 0
+    barriers: int = 0
+
+
+@dataclass
+class CompiledModule:
+    """A cubin, the arch it is for, and the per-kernel resource report."""
+
+    source: str
+    arch: str
+    cubin: bytes
+    resources: dict[str, KernelResources] = field(default_factory=dict)
+    log: str = ""
+    cached: bool = False
+
+
+def _nvrtc():
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+def _check(result, call: str):
+    """nvrtc calls return `(nvrtcResult, *values)`; raise on anything but success."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        name = getattr(err, "name", str(err))
+        raise CompileError(f"{call} failed: {name}")
+    return values[0] if len(values) == 1 else (values or None)
+
+
+@lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[int, int]:
+    return tuple(_check(_nvrtc().nvrtcVersion(), "nvrtcVersion"))  # type: ignore[return-value]
+
+
+@lru_cache(maxsize=1)
+def supported_archs() -> tuple[str, ...]:
+    return tuple(f"sm_{a}" for a in _check(_nvrtc().nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+
+
+def normalize_arch(arch: str | tuple[int, int]) -> str:
+    """Accept 'sm_86', '86', (8, 6); check that this NVRTC can build a cubin for it."""
+    if isinstance(arch, tuple):
+        arch = f"sm_{arch[0]}{arch[1]}"
+    arch = str(arch).strip().lower()
+    if not arch.startswith("sm_"):
+        arch = "sm_" + arch
+    if not re.fullmatch(r"sm_\d{2,3}a?", arch):
+        raise CompileError(f"bad GPU architecture {arch!r}: expected a name like 'sm_86'")
+    if arch.rstrip("a") not in supported_archs():
+        major, minor = nvrtc_version()
+        raise CompileError(f"NVRTC {major}.{minor} cannot build for {arch}; it supports {', '.join(supported_archs())}")
+    return arch
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RAWGPU_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "rawgpu") / "kernels"
+
+
+def source_texts() -> dict[str, bytes]:
+    """Every file a kernel source can see: the `.cu` files and all headers. Part of every cache key."""
+    files = sorted(list(SOURCE_DIR.glob("*.cu")) + list(SOURCE_DIR.glob("*.cuh")) + list(INCLUDE_DIR.glob("*.cuh")))
+    return {f"{p.parent.name}/{p.name}": p.read_bytes() for p in files}
+
+
+def cache_key(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None) -> str:
+    h = hashlib.sha256()
+    texts = source_texts() if texts is None else texts
+    for name in sorted(texts):
+        h.update(name.encode() + b"\0" + hashlib.sha256(texts[name]).digest())
+    h.update(repr((source, arch, BASE_OPTIONS, options, nvrtc_version())).encode())
+    return h.hexdigest()[:32]
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+
+
+def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
+    """Parse `-Xptxas -v` output into one KernelResources per entry function."""
+    out: dict[str, KernelResources] = {}
+    current: dict | None = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = {"name": m.group(1)}
+            out[current["name"]] = KernelResources(**current)
+        elif current is not None and (m := _PROPS.search(line)):
+            current.update(stack_frame=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            out[current["name"]] = KernelResources(**current)
+        elif current is not None and (m := _USED.search(line)):
+            current.update(registers=int(m.group(1)), barriers=int(m.group(2) or 0), shared_static=int(m.group(3) or 0))
+            out[current["name"]] = KernelResources(**current)
+    return out
+
+
+def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...]) -> CompiledModule:
+    # NVRTC honours the CUDA compute cache, and a build served from it prints no ptxas report, so the
+    # resource report would come back empty. We cache cubins ourselves; NVRTC's cache is switched off.
+    os.environ["CUDA_CACHE_DISABLE"] = "1"
+    nvrtc = _nvrtc()
+    path = SOURCE_DIR / source
+    if not path.is_file():
+        raise CompileError(f"no kernel source {path}")
+    prog = _check(nvrtc.nvrtcCreateProgram(path.read_bytes(), source.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={arch}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}", *options)]
+        result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.rstrip(b"\0 ").decode(errors="replace")
+        err = result[0] if isinstance(result, tuple) else result
+        if int(err) != 0:
+            raise CompileError(f"NVRTC could not compile {source} for {arch} ({getattr(err, 'name', err)}):\n{log.strip()}")
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return CompiledModule(source, arch, cubin, parse_ptxas_report(log), log)
+
+
+def _write_cache(path: Path, module: CompiledModule) -> None:
+    meta = {"source": module.source, "arch": module.arch, "sha256": hashlib.sha256(module.cubin).hexdigest(),
+            "resources": [asdict(r) for r in module.resources.values()], "log": module.log}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_CACHE_MAGIC + json.dumps(meta).encode() + b"\n" + module.cubin)
+        os.replace(tmp, path)  # atomic: a reader sees the old entry or the whole new one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_cache(path: Path) -> CompiledModule | None:
+    """The cached module, or None when absent or corrupt (a corrupt entry is deleted so it gets rebuilt)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        if not data.startswith(_CACHE_MAGIC):
+            raise ValueError("bad magic")
+        header, cubin = data[len(_CACHE_MAGIC):].split(b"\n", 1)
+        meta = json.loads(header)
+        if hashlib.sha256(cubin).hexdigest() != meta["sha256"]:
+            raise ValueError("cubin hash mismatch")
+        resources = {r["name"]: KernelResources(**r) for r in meta["resources"]}
+        return CompiledModule(meta["source"], meta["arch"], cubin, resources, meta.get("log", ""), cached=True)
+    except (ValueError, KeyError, TypeError):
+        path.unlink(missing_ok=True)
+        return None
+
+
+def compile_source(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), *,
+                   use_cache: bool = True, texts: dict[str, bytes] | None = None) -> CompiledModule:
+    """Build `rawgpu/cu/<source>` for `arch`, from the cache when an identical build exists."""
+    arch = normalize_arch(arch)
+    options = tuple(options)
+    path = cache_dir() / f"{Path(source).stem}-{arch}-{cache_key(source, arch, options, texts)}.cubin"
+    if use_cache and (hit := _read_cache(path)) is not None:
+        return hit
+    module = _nvrtc_compile(source, arch, options)
+    if use_cache:
+        try:
+            _write_cache(path, module)
+        except OSError:
+            pass  # a read-only cache costs speed, not correctness
+    return module
+
+
+def all_sources() -> list[str]:
+    return sorted(p.name for p in SOURCE_DIR.glob("*.cu"))

@@ -1,0 +1,343 @@
+"""The CUDA driver, checked: one `check()`, the primary context, streams, events, modules and launches.
+
+Everything goes through `cuda.bindings.driver`, whose calls return `(CUresult, *values)`; `check()` turns a
+non-success result into a `CudaError` that names the call and the error. No model code lives here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+from .errors import CudaError, NoDeviceError
+
+STATIC_SHARED_LIMIT = 48 * 1024  # beyond this a kernel must opt in to dynamic shared memory
+
+
+@lru_cache(maxsize=1)
+def _cu():
+    """Import the bindings lazily so that CPU-only code (planning, packing, CLI checks) never needs a driver."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # pragma: no cover - the package is a hard dependency
+        raise NoDeviceError(f"cuda-bindings is not installed ({exc}); run: pip install .") from None
+    return driver
+
+
+def check(result: Any, call: str = "CUDA call") -> Any:
+    """Unwrap a `(CUresult, *values)` tuple: raise CudaError on failure, else return None, the value, or the values."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, values = result[0], result[1:]
+    if int(err) != 0:
+        raise CudaError(call, *error_text(err))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def error_text(err: Any) -> tuple[str, str]:
+    """The driver's name and description of an error code (falls back to the enum's name)."""
+    cu = _cu()
+    name = getattr(err, "name", str(err))
+    try:
+        res, desc = cu.cuGetErrorString(err)
+        text = desc.decode() if int(res) == 0 and desc else ""
+    except Exception:  # no libcuda to ask: the name alone still says what happened
+        text = ""
+    return name, text
+
+
+def call(fn: Any, *args: Any) -> Any:
+    """`check(fn(*args))`, naming the call after the driver function."""
+    return check(fn(*args), fn.__name__)
+
+
+_initialized = False
+
+
+def init() -> None:
+    """cuInit once; a missing driver or GPU becomes NoDeviceError, a driver too old for the bindings says so."""
+    global _initialized
+    if _initialized:
+        return
+    cu = _cu()
+    try:
+        result = cu.cuInit(0)
+    except Exception as exc:  # the bindings raise if libcuda.so cannot be loaded at all
+        raise NoDeviceError(f"no NVIDIA driver found ({exc.__class__.__name__}: {exc}); rawgpu needs an NVIDIA GPU") from None
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        name, _ = error_text(err)
+        if name in ("CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_NOT_FOUND"):
+            raise NoDeviceError("no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU")
+        if name in ("CUDA_ERROR_INSUFFICIENT_DRIVER", "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"):
+            raise NoDeviceError(_driver_too_old_message())
+        check(result, "cuInit")
+    version = driver_version()
+    if version[0] < bindings_major():
+        raise NoDeviceError(_driver_too_old_message())
+    _initialized = True
+
+
+def bindings_major() -> int:
+    from cuda.bindings import __version__ as v
+
+    return int(v.split(".")[0])
+
+
+def driver_version() -> tuple[int, int]:
+    """The CUDA version the installed driver supports, e.g. (13, 0)."""
+    v = call(_cu().cuDriverGetVersion)
+    return v // 1000, (v % 1000) // 10
+
+
+def _driver_too_old_message() -> str:
+    try:
+        major, minor = driver_version()
+        have = f"supports CUDA {major}.{minor}"
+    except Exception:
+        have = "is too old"
+    need = bindings_major()
+    fix = 'pip install ".[cu12]"' if need > 12 else "update the NVIDIA driver"
+    return (f"the NVIDIA driver {have}, but the installed cuda-bindings need CUDA {need}: "
+            f"update the driver, or install the CUDA 12 build with: {fix}")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    total_memory: int
+    shared_per_block: int
+    shared_per_block_optin: int
+    shared_per_sm: int
+    l2_bytes: int
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+
+class Device:
+    """One GPU and its primary context, made current on this thread."""
+
+    def __init__(self, index: int = 0):
+        init()
+        cu = _cu()
+        count = call(cu.cuDeviceGetCount)
+        if count == 0:
+            raise NoDeviceError("no CUDA GPU found; rawgpu needs an NVIDIA GPU")
+        if not 0 <= index < count:
+            raise NoDeviceError(f"no GPU with index {index}: this machine has {count} (0..{count - 1})")
+        self.handle = call(cu.cuDeviceGet, index)
+        self.context = call(cu.cuDevicePrimaryCtxRetain, self.handle)
+        call(cu.cuCtxSetCurrent, self.context)
+        attr = cu.CUdevice_attribute
+
+        def get(a: Any) -> int:
+            return check(cu.cuDeviceGetAttribute(a, self.handle), "cuDeviceGetAttribute")
+
+        raw_name = call(cu.cuDeviceGetName, 256, self.handle)
+        self.info = DeviceInfo(
+            index=index,
+            name=raw_name.split(b"\0")[0].decode(),
+            compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+            sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            total_memory=call(cu.cuDeviceTotalMem, self.handle),
+            shared_per_block=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
+            shared_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            shared_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+            l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        )
+        self._released = False
+
+    def __getattr__(self, name: str) -> Any:  # device.name, device.sm_count, ... straight from DeviceInfo
+        if name == "info":
+            raise AttributeError(name)
+        return getattr(self.info, name)
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes on the device right now."""
+        return call(_cu().cuMemGetInfo)
+
+    def synchronize(self) -> None:
+        call(_cu().cuCtxSynchronize)
+
+    def close(self) -> None:
+        if not self._released:
+            self._released = True
+            call(_cu().cuDevicePrimaryCtxRelease, self.handle)
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Stream:
+    """A non-blocking stream: never implicitly ordered with the legacy default stream."""
+
+    def __init__(self):
+        cu = _cu()
+        self.handle = call(cu.cuStreamCreate, cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+
+    def synchronize(self) -> None:
+        call(_cu().cuStreamSynchronize, self.handle)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            call(_cu().cuStreamDestroy, self.handle)
+            self.handle = None
+
+
+class Event:
+    """A timing event; `elapsed_ms(start, end)` reads the time between two recorded events."""
+
+    def __init__(self):
+        self.handle = call(_cu().cuEventCreate, 0)
+
+    def record(self, stream: Stream) -> "Event":
+        call(_cu().cuEventRecord, self.handle, stream.handle)
+        return self
+
+    def synchronize(self) -> None:
+        call(_cu().cuEventSynchronize, self.handle)
+
+    def elapsed_ms(self, end: "Event") -> float:
+        end.synchronize()
+        return call(_cu().cuEventElapsedTime, self.handle, end.handle)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            call(_cu().cuEventDestroy, self.handle)
+            self.handle = None
+
+
+# --- kernel arguments -----------------------------------------------------------------------------------------
+# A signature is a string, one letter per parameter, matching the kernel's C parameter list:
+#   p = device pointer (8 bytes), i = int32, q = int64, f = float32.
+_ARG_CTYPES = {"p": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64, "f": ctypes.c_float}
+_ARG_STRUCT = {"p": "Q", "i": "i", "q": "q", "f": "f"}
+
+
+def _as_int_pointer(value: Any) -> int:
+    ptr = getattr(value, "ptr", value)  # a Tensor passes its device address
+    return int(ptr)
+
+
+def _convert(kind: str, value: Any, position: int) -> Any:
+    if kind == "p":
+        return _as_int_pointer(value)
+    if kind in "iq":
+        if isinstance(value, float) or not hasattr(value, "__index__"):
+            raise TypeError(f"argument {position} must be an integer for '{kind}', got {value!r}")
+        bits = 32 if kind == "i" else 64
+        v = int(value)
+        if not -(1 << (bits - 1)) <= v < (1 << (bits - 1)):
+            raise OverflowError(f"argument {position} = {v} does not fit int{bits}")
+        return v
+    if kind == "f":
+        return float(value)
+    raise ValueError(f"unknown argument kind {kind!r} (use p, i, q, f)")
+
+
+def _check_signature(signature: str, args: Sequence[Any]) -> None:
+    if bad := set(signature) - set(_ARG_CTYPES):
+        raise ValueError(f"unknown argument kind(s) {sorted(bad)} in signature {signature!r} (use p, i, q, f)")
+    if len(signature) != len(args):
+        raise TypeError(f"kernel takes {len(signature)} arguments ({signature}), got {len(args)}")
+
+
+def pack_args(signature: str, args: Sequence[Any]) -> bytes:
+    """The argument values as the kernel receives them, concatenated little-endian: for tests and checks."""
+    _check_signature(signature, args)
+    fmt = "<" + "".join(_ARG_STRUCT[k] for k in signature)
+    return struct.pack(fmt, *(_convert(k, a, i) for i, (k, a) in enumerate(zip(signature, args))))
+
+
+class PackedArgs:
+    """Kernel arguments converted once into C values plus the `void*[]` array cuLaunchKernel reads."""
+
+    def __init__(self, signature: str, args: Sequence[Any]):
+        _check_signature(signature, args)
+        self.values = [_ARG_CTYPES[k](_convert(k, a, i)) for i, (k, a) in enumerate(zip(signature, args))]
+        self.array = (ctypes.c_void_p * max(1, len(self.values)))(*[ctypes.addressof(v) for v in self.values])
+        self.address = ctypes.addressof(self.array)
+
+
+class Module:
+    """A loaded cubin; `kernel(name, signature)` looks a kernel up."""
+
+    def __init__(self, cubin: bytes, resources: dict | None = None):
+        self.handle = call(_cu().cuModuleLoadData, cubin)
+        self.resources = resources or {}
+        self._kernels: dict[str, Kernel] = {}
+
+    def kernel(self, name: str, signature: str) -> "Kernel":
+        k = self._kernels.get(name)
+        if k is None:
+            func = check(_cu().cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
+            k = self._kernels[name] = Kernel(func, name, signature, self.resources.get(name))
+        elif k.signature != signature:
+            raise TypeError(f"kernel {name} was declared with signature {k.signature}, not {signature}")
+        return k
+
+    def close(self) -> None:
+        if self.handle is not None:
+            call(_cu().cuModuleUnload, self.handle)
+            self.handle = None
+
+
+class Kernel:
+    """A kernel function with its argument signature; `bind(...)` packs arguments once for repeated launches."""
+
+    def __init__(self, func: Any, name: str, signature: str, resources: Any = None):
+        self.func, self.name, self.signature, self.resources = func, name, signature, resources
+        self._dynamic_shared_limit = STATIC_SHARED_LIMIT
+
+    def ensure_shared(self, nbytes: int) -> None:
+        """Raise the kernel's dynamic shared-memory limit when a launch asks for more than the 48 KB default."""
+        if nbytes > self._dynamic_shared_limit:
+            cu = _cu()
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.func, attr, nbytes), f"cuFuncSetAttribute({self.name}, {nbytes} B)")
+            self._dynamic_shared_limit = nbytes
+
+    def bind(self, grid: Sequence[int] | int, block: Sequence[int] | int, shared_bytes: int, *args: Any) -> "Launch":
+        return Launch(self, grid, block, shared_bytes, PackedArgs(self.signature, args))
+
+
+def _dim3(d: Sequence[int] | int) -> tuple[int, int, int]:
+    t = (d,) if isinstance(d, int) else tuple(d)
+    if not 1 <= len(t) <= 3 or any(int(x) < 1 for x in t):
+        raise ValueError(f"bad launch dimension {d!r}: 1 to 3 positive integers")
+    return tuple(int(x) for x in t) + (1,) * (3 - len(t))  # type: ignore[return-value]
+
+
+class Launch:
+    """One ready-to-go launch: kernel, geometry and packed arguments. `run(stream)` costs one driver call."""
+
+    def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_bytes: int, args: PackedArgs):
+        self.kernel, self.grid, self.block, self.shared_bytes, self.args = kernel, _dim3(grid), _dim3(block), int(shared_bytes), args
+        kernel.ensure_shared(self.shared_bytes)
+
+    def run(self, stream: Stream) -> None:
+        g, b = self.grid, self.block
+        check(_cu().cuLaunchKernel(self.kernel.func, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
+                                   stream.handle, self.args.address, 0), f"cuLaunchKernel({self.kernel.name})")
+
+    def __repr__(self) -> str:
+        return f"Launch({self.kernel.name}, grid={self.grid}, block={self.block}, smem={self.shared_bytes})"
+
+
+def launch(kernel: Kernel, grid: Any, block: Any, shared_bytes: int, stream: Stream, *args: Any) -> None:
+    """Pack and launch in one go (for one-off launches; hot paths keep a `Launch` from `kernel.bind`)."""
+    kernel.bind(grid, block, shared_bytes, *args).run(stream)

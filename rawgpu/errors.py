@@ -1,0 +1,33 @@
+"""Every error rawgpu raises on purpose derives from RawgpuError, so the CLI can print one line and exit."""
+
+
+class RawgpuError(Exception):
+    """A failure with a message meant for the user: one sentence, no traceback needed."""
+
+
+class NoDeviceError(RawgpuError):
+    """No usable NVIDIA GPU or driver."""
+
+
+class CudaError(RawgpuError):
+    """A CUDA driver call failed; names the call, the error name and the driver's description."""
+
+    def __init__(self, call: str, name: str, description: str = ""):
+        self.call, self.name, self.description = call, name, description
+        super().__init__(f"{call} failed: {name}" + (f" ({description})" if description else ""))
+
+
+class CompileError(RawgpuError):
+    """NVRTC rejected a source; the message carries the compiler log."""
+
+
+class OutOfMemoryError(RawgpuError):
+    """The device has less free memory than a plan needs."""
+
+
+class GraphCaptureError(RawgpuError):
+    """Stream capture into a CUDA graph failed."""
+
+
+class DataError(RawgpuError):
+    """A dataset file is missing, truncated, corrupt or of the wrong kind."""

@@ -1,0 +1,39 @@
+// Shared basics for every kernel. NVRTC ships no CUDA headers (no cuda_fp16.h), so we declare what we
+// use ourselves: fixed-width types, fp16 as raw 16-bit storage, conversions through inline PTX.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+typedef u16 half_t;  // IEEE fp16 bits; arithmetic happens in fp32 or inside the tensor cores
+
+#define RG_DEVICE __device__ __forceinline__
+
+// Grid-stride loop over [0, n): the kernels stay correct for any grid size.
+#define GRID_STRIDE(i, n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+RG_DEVICE half_t f32_to_f16(float f) {  // round to nearest even
+    half_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+RG_DEVICE float f16_to_f32(half_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Two floats -> one register of two fp16 (lo in bits 0..15, hi in 16..31), one instruction on sm_80+.
+RG_DEVICE u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+RG_DEVICE float2 unpack_f16x2(u32 v) {
+    return make_float2(f16_to_f32((half_t)(v & 0xFFFF)), f16_to_f32((half_t)(v >> 16)));
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Everything a GPU session must verify, in one device call: GPU info, all tests (GPU ones included), timings.
+# Usage on the device: bash scripts/gpu_check.sh [extra pytest args]. Logs go to $OUT when it is set.
+set -uo pipefail
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAWGPU_DATA=${RAWGPU_DATA:-.data/mnist}
+OUT=${OUT:-/tmp/rawgpu-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv,noheader
+python3 -c "import cuda.bindings, numpy; from rawgpu import compiler; print('cuda-bindings', cuda.bindings.__version__, 'nvrtc', compiler.nvrtc_version(), 'numpy', numpy.__version__)"
+python3 -m pytest -q -rs "$@" 2>&1 | tee "$OUT/pytest.log"
+status=${PIPESTATUS[0]}
+python3 - <<'PY' 2>&1 | tee "$OUT/warm_cache.log"
+import time
+from rawgpu import compiler
+from rawgpu.driver import Device
+arch = Device(0).arch
+for s in compiler.all_sources():
+    compiler.compile_source(s, arch)
+t = time.perf_counter()
+mods = [compiler.compile_source(s, arch) for s in compiler.all_sources()]
+ms = (time.perf_counter() - t) * 1e3
+print(f"warm-cache load of {len(mods)} modules for {arch}: {ms:.1f} ms (all cached: {all(m.cached for m in mods)})")
+PY
+if [ -f scripts/bench.py ]; then python3 scripts/bench.py ${BENCH_ARGS:---quick} 2>&1 | tee "$OUT/bench.log"; fi
+exit $status

@@ -1,0 +1,111 @@
+"""NVRTC compiler: every kernel source builds for sm_80/86/90 with no spills; the cache hits, misses, heals."""
+
+from __future__ import annotations
+
+import pytest
+
+from rawgpu import compiler
+from rawgpu.errors import CompileError
+
+ARCHS = ["sm_80", "sm_86", "sm_90"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
+    return tmp_path / "kernels"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", compiler.all_sources())
+def test_every_kernel_compiles_without_spills(source, arch, cache):
+    mod = compiler.compile_source(source, arch)
+    assert mod.cubin[:4] == b"\x7fELF", "NVRTC must give a cubin (ELF), never PTX"
+    assert mod.resources, f"no kernels reported in {source}"
+    for r in mod.resources.values():
+        assert r.spill_stores == 0 and r.spill_loads == 0, f"{r.name} spills on {arch}: {r}"
+        assert r.stack_frame == 0, f"{r.name} uses local memory on {arch}: {r}"
+        assert 0 < r.registers <= 255
+
+
+def test_ptxas_report_is_parsed():
+    log = """ptxas info    : 4 bytes gmem
+ptxas info    : Compiling entry function 'gemm_a' for 'sm_86'
+ptxas info    : Function properties for gemm_a
+ptxas         .     16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 360 bytes cmem[0]
+ptxas info    : Compiling entry function 'b' for 'sm_86'
+ptxas info    : Function properties for b
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers, 360 bytes cmem[0]
+"""
+    r = compiler.parse_ptxas_report(log)
+    assert r["gemm_a"] == compiler.KernelResources("gemm_a", 168, 8, 4, 1024, 16, 1)
+    assert r["b"] == compiler.KernelResources("b", 10, 0, 0, 0, 0, 0)
+
+
+def test_cache_miss_then_hit(cache):
+    first = compiler.compile_source("elementwise.cu", "sm_86")
+    assert not first.cached
+    entries = list(cache.glob("*.cubin"))
+    assert len(entries) == 1
+    second = compiler.compile_source("elementwise.cu", "sm_86")
+    assert second.cached and second.cubin == first.cubin and second.resources == first.resources
+    assert not list(cache.glob(".tmp-*")), "atomic write left a temporary file"
+
+
+def test_cache_key_changes_with_source_options_and_arch():
+    texts = compiler.source_texts()
+    base = compiler.cache_key("elementwise.cu", "sm_86", (), texts)
+    edited = dict(texts)
+    edited["ptx/common.cuh"] = texts["ptx/common.cuh"] + b"\n// edit\n"
+    assert compiler.cache_key("elementwise.cu", "sm_86", (), edited) != base
+    assert compiler.cache_key("elementwise.cu", "sm_90", (), texts) != base
+    assert compiler.cache_key("elementwise.cu", "sm_86", ("-DX=1",), texts) != base
+    assert compiler.cache_key("elementwise.cu", "sm_86", (), texts) == base
+
+
+@pytest.mark.parametrize("damage", ["flip_byte", "truncate", "garbage"])
+def test_corrupt_cache_entry_is_detected_and_rebuilt(cache, damage):
+    good = compiler.compile_source("elementwise.cu", "sm_86")
+    (entry,) = cache.glob("*.cubin")
+    data = bytearray(entry.read_bytes())
+    if damage == "flip_byte":
+        data[-100] ^= 0xFF
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data = bytearray(b"not a cache entry at all")
+    entry.write_bytes(bytes(data))
+    again = compiler.compile_source("elementwise.cu", "sm_86")
+    assert not again.cached, "a corrupt entry must not be loaded"
+    assert again.cubin == good.cubin
+    assert compiler.compile_source("elementwise.cu", "sm_86").cached, "the rebuilt entry is stored again"
+
+
+def test_compile_error_carries_the_nvrtc_log_and_source_line(cache, tmp_path, monkeypatch):
+    src_dir = tmp_path / "cu"
+    src_dir.mkdir()
+    (src_dir / "broken.cu").write_text('extern "C" __global__ void k(float* x) {\n    x[0] = undefined_name;\n}\n')
+    monkeypatch.setattr(compiler, "SOURCE_DIR", src_dir)
+    with pytest.raises(CompileError) as info:
+        compiler.compile_source("broken.cu", "sm_86")
+    msg = str(info.value)
+    assert "broken.cu(2)" in msg and "undefined_name" in msg and "sm_86" in msg
+
+
+@pytest.mark.parametrize("arch,expected", [("sm_86", "sm_86"), ("86", "sm_86"), ((9, 0), "sm_90"), ("SM_80", "sm_80")])
+def test_arch_names_are_normalized(arch, expected):
+    assert compiler.normalize_arch(arch) == expected
+
+
+@pytest.mark.parametrize("arch", ["sm_10", "compute_86", "banana", "sm_999"])
+def test_unsupported_arch_is_refused_clearly(arch):
+    with pytest.raises(CompileError) as info:
+        compiler.normalize_arch(arch)
+    assert "sm_" in str(info.value)
+
+
+def test_missing_source_is_clear(cache):
+    with pytest.raises(CompileError, match="no kernel source"):
+        compiler.compile_source("nope.cu", "sm_86")

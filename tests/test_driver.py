@@ -1,0 +1,193 @@
+"""Driver layer: error checking, argument packing and NoDeviceError on CPU; device, launches and events on GPU."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from rawgpu import driver
+from rawgpu.compiler import compile_source
+from rawgpu.errors import CudaError, NoDeviceError
+from rawgpu.memory import Arena
+
+
+def test_check_passes_values_and_raises_named_errors():
+    from cuda.bindings.driver import CUresult
+
+    ok = CUresult.CUDA_SUCCESS
+    assert driver.check((ok,), "cuX") is None
+    assert driver.check((ok, 7), "cuX") == 7
+    assert driver.check((ok, 1, 2), "cuX") == (1, 2)
+    with pytest.raises(CudaError) as info:
+        driver.check((CUresult.CUDA_ERROR_INVALID_VALUE, None), "cuMemAlloc")
+    assert info.value.call == "cuMemAlloc"
+    assert info.value.name == "CUDA_ERROR_INVALID_VALUE"
+    assert "cuMemAlloc failed: CUDA_ERROR_INVALID_VALUE" in str(info.value)
+
+
+def test_pack_args_layout_matches_c():
+    class FakeTensor:
+        ptr = 0xDEADBEEF00
+
+    packed = driver.pack_args("pifq", [FakeTensor(), -3, 1.5, 1 << 40])
+    assert packed == struct.pack("<Qifq", 0xDEADBEEF00, -3, 1.5, 1 << 40)
+    args = driver.PackedArgs("pifq", [FakeTensor(), -3, 1.5, 1 << 40])
+    assert [v.value for v in args.values] == [0xDEADBEEF00, -3, 1.5, 1 << 40]
+    import ctypes
+
+    addresses = [args.array[i] for i in range(4)]
+    assert addresses == [ctypes.addressof(v) for v in args.values]
+
+
+@pytest.mark.parametrize("sig,args,exc", [
+    ("pi", [1], TypeError),          # wrong count
+    ("i", [1.5], TypeError),         # float for an int
+    ("i", [1 << 31], OverflowError),  # does not fit int32
+    ("z", [1], ValueError),          # unknown kind
+])
+def test_pack_args_rejects_bad_arguments(sig, args, exc):
+    with pytest.raises(exc):
+        driver.pack_args(sig, args)
+
+
+class _FakeDriver:
+    """Stands in for cuda.bindings.driver where libcuda is missing or reports no device."""
+
+    def __init__(self, init_result=None, raises=None, version=13000):
+        from cuda.bindings import driver as real
+
+        self.real, self.init_result, self.raises, self.version = real, init_result, raises, version
+        self.CUresult = real.CUresult
+
+    def cuInit(self, flags):
+        if self.raises:
+            raise self.raises
+        return (self.init_result,)
+
+    def cuDriverGetVersion(self):
+        return (self.CUresult.CUDA_SUCCESS, self.version)
+
+    def cuGetErrorString(self, err):
+        raise RuntimeError("no libcuda")
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    def install(**kw):
+        fake = _FakeDriver(**kw)
+        monkeypatch.setattr(driver, "_cu", lambda: fake)
+        monkeypatch.setattr(driver, "_initialized", False)
+        return fake
+
+    return install
+
+
+def test_missing_driver_library_is_no_device_error(fake_driver):
+    fake_driver(raises=RuntimeError('"cuda" is an NVIDIA driver library and can only be found via system search'))
+    with pytest.raises(NoDeviceError, match="no NVIDIA driver found"):
+        driver.init()
+
+
+def test_no_device_is_no_device_error(fake_driver):
+    from cuda.bindings.driver import CUresult
+
+    fake_driver(init_result=CUresult.CUDA_ERROR_NO_DEVICE)
+    with pytest.raises(NoDeviceError, match="no CUDA GPU found"):
+        driver.init()
+
+
+def test_old_driver_names_its_cuda_version_and_the_fix(fake_driver, monkeypatch):
+    from cuda.bindings.driver import CUresult
+
+    fake_driver(init_result=CUresult.CUDA_SUCCESS, version=12040)
+    monkeypatch.setattr(driver, "bindings_major", lambda: 13)
+    with pytest.raises(NoDeviceError) as info:
+        driver.init()
+    assert "supports CUDA 12.4" in str(info.value) and "cu12" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_device_without_gpu_raises_no_device_error():
+    try:
+        dev = driver.Device(0)
+    except NoDeviceError as exc:
+        assert str(exc) and "\n" not in str(exc)
+    else:
+        dev.close()
+        pytest.skip("a GPU is present: this test is for machines without one (the fakes above cover the logic)")
+
+
+# --- GPU ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_device_reports_sane_properties(device):
+    info = device.info
+    assert info.name and info.sm_count > 0 and info.total_memory > 1 << 30
+    assert info.compute_capability >= (8, 0)
+    assert info.shared_per_block_optin >= info.shared_per_block >= 48 * 1024
+    free, total = device.memory_info()
+    assert 0 < free <= total
+
+
+@pytest.mark.gpu
+def test_bad_device_index_is_clear(device):
+    with pytest.raises(NoDeviceError, match="no GPU with index 99"):
+        driver.Device(99)
+
+
+@pytest.mark.gpu
+def test_kernel_launch_through_the_stack(device, stream, rng):
+    mod = compile_source("elementwise.cu", device.arch)
+    module = driver.Module(mod.cubin, mod.resources)
+    k = module.kernel("axpby_f32", "ppffq")
+    n = 100_003
+    x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    with Arena() as arena:
+        tx, ty = arena.tensor("x", n, np.float32), arena.tensor("y", n, np.float32)
+        arena.allocate()
+        tx.upload(x)
+        ty.upload(y)
+        driver.launch(k, (n + 255) // 256, 256, 0, stream, ty, tx, 2.5, -0.5, n)
+        got = ty.download()
+    ref = 2.5 * x.astype(np.float64) - 0.5 * y.astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
+
+
+@pytest.mark.gpu
+def test_bound_launch_replays_with_packed_args_and_events_time_it(device, stream):
+    mod = compile_source("elementwise.cu", device.arch)
+    k = driver.Module(mod.cubin).kernel("increment_i64", "pi")
+    with Arena() as arena:
+        counter = arena.tensor("counter", 1, np.int64)
+        arena.allocate()
+        counter.upload(np.array([5], np.int64))
+        bound = k.bind(1, 32, 0, counter, 3)
+        start, end = driver.Event(), driver.Event()
+        start.record(stream)
+        for _ in range(100):
+            bound.run(stream)
+        end.record(stream)
+        assert start.elapsed_ms(end) > 0
+        assert counter.download()[0] == 5 + 300
+
+
+@pytest.mark.gpu
+def test_launch_errors_name_the_call(device, stream):
+    mod = compile_source("elementwise.cu", device.arch)
+    k = driver.Module(mod.cubin).kernel("increment_i64", "pi")
+    with pytest.raises(CudaError, match="cuLaunchKernel\\(increment_i64\\) failed: CUDA_ERROR_INVALID_VALUE"):
+        driver.launch(k, 1, 4096, 0, stream, 0, 1)  # 4096 threads per block is over every GPU's limit
+
+
+@pytest.mark.gpu
+def test_large_dynamic_shared_memory_is_opted_in(device):
+    mod = compile_source("elementwise.cu", device.arch)
+    k = driver.Module(mod.cubin).kernel("cast_f32_f16", "ppq")
+    want = device.info.shared_per_block_optin
+    k.ensure_shared(want)
+    from cuda.bindings import driver as cu
+
+    got = driver.check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.func))
+    assert got == want
