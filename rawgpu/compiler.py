@@ -23,6 +23,10 @@ SOURCE_DIR = PACKAGE_DIR / "cu"
 INCLUDE_DIR = PACKAGE_DIR / "ptx"
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-Xptxas=-v", "-lineinfo")
 _CACHE_MAGIC = b"rawgpu-cubin-v1\n"
+# NVRTC honours the CUDA compute cache, and a build served from it prints no ptxas report, so resource
+# reports would come back empty. We cache cubins ourselves, so NVRTC's cache is switched off, before NVRTC
+# is first loaded (it reads the setting then). We never JIT PTX, so the driver loses nothing by it.
+os.environ["CUDA_CACHE_DISABLE"] = "1"
 
 
 @dataclass(frozen=True)
@@ -133,9 +137,6 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
 
 
 def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...]) -> CompiledModule:
-    # NVRTC honours the CUDA compute cache, and a build served from it prints no ptxas report, so the
-    # resource report would come back empty. We cache cubins ourselves; NVRTC's cache is switched off.
-    os.environ["CUDA_CACHE_DISABLE"] = "1"
     nvrtc = _nvrtc()
     path = SOURCE_DIR / source
     if not path.is_file():

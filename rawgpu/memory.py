@@ -73,6 +73,8 @@ class Tensor:
         drv.call(drv._cu().cuCtxSynchronize)
         if host.nbytes:
             drv.call(drv._cu().cuMemcpyHtoD, self.ptr, host.ctypes.data, host.nbytes)
+        # A pageable copy may return before its DMA lands, and it is not ordered with non-blocking streams.
+        drv.call(drv._cu().cuCtxSynchronize)
 
     def download(self) -> np.ndarray:
         """A new host array with the tensor's contents, after all queued device work has finished."""
@@ -90,6 +92,7 @@ class Tensor:
 
         drv.call(drv._cu().cuCtxSynchronize)
         drv.call(drv._cu().cuMemsetD8, self.ptr, byte & 0xFF, self.nbytes)
+        drv.call(drv._cu().cuCtxSynchronize)  # the memset is asynchronous and unordered with our streams
 
     def __repr__(self) -> str:
         return f"Tensor({self.name}, shape={self.shape}, dtype={self.dtype}, offset={self.offset})"

@@ -20,5 +20,5 @@ mods = [compiler.compile_source(s, arch) for s in compiler.all_sources()]
 ms = (time.perf_counter() - t) * 1e3
 print(f"warm-cache load of {len(mods)} modules for {arch}: {ms:.1f} ms (all cached: {all(m.cached for m in mods)})")
 PY
-if [ -f scripts/bench.py ]; then python3 scripts/bench.py ${BENCH_ARGS:---quick} 2>&1 | tee "$OUT/bench.log"; fi
+if [ -f scripts/bench.py ]; then python3 scripts/bench.py ${BENCH_ARGS:-gemm --quick} 2>&1 | tee "$OUT/bench.log"; fi
 exit $status

@@ -1,17 +1,123 @@
-// Elementwise kernels: simple, memory-bound, grid-stride loops.
+// Elementwise kernels: memory-bound grid-stride loops, 16-byte accesses where alignment allows, and the
+// small per-parameter updates. No float atomics: every result is the same bits on every run.
 #include "common.cuh"
+
+RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
 // y = a * x + b * y over n floats. The stack's smoke test: it exercises pointer, float and int64 arguments.
 extern "C" __global__ void axpby_f32(float* __restrict__ y, const float* __restrict__ x, float a, float b, i64 n) {
     GRID_STRIDE(i, n) y[i] = a * x[i] + b * y[i];
 }
 
-// fp32 master weights -> fp16 working copy.
+// fp32 master weights -> fp16 working copy: two float4 loads -> one 16-byte store of 8 halves, scalar tail.
 extern "C" __global__ void cast_f32_f16(half_t* __restrict__ out, const float* __restrict__ in, i64 n) {
-    GRID_STRIDE(i, n) out[i] = f32_to_f16(in[i]);
+    i64 done = 0;
+    if (ew_aligned16(out) && ew_aligned16(in)) {
+        const i64 n8 = n >> 3;
+        GRID_STRIDE(v, n8) {
+            const float4 a = reinterpret_cast<const float4*>(in)[2 * v];
+            const float4 b = reinterpret_cast<const float4*>(in)[2 * v + 1];
+            reinterpret_cast<uint4*>(out)[v] = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w),
+                                                          pack_f16x2(b.x, b.y), pack_f16x2(b.z, b.w));
+        }
+        done = n8 << 3;
+    }
+    GRID_STRIDE(j, n - done) out[done + j] = f32_to_f16(in[done + j]);
 }
 
-// Adds 1 to a device counter: the step counter that lets one captured graph replay every step unchanged.
+// Adds `by` to a device counter: the step counter that lets one captured graph replay every step unchanged.
 extern "C" __global__ void increment_i64(i64* counter, int by) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *counter += by;
+}
+
+// p[0..n) = v, float4 stores when aligned.
+extern "C" __global__ void fill_f32(float* __restrict__ p, i64 n, float v) {
+    i64 done = 0;
+    if (ew_aligned16(p)) {
+        const i64 n4 = n >> 2;
+        GRID_STRIDE(k, n4) reinterpret_cast<float4*>(p)[k] = make_float4(v, v, v, v);
+        done = n4 << 2;
+    }
+    GRID_STRIDE(j, n - done) p[done + j] = v;
+}
+
+// An fp16 bit pattern as an exact integer multiple of 2^-24 (every finite fp16 is one, |x| * 2^24 < 2^40),
+// so column sums are exact integer adds: no rounding, and the same bits in any order or geometry.
+RG_DEVICE i64 ew_f16_fixed24(u32 h) {
+    const u32 e = (h >> 10) & 31, m = h & 1023;
+    const i64 mag = e ? (i64)(m | 1024) << (e - 1) : (i64)m;
+    return (h & 0x8000) ? -mag : mag;
+}
+
+// Bias gradient + SGD(momentum) update. g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed point
+// (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
+// columns (one 16-byte load per row when ld % 8 == 0 and dy is aligned), TY threads split the rows; the TY
+// partials meet in shared memory. Grid over column tiles; blockDim.x * blockDim.y <= 256.
+// mu > 0 and mom: mom = mu*mom + g, bias -= lr*mom; else bias -= lr*g.
+extern "C" __global__ void bias_grad_sgd(const half_t* __restrict__ dy, int ld, int rows, int cols,
+                                         float* __restrict__ bias, float* __restrict__ mom,
+                                         const float* __restrict__ lr, float mu) {
+    __shared__ i64 part[256 * 8];  // [TY][TX * 8]
+    const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
+    const int tile = TX * 8;
+    const int c0 = blockIdx.x * tile + tx * 8;
+    const bool vec = (ld % 8 == 0) && ew_aligned16(dy);
+    i64 acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = 0;
+    if (c0 < cols) {
+        for (int r = ty; r < rows; r += TY) {
+            const half_t* row = dy + (i64)r * ld + c0;
+            if (vec) {  // c0 % 8 == 0 and c0 < cols <= ld: the 8 columns lie inside the row
+                const uint4 v = load_16(row);
+                const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    acc[2 * k] += ew_f16_fixed24(w[k] & 0xFFFF);
+                    acc[2 * k + 1] += ew_f16_fixed24(w[k] >> 16);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+                    if (c0 + k < cols) acc[k] += ew_f16_fixed24(row[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) part[ty * tile + tx * 8 + k] = acc[k];
+    __syncthreads();
+    for (int t = ty * TX + tx; t < tile; t += TX * TY) {  // one thread per column of the tile finishes it
+        const int c = blockIdx.x * tile + t;
+        if (c >= cols) break;
+        i64 sum = 0;
+        for (int y = 0; y < TY; ++y) sum += part[y * tile + t];
+        const float g = (float)((double)sum * (1.0 / 16777216.0));
+        const float rate = lr[0];
+        if (mu > 0.0f && mom != nullptr) {
+            const float m = mu * mom[c] + g;
+            mom[c] = m;
+            bias[c] -= rate * m;
+        } else {
+            bias[c] -= rate * g;
+        }
+    }
+}
+
+// splitmix64's finaliser: a bijective 64-bit mix (Steele, Lea, Flood 2014).
+RG_DEVICE u64 ew_mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// w[i] = uniform in [-bound, bound) from a counter-based hash of (seed, i): the same values for a seed on any
+// grid. u = top 24 bits of mix(mix(seed) + i * golden); (u - 2^23) / 2^23 is exact in fp32, then one
+// rounding multiply by bound. kernels/elementwise.py:init_uniform_reference computes the same bits.
+extern "C" __global__ void init_uniform(float* __restrict__ w, i64 n, float bound, u64 seed) {
+    const u64 key = ew_mix64(seed);
+    GRID_STRIDE(i, n) {
+        const u64 z = ew_mix64(key + (u64)i * 0x9E3779B97F4A7C15ull);
+        const float t = (float)((int)(z >> 40) - (1 << 23)) * (1.0f / 8388608.0f);
+        w[i] = t * bound;
+    }
 }

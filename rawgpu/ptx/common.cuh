@@ -37,3 +37,33 @@ RG_DEVICE u32 pack_f16x2(float lo, float hi) {
 RG_DEVICE float2 unpack_f16x2(u32 v) {
     return make_float2(f16_to_f32((half_t)(v & 0xFFFF)), f16_to_f32((half_t)(v >> 16)));
 }
+
+// 16-byte vector access (the address must be 16-byte aligned).
+RG_DEVICE uint4 load_16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+RG_DEVICE void store_16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+
+// Loads that skip L1 (L2 is the coherence point between blocks of one launch).
+RG_DEVICE float4 load_cg_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+// Warp-wide sums in a fixed butterfly order: deterministic, every lane gets the result.
+RG_DEVICE float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+RG_DEVICE float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+RG_DEVICE u32 dynamic_smem_bytes() {
+    u32 n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}

@@ -1,0 +1,325 @@
+// Tensor-core GEMM: C = A @ B, fp16 in, fp32 (or fp16) accumulation, with the epilogues an MLP step needs.
+//
+//   A is M x K, B is K x N, each row- or column-major, so x @ W, dy @ W^T and x^T @ dy need no transposes.
+//   Shared memory keeps each tile in its global layout (the contiguous dimension along a row), padded by
+//   16 bytes per row so the 8 row addresses of every ldmatrix land in different banks; ldmatrix or
+//   ldmatrix.trans then turns either layout into mma fragments.
+//   A STAGES-deep cp.async pipeline keeps STAGES - 1 tiles in flight while the tensor cores work on one.
+//   Edges are predicated by zero-filling copies (cp.async with 0 source bytes), so any M, N, K works;
+//   the contiguous dimension of each operand and of C must be a multiple of 8 (the caller pads).
+//   Split-K (gridDim.z > 1): every split writes its partial tile to a workspace, and the last split to
+//   arrive (an atomic ticket per tile) sums all partials in split order and runs the epilogue. The sum
+//   order never depends on timing, so results are bitwise reproducible; the ticket is reset for the
+//   next launch (graph replays included).
+#include "common.cuh"
+#include "mma.cuh"
+#include "ldmatrix.cuh"
+#include "cp_async.cuh"
+
+enum Layout { ROW = 0, COL = 1 };
+enum Epilogue {
+    EPI_STORE = 0,      // C16 = acc
+    EPI_BIAS = 1,       // C16 = acc + bias
+    EPI_BIAS_RELU = 2,  // C16 = relu(acc + bias)
+    EPI_DRELU = 3,      // C16 = acc * (act > 0): the backward of ReLU, act being the saved forward output
+    EPI_SGD = 4,        // G = acc; [V = mu V + G;] W32 -= lr (V or G); W16 = fp16(W32). G never touches memory.
+};
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct Config {
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+    static constexpr int THREADS = WM * WN * 32;
+    static constexpr int WTM = BM / WM, WTN = BN / WN;  // one warp's tile
+    static constexpr int MT = WTM / 16, NT = WTN / 8;   // mma tiles per warp
+    static_assert(WTM % 16 == 0 && WTN % 16 == 0 && BK % 16 == 0, "warp tile must be whole mma tiles");
+};
+
+// Shared-memory tile of an operand: ROWS rows of COLS contiguous halves, each row padded by 8 halves.
+template <int ROWS, int COLS>
+struct Tile {
+    static constexpr int LD = COLS + 8;
+    static constexpr int SIZE = ROWS * LD;  // halves
+};
+
+template <class C, int LA> using TileA = Tile<LA == ROW ? C::BM : C::BK, LA == ROW ? C::BK : C::BM>;
+template <class C, int LB> using TileB = Tile<LB == ROW ? C::BK : C::BN, LB == ROW ? C::BN : C::BK>;
+
+// Start copying a ROWS x COLS tile whose top-left element is global (r0, c0); rows >= R or columns >= C
+// are zero-filled. C is a multiple of 8, so each 16-byte chunk is wholly inside or wholly outside.
+template <int ROWS, int COLS, int THREADS>
+RG_DEVICE void load_tile(half_t* s, const half_t* g, int ld, int r0, int c0, int R, int C, int tid) {
+    constexpr int PER_ROW = COLS / 8, CHUNKS = ROWS * PER_ROW;
+#pragma unroll
+    for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
+        const int i = it * THREADS + tid;
+        if (CHUNKS % THREADS == 0 || i < CHUNKS) {
+            const int r = i / PER_ROW, c = (i % PER_ROW) * 8;
+            const bool valid = (r0 + r < R) && (c0 + c < C);
+            const half_t* src = valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g;
+            cp_async_16(s + r * (COLS + 8) + c, src, valid);
+        }
+    }
+}
+
+struct Params {
+    const half_t* A; const half_t* B; void* out;
+    int M, N, K, lda, ldb, ldc, k_chunk;
+    const float* bias; const half_t* act; int ld_act;
+    float* mom; half_t* w16; const float* lr; float mu;
+    float* workspace; int* tickets;
+};
+
+// The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x` and `y`
+// were loaded beforehand: W32 and momentum (sgd), bias (bias), or the saved activation (drelu).
+template <int EPI>
+RG_DEVICE void epilogue_pair(const Params& p, float lr, int row, int col, float v0, float v1, float2 x, float2 y) {
+    const i64 at = (i64)row * p.ldc + col;
+    if (EPI == EPI_SGD) {
+        if (p.mom != nullptr) {
+            y.x = p.mu * y.x + v0;
+            y.y = p.mu * y.y + v1;
+            *reinterpret_cast<float2*>(p.mom + at) = y;
+            v0 = y.x;
+            v1 = y.y;
+        }
+        x.x -= lr * v0;
+        x.y -= lr * v1;
+        *reinterpret_cast<float2*>(reinterpret_cast<float*>(p.out) + at) = x;
+        *reinterpret_cast<u32*>(p.w16 + at) = pack_f16x2(x.x, x.y);
+        return;
+    }
+    if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
+        v0 += x.x;
+        v1 += x.y;
+    }
+    if (EPI == EPI_BIAS_RELU) {
+        v0 = fmaxf(v0, 0.f);
+        v1 = fmaxf(v1, 0.f);
+    }
+    if (EPI == EPI_DRELU) {
+        v0 = x.x > 0.f ? v0 : 0.f;
+        v1 = x.y > 0.f ? v1 : 0.f;
+    }
+    *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = pack_f16x2(v0, v1);
+}
+
+template <class Cfg, int LA, int LB, int EPI, bool ACC16>
+RG_DEVICE void gemm(const Params& p) {
+    using TA = TileA<Cfg, LA>;
+    using TB = TileB<Cfg, LB>;
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+    constexpr int MT = Cfg::MT, NT = Cfg::NT;
+    extern __shared__ __align__(128) u8 smem_raw[];
+    if (dynamic_smem_bytes() < (u32)(STAGES * (TA::SIZE + TB::SIZE) * 2)) __trap();  // launcher/kernel mismatch
+    half_t* sA = reinterpret_cast<half_t*>(smem_raw);
+    half_t* sB = sA + STAGES * TA::SIZE;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int k_begin = blockIdx.z * p.k_chunk;
+    const int k_end = min(p.K, k_begin + p.k_chunk);
+    const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+
+    auto load_stage = [&](int stage, int kt) {
+        const int k = k_begin + kt * BK;
+        half_t* a = sA + stage * TA::SIZE;
+        half_t* b = sB + stage * TB::SIZE;
+        if (LA == ROW) load_tile<BM, BK, Cfg::THREADS>(a, p.A, p.lda, m0, k, p.M, k_end, tid);
+        else           load_tile<BK, BM, Cfg::THREADS>(a, p.A, p.lda, k, m0, k_end, p.M, tid);
+        if (LB == ROW) load_tile<BK, BN, Cfg::THREADS>(b, p.B, p.ldb, k, n0, k_end, p.N, tid);
+        else           load_tile<BN, BK, Cfg::THREADS>(b, p.B, p.ldb, n0, k, p.N, k_end, tid);
+    };
+
+    float acc[MT][NT][4];
+    u32 acc16[MT][NT][2];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+            acc16[i][j][0] = acc16[i][j][1] = 0u;
+        }
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < k_tiles) load_stage(s, s);
+        cp_async_commit();
+    }
+
+    // ldmatrix lane roles (see ldmatrix.cuh): which row of which 8x8 matrix this lane addresses.
+    const int r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile kt has landed for everyone, and everyone is done with tile kt - 1's stage
+        const int next = kt + STAGES - 1;
+        if (next < k_tiles) load_stage(next % STAGES, next);
+        cp_async_commit();
+
+        const half_t* a = sA + (kt % STAGES) * TA::SIZE;
+        const half_t* b = sB + (kt % STAGES) * TB::SIZE;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            u32 fa[MT][4], fb[NT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int m = wm * Cfg::WTM + i * 16;
+                if (LA == ROW) ldmatrix_x4(fa[i], shared_address(a + (m + r8 + 8 * q1) * TA::LD + kk + 8 * q2));
+                else           ldmatrix_x4_trans(fa[i], shared_address(a + (kk + r8 + 8 * q2) * TA::LD + m + 8 * q1));
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                const int n = wn * Cfg::WTN + j * 8;
+                u32 r[4];
+                if (LB == COL) ldmatrix_x4(r, shared_address(b + (n + r8 + 8 * q2) * TB::LD + kk + 8 * q1));
+                else           ldmatrix_x4_trans(r, shared_address(b + (kk + r8 + 8 * q1) * TB::LD + n + 8 * q2));
+                fb[j][0] = r[0]; fb[j][1] = r[1]; fb[j + 1][0] = r[2]; fb[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    if (ACC16) mma_m16n8k16_f16(acc16[i][j], fa[i], fb[j]);
+                    else       mma_m16n8k16_f32(acc[i][j], fa[i], fb[j]);
+                }
+        }
+    }
+    cp_async_wait<0>();
+
+    if (ACC16) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const float2 lo = unpack_f16x2(acc16[i][j][0]), hi = unpack_f16x2(acc16[i][j][1]);
+                acc[i][j][0] = lo.x; acc[i][j][1] = lo.y; acc[i][j][2] = hi.x; acc[i][j][3] = hi.y;
+            }
+    }
+
+    if (gridDim.z > 1) {
+        // Split-K fix-up. Partials live at workspace[split][tile][j][thread] (float4 j), so every access
+        // is a coalesced 16-byte one; the last split to take a ticket reduces them in split order.
+        constexpr int V4 = MT * NT;  // float4 per thread
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        const int tiles = gridDim.x * gridDim.y;
+        float4* ws = reinterpret_cast<float4*>(p.workspace);
+        auto slot = [&](int split, int j) { return ((i64)(split * tiles + tile) * V4 + j) * Cfg::THREADS + tid; };
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                ws[slot(blockIdx.z, i * NT + j)] = make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
+        __threadfence();
+        __syncthreads();
+        __shared__ int ticket;
+        if (tid == 0) ticket = atomicAdd(p.tickets + tile, 1);
+        __syncthreads();
+        if (ticket != (int)gridDim.z - 1) return;
+        __threadfence();
+        // Sum in split order. All of one split's loads are issued before any is used, so the L2 round trips
+        // overlap instead of queueing one behind another.
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+        for (int z = 0; z < (int)gridDim.z; ++z) {
+            float4 v[MT * NT];
+#pragma unroll
+            for (int j = 0; j < MT * NT; ++j) v[j] = load_cg_f4(reinterpret_cast<const float*>(ws + slot(z, j)));
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const float4 w = v[i * NT + j];
+                    acc[i][j][0] += w.x; acc[i][j][1] += w.y; acc[i][j][2] += w.z; acc[i][j][3] += w.w;
+                }
+        }
+        if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch
+    }
+
+    const float lr = (EPI == EPI_SGD) ? *p.lr : 0.f;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        // Everything this row group reads (weights, momentum, saved activation, bias) is loaded before the
+        // first store: stores may alias those loads in the compiler's view, so it cannot batch them itself.
+        float2 aux[NT][2], aux2[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm * Cfg::WTM + i * 16 + g + 8 * h;
+                const int col = n0 + wn * Cfg::WTN + j * 8 + 2 * t;
+                const bool in = row < p.M && col < p.N;
+                const i64 at = (i64)row * p.ldc + col;
+                aux[j][h] = aux2[j][h] = make_float2(0.f, 0.f);
+                if (!in) continue;
+                if (EPI == EPI_SGD) {
+                    aux[j][h] = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(p.out) + at);
+                    if (p.mom != nullptr) aux2[j][h] = *reinterpret_cast<const float2*>(p.mom + at);
+                } else if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
+                    aux[j][h] = *reinterpret_cast<const float2*>(p.bias + col);
+                } else if (EPI == EPI_DRELU) {
+                    aux[j][h] = unpack_f16x2(*reinterpret_cast<const u32*>(p.act + (i64)row * p.ld_act + col));
+                }
+            }
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm * Cfg::WTM + i * 16 + g + 8 * h;
+                const int col = n0 + wn * Cfg::WTN + j * 8 + 2 * t;
+                if (row < p.M && col < p.N)
+                    epilogue_pair<EPI>(p, lr, row, col, acc[i][j][2 * h], acc[i][j][2 * h + 1], aux[j][h], aux2[j][h]);
+            }
+    }
+}
+
+// ---- instances: extern "C" so kernels keep readable names in graphs and profiles ----------------------------
+// Name: gemm_<BMxBN>_<layout A><layout B>_<epilogue>_<accumulator>; r = row-major, c = column-major.
+// kernels/gemm.py holds the same table (CONFIGS, INSTANCES) and a CPU test checks the two agree.
+typedef Config<32, 128, 32, 1, 4, 6> Cfg32;     // batch-sized M (<= 32): streams a wide B
+typedef Config<32, 128, 64, 2, 4, 4> Cfg32k64;  // M <= 32, longer K runs: 128-byte rows of a column-major B
+typedef Config<64, 128, 64, 2, 4, 3> Cfg64;     // M <= 64
+typedef Config<128, 128, 32, 2, 4, 4> Cfg128;   // large M
+typedef Config<128, 128, 32, 2, 4, 2> CfgOuter; // K = batch: little to pipeline, much to write
+typedef Config<64, 128, 32, 2, 4, 2> CfgOuter64; // the same with half the accumulators: more CTAs per SM
+
+#define GEMM_PARAMS                                                                                             \
+    const half_t *A, const half_t *B, void *out, int M, int N, int K, int lda, int ldb, int ldc, int k_chunk, \
+        const float *bias, const half_t *act, int ld_act, float *mom, half_t *w16, const float *lr, float mu, \
+        float *workspace, int *tickets
+#define GEMM_ARGS {A, B, out, M, N, K, lda, ldb, ldc, k_chunk, bias, act, ld_act, mom, w16, lr, mu, workspace, tickets}
+
+#define GEMM_INSTANCE(name, CFG, LA, LB, EPI, ACC16)                                               \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS) name(GEMM_PARAMS) {                 \
+        const Params p = GEMM_ARGS;                                                                 \
+        gemm<CFG, LA, LB, EPI, ACC16>(p);                                                           \
+    }
+
+#define GEMM_ACCS(name, CFG, LA, LB, EPI)                  \
+    GEMM_INSTANCE(name##_f32, CFG, LA, LB, EPI, false)     \
+    GEMM_INSTANCE(name##_f16, CFG, LA, LB, EPI, true)
+
+#define GEMM_ALL_LAYOUTS(cfgname, CFG)                                     \
+    GEMM_ACCS(gemm_##cfgname##_rr_store, CFG, ROW, ROW, EPI_STORE)         \
+    GEMM_ACCS(gemm_##cfgname##_rc_store, CFG, ROW, COL, EPI_STORE)         \
+    GEMM_ACCS(gemm_##cfgname##_cr_store, CFG, COL, ROW, EPI_STORE)         \
+    GEMM_ACCS(gemm_##cfgname##_cc_store, CFG, COL, COL, EPI_STORE)         \
+    GEMM_ACCS(gemm_##cfgname##_rr_bias, CFG, ROW, ROW, EPI_BIAS)           \
+    GEMM_ACCS(gemm_##cfgname##_rr_bias_relu, CFG, ROW, ROW, EPI_BIAS_RELU) \
+    GEMM_ACCS(gemm_##cfgname##_rc_drelu, CFG, ROW, COL, EPI_DRELU)         \
+    GEMM_ACCS(gemm_##cfgname##_cr_sgd, CFG, COL, ROW, EPI_SGD)
+
+GEMM_ALL_LAYOUTS(32x128, Cfg32)
+GEMM_ALL_LAYOUTS(64x128, Cfg64)
+GEMM_ACCS(gemm_32x128k64_rr_store, Cfg32k64, ROW, ROW, EPI_STORE)
+GEMM_ACCS(gemm_32x128k64_rc_store, Cfg32k64, ROW, COL, EPI_STORE)
+GEMM_ACCS(gemm_32x128k64_rr_bias_relu, Cfg32k64, ROW, ROW, EPI_BIAS_RELU)
+GEMM_ACCS(gemm_32x128k64_rc_drelu, Cfg32k64, ROW, COL, EPI_DRELU)
+GEMM_ALL_LAYOUTS(128x128, Cfg128)
+GEMM_ACCS(gemm_outer_cr_sgd, CfgOuter, COL, ROW, EPI_SGD)
+GEMM_ACCS(gemm_outer_cr_store, CfgOuter, COL, ROW, EPI_STORE)
+GEMM_ACCS(gemm_outer64_cr_sgd, CfgOuter64, COL, ROW, EPI_SGD)
+GEMM_ACCS(gemm_outer64_cr_store, CfgOuter64, COL, ROW, EPI_STORE)

@@ -1,0 +1,72 @@
+// Softmax cross-entropy: loss, accuracy and the logits gradient in one pass. One block on purpose: the
+// metrics are summed in a fixed order and added without atomics, so every run gives the same bits.
+#include "common.cuh"
+
+#define XENT_MAX_WARPS 32  // blockDim.x <= 1024
+
+// A warp per row (rows strided by the warp count), fp32 math. Per row: m = max z, loss = log(sum exp(z - m))
+// + m - z[label], prediction = the first index of the max. dlogits[r, c] = (softmax_c - [c == label]) * inv_batch
+// for c < classes, 0 for the padding columns up to ld; dlogits == nullptr: evaluation, metrics only.
+// Then *loss_sum += sum of losses and *correct += hits (read-modify-write by one thread: they accumulate over
+// launches until zero_metrics).
+extern "C" __global__ void softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ labels,
+                                        int batch, int classes, float inv_batch, half_t* __restrict__ dlogits,
+                                        double* loss_sum, int* correct) {
+    __shared__ double s_loss[XENT_MAX_WARPS];
+    __shared__ int s_hits[XENT_MAX_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    double loss_acc = 0.0;  // lane 0's running sum, rows in ascending order
+    int hits = 0;
+    for (int r = warp; r < batch; r += warps) {
+        const half_t* z = logits + (i64)r * ld;
+        const int label = labels[r];
+        float best = -__int_as_float(0x7f800000);
+        int best_i = 0x7fffffff;
+        for (int c = lane; c < classes; c += 32) {
+            const float v = f16_to_f32(z[c]);
+            if (v > best) best = v, best_i = c;  // strict: the first max of this lane's columns
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {  // argmax across lanes, ties to the lower index
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
+        }
+        const float m = best;  // every lane: the row max and its first index
+        // rest = sum of exp(z - m) over all but the first max (whose term is exactly 1), so that
+        // loss = log1p(rest) + (m - z[label]) adds two non-negative terms: accurate even when loss -> 0.
+        float rest = 0.0f;
+        for (int c = lane; c < classes; c += 32)
+            if (c != best_i) rest += expf(f16_to_f32(z[c]) - m);
+        rest = warp_sum(rest);
+        const bool valid = label >= 0 && label < classes;
+        const float z_label = valid ? f16_to_f32(z[label]) : __int_as_float(0x7fffffff);  // bad label: NaN loss
+        if (lane == 0) {
+            loss_acc += (double)(log1pf(rest) + (m - z_label));
+            hits += (valid && best_i == label) ? 1 : 0;
+        }
+        if (dlogits != nullptr) {
+            const float inv_se = 1.0f / (1.0f + rest);
+            half_t* d = dlogits + (i64)r * ld;
+            for (int c = lane; c < ld; c += 32) {
+                float g = 0.0f;
+                if (c < classes) g = (expf(f16_to_f32(z[c]) - m) * inv_se - (c == label ? 1.0f : 0.0f)) * inv_batch;
+                d[c] = f32_to_f16(g);
+            }
+        }
+    }
+    if (lane == 0) s_loss[warp] = loss_acc, s_hits[warp] = hits;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        int total_hits = 0;
+        for (int w = 0; w < warps; ++w) total += s_loss[w], total_hits += s_hits[w];
+        *loss_sum += total;
+        *correct += total_hits;
+    }
+}
+
+// Reset the accumulated metrics; a kernel (not a memset) so the reset can sit inside a captured graph.
+extern "C" __global__ void zero_metrics(double* loss_sum, int* correct) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *loss_sum = 0.0, *correct = 0;
+}

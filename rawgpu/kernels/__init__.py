@@ -1,0 +1,58 @@
+"""Python launchers for our CUDA kernels, one module per kernel family (gemm, elementwise, loss, data).
+
+Each launcher checks its tensors and returns a bound `Launch` (geometry + arguments packed once), so a
+training step is just a list of launches that runs eagerly or is captured into a graph unchanged.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from ..compiler import CompiledModule, compile_source
+from ..driver import Kernel, Module
+
+if TYPE_CHECKING:
+    from ..memory import Tensor
+
+
+class Kernels:
+    """Every kernel source compiled (through the cache) for one GPU arch and loaded into the current context."""
+
+    def __init__(self, arch: str):
+        self.arch = arch
+        self.compiled: dict[str, CompiledModule] = {}
+        self.modules: dict[str, Module] = {}
+
+    def module(self, source: str) -> Module:
+        if source not in self.modules:
+            compiled = compile_source(source, self.arch)
+            self.compiled[source] = compiled
+            self.modules[source] = Module(compiled.cubin, compiled.resources)
+        return self.modules[source]
+
+    def get(self, source: str, name: str, signature: str) -> Kernel:
+        return self.module(source).kernel(name, signature)
+
+    def resources(self, name: str):
+        """ptxas report of a kernel by name (any loaded module), or None."""
+        for compiled in self.compiled.values():
+            if name in compiled.resources:
+                return compiled.resources[name]
+        return None
+
+
+def require(t: "Tensor", dtype, shape: tuple[int, ...] | None = None, what: str = "") -> None:
+    """Launchers call this so a wrong buffer fails in Python, with names, instead of corrupting memory."""
+    import numpy as np
+
+    label = what or t.name
+    if t.dtype != np.dtype(dtype):
+        raise TypeError(f"{label}: expected dtype {np.dtype(dtype)}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{label}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def blocks_for(n: int, threads: int, per_thread: int = 1, max_blocks: int = 65535 * 8) -> int:
+    """Grid size for a grid-stride loop over n items, `per_thread` items per thread."""
+    return max(1, min(max_blocks, -(-n // (threads * per_thread))))

@@ -1,0 +1,103 @@
+"""Launchers for cu/elementwise.cu: casts, fills, init, counters and the bias update.
+
+Each checks its tensors (so a wrong buffer fails here, by name) and returns a bound Launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..driver import Launch
+from ..memory import Tensor
+from . import Kernels, blocks_for, require
+
+SRC = "elementwise.cu"
+THREADS = 256
+
+
+def axpby_f32(k: Kernels, y: Tensor, x: Tensor, a: float, b: float) -> Launch:
+    """y = a*x + b*y (fp32, same shape)."""
+    require(y, np.float32, what="axpby y")
+    require(x, np.float32, y.shape, what="axpby x")
+    return k.get(SRC, "axpby_f32", "ppffq").bind(blocks_for(y.size, THREADS), THREADS, 0, y, x, a, b, y.size)
+
+
+def cast_f32_f16(k: Kernels, out: Tensor, src: Tensor) -> Launch:
+    """fp32 master weights -> fp16 working copy (same shape), 8 elements per thread per step."""
+    require(src, np.float32, what="cast input")
+    require(out, np.float16, src.shape, what="cast output")
+    return k.get(SRC, "cast_f32_f16", "ppq").bind(blocks_for(src.size, THREADS, 8), THREADS, 0, out, src, src.size)
+
+
+def increment_i64(k: Kernels, counter: Tensor, by: int = 1) -> Launch:
+    """counter[0] += by on the device (graph-replayable step counter)."""
+    require(counter, np.int64, (1,), what="counter")
+    return k.get(SRC, "increment_i64", "pi").bind(1, 32, 0, counter, by)
+
+
+def fill_f32(k: Kernels, t: Tensor, value: float) -> Launch:
+    """Every element of an fp32 tensor = value (e.g. zero the momentum inside a graph)."""
+    require(t, np.float32, what="fill target")
+    return k.get(SRC, "fill_f32", "pqf").bind(blocks_for(t.size, THREADS, 4), THREADS, 0, t, t.size, value)
+
+
+def bias_grad_sgd(k: Kernels, dy: Tensor, bias: Tensor, mom: Tensor | None, lr: Tensor, mu: float, rows: int) -> Launch:
+    """g = column sums of dy[:rows, :cols] (fp16 [B, ld], cols = bias size); SGD(momentum) step on the fp32 bias.
+
+    mom None or mu == 0: plain SGD. The block shape depends only on cols, so the summation order (and the
+    result's bits) is fixed for a given layer.
+    """
+    require(bias, np.float32, what="bias")
+    if len(bias.shape) != 1:
+        raise ValueError(f"bias: expected a 1-D tensor, got shape {bias.shape}")
+    cols = bias.shape[0]
+    require(dy, np.float16, what="bias dy")
+    if len(dy.shape) != 2 or dy.shape[1] < cols:
+        raise ValueError(f"bias dy: expected shape [rows, ld >= {cols}], got {dy.shape}")
+    if not 0 <= rows <= dy.shape[0]:
+        raise ValueError(f"bias dy: rows={rows} is outside 0..{dy.shape[0]}")
+    if mom is not None:
+        require(mom, np.float32, bias.shape, what="bias momentum")
+    require(lr, np.float32, (1,), what="lr")
+    if mu < 0:
+        raise ValueError(f"momentum mu must be >= 0, got {mu}")
+    groups = -(-cols // 8)  # 8 columns per thread
+    tx = 1
+    while tx < min(groups, 8):
+        tx *= 2
+    ty = THREADS // tx
+    grid = max(1, -(-cols // (8 * tx)))
+    return k.get(SRC, "bias_grad_sgd", "piiipppf").bind(grid, (tx, ty), 0, dy, dy.shape[1], rows, cols, bias,
+                                                         0 if mom is None else mom, lr, mu)
+
+
+def _seed_i64(seed: int) -> int:
+    """A seed as the signed 64-bit pattern the launch packs (the kernel reads it as u64)."""
+    s = int(seed) & (2**64 - 1)
+    return s - 2**64 if s >= 2**63 else s
+
+
+def init_uniform(k: Kernels, w: Tensor, bound: float, seed: int) -> Launch:
+    """w = uniform(-bound, bound) from a hash of (seed, index): reproducible for a seed, on any grid."""
+    require(w, np.float32, what="init target")
+    return k.get(SRC, "init_uniform", "pqfq").bind(blocks_for(w.size, THREADS, 4), THREADS, 0, w, w.size, bound,
+                                                   _seed_i64(seed))
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic), as in elementwise.cu."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def init_uniform_reference(n: int, bound: float, seed: int) -> np.ndarray:
+    """The exact float32 values init_uniform writes, computed on the host (tests compare bit for bit)."""
+    with np.errstate(over="ignore"):
+        key = _mix64(np.array([int(seed) & (2**64 - 1)], np.uint64))[0]
+        z = _mix64(key + np.arange(n, dtype=np.uint64) * _GOLDEN)
+    t = ((z >> np.uint64(40)).astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(1.0 / 8388608.0)
+    return t * np.float32(bound)

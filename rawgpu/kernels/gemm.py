@@ -1,0 +1,236 @@
+"""GEMM launcher: pick a tile configuration and a split-K factor for a shape, check the operands, bind.
+
+`plan_gemm` is plain Python (tested on CPU): which compiled instance runs, on what grid, and how much
+split-K workspace it needs. `gemm` binds a plan to tensors and returns a `Launch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from . import Kernels, require
+
+if TYPE_CHECKING:
+    from ..driver import Launch
+    from ..memory import Tensor
+
+SOURCE = "gemm.cu"
+SIGNATURE = "pppiiiiiiippipppfpp"  # must match GEMM_PARAMS in gemm.cu
+EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd")
+LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
+MAX_SPLITS = 16
+MIN_K_TILES_PER_SPLIT = 4  # a split must stream enough tiles to fill its pipeline
+# Split-K pays only when one CTA would stream many bytes: below this, latency rules and the fix-up
+# (partials through L2, a ticket, a second read) costs more than the parallelism saves.
+SPLIT_MIN_BYTES = 192 * 1024
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One CTA tile shape; mirrors the `Config<...>` typedefs in gemm.cu."""
+
+    name: str
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    def smem_bytes(self, layout: str) -> int:
+        """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves."""
+        a = self.bm * (self.bk + 8) if layout[0] == "r" else self.bk * (self.bm + 8)
+        b = self.bk * (self.bn + 8) if layout[1] == "r" else self.bn * (self.bk + 8)
+        return self.stages * (a + b) * 2
+
+
+CONFIGS = {
+    "32x128": GemmConfig("32x128", 32, 128, 32, 1, 4, 6),
+    "32x128k64": GemmConfig("32x128k64", 32, 128, 64, 2, 4, 4),
+    "64x128": GemmConfig("64x128", 64, 128, 64, 2, 4, 3),
+    "128x128": GemmConfig("128x128", 128, 128, 32, 2, 4, 4),
+    "outer": GemmConfig("outer", 128, 128, 32, 2, 4, 2),
+    "outer64": GemmConfig("outer64", 64, 128, 32, 2, 4, 2),
+}
+
+# (config, layout, epilogue) triples compiled in gemm.cu, each for f32 and f16 accumulation.
+_ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
+                   ("rr", "bias"), ("rr", "bias_relu"), ("rc", "drelu"), ("cr", "sgd")]
+INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") for lay, epi in _ROLE_INSTANCES]
+                      + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
+                      + [("32x128k64", lay, epi) for lay, epi in [("rr", "store"), ("rc", "store"),
+                                                                  ("rr", "bias_relu"), ("rc", "drelu")]])
+
+
+def kernel_name(config: str, layout: str, epilogue: str, accum: str) -> str:
+    return f"gemm_{config}_{layout}_{epilogue}_{accum}"
+
+
+def all_kernel_names() -> list[str]:
+    return sorted(kernel_name(c, lay, e, acc) for c, lay, e in INSTANCES for acc in ("f32", "f16"))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Everything about one GEMM launch that depends on shape alone."""
+
+    M: int
+    N: int
+    K: int
+    layout: str
+    epilogue: str
+    accum: str
+    config: GemmConfig
+    splits: int
+    k_chunk: int
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        return _cdiv(self.M, self.config.bm), _cdiv(self.N, self.config.bn)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (*self.tiles, self.splits)
+
+    @property
+    def kernel(self) -> str:
+        return kernel_name(self.config.name, self.layout, self.epilogue, self.accum)
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.config.smem_bytes(self.layout)
+
+    @property
+    def workspace_floats(self) -> int:
+        """fp32 partial tiles the split-K fix-up needs (0 without split-K)."""
+        tm, tn = self.tiles
+        return self.splits * tm * tn * self.config.bm * self.config.bn if self.splits > 1 else 0
+
+    @property
+    def tickets(self) -> int:
+        tm, tn = self.tiles
+        return tm * tn if self.splits > 1 else 0
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+
+def choose_config(M: int, K: int, epilogue: str) -> str:
+    """Smallest M tile that covers the batch; for the weight-gradient (K = batch) a 2-stage tile."""
+    if epilogue == "sgd" and M > 64 and K <= 128:
+        return "outer"
+    if M <= 32:
+        return "32x128"
+    if M <= 64:
+        return "64x128"
+    return "128x128"
+
+
+def choose_splits(tiles: int, k_tiles: int, sm_count: int, bytes_per_k_tile: int = 0) -> int:
+    """Split K until the grid has about two CTAs per SM, when each CTA would otherwise stream more than
+    SPLIT_MIN_BYTES; every split keeps MIN_K_TILES_PER_SPLIT tiles and half of SPLIT_MIN_BYTES at least."""
+    if k_tiles * bytes_per_k_tile < SPLIT_MIN_BYTES:
+        return 1
+    want = _cdiv(2 * sm_count, tiles)
+    most = max(1, min(k_tiles // MIN_K_TILES_PER_SPLIT, 2 * k_tiles * bytes_per_k_tile // SPLIT_MIN_BYTES))
+    return max(1, min(MAX_SPLITS, want, most))
+
+
+def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store", accum: str = "f32",
+              sm_count: int = 132, splits: Optional[int] = None, config: Optional[str] = None) -> GemmPlan:
+    """Choose the instance, grid and split-K for C[M,N] = A[M,K] @ B[K,N]. Deterministic in its inputs."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
+    if accum not in ("f32", "f16"):
+        raise ValueError(f"accum must be 'f32' or 'f16', got {accum!r}")
+    if min(M, N, K) < 1:
+        raise ValueError(f"GEMM sizes must be positive, got M={M} N={N} K={K}")
+    contiguous = {"A": K if layout[0] == "r" else M, "B": N if layout[1] == "r" else K, "C": N}
+    for operand, extent in contiguous.items():
+        if extent % 8:
+            raise ValueError(f"GEMM {operand}'s contiguous dimension is {extent}: it must be a multiple of 8 "
+                             "(pad it; see DESIGN.md)")
+    name = config or choose_config(M, K, epilogue)
+    if name not in CONFIGS:
+        raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
+    if (name, layout, epilogue) not in INSTANCES:
+        raise ValueError(f"no compiled GEMM instance for config {name}, layout {layout}, epilogue {epilogue}")
+    cfg = CONFIGS[name]
+    k_tiles = _cdiv(K, cfg.bk)
+    tiles = _cdiv(M, cfg.bm) * _cdiv(N, cfg.bn)
+    bytes_per_k_tile = (cfg.bm + cfg.bn) * cfg.bk * 2
+    s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile) if splits is None else int(splits)
+    if not 1 <= s <= MAX_SPLITS:
+        raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
+    k_chunk = _cdiv(k_tiles, s) * cfg.bk
+    s = _cdiv(K, k_chunk)  # no empty splits
+    return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk)
+
+
+def _check_matrix(t: "Tensor", rows: int, cols: int, what: str) -> int:
+    """A 2-D fp16 buffer holding a rows x cols matrix (row stride = its second dimension); returns the stride."""
+    require(t, np.float16, what=what)
+    if len(t.shape) != 2 or t.shape[0] < rows or t.shape[1] < cols:
+        raise ValueError(f"{what}: buffer {t.name} of shape {t.shape} cannot hold a {rows} x {cols} matrix")
+    if t.shape[1] % 8:
+        raise ValueError(f"{what}: row stride {t.shape[1]} of {t.name} must be a multiple of 8")
+    return t.shape[1]
+
+
+def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *, bias: "Tensor | None" = None,
+         act: "Tensor | None" = None, mom: "Tensor | None" = None, w16: "Tensor | None" = None,
+         lr: "Tensor | None" = None, mu: float = 0.0, workspace: "Tensor | None" = None,
+         tickets: "Tensor | None" = None) -> "Launch":
+    """Bind `plan` to its operands. Row-major A is [M, lda], column-major A is stored as [K, lda] (A^T rows)."""
+    p = plan
+    lda = _check_matrix(A, p.M, p.K, "A") if p.layout[0] == "r" else _check_matrix(A, p.K, p.M, "A (column-major)")
+    ldb = _check_matrix(B, p.K, p.N, "B") if p.layout[1] == "r" else _check_matrix(B, p.N, p.K, "B (column-major)")
+    if p.epilogue == "sgd":
+        require(out, np.float32, what="W32 (sgd output)")
+        if w16 is None or lr is None:
+            raise ValueError("the sgd epilogue needs w16 (fp16 copy) and lr (device learning rate)")
+        require(w16, np.float16, out.shape, "w16")
+        require(lr, np.float32, what="lr")
+        if mom is not None:
+            require(mom, np.float32, out.shape, "momentum")
+        elif mu != 0.0:
+            raise ValueError("momentum mu > 0 needs a momentum buffer")
+    else:
+        require(out, np.float16, what="C")
+    if len(out.shape) != 2 or out.shape[0] < p.M or out.shape[1] < p.N or out.shape[1] % 8:
+        raise ValueError(f"output {out.name} of shape {out.shape} cannot hold {p.M} x {p.N} (stride multiple of 8)")
+    if p.epilogue in ("bias", "bias_relu"):
+        if bias is None or bias.dtype != np.float32 or bias.size < p.N:
+            raise ValueError(f"epilogue {p.epilogue} needs an fp32 bias of at least {p.N} values")
+    ld_act = 0
+    if p.epilogue == "drelu":
+        if act is None:
+            raise ValueError("the drelu epilogue needs the saved activation")
+        ld_act = _check_matrix(act, p.M, p.N, "act")
+    if p.splits > 1:
+        if workspace is None or tickets is None:
+            raise ValueError(f"split-K x{p.splits} needs a workspace ({p.workspace_floats} floats) and tickets")
+        require(workspace, np.float32, what="workspace")
+        require(tickets, np.int32, what="tickets")
+        if workspace.size < p.workspace_floats or tickets.size < p.tickets:
+            raise ValueError(f"split-K workspace too small: need {p.workspace_floats} floats and {p.tickets} tickets")
+    kernel = k.get(SOURCE, p.kernel, SIGNATURE)
+    ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands
+    return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
+                       A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
+                       ptr(bias), ptr(act), ld_act, ptr(mom), ptr(w16), ptr(lr), float(mu),
+                       ptr(workspace), ptr(tickets))

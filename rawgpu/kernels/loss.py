@@ -1,0 +1,43 @@
+"""Launchers for cu/loss.cu: softmax cross-entropy (loss, accuracy, dlogits) and the metrics reset."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..driver import Launch
+from ..memory import Tensor
+from . import Kernels, require
+
+SRC = "loss.cu"
+THREADS = 256  # one block, a warp per row: small enough for 10 classes, and its sum order never changes
+
+
+def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
+                 correct: Tensor, batch: int, classes: int = 10) -> Launch:
+    """loss_sum += sum of per-row cross-entropy, correct += argmax hits; dlogits = (softmax - onehot) / batch.
+
+    logits fp16 [>= batch, ld >= classes]; dlogits None for evaluation (metrics only), else the logits' shape
+    (its padding columns are written as zero). loss_sum float64 [1] and correct int32 [1] accumulate.
+    """
+    require(logits, np.float16, what="logits")
+    if len(logits.shape) != 2 or logits.shape[0] < batch or logits.shape[1] < classes:
+        raise ValueError(f"logits: expected [>= {batch}, ld >= {classes}], got shape {logits.shape}")
+    if batch < 1 or classes < 1:
+        raise ValueError(f"batch ({batch}) and classes ({classes}) must be >= 1")
+    require(labels, np.int32, what="labels")
+    if len(labels.shape) != 1 or labels.shape[0] < batch:
+        raise ValueError(f"labels: expected [>= {batch}], got shape {labels.shape}")
+    if dlogits is not None:
+        require(dlogits, np.float16, logits.shape, what="dlogits")
+    require(loss_sum, np.float64, (1,), what="loss_sum")
+    require(correct, np.int32, (1,), what="correct")
+    return k.get(SRC, "softmax_xent", "pipiifppp").bind(1, THREADS, 0, logits, logits.shape[1], labels, batch, classes,
+                                                        1.0 / batch, 0 if dlogits is None else dlogits, loss_sum,
+                                                        correct)
+
+
+def zero_metrics(k: Kernels, loss_sum: Tensor, correct: Tensor) -> Launch:
+    """loss_sum = 0, correct = 0 (a kernel, so the reset can live inside a graph)."""
+    require(loss_sum, np.float64, (1,), what="loss_sum")
+    require(correct, np.int32, (1,), what="correct")
+    return k.get(SRC, "zero_metrics", "pp").bind(1, 32, 0, loss_sum, correct)

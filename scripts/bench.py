@@ -1,0 +1,241 @@
+"""Benchmarks. `python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and
+cuBLAS (through torch, when importable), all timed in one run on one GPU.
+
+Method: each measured unit is a CUDA graph of `--launches` back-to-back launches that rotate over enough copies
+of the operands to exceed twice the L2 cache (so big weights come from DRAM, as in training); CUDA events time
+each replay, after warm-up; the median over `--trials` replays, divided by the launches, is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rawgpu import driver as drv  # noqa: E402
+from rawgpu.errors import RawgpuError  # noqa: E402
+from rawgpu.graph import capture  # noqa: E402
+from rawgpu.kernels import Kernels  # noqa: E402
+from rawgpu.kernels import gemm as G  # noqa: E402
+from rawgpu.memory import Arena  # noqa: E402
+
+HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def time_graph(stream, launch_fn, launches: int, trials: int) -> float:
+    """Median microseconds per launch over `trials` replays of a graph of `launches` launches."""
+    graph = capture(stream, launch_fn)
+    for _ in range(3):
+        graph.launch(stream)
+    stream.synchronize()
+    times = []
+    for _ in range(trials):
+        start, end = drv.Event().record(stream), None
+        graph.launch(stream)
+        end = drv.Event().record(stream)
+        times.append(start.elapsed_ms(end) * 1e3 / launches)
+        start.close()
+        end.close()
+    graph.close()
+    return statistics.median(times)
+
+
+def copy_bandwidth(stream, nbytes: int = 1 << 30, trials: int = 20) -> float:
+    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
+    cu = drv._cu()
+    with Arena() as arena:
+        src, dst = arena.tensor("src", nbytes, np.uint8), arena.tensor("dst", nbytes, np.uint8)
+        arena.allocate()
+        times = []
+        for i in range(trials + 3):
+            start = drv.Event().record(stream)
+            drv.check(cu.cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, stream.handle), "cuMemcpyDtoDAsync")
+            end = drv.Event().record(stream)
+            if i >= 3:
+                times.append(start.elapsed_ms(end))
+    return 2 * nbytes / (statistics.median(times) * 1e-3) / 1e9
+
+
+def mlp_gemms(hidden: int, batch: int):
+    """(role, layer, M, N, K, layout, fused epilogue) of one training step of 784 -> h -> h -> h -> 10 (padded 16)."""
+    dims = [(784, hidden), (hidden, hidden), (hidden, 16)]
+    out = []
+    for i, (fin, fout) in enumerate(dims):
+        last = i == len(dims) - 1
+        out.append(("fwd", f"{fin}x{fout}", batch, fout, fin, "rr", "bias" if last else "bias_relu"))
+        if i > 0:
+            out.append(("dx", f"{fout}x{fin}", batch, fin, fout, "rc", "drelu"))
+        out.append(("dW+sgd", f"{fin}x{fout}", fin, fout, batch, "cr", "sgd"))
+    return out
+
+
+def min_bytes(role: str, M: int, N: int, K: int, fused: bool) -> int:
+    """The fewest bytes the operation must move: each input read once, each output written once."""
+    ab = 2 * (M * K + K * N)
+    if role == "dW+sgd" and fused:
+        return ab + M * N * (4 + 4 + 2)  # read W32, write W32, write W16
+    extra = 2 * M * N if role == "dx" and fused else 0  # the saved activation
+    return ab + 2 * M * N + extra + (4 * N if role == "fwd" and fused else 0)
+
+
+def copies_for(nbytes: int, l2: int, cap: int = 64) -> int:
+    return max(1, min(cap, math.ceil(2 * l2 / max(nbytes, 1))))
+
+
+def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launches, trials, rng,
+               config=None) -> tuple[float, int]:
+    plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config)
+    per_copy = 2 * (M * K + K * N) + M * N * (10 if epilogue == "sgd" else 4)
+    n = copies_for(per_copy, device.l2_bytes)
+    with Arena() as arena:
+        sets = []
+        for c in range(n):
+            A = arena.tensor(f"A{c}", (M, K) if layout[0] == "r" else (K, M), np.float16)
+            B = arena.tensor(f"B{c}", (K, N) if layout[1] == "r" else (N, K), np.float16)
+            kw = {}
+            if epilogue == "sgd":
+                out = arena.tensor(f"W32_{c}", (M, N), np.float32)
+                kw["w16"] = arena.tensor(f"W16_{c}", (M, N), np.float16)
+            else:
+                out = arena.tensor(f"C{c}", (M, N), np.float16)
+            if epilogue == "drelu":
+                kw["act"] = arena.tensor(f"act{c}", (M, N), np.float16)
+            sets.append((A, B, out, kw))
+        bias = arena.tensor("bias", (N,), np.float32)
+        lr = arena.tensor("lr", (1,), np.float32)
+        ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
+        tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
+        arena.allocate()
+        for A, B, out, kw in sets:  # random data: zeros can run faster than real data
+            A.upload((rng.standard_normal(A.shape) * 0.1).astype(np.float16))
+            B.upload((rng.standard_normal(B.shape) * 0.1).astype(np.float16))
+            if out.dtype == np.float32:
+                out.upload(rng.standard_normal(out.shape).astype(np.float32))
+            if "act" in kw:
+                kw["act"].upload(rng.standard_normal(kw["act"].shape).astype(np.float16))
+        bias.upload(rng.standard_normal(N).astype(np.float32))
+        lr.upload(np.array([1e-6], np.float32))
+        tickets.upload(np.zeros(tickets.shape, np.int32))
+        binds = [G.gemm(kernels, plan, A, B, out, bias=bias, lr=lr, workspace=ws, tickets=tickets, **kw)
+                 for A, B, out, kw in sets]
+        runs = [binds[i % n] for i in range(launches)]
+        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
+    return us, plan.splits
+
+
+def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    per_copy = 2 * (M * K + K * N + M * N)
+    n = copies_for(per_copy, l2)
+    dev = "cuda"
+    if role == "fwd":  # x[M,K] @ W[K,N]
+        ops = [(torch.randn(M, K, dtype=torch.half, device=dev), torch.randn(K, N, dtype=torch.half, device=dev))
+               for _ in range(n)]
+    elif role == "dx":  # dy[M,K] @ W[N,K]^T
+        ops = [(torch.randn(M, K, dtype=torch.half, device=dev), torch.randn(N, K, dtype=torch.half, device=dev).t())
+               for _ in range(n)]
+    else:  # x[K,M]^T @ dy[K,N]
+        ops = [(torch.randn(K, M, dtype=torch.half, device=dev).t(), torch.randn(K, N, dtype=torch.half, device=dev))
+               for _ in range(n)]
+    outs = [torch.empty(M, N, dtype=torch.half, device=dev) for _ in range(n)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(3):
+            torch.matmul(*ops[i % n], out=outs[i % n])
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(launches):
+            torch.matmul(*ops[i % n], out=outs[i % n])
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / launches)
+    del g, ops, outs
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def cmd_gemm(args) -> int:
+    device = drv.Device(args.device)
+    stream = drv.Stream()
+    kernels = Kernels(device.arch)
+    rng = np.random.default_rng(0)
+    bw = copy_bandwidth(stream)
+    print(f"# {device.name} ({device.arch}, {device.sm_count} SMs, L2 {device.l2_bytes >> 20} MiB), "
+          f"{dt.date.today()}; measured copy bandwidth {bw:.0f} GB/s (read + write)")
+    print(f"# median of {args.trials} graph replays x {args.launches} launches; batch {args.batch}; fp32 accumulation")
+    head = (f"{'H':>5} {'role':>7} {'layer':>10} {'MxNxK':>17} {'split':>5} {'fused us':>9} {'GB/s':>6} {'%copy':>6} "
+            f"{'plain us':>9} {'TFLOP/s':>7} {'cuBLAS us':>9} {'cuBLAS/plain':>12}")
+    print(head)
+    rows = []
+    for h in args.sizes:
+        for role, layer, M, N, K, layout, epi in mlp_gemms(h, args.batch):
+            fused, splits = bench_ours(device, stream, kernels, role, M, N, K, layout, epi, args.launches, args.trials, rng)
+            plain, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches, args.trials, rng)
+            ref = None if args.no_torch else bench_torch(role, M, N, K, args.launches, args.trials, device.l2_bytes)
+            gbs = min_bytes(role, M, N, K, True) / (fused * 1e-6) / 1e9
+            tflops = 2 * M * N * K / (plain * 1e-6) / 1e12
+            row = dict(hidden=h, role=role, layer=layer, M=M, N=N, K=K, splits=splits, fused_us=fused, fused_gbs=gbs,
+                       pct_copy=100 * gbs / bw, plain_us=plain, plain_tflops=tflops, cublas_us=ref,
+                       cublas_over_plain=(ref / plain) if ref else None)
+            for cfg in args.variants:  # the same plain GEMM with another tile configuration, for comparison
+                if (cfg, layout, "store") in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or cfg.startswith("outer")):
+                    us, sp = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches,
+                                        args.trials, rng, config=cfg)
+                    row[f"plain_us_{cfg}"] = us
+                    print(f"      variant {cfg}: plain {us:.2f} us (split {sp})")
+            rows.append(row)
+            print(f"{h:>5} {role:>7} {layer:>10} {f'{M}x{N}x{K}':>17} {splits:>5} {fused:>9.2f} {gbs:>6.0f} "
+                  f"{row['pct_copy']:>5.1f}% {plain:>9.2f} {tflops:>7.1f} "
+                  f"{(f'{ref:.2f}' if ref else '-'):>9} {(f'{ref / plain:.2f}x' if ref else '-'):>12}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(device=device.name, arch=device.arch, date=str(dt.date.today()),
+                                                   copy_gbs=bw, batch=args.batch, rows=rows), indent=1))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
+    g.add_argument("--sizes", type=int, nargs="+", default=list(HIDDEN))
+    g.add_argument("--batch", type=int, default=32)
+    g.add_argument("--launches", type=int, default=20)
+    g.add_argument("--trials", type=int, default=30)
+    g.add_argument("--device", type=int, default=0)
+    g.add_argument("--no-torch", action="store_true", help="skip the cuBLAS comparison")
+    g.add_argument("--variants", nargs="*", default=[], help="also time the plain GEMM with these tile configs")
+    g.add_argument("--json", default=None, help="write every figure to this JSON file")
+    g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
+    args = p.parse_args(argv)
+    if getattr(args, "quick", False):
+        args.sizes, args.trials = [256, 8192], 10
+    try:
+        return cmd_gemm(args)
+    except RawgpuError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Tensor-core GEMM: the plan on CPU; every MLP shape, layout, epilogue and accumulator against float64 on GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rawgpu import compiler
+from rawgpu.kernels import gemm as G
+
+# --- CPU: plan and instance table ------------------------------------------------------------------------------
+
+
+def test_python_instance_table_matches_the_compiled_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
+    compiled = compiler.compile_source(G.SOURCE, "sm_86").resources
+    assert sorted(n for n in compiled if n.startswith("gemm_")) == G.all_kernel_names()
+
+
+def test_smem_matches_the_cuda_formula():
+    cfg = G.CONFIGS["32x128"]
+    assert cfg.smem_bytes("rr") == 6 * (32 * 40 + 32 * 136) * 2
+    assert cfg.smem_bytes("cc") == 6 * (32 * 40 + 128 * 40) * 2
+    for c in G.CONFIGS.values():
+        for lay in G.LAYOUTS:
+            assert c.smem_bytes(lay) <= 99 * 1024, "must fit sm_86's 99 KB per block"
+
+
+@pytest.mark.parametrize("M,K,epi,expected", [(1, 784, "bias_relu", "32x128"), (32, 8192, "store", "32x128"),
+                                              (33, 64, "drelu", "64x128"), (64, 64, "store", "64x128"),
+                                              (128, 256, "bias", "128x128"), (8192, 32, "sgd", "outer"),
+                                              (784, 128, "sgd", "outer"), (784, 1024, "sgd", "128x128"),
+                                              (32, 32, "sgd", "32x128")])
+def test_config_choice(M, K, epi, expected):
+    assert G.choose_config(M, K, epi) == expected
+
+
+def test_split_k_fills_the_gpu_and_never_makes_empty_splits():
+    for M, N, K in [(32, 8192, 8192), (32, 256, 784), (32, 16, 8192), (128, 1024, 1024), (8192, 8192, 32),
+                    (1, 8, 8), (32, 10 * 8, 4096)]:
+        for sms in (46, 108, 132):
+            p = G.plan_gemm(M, N, K, "rr", sm_count=sms)
+            tm, tn = p.tiles
+            assert 1 <= p.splits <= G.MAX_SPLITS
+            assert (p.splits - 1) * p.k_chunk < K <= p.splits * p.k_chunk, "a split would be empty"
+            assert p.k_chunk % p.config.bk == 0
+            if p.splits > 1:
+                assert p.k_chunk // p.config.bk >= G.MIN_K_TILES_PER_SPLIT - 1
+                assert tm * tn * (p.splits - 1) < 2 * sms, "split more than needed to fill the GPU"
+                assert K * (p.config.bm + p.config.bn) * 2 >= G.SPLIT_MIN_BYTES, "split a latency-bound GEMM"
+                assert p.workspace_floats == p.splits * tm * tn * p.config.bm * p.config.bn
+            else:
+                assert p.workspace_floats == 0 and p.tickets == 0
+    big = G.plan_gemm(32, 8192, 8192, "rr", sm_count=132)
+    assert big.grid[0] * big.grid[1] * big.grid[2] >= 132
+    assert G.plan_gemm(8192, 8192, 32, "cr", "sgd").splits == 1
+
+
+def test_plan_is_deterministic():
+    a = G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
+    assert a == G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(M=32, N=10, K=64), "contiguous dimension is 10"),
+    (dict(M=32, N=16, K=12), "A's contiguous dimension is 12"),
+    (dict(M=0, N=16, K=16), "positive"),
+    (dict(M=8, N=16, K=16, layout="xx"), "layout"),
+    (dict(M=8, N=16, K=16, epilogue="gelu"), "epilogue"),
+    (dict(M=8, N=16, K=16, layout="cc", epilogue="sgd"), "no compiled GEMM instance"),
+    (dict(M=8, N=16, K=16, splits=99), "splits"),
+])
+def test_bad_plans_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        G.plan_gemm(**kw)
+
+
+# --- GPU -------------------------------------------------------------------------------------------------------
+
+def _f16(rng, shape, scale=1.0):
+    return (rng.uniform(-1, 1, shape) * scale).astype(np.float16)
+
+
+def _bound(accum: str, K: int) -> float:
+    """fp32 accumulation: 2e-3 (the fp16 output rounding dominates). fp16 accumulation rounds the running sum
+    once per k16 step, a random walk of sqrt(K / 16) roundings of 2^-11 relative."""
+    return 2e-3 if accum == "f32" else max(2e-3, 1e-3 * np.sqrt(K / 16))
+
+
+def _rel(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert np.isfinite(got).all(), "output has NaN/inf: not every element was written"
+    return np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store", accum="f32", splits=None,
+             mu=0.0, repeat=1, config=None):
+    """Build fresh random operands, run the GEMM (poisoned outputs), return (outputs, references)."""
+    from rawgpu.memory import Arena
+
+    plan = G.plan_gemm(M, N, K, layout, epilogue, accum, sm_count=device.sm_count, splits=splits, config=config)
+    a = _f16(rng, (M, K) if layout[0] == "r" else (K, M))
+    b = _f16(rng, (K, N) if layout[1] == "r" else (N, K))
+    a_mk = (a if layout[0] == "r" else a.T).astype(np.float64)
+    b_kn = (b if layout[1] == "r" else b.T).astype(np.float64)
+    acc_ref = a_mk @ b_kn
+    with Arena() as arena:
+        tA, tB = arena.tensor("A", a.shape, np.float16), arena.tensor("B", b.shape, np.float16)
+        extra, host = {}, {}
+        if epilogue == "sgd":
+            out = arena.tensor("W32", (M, N), np.float32)
+            extra["w16"] = arena.tensor("W16", (M, N), np.float16)
+            extra["lr"] = arena.tensor("lr", (1,), np.float32)
+            host["W32"] = rng.uniform(-1, 1, (M, N)).astype(np.float32)
+            if mu:
+                extra["mom"] = arena.tensor("mom", (M, N), np.float32)
+                host["mom"] = rng.uniform(-1, 1, (M, N)).astype(np.float32)
+        else:
+            out = arena.tensor("C", (M, N), np.float16)
+        if epilogue in ("bias", "bias_relu"):
+            extra["bias"] = arena.tensor("bias", (N,), np.float32)
+            host["bias"] = rng.uniform(-2, 2, N).astype(np.float32)
+        if epilogue == "drelu":
+            extra["act"] = arena.tensor("act", (M, N), np.float16)
+            host["act"] = np.maximum(_f16(rng, (M, N)), 0).astype(np.float16)  # a ReLU output: about half zero
+        if plan.splits > 1:
+            extra["workspace"] = arena.tensor("ws", (plan.workspace_floats,), np.float32)
+            extra["tickets"] = arena.tensor("tickets", (plan.tickets,), np.int32)
+        arena.allocate()
+        tA.upload(a)
+        tB.upload(b)
+        lr = 0.05
+        if "lr" in extra:
+            extra["lr"].upload(np.array([lr], np.float32))
+        if "tickets" in extra:
+            extra["tickets"].upload(np.zeros(plan.tickets, np.int32))
+            extra["workspace"].fill_bytes(0xFF)
+        kernels_launch = G.gemm(kernels, plan, tA, tB, out, mu=mu, **extra)
+        results = []
+        for _ in range(repeat):
+            for name, t in [("W32", out), ("mom", extra.get("mom")), ("bias", extra.get("bias")), ("act", extra.get("act"))]:
+                if t is not None and name in host:
+                    t.upload(host[name])
+            if epilogue != "sgd":
+                out.fill_bytes(0xFF)
+            if "w16" in extra:
+                extra["w16"].fill_bytes(0xFF)
+            kernels_launch.run(stream)
+            got = {"out": out.download()}
+            if "w16" in extra:
+                got["w16"] = extra["w16"].download()
+            if "mom" in extra:
+                got["mom"] = extra["mom"].download()
+            if "tickets" in extra:
+                got["tickets"] = extra["tickets"].download()
+            results.append(got)
+    ref = {"acc": acc_ref}
+    if epilogue == "bias":
+        ref["out"] = acc_ref + host["bias"]
+    elif epilogue == "bias_relu":
+        ref["out"] = np.maximum(acc_ref + host["bias"], 0)
+    elif epilogue == "drelu":
+        ref["out"] = acc_ref * (host["act"] > 0)
+    elif epilogue == "store":
+        ref["out"] = acc_ref
+    else:
+        step = acc_ref
+        if mu:
+            step = mu * host["mom"].astype(np.float64) + acc_ref
+            ref["mom"] = step
+        ref["W32_before"] = host["W32"].astype(np.float64)
+        ref["step"] = step
+        ref["lr"] = lr
+    return plan, results, ref
+
+
+def check_case(plan, got, ref):
+    bound = _bound(plan.accum, plan.K)
+    if plan.epilogue == "sgd":
+        lr32 = np.float32(ref["lr"])
+        # The update itself, recovered from W32 (its change is small next to W, so compare the step).
+        step = (ref["W32_before"] - got["out"].astype(np.float64)) / float(lr32)
+        assert _rel(step, ref["step"]) <= bound, f"{plan.kernel}: update error {_rel(step, ref['step']):.2e}"
+        assert np.array_equal(got["w16"], got["out"].astype(np.float16)), "W16 must be fp16(W32) exactly"
+        if "mom" in ref:
+            assert _rel(got["mom"], ref["mom"]) <= bound
+    else:
+        err = _rel(got["out"], ref["out"])
+        assert err <= bound, f"{plan.kernel} {plan.M}x{plan.N}x{plan.K} splits={plan.splits}: rel err {err:.2e} > {bound:.1e}"
+    if "tickets" in got:
+        assert not got["tickets"].any(), "split-K tickets must be reset for the next launch"
+
+
+def mlp_cases():
+    """Every GEMM of the MLP 784 -> h -> h -> 10 (padded to 16) at batch 32 and 128, in its three roles."""
+    cases = []
+    for h in (128, 256, 1000, 1024, 4096, 8192):
+        for b in (32, 128):
+            for fin, fout, last in [(784, h, False), (h, h, False), (h, 16, True)]:
+                cases.append((f"fwd-h{h}-b{b}-{fin}x{fout}", b, fout, fin, "rr", "bias" if last else "bias_relu"))
+                if fin != 784:
+                    cases.append((f"dx-h{h}-b{b}-{fout}x{fin}", b, fin, fout, "rc", "drelu"))
+                cases.append((f"dw-h{h}-b{b}-{fin}x{fout}", fin, fout, b, "cr", "sgd"))
+    return cases
+
+
+MLP_CASES = mlp_cases()
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    from rawgpu.kernels import Kernels
+
+    return Kernels(device.arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,M,N,K,layout,epi", MLP_CASES, ids=[c[0] for c in MLP_CASES])
+def test_mlp_shapes_fp32_accumulation(device, stream, kernels, rng, name, M, N, K, layout, epi):
+    mu = 0.9 if (epi == "sgd" and "b32" in name) else 0.0
+    plan, (got,), ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, "f32", mu=mu)
+    check_case(plan, got, ref)
+
+
+F16_CASES = [c for c in MLP_CASES if "-h256-" in c[0] or "-h1024-" in c[0] or c[0] in ("fwd-h8192-b32-8192x8192",)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,M,N,K,layout,epi", F16_CASES, ids=[c[0] for c in F16_CASES])
+def test_mlp_shapes_fp16_accumulation(device, stream, kernels, rng, name, M, N, K, layout, epi):
+    plan, (got,), ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, "f16")
+    check_case(plan, got, ref)
+
+
+ODD = [("m1-n16-k8", 1, 16, 8, "rr", "bias_relu"), ("m1-n104-k784", 1, 104, 784, "rr", "bias_relu"),
+       ("hidden100", 32, 104, 104, "rr", "bias_relu"), ("hidden100-dx", 32, 104, 104, "rc", "drelu"),
+       ("hidden100-dw", 104, 104, 32, "cr", "sgd"), ("n10pad16", 32, 16, 104, "rr", "bias"),
+       ("dx-to-784", 32, 784, 104, "rc", "drelu"), ("dw-784", 784, 104, 7, "cr", "sgd"),
+       ("m1000-k8", 1000, 24, 8, "rr", "store"), ("k1-col", 40, 24, 1, "cr", "store")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+@pytest.mark.parametrize("name,M,N,K,layout,epi", ODD, ids=[c[0] for c in ODD])
+def test_odd_shapes(device, stream, kernels, rng, name, M, N, K, layout, epi, accum):
+    plan, (got,), ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, accum)
+    check_case(plan, got, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+@pytest.mark.parametrize("layout", G.LAYOUTS)
+@pytest.mark.parametrize("config,M", [("32x128", 17), ("64x128", 50), ("128x128", 300)])
+def test_every_layout_and_config(device, stream, kernels, rng, layout, config, M, accum):
+    M = M if layout[0] == "r" else -(-M // 8) * 8  # column-major A: M is its contiguous dimension
+    plan, (got,), ref = run_case(device, stream, kernels, rng, M, 136, 200, layout, "store", accum, config=config)
+    assert plan.config.name == config
+    check_case(plan, got, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,layout,epi", [(32, 1024, 4096, "rr", "bias_relu"), (32, 4096, 1024, "rc", "drelu"),
+                                              (128, 256, 8192, "rr", "store"), (64, 128, 2048, "cr", "store"),
+                                              (256, 256, 2048, "cr", "sgd")])
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, kernels, rng, M, N, K, layout, epi, accum):
+    seed = int(rng.integers(2**31))
+    plan1, (one,), ref = run_case(device, stream, kernels, np.random.default_rng(seed), M, N, K, layout, epi, accum, splits=1)
+    planS, runs, _ = run_case(device, stream, kernels, np.random.default_rng(seed), M, N, K, layout, epi, accum,
+                              splits=5, repeat=3)
+    assert plan1.splits == 1 and planS.splits == 5
+    check_case(plan1, one, ref)
+    for got in runs:
+        check_case(planS, got, ref)
+    for got in runs[1:]:
+        for key in got:
+            assert np.array_equal(got[key], runs[0][key]), f"split-K result {key} differs between identical runs"
+    if epi != "sgd":
+        assert _rel(runs[0]["out"], one["out"].astype(np.float64)) <= _bound(accum, K)

@@ -1,0 +1,549 @@
+"""The small kernels (data, loss, elementwise): launcher checks and signatures on the CPU, values on the GPU.
+
+GPU tests compare against float64 numpy on fresh random inputs, with outputs poisoned (0xFF bytes: NaN)
+first, and guard bytes around outputs to catch writes past the end. Exact where the result is exact.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from rawgpu import driver
+from rawgpu.compiler import SOURCE_DIR
+from rawgpu.kernels import Kernels
+from rawgpu.kernels import data as kd
+from rawgpu.kernels import elementwise as ke
+from rawgpu.kernels import loss as kl
+from rawgpu.memory import Arena, Tensor
+
+gpu = pytest.mark.gpu
+
+
+# --- CPU: launchers against the kernel sources ------------------------------------------------------------------
+
+def _kernel_signatures() -> dict[str, str]:
+    """name -> signature letters, read from the `extern "C" __global__` declarations of our .cu files."""
+    out = {}
+    for src in ("data.cu", "loss.cu", "elementwise.cu"):
+        text = (SOURCE_DIR / src).read_text()
+        for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', text):
+            letters = ""
+            for p in (p.strip() for p in params.split(",") if p.strip()):
+                if "*" in p:
+                    letters += "p"
+                else:
+                    ctype = p.replace("const ", "").split()[0]
+                    letters += {"int": "i", "i64": "q", "u64": "q", "float": "f"}[ctype]
+            out[name] = letters
+    return out
+
+
+class _Recorder:
+    """Stands in for Kernels on the CPU: records what a launcher would bind, never compiles or loads."""
+
+    def __init__(self):
+        self.calls = []
+
+    def get(self, source, name, signature):
+        rec = self
+
+        class _K:
+            def bind(self, grid, block, smem, *args):
+                rec.calls.append((source, name, signature, driver._dim3(grid), driver._dim3(block), smem, args))
+                return rec.calls[-1]
+
+        return _K()
+
+
+class _NoKernels:
+    def get(self, *args):
+        raise AssertionError("the launcher must refuse bad arguments before it looks a kernel up")
+
+
+def _plan():
+    """Unallocated tensors of a typical layer: enough for every launcher's checks, no GPU needed."""
+    a = Arena()
+    t = dict(
+        images=a.tensor("images", (100, 784), np.uint8), labels8=a.tensor("labels8", 100, np.uint8),
+        perm=a.tensor("perm", 100, np.int32), step=a.tensor("step", 1, np.int64),
+        x=a.tensor("x", (10, 800), np.float16), y=a.tensor("y", 10, np.int32),
+        lr=a.tensor("lr", 1, np.float32), logits=a.tensor("logits", (10, 16), np.float16),
+        dlogits=a.tensor("dlogits", (10, 16), np.float16), loss=a.tensor("loss", 1, np.float64),
+        correct=a.tensor("correct", 1, np.int32), w32=a.tensor("w32", (784, 256), np.float32),
+        w16=a.tensor("w16", (784, 256), np.float16), bias=a.tensor("bias", 256, np.float32),
+        mom=a.tensor("mom", 256, np.float32), dy=a.tensor("dy", (10, 264), np.float16),
+    )
+    return t
+
+
+def _valid_calls(k, t):
+    kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], t["x"], t["y"], 10, 10)
+    kd.step_increment(k, t["step"])
+    kd.set_i64(k, t["step"], -5)
+    kd.lr_schedule(k, t["step"], t["lr"], 0.1, 0.001, 1000, 10, "cosine")
+    kl.softmax_xent(k, t["logits"], t["y"], t["dlogits"], t["loss"], t["correct"], 10)
+    kl.softmax_xent(k, t["logits"], t["y"], None, t["loss"], t["correct"], 7)
+    kl.zero_metrics(k, t["loss"], t["correct"])
+    ke.axpby_f32(k, t["bias"], t["mom"], 1.0, 2.0)
+    ke.cast_f32_f16(k, t["w16"], t["w32"])
+    ke.increment_i64(k, t["step"])
+    ke.fill_f32(k, t["mom"], 0.0)
+    ke.bias_grad_sgd(k, t["dy"], t["bias"], t["mom"], t["lr"], 0.9, 10)
+    ke.bias_grad_sgd(k, t["dy"], t["bias"], None, t["lr"], 0.0, 3)
+    ke.init_uniform(k, t["w32"], 0.05, 2**64 - 1)
+
+
+def test_launchers_match_the_kernel_sources():
+    sigs = _kernel_signatures()
+    k = _Recorder()
+    _valid_calls(k, _plan())
+    assert len(k.calls) == 14
+    for source, name, signature, grid, block, smem, args in k.calls:
+        assert name in sigs and name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
+        assert signature == sigs[name], f"{name}: launcher says {signature}, the kernel takes {sigs[name]}"
+        assert len(args) == len(signature)
+        for i, (kind, arg) in enumerate(zip(signature, args)):
+            if kind == "p":
+                assert isinstance(arg, Tensor) or arg == 0, f"{name} argument {i} must be a tensor or null"
+            else:
+                driver._convert(kind, arg, i)  # in range for its C type
+        assert block[0] * block[1] * block[2] <= 1024 and smem <= driver.STATIC_SHARED_LIMIT
+    names = {c[1] for c in k.calls}
+    assert names >= {"gather_batch", "step_increment", "set_i64", "lr_schedule", "softmax_xent", "zero_metrics",
+                     "cast_f32_f16", "fill_f32", "bias_grad_sgd", "init_uniform"}
+
+
+def test_softmax_xent_is_one_block_and_eval_passes_null():
+    k, t = _Recorder(), _plan()
+    kl.softmax_xent(k, t["logits"], t["y"], None, t["loss"], t["correct"], 7)
+    (_, _, _, grid, block, _, args), = k.calls
+    assert grid == (1, 1, 1) and args[6] == 0 and args[3] == 7 and args[1] == 16
+    assert args[5] == pytest.approx(1 / 7)
+
+
+@pytest.mark.parametrize("cols", [1, 10, 13, 256, 784, 1000, 4096, 16384])
+def test_bias_grad_geometry_covers_every_column(cols):
+    a = Arena()
+    dy, bias = a.tensor("dy", (4, cols + 8), np.float16), a.tensor("b", cols, np.float32)
+    lr = a.tensor("lr", 1, np.float32)
+    k = _Recorder()
+    ke.bias_grad_sgd(k, dy, bias, None, lr, 0.0, 4)
+    (_, _, _, grid, block, _, _), = k.calls
+    tx, ty, _ = block
+    assert tx * ty == 256 and grid[0] * tx * 8 >= cols and (grid[0] - 1) * tx * 8 < cols
+
+
+def test_launchers_refuse_bad_buffers_before_compiling():
+    t, k = _plan(), _NoKernels()
+    a = Arena()
+    f32_x = a.tensor("f32x", (10, 800), np.float32)
+    with pytest.raises(TypeError, match="x_out"):
+        kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], f32_x, t["y"], 10, 10)
+    with pytest.raises(ValueError, match="perm"):  # 100 entries, 11 x 10 needed
+        kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], t["x"], t["y"], 10, 11)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], a.tensor("x2", (10, 790), np.float16),
+                        t["y"], 10, 10)
+    with pytest.raises(ValueError, match="row stride"):
+        kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], a.tensor("x3", (10, 776), np.float16),
+                        t["y"], 10, 10)
+    with pytest.raises(ValueError, match="x_out"):  # fewer rows than the batch
+        kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], t["x"], t["y"], 11, 9)
+    with pytest.raises(TypeError, match="labels"):
+        kd.gather_batch(k, t["images"], t["y"], t["perm"], t["step"], t["x"], t["y"], 10, 10)
+    with pytest.raises(TypeError, match="step"):
+        kd.step_increment(k, t["correct"])
+    with pytest.raises(ValueError, match="lr"):
+        kd.lr_schedule(k, t["step"], a.tensor("lr2", 2, np.float32), 0.1, 0.0, 10, 0, 0)
+    with pytest.raises(ValueError, match="unknown lr schedule"):
+        kd.lr_schedule(k, t["step"], t["lr"], 0.1, 0.0, 10, 0, "exponential")
+    with pytest.raises(TypeError, match="logits"):
+        kl.softmax_xent(k, a.tensor("l32", (10, 16), np.float32), t["y"], None, t["loss"], t["correct"], 10)
+    with pytest.raises(ValueError, match="dlogits"):
+        kl.softmax_xent(k, t["logits"], t["y"], a.tensor("d2", (10, 24), np.float16), t["loss"], t["correct"], 10)
+    with pytest.raises(TypeError, match="loss_sum"):
+        kl.softmax_xent(k, t["logits"], t["y"], None, a.tensor("l1", 1, np.float32), t["correct"], 10)
+    with pytest.raises(ValueError, match="logits"):
+        kl.softmax_xent(k, t["logits"], t["y"], None, t["loss"], t["correct"], 11)
+    with pytest.raises(ValueError, match="cast output"):
+        ke.cast_f32_f16(k, a.tensor("w16b", (256, 784), np.float16), t["w32"])
+    with pytest.raises(TypeError, match="bias dy"):
+        ke.bias_grad_sgd(k, a.tensor("dy32", (10, 264), np.float32), t["bias"], None, t["lr"], 0.0, 10)
+    with pytest.raises(ValueError, match="bias dy"):  # 10 rows only
+        ke.bias_grad_sgd(k, t["dy"], t["bias"], None, t["lr"], 0.0, 11)
+    with pytest.raises(ValueError, match="momentum"):
+        ke.bias_grad_sgd(k, t["dy"], t["bias"], a.tensor("m2", 255, np.float32), t["lr"], 0.9, 10)
+    with pytest.raises(TypeError, match="init target"):
+        ke.init_uniform(k, t["w16"], 0.1, 0)
+
+
+# --- CPU: host references -------------------------------------------------------------------------------------
+
+def test_lr_at_constant_cosine_linear():
+    lr0, lr_min, total, warm = 0.1, 0.001, 110, 10
+    f = lambda s, kind: kd.lr_at(s, lr0, lr_min, total, warm, kind)  # noqa: E731
+    for s in (0, 5, 109, 500):
+        assert f(s, "constant") == f(s, 0) == pytest.approx(lr0, rel=1e-7)
+    for kind in ("cosine", "linear"):
+        assert f(0, kind) == pytest.approx(lr0 / 10, rel=1e-6)
+        assert f(4, kind) == pytest.approx(lr0 / 2, rel=1e-6)
+        assert f(9, kind) == pytest.approx(lr0, rel=1e-6)
+        assert f(10, kind) == pytest.approx(lr0, rel=1e-6)  # t = 0
+        assert f(60, kind) == pytest.approx((lr0 + lr_min) / 2, rel=1e-6)  # t = 1/2 for both shapes
+        assert f(110, kind) == pytest.approx(lr_min, rel=1e-6)
+        assert f(10_000, kind) == pytest.approx(lr_min, rel=1e-6)  # clamped past the end
+    assert f(35, "cosine") == pytest.approx(lr_min + 0.5 * (lr0 - lr_min) * (1 + math.cos(math.pi / 4)), rel=1e-6)
+    assert f(35, "linear") == pytest.approx(lr0 + (lr_min - lr0) * 0.25, rel=1e-6)
+    # no warmup; total <= warmup does not divide by zero
+    assert kd.lr_at(0, lr0, 0.0, 100, 0, "cosine") == pytest.approx(lr0, rel=1e-7)
+    assert kd.lr_at(5, lr0, 0.0, 5, 5, "linear") == pytest.approx(lr0, rel=1e-7)
+    assert kd.lr_at(6, lr0, 0.0, 5, 5, "linear") == 0.0
+    vals = [f(s, "cosine") for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(vals, vals[1:])), "cosine decay must not increase"
+    with pytest.raises(ValueError):
+        kd.lr_at(0, lr0, 0.0, 10, 0, 3)
+
+
+def test_init_uniform_reference_statistics():
+    n, bound = 1 << 20, 0.05
+    w = ke.init_uniform_reference(n, bound, 1234)
+    assert w.dtype == np.float32 and w.shape == (n,)
+    assert w.min() >= -bound and w.max() < bound
+    assert w.min() < -0.999 * bound and w.max() > 0.999 * bound
+    sigma = bound / math.sqrt(3)
+    assert abs(float(w.mean(dtype=np.float64))) < 5 * sigma / math.sqrt(n)
+    assert float(w.std(dtype=np.float64)) == pytest.approx(sigma, rel=0.01)
+    hist, _ = np.histogram(w, bins=20, range=(-bound, bound))
+    assert np.all(np.abs(hist / (n / 20) - 1) < 0.03), "not uniform"
+    assert abs(np.corrcoef(w[:-1], w[1:])[0, 1]) < 0.01, "neighbours correlated"
+    assert np.array_equal(ke.init_uniform_reference(n, bound, 1234), w), "same seed, same values"
+    assert np.array_equal(ke.init_uniform_reference(1000, bound, 1234), w[:1000]), "a prefix does not depend on n"
+    other = ke.init_uniform_reference(n, bound, 1235)
+    assert np.mean(other == w) < 1e-3, "neighbouring seeds must give unrelated values"
+    big = ke.init_uniform_reference(1000, bound, 2**64 - 1)
+    assert np.isfinite(big).all() and not np.array_equal(big, ke.init_uniform_reference(1000, bound, 0))
+    assert np.array_equal(ke.init_uniform_reference(100, 2 * bound, 7), 2 * ke.init_uniform_reference(100, bound, 7))
+
+
+# --- GPU ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kern(device):
+    return Kernels(device.arch)
+
+
+def _rel(got, ref) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    den = np.linalg.norm(ref)
+    return float(np.linalg.norm(got - ref) / (den if den > 0 else 1.0))
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@gpu
+@pytest.mark.parametrize("row_bytes,ld", [(784, 784), (784, 800), (13, 16), (20, 24), (100, 128)])
+@pytest.mark.parametrize("batch,spe", [(1, 1), (7, 3), (32, 5), (128, 2), (1000, 4)])
+def test_gather_batch(kern, device, stream, rng, row_bytes, ld, batch, spe):
+    n = 1500
+    images = rng.integers(0, 256, size=(n, row_bytes), dtype=np.uint8)
+    images[0, :] = 255  # the extremes are always present
+    images[1, :] = 0
+    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+    perm = rng.integers(0, n, size=batch * spe, dtype=np.int32)
+    step_value = 4 * spe - 1  # three epochs in: wraps to position spe - 1
+    p = (step_value % spe) * batch
+    assert p == (spe - 1) * batch
+    perm[p], perm[p + min(1, batch - 1)] = 1, 0  # the all-0 and all-255 rows are in the batch
+    with Arena() as arena:
+        t_img, t_lab = arena.tensor("images", images.shape, np.uint8), arena.tensor("labels", n, np.uint8)
+        t_perm, t_step = arena.tensor("perm", perm.shape, np.int32), arena.tensor("step", 1, np.int64)
+        x, y = arena.tensor("x", (batch + 1, ld), np.float16), arena.tensor("y", batch + 1, np.int32)
+        arena.allocate()
+        t_img.upload(images), t_lab.upload(labels), t_perm.upload(perm)
+        t_step.upload(np.array([step_value], np.int64))
+        x.fill_bytes(0xFF), y.fill_bytes(0xFF)
+        device.synchronize()
+        kd.gather_batch(kern, t_img, t_lab, t_perm, t_step, x, y, batch, spe).run(stream)
+        got_x, got_y, got_step = x.download(), y.download(), t_step.download()
+    src = perm[p:p + batch]
+    ref = (images[src] / 255).astype(np.float16)
+    assert np.array_equal(got_x[:batch, :row_bytes].view(np.uint16), ref.view(np.uint16)), "pixels differ"
+    assert np.all(got_x[:batch, row_bytes:].view(np.uint16) == 0), "padding columns must be zero"
+    assert np.all(got_x[batch].view(np.uint16) == 0xFFFF), "wrote past the batch"
+    assert np.array_equal(got_y[:batch], labels[src].astype(np.int32)) and got_y[batch] == -1
+    assert got_step[0] == step_value, "gather must not move the step"
+
+
+@gpu
+def test_gather_batch_follows_the_device_step_counter(kern, device, stream, rng):
+    n, batch, spe = 300, 4, 5
+    images = rng.integers(0, 256, size=(n, 784), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+    perm = rng.permutation(n)[: batch * spe].astype(np.int32)
+    with Arena() as arena:
+        t_img, t_lab = arena.tensor("images", images.shape, np.uint8), arena.tensor("labels", n, np.uint8)
+        t_perm, t_step = arena.tensor("perm", perm.shape, np.int32), arena.tensor("step", 1, np.int64)
+        x, y = arena.tensor("x", (batch, 784), np.float16), arena.tensor("y", batch, np.int32)
+        arena.allocate()
+        t_img.upload(images), t_lab.upload(labels), t_perm.upload(perm)
+        device.synchronize()
+        gather = kd.gather_batch(kern, t_img, t_lab, t_perm, t_step, x, y, batch, spe)
+        kd.set_i64(kern, t_step, 0).run(stream)
+        for s in range(2 * spe + 2):
+            gather.run(stream)
+            kd.step_increment(kern, t_step).run(stream)
+            src = perm[(s % spe) * batch:(s % spe + 1) * batch]
+            assert np.array_equal(y.download(), labels[src].astype(np.int32)), f"step {s}"
+            assert np.array_equal(x.download(), (images[src] / 255).astype(np.float16)), f"step {s}"
+        assert t_step.download()[0] == 2 * spe + 2
+
+
+@gpu
+def test_counters(kern, device, stream):
+    with Arena() as arena:
+        c = arena.tensor("c", 1, np.int64)
+        arena.allocate()
+        kd.set_i64(kern, c, 2**40 + 5).run(stream)
+        for _ in range(3):
+            kd.step_increment(kern, c).run(stream)
+        ke.increment_i64(kern, c, 10).run(stream)
+        assert c.download()[0] == 2**40 + 18
+        kd.set_i64(kern, c, -(2**62)).run(stream)
+        assert c.download()[0] == -(2**62)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["constant", "cosine", "linear"])
+def test_lr_schedule_matches_lr_at(kern, device, stream, kind):
+    cases = [(0.1, 0.001, 1000, 50), (3e-3, 0.0, 17, 0), (0.5, 0.05, 10, 10), (1.0, 0.25, 1, 3)]
+    with Arena() as arena:
+        step, lr = arena.tensor("step", 1, np.int64), arena.tensor("lr", 1, np.float32)
+        arena.allocate()
+        for lr0, lr_min, total, warm in cases:
+            for s in sorted({0, 1, warm - 1, warm, warm + 1, (total + warm) // 2, total - 1, total, total + 5, 10**6}):
+                if s < 0:
+                    continue
+                step.upload(np.array([s], np.int64))
+                lr.fill_bytes(0xFF)
+                device.synchronize()
+                kd.lr_schedule(kern, step, lr, lr0, lr_min, total, warm, kind).run(stream)
+                got, ref = float(lr.download()[0]), kd.lr_at(s, lr0, lr_min, total, warm, kind)
+                assert math.isfinite(got)
+                assert got == pytest.approx(ref, rel=1e-6, abs=1e-12), (lr0, lr_min, total, warm, s)
+
+
+def _xent_reference(logits: np.ndarray, labels: np.ndarray, classes: int):
+    z = logits[:, :classes].astype(np.float64)
+    m = z.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
+    rows = np.arange(len(labels))
+    loss = lse - z[rows, labels]
+    p = np.exp(z - lse[:, None])
+    p[rows, labels] -= 1.0
+    return loss.sum(), int((z.argmax(axis=1) == labels).sum()), p / len(labels)
+
+
+@gpu
+@pytest.mark.parametrize("classes,ld", [(10, 16), (10, 10), (13, 24), (40, 48)])
+@pytest.mark.parametrize("batch", [1, 7, 32, 128, 1000])
+def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
+    logits = (rng.standard_normal((batch + 2, ld)) * 3).astype(np.float16)
+    labels = rng.integers(0, classes, size=batch).astype(np.int32)
+    if batch >= 2:  # an exact tie: the first max (column 3) is the prediction, so label 7 is a miss
+        logits[1, :classes] = -1.0
+        logits[1, 3] = logits[1, 7] = 2.0
+        labels[1] = 7
+    loss_ref, correct_ref, d_ref = _xent_reference(logits[:batch], labels, classes)
+    with Arena() as arena:
+        t_z, t_lab = arena.tensor("z", logits.shape, np.float16), arena.tensor("lab", batch, np.int32)
+        t_d = arena.tensor("d", logits.shape, np.float16)
+        t_loss, t_corr = arena.tensor("loss", 1, np.float64), arena.tensor("corr", 1, np.int32)
+        arena.allocate()
+        t_z.upload(logits), t_lab.upload(labels)
+        t_d.fill_bytes(0xFF), t_loss.fill_bytes(0xFF), t_corr.fill_bytes(0xFF)
+        device.synchronize()
+        zero = kl.zero_metrics(kern, t_loss, t_corr)
+        train = kl.softmax_xent(kern, t_z, t_lab, t_d, t_loss, t_corr, batch, classes)
+        zero.run(stream)
+        train.run(stream)
+        d1, loss1, corr1 = t_d.download(), t_loss.download(), t_corr.download()
+
+        # the gradient and the metrics
+        assert corr1[0] == correct_ref
+        assert abs(loss1[0] - loss_ref) <= 1e-5 * abs(loss_ref)
+        assert np.isfinite(d1[:batch]).all()
+        assert _rel(d1[:batch, :classes], d_ref) <= 1e-3
+        assert np.all(d1[:batch, classes:].view(np.uint16) == 0), "padding columns must be zero"
+        assert np.all(d1[batch:].view(np.uint16) == 0xFFFF), "wrote past the batch"
+
+        # the metrics accumulate over launches; zero_metrics resets them
+        train.run(stream)
+        loss2, corr2 = t_loss.download(), t_corr.download()
+        assert loss2[0] == 2 * loss1[0] and corr2[0] == 2 * corr1[0]
+        zero.run(stream)
+        assert t_loss.download()[0] == 0.0 and t_corr.download()[0] == 0
+
+        # bitwise repeatable
+        train.run(stream)
+        assert np.array_equal(_bits(t_d.download()), _bits(d1))
+        assert _bits(t_loss.download()).tobytes() == _bits(loss1).tobytes() and t_corr.download()[0] == corr1[0]
+
+        # evaluation: the same metrics, dlogits untouched
+        t_d.fill_bytes(0xFF)
+        device.synchronize()
+        zero.run(stream)
+        kl.softmax_xent(kern, t_z, t_lab, None, t_loss, t_corr, batch, classes).run(stream)
+        assert np.all(t_d.download().view(np.uint16) == 0xFFFF), "evaluation must not write dlogits"
+        assert _bits(t_loss.download()).tobytes() == _bits(loss1).tobytes() and t_corr.download()[0] == corr1[0]
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 4099, 784 * 1000])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_cast_f32_f16(kern, device, stream, rng, n, misaligned):
+    x = rng.standard_normal(n).astype(np.float32) * np.float32(4)
+    x[0] = 65520.0  # rounds to inf in fp16, like numpy
+    if n > 2:
+        x[1], x[2] = 1e-7, -3e-5  # fp16 subnormals
+    shift = 4 if misaligned else 0  # a 4-byte shift takes the scalar path
+    with Arena() as arena:
+        xb, ob = arena.tensor("xb", n + 8, np.float32), arena.tensor("ob", n + 16, np.float16)
+        t_x, t_o = xb.view((n,), offset_bytes=shift), ob.view((n,), offset_bytes=2 * shift)
+        arena.allocate()
+        t_x.upload(x)
+        ob.fill_bytes(0xFF)
+        device.synchronize()
+        ke.cast_f32_f16(kern, t_o, t_x).run(stream)
+        got = ob.download()
+    lo = shift  # halves before the view: 2 * shift bytes
+    with np.errstate(over="ignore"):
+        ref = x.astype(np.float16)
+    assert np.array_equal(got[lo:lo + n].view(np.uint16), ref.view(np.uint16))
+    assert np.all(got[:lo].view(np.uint16) == 0xFFFF) and np.all(got[lo + n:].view(np.uint16) == 0xFFFF)
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 5, 1000, 4099])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_fill_f32(kern, device, stream, n, misaligned):
+    shift = 4 if misaligned else 0
+    with Arena() as arena:
+        buf = arena.tensor("buf", n + 8, np.float32)
+        t = buf.view((n,), offset_bytes=shift)
+        arena.allocate()
+        buf.fill_bytes(0xFF)
+        device.synchronize()
+        ke.fill_f32(kern, t, -1.25).run(stream)
+        got = buf.download()
+    lo = shift // 4
+    assert np.all(got[lo:lo + n] == np.float32(-1.25))
+    assert np.all(got[:lo].view(np.uint32) == 0xFFFFFFFF) and np.all(got[lo + n:].view(np.uint32) == 0xFFFFFFFF)
+
+
+@gpu
+def test_axpby_launcher(kern, device, stream, rng):
+    n = 1001
+    x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    with Arena() as arena:
+        tx, ty = arena.tensor("x", n, np.float32), arena.tensor("y", n, np.float32)
+        arena.allocate()
+        tx.upload(x), ty.upload(y)
+        device.synchronize()
+        ke.axpby_f32(kern, ty, tx, 2.0, -0.5).run(stream)
+        got = ty.download()
+    assert _rel(got, 2.0 * x.astype(np.float64) - 0.5 * y) <= 1e-6
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 7, 1000, 784 * 256 + 5])
+@pytest.mark.parametrize("seed", [0, 42, 2**64 - 1])
+def test_init_uniform_is_bit_exact_and_grid_independent(kern, device, stream, n, seed):
+    bound = 1 / math.sqrt(784)
+    ref = ke.init_uniform_reference(n, bound, seed)
+    with Arena() as arena:
+        buf = arena.tensor("w", n + 4, np.float32)
+        w = buf.view((n,))
+        arena.allocate()
+        buf.fill_bytes(0xFF)
+        device.synchronize()
+        launch = ke.init_uniform(kern, w, bound, seed)
+        launch.run(stream)
+        got = buf.download()
+        assert np.array_equal(got[:n].view(np.uint32), ref.view(np.uint32)), "differs from the host reference"
+        assert np.all(got[n:].view(np.uint32) == 0xFFFFFFFF)
+        w.fill_bytes(0xFF)
+        device.synchronize()
+        kern.get("elementwise.cu", "init_uniform", "pqfq").bind(3, 32, 0, w, n, bound, launch.args.values[3].value).run(stream)
+        assert np.array_equal(w.download().view(np.uint32), ref.view(np.uint32)), "depends on the grid"
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["sgd", "sgd_mu_without_mom", "mom_mu0", "momentum"])
+@pytest.mark.parametrize("cols,pad", [(1, 7), (10, 6), (13, 3), (256, 0), (784, 16), (1000, 8), (4096, 8), (10, 0), (13, 0)])
+@pytest.mark.parametrize("rows", [1, 7, 32, 128, 1000])
+def test_bias_grad_sgd(kern, device, stream, rng, rows, cols, pad, mode):
+    ld = cols + pad  # pad 0 with cols 10 or 13: ld not a multiple of 8, the scalar path
+    dy = rng.standard_normal((rows + 1, ld)).astype(np.float16)
+    g = dy[:rows, :cols].astype(np.float64).sum(axis=0)
+    sentinel = np.float32(7.0)
+    bias0 = rng.standard_normal(cols).astype(np.float32)
+    mom0 = rng.standard_normal(cols).astype(np.float32)
+    lr, mu = np.float32(0.05), {"sgd": 0.0, "sgd_mu_without_mom": 0.9, "mom_mu0": 0.0, "momentum": 0.9}[mode]
+    with_mom = mode in ("mom_mu0", "momentum")
+    if mode == "sgd":  # bias 0 and lr 1 show the column sums themselves: bias = -g
+        bias0[:], lr = 0.0, np.float32(1.0)
+    with Arena() as arena:
+        t_dy, t_lr = arena.tensor("dy", dy.shape, np.float16), arena.tensor("lr", 1, np.float32)
+        bbuf, mbuf = arena.tensor("bbuf", cols + 8, np.float32), arena.tensor("mbuf", cols + 8, np.float32)
+        bias, mom = bbuf.view((cols,)), mbuf.view((cols,))
+        arena.allocate()
+        t_dy.upload(dy), t_lr.upload(np.array([lr], np.float32))
+        tail = np.full(8, sentinel, np.float32)
+
+        def reset():
+            bbuf.upload(np.concatenate([bias0, tail]))
+            mbuf.upload(np.concatenate([mom0, tail]))
+            device.synchronize()
+
+        reset()
+        launch = ke.bias_grad_sgd(kern, t_dy, bias, mom if with_mom else None, t_lr, mu, rows)
+        launch.run(stream)
+        got_b, got_m = bbuf.download(), mbuf.download()
+        reset()
+        launch.run(stream)
+        assert np.array_equal(_bits(bbuf.download()), _bits(got_b)), "not bitwise repeatable"
+        assert np.array_equal(_bits(mbuf.download()), _bits(got_m)), "not bitwise repeatable"
+    assert np.all(got_b[cols:] == sentinel) and np.all(got_m[cols:] == sentinel), "wrote past the end"
+    got_b, got_m = got_b[:cols], got_m[:cols]
+    assert np.isfinite(got_b).all() and np.isfinite(got_m).all()
+    if mode == "sgd":
+        assert _rel(-got_b, g) <= 1e-5
+    if mode == "momentum":
+        m_ref = mu * mom0.astype(np.float64) + g
+        assert _rel(got_m, m_ref) <= 1e-5
+        assert _rel(got_b, bias0 - float(lr) * m_ref) <= 1e-5
+    else:
+        assert _rel(got_b, bias0 - float(lr) * g) <= 1e-5
+        assert np.array_equal(got_m, mom0), "momentum must be untouched without mu > 0"
+
+
+@gpu
+def test_bias_grad_sgd_many_rows(kern, device, stream, rng):
+    """60000 rows (the whole training set at once), few columns: the long fp32 sums stay accurate."""
+    rows, cols, ld = 60000, 10, 16
+    dy = (rng.standard_normal((rows, ld)) * 0.01).astype(np.float16)
+    g = dy[:, :cols].astype(np.float64).sum(axis=0)
+    with Arena() as arena:
+        t_dy, t_lr, bias = arena.tensor("dy", dy.shape, np.float16), arena.tensor("lr", 1, np.float32), arena.tensor("b", cols, np.float32)
+        arena.allocate()
+        t_dy.upload(dy), t_lr.upload(np.ones(1, np.float32)), bias.upload(np.zeros(cols, np.float32))
+        device.synchronize()
+        ke.bias_grad_sgd(kern, t_dy, bias, None, t_lr, 0.0, rows).run(stream)
+        got = bias.download()
+    assert _rel(-got, g) <= 1e-5
