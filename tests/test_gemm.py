@@ -35,6 +35,12 @@ def test_config_choice(M, K, epi, expected):
     assert G.choose_config(M, K, epi) == expected
 
 
+def test_long_column_major_b_uses_the_deeper_k_tile():
+    assert G.plan_gemm(32, 8192, 8192, "rc", "drelu").config.name == "32x128k64"
+    assert G.plan_gemm(32, 1024, 1024, "rc", "drelu").config.name == "32x128"
+    assert G.plan_gemm(32, 8192, 8192, "rr", "bias_relu").config.name == "32x128"
+
+
 def test_split_k_fills_the_gpu_and_never_makes_empty_splits():
     for M, N, K in [(32, 8192, 8192), (32, 256, 784), (32, 16, 8192), (128, 1024, 1024), (8192, 8192, 32),
                     (1, 8, 8), (32, 10 * 8, 4096)]:

@@ -127,10 +127,13 @@ class GemmPlan:
         return 2 * self.M * self.N * self.K
 
 
-def choose_config(M: int, K: int, epilogue: str) -> str:
-    """Smallest M tile that covers the batch; for the weight-gradient (K = batch) a 2-stage tile."""
+def choose_config(M: int, K: int, epilogue: str, layout: str = "rr") -> str:
+    """Smallest M tile that covers the batch; for the weight-gradient (K = batch) a 2-stage tile; for a long
+    column-major B (dx's W^T) BK = 64, so each weight row is read in 128-byte pieces (measured: docs/perf.md)."""
     if epilogue == "sgd" and M > 64 and K <= 128:
         return "outer"
+    if M <= 32 and layout == "rc" and K >= 4096:
+        return "32x128k64"
     if M <= 32:
         return "32x128"
     if M <= 64:
@@ -164,7 +167,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         if extent % 8:
             raise ValueError(f"GEMM {operand}'s contiguous dimension is {extent}: it must be a multiple of 8 "
                              "(pad it; see DESIGN.md)")
-    name = config or choose_config(M, K, epilogue)
+    name = config or choose_config(M, K, epilogue, layout)
     if name not in CONFIGS:
         raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
     if (name, layout, epilogue) not in INSTANCES:
