@@ -214,17 +214,28 @@ def cmd_gemm(args) -> int:
     return 0
 
 
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
-    g.add_argument("--sizes", type=int, nargs="+", default=list(HIDDEN))
-    g.add_argument("--batch", type=int, default=32)
-    g.add_argument("--launches", type=int, default=20)
-    g.add_argument("--trials", type=int, default=30)
-    g.add_argument("--device", type=int, default=0)
+    g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
+    g.add_argument("--batch", type=positive, default=32)
+    g.add_argument("--launches", type=positive, default=20)
+    g.add_argument("--trials", type=positive, default=30)
+    g.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     g.add_argument("--no-torch", action="store_true", help="skip the cuBLAS comparison")
-    g.add_argument("--variants", nargs="*", default=[], help="also time the plain GEMM with these tile configs")
+    g.add_argument("--variants", nargs="*", default=[], choices=sorted(G.CONFIGS),
+                   help="also time the plain GEMM with these tile configs")
     g.add_argument("--json", default=None, help="write every figure to this JSON file")
     g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
     args = p.parse_args(argv)
