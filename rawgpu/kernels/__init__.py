@@ -6,7 +6,6 @@ training step is just a list of launches that runs eagerly or is captured into a
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..compiler import CompiledModule, compile_source
