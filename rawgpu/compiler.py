@@ -194,12 +194,21 @@ def _read_cache(path: Path) -> CompiledModule | None:
         return None
 
 
+def _cache_path(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None) -> Path:
+    return cache_dir() / f"{Path(source).stem}-{arch}-{cache_key(source, arch, options, texts)}.cubin"
+
+
+def is_cached(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = ()) -> bool:
+    """Whether a build of `source` for `arch` sits in the cache (so the CLI can say a first run compiles)."""
+    return _cache_path(source, normalize_arch(arch), tuple(options)).is_file()
+
+
 def compile_source(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), *,
                    use_cache: bool = True, texts: dict[str, bytes] | None = None) -> CompiledModule:
     """Build `rawgpu/cu/<source>` for `arch`, from the cache when an identical build exists."""
     arch = normalize_arch(arch)
     options = tuple(options)
-    path = cache_dir() / f"{Path(source).stem}-{arch}-{cache_key(source, arch, options, texts)}.cubin"
+    path = _cache_path(source, arch, options, texts)
     if use_cache and (hit := _read_cache(path)) is not None:
         return hit
     module = _nvrtc_compile(source, arch, options)

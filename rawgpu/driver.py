@@ -118,6 +118,7 @@ class DeviceInfo:
     shared_per_block_optin: int
     shared_per_sm: int
     l2_bytes: int
+    pci_bus_id: str = ""  # e.g. "0000:19:00.0": how NVML finds the same GPU whatever its numbering
 
     @property
     def arch(self) -> str:
@@ -155,6 +156,7 @@ class Device:
             shared_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             shared_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
             l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+            pci_bus_id=call(cu.cuDeviceGetPCIBusId, 32, self.handle).split(b"\0")[0].decode(),
         )
         self._released = False
 

@@ -39,6 +39,10 @@ class Graph:
     def launch(self, stream: Stream) -> None:
         check(drv._cu().cuGraphLaunch(self.exec, stream.handle), "cuGraphLaunch")
 
+    def upload(self, stream: Stream) -> None:
+        """Move the executable's launch resources to the device now, not during the first timed launch."""
+        check(drv._cu().cuGraphUpload(self.exec, stream.handle), "cuGraphUpload")
+
     def _node_handles(self) -> list[Any]:
         cu = drv._cu()
         _, count = check(cu.cuGraphGetNodes(self.graph, 0), "cuGraphGetNodes")

@@ -170,6 +170,14 @@ class Arena:
         self._allocated = True
         return self
 
+    def zero(self) -> None:
+        """Every byte of the allocation = 0, so padding and counters start defined (cuMemAlloc does not clear)."""
+        from . import driver as drv
+
+        drv.call(drv._cu().cuCtxSynchronize)
+        drv.call(drv._cu().cuMemsetD8, self.base, 0, self.peak_bytes)
+        drv.call(drv._cu().cuCtxSynchronize)
+
     @property
     def allocated(self) -> bool:
         return self._allocated

@@ -1,5 +1,11 @@
-"""Benchmarks. `python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and
-cuBLAS (through torch, when importable), all timed in one run on one GPU.
+"""Benchmarks, all timed in one run on one GPU.
+
+`python scripts/bench.py [train]`: the reference workload (MLP 784-H-H-H-10, batch 32, SGD lr 0.003, fp16 compute,
+fp32 masters, 5000 steps over shuffled MNIST on the GPU) for rawgpu and every importable peer (PyTorch eager, CUDA
+graph, torch.compile max-autotune; JAX jit and one fori_loop program), against the weight-traffic and launch floors.
+Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
+
+`python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and cuBLAS.
 
 Method: each measured unit is a CUDA graph of `--launches` back-to-back launches that rotate over enough copies
 of the operands to exceed twice the L2 cache (so big weights come from DRAM, as in training); CUDA events time
@@ -214,6 +220,166 @@ def cmd_gemm(args) -> int:
     return 0
 
 
+def launch_floor(stream, kernels, nodes: int, trials: int = 30) -> float:
+    """Microseconds per replay of a graph of `nodes` dependent empty kernels: the cost of launching our step's
+    node count, whatever the kernels do."""
+    noop = kernels.get("elementwise.cu", "noop", "").bind(1, 32, 0)
+    return time_graph(stream, lambda: [noop.run(stream) for _ in range(nodes)], 1, trials)
+
+
+def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50) -> dict:
+    """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
+    steps as one graph launch each; GPU time summed over epochs (the per-epoch shuffle upload is not timed)."""
+    from rawgpu.mlp import Recipe
+    from rawgpu.train import Session
+
+    recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
+    session = Session(recipe, device_index)
+    model, stream = session.model, session.stream
+    model.upload_data(data)
+    spe = recipe.steps_per_epoch
+    graph = session.capture_step(1)
+    rng = np.random.default_rng(seed)
+    model.init_parameters(stream)
+    model.set_permutation(rng.permutation(60000))
+    for _ in range(warmup):
+        graph.launch(stream)
+    model.init_parameters(stream)  # same init, step counter 0: the timed run trains exactly `steps` steps
+    init = model.parameters()
+    rng = np.random.default_rng(seed)
+    total_ms, done = 0.0, 0
+    while done < steps:
+        model.set_permutation(rng.permutation(60000))
+        n = min(spe, steps - done)
+        start = drv.Event().record(stream)
+        for _ in range(n):
+            graph.launch(stream)
+        end = drv.Event().record(stream)
+        total_ms += start.elapsed_ms(end)
+        done += n
+    for launch in model.eval_launches():
+        launch.run(stream)
+    _, accuracy = model.eval_metrics()
+    nodes = len(graph.nodes())
+    graph.close()
+    model.arena.close()
+    return dict(system="rawgpu", us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
+                parameters=recipe.parameters, init=init, note=f"{nodes} graph nodes per step")
+
+
+def run_peer(system: str, h: int, steps: int, seed: int, data, init) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from peers import jax_peers, torch_peers
+    from peers.common import Workload
+
+    module = torch_peers if system in torch_peers.SYSTEMS else jax_peers
+    r = module.run(system, Workload(hidden=h, steps=steps, seed=seed, init=init), data)
+    return dict(system=system, us_per_step=r.us_per_step, test_accuracy=r.test_accuracy, final_loss=r.final_loss,
+                note=r.note)
+
+
+PEERS = ("torch-eager", "torch-graph", "torch-compile", "jax-jit", "jax-fori")
+
+
+def available_peers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from peers import jax_peers, torch_peers
+
+    reasons = {}
+    for module in (torch_peers, jax_peers):
+        if (why := module.available()) is not None:
+            reasons.update({s: why for s in module.SYSTEMS})
+    return [p for p in wanted if p not in reasons], {p: reasons[p] for p in wanted if p in reasons}
+
+
+def plot(results: dict, path: Path) -> str:
+    """Time per step vs H (log-log), one line per system, and rawgpu's speed-up over the fastest peer."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    rows = results["rows"]
+    systems = sorted({r["system"] for row in rows for r in row["systems"]}, key=lambda s: (s != "rawgpu", s))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    hs = [row["hidden"] for row in rows]
+    for s in systems:
+        pts = [(row["hidden"], r["us_per_step"]) for row in rows for r in row["systems"] if r["system"] == s]
+        a.plot(*zip(*pts), marker="o", label=s, linewidth=2.5 if s == "rawgpu" else 1.2)
+    a.plot(hs, [row["floor_us"] for row in rows], "k--", label="floor (weights / copy bw, or launches)")
+    a.set(xscale="log", yscale="log", xlabel="hidden width H", ylabel="us per training step",
+          title=f"{results['device']}, {results['date']}")
+    a.legend(fontsize=8)
+    b.plot(hs, [row.get("speedup") or 0 for row in rows], marker="o")
+    b.axhline(1.0, color="k", linewidth=0.8)
+    b.set(xscale="log", xlabel="hidden width H", ylabel="x faster than the fastest peer", title="rawgpu speed-up")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"wrote {path}"
+
+
+def cmd_train(args) -> int:
+    from rawgpu.data import load_mnist
+
+    device = drv.Device(args.device)
+    stream = drv.Stream()
+    kernels = Kernels(device.arch)
+    mnist = load_mnist(args.data_dir)
+    peers, missing = available_peers(args.peers)
+    for p, why in missing.items():
+        print(f"# peer {p} skipped: {why}")
+    bw = copy_bandwidth(stream)
+    cu_major, cu_minor = drv.driver_version()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), driver CUDA {cu_major}.{cu_minor}, "
+          f"{dt.date.today()}; copy bandwidth {bw:.0f} GB/s; {args.steps} steps, batch 32, lr 0.003")
+    peer_data = None
+    if peers:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from peers.common import mnist_arrays
+
+        peer_data = mnist_arrays(args.data_dir)
+    rows = []
+    print(f"{'H':>5} {'system':>14} {'us/step':>9} {'steps/s':>9} {'vs best peer':>12} {'% floor':>8} {'test acc':>8}")
+    for h in args.sizes:
+        ours = bench_rawgpu(h, args.steps, args.seed, mnist, args.device)
+        systems = [ours]
+        for p in peers:
+            try:
+                systems.append(run_peer(p, h, args.steps, args.seed, peer_data, ours["init"]))
+            except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
+                systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
+        weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6
+        nodes_floor = launch_floor(stream, kernels, ours["nodes"])
+        floor = max(weight_floor, nodes_floor)
+        timed = [s for s in systems[1:] if s["us_per_step"]]
+        best = min(timed, key=lambda s: s["us_per_step"]) if timed else None
+        row = dict(hidden=h, parameters=ours["parameters"], weight_floor_us=weight_floor, launch_floor_us=nodes_floor,
+                   floor_us=floor, best_peer=best["system"] if best else None,
+                   speedup=best["us_per_step"] / ours["us_per_step"] if best else None, systems=systems)
+        rows.append(row)
+        ours.pop("init")
+        for s in systems:
+            us = s["us_per_step"]
+            vs = (f"{row['speedup']:.2f}x" if s is ours and best else
+                  (f"{us / ours['us_per_step']:.2f}x slower" if us else "-"))
+            acc = f"{100 * s['test_accuracy']:.2f}%" if s.get("test_accuracy") is not None else "-"
+            print(f"{h:>5} {s['system']:>14} {(f'{us:.1f}' if us else 'failed'):>9} "
+                  f"{(f'{1e6 / us:.0f}' if us else '-'):>9} {vs:>12} "
+                  f"{(f'{100 * floor / us:.0f}%' if us else '-'):>8} {acc:>8}"
+                  + ("" if us else f"  {s['note']}"), flush=True)
+        print(f"{h:>5} {'floor':>14} {floor:>9.1f}   (weights {weight_floor:.1f} us at {bw:.0f} GB/s; "
+              f"{ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
+    results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
+                   date=str(dt.date.today()), copy_gbs=bw, steps=args.steps, batch=32, lr=0.003, rows=rows)
+    (out / "bench_train.json").write_text(json.dumps(results, indent=1))
+    print(f"# wrote {out / 'bench_train.json'}; {plot(results, out / 'bench_train.png')}")
+    return 0
+
+
 def positive(text: str) -> int:
     try:
         value = int(text)
@@ -225,8 +391,19 @@ def positive(text: str) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd")
+    t = sub.add_parser("train", help="the reference training workload: rawgpu vs PyTorch and JAX (the default)")
+    t.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN), help="hidden widths H")
+    t.add_argument("--steps", type=positive, default=5000, help="timed training steps per system (default 5000)")
+    t.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS, metavar="PEER",
+                   help=f"peers to run (default all importable: {' '.join(PEERS)}); none: --peers with no names")
+    t.add_argument("--out", default="bench-results", help="directory for bench_train.json and bench_train.png")
+    t.add_argument("--seed", type=int, default=0, help="init and shuffle seed (default 0)")
+    t.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
+    t.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    t.add_argument("--quick", action="store_true", help="H 256 and 4096, 1000 steps, torch-graph and jax-fori only")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)
@@ -238,11 +415,17 @@ def main(argv=None) -> int:
                    help="also time the plain GEMM with these tile configs")
     g.add_argument("--json", default=None, help="write every figure to this JSON file")
     g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("train", "gemm", "-h", "--help"):
+        argv.insert(0, "train")  # train is the default subcommand
     args = p.parse_args(argv)
-    if getattr(args, "quick", False):
+    if args.cmd == "gemm" and args.quick:
         args.sizes, args.trials = [256, 8192], 10
+    if args.cmd == "train" and args.quick:
+        args.sizes, args.steps = [256, 4096], 1000
+        args.peers = [x for x in args.peers if x in ("torch-graph", "jax-fori")]
     try:
-        return cmd_gemm(args)
+        return cmd_train(args) if args.cmd == "train" else cmd_gemm(args)
     except RawgpuError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1

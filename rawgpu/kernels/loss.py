@@ -10,11 +10,13 @@ from . import Kernels, require
 
 SRC = "loss.cu"
 THREADS = 256  # one block, a warp per row: small enough for 10 classes, and its sum order never changes
+EVAL_THREADS = 1024  # large evaluation batches: more warps in the one block (the order still depends only on batch)
 
 
 def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
-                 correct: Tensor, batch: int, classes: int = 10) -> Launch:
-    """loss_sum += sum of per-row cross-entropy, correct += argmax hits; dlogits = (softmax - onehot) / batch.
+                 correct: Tensor, batch: int, classes: int = 10, grad_scale: float = 1.0) -> Launch:
+    """loss_sum += sum of per-row cross-entropy, correct += argmax hits;
+    dlogits = (softmax - onehot) * grad_scale / batch (grad_scale: a loss scale that keeps fp16 gradients normal).
 
     logits fp16 [>= batch, ld >= classes]; dlogits None for evaluation (metrics only), else the logits' shape
     (its padding columns are written as zero). loss_sum float64 [1] and correct int32 [1] accumulate.
@@ -29,10 +31,13 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
         raise ValueError(f"labels: expected [>= {batch}], got shape {labels.shape}")
     if dlogits is not None:
         require(dlogits, np.float16, logits.shape, what="dlogits")
+    if not (grad_scale > 0 and np.isfinite(grad_scale)):
+        raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
-    return k.get(SRC, "softmax_xent", "pipiifppp").bind(1, THREADS, 0, logits, logits.shape[1], labels, batch, classes,
-                                                        1.0 / batch, 0 if dlogits is None else dlogits, loss_sum,
+    threads = THREADS if batch <= 256 else EVAL_THREADS
+    return k.get(SRC, "softmax_xent", "pipiifppp").bind(1, threads, 0, logits, logits.shape[1], labels, batch, classes,
+                                                        grad_scale / batch, 0 if dlogits is None else dlogits, loss_sum,
                                                         correct)
 
 

@@ -1,0 +1,329 @@
+"""The model: an MLP 784 -> hidden x layers -> 10 whose every buffer lives in one arena, and its training step
+as a plain list of launches (gather, forward, loss, backward with fused updates, step counter).
+
+The list runs eagerly (`--no-graph`) or is captured once into a CUDA graph; nothing in it depends on the
+host after start-up: the step counter, the batch position and the learning rate live on the device.
+
+Widths are padded to multiples of 8 (the GEMM's contiguous dimensions) and the 10 classes to 16; padded
+weights, biases and activations start at zero and stay zero, because their gradients are exactly zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .driver import Launch, Stream
+from .kernels import Kernels
+from .kernels import data as kd
+from .kernels import elementwise as ke
+from .kernels import gemm as kg
+from .kernels import loss as kl
+from .memory import Arena, Tensor
+
+INPUTS = 784
+CLASSES = 10
+TRAIN_ROWS = 60000
+TEST_ROWS = 10000
+EVAL_BATCHES = (10000, 5000, 2000, 1000, 500, 250, 100)  # divisors of the test set, largest first
+EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
+GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
+
+
+def pad8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def loss_scale(batch: int) -> float:
+    """The static loss scale S: gradients flow backward in fp16 as S x the gradient of the mean loss, and the
+    updates use lr / S, so the arithmetic is that of the mean loss. Without it, d(logits) = (softmax - onehot) / B
+    shrinks with the batch and with every layer, and deep-layer gradients fall into fp16's subnormals (below
+    6e-5), where they lose precision (measured: 3.5% error in the first layer's update at batch 32). With S =
+    16 x 2^ceil(log2 B), d(logits) lies within 16..32 x (softmax - onehot): normal, far from fp16's 65504. A power
+    of two, so scaling and unscaling are exact."""
+    return float(GRAD_SCALE_PER_SAMPLE * (1 << max(0, (batch - 1).bit_length())))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that shapes a run: model, batch and optimiser. The defaults are the CLI's default recipe."""
+
+    hidden: int = 256
+    layers: int = 3
+    batch: int = 128
+    lr: float = 0.05
+    momentum: float = 0.9
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    lr_min: float = 0.0
+    total_steps: int = 0  # the schedule's length; 0: no decay
+    accum: str = "fp32"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.hidden < 1 or self.layers < 1:
+            raise ValueError(f"hidden ({self.hidden}) and layers ({self.layers}) must be >= 1")
+        if not 1 <= self.batch <= TRAIN_ROWS:
+            raise ValueError(f"batch must be in 1..{TRAIN_ROWS}, got {self.batch}")
+        if self.accum not in ("fp32", "fp16"):
+            raise ValueError(f"accum must be fp32 or fp16, got {self.accum!r}")
+        if self.schedule not in kd.SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(kd.SCHEDULES)}, got {self.schedule!r}")
+
+    @property
+    def widths(self) -> list[int]:
+        return [INPUTS] + [self.hidden] * self.layers + [CLASSES]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return TRAIN_ROWS // self.batch
+
+    @property
+    def parameters(self) -> int:
+        w = self.widths
+        return sum(a * b + b for a, b in zip(w, w[1:]))
+
+    @property
+    def name(self) -> str:
+        return "-".join(map(str, self.widths))
+
+    def step_flops(self) -> int:
+        """Useful FLOPs of one step: forward, weight gradient, and input gradient below the first layer."""
+        w = self.widths
+        return sum(2 * self.batch * a * b * (3 if i else 2) for i, (a, b) in enumerate(zip(w, w[1:])))
+
+    def step_bytes(self) -> int:
+        """The weight-traffic floor of one step (DESIGN.md): 12 B per weight (fp16 read forward; fp32 read and
+        write, fp16 write in the fused update), 8 more with momentum (fp32 read and write)."""
+        w = self.widths
+        weights = sum(a * b for a, b in zip(w, w[1:]))
+        return weights * (12 + (8 if self.momentum > 0 else 0))
+
+
+@dataclass
+class Layer:
+    """One linear layer's buffers (padded shapes) and GEMM plans."""
+
+    fan_in: int
+    fan_out: int
+    w32: Tensor  # fp32 master weights [in_p, out_p], x @ W orientation
+    w16: Tensor  # fp16 working copy, same shape
+    b: Tensor  # fp32 bias [out_p]
+    mw: Tensor | None  # momentum buffers (None without momentum)
+    mb: Tensor | None
+    fwd: kg.GemmPlan
+    dx: kg.GemmPlan | None  # None for the first layer: nothing below it needs a gradient
+    dw: kg.GemmPlan
+    eval_fwd: kg.GemmPlan
+
+
+class MLP:
+    """Plan (`__init__`, no GPU needed) -> `allocate()` -> `upload_data()` + `init_parameters()` -> launches."""
+
+    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132):
+        self.k, self.recipe = kernels, recipe
+        r, accum = recipe, ("f32" if recipe.accum == "fp32" else "f16")
+        self.arena = a = Arena()
+        B = r.batch
+        self.eval_batch = self._eval_batch(r)
+        EB = self.eval_batch
+        widths = r.widths
+        padded = [pad8(w) for w in widths[:-1]] + [max(16, pad8(CLASSES))]
+        self.padded = padded
+        # dataset and input pipeline
+        self.images = a.tensor("train_images", (TRAIN_ROWS, INPUTS), np.uint8)
+        self.labels = a.tensor("train_labels", TRAIN_ROWS, np.uint8)
+        self.test_images = a.tensor("test_images", (TEST_ROWS, INPUTS), np.uint8)
+        self.test_labels = a.tensor("test_labels", TEST_ROWS, np.uint8)
+        self.perm = a.tensor("perm", r.steps_per_epoch * B, np.int32)
+        self.eval_perm = a.tensor("eval_perm", TEST_ROWS, np.int32)
+        # device scalars: the step counter, the learning rate, the metrics
+        self.step = a.tensor("step", 1, np.int64)
+        self.eval_step = a.tensor("eval_step", 1, np.int64)
+        self.lr = a.tensor("lr", 1, np.float32)
+        self.loss_sum = a.tensor("loss_sum", 1, np.float64)
+        self.correct = a.tensor("correct", 1, np.int32)
+        self.eval_loss_sum = a.tensor("eval_loss_sum", 1, np.float64)
+        self.eval_correct = a.tensor("eval_correct", 1, np.int32)
+        # activations (saved for backward) and their gradients
+        self.acts = [a.tensor(f"act{i}", (B, p), np.float16) for i, p in enumerate(padded)]  # acts[-1]: logits
+        self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
+        self.y = a.tensor("y", B, np.int32)
+        hidden_p = max(padded[1:-1])
+        self.eval_x = a.tensor("eval_x", (EB, padded[0]), np.float16)
+        self.eval_h = [a.tensor(f"eval_h{i}", (EB, hidden_p), np.float16) for i in range(2)]  # ping-pong
+        self.eval_logits = a.tensor("eval_logits", (EB, padded[-1]), np.float16)
+        self.eval_y = a.tensor("eval_y", EB, np.int32)
+        # parameters
+        self.layers: list[Layer] = []
+        for i in range(len(widths) - 1):
+            pin, pout = padded[i], padded[i + 1]
+            mom = r.momentum > 0
+            self.layers.append(Layer(
+                widths[i], widths[i + 1],
+                a.tensor(f"w32_{i}", (pin, pout), np.float32), a.tensor(f"w16_{i}", (pin, pout), np.float16),
+                a.tensor(f"b_{i}", pout, np.float32),
+                a.tensor(f"mw_{i}", (pin, pout), np.float32) if mom else None,
+                a.tensor(f"mb_{i}", pout, np.float32) if mom else None,
+                fwd=kg.plan_gemm(B, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum, sm_count),
+                dx=kg.plan_gemm(B, pin, pout, "rc", "drelu", accum, sm_count) if i else None,
+                dw=kg.plan_gemm(pin, pout, B, "cr", "sgd", accum, sm_count),
+                eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum,
+                                      sm_count)))
+        # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
+        plans = [p for lay in self.layers for p in (lay.fwd, lay.dx, lay.dw, lay.eval_fwd) if p is not None]
+        self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
+        self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
+
+    @staticmethod
+    def _eval_batch(r: Recipe) -> int:
+        per_row = 2 * (pad8(INPUTS) + 2 * pad8(r.hidden) + 16)
+        return next((b for b in EVAL_BATCHES if b * per_row <= EVAL_ACTIVATION_BUDGET), EVAL_BATCHES[-1])
+
+    # --- start-up ---------------------------------------------------------------------------------------------
+
+    def allocate(self) -> "MLP":
+        """The one device allocation (OutOfMemoryError with needed vs free before anything runs), zeroed."""
+        self.arena.allocate()
+        self.arena.zero()
+        return self
+
+    def upload_data(self, mnist) -> None:
+        self.images.upload(mnist.train_images.reshape(TRAIN_ROWS, INPUTS))
+        self.labels.upload(mnist.train_labels)
+        self.test_images.upload(mnist.test_images.reshape(TEST_ROWS, INPUTS))
+        self.test_labels.upload(mnist.test_labels)
+        self.eval_perm.upload(np.arange(TEST_ROWS, dtype=np.int32))
+
+    def init_parameters(self, stream: Stream) -> None:
+        """PyTorch's nn.Linear default (Kaiming-uniform, a = sqrt(5)): W and b ~ U(+-1/sqrt(fan_in)), from
+        the seed; the fp16 copies made from the fp32 masters; momentum, counters and tickets zeroed."""
+        for i, lay in enumerate(self.layers):
+            bound = 1.0 / math.sqrt(lay.fan_in)
+            self._init_uniform(lay.w32, (lay.fan_in, lay.fan_out), bound, self._seed(i, 0), stream)
+            self._init_uniform(lay.b, (lay.fan_out,), bound, self._seed(i, 1), stream)
+        self.sync_working_copies(stream)
+        for t in [self.step, self.workspace, self.tickets] + [t for lay in self.layers for t in (lay.mw, lay.mb) if t]:
+            t.fill_bytes(0)
+
+    def _seed(self, layer: int, which: int) -> int:
+        return (self.recipe.seed * 1_000_003 + layer * 2 + which) & (2**64 - 1)
+
+    def _init_uniform(self, t: Tensor, true_shape: tuple[int, ...], bound: float, seed: int, stream: Stream) -> None:
+        """Unpadded tensors are filled on the device; padded ones on the host (same bits) with zero padding."""
+        if tuple(t.shape) == true_shape:
+            ke.init_uniform(self.k, t, bound, seed).run(stream)
+            return
+        values = ke.init_uniform_reference(math.prod(true_shape), bound, seed).reshape(true_shape)
+        full = np.zeros(t.shape, np.float32)
+        full[tuple(slice(0, n) for n in true_shape)] = values
+        t.upload(full)
+
+    def sync_working_copies(self, stream: Stream) -> None:
+        for lay in self.layers:
+            ke.cast_f32_f16(self.k, lay.w16, lay.w32).run(stream)
+        stream.synchronize()
+
+    def set_permutation(self, perm: np.ndarray) -> None:
+        """This epoch's sample order (the first steps_per_epoch x batch entries are used). Synchronises: call it
+        between epochs, never inside one."""
+        need = self.perm.shape[0]
+        self.perm.upload(np.ascontiguousarray(perm[:need], dtype=np.int32))
+
+    # --- the step ----------------------------------------------------------------------------------------------
+
+    def _forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan]) -> list[Launch]:
+        launches, inp = [], x
+        for lay, out, plan in zip(self.layers, outs, plans):
+            launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, workspace=self.workspace,
+                                    tickets=self.tickets))
+            inp = out
+        return launches
+
+    def step_launches(self) -> list[Launch]:
+        """One training step: lr for this step, gather the batch, forward, loss, backward + updates, step += 1."""
+        r, k = self.recipe, self.k
+        mu, scale = float(r.momentum), loss_scale(r.batch)
+        out = [kd.lr_schedule(k, self.step, self.lr, r.lr / scale, r.lr_min / scale, r.total_steps, r.warmup_steps,
+                              r.schedule),
+               kd.gather_batch(k, self.images, self.labels, self.perm, self.step, self.acts[0], self.y, r.batch,
+                               r.steps_per_epoch)]
+        out += self._forward(self.acts[0], self.acts[1:], [lay.fwd for lay in self.layers])
+        dy = self.grads[-1]
+        out.append(kl.softmax_xent(k, self.acts[-1], self.y, dy, self.loss_sum, self.correct, r.batch, CLASSES,
+                                   grad_scale=scale))
+        for i in range(len(self.layers) - 1, -1, -1):
+            lay, x = self.layers[i], self.acts[i]
+            if lay.dx is not None:  # reads W16 before this layer's update rewrites it
+                out.append(kg.gemm(k, lay.dx, dy, lay.w16, self.grads[i], act=x, workspace=self.workspace,
+                                   tickets=self.tickets))
+            out.append(kg.gemm(k, lay.dw, x, dy, lay.w32, mom=lay.mw, w16=lay.w16, lr=self.lr, mu=mu,
+                               workspace=self.workspace, tickets=self.tickets))
+            out.append(ke.bias_grad_sgd(k, dy, lay.b, lay.mb, self.lr, mu, r.batch))
+            dy = self.grads[i]
+        out.append(kd.step_increment(k, self.step))
+        return out
+
+    def eval_launches(self) -> list[Launch]:
+        """The whole test set, eval_batch rows at a time: forward and metrics only (no gradients, no updates)."""
+        k, EB = self.k, self.eval_batch
+        chunks = TEST_ROWS // EB
+        hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
+        out = [kd.set_i64(k, self.eval_step, 0), kl.zero_metrics(k, self.eval_loss_sum, self.eval_correct)]
+        for _ in range(chunks):
+            out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.eval_perm, self.eval_step,
+                                       self.eval_x, self.eval_y, EB, chunks))
+            out += self._forward(self.eval_x, hidden, [lay.eval_fwd for lay in self.layers])
+            out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
+                                       self.eval_correct, EB, CLASSES))
+            out.append(kd.step_increment(k, self.eval_step))
+        return out
+
+    def zero_metrics(self) -> Launch:
+        return kl.zero_metrics(self.k, self.loss_sum, self.correct)
+
+    # --- reading back ------------------------------------------------------------------------------------------
+
+    def train_metrics(self) -> tuple[float, int]:
+        """(loss sum, correct count) accumulated since the last zero_metrics."""
+        return float(self.loss_sum.download()[0]), int(self.correct.download()[0])
+
+    def eval_metrics(self) -> tuple[float, float]:
+        """(mean test loss, test accuracy) of the last evaluation."""
+        return float(self.eval_loss_sum.download()[0]) / TEST_ROWS, int(self.eval_correct.download()[0]) / TEST_ROWS
+
+    def step_count(self) -> int:
+        return int(self.step.download()[0])
+
+    def parameters(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The fp32 master (W [fan_in, fan_out], b) of every layer, padding cut off."""
+        return [(lay.w32.download()[:lay.fan_in, :lay.fan_out].copy(), lay.b.download()[:lay.fan_out].copy())
+                for lay in self.layers]
+
+    def velocity(self) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """The momentum (same layout as parameters()) in units of the mean-loss gradient, or None without
+        momentum. The buffers hold it times the loss scale, because they accumulate scaled gradients."""
+        if self.recipe.momentum <= 0:
+            return None
+        s = loss_scale(self.recipe.batch)
+        return [(lay.mw.download()[:lay.fan_in, :lay.fan_out] / s, lay.mb.download()[:lay.fan_out] / s)
+                for lay in self.layers]
+
+    def padding_is_zero(self) -> bool:
+        """True when every padded weight/bias entry is still exactly zero (they must never move)."""
+        for lay in self.layers:
+            w, b = lay.w32.download(), lay.b.download()
+            if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
+                return False
+        return True
+
+
+def run_launches(launches: list[Launch], stream: Stream) -> Callable[[], None]:
+    """A function that issues `launches` in order on `stream` (what graph capture records)."""
+    def issue() -> None:
+        for launch in launches:
+            launch.run(stream)
+    return issue

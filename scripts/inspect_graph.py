@@ -1,0 +1,110 @@
+"""Capture the training-step CUDA graph exactly as `python -m rawgpu.train` does and show what is in it.
+
+Prints every node in execution order (kernel, grid, block, shared memory, registers from the ptxas report)
+and the dependency count; writes the driver's own DOT (every parameter) and a readable DOT of ours
+(kernel names as labels), and renders ours to SVG/PNG when Graphviz's `dot` is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from rawgpu.errors import RawgpuError  # noqa: E402
+from rawgpu.train import DEFAULTS, _number, make_plan, make_recipe  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = DEFAULTS
+    p = argparse.ArgumentParser(prog="python scripts/inspect_graph.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=_number(int, 1), default=d["hidden"], help=f"hidden width (default {d['hidden']})")
+    p.add_argument("--layers", type=_number(int, 1, 64), default=d["layers"],
+                   help=f"hidden layers (default {d['layers']})")
+    p.add_argument("--batch", type=_number(int, 1, 60000), default=d["batch"], help=f"batch (default {d['batch']})")
+    p.add_argument("--momentum", type=_number(float, 0.0, 0.999), default=d["momentum"],
+                   help=f"SGD momentum; 0 captures the plain-SGD step (default {d['momentum']})")
+    p.add_argument("--accum", choices=("fp32", "fp16"), default=d["accum"], help="GEMM accumulator (default fp32)")
+    p.add_argument("--steps-per-graph", type=_number(int, 1, 100), default=1, help="steps in the graph (default 1)")
+    p.add_argument("--device", type=_number(int, 0), default=0, help="GPU index (default 0)")
+    p.add_argument("--out", default="step.dot", help="our readable DOT file (default step.dot); the driver's "
+                   "verbose DOT goes beside it as <name>.driver.dot")
+    p.add_argument("--format", choices=("svg", "png", "none"), default="svg",
+                   help="render --out with Graphviz dot when installed (default svg)")
+    return p
+
+
+def readable_dot(nodes, edges, title: str) -> str:
+    """A DOT graph a person can read: one box per node with kernel, grid x block and shared bytes."""
+    lines = [f'digraph "{title}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace", fontsize=10];']
+    for n in nodes:
+        label = (f"{n.index}: {n.kernel}\\ngrid {n.grid} block {n.block}\\nsmem {n.shared_bytes} B" if n.kernel
+                 else f"{n.index}: {n.type}")
+        lines.append(f'  n{n.index} [label="{label}"];')
+    lines += [f"  n{a} -> n{b};" for a, b in edges]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    ns = argparse.Namespace(**{**DEFAULTS, **vars(args), "steps": None, "epochs": 1, "lr": DEFAULTS["lr"],
+                               "schedule": DEFAULTS["schedule"], "warmup": 0, "seed": 0})
+    recipe = make_recipe(ns, make_plan(ns))
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # a pipe: wide enough for kernel names
+    try:
+        from rawgpu.train import Session
+
+        session = Session(recipe, args.device, on_compile=lambda m: console.print(m))
+        graph = session.capture_step(args.steps_per_graph)
+        nodes, edges = graph.nodes(), graph.edges()
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        driver_dot = graph.to_dot(out.with_suffix(".driver.dot"))
+    except RawgpuError as exc:
+        print(f"inspect_graph: error: {exc}", file=sys.stderr)
+        return 1
+    dev = session.device
+    table = Table(title=f"training step of {recipe.name}, batch {recipe.batch} on {dev.name} ({dev.arch}): "
+                        f"{len(nodes)} nodes, {len(edges)} dependencies")
+    for col in ("#", "type", "kernel", "grid", "block", "smem B", "regs", "deps"):
+        table.add_column(col, justify="left" if col in ("type", "kernel") else "right")
+    deps = {i: 0 for i in range(len(nodes))}
+    for _, b in edges:
+        deps[b] += 1
+    for n in nodes:
+        res = session.kernels.resources(n.kernel) if n.kernel else None
+        table.add_row(str(n.index), n.type, n.kernel, "x".join(map(str, n.grid)) if n.kernel else "",
+                      "x".join(map(str, n.block)) if n.kernel else "", str(n.shared_bytes) if n.kernel else "",
+                      str(res.registers) if res else "", str(deps[n.index]))
+    console.print(table)
+    out.write_text(readable_dot(nodes, edges, f"{recipe.name} batch {recipe.batch}"))
+    console.print(f"wrote {out} (readable) and {driver_dot} (driver's verbose DOT)")
+    if args.format != "none":
+        dot = shutil.which("dot")
+        if dot is None:
+            console.print(f"Graphviz is not installed, so no {args.format.upper()}: install it (e.g. apt install "
+                          f"graphviz) and run: dot -T{args.format} {out} -o {out.with_suffix('.' + args.format)}")
+        else:
+            image = out.with_suffix("." + args.format)
+            result = subprocess.run([dot, f"-T{args.format}", str(out), "-o", str(image)], capture_output=True,
+                                    text=True)
+            if result.returncode:
+                print(f"inspect_graph: error: dot failed: {result.stderr.strip()}", file=sys.stderr)
+                return 1
+            console.print(f"rendered {image}")
+    graph.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""What every peer shares: the workload, the batch order, the data, and the result record.
+
+Fairness lives here: every system trains from the same batch sequence (step_indices), the same MNIST
+arrays, and reports the same fields, so the benchmark compares runtimes, not recipes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+TRAIN_ROWS = 60000
+INPUTS = 784
+CLASSES = 10
+LOSS_TAIL = 100  # final_loss is the mean training loss over this many last steps
+
+
+@dataclass
+class PeerResult:
+    """One peer's measurement: speed of the timed steps, and proof that they trained."""
+
+    system: str
+    hidden: int
+    steps: int
+    us_per_step: float
+    test_accuracy: float
+    final_loss: float
+    note: str = ""
+
+
+@dataclass
+class Workload:
+    """The reference workload: MLP 784-H-H-H-10, plain SGD, fp16 compute with fp32 master weights."""
+
+    hidden: int
+    steps: int = 5000
+    batch: int = 32
+    lr: float = 0.003
+    seed: int = 0
+    warmup_steps: int = 50
+    # Initial parameters [(W [fan_in, fan_out], b [fan_out]) float32] shared by every system, so accuracy
+    # differences come from numerics, not from one lucky draw of the init; None: each framework's own init.
+    init: list | None = None
+
+    def __post_init__(self) -> None:
+        # Warm-up is where compilation and graph capture happen; without it they would be timed.
+        checks = [("hidden", self.hidden, 1), ("steps", self.steps, 1), ("batch", self.batch, 1),
+                  ("warmup_steps", self.warmup_steps, 1)]
+        for name, value, least in checks:
+            if value < least:
+                raise ValueError(f"Workload.{name} must be >= {least}, got {value}")
+        if self.batch > TRAIN_ROWS:
+            raise ValueError(f"Workload.batch must be <= {TRAIN_ROWS}, got {self.batch}")
+        if not self.lr > 0:
+            raise ValueError(f"Workload.lr must be > 0, got {self.lr}")
+
+    @property
+    def index_steps(self) -> int:
+        """Steps of batch indices a run needs: warm-up walks the same order as the timed run."""
+        return max(self.steps, self.warmup_steps)
+
+
+def step_indices(steps: int, batch: int, seed: int = 0) -> np.ndarray:
+    """Training-row index of every sample of every step, int32 [steps * batch].
+
+    One fresh permutation of the 60000 rows per epoch (np.random.default_rng(seed)), each cut to whole
+    batches, concatenated and truncated: the same order rawgpu's trainer draws, so all systems see the
+    same batches.
+    """
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if not 1 <= batch <= TRAIN_ROWS:
+        raise ValueError(f"batch must be in 1..{TRAIN_ROWS}, got {batch}")
+    per_epoch = TRAIN_ROWS // batch * batch
+    need = steps * batch
+    rng = np.random.default_rng(seed)
+    epochs = [rng.permutation(TRAIN_ROWS)[:per_epoch] for _ in range(-(-need // per_epoch))]
+    if not epochs:
+        return np.empty(0, dtype=np.int32)
+    return np.concatenate(epochs)[:need].astype(np.int32)
+
+
+def mnist_arrays(data_dir=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train_x [60000,784], train_y [60000], test_x [10000,784], test_y [10000]), all uint8.
+
+    Writable copies: rawgpu.data returns read-only views, and torch.from_numpy warns on those.
+    """
+    from rawgpu.data import load_mnist  # lazy: importing this module must not need the data
+
+    m = load_mnist(data_dir)
+    return (np.array(m.train_images, dtype=np.uint8).reshape(-1, INPUTS), np.array(m.train_labels, dtype=np.uint8),
+            np.array(m.test_images, dtype=np.uint8).reshape(-1, INPUTS), np.array(m.test_labels, dtype=np.uint8))

@@ -1,0 +1,162 @@
+"""JAX peers: the same training step jitted and driven from Python, and all steps in one jitted fori_loop.
+
+Parameters are fp32 masters cast to fp16 for the forward (what autocast does in torch); the loss is taken in
+fp32. The dataset and the batch order live on the GPU and each step gathers its batch inside the compiled
+code, so the timed loop copies nothing from the host and never waits for the GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from .common import CLASSES, INPUTS, LOSS_TAIL, PeerResult, Workload, step_indices
+
+SYSTEMS = ("jax-jit", "jax-fori")
+
+
+def _jax():
+    """Import jax without letting it grab 75% of GPU memory, so torch peers in the same process still fit."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # only effective before the backend starts
+    import jax
+    import jax.numpy as jnp
+
+    return jax, jnp
+
+
+def available() -> str | None:
+    """None if jax can run on a GPU here, else why not."""
+    try:
+        jax, _ = _jax()
+    except ImportError as exc:
+        return f"jax is not importable: {exc}"
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError as exc:  # no CUDA plugin / jaxlib, or it failed to start
+        return f"jax {jax.__version__} has no GPU backend: {exc}"
+    return None if gpus else f"jax {jax.__version__} sees no GPU"
+
+
+def run(system: str, w: Workload, data) -> PeerResult:
+    """Warm up, re-initialise, then time w.steps steps of `system`; data is common.mnist_arrays()."""
+    if system not in SYSTEMS:
+        raise ValueError(f"unknown jax system {system!r}; expected one of {', '.join(SYSTEMS)}")
+    if (reason := available()) is not None:
+        raise RuntimeError(f"{system}: {reason}")
+    jax, jnp = _jax()
+    dev = jax.devices("gpu")[0]
+    train_x, train_y, test_x, test_y = data
+    order = step_indices(w.index_steps, w.batch, w.seed)
+    arrays = jax.device_put((train_x, train_y.astype(np.int32), order), dev)  # labels converted once
+    params0 = (_init_params(jax, jnp, w.hidden, w.seed) if w.init is None
+               else [(jnp.asarray(wt), jnp.asarray(b)) for wt, b in w.init])
+    init = jax.device_put(params0, dev)
+    progs = _programs(jax, jnp, w)
+
+    def fresh():
+        """A private copy of the seeded init: the step donates (consumes) the parameters it is given."""
+        return jax.block_until_ready(jax.tree_util.tree_map(jnp.copy, init))
+
+    driver = {"jax-jit": _time_jit, "jax-fori": _time_fori}[system]
+    params, us, final_loss = driver(jax, dev, progs, fresh, arrays, w)
+    correct = progs.correct(params, jax.device_put(test_x, dev), jax.device_put(test_y.astype(np.int32), dev))
+    return PeerResult(system, w.hidden, w.steps, us, int(correct) / len(test_y), final_loss, f"jax {jax.__version__}")
+
+
+def _init_params(jax, jnp, hidden: int, seed: int):
+    """[(W [fan_in, fan_out], b [fan_out])] fp32, W and b ~ U(±1/sqrt(fan_in)): torch nn.Linear's distribution."""
+    widths = (INPUTS, hidden, hidden, hidden, CLASSES)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * (len(widths) - 1))
+    params = []
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
+        bound = 1.0 / math.sqrt(fan_in)
+        params.append((jax.random.uniform(keys[2 * i], (fan_in, fan_out), jnp.float32, -bound, bound),
+                       jax.random.uniform(keys[2 * i + 1], (fan_out,), jnp.float32, -bound, bound)))
+    return params
+
+
+class _Programs(NamedTuple):
+    step: object  # jitted (params, s, arrays) -> (params, s + 1, loss); params donated
+    train: object  # jitted (params, arrays) -> (params, mean loss of the last LOSS_TAIL steps); params donated
+    correct: object  # jitted (params, x uint8, y) -> number of right predictions
+
+
+def _programs(jax, jnp, w: Workload) -> _Programs:
+    """The compiled functions. Arrays are always arguments, never closed over: closed-over arrays would be
+    baked into the program as constants (a 47 MB dataset in every compile)."""
+    f16, f32, batch, lr, steps = jnp.float16, jnp.float32, w.batch, w.lr, w.steps
+
+    def forward(params, x):
+        h = x.astype(f16)
+        for i, (wt, b) in enumerate(params):
+            h = h @ wt.astype(f16) + b.astype(f16)
+            if i < len(params) - 1:
+                h = jax.nn.relu(h)
+        return h.astype(f32)  # logits to fp32 for the softmax, as autocast does for cross_entropy
+
+    def loss_fn(params, x, y):
+        logp = jax.nn.log_softmax(forward(params, x))
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    def one_step(params, s, arrays):
+        train_x, train_y, order = arrays
+        idx = jax.lax.dynamic_slice(order, (s * batch,), (batch,))
+        x = train_x[idx].astype(f32) / 255.0
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, train_y[idx])
+        return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), loss  # plain SGD in fp32
+
+    def step(params, s, arrays):
+        params, loss = one_step(params, s, arrays)
+        return params, s + 1, loss
+
+    def train(params, arrays):
+        # A static trip count (steps is a Python int) makes fori_loop a scan, whose loop XLA runs without
+        # reading the loop condition back to the host every iteration, as it must for a traced bound.
+        first_tail = steps - min(steps, LOSS_TAIL)
+
+        def body(s, carry):
+            params, acc = carry
+            params, loss = one_step(params, s, arrays)
+            return params, acc + jnp.where(s >= first_tail, loss, 0.0)
+
+        params, acc = jax.lax.fori_loop(0, steps, body, (params, jnp.zeros((), f32)))
+        return params, acc / min(steps, LOSS_TAIL)
+
+    def correct(params, x, y):
+        return jnp.sum(jnp.argmax(forward(params, x.astype(f32) / 255.0), axis=1) == y)
+
+    return _Programs(jax.jit(step, donate_argnums=0), jax.jit(train, donate_argnums=0), jax.jit(correct))
+
+
+def _time_jit(jax, dev, progs: _Programs, fresh, arrays, w: Workload):
+    """Python loop over the jitted step; the step counter stays on the device, so each call copies nothing in."""
+
+    def loop(steps: int):
+        params, s, tail = fresh(), jax.device_put(np.int32(0), dev), []
+        jax.block_until_ready(s)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            params, s, loss = progs.step(params, s, arrays)
+            if i >= steps - LOSS_TAIL:
+                tail.append(loss)  # device arrays: no host read inside the loop
+        jax.block_until_ready((params, tail))
+        return params, time.perf_counter() - t0, tail
+
+    loop(w.warmup_steps)  # compiles on the first call
+    params, seconds, tail = loop(w.steps)
+    return params, seconds * 1e6 / w.steps, float(jax.numpy.mean(jax.numpy.stack(tail)))
+
+
+def _time_fori(jax, dev, progs: _Programs, fresh, arrays, w: Workload):
+    """One call runs all steps. The program is compiled for exactly w.steps, so the warm-up is one full run
+    (compile included); the timed run starts again from the seeded init."""
+    jax.block_until_ready(progs.train(fresh(), arrays))
+    params0 = fresh()
+    t0 = time.perf_counter()
+    params, tail_loss = jax.block_until_ready(progs.train(params0, arrays))
+    return params, (time.perf_counter() - t0) * 1e6 / w.steps, float(tail_loss)

@@ -1,0 +1,205 @@
+"""PyTorch peers: the same training step run eagerly, as one captured CUDA graph, and through torch.compile.
+
+All three share one setup (data, init, optimizer, loss) so they differ only in how the step is launched.
+The dataset and the batch order live on the GPU; each step gathers its batch there, so the timed loop
+copies nothing from the host and never waits for the GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .common import CLASSES, INPUTS, LOSS_TAIL, PeerResult, Workload, step_indices
+
+SYSTEMS = ("torch-eager", "torch-graph", "torch-compile")
+GRAPH_WARMUP = 3  # eager side-stream iterations before capture, as the PyTorch CUDA-graph docs prescribe
+
+
+def available() -> str | None:
+    """None if torch can run on a CUDA GPU here, else why not."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch is not importable: {exc}"
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        return f"torch {torch.__version__} ({build}) sees no usable CUDA device"
+    return None
+
+
+def run(system: str, w: Workload, data) -> PeerResult:
+    """Warm up, re-initialise, then time w.steps steps of `system`; data is common.mnist_arrays()."""
+    if system not in SYSTEMS:
+        raise ValueError(f"unknown torch system {system!r}; expected one of {', '.join(SYSTEMS)}")
+    if (reason := available()) is not None:
+        raise RuntimeError(f"{system}: {reason}")
+    import torch
+
+    setup = _Setup(w, data)
+    try:
+        driver = {"torch-eager": _eager, "torch-graph": _graph, "torch-compile": _compiled}[system]
+        us, note = driver(setup, w)
+        return PeerResult(system, w.hidden, w.steps, us, setup.test_accuracy(), setup.final_loss(w.steps),
+                          f"torch {torch.__version__}{note}")
+    finally:
+        del setup
+        if system == "torch-compile":
+            # Drop compiled code and its CUDA-graph pool: otherwise each new hidden size adds a recompile to the
+            # same code object, and past torch._dynamo's recompile limit torch silently falls back to eager.
+            torch.compiler.reset()
+        torch.cuda.empty_cache()  # give the memory back, so a peer that runs next in this process (JAX) gets it
+
+
+class _Setup:
+    """Device-resident data, the seeded model and its saved init, optimizer, loss buffer: identical per variant."""
+
+    def __init__(self, w: Workload, data) -> None:
+        import torch
+        from torch import nn
+
+        train_x, train_y, test_x, test_y = data
+        dev = torch.device("cuda")
+        self.x = _upload(train_x, dev)  # uint8: converted per batch, like rawgpu
+        self.y = _upload(train_y, dev).long()  # converted once: cross_entropy wants int64 targets
+        self.test_x, self.test_y = _upload(test_x, dev), _upload(test_y, dev).long()
+        order = step_indices(w.index_steps, w.batch, w.seed)
+        self.order = _upload(order, dev).long().view(w.index_steps, w.batch)  # row s: the rows of step s
+        torch.manual_seed(w.seed)
+        H = w.hidden
+        self.model = nn.Sequential(nn.Linear(INPUTS, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(),
+                                   nn.Linear(H, H), nn.ReLU(), nn.Linear(H, CLASSES)).to(dev)  # fp32 masters
+        if w.init is not None:  # the shared init: nn.Linear stores W as [fan_out, fan_in]
+            with torch.no_grad():
+                for layer, (wt, b) in zip(self.model[::2], w.init):
+                    layer.weight.copy_(torch.from_numpy(wt.T.copy()))
+                    layer.bias.copy_(torch.from_numpy(b))
+        self.init = [p.detach().clone() for p in self.model.parameters()]
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=w.lr)  # no momentum, no weight decay
+        self.losses = torch.zeros(w.index_steps, device=dev)  # per-step loss, read once after timing
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # step counter on the device (graph variant)
+
+    def loss(self, model, idx):
+        """Mean cross-entropy of the batch at rows idx (a device tensor), fp16 compute via autocast.
+
+        No GradScaler: none is needed for this comparison, and every torch variant runs the same numerics.
+        cache_enabled=False: the autocast weight-cast cache must not outlive a CUDA-graph capture, and each
+        weight is cast once per step anyway, so the cache saves nothing here.
+        """
+        import torch
+        import torch.nn.functional as F
+
+        x = self.x.index_select(0, idx).float().div_(255)
+        y = self.y.index_select(0, idx)
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            return F.cross_entropy(model(x), y)
+
+    def reset(self) -> None:
+        """Back to the seeded init and step 0, in place, so captured graphs keep valid pointers."""
+        import torch
+
+        with torch.no_grad():
+            for p, p0 in zip(self.model.parameters(), self.init):
+                p.copy_(p0)
+            self.pos.zero_()
+            self.losses.zero_()
+
+    def test_accuracy(self) -> float:
+        """Fraction of the 10k test images classified right, fp16 autocast forward on the eager module."""
+        import torch
+
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            logits = self.model(self.test_x.float().div_(255))
+        return (logits.argmax(dim=1) == self.test_y).float().mean().item()
+
+    def final_loss(self, steps: int) -> float:
+        """Mean training loss of the last LOSS_TAIL timed steps (one host read, after timing)."""
+        return self.losses[max(0, steps - LOSS_TAIL):steps].mean().item()
+
+
+def _upload(array, dev):
+    import torch
+
+    return torch.from_numpy(array).to(dev)
+
+
+def _time(run_steps, steps: int) -> float:
+    """Microseconds per step of run_steps(steps), CUDA events on the current stream around the whole run."""
+    import torch
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run_steps(steps)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / steps
+
+
+def _loop(setup: _Setup, model, steps: int) -> None:
+    """The plain training loop a user writes; records the loss of the last LOSS_TAIL steps on the device."""
+    tail = steps - LOSS_TAIL
+    for s in range(steps):
+        setup.opt.zero_grad(set_to_none=True)
+        loss = setup.loss(model, setup.order[s])  # a view: no copy, no kernel
+        loss.backward()
+        setup.opt.step()
+        if s >= tail:
+            setup.losses[s] = loss.detach().float()  # a device copy, no host read
+
+
+def _eager(setup: _Setup, w: Workload) -> tuple[float, str]:
+    _loop(setup, setup.model, w.warmup_steps)
+    setup.reset()
+    return _time(lambda n: _loop(setup, setup.model, n), w.steps), ""
+
+
+def _compiled(setup: _Setup, w: Workload) -> tuple[float, str]:
+    """torch.compile(max-autotune) model (which also uses CUDA graphs), eager optimizer; compile is warm-up."""
+    import torch
+
+    model = torch.compile(setup.model, mode="max-autotune")
+    t0 = time.perf_counter()
+    _loop(setup, model, w.warmup_steps)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    setup.reset()
+    return _time(lambda n: _loop(setup, model, n), w.steps), f", mode=max-autotune, warm-up+compile {compile_s:.0f}s"
+
+
+def _graph_step(setup: _Setup) -> None:
+    """One step whose batch position comes from the device counter, so the captured graph walks the order."""
+    idx = setup.order.index_select(0, setup.pos).view(-1)
+    loss = setup.loss(setup.model, idx)
+    loss.backward()
+    setup.opt.step()
+    setup.losses.index_copy_(0, setup.pos, loss.detach().float().view(1))
+    setup.pos.add_(1)
+
+
+def _graph(setup: _Setup, w: Workload) -> tuple[float, str]:
+    """Whole-step CUDA graph (forward, backward, SGD step), captured after side-stream warm-up, replayed per step."""
+    import torch
+
+    side = min(GRAPH_WARMUP, w.warmup_steps)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(side):
+            setup.opt.zero_grad(set_to_none=True)
+            _graph_step(setup)
+    torch.cuda.current_stream().wait_stream(stream)
+    # Grads set to None before capture: backward then allocates them from the graph's private pool, and every
+    # replay overwrites them in place, so no zero_grad is needed between replays.
+    setup.opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _graph_step(setup)
+    for _ in range(w.warmup_steps - side):
+        graph.replay()
+    setup.reset()
+
+    def replay(n: int) -> None:
+        for _ in range(n):
+            graph.replay()
+
+    return _time(replay, w.steps), ""

@@ -1,0 +1,116 @@
+"""Float64 numpy reference of one rawgpu MLP training step.
+
+GPU tests compare the device's parameters after 1 and 10 steps against this, so it follows the
+device's conventions exactly: W is [fan_in, fan_out] (forward is ``x @ W + b``), hidden layers are
+ReLU, the loss is the batch-mean softmax cross-entropy, and relu'(h) is taken from the saved
+post-ReLU activation (``h > 0``, so 0 at the kink). Everything runs in float64 so the reference's
+own rounding is negligible next to the device's float32.
+
+``fp16_storage=True`` rounds to fp16 exactly where the device stores fp16 (working weights, activations,
+logits, and the backward's d(activation) scaled by the loss scale ``grad_scale``), and computes everything
+else in float64. With it the reference is the device's step up to summation order; without it, the pure
+float64 math, from which the device differs by fp16 rounding amplified by cancellation in the gradient sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+Params = list[tuple[np.ndarray, np.ndarray]]
+
+
+def _f64(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def _rounder(fp16_storage: bool) -> Callable[[np.ndarray], np.ndarray]:
+    if not fp16_storage:
+        return _f64
+    return lambda a: _f64(np.asarray(a, dtype=np.float64).astype(np.float16))
+
+
+def forward(params: Params, x, fp16_storage: bool = False) -> list[np.ndarray]:
+    """Return ``[x, h1, ..., h_{L-1}, logits]``: every layer's input, plus the logits.
+
+    Backprop needs each layer's input (for dW) and the post-ReLU hidden values (for the mask).
+    """
+    store = _rounder(fp16_storage)
+    acts = [store(x)]
+    for i, (w, b) in enumerate(params):
+        z = acts[-1] @ store(w) + _f64(b)
+        acts.append(store(z if i == len(params) - 1 else np.maximum(z, 0.0)))
+    return acts
+
+
+def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
+                   grad_scale: float = 1.0) -> tuple[float, int, Params]:
+    """Mean softmax cross-entropy, argmax hit count, and d(mean loss)/d(W, b) for every layer."""
+    labels = np.asarray(labels, dtype=np.int64)
+    store = _rounder(fp16_storage)
+    acts = forward(params, x, fp16_storage)
+    logits = acts[-1]
+    n = logits.shape[0]
+    rows = np.arange(n)
+
+    # Log-sum-exp shifted by the row max so large logits cannot overflow.
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = float(-log_probs[rows, labels].mean())
+    correct = int((logits.argmax(axis=1) == labels).sum())  # argmax returns the first max on ties
+
+    # d(mean CE)/d(logits) = (softmax - onehot) / n, carried as grad_scale x that (the device's loss scale).
+    delta = np.exp(log_probs)
+    delta[rows, labels] -= 1.0
+    delta = store(delta * (grad_scale / n))
+
+    grads: Params = [None] * len(params)  # type: ignore[list-item]
+    for i in range(len(params) - 1, -1, -1):
+        grads[i] = (acts[i].T @ delta / grad_scale, delta.sum(axis=0) / grad_scale)
+        if i > 0:
+            # acts[i] is the post-ReLU output of layer i-1; its positive entries are where relu' = 1.
+            delta = store((delta @ store(params[i][0]).T) * (acts[i] > 0))
+    return loss, correct, grads
+
+
+def sgd_step(
+    params: Params, grads: Params, lr: float, momentum: float = 0.0, velocity: Params | None = None
+) -> tuple[Params, Params | None]:
+    """One SGD update, returning new arrays (inputs are never modified).
+
+    momentum == 0: ``W - lr*G`` and the velocity is passed through unchanged.
+    momentum > 0: ``V = momentum*V + G; W - lr*V`` (PyTorch's form, no dampening), V starting at 0.
+    """
+    if momentum == 0.0:
+        new = [(_f64(w) - lr * _f64(gw), _f64(b) - lr * _f64(gb)) for (w, b), (gw, gb) in zip(params, grads)]
+        return new, velocity
+    if velocity is None:
+        velocity = [(np.zeros_like(_f64(w)), np.zeros_like(_f64(b))) for w, b in params]
+    new_v = [
+        (momentum * _f64(vw) + _f64(gw), momentum * _f64(vb) + _f64(gb)) for (vw, vb), (gw, gb) in zip(velocity, grads)
+    ]
+    new_p = [(_f64(w) - lr * vw, _f64(b) - lr * vb) for (w, b), (vw, vb) in zip(params, new_v)]
+    return new_p, new_v
+
+
+def train_steps(
+    params: Params,
+    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    lr: float,
+    momentum: float = 0.0,
+    lr_fn: Callable[[int], float] | None = None,
+) -> tuple[Params, Params | None, list[float]]:
+    """Run one SGD step per ``(x, labels)`` batch; ``lr_fn(step)`` replaces ``lr`` when given.
+
+    Returns the final params, the final velocity (None without momentum) and each step's loss,
+    computed on that step's batch before its update.
+    """
+    params = [(_f64(w), _f64(b)) for w, b in params]
+    velocity: Params | None = None
+    losses: list[float] = []
+    for step, (x, labels) in enumerate(batches):
+        loss, _, grads = loss_and_grads(params, x, labels)
+        losses.append(loss)
+        params, velocity = sgd_step(params, grads, lr_fn(step) if lr_fn else lr, momentum, velocity)
+    return params, velocity, losses

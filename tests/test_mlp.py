@@ -1,0 +1,253 @@
+"""The training step on the GPU against the float64 numpy reference (tests/mlp_reference.py), graph vs eager
+bit for bit, loss falling on MNIST, no allocation while training, and the CLI end to end.
+
+Tolerance ("fp16 tolerance"). The GPU stores weights, activations and gradients in fp16 (fp32 accumulation and
+master weights). The reference is float64, with fp16 rounding applied where the device stores fp16
+(mlp_reference, fp16_storage=True). Compared: the parameter change dW = W_after - W_before, per layer,
+as ||dW_gpu - dW_ref|| / ||dW_ref||:
+- every one of 10 steps, the reference started from the GPU's own parameters (and momentum): <= 1e-2, 5e-2 with
+  --accum fp16 (fp16 sums over K up to 784). Measured 3e-4 on the first steps, up to 8e-3 by step 10 at hidden
+  256: an activation that rounds to the other fp16 neighbour (summation order) moves a gradient sum whose terms
+  largely cancel once the model fits its batch;
+- after 1 step from the shared init, against the pure float64 step (no fp16 anywhere): <= 3e-2;
+- after 10 steps, the whole trajectory from the shared init: <= 5e-2. Trajectories drift further apart than one
+  step because a weight that rounds to a different fp16 neighbour changes every later gradient a little
+  (measured up to 1.5% at hidden 256).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mlp_reference as ref
+from rawgpu.kernels import Kernels
+from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, run_launches
+
+gpu = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+STEP_TOLERANCE = {"fp32": 1e-2, "fp16": 5e-2}  # one step from the GPU's own parameters
+FLOAT64_TOLERANCE = 3e-2  # one step from the shared init, pure float64 reference
+TRAJECTORY_TOLERANCE = 5e-2  # ten steps from the shared init
+
+
+class FakeMNIST:
+    """Random images and labels shaped like MNIST: the step must be right for any data, not just digits."""
+
+    def __init__(self, rng):
+        self.train_images = rng.integers(0, 256, (TRAIN_ROWS, 28, 28), dtype=np.uint8)
+        self.test_images = rng.integers(0, 256, (TEST_ROWS, 28, 28), dtype=np.uint8)
+        teacher = rng.standard_normal((784, 10))  # labels a linear model can learn, so gradients are coherent
+        self.train_labels = (self.train_images.reshape(TRAIN_ROWS, -1) @ teacher).argmax(1).astype(np.uint8)
+        self.test_labels = (self.test_images.reshape(TEST_ROWS, -1) @ teacher).argmax(1).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    return Kernels(device.arch)
+
+
+def _model(kernels, device, stream, data, recipe: Recipe, perm):
+    model = MLP(kernels, recipe, device.sm_count).allocate()
+    model.upload_data(data)
+    model.init_parameters(stream)
+    model.set_permutation(perm)
+    return model
+
+
+def _batch(data, perm, step, batch):
+    rows = perm[step * batch:(step + 1) * batch]
+    x = (data.train_images.reshape(TRAIN_ROWS, -1)[rows] / 255.0).astype(np.float16)  # what gather writes
+    return x, data.train_labels[rows].astype(np.int64)
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _update_errors(got, expect, start) -> list[float]:
+    """Per layer, the relative error of the parameter change (W and b, the worse of the two)."""
+    return [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
+
+
+@gpu
+@pytest.mark.parametrize("hidden,layers,batch,momentum,accum", [
+    (256, 3, 32, 0.0, "fp32"), (100, 2, 50, 0.9, "fp32"), (1024, 3, 128, 0.9, "fp32"), (128, 3, 32, 0.0, "fp16")])
+def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, momentum, accum):
+    data = FakeMNIST(rng)
+    perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
+    recipe = Recipe(hidden=hidden, layers=layers, batch=batch, lr=0.05, momentum=momentum, schedule="constant",
+                    accum=accum, seed=int(rng.integers(1 << 30)))
+    model = _model(kernels, device, stream, data, recipe, perm)
+    try:
+        init = model.parameters()
+        step = model.step_launches()
+        scale = loss_scale(batch)
+        trajectory, trajectory_v = init, None
+        for s in range(10):
+            before, v_before = model.parameters(), model.velocity()
+            for launch in step:
+                launch.run(stream)
+            after = model.parameters()
+            x, y = _batch(data, perm, s, batch)
+            _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale)
+            expect, _ = ref.sgd_step(before, grads, recipe.lr, momentum, v_before)
+            errors = _update_errors(after, expect, before)
+            assert max(errors) <= STEP_TOLERANCE[accum], f"step {s}, per layer: {errors}"
+            trajectory, trajectory_v = ref.sgd_step(trajectory, ref.loss_and_grads(
+                trajectory, x, y, fp16_storage=True, grad_scale=scale)[2], recipe.lr, momentum, trajectory_v)
+            if s == 0:
+                pure, _ = ref.sgd_step(init, ref.loss_and_grads(init, x, y)[2], recipe.lr, momentum)
+                errors = _update_errors(after, pure, init)
+                assert max(errors) <= FLOAT64_TOLERANCE, f"vs pure float64 after 1 step, per layer: {errors}"
+        errors = _update_errors(model.parameters(), trajectory, init)
+        assert max(errors) <= TRAJECTORY_TOLERANCE, f"10-step trajectory, per layer: {errors}"
+        assert model.step_count() == 10
+        assert model.padding_is_zero()
+    finally:
+        model.arena.close()
+
+
+@gpu
+def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng):
+    from rawgpu.graph import capture
+
+    data = FakeMNIST(rng)
+    perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
+    recipe = Recipe(hidden=256, layers=3, batch=64, lr=0.05, momentum=0.9, schedule="cosine", total_steps=100)
+    model = _model(kernels, device, stream, data, recipe, perm)
+    try:
+        step = model.step_launches()
+        for _ in range(100):
+            for launch in step:
+                launch.run(stream)
+        eager = model.parameters()
+        model.init_parameters(stream)  # same seed: same start, step counter back to 0
+        graph = capture(stream, run_launches(step * 4, stream))  # 4 steps per graph, as --steps-per-graph 4
+        for _ in range(25):
+            graph.launch(stream)
+        graphed = model.parameters()
+        graph.close()
+        assert model.step_count() == 100
+        for (we, be), (wg, bg) in zip(eager, graphed):
+            assert np.array_equal(we.view(np.uint32), wg.view(np.uint32))
+            assert np.array_equal(be.view(np.uint32), bg.view(np.uint32))
+    finally:
+        model.arena.close()
+
+
+@gpu
+def test_no_device_allocation_while_training(device, stream, kernels, rng):
+    from rawgpu.graph import capture
+
+    data = FakeMNIST(rng)
+    model = _model(kernels, device, stream, data, Recipe(hidden=512, batch=32), rng.permutation(TRAIN_ROWS))
+    try:
+        step = capture(stream, run_launches(model.step_launches(), stream))
+        evaluate = capture(stream, run_launches(model.eval_launches(), stream))
+        step.upload(stream)
+        evaluate.upload(stream)
+        stream.synchronize()
+        free_before, _ = device.memory_info()
+        for _ in range(3):
+            model.zero_metrics().run(stream)
+            for _ in range(200):
+                step.launch(stream)
+            evaluate.launch(stream)
+        stream.synchronize()
+        free_after, _ = device.memory_info()
+        assert free_after == free_before
+        assert model.step_count() == 600
+        step.close()
+        evaluate.close()
+    finally:
+        model.arena.close()
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from rawgpu.data import load_mnist
+    from rawgpu.errors import DataError
+
+    try:
+        return load_mnist(download=False)
+    except DataError as exc:
+        pytest.skip(f"MNIST not available offline (set RAWGPU_DATA): {exc}")
+
+
+@gpu
+def test_loss_falls_and_eval_counts_on_mnist(device, stream, kernels, mnist):
+    recipe = Recipe(hidden=128, layers=3, batch=32, lr=0.02, momentum=0.9, schedule="constant")
+    model = _model(kernels, device, stream, mnist, recipe, np.random.default_rng(0).permutation(TRAIN_ROWS))
+    try:
+        step = model.step_launches()
+        losses = []
+        for _ in range(4):
+            model.zero_metrics().run(stream)
+            for _ in range(250):
+                for launch in step:
+                    launch.run(stream)
+            losses.append(model.train_metrics()[0] / (250 * 32))
+        for launch in model.eval_launches():
+            launch.run(stream)
+        test_loss, test_acc = model.eval_metrics()
+        # the same evaluation in float64 numpy from the downloaded parameters
+        x = mnist.test_images.reshape(TEST_ROWS, -1).astype(np.float16) / np.float16(255)
+        logits = ref.forward(model.parameters(), x)[-1]
+        acc_ref = float((logits.argmax(1) == mnist.test_labels).mean())
+        assert losses[-1] < 0.5 * losses[0], losses
+        assert abs(test_acc - acc_ref) <= 0.003, (test_acc, acc_ref)
+        assert test_acc > 0.9
+    finally:
+        model.arena.close()
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "rawgpu.train", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+@gpu
+def test_default_recipe_reaches_98_percent_and_json_parses(mnist):
+    result = _cli("--json")
+    assert result.returncode == 0, result.stderr
+    epochs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(epochs) == 8 and [e["epoch"] for e in epochs] == list(range(1, 9))
+    assert epochs[-1]["test_accuracy"] >= 0.98, epochs[-1]
+
+
+@gpu
+def test_out_of_memory_is_one_line_before_training():
+    result = _cli("--hidden", "300000")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not enough GPU memory" in lines[0] and "free" in lines[0], result.stderr
+    assert "epoch" not in result.stdout
+
+
+@gpu
+def test_ctrl_c_stops_at_a_step_boundary_with_a_summary(mnist):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "rawgpu.train", "--hidden", "2048", "--epochs", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while time.monotonic() < deadline and not line.startswith("epoch"):  # wait for training to be under way
+            line = proc.stdout.readline().strip()
+            assert line or proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in out and "Traceback" not in err

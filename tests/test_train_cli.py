@@ -1,0 +1,113 @@
+"""CPU tests of the training CLI and the model plan: argument checks, messages, exit codes, padding, sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from rawgpu import train
+from rawgpu.errors import NoDeviceError
+from rawgpu.mlp import MLP, Recipe, pad8
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--hidden", "0"], "argument --hidden: must be >= 1, got 0"),
+    (["--hidden", "-5"], "argument --hidden: must be >= 1, got -5"),
+    (["--hidden", "wide"], "argument --hidden: expected an integer, got 'wide'"),
+    (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["--batch", "60001"], "argument --batch: must be <= 60000, got 60001"),
+    (["--lr", "0"], "argument --lr: must be > 0.0, got 0"),
+    (["--lr", "-0.001"], "argument --lr: must be > 0.0, got -0.001"),
+    (["--lr", "fast"], "argument --lr: expected a number, got 'fast'"),
+    (["--lr", "nan"], "argument --lr: must be finite, got 'nan'"),
+    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["--momentum", "1.5"], "argument --momentum: must be <= 0.999, got 1.5"),
+    (["--device", "-1"], "argument --device: must be >= 0, got -1"),
+    (["--schedule", "steep"], "argument --schedule: invalid choice: 'steep'"),
+    (["--no-graph", "--steps-per-graph", "4"], "--steps-per-graph needs graphs"),
+])
+def test_bad_values_exit_2_with_usage_and_one_error_line(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m rawgpu.train")
+    assert message in err.strip().splitlines()[-1]
+
+
+def test_help_states_the_default_recipe(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "batch 128, SGD with momentum 0.9" in out and "8 epochs" in out and "98%" in out
+    for flag in ("--hidden", "--layers", "--batch", "--epochs", "--steps", "--lr", "--momentum", "--schedule",
+                 "--accum", "--seed", "--data-dir", "--no-graph", "--json", "--device"):
+        assert flag in out
+
+
+def _no_gpu(monkeypatch):
+    def init():
+        raise NoDeviceError("no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU")
+    monkeypatch.setattr("rawgpu.driver.init", init)
+
+
+def test_no_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
+    _no_gpu(monkeypatch)
+    assert train.main(["--hidden", "256"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "rawgpu: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU"]
+    assert captured.out == ""
+
+
+def test_inspect_graph_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys, tmp_path):
+    _no_gpu(monkeypatch)
+    spec = importlib.util.spec_from_file_location("inspect_graph", ROOT / "scripts" / "inspect_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--out", str(tmp_path / "step.dot")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["inspect_graph: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an "
+                   "NVIDIA GPU"]
+    assert not (tmp_path / "step.dot").exists()
+
+
+def test_plan_epochs_and_steps():
+    args = train.build_parser().parse_args(["--batch", "128", "--epochs", "3"])
+    plan = train.make_plan(args)
+    assert (plan.epochs, plan.total_steps, plan.steps_per_epoch) == (3, 3 * 468, 468)
+    args = train.build_parser().parse_args(["--batch", "32", "--steps", "5000"])
+    plan = train.make_plan(args)
+    assert (plan.epochs, plan.total_steps) == (3, 5000)
+    assert [plan.steps_in(e) for e in range(3)] == [1875, 1875, 1250]
+    recipe = train.make_recipe(args, plan)
+    assert recipe.total_steps == 5000 and recipe.batch == 32 and recipe.momentum == 0.9
+
+
+def test_model_plan_pads_widths_and_sizes_the_arena():
+    recipe = Recipe(hidden=100, layers=2, batch=50, momentum=0.9)
+    model = MLP(None, recipe, sm_count=132)
+    assert recipe.widths == [784, 100, 100, 10] and model.padded == [784, 104, 104, 16]
+    assert recipe.parameters == 784 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10
+    assert [lay.w32.shape for lay in model.layers] == [(784, 104), (104, 104), (104, 16)]
+    assert model.layers[0].dx is None and all(lay.dx is not None for lay in model.layers[1:])
+    assert all(lay.mw is not None for lay in model.layers)
+    assert model.eval_batch == 10000
+    dataset = 60000 * 784 + 60000 + 10000 * 784 + 10000
+    assert dataset < model.arena.peak_bytes < dataset + 64 * 2**20
+    assert Recipe(momentum=0.0).step_bytes() == 12 * (784 * 256 + 256 * 256 * 2 + 2560)
+    assert MLP(None, Recipe(momentum=0.0), 132).layers[0].mw is None
+
+
+def test_big_models_evaluate_in_chunks_and_plans_refuse_bad_recipes():
+    assert MLP(None, Recipe(hidden=16384, layers=1), 132).eval_batch == 5000
+    assert pad8(1) == 8 and pad8(16) == 16
+    with pytest.raises(ValueError, match="batch"):
+        Recipe(batch=0)
+    with pytest.raises(ValueError, match="schedule"):
+        Recipe(schedule="steep")
