@@ -5,14 +5,14 @@ Tolerance ("fp16 tolerance"). The GPU stores weights, activations and gradients 
 master weights). The reference is float64, with fp16 rounding applied where the device stores fp16
 (mlp_reference, fp16_storage=True). Compared: the parameter change dW = W_after - W_before, per layer,
 as ||dW_gpu - dW_ref|| / ||dW_ref||:
-- every one of 10 steps, the reference started from the GPU's own parameters (and momentum): <= 1e-2, 5e-2 with
-  --accum fp16 (fp16 sums over K up to 784). Measured 3e-4 on the first steps, up to 8e-3 by step 10 at hidden
-  256: an activation that rounds to the other fp16 neighbour (summation order) moves a gradient sum whose terms
-  largely cancel once the model fits its batch;
+- every one of 10 steps, the reference started from the GPU's own parameters (and momentum): <= 3e-2, 1e-1 with
+  --accum fp16 (fp16 sums over K up to 784). Measured over 7 seeded runs: usually < 1e-4 (fp32; summation order),
+  up to 1.3e-2 at hidden 256; up to 4.1e-2 with fp16 accumulation. The outliers come late in the 10 steps: an
+  activation that rounds to the other fp16 neighbour (summation order) moves a gradient sum whose terms largely
+  cancel once the model fits its batch. A wrong index or a missing term gives errors near 1 (seen: 0.998);
 - after 1 step from the shared init, against the pure float64 step (no fp16 anywhere): <= 3e-2;
-- after 10 steps, the whole trajectory from the shared init: <= 5e-2. Trajectories drift further apart than one
-  step because a weight that rounds to a different fp16 neighbour changes every later gradient a little
-  (measured up to 1.5% at hidden 256).
+- after 10 steps, the whole trajectory from the shared init: <= 5e-2 (measured up to 7.8e-3 with fp32 and 2.0e-2
+  with fp16 accumulation): a weight that rounds to a different fp16 neighbour changes every later gradient a little.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, run_launc
 
 gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
-STEP_TOLERANCE = {"fp32": 1e-2, "fp16": 5e-2}  # one step from the GPU's own parameters
+STEP_TOLERANCE = {"fp32": 3e-2, "fp16": 1e-1}  # one step from the GPU's own parameters
 FLOAT64_TOLERANCE = 3e-2  # one step from the shared init, pure float64 reference
 TRAJECTORY_TOLERANCE = 5e-2  # ten steps from the shared init
 
@@ -91,7 +91,7 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
         init = model.parameters()
         step = model.step_launches()
         scale = loss_scale(batch)
-        trajectory, trajectory_v = init, None
+        trajectory, trajectory_v, worst = init, None, 0.0
         for s in range(10):
             before, v_before = model.parameters(), model.velocity()
             for launch in step:
@@ -101,6 +101,7 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
             _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale)
             expect, _ = ref.sgd_step(before, grads, recipe.lr, momentum, v_before)
             errors = _update_errors(after, expect, before)
+            worst = max(worst, max(errors))
             assert max(errors) <= STEP_TOLERANCE[accum], f"step {s}, per layer: {errors}"
             trajectory, trajectory_v = ref.sgd_step(trajectory, ref.loss_and_grads(
                 trajectory, x, y, fp16_storage=True, grad_scale=scale)[2], recipe.lr, momentum, trajectory_v)
@@ -109,6 +110,8 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
                 errors = _update_errors(after, pure, init)
                 assert max(errors) <= FLOAT64_TOLERANCE, f"vs pure float64 after 1 step, per layer: {errors}"
         errors = _update_errors(model.parameters(), trajectory, init)
+        print(f"\n[{hidden}x{layers} b{batch} mu{momentum} {accum}] worst step error {worst:.2e}, "
+              f"10-step trajectory {max(errors):.2e}")
         assert max(errors) <= TRAJECTORY_TOLERANCE, f"10-step trajectory, per layer: {errors}"
         assert model.step_count() == 10
         assert model.padding_is_zero()
