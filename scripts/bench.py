@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # the peers package beside this script
 
 from rawgpu import driver as drv  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
@@ -247,16 +248,18 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     model.init_parameters(stream)  # same init, step counter 0: the timed run trains exactly `steps` steps
     init = model.parameters()
     rng = np.random.default_rng(seed)
-    total_ms, done = 0.0, 0
+    total_ms, done, start, end = 0.0, 0, drv.Event(), drv.Event()
     while done < steps:
         model.set_permutation(rng.permutation(60000))
         n = min(spe, steps - done)
-        start = drv.Event().record(stream)
+        start.record(stream)
         for _ in range(n):
             graph.launch(stream)
-        end = drv.Event().record(stream)
+        end.record(stream)
         total_ms += start.elapsed_ms(end)
         done += n
+    start.close()
+    end.close()
     for launch in model.eval_launches():
         launch.run(stream)
     _, accuracy = model.eval_metrics()
@@ -268,7 +271,6 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
 
 
 def run_peer(system: str, h: int, steps: int, seed: int, data, init) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from peers import jax_peers, torch_peers
     from peers.common import Workload
 
@@ -282,7 +284,6 @@ PEERS = ("torch-eager", "torch-graph", "torch-compile", "jax-jit", "jax-fori")
 
 
 def available_peers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from peers import jax_peers, torch_peers
 
     reasons = {}
@@ -323,6 +324,8 @@ def plot(results: dict, path: Path) -> str:
 def cmd_train(args) -> int:
     from rawgpu.data import load_mnist
 
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # an unusable --out fails here, before any GPU work
     device = drv.Device(args.device)
     stream = drv.Stream()
     kernels = Kernels(device.arch)
@@ -332,13 +335,10 @@ def cmd_train(args) -> int:
         print(f"# peer {p} skipped: {why}")
     bw = copy_bandwidth(stream)
     cu_major, cu_minor = drv.driver_version()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), driver CUDA {cu_major}.{cu_minor}, "
           f"{dt.date.today()}; copy bandwidth {bw:.0f} GB/s; {args.steps} steps, batch 32, lr 0.003")
     peer_data = None
     if peers:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from peers.common import mnist_arrays
 
         peer_data = mnist_arrays(args.data_dir)
@@ -428,6 +428,9 @@ def main(argv=None) -> int:
         return cmd_train(args) if args.cmd == "train" else cmd_gemm(args)
     except RawgpuError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. an --out directory that cannot be created or written
+        print(f"bench: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 1
 
 

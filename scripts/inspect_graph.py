@@ -8,6 +8,7 @@ and the dependency count; writes the driver's own DOT (every parameter) and a re
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -61,17 +62,23 @@ def main(argv: list[str] | None = None) -> int:
                                "schedule": DEFAULTS["schedule"], "warmup": 0, "seed": 0})
     recipe = make_recipe(ns, make_plan(ns))
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a pipe: wide enough for kernel names
+    out = Path(args.out)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # an unusable --out fails here, before any GPU work
+        if not os.access(out.parent, os.W_OK) or out.is_dir():
+            raise OSError(13, "not a writable file path", str(out))
         from rawgpu.train import Session
 
         session = Session(recipe, args.device, on_compile=lambda m: console.print(m))
         graph = session.capture_step(args.steps_per_graph)
         nodes, edges = graph.nodes(), graph.edges()
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         driver_dot = graph.to_dot(out.with_suffix(".driver.dot"))
     except RawgpuError as exc:
         print(f"inspect_graph: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # an --out path that cannot be created or written
+        print(f"inspect_graph: error: cannot write {exc.filename or args.out}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 1
     dev = session.device
     table = Table(title=f"training step of {recipe.name}, batch {recipe.batch} on {dev.name} ({dev.arch}): "

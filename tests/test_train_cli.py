@@ -77,6 +77,32 @@ def test_inspect_graph_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys, t
     assert not (tmp_path / "step.dot").exists()
 
 
+def test_inspect_graph_unwritable_out_is_one_line_and_exit_1(capsys, tmp_path):
+    spec = importlib.util.spec_from_file_location("inspect_graph", ROOT / "scripts" / "inspect_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert module.main(["--out", str(blocker / "step.dot")]) == 1  # a file where a directory must be
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("inspect_graph: error: cannot write") and str(blocker) in err[0]
+
+
+def test_bench_bad_out_directory_is_one_line(monkeypatch, capsys, tmp_path):
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+
+    def fail(args):
+        Path(args.out).mkdir(parents=True, exist_ok=True)  # what cmd_train does first with --out
+    monkeypatch.setattr(module, "cmd_train", fail)
+    assert module.main(["--out", str(blocker / "results")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench: error:") and str(blocker) in err[0]
+
+
 def test_plan_epochs_and_steps():
     args = train.build_parser().parse_args(["--batch", "128", "--epochs", "3"])
     plan = train.make_plan(args)
