@@ -364,8 +364,10 @@ def cmd_train(args) -> int:
         ours.pop("init")
         for s in systems:
             us = s["us_per_step"]
-            vs = (f"{row['speedup']:.2f}x" if s is ours and best else
-                  (f"{us / ours['us_per_step']:.2f}x slower" if us else "-"))
+            if s is ours:
+                vs = f"{row['speedup']:.2f}x" if best else "-"
+            else:
+                vs = f"{us / ours['us_per_step']:.2f}x slower" if us else "-"
             acc = f"{100 * s['test_accuracy']:.2f}%" if s.get("test_accuracy") is not None else "-"
             print(f"{h:>5} {s['system']:>14} {(f'{us:.1f}' if us else 'failed'):>9} "
                   f"{(f'{1e6 / us:.0f}' if us else '-'):>9} {vs:>12} "
