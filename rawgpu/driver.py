@@ -313,8 +313,15 @@ class Kernel:
             check(cu.cuFuncSetAttribute(self.func, attr, nbytes), f"cuFuncSetAttribute({self.name}, {nbytes} B)")
             self._dynamic_shared_limit = nbytes
 
-    def bind(self, grid: Sequence[int] | int, block: Sequence[int] | int, shared_bytes: int, *args: Any) -> "Launch":
-        return Launch(self, grid, block, shared_bytes, PackedArgs(self.signature, args))
+    def bind(self, grid: Sequence[int] | int, block: Sequence[int] | int, shared_bytes: int, *args: Any,
+             cooperative: bool = False) -> "Launch":
+        return Launch(self, grid, block, shared_bytes, PackedArgs(self.signature, args), cooperative)
+
+    def max_blocks_per_sm(self, threads: int, shared_bytes: int) -> int:
+        """How many blocks of this shape one SM holds at once (registers, shared memory, threads)."""
+        self.ensure_shared(shared_bytes)
+        return int(check(_cu().cuOccupancyMaxActiveBlocksPerMultiprocessor(self.func, threads, shared_bytes),
+                         f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})"))
 
 
 def _dim3(d: Sequence[int] | int) -> tuple[int, int, int]:
@@ -325,13 +332,38 @@ def _dim3(d: Sequence[int] | int) -> tuple[int, int, int]:
 
 
 class Launch:
-    """One ready-to-go launch: kernel, geometry and packed arguments. `run(stream)` costs one driver call."""
+    """One ready-to-go launch: kernel, geometry and packed arguments. `run(stream)` costs one driver call.
 
-    def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_bytes: int, args: PackedArgs):
+    cooperative: every block is guaranteed resident at once (cuLaunchKernelEx with the cooperative attribute),
+    which grid-wide barriers inside the kernel need; the driver refuses a grid that cannot be resident.
+    """
+
+    def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_bytes: int, args: PackedArgs,
+                 cooperative: bool = False):
         self.kernel, self.grid, self.block, self.shared_bytes, self.args = kernel, _dim3(grid), _dim3(block), int(shared_bytes), args
+        self.cooperative = cooperative
         kernel.ensure_shared(self.shared_bytes)
+        self._config = self._cooperative_config() if cooperative else None
+
+    def _cooperative_config(self) -> Any:
+        cu = _cu()
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.block
+        config.sharedMemBytes = self.shared_bytes
+        config.attrs = [attr]
+        config.numAttrs = 1
+        return config
 
     def run(self, stream: Stream) -> None:
+        if self._config is not None:
+            self._config.hStream = stream.handle
+            check(_cu().cuLaunchKernelEx(self._config, self.kernel.func, self.args.address, 0),
+                  f"cuLaunchKernelEx({self.kernel.name}, cooperative)")
+            return
         g, b = self.grid, self.block
         check(_cu().cuLaunchKernel(self.kernel.func, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,
                                    stream.handle, self.args.address, 0), f"cuLaunchKernel({self.kernel.name})")

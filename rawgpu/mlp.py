@@ -4,6 +4,11 @@ as a plain list of launches (gather, forward, loss, backward with fused updates,
 The list runs eagerly (`--no-graph`) or is captured once into a CUDA graph; nothing in it depends on the
 host after start-up: the step counter, the batch position and the learning rate live on the device.
 
+Two step implementations, same buffers and numerics: `layered` (one kernel per layer and role: gather,
+GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers) and `fused` (the whole step
+in one persistent kernel, cu/fused_step.cu, for widths up to kernels.fused.MAX_HIDDEN). The fused step keeps
+two fp16 working copies of each weight (step s reads copy s & 1), both equal to fp16(W32) between launches.
+
 Widths are padded to multiples of 8 (the GEMM's contiguous dimensions) and the 10 classes to 16; padded
 weights, biases and activations start at zero and stay zero, because their gradients are exactly zero.
 """
@@ -20,6 +25,7 @@ from .driver import Launch, Stream
 from .kernels import Kernels
 from .kernels import data as kd
 from .kernels import elementwise as ke
+from .kernels import fused as kf
 from .kernels import gemm as kg
 from .kernels import loss as kl
 from .memory import Arena, Tensor
@@ -110,7 +116,7 @@ class Layer:
     fan_in: int
     fan_out: int
     w32: Tensor  # fp32 master weights [in_p, out_p], x @ W orientation
-    w16: Tensor  # fp16 working copy, same shape
+    w16: Tensor  # fp16 working copy, same shape (the fused step: copy 0 of two)
     b: Tensor  # fp32 bias [out_p]
     mw: Tensor | None  # momentum buffers (None without momentum)
     mb: Tensor | None
@@ -118,13 +124,18 @@ class Layer:
     dx: kg.GemmPlan | None  # None for the first layer: nothing below it needs a gradient
     dw: kg.GemmPlan
     eval_fwd: kg.GemmPlan
+    w16_next: Tensor | None = None  # the fused step's second fp16 copy
 
 
 class MLP:
     """Plan (`__init__`, no GPU needed) -> `allocate()` -> `upload_data()` + `init_parameters()` -> launches."""
 
-    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132):
-        self.k, self.recipe = kernels, recipe
+    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132, fused: bool | None = None,
+                 fused_grid: int | None = None):
+        """fused: None picks the fused step when it supports the recipe (kernels.fused.unsupported_reason);
+        True insists (ValueError with the reason when it cannot); False uses the per-layer kernels.
+        fused_grid: blocks of the fused kernel (default one per SM)."""
+        self.k, self.recipe, self.sm_count, self.fused_grid = kernels, recipe, sm_count, fused_grid
         r, accum = recipe, ("f32" if recipe.accum == "fp32" else "f16")
         self.arena = a = Arena()
         B = r.batch
@@ -133,6 +144,9 @@ class MLP:
         widths = r.widths
         padded = [pad8(w) for w in widths[:-1]] + [max(16, pad8(CLASSES))]
         self.padded = padded
+        if fused and (why := kf.unsupported_reason(r)):
+            raise ValueError(f"fused step: {why}")
+        self.fused = kf.preferred(r, pad8(r.hidden)) if fused is None else bool(fused)
         # dataset and input pipeline
         self.images = a.tensor("train_images", (TRAIN_ROWS, INPUTS), np.uint8)
         self.labels = a.tensor("train_labels", TRAIN_ROWS, np.uint8)
@@ -168,15 +182,22 @@ class MLP:
                 a.tensor(f"b_{i}", pout, np.float32),
                 a.tensor(f"mw_{i}", (pin, pout), np.float32) if mom else None,
                 a.tensor(f"mb_{i}", pout, np.float32) if mom else None,
+                w16_next=a.tensor(f"w16b_{i}", (pin, pout), np.float16) if self.fused else None,
                 fwd=kg.plan_gemm(B, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum, sm_count),
                 dx=kg.plan_gemm(B, pin, pout, "rc", "drelu", accum, sm_count) if i else None,
                 dw=kg.plan_gemm(pin, pout, B, "cr", "sgd", accum, sm_count),
                 eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum,
                                       sm_count)))
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
-        plans = [p for lay in self.layers for p in (lay.fwd, lay.dx, lay.dw, lay.eval_fwd) if p is not None]
+        roles = (lambda lay: (lay.eval_fwd,)) if self.fused else (lambda lay: (lay.fwd, lay.dx, lay.dw, lay.eval_fwd))
+        plans = [p for lay in self.layers for p in roles(lay) if p is not None]
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
         self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
+        if self.fused:  # the fused kernel's per-row metrics, grid barrier counter and parameter table
+            self.row_loss = a.tensor("row_loss", B, np.float32)
+            self.row_hit = a.tensor("row_hit", B, np.int32)
+            self.barrier = a.tensor("grid_barrier", 1, np.int64)
+            self.table = a.tensor("fused_params", kf.table_words(len(self.layers)), np.uint64)
 
     @staticmethod
     def _eval_batch(r: Recipe) -> int:
@@ -189,6 +210,8 @@ class MLP:
         """The one device allocation (OutOfMemoryError with needed vs free before anything runs), zeroed."""
         self.arena.allocate()
         self.arena.zero()
+        if self.fused:
+            self.table.upload(kf.param_table(self))
         return self
 
     def upload_data(self, mnist) -> None:
@@ -206,7 +229,8 @@ class MLP:
             self._init_uniform(lay.w32, (lay.fan_in, lay.fan_out), bound, self._seed(i, 0), stream)
             self._init_uniform(lay.b, (lay.fan_out,), bound, self._seed(i, 1), stream)
         self.sync_working_copies(stream)
-        for t in [self.step, self.workspace, self.tickets] + [t for lay in self.layers for t in (lay.mw, lay.mb) if t]:
+        counters = [self.step, self.workspace, self.tickets] + ([self.barrier] if self.fused else [])
+        for t in counters + [t for lay in self.layers for t in (lay.mw, lay.mb) if t]:
             t.fill_bytes(0)
 
     def _seed(self, layer: int, which: int) -> int:
@@ -224,7 +248,9 @@ class MLP:
 
     def sync_working_copies(self, stream: Stream) -> None:
         for lay in self.layers:
-            ke.cast_f32_f16(self.k, lay.w16, lay.w32).run(stream)
+            for w16 in (lay.w16, lay.w16_next):
+                if w16 is not None:
+                    ke.cast_f32_f16(self.k, w16, lay.w32).run(stream)
         stream.synchronize()
 
     def set_permutation(self, perm: np.ndarray) -> None:
@@ -243,8 +269,15 @@ class MLP:
             inp = out
         return launches
 
-    def step_launches(self) -> list[Launch]:
-        """One training step: lr for this step, gather the batch, forward, loss, backward + updates, step += 1."""
+    def step_launches(self, steps: int = 1) -> list[Launch]:
+        """`steps` training steps: the fused kernel once, or per step the layered list (lr for this step, gather
+        the batch, forward, loss, backward + updates, step += 1)."""
+        if self.fused:
+            grid = self.fused_grid or kf.resident_grid(self.k, self.sm_count)
+            return [kf.fused_steps(self.k, self.table, steps, grid)]
+        return self._layered_step() * steps
+
+    def _layered_step(self) -> list[Launch]:
         r, k = self.recipe, self.k
         mu, scale = float(r.momentum), loss_scale(r.batch)
         out = [kd.lr_schedule(k, self.step, self.lr, r.lr / scale, r.lr_min / scale, r.total_steps, r.warmup_steps,
@@ -273,6 +306,8 @@ class MLP:
         chunks = TEST_ROWS // EB
         hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
         out = [kd.set_i64(k, self.eval_step, 0), kl.zero_metrics(k, self.eval_loss_sum, self.eval_correct)]
+        if self.fused:  # the current fp16 copy may be either one; refresh copy 0, which evaluation reads
+            out = [ke.cast_f32_f16(k, lay.w16, lay.w32) for lay in self.layers] + out
         for _ in range(chunks):
             out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.eval_perm, self.eval_step,
                                        self.eval_x, self.eval_y, EB, chunks))

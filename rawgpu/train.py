@@ -17,7 +17,7 @@ import numpy as np
 from .errors import NoDeviceError, RawgpuError
 
 DEFAULTS = dict(hidden=256, layers=3, batch=128, epochs=8, lr=0.05, momentum=0.9, schedule="cosine", warmup=0,
-                accum="fp32", seed=0, steps_per_graph=1)
+                accum="fp32", seed=0, steps_per_graph=1, kernels="auto")
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
 
@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="launch the same kernels one by one instead of one CUDA graph per step (for comparison)")
     r.add_argument("--steps-per-graph", type=_number(int, 1, 1000, what="count"), default=d["steps_per_graph"],
                    help=f"training steps captured into one graph (default {d['steps_per_graph']})")
+    r.add_argument("--kernels", choices=("auto", "fused", "layered"), default=d["kernels"],
+                   help="fused: the whole step in one persistent kernel; layered: one kernel per layer and role "
+                        "(19 at 3 hidden layers); auto (default): fused where it applies (fp32 accumulation, "
+                        "hidden <= 1024)")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     return p
 
@@ -110,7 +114,8 @@ def make_recipe(args: argparse.Namespace, plan: Plan):
 class Session:
     """Device, compiled kernels and the planned, allocated model: everything training and inspect_graph share."""
 
-    def __init__(self, recipe, device_index: int = 0, on_compile=None):
+    def __init__(self, recipe, device_index: int = 0, on_compile=None, kernels: str = "auto",
+                 fused_grid: int | None = None):
         from . import compiler
         from .driver import Device, Stream
         from .kernels import Kernels
@@ -135,15 +140,30 @@ class Session:
         self.compile_note = (f"kernels compiled in {ms / 1e3:.1f} s (first run)" if cold
                              else f"kernel cache warm ({ms:.0f} ms)")
         self.stream = Stream()
-        self.model = MLP(self.kernels, recipe, self.device.sm_count).allocate()
+        if kernels not in ("auto", "fused", "layered"):
+            raise ValueError(f"kernels must be auto, fused or layered, got {kernels!r}")
+        fused = {"auto": None, "fused": True, "layered": False}[kernels]
+        try:
+            model = MLP(self.kernels, recipe, self.device.sm_count, fused=fused, fused_grid=fused_grid)
+        except ValueError as exc:
+            raise RawgpuError(f"--kernels fused: {exc}") from None
+        self.model = model.allocate()
         self.step = self.model.step_launches()
+
+    @property
+    def step_kernels(self) -> str:
+        """How a step runs, for headers: the fused kernel's grid, or the layered kernel count."""
+        if self.model.fused:
+            launch = self.step[0]
+            return f"fused: 1 persistent kernel, {launch.grid[0]} blocks x {launch.block[0]} threads"
+        return f"layered: {len(self.step)} kernels"
 
     def capture_step(self, steps: int = 1):
         """The training step, `steps` times over, as one instantiated graph (uploaded, ready to launch)."""
         from .graph import capture
         from .mlp import run_launches
 
-        graph = capture(self.stream, run_launches(self.step * steps, self.stream))
+        graph = capture(self.stream, run_launches(self.model.step_launches(steps), self.stream))
         graph.upload(self.stream)
         return graph
 
@@ -177,7 +197,7 @@ def _run_info(session: Session, args, plan: Plan):
         parameters=r.parameters, arena_bytes=session.model.arena.peak_bytes, batch=r.batch, epochs=plan.epochs,
         total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, lr=r.lr, momentum=r.momentum,
         schedule=r.schedule, accum=r.accum, graph=not args.no_graph, steps_per_graph=args.steps_per_graph,
-        pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note)
+        pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step_kernels=session.step_kernels)
 
 
 def train(args: argparse.Namespace, console, t_start: float) -> int:
@@ -190,7 +210,7 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
 
     plan = make_plan(args)
     recipe = make_recipe(args, plan)
-    session = Session(recipe, args.device, on_compile=console.message)
+    session = Session(recipe, args.device, on_compile=console.message, kernels=args.kernels)
     model, stream = session.model, session.stream
     data = load_mnist(args.data_dir)
     model.upload_data(data)

@@ -228,18 +228,22 @@ def launch_floor(stream, kernels, nodes: int, trials: int = 30) -> float:
     return time_graph(stream, lambda: [noop.run(stream) for _ in range(nodes)], 1, trials)
 
 
-def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50) -> dict:
+def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50, kernels: str = "auto",
+                 steps_per_launch: int = 1, fused_grid: int | None = None) -> dict:
     """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
-    steps as one graph launch each; GPU time summed over epochs (the per-epoch shuffle upload is not timed)."""
+    steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
+    timed)."""
     from rawgpu.mlp import Recipe
     from rawgpu.train import Session
 
     recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
-    session = Session(recipe, device_index)
+    session = Session(recipe, device_index, kernels=kernels, fused_grid=fused_grid)
     model, stream = session.model, session.stream
     model.upload_data(data)
     spe = recipe.steps_per_epoch
     graph = session.capture_step(1)
+    k = max(1, min(steps_per_launch, spe))
+    multi = session.capture_step(k) if k > 1 else None
     rng = np.random.default_rng(seed)
     model.init_parameters(stream)
     model.set_permutation(rng.permutation(60000))
@@ -253,7 +257,9 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
         model.set_permutation(rng.permutation(60000))
         n = min(spe, steps - done)
         start.record(stream)
-        for _ in range(n):
+        for _ in range(n // k if multi else 0):
+            multi.launch(stream)
+        for _ in range(n % k if multi else n):
             graph.launch(stream)
         end.record(stream)
         total_ms += start.elapsed_ms(end)
@@ -265,9 +271,13 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     _, accuracy = model.eval_metrics()
     nodes = len(graph.nodes())
     graph.close()
+    if multi:
+        multi.close()
     model.arena.close()
-    return dict(system="rawgpu", us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
-                parameters=recipe.parameters, init=init, note=f"{nodes} graph nodes per step")
+    how = session.step_kernels + (f", {k} steps per launch" if k > 1 else "")
+    name = "rawgpu" if kernels == "auto" else f"rawgpu-{kernels}"
+    return dict(system=name, us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
+                parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
 
 
 def run_peer(system: str, h: int, steps: int, seed: int, data, init) -> dict:
@@ -345,8 +355,13 @@ def cmd_train(args) -> int:
     rows = []
     print(f"{'H':>5} {'system':>14} {'us/step':>9} {'steps/s':>9} {'vs best peer':>12} {'% floor':>8} {'test acc':>8}")
     for h in args.sizes:
-        ours = bench_rawgpu(h, args.steps, args.seed, mnist, args.device)
+        ours = bench_rawgpu(h, args.steps, args.seed, mnist, args.device, steps_per_launch=args.steps_per_launch,
+                            fused_grid=args.fused_grid)
         systems = [ours]
+        for variant in args.rawgpu_variants:  # the other step implementations, for docs/perf.md
+            systems.append(bench_rawgpu(h, args.steps, args.seed, mnist, args.device, kernels=variant,
+                                        steps_per_launch=args.steps_per_launch, fused_grid=args.fused_grid))
+            systems[-1].pop("init")
         for p in peers:
             try:
                 systems.append(run_peer(p, h, args.steps, args.seed, peer_data, ours["init"]))
@@ -355,7 +370,7 @@ def cmd_train(args) -> int:
         weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6
         nodes_floor = launch_floor(stream, kernels, ours["nodes"])
         floor = max(weight_floor, nodes_floor)
-        timed = [s for s in systems[1:] if s["us_per_step"]]
+        timed = [s for s in systems[1:] if s["us_per_step"] and not s["system"].startswith("rawgpu")]
         best = min(timed, key=lambda s: s["us_per_step"]) if timed else None
         row = dict(hidden=h, parameters=ours["parameters"], weight_floor_us=weight_floor, launch_floor_us=nodes_floor,
                    floor_us=floor, best_peer=best["system"] if best else None,
@@ -406,6 +421,12 @@ def main(argv=None) -> int:
     t.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
     t.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     t.add_argument("--quick", action="store_true", help="H 256 and 4096, 1000 steps, torch-graph and jax-fori only")
+    t.add_argument("--steps-per-launch", type=positive, default=100,
+                   help="rawgpu training steps per graph launch (default 100; JAX's fori_loop peer runs all steps as "
+                        "one program)")
+    t.add_argument("--rawgpu-variants", nargs="*", default=[], choices=("fused", "layered"),
+                   help="also time these rawgpu step implementations (rows rawgpu-fused, rawgpu-layered)")
+    t.add_argument("--fused-grid", type=positive, default=None, help="blocks of the fused step (default one per SM)")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"SGD momentum; 0 captures the plain-SGD step (default {d['momentum']})")
     p.add_argument("--accum", choices=("fp32", "fp16"), default=d["accum"], help="GEMM accumulator (default fp32)")
     p.add_argument("--steps-per-graph", type=_number(int, 1, 100), default=1, help="steps in the graph (default 1)")
+    p.add_argument("--kernels", choices=("auto", "fused", "layered"), default="auto",
+                   help="the step's implementation, as in rawgpu.train (default auto: fused up to hidden 1024)")
     p.add_argument("--device", type=_number(int, 0), default=0, help="GPU index (default 0)")
     p.add_argument("--out", default="step.dot", help="our readable DOT file (default step.dot); the driver's "
                    "verbose DOT goes beside it as <name>.driver.dot")
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             raise OSError(13, "not a writable file path", str(out))
         from rawgpu.train import Session
 
-        session = Session(recipe, args.device, on_compile=lambda m: console.print(m))
+        session = Session(recipe, args.device, on_compile=lambda m: console.print(m), kernels=args.kernels)
         graph = session.capture_step(args.steps_per_graph)
         nodes, edges = graph.nodes(), graph.edges()
         driver_dot = graph.to_dot(out.with_suffix(".driver.dot"))
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     dev = session.device
     table = Table(title=f"training step of {recipe.name}, batch {recipe.batch} on {dev.name} ({dev.arch}): "
-                        f"{len(nodes)} nodes, {len(edges)} dependencies")
+                        f"{len(nodes)} nodes, {len(edges)} dependencies ({session.step_kernels})")
     for col in ("#", "type", "kernel", "grid", "block", "smem B", "regs", "deps"):
         table.add_column(col, justify="left" if col in ("type", "kernel") else "right")
     deps = {i: 0 for i in range(len(nodes))}
@@ -94,6 +96,15 @@ def main(argv: list[str] | None = None) -> int:
                       "x".join(map(str, n.block)) if n.kernel else "", str(n.shared_bytes) if n.kernel else "",
                       str(res.registers) if res else "", str(deps[n.index]))
     console.print(table)
+    if session.model.fused:  # inside the one node: the phases, each ending in a grid barrier
+        from rawgpu.kernels import fused as kf
+
+        phases = Table(title="phases of the fused step kernel, each ending in a grid-wide barrier")
+        for col in ("phase", "block tasks", "warp tasks"):
+            phases.add_column(col, justify="left" if col == "phase" else "right")
+        for name, blocks, warps in kf.phase_tasks(recipe.batch, session.model.padded):
+            phases.add_row(name, str(blocks), str(warps))
+        console.print(phases)
     out.write_text(readable_dot(nodes, edges, f"{recipe.name} batch {recipe.batch}"))
     console.print(f"wrote {out} (readable) and {driver_dot} (driver's verbose DOT)")
     if args.format != "none":

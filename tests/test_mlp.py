@@ -55,8 +55,9 @@ def kernels(device):
     return Kernels(device.arch)
 
 
-def _model(kernels, device, stream, data, recipe: Recipe, perm):
-    model = MLP(kernels, recipe, device.sm_count).allocate()
+def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kernels: str = "auto"):
+    fused = {"auto": None, "fused": True, "layered": False}[step_kernels]
+    model = MLP(kernels, recipe, device.sm_count, fused=fused).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
     model.set_permutation(perm)
@@ -78,15 +79,22 @@ def _update_errors(got, expect, start) -> list[float]:
     return [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
 
 
+REFERENCE_CASES = [(256, 3, 32, 0.0, "fp32"), (100, 2, 50, 0.9, "fp32"), (1024, 3, 128, 0.9, "fp32")]
+
+
 @gpu
-@pytest.mark.parametrize("hidden,layers,batch,momentum,accum", [
-    (256, 3, 32, 0.0, "fp32"), (100, 2, 50, 0.9, "fp32"), (1024, 3, 128, 0.9, "fp32"), (128, 3, 32, 0.0, "fp16")])
-def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, momentum, accum):
+@pytest.mark.parametrize("hidden,layers,batch,momentum,accum,step_kernels", [
+    *[(*case, "layered") for case in REFERENCE_CASES], (128, 3, 32, 0.0, "fp16", "layered"),
+    *[(*case, "fused") for case in REFERENCE_CASES],
+    (2048, 3, 32, 0.0, "fp32", "fused"), (64, 1, 7, 0.9, "fp32", "fused"), (520, 4, 200, 0.5, "fp32", "fused")])
+def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, momentum, accum,
+                                            step_kernels):
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, lr=0.05, momentum=momentum, schedule="constant",
                     accum=accum, seed=int(rng.integers(1 << 30)))
-    model = _model(kernels, device, stream, data, recipe, perm)
+    model = _model(kernels, device, stream, data, recipe, perm, step_kernels)
+    assert model.fused == (step_kernels == "fused")
     try:
         init = model.parameters()
         step = model.step_launches()
@@ -110,7 +118,7 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
                 errors = _update_errors(after, pure, init)
                 assert max(errors) <= FLOAT64_TOLERANCE, f"vs pure float64 after 1 step, per layer: {errors}"
         errors = _update_errors(model.parameters(), trajectory, init)
-        print(f"\n[{hidden}x{layers} b{batch} mu{momentum} {accum}] worst step error {worst:.2e}, "
+        print(f"\n[{step_kernels} {hidden}x{layers} b{batch} mu{momentum} {accum}] worst step error {worst:.2e}, "
               f"10-step trajectory {max(errors):.2e}")
         assert max(errors) <= TRAJECTORY_TOLERANCE, f"10-step trajectory, per layer: {errors}"
         assert model.step_count() == 10
@@ -120,13 +128,14 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
 
 
 @gpu
-def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng):
+@pytest.mark.parametrize("step_kernels", ["layered", "fused"])
+def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng, step_kernels):
     from rawgpu.graph import capture
 
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=256, layers=3, batch=64, lr=0.05, momentum=0.9, schedule="cosine", total_steps=100)
-    model = _model(kernels, device, stream, data, recipe, perm)
+    model = _model(kernels, device, stream, data, recipe, perm, step_kernels)
     try:
         step = model.step_launches()
         for _ in range(100):
@@ -134,7 +143,7 @@ def test_graph_and_eager_give_identical_parameters_after_100_steps(device, strea
                 launch.run(stream)
         eager = model.parameters()
         model.init_parameters(stream)  # same seed: same start, step counter back to 0
-        graph = capture(stream, run_launches(step * 4, stream))  # 4 steps per graph, as --steps-per-graph 4
+        graph = capture(stream, run_launches(model.step_launches(4), stream))  # as --steps-per-graph 4
         for _ in range(25):
             graph.launch(stream)
         graphed = model.parameters()
@@ -148,11 +157,13 @@ def test_graph_and_eager_give_identical_parameters_after_100_steps(device, strea
 
 
 @gpu
-def test_no_device_allocation_while_training(device, stream, kernels, rng):
+@pytest.mark.parametrize("step_kernels", ["layered", "fused"])
+def test_no_device_allocation_while_training(device, stream, kernels, rng, step_kernels):
     from rawgpu.graph import capture
 
     data = FakeMNIST(rng)
-    model = _model(kernels, device, stream, data, Recipe(hidden=512, batch=32), rng.permutation(TRAIN_ROWS))
+    model = _model(kernels, device, stream, data, Recipe(hidden=512, batch=32), rng.permutation(TRAIN_ROWS),
+                   step_kernels)
     try:
         step = capture(stream, run_launches(model.step_launches(), stream))
         evaluate = capture(stream, run_launches(model.eval_launches(), stream))
@@ -187,18 +198,21 @@ def mnist():
 
 
 @gpu
-def test_loss_falls_and_eval_counts_on_mnist(device, stream, kernels, mnist):
+@pytest.mark.parametrize("step_kernels", ["layered", "fused"])
+def test_loss_falls_and_eval_counts_on_mnist(device, stream, kernels, mnist, step_kernels):
     recipe = Recipe(hidden=128, layers=3, batch=32, lr=0.02, momentum=0.9, schedule="constant")
-    model = _model(kernels, device, stream, mnist, recipe, np.random.default_rng(0).permutation(TRAIN_ROWS))
+    model = _model(kernels, device, stream, mnist, recipe, np.random.default_rng(0).permutation(TRAIN_ROWS),
+                   step_kernels)
     try:
         step = model.step_launches()
         losses = []
+        n = 250 if step_kernels == "layered" else 249  # fused: odd, so the current fp16 copy is the second one
         for _ in range(4):
             model.zero_metrics().run(stream)
-            for _ in range(250):
+            for _ in range(n):
                 for launch in step:
                     launch.run(stream)
-            losses.append(model.train_metrics()[0] / (250 * 32))
+            losses.append(model.train_metrics()[0] / (n * 32))
         for launch in model.eval_launches():
             launch.run(stream)
         test_loss, test_acc = model.eval_metrics()

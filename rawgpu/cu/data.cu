@@ -1,20 +1,7 @@
 // Input pipeline and schedule kernels: everything that changes from step to step reads the device step
 // counter, so one captured graph replays every step unchanged.
 #include "common.cuh"
-
-// 16 bytes -> 16 halves of byte/255. x * (1/255) rounds to the same fp16 as the exact k/255 for every byte
-// value (checked exhaustively on the host), so the result equals numpy's (images / 255).astype(float16).
-RG_DEVICE void gather_bytes16_to_f16(const uint4 v, uint4& lo, uint4& hi) {
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
-    u32 h[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        const u32 word = w[k >> 1] >> ((k & 1) * 16);
-        h[k] = pack_f16x2((float)(word & 0xFF) * (1.0f / 255.0f), (float)((word >> 8) & 0xFF) * (1.0f / 255.0f));
-    }
-    lo = make_uint4(h[0], h[1], h[2], h[3]);
-    hi = make_uint4(h[4], h[5], h[6], h[7]);
-}
+#include "step_math.cuh"
 
 // One block per output row (grid-stride over rows). Row i is dataset row perm[(step % steps_per_epoch) *
 // batch + i]; each thread turns 16 source bytes into 16 fp16 (two 16-byte stores). Columns in
@@ -44,7 +31,7 @@ extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8*
                 v = make_uint4(w[0], w[1], w[2], w[3]);
             }
             uint4 lo, hi;
-            gather_bytes16_to_f16(v, lo, hi);
+            bytes16_to_f16(v, lo, hi);
             store_16(out + j0, lo);  // j0 < ld_out, and ld_out % 8 == 0
             if (j0 + 8 < ld_out) store_16(out + j0 + 8, hi);
         }
@@ -66,18 +53,5 @@ extern "C" __global__ void set_i64(i64* p, i64 v) {
 extern "C" __global__ void lr_schedule(const i64* __restrict__ step, float* __restrict__ lr, float lr0, float lr_min,
                                        i64 total_steps, i64 warmup_steps, int kind) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    const i64 s = *step;
-    const double a = lr0, b = lr_min;
-    double out = a;
-    if (kind != 0) {
-        if (s < warmup_steps) {
-            out = a * (double)(s + 1) / (double)warmup_steps;
-        } else {
-            const i64 span = total_steps - warmup_steps > 1 ? total_steps - warmup_steps : 1;
-            double t = (double)(s - warmup_steps) / (double)span;
-            t = t < 1.0 ? t : 1.0;
-            out = kind == 1 ? b + 0.5 * (a - b) * (1.0 + cos(3.141592653589793 * t)) : a + (b - a) * t;
-        }
-    }
-    *lr = (float)out;
+    *lr = lr_at_step(*step, lr0, lr_min, total_steps, warmup_steps, kind);
 }

@@ -1,6 +1,7 @@
 // Elementwise kernels: memory-bound grid-stride loops, 16-byte accesses where alignment allows, and the
 // small per-parameter updates. No float atomics: every result is the same bits on every run.
 #include "common.cuh"
+#include "step_math.cuh"
 
 RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
@@ -41,14 +42,6 @@ extern "C" __global__ void fill_f32(float* __restrict__ p, i64 n, float v) {
     GRID_STRIDE(j, n - done) p[done + j] = v;
 }
 
-// An fp16 bit pattern as an exact integer multiple of 2^-24 (every finite fp16 is one, |x| * 2^24 < 2^40),
-// so column sums are exact integer adds: no rounding, and the same bits in any order or geometry.
-RG_DEVICE i64 ew_f16_fixed24(u32 h) {
-    const u32 e = (h >> 10) & 31, m = h & 1023;
-    const i64 mag = e ? (i64)(m | 1024) << (e - 1) : (i64)m;
-    return (h & 0x8000) ? -mag : mag;
-}
-
 // Bias gradient + SGD(momentum) update. g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed point
 // (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
 // columns (one 16-byte load per row when ld % 8 == 0 and dy is aligned), TY threads split the rows; the TY
@@ -73,13 +66,13 @@ extern "C" __global__ void bias_grad_sgd(const half_t* __restrict__ dy, int ld, 
                 const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    acc[2 * k] += ew_f16_fixed24(w[k] & 0xFFFF);
-                    acc[2 * k + 1] += ew_f16_fixed24(w[k] >> 16);
+                    acc[2 * k] += f16_fixed24(w[k] & 0xFFFF);
+                    acc[2 * k + 1] += f16_fixed24(w[k] >> 16);
                 }
             } else {
 #pragma unroll
                 for (int k = 0; k < 8; ++k)
-                    if (c0 + k < cols) acc[k] += ew_f16_fixed24(row[k]);
+                    if (c0 + k < cols) acc[k] += f16_fixed24(row[k]);
             }
         }
     }

@@ -1,0 +1,44 @@
+// Small pieces of a training step shared by the per-kernel step (data.cu, elementwise.cu) and the persistent
+// one (fused_step.cu), so both compute the same bits.
+#pragma once
+#include "common.cuh"
+
+// 16 bytes -> 16 halves of byte/255. x * (1/255) rounds to the same fp16 as the exact k/255 for every byte
+// value (checked exhaustively on the host), so the result equals numpy's (images / 255).astype(float16).
+RG_DEVICE void bytes16_to_f16(const uint4 v, uint4& lo, uint4& hi) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    u32 h[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const u32 word = w[k >> 1] >> ((k & 1) * 16);
+        h[k] = pack_f16x2((float)(word & 0xFF) * (1.0f / 255.0f), (float)((word >> 8) & 0xFF) * (1.0f / 255.0f));
+    }
+    lo = make_uint4(h[0], h[1], h[2], h[3]);
+    hi = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
+// lr at step s, in double, rounded once to fp32. kind 0: constant lr0. kind 1: linear warmup then cosine to
+// lr_min. kind 2: linear warmup then linear decay to lr_min. Mirrors kernels/data.py:lr_at.
+RG_DEVICE float lr_at_step(i64 s, double lr0, double lr_min, i64 total_steps, i64 warmup_steps, int kind) {
+    double out = lr0;
+    if (kind != 0) {
+        if (s < warmup_steps) {
+            out = lr0 * (double)(s + 1) / (double)warmup_steps;
+        } else {
+            const i64 span = total_steps - warmup_steps > 1 ? total_steps - warmup_steps : 1;
+            double t = (double)(s - warmup_steps) / (double)span;
+            t = t < 1.0 ? t : 1.0;
+            out = kind == 1 ? lr_min + 0.5 * (lr0 - lr_min) * (1.0 + cos(3.141592653589793 * t))
+                            : lr0 + (lr_min - lr0) * t;
+        }
+    }
+    return (float)out;
+}
+
+// An fp16 bit pattern as an exact integer multiple of 2^-24 (every finite fp16 is one, |x| * 2^24 < 2^40),
+// so column sums are exact integer adds: no rounding, and the same bits in any order or geometry.
+RG_DEVICE i64 f16_fixed24(u32 h) {
+    const u32 e = (h >> 10) & 31, m = h & 1023;
+    const i64 mag = e ? (i64)(m | 1024) << (e - 1) : (i64)m;
+    return (h & 0x8000) ? -mag : mag;
+}

@@ -1,0 +1,91 @@
+"""Where the fused step's time goes: per-phase GPU time of cu/fused_step.cu, and what one grid barrier costs.
+
+Builds the kernel with -DFS_PROFILE (block 0 stamps %globaltimer after every phase's barrier), trains the benchmark
+workload (batch 32, lr 0.003, plain SGD) on MNIST for --steps steps in one launch, and prints the median time of
+each phase over the steps after the first 20. A phase's time is its slowest block's work plus the barrier.
+
+    python scripts/fused_phases.py --hidden 128 512 1024 [--batch 32] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rawgpu import compiler  # noqa: E402
+from rawgpu.data import load_mnist  # noqa: E402
+from rawgpu.driver import Device, Event, Module, Stream  # noqa: E402
+from rawgpu.errors import RawgpuError  # noqa: E402
+from rawgpu.kernels import Kernels  # noqa: E402
+from rawgpu.kernels import fused as kf  # noqa: E402
+from rawgpu.memory import Arena  # noqa: E402
+from rawgpu.mlp import MLP, TRAIN_ROWS, Recipe  # noqa: E402
+
+
+def barrier_us(module: Module, stream: Stream, grid: int, n: int = 2000) -> float:
+    arena = Arena()
+    counter = arena.tensor("counter", 1, np.int64)
+    arena.allocate()
+    arena.zero()
+    launch = module.kernel("grid_barriers", "pi").bind(grid, kf.THREADS, 0, counter, n, cooperative=True)
+    launch.run(stream)
+    start, end = Event(), Event()
+    start.record(stream)
+    launch.run(stream)
+    end.record(stream)
+    us = start.elapsed_ms(end) * 1e3 / n
+    arena.close()
+    return us
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, nargs="+", default=[128, 512, 1024])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--data-dir", default=None)
+    args = p.parse_args(argv)
+    try:
+        dev, stream = Device(0), Stream()
+        kernels = Kernels(dev.arch)
+        built = compiler.compile_source(kf.SOURCE, dev.arch, ("-DFS_PROFILE",))
+        module = Module(built.cubin, built.resources)
+        profiled = module.kernel(kf.KERNEL, kf.SIGNATURE)
+        data = load_mnist(args.data_dir)
+        print(f"{dev.name}: one grid barrier over {dev.sm_count} blocks: {barrier_us(module, stream, dev.sm_count):.2f} us")
+        perm = np.random.default_rng(0).permutation(TRAIN_ROWS)
+        for h in args.hidden:
+            recipe = Recipe(hidden=h, batch=args.batch, lr=0.003, momentum=0.0, schedule="constant")
+            model = MLP(kernels, recipe, dev.sm_count, fused=True).allocate()
+            model.upload_data(data)
+            model.init_parameters(stream)
+            model.set_permutation(perm)
+            names = [name for name, _, _ in kf.phase_tasks(recipe.batch, model.padded)]
+            arena = Arena()
+            stamps = arena.tensor("stamps", 1 + args.steps * len(names), np.uint64)
+            arena.allocate()
+            arena.zero()
+            model.table.upload(kf.param_table(model, stamps.ptr))
+            grid = model.step_launches()[0].grid[0]
+            profiled.bind(grid, kf.THREADS, kf.smem_bytes(dev.arch), model.table, args.steps, cooperative=True).run(stream)
+            stream.synchronize()
+            t = np.diff(stamps.download().astype(np.int64)).reshape(args.steps, len(names))[20:]
+            med = np.median(t, axis=0) / 1e3
+            print(f"\nH={h} batch {args.batch}: {med.sum():.1f} us per step (median per phase)")
+            for name, us in zip(names, med):
+                print(f"  {name:<12} {us:6.2f} us")
+            arena.close()
+            model.arena.close()
+    except RawgpuError as exc:
+        print(f"fused_phases: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
