@@ -132,8 +132,8 @@ class MLP:
 
     def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132, fused: bool | None = None,
                  fused_grid: int | None = None):
-        """fused: None picks the fused step when it supports the recipe (kernels.fused.unsupported_reason);
-        True insists (ValueError with the reason when it cannot); False uses the per-layer kernels.
+        """fused: None picks the fused step where `auto` prefers it (kernels.fused.preferred); True insists
+        (ValueError with the reason when it cannot run the recipe); False uses the per-layer kernels.
         fused_grid: blocks of the fused kernel (default one per SM)."""
         self.k, self.recipe, self.sm_count, self.fused_grid = kernels, recipe, sm_count, fused_grid
         r, accum = recipe, ("f32" if recipe.accum == "fp32" else "f16")
@@ -145,7 +145,7 @@ class MLP:
         padded = [pad8(w) for w in widths[:-1]] + [max(16, pad8(CLASSES))]
         self.padded = padded
         if fused and (why := kf.unsupported_reason(r)):
-            raise ValueError(f"fused step: {why}")
+            raise ValueError(why)
         self.fused = kf.preferred(r, pad8(r.hidden)) if fused is None else bool(fused)
         # dataset and input pipeline
         self.images = a.tensor("train_images", (TRAIN_ROWS, INPUTS), np.uint8)
@@ -273,7 +273,7 @@ class MLP:
         """`steps` training steps: the fused kernel once, or per step the layered list (lr for this step, gather
         the batch, forward, loss, backward + updates, step += 1)."""
         if self.fused:
-            grid = self.fused_grid or kf.resident_grid(self.k, self.sm_count)
+            grid = kf.resident_grid(self.k, self.sm_count, self.fused_grid)
             return [kf.fused_steps(self.k, self.table, steps, grid)]
         return self._layered_step() * steps
 

@@ -119,8 +119,10 @@ class Session:
         from . import compiler
         from .driver import Device, Stream
         from .kernels import Kernels
+        from .kernels.fused import choice
         from .mlp import MLP
 
+        fused = choice(kernels)  # a bad value fails before any GPU work
         self.device = Device(device_index)
         arch = self.device.arch
         if arch not in compiler.supported_archs():
@@ -140,9 +142,6 @@ class Session:
         self.compile_note = (f"kernels compiled in {ms / 1e3:.1f} s (first run)" if cold
                              else f"kernel cache warm ({ms:.0f} ms)")
         self.stream = Stream()
-        if kernels not in ("auto", "fused", "layered"):
-            raise ValueError(f"kernels must be auto, fused or layered, got {kernels!r}")
-        fused = {"auto": None, "fused": True, "layered": False}[kernels]
         try:
             model = MLP(self.kernels, recipe, self.device.sm_count, fused=fused, fused_grid=fused_grid)
         except ValueError as exc:
@@ -302,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.no_graph and args.steps_per_graph != 1:
         parser.error("--steps-per-graph needs graphs; drop it or --no-graph")
+    if args.kernels == "fused":
+        from .kernels.fused import unsupported_reason
+
+        if why := unsupported_reason(args):  # reads accum and layers, which args carries too
+            parser.error(f"argument --kernels: fused cannot run this recipe: {why}")
     from .console import make_console
 
     console = make_console("json" if args.json else "auto")

@@ -45,9 +45,20 @@ def barrier_us(module: Module, stream: Stream, grid: int, n: int = 2000) -> floa
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, nargs="+", default=[128, 512, 1024])
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--steps", type=int, default=200)
+    def at_least(low):
+        def parse(text):
+            try:
+                value = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            if value < low:
+                raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+            return value
+        return parse
+
+    p.add_argument("--hidden", type=at_least(1), nargs="+", default=[128, 512, 1024])
+    p.add_argument("--batch", type=at_least(1), default=32)
+    p.add_argument("--steps", type=at_least(30), default=200, help="steps timed (the first 20 are warm-up)")
     p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
     try:
@@ -81,7 +92,7 @@ def main(argv=None) -> int:
                 print(f"  {name:<12} {us:6.2f} us")
             arena.close()
             model.arena.close()
-    except RawgpuError as exc:
+    except (RawgpuError, ValueError) as exc:  # ValueError: a recipe the model refuses (e.g. batch > 60000)
         print(f"fused_phases: error: {exc}", file=sys.stderr)
         return 1
     return 0

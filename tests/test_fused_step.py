@@ -90,3 +90,15 @@ def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, st
             assert np.array_equal(w0.view(np.uint32), w1.view(np.uint32))
             assert np.array_equal(b0.view(np.uint32), b1.view(np.uint32))
         assert first[1] == other[1] and first[2] == other[2]
+
+
+def test_fused_phases_script_rejects_bad_arguments_in_one_line():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for argv, message in ((["--steps", "5"], "must be >= 30, got 5"), (["--hidden", "0"], "must be >= 1, got 0")):
+        result = subprocess.run([sys.executable, "scripts/fused_phases.py", *argv], capture_output=True, text=True,
+                                cwd=root, timeout=60)
+        assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr

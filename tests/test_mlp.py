@@ -30,6 +30,7 @@ import pytest
 
 import mlp_reference as ref
 from rawgpu.kernels import Kernels
+from rawgpu.kernels import fused as kf
 from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, run_launches
 
 gpu = pytest.mark.gpu
@@ -56,8 +57,7 @@ def kernels(device):
 
 
 def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kernels: str = "auto"):
-    fused = {"auto": None, "fused": True, "layered": False}[step_kernels]
-    model = MLP(kernels, recipe, device.sm_count, fused=fused).allocate()
+    model = MLP(kernels, recipe, device.sm_count, fused=kf.choice(step_kernels)).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
     model.set_permutation(perm)

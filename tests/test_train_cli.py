@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--device", "-1"], "argument --device: must be >= 0, got -1"),
     (["--schedule", "steep"], "argument --schedule: invalid choice: 'steep'"),
     (["--no-graph", "--steps-per-graph", "4"], "--steps-per-graph needs graphs"),
+    (["--kernels", "fused", "--accum", "fp16"], "argument --kernels: fused cannot run this recipe: the fused step "
+                                                 "accumulates in fp32 only"),
+    (["--kernels", "fast"], "argument --kernels: invalid choice: 'fast'"),
 ])
 def test_bad_values_exit_2_with_usage_and_one_error_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -46,7 +49,7 @@ def test_help_states_the_default_recipe(capsys):
     out = capsys.readouterr().out
     assert "batch 128, SGD with momentum 0.9" in out and "8 epochs" in out and "98%" in out
     for flag in ("--hidden", "--layers", "--batch", "--epochs", "--steps", "--lr", "--momentum", "--schedule",
-                 "--accum", "--seed", "--data-dir", "--no-graph", "--json", "--device"):
+                 "--accum", "--seed", "--data-dir", "--no-graph", "--json", "--device", "--kernels"):
         assert flag in out
 
 

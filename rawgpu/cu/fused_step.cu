@@ -35,7 +35,6 @@
 #define FS_TILE (FS_T * FS_LD)       // halves per staged 32x32 tile
 #define FS_INPUTS 784
 #define FS_PANEL_LD 808              // gathered input rows: 25 whole chunks (800) + 8 halves of padding
-#define FS_CLASS_LD 24               // d(logits) rows in shared memory (16 padded classes + 8)
 #define FS_MAX_LAYERS 65
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
 #define FS_STAGES 2  // these parts give a block 99 KB of shared memory
@@ -87,31 +86,6 @@ struct FsStep {
     float lr;
 };
 
-RG_DEVICE float load_cg_f32(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-RG_DEVICE float2 load_cg_f2(const float* p) {
-    float2 v;
-    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
-    return v;
-}
-RG_DEVICE u32 load_cg_u32(const void* p) {
-    u32 v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-RG_DEVICE u32 load_cg_u16(const void* p) {
-    unsigned short v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-}
-RG_DEVICE double load_cg_f64(const double* p) {
-    double v;
-    asm volatile("ld.global.cg.f64 %0, [%1];" : "=d"(v) : "l"(p));
-    return v;
-}
 RG_DEVICE bool positive_f16(u32 h) { return (h & 0x8000u) == 0 && (h & 0x7FFFu) != 0; }
 
 // Copy the 32x32 block at (r0, c0) of a row-major [R, C] fp16 matrix (leading dimension ld) into shared s[32][FS_LD],
@@ -461,8 +435,7 @@ RG_DEVICE void warp_bias_sgd(const FsParams& P, const FsLayer& Ly, const FsStep&
             const int r = r0 + 8 * q;
             v[q] = make_uint4(0, 0, 0, 0);
             if (in && r < P.batch) {
-                const half_t* p = Ly.dy + (i64)r * Ly.out_p + c;
-                v[q].x = load_cg_u32(p); v[q].y = load_cg_u32(p + 2); v[q].z = load_cg_u32(p + 4); v[q].w = load_cg_u32(p + 6);
+                v[q] = load_cg_16(Ly.dy + (i64)r * Ly.out_p + c);  // out_p % 8 == 0: 16-byte aligned
             }
         }
 #pragma unroll

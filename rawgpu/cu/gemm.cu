@@ -240,6 +240,9 @@ RG_DEVICE void gemm(const Params& p) {
 
     const float lr = (EPI == EPI_SGD) ? *p.lr : 0.f;
     const int g = lane / 4, t = lane % 4;
+    // acc[i][j][2h], acc[i][j][2h + 1] hold outputs (row_of(i, h), col_of(j)) and (row_of(i, h), col_of(j) + 1)
+    auto row_of = [&](int i, int h) { return m0 + wm * Cfg::WTM + i * 16 + g + 8 * h; };
+    auto col_of = [&](int j) { return n0 + wn * Cfg::WTN + j * 8 + 2 * t; };
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
         // Everything this row group reads (weights, momentum, saved activation, bias) is loaded before the
@@ -249,8 +252,7 @@ RG_DEVICE void gemm(const Params& p) {
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int row = m0 + wm * Cfg::WTM + i * 16 + g + 8 * h;
-                const int col = n0 + wn * Cfg::WTN + j * 8 + 2 * t;
+                const int row = row_of(i, h), col = col_of(j);
                 const bool in = row < p.M && col < p.N;
                 const i64 at = (i64)row * p.ldc + col;
                 aux[j][h] = aux2[j][h] = make_float2(0.f, 0.f);
@@ -268,8 +270,7 @@ RG_DEVICE void gemm(const Params& p) {
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int row = m0 + wm * Cfg::WTM + i * 16 + g + 8 * h;
-                const int col = n0 + wn * Cfg::WTN + j * 8 + 2 * t;
+                const int row = row_of(i, h), col = col_of(j);
                 if (row < p.M && col < p.N)
                     epilogue_pair<EPI>(p, lr, row, col, acc[i][j][2 * h], acc[i][j][2 * h + 1], aux[j][h], aux2[j][h]);
             }

@@ -43,6 +43,13 @@ def smem_bytes(arch: str) -> int:
     return max(staging, layer0)
 
 
+def choice(kernels: str) -> bool | None:
+    """`--kernels` as MLP's `fused` argument: auto -> None (decide per recipe), fused -> True, layered -> False."""
+    if kernels not in ("auto", "fused", "layered"):
+        raise ValueError(f"kernels must be auto, fused or layered, got {kernels!r}")
+    return {"auto": None, "fused": True, "layered": False}[kernels]
+
+
 def unsupported_reason(recipe) -> str | None:
     """Why the fused step cannot run this recipe; None when it can."""
     if recipe.accum != "fp32":
@@ -109,12 +116,16 @@ def fused_steps(k: Kernels, table: "Tensor", n_steps: int, grid: int) -> "Launch
     return kernel.bind(grid, THREADS, smem_bytes(k.arch), table, n_steps, cooperative=True)
 
 
-def resident_grid(k: Kernels, sm_count: int) -> int:
-    """The grid the fused step runs on: one block per SM (occupancy checked: 0 means it cannot run here)."""
+def resident_grid(k: Kernels, sm_count: int, requested: int | None = None) -> int:
+    """The grid the fused step runs on: `requested` blocks or one per SM, checked to be resident all at once (the
+    grid barriers need it; a cooperative launch of more would be refused by the driver)."""
+    from ..errors import RawgpuError
+
     per_sm = k.get(SOURCE, KERNEL, SIGNATURE).max_blocks_per_sm(THREADS, smem_bytes(k.arch))
     if per_sm < 1:
-        from ..errors import RawgpuError
-
         raise RawgpuError(f"the fused step kernel does not fit on one SM of this GPU ({smem_bytes(k.arch)} B of "
                           f"shared memory, {THREADS} threads); use --kernels layered")
-    return sm_count
+    grid = requested or sm_count
+    if not 1 <= grid <= per_sm * sm_count:
+        raise RawgpuError(f"fused step grid of {grid} blocks: this GPU holds 1..{per_sm * sm_count} at once")
+    return grid

@@ -42,10 +42,36 @@ RG_DEVICE float2 unpack_f16x2(u32 v) {
 RG_DEVICE uint4 load_16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 RG_DEVICE void store_16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
-// Loads that skip L1 (L2 is the coherence point between blocks of one launch).
+// Loads that skip L1 (L2 is the coherence point between blocks of one launch): for data other blocks of the
+// same launch write. Vector forms need their natural alignment.
 RG_DEVICE float4 load_cg_f4(const float* p) {
     float4 v;
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+RG_DEVICE float2 load_cg_f2(const float* p) {
+    float2 v;
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+    return v;
+}
+RG_DEVICE float load_cg_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+RG_DEVICE double load_cg_f64(const double* p) {
+    double v;
+    asm volatile("ld.global.cg.f64 %0, [%1];" : "=d"(v) : "l"(p));
+    return v;
+}
+RG_DEVICE uint4 load_cg_16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+RG_DEVICE u32 load_cg_u32(const void* p) {
+    u32 v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
 
