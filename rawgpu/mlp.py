@@ -173,6 +173,7 @@ class MLP:
         self.eval_y = a.tensor("eval_y", EB, np.int32)
         # parameters
         self.layers: list[Layer] = []
+        arch = kernels.arch if kernels is not None else "sm_86"  # no GPU: plan for the smallest shared memory
         for i in range(len(widths) - 1):
             pin, pout = padded[i], padded[i + 1]
             mom = r.momentum > 0
@@ -183,11 +184,12 @@ class MLP:
                 a.tensor(f"mw_{i}", (pin, pout), np.float32) if mom else None,
                 a.tensor(f"mb_{i}", pout, np.float32) if mom else None,
                 w16_next=a.tensor(f"w16b_{i}", (pin, pout), np.float16) if self.fused else None,
-                fwd=kg.plan_gemm(B, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum, sm_count),
-                dx=kg.plan_gemm(B, pin, pout, "rc", "drelu", accum, sm_count) if i else None,
-                dw=kg.plan_gemm(pin, pout, B, "cr", "sgd", accum, sm_count),
+                fwd=kg.plan_gemm(B, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum, sm_count,
+                                 arch=arch),
+                dx=kg.plan_gemm(B, pin, pout, "rc", "drelu", accum, sm_count, arch=arch) if i else None,
+                dw=kg.plan_gemm(pin, pout, B, "cr", "sgd", accum, sm_count, arch=arch, momentum=mom),
                 eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum,
-                                      sm_count)))
+                                      sm_count, arch=arch)))
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
         roles = (lambda lay: (lay.eval_fwd,)) if self.fused else (lambda lay: (lay.fwd, lay.dx, lay.dw, lay.eval_fwd))
         plans = [p for lay in self.layers for p in roles(lay) if p is not None]

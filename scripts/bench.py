@@ -99,7 +99,7 @@ def copies_for(nbytes: int, l2: int, cap: int = 64) -> int:
 
 def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launches, trials, rng,
                config=None) -> tuple[float, int]:
-    plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config)
+    plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config, arch=device.arch)
     per_copy = 2 * (M * K + K * N) + M * N * (10 if epilogue == "sgd" else 4)
     n = copies_for(per_copy, device.l2_bytes)
     with Arena() as arena:
@@ -210,7 +210,13 @@ def cmd_gemm(args) -> int:
                     us, sp = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches,
                                         args.trials, rng, config=cfg)
                     row[f"plain_us_{cfg}"] = us
-                    print(f"      variant {cfg}: plain {us:.2f} us (split {sp})")
+                    line = f"      variant {cfg}: plain {us:.2f} us (split {sp})"
+                    if (cfg, layout, epi) in G.INSTANCES:
+                        us_f, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, epi, args.launches,
+                                             args.trials, rng, config=cfg)
+                        row[f"fused_us_{cfg}"] = us_f
+                        line += f", fused {us_f:.2f} us ({100 * min_bytes(role, M, N, K, True) / (us_f * 1e3) / bw:.1f}% copy)"
+                    print(line)
             rows.append(row)
             print(f"{h:>5} {role:>7} {layer:>10} {f'{M}x{N}x{K}':>17} {splits:>5} {fused:>9.2f} {gbs:>6.0f} "
                   f"{row['pct_copy']:>5.1f}% {plain:>9.2f} {tflops:>7.1f} "

@@ -140,3 +140,14 @@ def test_big_models_evaluate_in_chunks_and_plans_refuse_bad_recipes():
         Recipe(batch=0)
     with pytest.raises(ValueError, match="schedule"):
         Recipe(schedule="steep")
+
+
+def test_profile_gemm_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
+    _no_gpu(monkeypatch)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("profile_gemm", ROOT / "scripts" / "profile_gemm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--hidden", "256"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["profile_gemm: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU"]

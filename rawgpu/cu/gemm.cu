@@ -25,9 +25,12 @@ enum Epilogue {
     EPI_SGD = 4,        // G = acc; [V = mu V + G;] W32 -= lr (V or G); W16 = fp16(W32). G never touches memory.
 };
 
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+// STAGED_: the epilogue goes through shared memory, so every global access is a whole 16-byte piece of a row
+// (see staged_epilogue); for tiles whose epilogue moves far more bytes than the main loop (K = batch).
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool STAGED_ = false>
 struct Config {
     static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+    static constexpr bool STAGED = STAGED_;
     static constexpr int THREADS = WM * WN * 32;
     static constexpr int WTM = BM / WM, WTN = BN / WN;  // one warp's tile
     static constexpr int MT = WTM / 16, NT = WTN / 8;   // mma tiles per warp
@@ -103,6 +106,34 @@ RG_DEVICE void epilogue_pair(const Params& p, float lr, int row, int col, float 
     *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = pack_f16x2(v0, v1);
 }
 
+// ---- staged epilogue (Cfg::STAGED) ----------------------------------------------------------------------------
+// The SGD update reads W32 (and momentum) and writes W32, W16 (and momentum): 10-18 bytes per output against the
+// main loop's few. Written straight from mma fragments, each warp access touches 8 rows x 32 bytes (16 for W16),
+// so the L2 sees many small requests. Staged, the W32/momentum tiles are fetched by cp.async when the block
+// starts (they depend on nothing), updated in shared memory in fragment order, and written back in 16-byte
+// pieces along rows: a warp covers 512 contiguous bytes of W32.
+template <class Cfg>
+struct Staged {
+    static constexpr int LD = Cfg::BN + 8;  // floats per row: 16-byte aligned rows, conflict-free float2 access
+    static constexpr int FLOATS = Cfg::BM * LD;
+};
+
+// Copy the BM x BN fp32 tile at global (m0, n0) of a row-major matrix (stride ld) into s; rows >= M and
+// columns >= N are zero-filled (N is a multiple of 8, so a 4-float piece is wholly in or out).
+template <class Cfg>
+RG_DEVICE void load_f32_tile(float* s, const float* g, int ld, int m0, int n0, int M, int N, int tid) {
+    constexpr int PER_ROW = Cfg::BN / 4, CHUNKS = Cfg::BM * PER_ROW;
+#pragma unroll
+    for (int it = 0; it < (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS; ++it) {
+        const int i = it * Cfg::THREADS + tid;
+        if (CHUNKS % Cfg::THREADS == 0 || i < CHUNKS) {
+            const int r = i / PER_ROW, c = (i % PER_ROW) * 4;
+            const bool valid = m0 + r < M && n0 + c < N;
+            cp_async_16(s + r * Staged<Cfg>::LD + c, valid ? g + (i64)(m0 + r) * ld + (n0 + c) : g, valid);
+        }
+    }
+}
+
 template <class Cfg, int LA, int LB, int EPI, bool ACC16>
 RG_DEVICE void gemm(const Params& p) {
     using TA = TileA<Cfg, LA>;
@@ -140,6 +171,20 @@ RG_DEVICE void gemm(const Params& p) {
             acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
             acc16[i][j][0] = acc16[i][j][1] = 0u;
         }
+
+    // Staged SGD: the weight (and momentum) tile joins the first copy group. With split-K only the last split
+    // updates, so it fetches the tile after the fix-up instead.
+    float* sW = reinterpret_cast<float*>(sB + STAGES * TB::SIZE);
+    float* sV = sW + Staged<Cfg>::FLOATS;
+    auto load_update_tiles = [&]() {
+        load_f32_tile<Cfg>(sW, reinterpret_cast<const float*>(p.out), p.ldc, m0, n0, p.M, p.N, tid);
+        if (p.mom != nullptr) load_f32_tile<Cfg>(sV, p.mom, p.ldc, m0, n0, p.M, p.N, tid);
+    };
+    if (EPI == EPI_SGD && Cfg::STAGED) {
+        const u32 need = (STAGES * (TA::SIZE + TB::SIZE) * 2) + (p.mom != nullptr ? 2 : 1) * Staged<Cfg>::FLOATS * 4;
+        if (dynamic_smem_bytes() < need) __trap();  // launcher/kernel mismatch
+        if (gridDim.z == 1) load_update_tiles();
+    }
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -217,29 +262,105 @@ RG_DEVICE void gemm(const Params& p) {
         __syncthreads();
         if (ticket != (int)gridDim.z - 1) return;
         __threadfence();
-        // Sum in split order. All of one split's loads are issued before any is used, so the L2 round trips
+        // Sum in split order. The loads of several splits are issued before any is used, so the L2 round trips
         // overlap instead of queueing one behind another.
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-        for (int z = 0; z < (int)gridDim.z; ++z) {
-            float4 v[MT * NT];
+        // ZB splits per round: about 16 float4 loads in flight per thread.
+        constexpr int ZB = V4 >= 16 ? 1 : 16 / V4;
+        const int splits = (int)gridDim.z;
+        for (int z0 = 0; z0 < splits; z0 += ZB) {
+            float4 v[ZB][V4];
 #pragma unroll
-            for (int j = 0; j < MT * NT; ++j) v[j] = load_cg_f4(reinterpret_cast<const float*>(ws + slot(z, j)));
+            for (int zb = 0; zb < ZB; ++zb)
 #pragma unroll
-            for (int i = 0; i < MT; ++i)
+                for (int j = 0; j < V4; ++j)
+                    v[zb][j] = z0 + zb < splits ? load_cg_f4(reinterpret_cast<const float*>(ws + slot(z0 + zb, j)))
+                                                : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const float4 w = v[i * NT + j];
-                    acc[i][j][0] += w.x; acc[i][j][1] += w.y; acc[i][j][2] += w.z; acc[i][j][3] += w.w;
-                }
+            for (int zb = 0; zb < ZB; ++zb) {
+                if (z0 + zb >= splits) break;
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        const float4 w = v[zb][i * NT + j];
+                        acc[i][j][0] += w.x; acc[i][j][1] += w.y; acc[i][j][2] += w.z; acc[i][j][3] += w.w;
+                    }
+            }
         }
         if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch
     }
 
     const float lr = (EPI == EPI_SGD) ? *p.lr : 0.f;
     const int g = lane / 4, t = lane % 4;
+    if (Cfg::STAGED && (EPI == EPI_SGD || EPI == EPI_STORE)) {
+        constexpr int LD = Staged<Cfg>::LD;
+        if (EPI == EPI_SGD) {
+            if (gridDim.z > 1) {
+                load_update_tiles();
+                cp_async_commit();
+                cp_async_wait<0>();
+            }
+            __syncthreads();  // every thread's copies of the W32 / momentum tiles have landed
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int at = (wm * Cfg::WTM + i * 16 + g + 8 * h) * LD + wn * Cfg::WTN + j * 8 + 2 * t;
+                        float2 step = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                        if (p.mom != nullptr) {
+                            float2 v = *reinterpret_cast<float2*>(sV + at);
+                            v.x = p.mu * v.x + step.x;
+                            v.y = p.mu * v.y + step.y;
+                            *reinterpret_cast<float2*>(sV + at) = v;
+                            step = v;
+                        }
+                        float2 w = *reinterpret_cast<float2*>(sW + at);
+                        w.x -= lr * step.x;
+                        w.y -= lr * step.y;
+                        *reinterpret_cast<float2*>(sW + at) = w;
+                    }
+        } else {
+            static_assert(BM * (BN + 8) <= STAGES * (TA::SIZE + TB::SIZE), "the fp16 tile must fit the pipeline's space");
+            __syncthreads();  // everyone is done with the pipeline's shared memory, which now holds the fp16 tile
+            half_t* sC = reinterpret_cast<half_t*>(smem_raw);
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int at = (wm * Cfg::WTM + i * 16 + g + 8 * h) * (BN + 8) + wn * Cfg::WTN + j * 8 + 2 * t;
+                        *reinterpret_cast<u32*>(sC + at) = pack_f16x2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    }
+        }
+        __syncthreads();
+        // Write back along rows: 4 floats (sgd) or 8 halves (store) per thread and step.
+        constexpr int PIECE = EPI == EPI_SGD ? 4 : 8;
+        constexpr int PER_ROW = BN / PIECE, CHUNKS = BM * PER_ROW;
+#pragma unroll 4
+        for (int i = tid; i < CHUNKS; i += Cfg::THREADS) {
+            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
+            const int row = m0 + r, col = n0 + c;
+            if (row >= p.M || col >= p.N) continue;
+            const i64 at = (i64)row * p.ldc + col;
+            if (EPI == EPI_SGD) {
+                const float4 w = *reinterpret_cast<const float4*>(sW + r * LD + c);
+                *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.out) + at) = w;
+                *reinterpret_cast<uint2*>(p.w16 + at) = make_uint2(pack_f16x2(w.x, w.y), pack_f16x2(w.z, w.w));
+                if (p.mom != nullptr) *reinterpret_cast<float4*>(p.mom + at) = *reinterpret_cast<const float4*>(sV + r * LD + c);
+            } else {
+                *reinterpret_cast<uint4*>(reinterpret_cast<half_t*>(p.out) + at) =
+                    *reinterpret_cast<const uint4*>(reinterpret_cast<const half_t*>(smem_raw) + r * (BN + 8) + c);
+            }
+        }
+        return;
+    }
     // acc[i][j][2h], acc[i][j][2h + 1] hold outputs (row_of(i, h), col_of(j)) and (row_of(i, h), col_of(j) + 1)
     auto row_of = [&](int i, int h) { return m0 + wm * Cfg::WTM + i * 16 + g + 8 * h; };
     auto col_of = [&](int j) { return n0 + wn * Cfg::WTN + j * 8 + 2 * t; };
@@ -286,6 +407,17 @@ typedef Config<64, 128, 64, 2, 4, 3> Cfg64;     // M <= 64
 typedef Config<128, 128, 32, 2, 4, 4> Cfg128;   // large M
 typedef Config<128, 128, 32, 2, 4, 2> CfgOuter; // K = batch: little to pipeline, much to write
 typedef Config<64, 128, 32, 2, 4, 2> CfgOuter64; // the same with half the accumulators: more CTAs per SM
+// Weight streaming for M <= 32: one block per SM, each owning 64 columns (or a K range of them), with as deep a
+// pipeline as the part's shared memory allows (kernels/gemm.py: STREAM_STAGES).
+#if __CUDA_ARCH__ == 900
+#define STREAM_STAGES 15
+#elif __CUDA_ARCH__ == 800
+#define STREAM_STAGES 11
+#else
+#define STREAM_STAGES 7
+#endif
+typedef Config<32, 64, 64, 2, 4, STREAM_STAGES> CfgStream;
+typedef Config<64, 128, 32, 2, 4, 2, true> CfgOuterStaged;  // K = batch: weight update staged in shared memory
 
 #define GEMM_PARAMS                                                                                             \
     const half_t *A, const half_t *B, void *out, int M, int N, int K, int lda, int ldb, int ldc, int k_chunk, \
@@ -324,3 +456,9 @@ GEMM_ACCS(gemm_outer_cr_sgd, CfgOuter, COL, ROW, EPI_SGD)
 GEMM_ACCS(gemm_outer_cr_store, CfgOuter, COL, ROW, EPI_STORE)
 GEMM_ACCS(gemm_outer64_cr_sgd, CfgOuter64, COL, ROW, EPI_SGD)
 GEMM_ACCS(gemm_outer64_cr_store, CfgOuter64, COL, ROW, EPI_STORE)
+GEMM_ACCS(gemm_stream_rr_store, CfgStream, ROW, ROW, EPI_STORE)
+GEMM_ACCS(gemm_stream_rr_bias_relu, CfgStream, ROW, ROW, EPI_BIAS_RELU)
+GEMM_ACCS(gemm_stream_rc_store, CfgStream, ROW, COL, EPI_STORE)
+GEMM_ACCS(gemm_stream_rc_drelu, CfgStream, ROW, COL, EPI_DRELU)
+GEMM_ACCS(gemm_staged_cr_sgd, CfgOuterStaged, COL, ROW, EPI_SGD)
+GEMM_ACCS(gemm_staged_cr_store, CfgOuterStaged, COL, ROW, EPI_STORE)

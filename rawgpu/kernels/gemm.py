@@ -6,7 +6,7 @@ split-K workspace it needs. `gemm` binds a plan to tensors and returns a `Launch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -39,16 +39,25 @@ class GemmConfig:
     warps_m: int
     warps_n: int
     stages: int
+    staged: bool = False  # the epilogue goes through shared memory (Config<..., STAGED_> in gemm.cu)
 
     @property
     def threads(self) -> int:
         return 32 * self.warps_m * self.warps_n
 
-    def smem_bytes(self, layout: str) -> int:
-        """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves."""
+    def smem_bytes(self, layout: str, epilogue: str = "store", momentum: bool = False) -> int:
+        """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves; a staged SGD epilogue
+        adds the fp32 weight tile (and the momentum tile), rows padded by 8 floats."""
         a = self.bm * (self.bk + 8) if layout[0] == "r" else self.bk * (self.bm + 8)
         b = self.bk * (self.bn + 8) if layout[1] == "r" else self.bn * (self.bk + 8)
-        return self.stages * (a + b) * 2
+        staged = (2 if momentum else 1) * self.bm * (self.bn + 8) * 4 if self.staged and epilogue == "sgd" else 0
+        return self.stages * (a + b) * 2 + staged
+
+
+def stream_stages(arch: str) -> int:
+    """STREAM_STAGES in gemm.cu: the pipeline depth that fits a block's shared memory (227 KB on sm_90, 163 KB
+    on sm_80, 99 KB on sm_86/87/89) at 13.5 KB per stage."""
+    return {"sm_90": 15, "sm_80": 11}.get(arch, 7)
 
 
 CONFIGS = {
@@ -58,7 +67,17 @@ CONFIGS = {
     "128x128": GemmConfig("128x128", 128, 128, 32, 2, 4, 4),
     "outer": GemmConfig("outer", 128, 128, 32, 2, 4, 2),
     "outer64": GemmConfig("outer64", 64, 128, 32, 2, 4, 2),
+    "stream": GemmConfig("stream", 32, 64, 64, 2, 4, 7),  # stages: stream_stages(arch)
+    "staged": GemmConfig("staged", 64, 128, 32, 2, 4, 2, staged=True),
 }
+# Weight streaming (config "stream") pays once the weight is this large: below it, a GEMM is latency-bound.
+STREAM_MIN_BYTES = 4 << 20
+
+
+def config_for(name: str, arch: str) -> GemmConfig:
+    """CONFIGS[name] with its pipeline depth for this GPU."""
+    cfg = CONFIGS[name]
+    return replace(cfg, stages=stream_stages(arch)) if name == "stream" else cfg
 
 # (config, layout, epilogue) triples compiled in gemm.cu, each for f32 and f16 accumulation.
 _ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
@@ -66,7 +85,10 @@ _ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "st
 INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") for lay, epi in _ROLE_INSTANCES]
                       + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
                       + [("32x128k64", lay, epi) for lay, epi in [("rr", "store"), ("rc", "store"),
-                                                                  ("rr", "bias_relu"), ("rc", "drelu")]])
+                                                                  ("rr", "bias_relu"), ("rc", "drelu")]]
+                      + [("stream", lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"),
+                                                               ("rc", "drelu")]]
+                      + [("staged", "cr", e) for e in ("sgd", "store")])
 
 
 def kernel_name(config: str, layout: str, epilogue: str, accum: str) -> str:
@@ -94,6 +116,7 @@ class GemmPlan:
     config: GemmConfig
     splits: int
     k_chunk: int
+    momentum: bool = False
 
     @property
     def tiles(self) -> tuple[int, int]:
@@ -109,7 +132,7 @@ class GemmPlan:
 
     @property
     def smem_bytes(self) -> int:
-        return self.config.smem_bytes(self.layout)
+        return self.config.smem_bytes(self.layout, self.epilogue, self.momentum)
 
     @property
     def workspace_floats(self) -> int:
@@ -127,11 +150,19 @@ class GemmPlan:
         return 2 * self.M * self.N * self.K
 
 
-def choose_config(M: int, K: int, epilogue: str, layout: str = "rr") -> str:
-    """Smallest M tile that covers the batch; for the weight-gradient (K = batch) a 2-stage tile; for a long
-    column-major B (dx's W^T) BK = 64, so each weight row is read in 128-byte pieces (measured: docs/perf.md)."""
-    if epilogue == "sgd" and M > 64 and K <= 128:
-        return "outer"
+def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0) -> str:
+    """Which tile runs a shape (the measurements behind each rule: docs/perf.md, H200).
+
+    - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces;
+    - M <= 32 with a weight of STREAM_MIN_BYTES or more, and either K <= 2048 or dx's W^T with N >= 8192 (64-column
+      tiles fill the GPU without split-K): one streaming block per SM with a deep pipeline;
+    - M <= 32 and W^T with K >= 4096: BK = 64, so each weight row is read in 128-byte pieces;
+    - otherwise the smallest M tile that covers the batch."""
+    if layout == "cr" and epilogue in ("sgd", "store") and M > 64 and K <= 128:
+        return "staged"
+    if (M <= 32 and 2 * K * N >= STREAM_MIN_BYTES and ("stream", layout, epilogue) in INSTANCES
+            and (K <= 2048 or (layout == "rc" and N >= 8192))):
+        return "stream"
     if M <= 32 and layout == "rc" and K >= 4096:
         return "32x128k64"
     if M <= 32:
@@ -151,9 +182,17 @@ def choose_splits(tiles: int, k_tiles: int, sm_count: int, bytes_per_k_tile: int
     return max(1, min(MAX_SPLITS, want, most))
 
 
+def stream_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
+    """Streaming blocks: split K until the grid is one block per SM (never more: each block's deep pipeline
+    already keeps its SM's share of DRAM bandwidth in flight), MIN_K_TILES_PER_SPLIT tiles per split at least."""
+    return max(1, min(MAX_SPLITS, sm_count // tiles, k_tiles // MIN_K_TILES_PER_SPLIT))
+
+
 def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store", accum: str = "f32",
-              sm_count: int = 132, splits: Optional[int] = None, config: Optional[str] = None) -> GemmPlan:
-    """Choose the instance, grid and split-K for C[M,N] = A[M,K] @ B[K,N]. Deterministic in its inputs."""
+              sm_count: int = 132, splits: Optional[int] = None, config: Optional[str] = None,
+              arch: str = "sm_86", momentum: bool = False) -> GemmPlan:
+    """Choose the instance, grid and split-K for C[M,N] = A[M,K] @ B[K,N]. Deterministic in its inputs.
+    arch sets the streaming pipeline's depth; momentum, whether a staged SGD epilogue holds a momentum tile."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if epilogue not in EPILOGUES:
@@ -167,21 +206,26 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         if extent % 8:
             raise ValueError(f"GEMM {operand}'s contiguous dimension is {extent}: it must be a multiple of 8 "
                              "(pad it; see DESIGN.md)")
-    name = config or choose_config(M, K, epilogue, layout)
+    name = config or choose_config(M, K, epilogue, layout, N)
     if name not in CONFIGS:
         raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
     if (name, layout, epilogue) not in INSTANCES:
         raise ValueError(f"no compiled GEMM instance for config {name}, layout {layout}, epilogue {epilogue}")
-    cfg = CONFIGS[name]
+    cfg = config_for(name, arch)
     k_tiles = _cdiv(K, cfg.bk)
     tiles = _cdiv(M, cfg.bm) * _cdiv(N, cfg.bn)
     bytes_per_k_tile = (cfg.bm + cfg.bn) * cfg.bk * 2
-    s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile) if splits is None else int(splits)
+    if splits is not None:
+        s = int(splits)
+    elif name == "stream":
+        s = stream_splits(tiles, k_tiles, sm_count)
+    else:
+        s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile)
     if not 1 <= s <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
     k_chunk = _cdiv(k_tiles, s) * cfg.bk
     s = _cdiv(K, k_chunk)  # no empty splits
-    return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk)
+    return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, momentum and cfg.staged and epilogue == "sgd")
 
 
 def _check_matrix(t: "Tensor", rows: int, cols: int, what: str) -> int:
@@ -208,6 +252,8 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
             raise ValueError("the sgd epilogue needs w16 (fp16 copy) and lr (device learning rate)")
         require(w16, np.float16, out.shape, "w16")
         require(lr, np.float32, what="lr")
+        if p.config.staged and (mom is not None) != p.momentum:
+            raise ValueError(f"this plan was made with momentum={p.momentum}: pass a momentum buffer exactly then")
         if mom is not None:
             require(mom, np.float32, out.shape, "momentum")
         elif mu != 0.0:
