@@ -74,19 +74,23 @@ struct Params {
 
 // The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x` and `y`
 // were loaded beforehand: W32 and momentum (sgd), bias (bias), or the saved activation (drelu).
+// The SGD rule for two adjacent weights w with gradient g: [v = mu v + g; step = v, else step = g;] w -= lr step.
+RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu, float lr) {
+    if (momentum) {
+        v.x = mu * v.x + g.x;
+        v.y = mu * v.y + g.y;
+        g = v;
+    }
+    w.x -= lr * g.x;
+    w.y -= lr * g.y;
+}
+
 template <int EPI>
 RG_DEVICE void epilogue_pair(const Params& p, float lr, int row, int col, float v0, float v1, float2 x, float2 y) {
     const i64 at = (i64)row * p.ldc + col;
     if (EPI == EPI_SGD) {
-        if (p.mom != nullptr) {
-            y.x = p.mu * y.x + v0;
-            y.y = p.mu * y.y + v1;
-            *reinterpret_cast<float2*>(p.mom + at) = y;
-            v0 = y.x;
-            v1 = y.y;
-        }
-        x.x -= lr * v0;
-        x.y -= lr * v1;
+        sgd_pair(x, y, make_float2(v0, v1), p.mom != nullptr, p.mu, lr);
+        if (p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
         *reinterpret_cast<float2*>(reinterpret_cast<float*>(p.out) + at) = x;
         *reinterpret_cast<u32*>(p.w16 + at) = pack_f16x2(x.x, x.y);
         return;
@@ -262,40 +266,35 @@ RG_DEVICE void gemm(const Params& p) {
         __syncthreads();
         if (ticket != (int)gridDim.z - 1) return;
         __threadfence();
-        // Sum in split order. The loads of several splits are issued before any is used, so the L2 round trips
+        // Sum in split order. All of one split's loads are issued before any is used, so the L2 round trips
         // overlap instead of queueing one behind another.
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-        // ZB splits per round: about 16 float4 loads in flight per thread.
-        constexpr int ZB = V4 >= 16 ? 1 : 16 / V4;
-        const int splits = (int)gridDim.z;
-        for (int z0 = 0; z0 < splits; z0 += ZB) {
-            float4 v[ZB][V4];
+        for (int z = 0; z < (int)gridDim.z; ++z) {
+            float4 v[MT * NT];
 #pragma unroll
-            for (int zb = 0; zb < ZB; ++zb)
+            for (int j = 0; j < MT * NT; ++j) v[j] = load_cg_f4(reinterpret_cast<const float*>(ws + slot(z, j)));
 #pragma unroll
-                for (int j = 0; j < V4; ++j)
-                    v[zb][j] = z0 + zb < splits ? load_cg_f4(reinterpret_cast<const float*>(ws + slot(z0 + zb, j)))
-                                                : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
-            for (int zb = 0; zb < ZB; ++zb) {
-                if (z0 + zb >= splits) break;
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        const float4 w = v[zb][i * NT + j];
-                        acc[i][j][0] += w.x; acc[i][j][1] += w.y; acc[i][j][2] += w.z; acc[i][j][3] += w.w;
-                    }
-            }
+                for (int j = 0; j < NT; ++j) {
+                    const float4 w = v[i * NT + j];
+                    acc[i][j][0] += w.x; acc[i][j][1] += w.y; acc[i][j][2] += w.z; acc[i][j][3] += w.w;
+                }
         }
         if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch
     }
 
     const float lr = (EPI == EPI_SGD) ? *p.lr : 0.f;
     const int g = lane / 4, t = lane % 4;
+    // acc[i][j][2h], acc[i][j][2h + 1] hold the outputs at (tile_row(i, h), tile_col(j)) and (.., tile_col(j) + 1)
+    // of this block's tile, that is (row_of(i, h), col_of(j)) and (.., col_of(j) + 1) of C.
+    auto tile_row = [&](int i, int h) { return wm * Cfg::WTM + i * 16 + g + 8 * h; };
+    auto tile_col = [&](int j) { return wn * Cfg::WTN + j * 8 + 2 * t; };
+    auto row_of = [&](int i, int h) { return m0 + tile_row(i, h); };
+    auto col_of = [&](int j) { return n0 + tile_col(j); };
     if (Cfg::STAGED && (EPI == EPI_SGD || EPI == EPI_STORE)) {
         constexpr int LD = Staged<Cfg>::LD;
         if (EPI == EPI_SGD) {
@@ -311,19 +310,12 @@ RG_DEVICE void gemm(const Params& p) {
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int at = (wm * Cfg::WTM + i * 16 + g + 8 * h) * LD + wn * Cfg::WTN + j * 8 + 2 * t;
-                        float2 step = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                        if (p.mom != nullptr) {
-                            float2 v = *reinterpret_cast<float2*>(sV + at);
-                            v.x = p.mu * v.x + step.x;
-                            v.y = p.mu * v.y + step.y;
-                            *reinterpret_cast<float2*>(sV + at) = v;
-                            step = v;
-                        }
+                        const int at = tile_row(i, h) * LD + tile_col(j);
                         float2 w = *reinterpret_cast<float2*>(sW + at);
-                        w.x -= lr * step.x;
-                        w.y -= lr * step.y;
+                        float2 v = p.mom != nullptr ? *reinterpret_cast<float2*>(sV + at) : make_float2(0.f, 0.f);
+                        sgd_pair(w, v, make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]), p.mom != nullptr, p.mu, lr);
                         *reinterpret_cast<float2*>(sW + at) = w;
+                        if (p.mom != nullptr) *reinterpret_cast<float2*>(sV + at) = v;
                     }
         } else {
             static_assert(BM * (BN + 8) <= STAGES * (TA::SIZE + TB::SIZE), "the fp16 tile must fit the pipeline's space");
@@ -335,7 +327,7 @@ RG_DEVICE void gemm(const Params& p) {
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int at = (wm * Cfg::WTM + i * 16 + g + 8 * h) * (BN + 8) + wn * Cfg::WTN + j * 8 + 2 * t;
+                        const int at = tile_row(i, h) * (BN + 8) + tile_col(j);
                         *reinterpret_cast<u32*>(sC + at) = pack_f16x2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                     }
         }
@@ -361,9 +353,6 @@ RG_DEVICE void gemm(const Params& p) {
         }
         return;
     }
-    // acc[i][j][2h], acc[i][j][2h + 1] hold outputs (row_of(i, h), col_of(j)) and (row_of(i, h), col_of(j) + 1)
-    auto row_of = [&](int i, int h) { return m0 + wm * Cfg::WTM + i * 16 + g + 8 * h; };
-    auto col_of = [&](int j) { return n0 + wn * Cfg::WTN + j * 8 + 2 * t; };
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
         // Everything this row group reads (weights, momentum, saved activation, bias) is loaded before the
