@@ -225,9 +225,11 @@ class Event:
 
 # --- kernel arguments -----------------------------------------------------------------------------------------
 # A signature is a string, one letter per parameter, matching the kernel's C parameter list:
-#   p = device pointer (8 bytes), i = int32, q = int64, f = float32.
-_ARG_CTYPES = {"p": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64, "f": ctypes.c_float}
-_ARG_STRUCT = {"p": "Q", "i": "i", "q": "q", "f": "f"}
+#   p = device pointer (8 bytes), i = int32, q = int64, f = float32, t = tensor map (128 bytes, `tensor_map_2d`).
+_ARG_CTYPES = {"p": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64, "f": ctypes.c_float,
+               "t": ctypes.c_uint64 * 16}
+_ARG_STRUCT = {"p": "Q", "i": "i", "q": "q", "f": "f", "t": "128s"}
+TENSOR_MAP_BYTES = 128
 
 
 def _as_int_pointer(value: Any) -> int:
@@ -248,12 +250,16 @@ def _convert(kind: str, value: Any, position: int) -> Any:
         return v
     if kind == "f":
         return float(value)
-    raise ValueError(f"unknown argument kind {kind!r} (use p, i, q, f)")
+    if kind == "t":
+        if not isinstance(value, (bytes, bytearray)) or len(value) != TENSOR_MAP_BYTES:
+            raise TypeError(f"argument {position} must be a {TENSOR_MAP_BYTES}-byte tensor map for 't'")
+        return bytes(value)
+    raise ValueError(f"unknown argument kind {kind!r} (use p, i, q, f, t)")
 
 
 def _check_signature(signature: str, args: Sequence[Any]) -> None:
     if bad := set(signature) - set(_ARG_CTYPES):
-        raise ValueError(f"unknown argument kind(s) {sorted(bad)} in signature {signature!r} (use p, i, q, f)")
+        raise ValueError(f"unknown argument kind(s) {sorted(bad)} in signature {signature!r} (use p, i, q, f, t)")
     if len(signature) != len(args):
         raise TypeError(f"kernel takes {len(signature)} arguments ({signature}), got {len(args)}")
 
@@ -265,12 +271,33 @@ def pack_args(signature: str, args: Sequence[Any]) -> bytes:
     return struct.pack(fmt, *(_convert(k, a, i) for i, (k, a) in enumerate(zip(signature, args))))
 
 
+def _c_value(kind: str, value: Any) -> Any:
+    ctype = _ARG_CTYPES[kind]
+    return ctype.from_buffer_copy(value) if kind == "t" else ctype(value)
+
+
+def tensor_map_2d(address: int, inner: int, outer: int, row_bytes: int, box_inner: int, box_outer: int) -> bytes:
+    """A TMA descriptor (sm_90+) for a row-major fp16 matrix of `outer` rows x `inner` elements, rows `row_bytes`
+    apart, copied in boxes of box_outer x box_inner with the 128-byte swizzle; reads outside the matrix give zeros.
+    The 128 bytes are passed to a kernel by value ('t' in a signature)."""
+    cu = _cu()
+    tmap = check(cu.cuTensorMapEncodeTiled(
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, int(address),
+        [cu.cuuint64_t(inner), cu.cuuint64_t(outer)], [cu.cuuint64_t(row_bytes)],
+        [cu.cuuint32_t(box_inner), cu.cuuint32_t(box_outer)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        f"cuTensorMapEncodeTiled({outer}x{inner} fp16, box {box_outer}x{box_inner})")
+    return ctypes.string_at(tmap.getPtr(), TENSOR_MAP_BYTES)
+
+
 class PackedArgs:
     """Kernel arguments converted once into C values plus the `void*[]` array cuLaunchKernel reads."""
 
     def __init__(self, signature: str, args: Sequence[Any]):
         _check_signature(signature, args)
-        self.values = [_ARG_CTYPES[k](_convert(k, a, i)) for i, (k, a) in enumerate(zip(signature, args))]
+        self.values = [_c_value(k, _convert(k, a, i)) for i, (k, a) in enumerate(zip(signature, args))]
         self.array = (ctypes.c_void_p * max(1, len(self.values)))(*[ctypes.addressof(v) for v in self.values])
         self.address = ctypes.addressof(self.array)
 

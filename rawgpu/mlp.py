@@ -5,7 +5,8 @@ The list runs eagerly (`--no-graph`) or is captured once into a CUDA graph; noth
 host after start-up: the step counter, the batch position and the learning rate live on the device.
 
 Two step implementations, same buffers and numerics: `layered` (one kernel per layer and role: gather,
-GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers) and `fused` (the whole step
+GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers, 16 at batch <= 32 with plain
+SGD, where each layer above the first runs its backward in one pass, kernels/dx_sgd.py) and `fused` (the whole step
 in one persistent kernel, cu/fused_step.cu, for widths up to kernels.fused.MAX_HIDDEN). The fused step keeps
 two fp16 working copies of each weight (step s reads copy s & 1), both equal to fp16(W32) between launches.
 
@@ -24,6 +25,7 @@ import numpy as np
 from .driver import Launch, Stream
 from .kernels import Kernels
 from .kernels import data as kd
+from .kernels import dx_sgd as kb
 from .kernels import elementwise as ke
 from .kernels import fused as kf
 from .kernels import gemm as kg
@@ -125,6 +127,7 @@ class Layer:
     dw: kg.GemmPlan
     eval_fwd: kg.GemmPlan
     w16_next: Tensor | None = None  # the fused step's second fp16 copy
+    bwd: kb.DxSgdPlan | None = None  # dx and the update in one pass (replaces dx + dw in the layered step)
 
 
 class MLP:
@@ -189,10 +192,13 @@ class MLP:
                 dx=kg.plan_gemm(B, pin, pout, "rc", "drelu", accum, sm_count, arch=arch) if i else None,
                 dw=kg.plan_gemm(pin, pout, B, "cr", "sgd", accum, sm_count, arch=arch, momentum=mom),
                 eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum,
-                                      sm_count, arch=arch)))
+                                      sm_count, arch=arch),
+                bwd=kb.plan_dx_sgd(B, pin, pout, sm_count) if i and kb.supported(B, mom, accum) else None))
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
         roles = (lambda lay: (lay.eval_fwd,)) if self.fused else (lambda lay: (lay.fwd, lay.dx, lay.dw, lay.eval_fwd))
         plans = [p for lay in self.layers for p in roles(lay) if p is not None]
+        if not self.fused:
+            plans += [lay.bwd for lay in self.layers if lay.bwd is not None]
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
         self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
         if self.fused:  # the fused kernel's per-row metrics, grid barrier counter and parameter table
@@ -292,11 +298,15 @@ class MLP:
                                    grad_scale=scale))
         for i in range(len(self.layers) - 1, -1, -1):
             lay, x = self.layers[i], self.acts[i]
-            if lay.dx is not None:  # reads W16 before this layer's update rewrites it
-                out.append(kg.gemm(k, lay.dx, dy, lay.w16, self.grads[i], act=x, workspace=self.workspace,
-                                   tickets=self.tickets))
-            out.append(kg.gemm(k, lay.dw, x, dy, lay.w32, mom=lay.mw, w16=lay.w16, lr=self.lr, mu=mu,
-                               workspace=self.workspace, tickets=self.tickets))
+            if lay.bwd is not None:
+                out.append(kb.dx_sgd(k, lay.bwd, x, dy, lay.w32, lay.w16, self.grads[i], self.lr, self.workspace,
+                                     self.tickets))
+            else:
+                if lay.dx is not None:  # reads W16 before this layer's update rewrites it
+                    out.append(kg.gemm(k, lay.dx, dy, lay.w16, self.grads[i], act=x, workspace=self.workspace,
+                                       tickets=self.tickets))
+                out.append(kg.gemm(k, lay.dw, x, dy, lay.w32, mom=lay.mw, w16=lay.w16, lr=self.lr, mu=mu,
+                                   workspace=self.workspace, tickets=self.tickets))
             out.append(ke.bias_grad_sgd(k, dy, lay.b, lay.mb, self.lr, mu, r.batch))
             dy = self.grads[i]
         out.append(kd.step_increment(k, self.step))

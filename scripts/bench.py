@@ -31,6 +31,7 @@ from rawgpu import driver as drv  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.graph import capture  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
+from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
 
@@ -138,6 +139,30 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
     return us, plan.splits
 
 
+def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng) -> tuple[float, int]:
+    """The fused backward (dx with the ReLU mask + the SGD update of W32 and W16) on rotating copies."""
+    plan = D.plan_dx_sgd(B, IN, N, device.sm_count)
+    n = copies_for(IN * N * 10, device.l2_bytes)
+    with Arena() as arena:
+        sets = [(arena.tensor(f"x{c}", (B, IN), np.float16), arena.tensor(f"dy{c}", (B, N), np.float16),
+                 arena.tensor(f"w32_{c}", (IN, N), np.float32), arena.tensor(f"w16_{c}", (IN, N), np.float16),
+                 arena.tensor(f"dx{c}", (B, IN), np.float16)) for c in range(n)]
+        lr = arena.tensor("lr", (1,), np.float32)
+        ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
+        tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
+        arena.allocate()
+        for x, dy, w32, _, _ in sets:
+            x.upload(np.maximum(rng.standard_normal(x.shape), 0).astype(np.float16))
+            dy.upload((rng.standard_normal(dy.shape) * 0.1).astype(np.float16))
+            w32.upload((rng.standard_normal(w32.shape) * 0.1).astype(np.float32))
+        lr.upload(np.array([1e-6], np.float32))
+        tickets.upload(np.zeros(tickets.shape, np.int32))
+        binds = [D.dx_sgd(kernels, plan, *t, lr, ws, tickets) for t in sets]
+        runs = [binds[i % n] for i in range(launches)]
+        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
+    return us, plan.splits
+
+
 def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
     try:
         import torch
@@ -217,6 +242,13 @@ def cmd_gemm(args) -> int:
                         row[f"fused_us_{cfg}"] = us_f
                         line += f", fused {us_f:.2f} us ({100 * min_bytes(role, M, N, K, True) / (us_f * 1e3) / bw:.1f}% copy)"
                     print(line)
+            if role == "dW+sgd" and layer != f"784x{h}" and D.supported(args.batch, False, "f32"):
+                # the layer's whole backward in one pass: dx (the row above this one) + dW + SGD
+                us, sp = bench_dx_sgd(device, stream, kernels, args.batch, M, N, args.launches, args.trials, rng)
+                nbytes = M * N * 10 + 2 * args.batch * (2 * M + N)
+                row.update(fused_bwd_us=us, fused_bwd_pct_copy=100 * nbytes / (us * 1e3) / bw, fused_bwd_splits=sp)
+                print(f"      fused backward (dx + dW + SGD, one pass): {us:.2f} us, split {sp}, "
+                      f"{100 * nbytes / (us * 1e3) / bw:.1f}% of copy at 10 B/weight")
             rows.append(row)
             print(f"{h:>5} {role:>7} {layer:>10} {f'{M}x{N}x{K}':>17} {splits:>5} {fused:>9.2f} {gbs:>6.0f} "
                   f"{row['pct_copy']:>5.1f}% {plain:>9.2f} {tflops:>7.1f} "

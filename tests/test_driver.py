@@ -41,11 +41,20 @@ def test_pack_args_layout_matches_c():
     assert addresses == [ctypes.addressof(v) for v in args.values]
 
 
+def test_tensor_map_arguments_are_passed_by_value():
+    blob = bytes(range(128))
+    args = driver.PackedArgs("tp", [blob, 5])
+    assert bytes(args.values[0]) == blob and args.values[1].value == 5
+    assert driver.pack_args("t", [blob]) == blob
+
+
 @pytest.mark.parametrize("sig,args,exc", [
     ("pi", [1], TypeError),          # wrong count
     ("i", [1.5], TypeError),         # float for an int
     ("i", [1 << 31], OverflowError),  # does not fit int32
     ("z", [1], ValueError),          # unknown kind
+    ("t", [b"x" * 64], TypeError),   # a tensor map is 128 bytes
+    ("t", [7], TypeError),
 ])
 def test_pack_args_rejects_bad_arguments(sig, args, exc):
     with pytest.raises(exc):

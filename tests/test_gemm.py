@@ -13,8 +13,10 @@ from rawgpu.kernels import gemm as G
 
 def test_python_instance_table_matches_the_compiled_kernels(tmp_path, monkeypatch):
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
-    compiled = compiler.compile_source(G.SOURCE, "sm_86").resources
-    assert sorted(n for n in compiled if n.startswith("gemm_")) == G.all_kernel_names()
+    for source in (G.SOURCE, G.TMA_SOURCE):
+        compiled = compiler.compile_source(source, "sm_86").resources
+        assert sorted(n for n in compiled if n.startswith("gemm_")) == G.all_kernel_names(source)
+        assert G.all_kernel_names(source), source
 
 
 def test_smem_matches_the_cuda_formula():
@@ -23,10 +25,13 @@ def test_smem_matches_the_cuda_formula():
     assert cfg.smem_bytes("cc") == 6 * (32 * 40 + 128 * 40) * 2
     for c in G.CONFIGS.values():
         for lay in G.LAYOUTS:
-            assert c.smem_bytes(lay) <= 99 * 1024, "must fit sm_86's 99 KB per block"
+            assert c.tma or c.smem_bytes(lay) <= 99 * 1024, "must fit sm_86's 99 KB per block"
+    tma = G.CONFIGS["tma"]
+    assert tma.smem_bytes("rr") == 16 * (32 * 64 + 64 * 64) * 2 + 1024  # swizzled, unpadded, + alignment slack
+    assert tma.threads == 5 * 32  # 4 consumer warps and the producer
 
 
-@pytest.mark.parametrize("M,K,epi,expected", [(1, 784, "bias_relu", "32x128"), (32, 8192, "store", "32x128"),
+@pytest.mark.parametrize("M,K,epi,expected", [(1, 784, "bias_relu", "stream"), (32, 8192, "store", "stream"),
                                               (33, 64, "drelu", "64x128"), (64, 64, "store", "64x128"),
                                               (128, 256, "bias", "128x128"), (8192, 32, "sgd", "staged"),
                                               (784, 128, "sgd", "staged"), (784, 1024, "sgd", "128x128"),
@@ -35,17 +40,27 @@ def test_config_choice(M, K, epi, expected):
     assert G.choose_config(M, K, epi, "cr" if epi == "sgd" else "rr") == expected
 
 
-def test_large_weights_stream_and_small_ones_do_not():
-    assert G.plan_gemm(32, 8192, 8192, "rc", "drelu").config.name == "stream"
-    assert G.plan_gemm(32, 8192, 8192, "rr", "bias_relu").config.name == "32x128"
-    assert G.plan_gemm(32, 4096, 4096, "rc", "drelu").config.name == "32x128k64"
-    for layout, epi in [("rr", "bias_relu"), ("rc", "drelu"), ("rr", "store"), ("rc", "store")]:
-        assert G.plan_gemm(32, 2048, 2048, layout, epi).config.name == "stream"
-        assert G.plan_gemm(32, 8192, 784, layout, epi).config.name == "stream"
-        assert G.plan_gemm(32, 1024, 1024, layout, epi).config.name != "stream"
+def test_batch_sized_gemms_stream():
+    for layout, epi in [("rr", "bias_relu"), ("rc", "drelu"), ("rr", "store"), ("rc", "store"), ("rr", "bias")]:
+        for N, K in [(8192, 8192), (2048, 2048), (8192, 784), (256, 256), (16, 8192)]:
+            assert G.plan_gemm(32, N, K, layout, epi).config.name == "stream"
+            assert G.plan_gemm(1, N, K, layout, epi).config.name == "stream"
         assert G.plan_gemm(64, 8192, 8192, layout, epi).config.name != "stream"  # M > 32
-    assert G.plan_gemm(32, 16, 8192, "rr", "bias").config.name != "stream"  # no streaming instance for bias
+    assert G.plan_gemm(32, 64, 64, "cc", "store").config.name == "32x128"  # no streaming instance
     assert G.plan_gemm(8192, 8192, 32, "cr", "store").config.name == "staged"  # x^T @ dy with a plain store
+
+
+def test_tma_streams_large_weights_on_sm90_only():
+    for layout, epi in [("rr", "bias_relu"), ("rc", "drelu"), ("rr", "store"), ("rc", "store")]:
+        for N, K in [(8192, 8192), (4096, 4096), (2048, 2048), (8192, 784)]:
+            p = G.plan_gemm(32, N, K, layout, epi, arch="sm_90")
+            assert p.config.name == "tma" and p.source == G.TMA_SOURCE
+            assert p.grid[0] * p.grid[1] * p.grid[2] <= 132
+            assert G.plan_gemm(32, N, K, layout, epi, arch="sm_86").config.name != "tma"
+        assert G.plan_gemm(32, 1024, 1024, layout, epi, arch="sm_90").config.name == "stream"  # latency-bound
+        assert G.plan_gemm(64, 8192, 8192, layout, epi, arch="sm_90").config.name != "tma"  # M > 32
+    assert G.plan_gemm(8192, 8192, 32, "cr", "sgd", arch="sm_90").config.name == "staged"
+    assert G.has_tma("sm_90") and G.has_tma("sm_90a") and not G.has_tma("sm_89")
 
 
 def test_streaming_fills_each_sm_once():
@@ -63,6 +78,8 @@ def test_every_plan_fits_the_parts_shared_memory(arch, limit_kb):
     assert G.stream_stages(arch) >= 7
     for name in G.CONFIGS:
         cfg = G.config_for(name, arch)
+        if cfg.tma and not G.has_tma(arch):
+            continue  # never planned there (test_bad_plans_are_refused)
         for lay in G.LAYOUTS:
             for epi in G.EPILOGUES:
                 assert cfg.smem_bytes(lay, epi, momentum=True) <= limit_kb * 1024, (name, lay, epi)
@@ -79,7 +96,7 @@ def test_split_k_fills_the_gpu_and_never_makes_empty_splits():
     for M, N, K in [(32, 8192, 8192), (32, 256, 784), (32, 16, 8192), (128, 1024, 1024), (8192, 8192, 32),
                     (1, 8, 8), (32, 10 * 8, 4096)]:
         for sms in (46, 108, 132):
-            p = G.plan_gemm(M, N, K, "rr", sm_count=sms, config=None if M > 32 or 2 * N * K < G.STREAM_MIN_BYTES else "32x128")
+            p = G.plan_gemm(M, N, K, "rr", sm_count=sms, config=None if M > 32 else "32x128")
             tm, tn = p.tiles
             assert 1 <= p.splits <= G.MAX_SPLITS
             assert (p.splits - 1) * p.k_chunk < K <= p.splits * p.k_chunk, "a split would be empty"
@@ -109,6 +126,8 @@ def test_plan_is_deterministic():
     (dict(M=8, N=16, K=16, epilogue="gelu"), "epilogue"),
     (dict(M=8, N=16, K=16, layout="cc", epilogue="sgd"), "no compiled GEMM instance"),
     (dict(M=8, N=16, K=16, splits=99), "splits"),
+    (dict(M=8, N=16, K=16, config="tma", arch="sm_86"), "tensor copy engine"),
+    (dict(M=8, N=16, K=16, layout="cr", config="tma", arch="sm_90"), "no compiled GEMM instance"),
 ])
 def test_bad_plans_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -322,7 +341,7 @@ def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, ke
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")])
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")])
 @pytest.mark.parametrize("M,N,K,splits", [(1, 72, 200, None), (17, 136, 1000, None), (32, 520, 4104, 3),
                                           (32, 64, 64, None)])
 def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, accum):
@@ -348,3 +367,22 @@ def test_staged_epilogue(device, stream, kernels, rng, M, N, K, splits, epi, mu,
         check_case(plan, got, ref)
     for key in runs[0]:
         assert np.array_equal(runs[0][key], runs[1][key]), f"{key} differs between identical runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["tma", "tma128"])
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")])
+@pytest.mark.parametrize("M,N,K,splits", [(1, 72, 200, None), (17, 136, 1000, None), (32, 520, 4104, 3),
+                                          (32, 64, 64, None), (9, 8, 1032, 2), (32, 1000, 1160, None)])
+def test_tma_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, accum, config):
+    """The tensor-copy tile (sm_90): partial tiles in M, N and K (the copy engine zero-fills), K shorter than the
+    pipeline, more k-tiles than stages (stages reused), split-K bitwise equal across runs."""
+    if not G.has_tma(device.arch):
+        pytest.skip(f"the tensor copy engine needs sm_90 or later; this GPU is {device.arch}")
+    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, accum, splits=splits,
+                               config=config, repeat=2)
+    assert plan.config.tma and plan.splits == (splits or plan.splits)
+    for got in runs:
+        check_case(plan, got, ref)
+    assert np.array_equal(runs[0]["out"], runs[1]["out"]), "results differ between identical runs"

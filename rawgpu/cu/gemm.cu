@@ -12,18 +12,10 @@
 //   order never depends on timing, so results are bitwise reproducible; the ticket is reset for the
 //   next launch (graph replays included).
 #include "common.cuh"
+#include "gemm_epilogue.cuh"
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "cp_async.cuh"
-
-enum Layout { ROW = 0, COL = 1 };
-enum Epilogue {
-    EPI_STORE = 0,      // C16 = acc
-    EPI_BIAS = 1,       // C16 = acc + bias
-    EPI_BIAS_RELU = 2,  // C16 = relu(acc + bias)
-    EPI_DRELU = 3,      // C16 = acc * (act > 0): the backward of ReLU, act being the saved forward output
-    EPI_SGD = 4,        // G = acc; [V = mu V + G;] W32 -= lr (V or G); W16 = fp16(W32). G never touches memory.
-};
 
 // STAGED_: the epilogue goes through shared memory, so every global access is a whole 16-byte piece of a row
 // (see staged_epilogue); for tiles whose epilogue moves far more bytes than the main loop (K = batch).
@@ -62,52 +54,6 @@ RG_DEVICE void load_tile(half_t* s, const half_t* g, int ld, int r0, int c0, int
             cp_async_16(s + r * (COLS + 8) + c, src, valid);
         }
     }
-}
-
-struct Params {
-    const half_t* A; const half_t* B; void* out;
-    int M, N, K, lda, ldb, ldc, k_chunk;
-    const float* bias; const half_t* act; int ld_act;
-    float* mom; half_t* w16; const float* lr; float mu;
-    float* workspace; int* tickets;
-};
-
-// The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x` and `y`
-// were loaded beforehand: W32 and momentum (sgd), bias (bias), or the saved activation (drelu).
-// The SGD rule for two adjacent weights w with gradient g: [v = mu v + g; step = v, else step = g;] w -= lr step.
-RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu, float lr) {
-    if (momentum) {
-        v.x = mu * v.x + g.x;
-        v.y = mu * v.y + g.y;
-        g = v;
-    }
-    w.x -= lr * g.x;
-    w.y -= lr * g.y;
-}
-
-template <int EPI>
-RG_DEVICE void epilogue_pair(const Params& p, float lr, int row, int col, float v0, float v1, float2 x, float2 y) {
-    const i64 at = (i64)row * p.ldc + col;
-    if (EPI == EPI_SGD) {
-        sgd_pair(x, y, make_float2(v0, v1), p.mom != nullptr, p.mu, lr);
-        if (p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
-        *reinterpret_cast<float2*>(reinterpret_cast<float*>(p.out) + at) = x;
-        *reinterpret_cast<u32*>(p.w16 + at) = pack_f16x2(x.x, x.y);
-        return;
-    }
-    if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
-        v0 += x.x;
-        v1 += x.y;
-    }
-    if (EPI == EPI_BIAS_RELU) {
-        v0 = fmaxf(v0, 0.f);
-        v1 = fmaxf(v1, 0.f);
-    }
-    if (EPI == EPI_DRELU) {
-        v0 = x.x > 0.f ? v0 : 0.f;
-        v1 = x.y > 0.f ? v1 : 0.f;
-    }
-    *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = pack_f16x2(v0, v1);
 }
 
 // ---- staged epilogue (Cfg::STAGED) ----------------------------------------------------------------------------
@@ -168,13 +114,8 @@ RG_DEVICE void gemm(const Params& p) {
 
     float acc[MT][NT][4];
     u32 acc16[MT][NT][2];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-            acc16[i][j][0] = acc16[i][j][1] = 0u;
-        }
+    zero_fragments(acc);
+    zero_fragments(acc16);
 
     // Staged SGD: the weight (and momentum) tile joins the first copy group. With split-K only the last split
     // updates, so it fetches the tile after the fix-up instead.
@@ -225,13 +166,7 @@ RG_DEVICE void gemm(const Params& p) {
                 else           ldmatrix_x4_trans(r, shared_address(b + (kk + r8 + 8 * q1) * TB::LD + n + 8 * q2));
                 fb[j][0] = r[0]; fb[j][1] = r[1]; fb[j + 1][0] = r[2]; fb[j + 1][1] = r[3];
             }
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    if (ACC16) mma_m16n8k16_f16(acc16[i][j], fa[i], fb[j]);
-                    else       mma_m16n8k16_f32(acc[i][j], fa[i], fb[j]);
-                }
+            mma_tiles<ACC16>(acc, acc16, fa, fb);
         }
     }
     cp_async_wait<0>();
@@ -268,10 +203,7 @@ RG_DEVICE void gemm(const Params& p) {
         __threadfence();
         // Sum in split order. All of one split's loads are issued before any is used, so the L2 round trips
         // overlap instead of queueing one behind another.
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+        zero_fragments(acc);
         for (int z = 0; z < (int)gridDim.z; ++z) {
             float4 v[MT * NT];
 #pragma unroll
@@ -446,6 +378,7 @@ GEMM_ACCS(gemm_outer_cr_store, CfgOuter, COL, ROW, EPI_STORE)
 GEMM_ACCS(gemm_outer64_cr_sgd, CfgOuter64, COL, ROW, EPI_SGD)
 GEMM_ACCS(gemm_outer64_cr_store, CfgOuter64, COL, ROW, EPI_STORE)
 GEMM_ACCS(gemm_stream_rr_store, CfgStream, ROW, ROW, EPI_STORE)
+GEMM_ACCS(gemm_stream_rr_bias, CfgStream, ROW, ROW, EPI_BIAS)
 GEMM_ACCS(gemm_stream_rr_bias_relu, CfgStream, ROW, ROW, EPI_BIAS_RELU)
 GEMM_ACCS(gemm_stream_rc_store, CfgStream, ROW, COL, EPI_STORE)
 GEMM_ACCS(gemm_stream_rc_drelu, CfgStream, ROW, COL, EPI_DRELU)

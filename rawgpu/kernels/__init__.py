@@ -52,6 +52,22 @@ def require(t: "Tensor", dtype, shape: tuple[int, ...] | None = None, what: str 
         raise ValueError(f"{label}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def require_split_scratch(splits: int, workspace: "Tensor | None", tickets: "Tensor | None", floats: int,
+                          count: int, what: str) -> None:
+    """A launch whose output tiles are summed over `splits` blocks needs the fp32 workspace and int32 tickets the
+    plan sized (`what` names the splitting in the error)."""
+    import numpy as np
+
+    if splits <= 1:
+        return
+    if workspace is None or tickets is None:
+        raise ValueError(f"{what} needs a workspace ({floats} floats) and tickets")
+    require(workspace, np.float32, what="workspace")
+    require(tickets, np.int32, what="tickets")
+    if workspace.size < floats or tickets.size < count:
+        raise ValueError(f"{what}: workspace too small: need {floats} floats and {count} tickets")
+
+
 def blocks_for(n: int, threads: int, per_thread: int = 1, max_blocks: int = 65535 * 8) -> int:
     """Grid size for a grid-stride loop over n items, `per_thread` items per thread."""
     return max(1, min(max_blocks, -(-n // (threads * per_thread))))

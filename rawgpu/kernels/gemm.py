@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from . import Kernels, require
+from . import Kernels, require, require_split_scratch
 
 if TYPE_CHECKING:
     from ..driver import Launch
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 SOURCE = "gemm.cu"
 SIGNATURE = "pppiiiiiiippipppfpp"  # must match GEMM_PARAMS in gemm.cu
+TMA_SOURCE = "gemm_tma.cu"
+TMA_SIGNATURE = "ttpiiiiippipp"  # must match TMA_PARAMS in gemm_tma.cu
 EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd")
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 MAX_SPLITS = 16
@@ -40,14 +42,22 @@ class GemmConfig:
     warps_n: int
     stages: int
     staged: bool = False  # the epilogue goes through shared memory (Config<..., STAGED_> in gemm.cu)
+    tma: bool = False  # fed by the sm_90 tensor copy engine (TmaConfig in gemm_tma.cu): one more warp, the producer
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return 32 * (self.warps_m * self.warps_n + self.tma)
+
+    @property
+    def source(self) -> str:
+        return TMA_SOURCE if self.tma else SOURCE
 
     def smem_bytes(self, layout: str, epilogue: str = "store", momentum: bool = False) -> int:
         """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves; a staged SGD epilogue
-        adds the fp32 weight tile (and the momentum tile), rows padded by 8 floats."""
+        adds the fp32 weight tile (and the momentum tile), rows padded by 8 floats. TMA tiles are swizzled, not
+        padded, and need 1 KB of slack to align them."""
+        if self.tma:
+            return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
         a = self.bm * (self.bk + 8) if layout[0] == "r" else self.bk * (self.bm + 8)
         b = self.bk * (self.bn + 8) if layout[1] == "r" else self.bn * (self.bk + 8)
         staged = (2 if momentum else 1) * self.bm * (self.bn + 8) * 4 if self.staged and epilogue == "sgd" else 0
@@ -69,9 +79,13 @@ CONFIGS = {
     "outer64": GemmConfig("outer64", 64, 128, 32, 2, 4, 2),
     "stream": GemmConfig("stream", 32, 64, 64, 2, 4, 7),  # stages: stream_stages(arch)
     "staged": GemmConfig("staged", 64, 128, 32, 2, 4, 2, staged=True),
+    "tma": GemmConfig("tma", 32, 64, 64, 1, 4, 16, tma=True),  # warps: 4 consumers (+ the producer)
+    "tma128": GemmConfig("tma128", 32, 128, 64, 1, 4, 10, tma=True),
 }
-# Weight streaming (config "stream") pays once the weight is this large: below it, a GEMM is latency-bound.
-STREAM_MIN_BYTES = 4 << 20
+TMA_ROLES = [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")]
+# The tensor-copy tile (config "tma") pays once the weight is this large; below it the cp.async streaming tile is
+# as fast or faster (docs/perf.md, Version 4).
+TMA_MIN_BYTES = 4 << 20
 
 
 def config_for(name: str, arch: str) -> GemmConfig:
@@ -86,17 +100,25 @@ INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") fo
                       + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
                       + [("32x128k64", lay, epi) for lay, epi in [("rr", "store"), ("rc", "store"),
                                                                   ("rr", "bias_relu"), ("rc", "drelu")]]
-                      + [("stream", lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"),
+                      + [("stream", lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias"), ("rr", "bias_relu"), ("rc", "store"),
                                                                ("rc", "drelu")]]
-                      + [("staged", "cr", e) for e in ("sgd", "store")])
+                      + [("staged", "cr", e) for e in ("sgd", "store")]
+                      + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES])
 
 
 def kernel_name(config: str, layout: str, epilogue: str, accum: str) -> str:
     return f"gemm_{config}_{layout}_{epilogue}_{accum}"
 
 
-def all_kernel_names() -> list[str]:
-    return sorted(kernel_name(c, lay, e, acc) for c, lay, e in INSTANCES for acc in ("f32", "f16"))
+def all_kernel_names(source: str = SOURCE) -> list[str]:
+    """The instances one source file compiles."""
+    return sorted(kernel_name(c, lay, e, acc) for c, lay, e in INSTANCES for acc in ("f32", "f16")
+                  if CONFIGS[c].source == source)
+
+
+def has_tma(arch: str) -> bool:
+    """Whether the part has the tensor copy engine (sm_90 and later)."""
+    return int(arch.removeprefix("sm_").rstrip("a")) >= 90
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -131,6 +153,10 @@ class GemmPlan:
         return kernel_name(self.config.name, self.layout, self.epilogue, self.accum)
 
     @property
+    def source(self) -> str:
+        return self.config.source
+
+    @property
     def smem_bytes(self) -> int:
         return self.config.smem_bytes(self.layout, self.epilogue, self.momentum)
 
@@ -150,21 +176,20 @@ class GemmPlan:
         return 2 * self.M * self.N * self.K
 
 
-def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0) -> str:
+def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86") -> str:
     """Which tile runs a shape (the measurements behind each rule: docs/perf.md, H200).
 
     - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces;
-    - M <= 32 with a weight of STREAM_MIN_BYTES or more, and either K <= 2048 or dx's W^T with N >= 8192 (64-column
-      tiles fill the GPU without split-K): one streaming block per SM with a deep pipeline;
-    - M <= 32 and W^T with K >= 4096: BK = 64, so each weight row is read in 128-byte pieces;
+    - M <= 32 (x @ W and dy @ W^T at batch size): a streaming tile, one block per SM with its whole share of K in
+      flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
+      also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - otherwise the smallest M tile that covers the batch."""
     if layout == "cr" and epilogue in ("sgd", "store") and M > 64 and K <= 128:
         return "staged"
-    if (M <= 32 and 2 * K * N >= STREAM_MIN_BYTES and ("stream", layout, epilogue) in INSTANCES
-            and (K <= 2048 or (layout == "rc" and N >= 8192))):
+    if M <= 32 and ("stream", layout, epilogue) in INSTANCES:
+        if has_tma(arch) and 2 * K * N >= TMA_MIN_BYTES and ("tma", layout, epilogue) in INSTANCES:
+            return "tma"
         return "stream"
-    if M <= 32 and layout == "rc" and K >= 4096:
-        return "32x128k64"
     if M <= 32:
         return "32x128"
     if M <= 64:
@@ -206,18 +231,20 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         if extent % 8:
             raise ValueError(f"GEMM {operand}'s contiguous dimension is {extent}: it must be a multiple of 8 "
                              "(pad it; see DESIGN.md)")
-    name = config or choose_config(M, K, epilogue, layout, N)
+    name = config or choose_config(M, K, epilogue, layout, N, arch)
     if name not in CONFIGS:
         raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
     if (name, layout, epilogue) not in INSTANCES:
         raise ValueError(f"no compiled GEMM instance for config {name}, layout {layout}, epilogue {epilogue}")
     cfg = config_for(name, arch)
+    if cfg.tma and not has_tma(arch):
+        raise ValueError(f"GEMM config {name} needs the tensor copy engine of sm_90 or later, not {arch}")
     k_tiles = _cdiv(K, cfg.bk)
     tiles = _cdiv(M, cfg.bm) * _cdiv(N, cfg.bn)
     bytes_per_k_tile = (cfg.bm + cfg.bn) * cfg.bk * 2
     if splits is not None:
         s = int(splits)
-    elif name == "stream":
+    elif name == "stream" or cfg.tma:
         s = stream_splits(tiles, k_tiles, sm_count)
     else:
         s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile)
@@ -270,16 +297,30 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
         if act is None:
             raise ValueError("the drelu epilogue needs the saved activation")
         ld_act = _check_matrix(act, p.M, p.N, "act")
-    if p.splits > 1:
-        if workspace is None or tickets is None:
-            raise ValueError(f"split-K x{p.splits} needs a workspace ({p.workspace_floats} floats) and tickets")
-        require(workspace, np.float32, what="workspace")
-        require(tickets, np.int32, what="tickets")
-        if workspace.size < p.workspace_floats or tickets.size < p.tickets:
-            raise ValueError(f"split-K workspace too small: need {p.workspace_floats} floats and {p.tickets} tickets")
-    kernel = k.get(SOURCE, p.kernel, SIGNATURE)
+    require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"split-K x{p.splits}")
     ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands
+    if p.config.tma:
+        return _bind_tma(k, p, A, B, out, lda, ldb, ptr(bias), ptr(act), ld_act, ptr(workspace), ptr(tickets))
+    kernel = k.get(SOURCE, p.kernel, SIGNATURE)
     return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
                        A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
                        ptr(bias), ptr(act), ld_act, ptr(mom), ptr(w16), ptr(lr), float(mu),
                        ptr(workspace), ptr(tickets))
+
+
+def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", lda: int, ldb: int,
+              bias, act, ld_act: int, workspace, tickets) -> "Launch":
+    """The tensor-copy instances take tensor maps of A and B (boxes of 64 along the contiguous dimension, one
+    128-byte swizzled row each) in place of pointers and strides; the maps hold the matrices' true extents, so the
+    copy engine zero-fills the edges."""
+    from ..driver import tensor_map_2d
+
+    cfg = p.config
+    map_a = tensor_map_2d(A.ptr, p.K, p.M, 2 * lda, cfg.bk, cfg.bm)
+    if p.layout[1] == "r":  # [K, N]: 64-column panels of 64 k-rows
+        map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
+    else:                   # [N, K]: BN rows of 64 k
+        map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
+    kernel = k.get(TMA_SOURCE, p.kernel, TMA_SIGNATURE)
+    return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
+                       p.k_chunk, bias, act, ld_act, workspace, tickets)

@@ -25,3 +25,15 @@ RG_DEVICE void mma_m16n8k16_f16(u32 (&d)[2], const u32 (&a)[4], const u32 (&b)[2
         : "+r"(d[0]), "+r"(d[1])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// A warp's whole MT x NT grid of 16x8 tiles: acc[i][j] += a[i] * b[j], into the fp32 or the fp16 accumulators.
+template <bool ACC16, int MT, int NT>
+RG_DEVICE void mma_tiles(float (&acc)[MT][NT][4], u32 (&acc16)[MT][NT][2], const u32 (&a)[MT][4], const u32 (&b)[NT][2]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            if (ACC16) mma_m16n8k16_f16(acc16[i][j], a[i], b[j]);
+            else       mma_m16n8k16_f32(acc[i][j], a[i], b[j]);
+        }
+}

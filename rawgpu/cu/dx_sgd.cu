@@ -1,0 +1,214 @@
+// One pass over a layer's weights for its whole backward at batch size: dx = (dy @ W^T) * relu'(x), and the SGD
+// update W32 -= lr * x^T @ dy with W16 = fp16(W32) rewritten.
+//
+// Why: at batch 32 both backward GEMMs are weight streams. Run apart, dx reads W16 (2 bytes per weight) and the
+// update reads W32 and writes W32 and W16 (10 bytes). But fp16(W32) *is* W16, bit for bit, so dx can be computed
+// from the W32 tile the update has fetched anyway: 10 bytes per weight instead of 12, and one launch instead of
+// two. This is the 12-bytes-per-parameter step of DESIGN.md (2 for the forward, 10 here).
+//
+//   Block: BM = 64 rows of W (input features) and a range of its columns, walked in chunks of BN = 128 through a
+//   STAGES-deep cp.async pipeline of [W32 chunk (fp32) | dy chunk (fp16)]. Per chunk:
+//     dx:  8 warps, warp w takes the chunk's 16 columns [16 w, 16 w + 16) as its k-slice: dx[32 x 64] +=
+//          dy[:, slice] @ W[rows, slice]^T, the W fragments made from fp32 shared memory by cvt.rn (= W16);
+//     G:   x^T[64 x 32] @ dy[32 x 128] on a 2 x 4 warp grid (x^T's fragments loaded once per block);
+//     then W32 -= lr G in shared memory, written back along rows as W32 and W16 in 16-byte pieces.
+//   dx's 8 warp partials meet in shared memory in warp order; with several column ranges per row band (gridDim.z)
+//   each block writes its sum to the workspace and the last to take the band's ticket adds them in range order.
+//   relu'(x) comes from the x tile already in shared memory. Every sum has a fixed order: bitwise reproducible.
+// Needs batch <= 32 and plain SGD (no momentum: its tile would not fit the pipeline); kernels/dx_sgd.py checks.
+#include "common.cuh"
+#include "gemm_epilogue.cuh"
+#include "mma.cuh"
+#include "ldmatrix.cuh"
+#include "cp_async.cuh"
+
+#if __CUDA_ARCH__ == 900
+#define DX_SGD_STAGES 4
+#elif __CUDA_ARCH__ == 800
+#define DX_SGD_STAGES 3
+#else
+#define DX_SGD_STAGES 2
+#endif
+
+namespace dxsgd {
+constexpr int BM = 64, BN = 128, BB = 32, THREADS = 256, WARPS = 8, STAGES = DX_SGD_STAGES;
+constexpr int LDW = BN + 8;   // floats per W32 row in shared memory: conflict-free float2 fragment access
+constexpr int LDY = BN + 8;   // halves per dy row
+constexpr int LDX = BM + 8;   // halves per x row
+constexpr int W_FLOATS = BM * LDW, Y_HALVES = BB * LDY;
+constexpr int STAGE_BYTES = W_FLOATS * 4 + Y_HALVES * 2;
+constexpr int X_BYTES = BB * LDX * 2;
+constexpr int RED_LD = BM + 4;  // floats per row of the cross-warp dx sums
+constexpr u32 SMEM = STAGES * STAGE_BYTES + X_BYTES;
+static_assert(WARPS * BB * RED_LD * 4 <= STAGES * STAGE_BYTES, "the dx sums reuse the pipeline");
+static_assert(BN == 16 * WARPS, "one 16-column k-slice per warp");
+}  // namespace dxsgd
+
+struct DxSgdParams {
+    const half_t* x; const half_t* dy; float* w32; half_t* w16; half_t* dx; const float* lr;
+    int B, IN, N, ldx, lddy, ldw, lddx, n_chunk;
+    float* workspace; int* tickets;
+};
+
+// Copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) into s (row stride LD); rows >= R and
+// columns >= C are zero-filled (C is a multiple of the piece).
+template <class T, int ROWS, int COLS, int LD>
+RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid) {
+    constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
+#pragma unroll
+    for (int it = 0; it < (CHUNKS + dxsgd::THREADS - 1) / dxsgd::THREADS; ++it) {
+        const int i = it * dxsgd::THREADS + tid;
+        if (CHUNKS % dxsgd::THREADS == 0 || i < CHUNKS) {
+            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
+            const bool valid = r0 + r < R && c0 + c < C;
+            cp_async_16(s + r * LD + c, valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g, valid);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(dxsgd::THREADS)
+dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, const float* lr_ptr, int B, int IN,
+       int N, int ldx, int lddy, int ldw, int lddx, int n_chunk, float* workspace, int* tickets) {
+    using namespace dxsgd;
+    extern __shared__ __align__(128) u8 smem_raw[];
+    if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
+    half_t* sX = reinterpret_cast<half_t*>(smem_raw + STAGES * STAGE_BYTES);
+    auto sW = [&](int s) { return reinterpret_cast<float*>(smem_raw + s * STAGE_BYTES); };
+    auto sY = [&](int s) { return reinterpret_cast<half_t*>(smem_raw + s * STAGE_BYTES + W_FLOATS * 4); };
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, t = lane % 4, r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
+    const int i0 = blockIdx.x * BM;
+    const int n_begin = blockIdx.z * n_chunk, n_end = min(N, n_begin + n_chunk);
+    const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
+
+    auto load_chunk = [&](int stage, int c) {
+        const int n = n_begin + c * BN;
+        load_rows<float, BM, BN, LDW>(sW(stage), w32, ldw, i0, n, IN, n_end, tid);
+        load_rows<half_t, BB, BN, LDY>(sY(stage), dy, lddy, 0, n, B, n_end, tid);
+    };
+    load_rows<half_t, BB, BM, LDX>(sX, x, ldx, 0, i0, B, IN, tid);  // joins chunk 0's group
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < chunks) load_chunk(s, s);
+        cp_async_commit();
+    }
+
+    const int wm = warp / 4, wn = warp % 4;  // G's warp grid: rows [32 wm, +32), columns [32 wn, +32)
+    float dxacc[2][8][4];
+    zero_fragments(dxacc);
+    u32 fx[2][2][4];  // x^T fragments: [m16 tile][k16 step]
+    const float lr = *lr_ptr;
+
+    for (int c = 0; c < chunks; ++c) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
+        if (c == 0) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < 2; ++kk)
+                    ldmatrix_x4_trans(fx[mt][kk], shared_address(sX + (16 * kk + r8 + 8 * q2) * LDX + 32 * wm + 16 * mt + 8 * q1));
+        }
+        const int next = c + STAGES - 1;
+        if (next < chunks) load_chunk(next % STAGES, next);
+        cp_async_commit();
+        float* w = sW(c % STAGES);
+        const half_t* y = sY(c % STAGES);
+
+        // dx += dy[:, slice] @ W[:, slice]^T with the old weights (before this chunk's update)
+        {
+            u32 fa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+                ldmatrix_x4(fa[mt], shared_address(y + (16 * mt + r8 + 8 * q1) * LDY + 16 * warp + 8 * q2));
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float* row = w + (8 * j + g) * LDW + 16 * warp + 2 * t;
+                const float2 lo = *reinterpret_cast<const float2*>(row), hi = *reinterpret_cast<const float2*>(row + 8);
+                const u32 fb[2] = {pack_f16x2(lo.x, lo.y), pack_f16x2(hi.x, hi.y)};
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) mma_m16n8k16_f32(dxacc[mt][j], fa[mt], fb);
+            }
+        }
+        // G = x^T @ dy for this warp's 32 x 32 of the chunk
+        float gacc[2][4][4];
+        zero_fragments(gacc);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            u32 fb[4][2];
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+                u32 r[4];
+                ldmatrix_x4_trans(r, shared_address(y + (16 * kk + r8 + 8 * q1) * LDY + 32 * wn + 16 * jj + 8 * q2));
+                fb[2 * jj][0] = r[0]; fb[2 * jj][1] = r[1]; fb[2 * jj + 1][0] = r[2]; fb[2 * jj + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma_m16n8k16_f32(gacc[mt][j], fx[mt][kk], fb[j]);
+        }
+        __syncthreads();  // every warp has read the old weights
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float2* at = reinterpret_cast<float2*>(w + (32 * wm + 16 * mt + g + 8 * h) * LDW + 32 * wn + 8 * j + 2 * t);
+                    float2 v = *at, unused = make_float2(0.f, 0.f);
+                    sgd_pair(v, unused, make_float2(gacc[mt][j][2 * h], gacc[mt][j][2 * h + 1]), false, 0.f, lr);
+                    *at = v;
+                }
+        __syncthreads();
+        // Write back along rows: 4 floats of W32 and 4 halves of W16 per thread and step.
+        const int n = n_begin + c * BN;
+#pragma unroll 4
+        for (int i = tid; i < BM * BN / 4; i += THREADS) {
+            const int r = i / (BN / 4), col = (i % (BN / 4)) * 4;
+            if (i0 + r >= IN || n + col >= n_end) continue;
+            const i64 at = (i64)(i0 + r) * ldw + n + col;
+            const float4 v = *reinterpret_cast<const float4*>(w + r * LDW + col);
+            *reinterpret_cast<float4*>(w32 + at) = v;
+            *reinterpret_cast<uint2*>(w16 + at) = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the pipeline's memory now takes the warps' dx partials
+
+    float* red = reinterpret_cast<float*>(smem_raw);  // [WARPS][BB][RED_LD]
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(red + (warp * BB + 16 * mt + g + 8 * h) * RED_LD + 8 * j + 2 * t) =
+                    make_float2(dxacc[mt][j][2 * h], dxacc[mt][j][2 * h + 1]);
+    __syncthreads();
+    constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // pair i: row i / 32, columns 2 (i % 32) + {0, 1}
+    float2 sum[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int i = tid + it * THREADS, r = i / (BM / 2), col = (i % (BM / 2)) * 2;
+        sum[it] = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int v = 0; v < WARPS; ++v) {
+            const float2 s = *reinterpret_cast<const float2*>(red + (v * BB + r) * RED_LD + col);
+            sum[it].x += s.x;
+            sum[it].y += s.y;
+        }
+    }
+    if (gridDim.z > 1) {
+        float2* ws = reinterpret_cast<float2*>(workspace) + (i64)blockIdx.x * PAIRS;
+        if (!sum_splits_in_order<ITERS, THREADS, PAIRS>(sum, ws, (i64)gridDim.x * PAIRS, tickets + blockIdx.x)) return;
+    }
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int i = tid + it * THREADS, r = i / (BM / 2), col = (i % (BM / 2)) * 2;
+        if (r >= B || i0 + col >= IN) continue;
+        const float2 a = unpack_f16x2(*reinterpret_cast<const u32*>(sX + r * LDX + col));  // x: this layer's input
+        const float v0 = a.x > 0.f ? sum[it].x : 0.f, v1 = a.y > 0.f ? sum[it].y : 0.f;
+        *reinterpret_cast<u32*>(dx + (i64)r * lddx + i0 + col) = pack_f16x2(v0, v1);
+    }
+}

@@ -1,0 +1,212 @@
+// Weight-streaming GEMM for batch-sized M (<= 32) on sm_90: C = A @ B with B a large weight, fed by the tensor
+// copy engine (TMA).
+//
+// Why a second GEMM: at batch 32 the forward (x @ W) and dx (dy @ W^T) GEMMs are pure weight streams, 2 bytes per
+// weight and 64 flops. gemm.cu's cp.async pipeline issues one 16-byte copy per thread per piece, and measured
+// 56-64% of the copy bandwidth whatever its depth or grid. Here one thread per block issues one copy per 64x64
+// tile (8 KB), the copies complete on mbarriers, and four consumer warps only run ldmatrix + mma.
+//
+//   Block: one producer warp (lane 0 issues every copy) + CONSUMERS warps. Tile BM = 32 rows of C by BN columns,
+//   K in steps of BK = 64; STAGES tiles in flight. The consumer warps split each k-tile: warp w takes its 16-wide
+//   slice of K for the whole BM x BN tile, so no warp loads another's fragments; their partial sums meet once, in
+//   shared memory, in warp order.
+//   Shared tiles are 128-byte rows written with the 128-byte swizzle (tma.cuh: swizzle_128b), so ldmatrix is
+//   conflict-free with no padding. A is row-major [M, K]: rows m, K contiguous. B row-major [K, N] (x @ W) is
+//   BN / 64 panels of 64 k-rows x 64 columns, one copy each; B column-major (W^T, stored [N, K]) is BN rows of 64
+//   k, one copy.
+//   Edges: the copy engine zero-fills outside the matrices, so any M, N, K works (K a multiple of 8: strides are
+//   whole 16-byte units).
+//   Split-K (gridDim.z > 1): as in gemm.cu, each split writes its tile sum to the workspace and the last split to
+//   take the tile's ticket adds them in split order, so results are bitwise reproducible.
+// Needs sm_90; the instances build for every arch, with a trapping body below sm_90 (kernels/gemm.py never picks
+// them there).
+#include "common.cuh"
+#include "gemm_epilogue.cuh"
+#include "mma.cuh"
+#include "ldmatrix.cuh"
+#include "tma.cuh"
+
+template <int BN_, int STAGES_>
+struct TmaConfig {
+    static constexpr int BM = 32, BN = BN_, BK = 64, STAGES = STAGES_, CONSUMERS = 4;
+    static constexpr int THREADS = 32 * (CONSUMERS + 1);
+    static constexpr int MT = BM / 16, NT = BN / 8;  // mma tiles per consumer warp (the whole tile, one k16 slice)
+    static constexpr int A_BYTES = BM * BK * 2, PANEL_BYTES = 64 * BK * 2, B_BYTES = BN * BK * 2;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr u32 SMEM = STAGES * STAGE_BYTES + 1024;  // + slack to align the tiles to 1024 bytes
+    static constexpr int RED_LD = BN + 4;                     // floats per row of the cross-warp sums
+    static_assert(BK / 16 == CONSUMERS, "one k16 slice per consumer warp");
+    static_assert(BN % 64 == 0 && STAGE_BYTES % 1024 == 0, "whole 1024-byte swizzle atoms per tile");
+    static_assert(CONSUMERS * BM * RED_LD * 4 <= STAGES * STAGE_BYTES, "the cross-warp sums reuse the pipeline");
+};
+
+template <class Cfg, int LB, int EPI, bool ACC16>
+RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Params& p) {
+    static_assert(EPI != EPI_SGD, "the weight update runs on gemm.cu's staged tile");
+#if __CUDA_ARCH__ >= 900
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, MT = Cfg::MT, NT = Cfg::NT;
+    extern __shared__ __align__(1024) u8 smem_raw[];
+    __shared__ u64 full[STAGES], empty[STAGES];
+    if (dynamic_smem_bytes() < Cfg::SMEM) __trap();  // launcher/kernel mismatch
+    u8* tiles = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int k_begin = blockIdx.z * p.k_chunk;
+    const int k_end = min(p.K, k_begin + p.k_chunk);
+    const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+
+    if (warp == Cfg::CONSUMERS && lane == 0) {
+        prefetch_tensor_map(mapA);
+        prefetch_tensor_map(mapB);
+    }
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);                 // the producer's arrival, plus the stage's bytes
+            mbar_init(&empty[s], Cfg::CONSUMERS);  // one arrival per consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    float acc[MT][NT][4];
+    u32 acc16[MT][NT][2];
+    zero_fragments(acc);
+    zero_fragments(acc16);
+
+    if (warp == Cfg::CONSUMERS) {
+        // Producer: the kt-th k-tile goes to stage kt % STAGES once the consumers have released that stage's last
+        // use. (k_chunk is a whole number of BK, so splits never overlap.) With B = W^T each block streams its own
+        // rows of W; they start at different k-tiles and wrap around, so at any moment the grid reads pieces at
+        // many offsets, not one column of 128-byte pieces a row (16 KB at H = 8192) apart. (x @ W needs no stagger:
+        // there the blocks side by side read one whole row of W.) The order is fixed per block: reproducible.
+        if (lane == 0) {
+            const int first = LB == COL && k_tiles > 0 ? (blockIdx.y * 5) % k_tiles : 0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);
+                u8* a = tiles + s * Cfg::STAGE_BYTES;
+                u8* b = a + Cfg::A_BYTES;
+                const int k = k_begin + ((first + kt) % k_tiles) * BK;
+                mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);
+                tma_load_2d(a, mapA, k, m0, &full[s]);
+                if (LB == ROW) {
+#pragma unroll
+                    for (int j = 0; j < BN / 64; ++j) tma_load_2d(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s]);
+                } else {
+                    tma_load_2d(b, mapB, k, n0, &full[s]);
+                }
+            }
+        }
+    } else {
+        // Consumers: warp w multiplies k rows [16 w, 16 w + 16) of every k-tile. ldmatrix lane roles as in gemm.cu.
+        const int r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
+        const int kc = warp * 2;  // the slice's first 16-byte chunk along K
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            const int s = kt % STAGES;
+            mbar_wait(&full[s], (kt / STAGES) & 1);
+            const u32 a = shared_address(tiles + s * Cfg::STAGE_BYTES), b = a + Cfg::A_BYTES;
+            u32 fa[MT][4], fb[NT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) ldmatrix_x4(fa[i], a + swizzle_128b(i * 16 + r8 + 8 * q1, kc + q2));
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                u32 r[4];
+                const int n = j * 8;
+                if (LB == ROW) ldmatrix_x4_trans(r, b + (n / 64) * Cfg::PANEL_BYTES + swizzle_128b(warp * 16 + r8 + 8 * q1, (n % 64) / 8 + q2));
+                else           ldmatrix_x4(r, b + swizzle_128b(n + r8 + 8 * q2, kc + q1));
+                fb[j][0] = r[0]; fb[j][1] = r[1]; fb[j + 1][0] = r[2]; fb[j + 1][1] = r[3];
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);  // the fragments are in registers: the stage may refill
+            mma_tiles<ACC16>(acc, acc16, fa, fb);
+        }
+    }
+    // Each thread owns ITERS pairs of adjacent outputs (r, c), (r, c + 1), pair i = tid + it * THREADS walking the
+    // tile's rows, so a warp's loads and stores cover whole 128-byte row pieces. What the epilogue reads (bias,
+    // saved activation) is fetched now, ahead of every store (which the compiler could not reorder it past), and
+    // lands while the warps add up their partial sums.
+    constexpr int PAIRS_PER_ROW = BN / 2, PAIRS = BM * PAIRS_PER_ROW;
+    constexpr int ITERS = (PAIRS + Cfg::THREADS - 1) / Cfg::THREADS;
+    float2 aux[ITERS], sum[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int i = tid + it * Cfg::THREADS, row = m0 + i / PAIRS_PER_ROW, col = n0 + (i % PAIRS_PER_ROW) * 2;
+        aux[it] = sum[it] = make_float2(0.f, 0.f);
+        if (i >= PAIRS || row >= p.M || col >= p.N) continue;
+        if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) aux[it] = *reinterpret_cast<const float2*>(p.bias + col);
+        if (EPI == EPI_DRELU) aux[it] = unpack_f16x2(*reinterpret_cast<const u32*>(p.act + (i64)row * p.ld_act + col));
+    }
+    __syncthreads();  // every stage consumed: the pipeline's memory now takes the per-warp partial sums
+
+    float* red = reinterpret_cast<float*>(tiles);  // [CONSUMERS][BM][RED_LD]
+    if (warp < Cfg::CONSUMERS) {
+        const int g = lane / 4, t = lane % 4;
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    if (ACC16) v = unpack_f16x2(acc16[i][j][h]);
+                    *reinterpret_cast<float2*>(red + (warp * BM + i * 16 + g + 8 * h) * Cfg::RED_LD + j * 8 + 2 * t) = v;
+                }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {  // warp order: the same bits whichever warp finished first
+        const int i = tid + it * Cfg::THREADS;
+        if (i >= PAIRS) continue;
+#pragma unroll
+        for (int w = 0; w < Cfg::CONSUMERS; ++w) {
+            const float2 x = *reinterpret_cast<const float2*>(red + (w * BM + i / PAIRS_PER_ROW) * Cfg::RED_LD + (i % PAIRS_PER_ROW) * 2);
+            sum[it].x += x.x;
+            sum[it].y += x.y;
+        }
+    }
+
+    if (gridDim.z > 1) {
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        float2* ws = reinterpret_cast<float2*>(p.workspace) + (i64)tile * PAIRS;
+        if (!sum_splits_in_order<ITERS, Cfg::THREADS, PAIRS>(sum, ws, (i64)gridDim.x * gridDim.y * PAIRS, p.tickets + tile))
+            return;
+    }
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int i = tid + it * Cfg::THREADS, row = m0 + i / PAIRS_PER_ROW, col = n0 + (i % PAIRS_PER_ROW) * 2;
+        if (i < PAIRS && row < p.M && col < p.N) epilogue_pair<EPI>(p, 0.f, row, col, sum[it].x, sum[it].y, aux[it], aux[it]);
+    }
+#else
+    __trap();  // the tensor copy engine is sm_90+
+#endif
+}
+
+// ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, as in gemm.cu --------------------
+typedef TmaConfig<64, 16> CfgTma;      // 64 columns per block: 128 blocks stream an 8192-wide weight without split-K
+typedef TmaConfig<128, 10> CfgTma128;  // 128 columns: half the re-reads of A, split-K to fill the SMs
+
+#define TMA_PARAMS                                                                                                \
+    const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K, \
+        int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets
+#define TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr, nullptr, 0.f, \
+                  workspace, tickets}
+
+#define TMA_INSTANCE(name, CFG, LB, EPI, ACC16)                                       \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(TMA_PARAMS) { \
+        const Params p = TMA_ARGS;                                                     \
+        gemm_tma<CFG, LB, EPI, ACC16>(&mapA, &mapB, p);                               \
+    }
+
+#define TMA_ACCS(name, CFG, LB, EPI)             \
+    TMA_INSTANCE(name##_f32, CFG, LB, EPI, false) \
+    TMA_INSTANCE(name##_f16, CFG, LB, EPI, true)
+
+#define TMA_ROLES(cfgname, CFG)                                          \
+    TMA_ACCS(gemm_##cfgname##_rr_store, CFG, ROW, EPI_STORE)             \
+    TMA_ACCS(gemm_##cfgname##_rr_bias_relu, CFG, ROW, EPI_BIAS_RELU)     \
+    TMA_ACCS(gemm_##cfgname##_rc_store, CFG, COL, EPI_STORE)             \
+    TMA_ACCS(gemm_##cfgname##_rc_drelu, CFG, COL, EPI_DRELU)
+
+TMA_ROLES(tma, CfgTma)
+TMA_ROLES(tma128, CfgTma128)

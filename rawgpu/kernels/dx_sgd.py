@@ -1,0 +1,107 @@
+"""Launcher for dx_sgd.cu: a layer's whole backward at batch size (dx with the ReLU mask, and the SGD update of
+W32 and W16) in one pass over its weights.
+
+`plan_dx_sgd` is plain Python (tested on CPU): the grid (row bands of 64 input features, times column ranges so
+every SM has a block) and the workspace the column ranges' dx sums meet in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import Kernels, require, require_split_scratch
+
+if TYPE_CHECKING:
+    from ..driver import Launch
+    from ..memory import Tensor
+
+SOURCE = "dx_sgd.cu"
+KERNEL = "dx_sgd"
+SIGNATURE = "ppppppiiiiiiiipp"  # must match dx_sgd's parameters
+BM, BN, MAX_BATCH, THREADS = 64, 128, 32, 256  # dxsgd:: in dx_sgd.cu
+
+
+def stages(arch: str) -> int:
+    """DX_SGD_STAGES in dx_sgd.cu: the pipeline depth that fits the part's shared memory at 42.5 KB a stage."""
+    return {"sm_90": 4, "sm_80": 3}.get(arch, 2)
+
+
+def smem_bytes(arch: str) -> int:
+    return stages(arch) * (BM * (BN + 8) * 4 + MAX_BATCH * (BN + 8) * 2) + MAX_BATCH * (BM + 8) * 2
+
+
+def supported(batch: int, momentum: bool, accum: str) -> bool:
+    """Whether a layer's backward can run fused: batch-sized (<= 32 rows), plain SGD (a momentum tile would not fit
+    the pipeline), fp32 accumulation. Otherwise the dx GEMM and the dW + SGD GEMM run apart."""
+    return batch <= MAX_BATCH and not momentum and accum == "f32"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class DxSgdPlan:
+    B: int  # batch rows
+    IN: int  # W's rows (input features; dx's columns)
+    N: int  # W's columns (output features)
+    splits: int  # column ranges per row band
+    n_chunk: int  # columns per range, a multiple of BN
+
+    @property
+    def bands(self) -> int:
+        return _cdiv(self.IN, BM)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.bands, 1, self.splits
+
+    @property
+    def workspace_floats(self) -> int:
+        return self.splits * self.bands * MAX_BATCH * BM if self.splits > 1 else 0
+
+    @property
+    def tickets(self) -> int:
+        return self.bands if self.splits > 1 else 0
+
+
+def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None) -> DxSgdPlan:
+    """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks
+    of BN) until the grid is about one block per SM."""
+    if not 1 <= B <= MAX_BATCH:
+        raise ValueError(f"the fused backward takes 1..{MAX_BATCH} batch rows, got {B}")
+    if min(IN, N) < 1 or IN % 8 or N % 8:
+        raise ValueError(f"W must be a positive multiple of 8 in both dimensions, got {IN} x {N}")
+    chunks = _cdiv(N, BN)
+    s = int(splits) if splits is not None else max(1, min(chunks, sm_count // _cdiv(IN, BM)))
+    if not 1 <= s <= chunks:
+        raise ValueError(f"splits must be in 1..{chunks} for {N} columns, got {s}")
+    n_chunk = _cdiv(chunks, s) * BN
+    return DxSgdPlan(B, IN, N, _cdiv(N, n_chunk), n_chunk)
+
+
+def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
+    require(t, dtype, what=what)
+    if len(t.shape) != 2 or t.shape[0] < rows or t.shape[1] < cols or t.shape[1] % 8:
+        raise ValueError(f"{what}: buffer {t.name} of shape {t.shape} cannot hold {rows} x {cols} (stride multiple of 8)")
+    return t.shape[1]
+
+
+def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", w32: "Tensor", w16: "Tensor", dx: "Tensor",
+           lr: "Tensor", workspace: "Tensor | None" = None, tickets: "Tensor | None" = None) -> "Launch":
+    """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], W32/W16 [IN, N], dx [B, IN] (written)."""
+    p = plan
+    ldx = _rows(x, p.B, p.IN, np.float16, "x")
+    lddy = _rows(dy, p.B, p.N, np.float16, "dy")
+    ldw = _rows(w32, p.IN, p.N, np.float32, "W32")
+    require(w16, np.float16, w32.shape, "W16")
+    lddx = _rows(dx, p.B, p.IN, np.float16, "dx")
+    require(lr, np.float32, what="lr")
+    require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
+    ptr = lambda t: 0 if t is None else t  # noqa: E731
+    return k.get(SOURCE, KERNEL, SIGNATURE).bind(
+        p.grid, THREADS, smem_bytes(k.arch), x, dy, w32, w16, dx, lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
+        p.n_chunk, ptr(workspace), ptr(tickets))

@@ -1,0 +1,64 @@
+// The sm_90 tensor copy engine (TMA) and the shared-memory barriers (mbarrier) its copies complete on.
+//
+// A tensor map (built on the host by cuTensorMapEncodeTiled, 128 opaque bytes) describes a 2-D global matrix and
+// a box; one instruction then copies a whole box into shared memory, zero-filling what lies outside the matrix,
+// and counts its bytes against an mbarrier. One thread keeps a pipeline full, with no registers or address math
+// per 16-byte piece: that is what lets one block per SM stream near DRAM speed.
+// An mbarrier completes a phase when its expected arrivals have arrived and its expected bytes have landed;
+// waiters name the phase by its parity (0, 1, 0, ...). Everything here needs sm_90: callers guard with
+// `#if __CUDA_ARCH__ >= 900`.
+#pragma once
+#include "common.cuh"
+#include "ldmatrix.cuh"
+
+// What cuTensorMapEncodeTiled fills in; passed to kernels by value as a `const __grid_constant__` parameter,
+// so the copy engine reads it from the parameter space.
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
+
+RG_DEVICE void mbar_init(u64* bar, u32 arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(shared_address(bar)), "r"(arrivals) : "memory");
+}
+
+// Make initialised barriers visible to the copy engine (the async proxy) before any copy uses them.
+RG_DEVICE void fence_barrier_init() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// One arrival that also tells the barrier to expect `bytes` more bytes of copies in this phase.
+RG_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
+                 :: "r"(shared_address(bar)), "r"(bytes) : "memory");
+}
+
+RG_DEVICE void mbar_arrive(u64* bar) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(shared_address(bar)) : "memory");
+}
+
+// Block until the phase with this parity has completed.
+RG_DEVICE void mbar_wait(u64* bar, u32 parity) {
+    asm volatile(
+        "{ .reg .pred done;\n"
+        "WAIT_%=:\n"
+        "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "  @!done bra WAIT_%=;\n"
+        "}" :: "r"(shared_address(bar)), "r"(parity) : "memory");
+}
+
+// Fetch a tensor map into the copy engine's cache ahead of the first copy that uses it.
+RG_DEVICE void prefetch_tensor_map(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
+// Copy the box whose first element is (x = column along the contiguous dimension, y = row) into `dst`, counting its
+// bytes on `bar`. dst must be 1024-byte aligned for the 128-byte swizzle.
+RG_DEVICE void tma_load_2d(void* dst, const TensorMap* map, int x, int y, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+        :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar))
+        : "memory");
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of 128-byte rows written with the 128-byte
+// swizzle: the chunk index is XORed with the row's position in its 8-row (1024-byte) group, so the 8 rows an
+// ldmatrix reads at one column sit in 8 different bank groups.
+RG_DEVICE u32 swizzle_128b(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }

@@ -1,0 +1,99 @@
+"""The fused backward (dx_sgd.cu): the plan on CPU; dx and the update against float64 on GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rawgpu.kernels import dx_sgd as D
+
+# --- CPU ---------------------------------------------------------------------------------------------------------
+
+
+def test_plan_fills_the_sms_with_whole_column_chunks():
+    for sms in (46, 108, 132):
+        for IN, N in [(8192, 8192), (4096, 4096), (2048, 2048), (8192, 16), (520, 1000), (64, 8)]:
+            p = D.plan_dx_sgd(32, IN, N, sm_count=sms)
+            assert p.n_chunk % D.BN == 0
+            assert (p.splits - 1) * p.n_chunk < N <= p.splits * p.n_chunk, "a column range would be empty"
+            assert p.bands * p.splits <= max(sms, p.bands)
+            assert p.workspace_floats == (p.splits * p.bands * 32 * 64 if p.splits > 1 else 0)
+    assert D.plan_dx_sgd(32, 8192, 8192).splits == 1
+    assert D.plan_dx_sgd(32, 4096, 4096).splits == 2
+
+
+@pytest.mark.parametrize("arch,limit_kb", [("sm_80", 163), ("sm_86", 99), ("sm_89", 99), ("sm_90", 227)])
+def test_pipeline_fits_the_parts_shared_memory(arch, limit_kb):
+    assert D.stages(arch) >= 2 and D.smem_bytes(arch) <= limit_kb * 1024
+
+
+def test_only_batch_sized_plain_sgd_fuses():
+    assert D.supported(32, False, "f32") and D.supported(1, False, "f32")
+    assert not D.supported(33, False, "f32") and not D.supported(32, True, "f32") and not D.supported(32, False, "f16")
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(B=33, IN=64, N=64), "batch rows"), (dict(B=8, IN=60, N=64), "multiple of 8"),
+                                    (dict(B=8, IN=64, N=256, splits=3), "splits")])
+def test_bad_plans_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        D.plan_dx_sgd(**kw)
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    from rawgpu.kernels import Kernels
+
+    return Kernels(device.arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits", [(32, 192, 328, None), (7, 64, 128, None), (32, 520, 1000, 3),
+                                           (32, 1024, 16, None), (17, 136, 2056, None), (32, 2048, 2048, None),
+                                           (32, 8192, 1024, 1)])
+def test_against_float64(device, stream, kernels, rng, B, IN, N, splits):
+    """dx = (dy @ fp16(W32)^T) * (x > 0) and W32 -= lr x^T dy with W16 = fp16(W32): partial bands and chunks,
+    batch below 32, column ranges; outputs poisoned first, bitwise equal across two runs."""
+    from rawgpu.memory import Arena
+
+    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits)
+    x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
+    dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)
+    w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
+    lr = np.float32(0.05)
+    with Arena() as arena:
+        tx, tdy = arena.tensor("x", (B, IN), np.float16), arena.tensor("dy", (B, N), np.float16)
+        tw32, tw16 = arena.tensor("w32", (IN, N), np.float32), arena.tensor("w16", (IN, N), np.float16)
+        tdx, tlr = arena.tensor("dx", (B, IN), np.float16), arena.tensor("lr", (1,), np.float32)
+        ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
+        tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
+        arena.allocate()
+        tx.upload(x)
+        tdy.upload(dy)
+        tlr.upload(np.array([lr], np.float32))
+        tickets.upload(np.zeros(tickets.shape, np.int32))
+        ws.fill_bytes(0xFF)
+        launch = D.dx_sgd(kernels, plan, tx, tdy, tw32, tw16, tdx, tlr, ws, tickets)
+        runs = []
+        for _ in range(2):
+            tw32.upload(w)
+            tw16.fill_bytes(0xFF)
+            tdx.fill_bytes(0xFF)
+            launch.run(stream)
+            runs.append((tw32.download(), tw16.download(), tdx.download(), tickets.download()))
+    x64, dy64, w16_old = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float16).astype(np.float64)
+    ref_dx = (dy64 @ w16_old.T) * (x64 > 0)
+    ref_step = x64.T @ dy64
+    for w32, w16, dx, t in runs:
+        assert np.isfinite(dx.astype(np.float64)).all(), "dx not written everywhere"
+        err = np.linalg.norm(dx - ref_dx) / np.linalg.norm(ref_dx)
+        assert err <= 2e-3, f"dx rel err {err:.2e}"
+        step = (w.astype(np.float64) - w32) / float(lr)
+        err = np.linalg.norm(step - ref_step) / np.linalg.norm(ref_step)
+        assert err <= 2e-3, f"update rel err {err:.2e}"
+        assert np.array_equal(w16, w32.astype(np.float16)), "W16 must be fp16(W32) exactly"
+        assert not t.any(), "tickets must be reset for the next launch"
+    for a, b in zip(runs[0], runs[1]):
+        assert np.array_equal(a, b), "results differ between identical runs"
