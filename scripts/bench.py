@@ -207,8 +207,17 @@ def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
     return statistics.median(times)
 
 
+def variants_error(variants: list[str], arch: str) -> str | None:
+    """Why some --variants cannot run on this GPU (the tensor-copy tiles need sm_90+), or None."""
+    bad = [v for v in variants if G.CONFIGS[v].tma and not G.has_tma(arch)]
+    return f"--variants {' '.join(bad)} need the tensor copy engine of sm_90 or later; this GPU is {arch}" if bad else None
+
+
 def cmd_gemm(args) -> int:
     device = drv.Device(args.device)
+    if why := variants_error(args.variants, device.arch):
+        print(f"bench: error: {why}", file=sys.stderr)
+        return 2
     stream = drv.Stream()
     kernels = Kernels(device.arch)
     rng = np.random.default_rng(0)

@@ -40,6 +40,9 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     device = drv.Device(0)
+    if why := bench.variants_error(args.variants, device.arch):
+        print(f"profile_gemm: error: {why}", file=sys.stderr)
+        return 2
     stream = drv.Stream()
     kernels = Kernels(device.arch)
     rng = np.random.default_rng(0)

@@ -151,3 +151,13 @@ def test_profile_gemm_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
     assert module.main(["--hidden", "256"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["profile_gemm: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU"]
+
+
+def test_bench_tensor_copy_variants_need_sm90():
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    why = module.variants_error(["stream", "tma", "tma128"], "sm_86")
+    assert why is not None and "tma tma128" in why and "sm_90" in why and "sm_86" in why and "\n" not in why
+    assert module.variants_error(["stream", "tma"], "sm_90") is None
+    assert module.variants_error(["stream"], "sm_86") is None

@@ -177,14 +177,7 @@ dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, c
     __syncthreads();  // the pipeline's memory now takes the warps' dx partials
 
     float* red = reinterpret_cast<float*>(smem_raw);  // [WARPS][BB][RED_LD]
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                *reinterpret_cast<float2*>(red + (warp * BB + 16 * mt + g + 8 * h) * RED_LD + 8 * j + 2 * t) =
-                    make_float2(dxacc[mt][j][2 * h], dxacc[mt][j][2 * h + 1]);
+    store_fragments(red + warp * BB * RED_LD, RED_LD, dxacc);
     __syncthreads();
     constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // pair i: row i / 32, columns 2 (i % 32) + {0, 1}
     float2 sum[ITERS];

@@ -171,15 +171,7 @@ RG_DEVICE void gemm(const Params& p) {
     }
     cp_async_wait<0>();
 
-    if (ACC16) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const float2 lo = unpack_f16x2(acc16[i][j][0]), hi = unpack_f16x2(acc16[i][j][1]);
-                acc[i][j][0] = lo.x; acc[i][j][1] = lo.y; acc[i][j][2] = hi.x; acc[i][j][3] = hi.y;
-            }
-    }
+    if (ACC16) widen_fragments(acc, acc16);
 
     if (gridDim.z > 1) {
         // Split-K fix-up. Partials live at workspace[split][tile][j][thread] (float4 j), so every access

@@ -74,6 +74,33 @@ RG_DEVICE void zero_fragments(u32 (&a)[M][N][2]) {
         for (int j = 0; j < N; ++j) a[i][j][0] = a[i][j][1] = 0u;
 }
 
+// fp16 accumulators -> the fp32 ones, so every epilogue reads acc alone.
+template <int M, int N>
+RG_DEVICE void widen_fragments(float (&acc)[M][N][4], const u32 (&acc16)[M][N][2]) {
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const float2 lo = unpack_f16x2(acc16[i][j][0]), hi = unpack_f16x2(acc16[i][j][1]);
+            acc[i][j][0] = lo.x; acc[i][j][1] = lo.y; acc[i][j][2] = hi.x; acc[i][j][3] = hi.y;
+        }
+}
+
+// A warp's accumulators into a row-major fp32 tile s (ld floats per row): tile (i, j) covers rows 16 i .. 16 i + 15
+// and columns 8 j .. 8 j + 7 of s. For sums across warps that meet in shared memory.
+template <int M, int N>
+RG_DEVICE void store_fragments(float* s, int ld, const float (&acc)[M][N][4]) {
+    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(s + (16 * i + g + 8 * h) * ld + 8 * j + 2 * t) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+}
+
 // Split-K with a deterministic sum, for kernels whose threads each own ITERS pairs of outputs (pair
 // threadIdx.x + it * THREADS of the tile, PAIRS in all): every split writes its sums to the workspace
 // (split z's pair i at ws[z * split_stride + i]), and the last split to take the tile's ticket returns true with

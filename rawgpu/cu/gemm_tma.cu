@@ -140,19 +140,8 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
     __syncthreads();  // every stage consumed: the pipeline's memory now takes the per-warp partial sums
 
     float* red = reinterpret_cast<float*>(tiles);  // [CONSUMERS][BM][RED_LD]
-    if (warp < Cfg::CONSUMERS) {
-        const int g = lane / 4, t = lane % 4;
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                    if (ACC16) v = unpack_f16x2(acc16[i][j][h]);
-                    *reinterpret_cast<float2*>(red + (warp * BM + i * 16 + g + 8 * h) * Cfg::RED_LD + j * 8 + 2 * t) = v;
-                }
-    }
+    if (ACC16) widen_fragments(acc, acc16);
+    if (warp < Cfg::CONSUMERS) store_fragments(red + warp * BM * Cfg::RED_LD, Cfg::RED_LD, acc);
     __syncthreads();
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {  // warp order: the same bits whichever warp finished first
