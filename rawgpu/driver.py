@@ -341,8 +341,22 @@ class Kernel:
             self._dynamic_shared_limit = nbytes
 
     def bind(self, grid: Sequence[int] | int, block: Sequence[int] | int, shared_bytes: int, *args: Any,
-             cooperative: bool = False) -> "Launch":
-        return Launch(self, grid, block, shared_bytes, PackedArgs(self.signature, args), cooperative)
+             cooperative: bool = False, cluster: int = 1) -> "Launch":
+        return Launch(self, grid, block, shared_bytes, PackedArgs(self.signature, args), cooperative, cluster)
+
+    def allow_cluster(self, ctas: int) -> None:
+        """Clusters above 8 CTAs are 'non-portable': the kernel must opt in before such a launch (sm_90: up to 16)."""
+        if ctas > 8:
+            attr = _cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+            check(_cu().cuFuncSetAttribute(self.func, attr, 1), f"cuFuncSetAttribute({self.name}, non-portable cluster)")
+
+    def max_active_clusters(self, ctas: int, threads: int, shared_bytes: int) -> int:
+        """How many clusters of `ctas` blocks of this shape the GPU can hold at once (0: it cannot run one)."""
+        self.ensure_shared(shared_bytes)
+        self.allow_cluster(ctas)
+        config = _launch_config((ctas, 1, 1), (threads, 1, 1), shared_bytes, [_cluster_attribute(ctas)])
+        return int(check(_cu().cuOccupancyMaxActiveClusters(self.func, config),
+                         f"cuOccupancyMaxActiveClusters({self.name}, {ctas} CTAs)"))
 
     def max_blocks_per_sm(self, threads: int, shared_bytes: int) -> int:
         """How many blocks of this shape one SM holds at once (registers, shared memory, threads)."""
@@ -358,38 +372,59 @@ def _dim3(d: Sequence[int] | int) -> tuple[int, int, int]:
     return tuple(int(x) for x in t) + (1,) * (3 - len(t))  # type: ignore[return-value]
 
 
+def _cluster_attribute(ctas: int) -> Any:
+    cu = _cu()
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = ctas, 1, 1
+    return attr
+
+
+def _launch_config(grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int, attrs: list) -> Any:
+    config = _cu().CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = shared_bytes
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
+    return config
+
+
 class Launch:
     """One ready-to-go launch: kernel, geometry and packed arguments. `run(stream)` costs one driver call.
 
     cooperative: every block is guaranteed resident at once (cuLaunchKernelEx with the cooperative attribute),
     which grid-wide barriers inside the kernel need; the driver refuses a grid that cannot be resident.
+    cluster: blocks come in thread-block clusters of this many (sm_90+; co-scheduled, sharing shared memory).
     """
 
     def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_bytes: int, args: PackedArgs,
-                 cooperative: bool = False):
+                 cooperative: bool = False, cluster: int = 1):
         self.kernel, self.grid, self.block, self.shared_bytes, self.args = kernel, _dim3(grid), _dim3(block), int(shared_bytes), args
-        self.cooperative = cooperative
+        self.cooperative, self.cluster = cooperative, int(cluster)
+        if self.cluster < 1 or self.grid[0] % self.cluster:
+            raise ValueError(f"cluster of {cluster} CTAs must divide the grid {self.grid}")
         kernel.ensure_shared(self.shared_bytes)
-        self._config = self._cooperative_config() if cooperative else None
+        self._config = self._extended_config() if cooperative or self.cluster > 1 else None
 
-    def _cooperative_config(self) -> Any:
-        cu = _cu()
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
-        attr.value.cooperative = 1
-        config = cu.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = self.block
-        config.sharedMemBytes = self.shared_bytes
-        config.attrs = [attr]
-        config.numAttrs = 1
-        return config
+    def _extended_config(self) -> Any:
+        cu, attrs = _cu(), []
+        if self.cooperative:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            attr.value.cooperative = 1
+            attrs.append(attr)
+        if self.cluster > 1:
+            self.kernel.allow_cluster(self.cluster)
+            attrs.append(_cluster_attribute(self.cluster))
+        return _launch_config(self.grid, self.block, self.shared_bytes, attrs)
 
     def run(self, stream: Stream) -> None:
         if self._config is not None:
             self._config.hStream = stream.handle
+            kind = "cooperative" if self.cooperative else f"cluster of {self.cluster}"
             check(_cu().cuLaunchKernelEx(self._config, self.kernel.func, self.args.address, 0),
-                  f"cuLaunchKernelEx({self.kernel.name}, cooperative)")
+                  f"cuLaunchKernelEx({self.kernel.name}, {kind})")
             return
         g, b = self.grid, self.block
         check(_cu().cuLaunchKernel(self.kernel.func, g[0], g[1], g[2], b[0], b[1], b[2], self.shared_bytes,

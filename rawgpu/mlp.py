@@ -4,11 +4,13 @@ as a plain list of launches (gather, forward, loss, backward with fused updates,
 The list runs eagerly (`--no-graph`) or is captured once into a CUDA graph; nothing in it depends on the
 host after start-up: the step counter, the batch position and the learning rate live on the device.
 
-Two step implementations, same buffers and numerics: `layered` (one kernel per layer and role: gather,
+Three step implementations, same buffers and numerics: `layered` (one kernel per layer and role: gather,
 GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers, 16 at batch <= 32 with plain
-SGD, where each layer above the first runs its backward in one pass, kernels/dx_sgd.py) and `fused` (the whole step
-in one persistent kernel, cu/fused_step.cu, for widths up to kernels.fused.MAX_HIDDEN). The fused step keeps
-two fp16 working copies of each weight (step s reads copy s & 1), both equal to fp16(W32) between launches.
+SGD, where each layer above the first runs its backward in one pass, kernels/dx_sgd.py), `fused` (the whole step
+in one persistent kernel, cu/fused_step.cu, for widths up to kernels.fused.MAX_HIDDEN) and `cluster` (sm_90, batch
+<= 32, plain SGD, small models: one thread-block cluster keeps the weights in shared memory for a whole launch,
+cu/cluster_step.cu). The fused step keeps two fp16 working copies of each weight (step s reads copy s & 1), both
+equal to fp16(W32) between launches; the cluster step writes W32, W16 and the biases back when a launch ends.
 
 Widths are padded to multiples of 8 (the GEMM's contiguous dimensions) and the 10 classes to 16; padded
 weights, biases and activations start at zero and stay zero, because their gradients are exactly zero.
@@ -24,6 +26,7 @@ import numpy as np
 
 from .driver import Launch, Stream
 from .kernels import Kernels
+from .kernels import cluster as kc
 from .kernels import data as kd
 from .kernels import dx_sgd as kb
 from .kernels import elementwise as ke
@@ -39,6 +42,7 @@ TEST_ROWS = 10000
 EVAL_BATCHES = (10000, 5000, 2000, 1000, 500, 250, 100)  # divisors of the test set, largest first
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
 GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
+STEP_KINDS = ("auto", "cluster", "fused", "layered")
 
 
 def pad8(n: int) -> int:
@@ -133,11 +137,12 @@ class Layer:
 class MLP:
     """Plan (`__init__`, no GPU needed) -> `allocate()` -> `upload_data()` + `init_parameters()` -> launches."""
 
-    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132, fused: bool | None = None,
-                 fused_grid: int | None = None):
-        """fused: None picks the fused step where `auto` prefers it (kernels.fused.preferred); True insists
-        (ValueError with the reason when it cannot run the recipe); False uses the per-layer kernels.
-        fused_grid: blocks of the fused kernel (default one per SM)."""
+    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132, step: str = "auto",
+                 fused_grid: int | None = None, arch: str | None = None):
+        """step: one of STEP_KINDS. `auto` takes the cluster step where it runs, else the fused step where
+        kernels.fused.preferred, else the per-layer kernels; naming one insists (ValueError with the reason when it
+        cannot run the recipe). fused_grid: blocks of the fused kernel (default one per SM). arch: the GPU to plan
+        for when there is no `kernels` (CPU tests; default sm_86)."""
         self.k, self.recipe, self.sm_count, self.fused_grid = kernels, recipe, sm_count, fused_grid
         r, accum = recipe, ("f32" if recipe.accum == "fp32" else "f16")
         self.arena = a = Arena()
@@ -147,9 +152,9 @@ class MLP:
         widths = r.widths
         padded = [pad8(w) for w in widths[:-1]] + [max(16, pad8(CLASSES))]
         self.padded = padded
-        if fused and (why := kf.unsupported_reason(r)):
-            raise ValueError(why)
-        self.fused = kf.preferred(r, pad8(r.hidden)) if fused is None else bool(fused)
+        arch = kernels.arch if kernels is not None else (arch or "sm_86")  # no GPU: the smallest shared memory
+        self.step_kind = self._step_kind(step, r, arch)
+        self.fused, self.cluster = self.step_kind == "fused", self.step_kind == "cluster"
         # dataset and input pipeline
         self.images = a.tensor("train_images", (TRAIN_ROWS, INPUTS), np.uint8)
         self.labels = a.tensor("train_labels", TRAIN_ROWS, np.uint8)
@@ -176,7 +181,6 @@ class MLP:
         self.eval_y = a.tensor("eval_y", EB, np.int32)
         # parameters
         self.layers: list[Layer] = []
-        arch = kernels.arch if kernels is not None else "sm_86"  # no GPU: plan for the smallest shared memory
         for i in range(len(widths) - 1):
             pin, pout = padded[i], padded[i + 1]
             mom = r.momentum > 0
@@ -195,9 +199,10 @@ class MLP:
                                       sm_count, arch=arch),
                 bwd=kb.plan_dx_sgd(B, pin, pout, sm_count) if i and kb.supported(B, mom, accum) else None))
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
-        roles = (lambda lay: (lay.eval_fwd,)) if self.fused else (lambda lay: (lay.fwd, lay.dx, lay.dw, lay.eval_fwd))
+        layered = self.step_kind == "layered"
+        roles = (lambda lay: (lay.fwd, lay.dx, lay.dw, lay.eval_fwd)) if layered else (lambda lay: (lay.eval_fwd,))
         plans = [p for lay in self.layers for p in roles(lay) if p is not None]
-        if not self.fused:
+        if layered:
             plans += [lay.bwd for lay in self.layers if lay.bwd is not None]
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
         self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
@@ -206,6 +211,23 @@ class MLP:
             self.row_hit = a.tensor("row_hit", B, np.int32)
             self.barrier = a.tensor("grid_barrier", 1, np.int64)
             self.table = a.tensor("fused_params", kf.table_words(len(self.layers)), np.uint64)
+        if self.cluster:  # the cluster kernel's shared-memory layout and parameter table
+            self.cluster_plan = kc.plan(r.hidden, r.layers)
+            self.table = a.tensor("cluster_params", kc.table_words(len(self.layers)), np.uint64)
+
+    @staticmethod
+    def _step_kind(step: str, r: Recipe, arch: str) -> str:
+        if step not in STEP_KINDS:
+            raise ValueError(f"step must be one of {', '.join(STEP_KINDS)}, got {step!r}")
+        if step == "cluster" and (why := kc.unsupported_reason(r, arch)):
+            raise ValueError(why)
+        if step == "fused" and (why := kf.unsupported_reason(r)):
+            raise ValueError(why)
+        if step != "auto":
+            return step
+        if kc.unsupported_reason(r, arch) is None:
+            return "cluster"
+        return "fused" if kf.preferred(r, pad8(r.hidden)) else "layered"
 
     @staticmethod
     def _eval_batch(r: Recipe) -> int:
@@ -220,6 +242,9 @@ class MLP:
         self.arena.zero()
         if self.fused:
             self.table.upload(kf.param_table(self))
+        if self.cluster:
+            kc.check_schedulable(self.k, self.cluster_plan)
+            self.table.upload(kc.param_table(self, self.cluster_plan))
         return self
 
     def upload_data(self, mnist) -> None:
@@ -278,8 +303,10 @@ class MLP:
         return launches
 
     def step_launches(self, steps: int = 1) -> list[Launch]:
-        """`steps` training steps: the fused kernel once, or per step the layered list (lr for this step, gather
-        the batch, forward, loss, backward + updates, step += 1)."""
+        """`steps` training steps: the cluster or fused kernel once, or per step the layered list (lr for this step,
+        gather the batch, forward, loss, backward + updates, step += 1)."""
+        if self.cluster:
+            return [kc.cluster_steps(self.k, self.table, self.cluster_plan, steps)]
         if self.fused:
             grid = kf.resident_grid(self.k, self.sm_count, self.fused_grid)
             return [kf.fused_steps(self.k, self.table, steps, grid)]

@@ -77,10 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="launch the same kernels one by one instead of one CUDA graph per step (for comparison)")
     r.add_argument("--steps-per-graph", type=_number(int, 1, 1000, what="count"), default=d["steps_per_graph"],
                    help=f"training steps captured into one graph (default {d['steps_per_graph']})")
-    r.add_argument("--kernels", choices=("auto", "fused", "layered"), default=d["kernels"],
-                   help="fused: the whole step in one persistent kernel; layered: one kernel per layer and role "
-                        "(19 at 3 hidden layers); auto (default): fused where it applies (fp32 accumulation, "
-                        "hidden <= 1024)")
+    r.add_argument("--kernels", choices=("auto", "cluster", "fused", "layered"), default=d["kernels"],
+                   help="cluster: one thread-block cluster keeps the model in shared memory (sm_90, batch <= 32, "
+                        "momentum 0, hidden <= 128 at 3 layers); fused: the whole step in one persistent kernel; "
+                        "layered: one kernel per layer and role (19 at 3 hidden layers); auto (default): cluster, "
+                        "else fused (fp32 accumulation, hidden <= 1024), else layered, whichever applies first")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     return p
 
@@ -119,10 +120,10 @@ class Session:
         from . import compiler
         from .driver import Device, Stream
         from .kernels import Kernels
-        from .kernels.fused import choice
-        from .mlp import MLP
+        from .mlp import MLP, STEP_KINDS
 
-        fused = choice(kernels)  # a bad value fails before any GPU work
+        if kernels not in STEP_KINDS:  # a bad value fails before any GPU work
+            raise ValueError(f"kernels must be one of {', '.join(STEP_KINDS)}, got {kernels!r}")
         self.device = Device(device_index)
         arch = self.device.arch
         if arch not in compiler.supported_archs():
@@ -143,15 +144,19 @@ class Session:
                              else f"kernel cache warm ({ms:.0f} ms)")
         self.stream = Stream()
         try:
-            model = MLP(self.kernels, recipe, self.device.sm_count, fused=fused, fused_grid=fused_grid)
+            model = MLP(self.kernels, recipe, self.device.sm_count, step=kernels, fused_grid=fused_grid)
         except ValueError as exc:
-            raise RawgpuError(f"--kernels fused: {exc}") from None
+            raise RawgpuError(f"--kernels {kernels}: {exc}") from None
         self.model = model.allocate()
         self.step = self.model.step_launches()
 
     @property
     def step_kernels(self) -> str:
-        """How a step runs, for headers: the fused kernel's grid, or the layered kernel count."""
+        """How a step runs, for headers: the cluster or fused kernel's grid, or the layered kernel count."""
+        if self.model.cluster:
+            p = self.model.cluster_plan
+            return (f"cluster: 1 kernel, {p.ctas} CTAs sharing the model in shared memory "
+                    f"({p.smem_bytes // 1024} KB each)")
         if self.model.fused:
             launch = self.step[0]
             return f"fused: 1 persistent kernel, {launch.grid[0]} blocks x {launch.block[0]} threads"
@@ -306,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if why := unsupported_reason(args):  # reads accum and layers, which args carries too
             parser.error(f"argument --kernels: fused cannot run this recipe: {why}")
+    if args.kernels == "cluster":
+        from .kernels.cluster import unsupported_reason as cluster_reason
+
+        if why := cluster_reason(args, "sm_90"):  # the recipe's limits; the GPU's arch is checked once it is open
+            parser.error(f"argument --kernels: cluster cannot run this recipe: {why}")
     from .console import make_console
 
     console = make_console("json" if args.json else "auto")

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         perm = np.random.default_rng(0).permutation(TRAIN_ROWS)
         for h in args.hidden:
             recipe = Recipe(hidden=h, batch=args.batch, lr=0.003, momentum=0.0, schedule="constant")
-            model = MLP(kernels, recipe, dev.sm_count, fused=True).allocate()
+            model = MLP(kernels, recipe, dev.sm_count, step="fused").allocate()
             model.upload_data(data)
             model.init_parameters(stream)
             model.set_permutation(perm)

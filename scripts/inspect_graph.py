@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"SGD momentum; 0 captures the plain-SGD step (default {d['momentum']})")
     p.add_argument("--accum", choices=("fp32", "fp16"), default=d["accum"], help="GEMM accumulator (default fp32)")
     p.add_argument("--steps-per-graph", type=_number(int, 1, 100), default=1, help="steps in the graph (default 1)")
-    p.add_argument("--kernels", choices=("auto", "fused", "layered"), default="auto",
-                   help="the step's implementation, as in rawgpu.train (default auto: fused up to hidden 1024)")
+    p.add_argument("--kernels", choices=("auto", "cluster", "fused", "layered"), default="auto",
+                   help="the step's implementation, as in rawgpu.train (default auto: cluster where it applies, "
+                        "else fused up to hidden 1024)")
     p.add_argument("--device", type=_number(int, 0), default=0, help="GPU index (default 0)")
     p.add_argument("--out", default="step.dot", help="our readable DOT file (default step.dot); the driver's "
                    "verbose DOT goes beside it as <name>.driver.dot")
@@ -104,6 +105,17 @@ def main(argv: list[str] | None = None) -> int:
             phases.add_column(col, justify="left" if col == "phase" else "right")
         for name, blocks, warps in kf.phase_tasks(recipe.batch, session.model.padded):
             phases.add_row(name, str(blocks), str(warps))
+        console.print(phases)
+    if session.model.cluster:  # inside the one node: the phases, each ending in a cluster barrier
+        from rawgpu.kernels import cluster as kc
+
+        p = session.model.cluster_plan
+        phases = Table(title=f"phases of the cluster step kernel ({p.ctas} CTAs x {p.n} columns, "
+                             f"{p.smem_bytes // 1024} KB of shared memory each)")
+        for col in ("phase", "ends in"):
+            phases.add_column(col)
+        for name, end in kc.phases(recipe.layers):
+            phases.add_row(name, end)
         console.print(phases)
     out.write_text(readable_dot(nodes, edges, f"{recipe.name} batch {recipe.batch}"))
     console.print(f"wrote {out} (readable) and {driver_dot} (driver's verbose DOT)")

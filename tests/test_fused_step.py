@@ -21,13 +21,13 @@ def test_auto_picks_the_fused_step_where_it_applies(recipe, fused):
 
 def test_forcing_the_fused_step_where_it_cannot_run_says_why():
     with pytest.raises(ValueError, match="fp32 only"):
-        MLP(None, Recipe(accum="fp16"), fused=True)
-    assert MLP(None, Recipe(hidden=8192), fused=True).fused  # too wide for auto, still correct when forced
-    assert not MLP(None, Recipe(), fused=False).fused
+        MLP(None, Recipe(accum="fp16"), step="fused")
+    assert MLP(None, Recipe(hidden=8192), step="fused").fused  # too wide for auto, still correct when forced
+    assert not MLP(None, Recipe(), step="layered").fused
 
 
 def test_fused_model_plans_its_extra_buffers_and_no_layered_workspace():
-    fused, layered = MLP(None, Recipe(hidden=1024, batch=32)), MLP(None, Recipe(hidden=1024, batch=32), fused=False)
+    fused, layered = MLP(None, Recipe(hidden=1024, batch=32)), MLP(None, Recipe(hidden=1024, batch=32), step="layered")
     assert fused.layers[0].w16_next is not None and layered.layers[0].w16_next is None
     assert fused.table.shape == (kf.table_words(4),)
     assert fused.workspace.size <= layered.workspace.size
@@ -63,7 +63,7 @@ def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, st
     recipe = Recipe(hidden=192, layers=2, batch=48, lr=0.05, momentum=0.9, schedule="cosine", total_steps=40)
     results = []
     for grid in (device.sm_count, 7, 1):
-        model = MLP(kernels, recipe, device.sm_count, fused=True, fused_grid=grid).allocate()
+        model = MLP(kernels, recipe, device.sm_count, step="fused", fused_grid=grid).allocate()
         try:
             model.upload_data(data)
             model.init_parameters(stream)

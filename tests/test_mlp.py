@@ -30,7 +30,6 @@ import pytest
 
 import mlp_reference as ref
 from rawgpu.kernels import Kernels
-from rawgpu.kernels import fused as kf
 from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, run_launches
 
 gpu = pytest.mark.gpu
@@ -57,7 +56,7 @@ def kernels(device):
 
 
 def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kernels: str = "auto"):
-    model = MLP(kernels, recipe, device.sm_count, fused=kf.choice(step_kernels)).allocate()
+    model = MLP(kernels, recipe, device.sm_count, step=step_kernels).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
     model.set_permutation(perm)
@@ -86,15 +85,19 @@ REFERENCE_CASES = [(256, 3, 32, 0.0, "fp32"), (100, 2, 50, 0.9, "fp32"), (1024, 
 @pytest.mark.parametrize("hidden,layers,batch,momentum,accum,step_kernels", [
     *[(*case, "layered") for case in REFERENCE_CASES], (128, 3, 32, 0.0, "fp16", "layered"),
     *[(*case, "fused") for case in REFERENCE_CASES],
-    (2048, 3, 32, 0.0, "fp32", "fused"), (64, 1, 7, 0.9, "fp32", "fused"), (520, 4, 200, 0.5, "fp32", "fused")])
+    (2048, 3, 32, 0.0, "fp32", "fused"), (64, 1, 7, 0.9, "fp32", "fused"), (520, 4, 200, 0.5, "fp32", "fused"),
+    (128, 3, 32, 0.0, "fp32", "cluster"), (100, 2, 17, 0.0, "fp32", "cluster"), (64, 1, 32, 0.0, "fp32", "cluster"),
+    (120, 4, 9, 0.0, "fp32", "cluster")])
 def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, momentum, accum,
                                             step_kernels):
+    if step_kernels == "cluster" and int(device.arch.removeprefix("sm_")) < 90:
+        pytest.skip(f"the cluster step needs sm_90 thread-block clusters; this GPU is {device.arch}")
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, lr=0.05, momentum=momentum, schedule="constant",
                     accum=accum, seed=int(rng.integers(1 << 30)))
     model = _model(kernels, device, stream, data, recipe, perm, step_kernels)
-    assert model.fused == (step_kernels == "fused")
+    assert model.step_kind == step_kernels
     try:
         init = model.parameters()
         step = model.step_launches()

@@ -32,6 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--kernels", "fused", "--accum", "fp16"], "argument --kernels: fused cannot run this recipe: the fused step "
                                                  "accumulates in fp32 only"),
     (["--kernels", "fast"], "argument --kernels: invalid choice: 'fast'"),
+    (["--kernels", "cluster", "--batch", "64"],
+     "argument --kernels: cluster cannot run this recipe: the cluster step takes batches of at most 32, got 64"),
+    (["--kernels", "cluster", "--batch", "32"], "argument --kernels: cluster cannot run this recipe: the cluster step "
+                                                "runs plain SGD (momentum 0)"),
 ])
 def test_bad_values_exit_2_with_usage_and_one_error_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:

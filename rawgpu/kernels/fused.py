@@ -43,13 +43,6 @@ def smem_bytes(arch: str) -> int:
     return max(staging, layer0)
 
 
-def choice(kernels: str) -> bool | None:
-    """`--kernels` as MLP's `fused` argument: auto -> None (decide per recipe), fused -> True, layered -> False."""
-    if kernels not in ("auto", "fused", "layered"):
-        raise ValueError(f"kernels must be auto, fused or layered, got {kernels!r}")
-    return {"auto": None, "fused": True, "layered": False}[kernels]
-
-
 def unsupported_reason(recipe) -> str | None:
     """Why the fused step cannot run this recipe; None when it can."""
     if recipe.accum != "fp32":
