@@ -331,6 +331,7 @@ class Kernel:
     def __init__(self, func: Any, name: str, signature: str, resources: Any = None):
         self.func, self.name, self.signature, self.resources = func, name, signature, resources
         self._dynamic_shared_limit = STATIC_SHARED_LIMIT
+        self._non_portable_clusters = False
 
     def ensure_shared(self, nbytes: int) -> None:
         """Raise the kernel's dynamic shared-memory limit when a launch asks for more than the 48 KB default."""
@@ -346,9 +347,10 @@ class Kernel:
 
     def allow_cluster(self, ctas: int) -> None:
         """Clusters above 8 CTAs are 'non-portable': the kernel must opt in before such a launch (sm_90: up to 16)."""
-        if ctas > 8:
+        if ctas > 8 and not self._non_portable_clusters:
             attr = _cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
             check(_cu().cuFuncSetAttribute(self.func, attr, 1), f"cuFuncSetAttribute({self.name}, non-portable cluster)")
+            self._non_portable_clusters = True
 
     def max_active_clusters(self, ctas: int, threads: int, shared_bytes: int) -> int:
         """How many clusters of `ctas` blocks of this shape the GPU can hold at once (0: it cannot run one)."""

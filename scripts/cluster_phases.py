@@ -27,17 +27,7 @@ from rawgpu.kernels import cluster as kc  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
 from rawgpu.mlp import MLP, TRAIN_ROWS, Recipe  # noqa: E402
 
-
-def at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    return parse
+from fused_phases import at_least  # noqa: E402 - beside this script
 
 
 def main(argv=None) -> int:

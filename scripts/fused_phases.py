@@ -27,6 +27,19 @@ from rawgpu.memory import Arena  # noqa: E402
 from rawgpu.mlp import MLP, TRAIN_ROWS, Recipe  # noqa: E402
 
 
+def at_least(low: int):
+    """argparse type: an integer >= low (a one-line usage error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
 def barrier_us(module: Module, stream: Stream, grid: int, n: int = 2000) -> float:
     arena = Arena()
     counter = arena.tensor("counter", 1, np.int64)
@@ -45,17 +58,6 @@ def barrier_us(module: Module, stream: Stream, grid: int, n: int = 2000) -> floa
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    def at_least(low):
-        def parse(text):
-            try:
-                value = int(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-            if value < low:
-                raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-            return value
-        return parse
-
     p.add_argument("--hidden", type=at_least(1), nargs="+", default=[128, 512, 1024])
     p.add_argument("--batch", type=at_least(1), default=32)
     p.add_argument("--steps", type=at_least(30), default=200, help="steps timed (the first 20 are warm-up)")

@@ -445,24 +445,12 @@ RG_DEVICE void head_loss(const CsParams& P, u8* smem, const Geo& G, int ab, int 
             for (int w = 0; w < CS_WARPS; ++w) sum += scr[(w * CS_ROWS + r) * sld + lane];
         }
         const float z = cls ? f16_to_f32(f32_to_f16(sum + b3[lane])) : -__int_as_float(0x7f800000);
-        float best = z;
-        int best_i = cls ? lane : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {  // argmax, ties to the lower index
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-            if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
-        }
-        const float e = cls ? expf(z - best) : 0.f;
-        const float rest = warp_sum(lane != best_i ? e : 0.f);
-        const int y = labels[r];
-        const bool valid = y >= 0 && y < classes;
-        const float z_label = __shfl_sync(0xffffffffu, z, valid ? y : 0);
+        const XentRow x = softmax_xent_row(z, classes, labels[r], scale);
         if (lane == 0) {
-            row_loss[r] = !row ? 0.f : valid ? log1pf(rest) + (best - z_label) : __int_as_float(0x7fffffff);
-            row_hit[r] = (row && valid && best_i == y) ? 1 : 0;
+            row_loss[r] = row ? x.loss : 0.f;
+            row_hit[r] = row && x.hit ? 1 : 0;
         }
-        const float gr = row && cls ? (e * (1.0f / (1.0f + rest)) - (lane == y ? 1.0f : 0.0f)) * scale : 0.f;
+        const float gr = row ? x.grad : 0.f;
         if (lane < 16) dl[r * CS_DLOGIT_LD + lane] = f32_to_f16(gr);
     }
     __syncthreads();

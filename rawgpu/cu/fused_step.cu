@@ -307,24 +307,12 @@ RG_DEVICE void phase_head(const FsParams& P, int i, const FsStep& st, u8* smem) 
             if (row >= B) break;
             const bool cls = lane < classes;
             const float z = cls ? f16_to_f32(f32_to_f16(out[r * 33 + lane] + bias)) : -__int_as_float(0x7f800000);
-            float best = z;
-            int best_i = cls ? lane : 0x7fffffff;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {  // argmax, ties to the lower index
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-                if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
-            }
-            const float e = cls ? expf(z - best) : 0.f;
-            const float rest = warp_sum(lane != best_i ? e : 0.f);
-            const int label = labels[q];
-            const bool valid = label >= 0 && label < classes;
-            const float z_label = __shfl_sync(0xffffffffu, z, valid ? label : 0);
+            const XentRow x = softmax_xent_row(z, classes, labels[q], scale);
             if (lane == 0) {
-                P.row_loss[row] = valid ? log1pf(rest) + (best - z_label) : __int_as_float(0x7fffffff);
-                P.row_hit[row] = (valid && best_i == label) ? 1 : 0;
+                P.row_loss[row] = x.loss;
+                P.row_hit[row] = x.hit ? 1 : 0;
             }
-            const float g = cls ? (e * (1.0f / (1.0f + rest)) - (lane == label ? 1.0f : 0.0f)) * scale : 0.f;
+            const float g = x.grad;
             if (lane < Ly.out_p) Ly.dy[(i64)row * Ly.out_p + lane] = f32_to_f16(g);
         }
         __syncthreads();

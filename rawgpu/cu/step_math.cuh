@@ -42,3 +42,34 @@ RG_DEVICE i64 f16_fixed24(u32 h) {
     const i64 mag = e ? (i64)(m | 1024) << (e - 1) : (i64)m;
     return (h & 0x8000) ? -mag : mag;
 }
+
+// Softmax cross-entropy of one row by one warp: lane c holds class c's logit z (-inf past `classes`). Every lane
+// gets the row's loss (NaN for a label outside 0..classes-1) and hit; lane c gets d(loss)/d(z_c) times `scale`.
+// The argmax breaks ties to the lower index; the loss is log(1 + sum of the other exponentials) + (max - z_label).
+struct XentRow {
+    float loss, grad;
+    bool hit;
+};
+
+RG_DEVICE XentRow softmax_xent_row(float z, int classes, int label, float scale) {
+    const int lane = threadIdx.x % 32;
+    const bool cls = lane < classes;
+    float best = z;
+    int best_i = cls ? lane : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
+    }
+    const float e = cls ? expf(z - best) : 0.f;
+    const float rest = warp_sum(lane != best_i ? e : 0.f);  // the exponentials other than the largest
+    const bool valid = label >= 0 && label < classes;
+    const float z_label = __shfl_sync(0xffffffffu, z, valid ? label : 0);
+    XentRow out;
+    out.loss = valid ? log1pf(rest) + (best - z_label) : __int_as_float(0x7fffffff);
+    out.hit = valid && best_i == label;
+    out.grad = cls ? (e * (1.0f / (1.0f + rest)) - (lane == label ? 1.0f : 0.0f)) * scale : 0.f;
+    return out;
+}
+
