@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, blocks, warps in kf.phase_tasks(recipe.batch, session.model.padded):
             phases.add_row(name, str(blocks), str(warps))
         console.print(phases)
-    if session.model.cluster:  # inside the one node: the phases, each ending in a cluster barrier
+    if session.model.cluster:  # inside the one node: the phases, most ending in a receive (an mbarrier wait)
         from rawgpu.kernels import cluster as kc
 
         p = session.model.cluster_plan

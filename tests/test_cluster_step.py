@@ -22,7 +22,7 @@ def test_plan_regions_are_aligned_and_disjoint(hidden, layers):
     for (off, size), (nxt, _) in zip(spans, spans[1:]):
         assert off % kc.ALIGN == 0 and off + size <= nxt
     assert spans[-1][0] + spans[-1][1] <= p.smem_bytes and p.smem_bytes % 16 == 0
-    assert p.act_bufs == (2 if layers == 1 else 1)
+    assert p.regions["act"][1] == (layers + 1) * 32 * (p.hs + 8) * 2  # h_0 alternates by step parity
     assert p.rows == tuple([784] + [p.hs] * layers)
     assert p.regions["rs"][1] == min(2, layers - 1) * p.ctas * 32 * p.n * 4  # partial sums: one buffer per parity
     assert p.w_off == tuple(p.regions[f"w{i}"][0] for i in range(layers)) + (p.regions["head"][0],)
@@ -67,11 +67,12 @@ def test_cluster_model_plans_its_table_and_no_fused_buffers():
     assert model.cluster_plan == kc.plan(128, 3)
 
 
-def test_phases_end_in_two_barriers_per_hidden_layer_but_one():
+def test_a_step_receives_twice_per_hidden_layer_but_once():
     for layers in (1, 2, 3, 5):
         names = kc.phases(layers)
-        assert len(names) == 2 * layers
-        assert sum(end == "cluster barrier" for _, end in names) == 2 * layers - 1
+        assert len(names) == 3 * layers
+        assert sum(end.startswith("receive") for _, end in names) == 2 * layers - 1
+        assert len(kc.marks(layers)) == 2 * layers + 2 + 4 * (layers - 1) + 1
 
 
 @gpu

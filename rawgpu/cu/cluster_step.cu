@@ -1,36 +1,52 @@
 // Training steps with the weights resident in shared memory: one thread-block cluster (sm_90, 8 or 16 CTAs)
-// holds the whole model for n_steps steps, so a step reads no weights from memory at all, and the CTAs meet at
-// hardware cluster barriers (a few hundred ns) instead of grid barriers through L2 (~1 us, fused_step.cu).
+// holds the whole model for n_steps steps, so a step reads no weights from memory at all, and the CTAs exchange
+// activations and partial sums through distributed shared memory instead of global memory and grid barriers
+// (~1 us each, fused_step.cu).
 //
 // Ownership. CTA c owns columns J = [c n, (c + 1) n) of every hidden layer: its fp32 master slice W_l[:, J] and
 // bias b_l[J] live in its shared memory for the whole launch (read from and written back to global memory at the
 // launch's ends, so evaluation and checkpoints see ordinary buffers). The head (H x 10) is small: every CTA holds
 // a replica and updates it identically, so the head needs no exchange at all.
 //
-// A step, with hidden layers 0 .. k-1 and the head (2k - 1 cluster barriers per step):
-//   forward l       h_l[:, J] = relu(h_{l-1} W_l[:, J] + b_l[J]) (h_{-1}: the gathered batch), then all-gather:
-//                   every CTA stores its slice into every other CTA's copy of h_l            -> sync
-//   head            logits, softmax cross-entropy and d(logits), redundantly in every CTA; dy_{k-1}[:, J] from
-//                   the replica; the replica's update; then backward of layer k-1 (below)      -> sync (k > 1)
-//   backward l      dy_l[:, J] = (sum over CTAs of the partials they sent) * relu'(h_l[:, J]);
-//                   partial dx_{l-1} = dy_l[:, J] W_l[:, J]^T (32 x H, fp32) goes column-slice by column-slice
-//                   to the CTAs that own those columns (a reduce-scatter, summed in CTA order on arrival);
-//                   then W_l[:, J] -= lr h_{l-1}^T dy_l[:, J] and the bias, locally             -> sync (l > 0)
+// Exchanges. Every exchange is a set of st.async stores into the receivers' shared memory, each counting its
+// bytes on the receiver's mbarrier for that buffer; a receiver waits on its own barrier for the bytes of all C
+// slices. Nobody waits for anyone else to arrive, and no release fence drains the sender's stores: a step has no
+// cluster-wide barrier, only 2k - 1 receives (k hidden layers).
+//
+// A step, with hidden layers 0 .. k-1 and the head:
+//   forward l       h_l[:, J] = relu(h_{l-1} W_l[:, J] + b_l[J]) (h_{-1}: the gathered batch), stored straight from
+//                   the partial-sum reduction into every CTA's copy of h_l (an all-gather)         -> receive h_l
+//   head            logits, softmax cross-entropy (8 lanes per row, every row at once) and d(logits),
+//                   redundantly in every CTA; dy_{k-1}[:, J] from the replica
+//   backward l > 0  partial dx_{l-1} = dy_l[:, J] W_l[:, J]^T (32 x H, fp32) goes column-slice by column-slice to
+//                   the CTAs that own those columns (a reduce-scatter); the local update
+//                   W_l[:, J] -= lr h_{l-1}^T dy_l[:, J] and the bias (for l = k-1 also the head replica's) runs
+//                   while the partials are in flight                                          -> receive partials
+//                   dy_{l-1}[:, J] = (sum of the partials in CTA order) * relu'(h_{l-1}[:, J])
+//   backward 0      the update of W_0[:, J] and b_0[J] (and the head's, with one hidden layer)
 // Weights are used in fp16 as everywhere else: fp16(W32) is computed when a fragment is loaded, which is the
 // same value the per-layer step's W16 copy holds.
 //
-// Buffer reuse is safe without double buffering (k >= 2): every read of another CTA's data in a buffer happens
-// before a barrier that its next writer must pass first (docs/perf.md walks through it). With one hidden layer
-// the activation has no such barrier between its last read and the next step's write, so it alternates between
-// two buffers by step parity; the partial-sum buffers alternate between two by layer parity.
+// Why no buffer is overwritten early (docs/perf.md walks through it). A CTA sends a buffer's next contents only
+// after it received data that the receiver sent after a __syncthreads that follows the receiver's last read of the
+// buffer (and its last wait on the buffer's barrier, so a barrier never sees bytes of two phases at once):
+//   h_l, l >= 1: the sender needs the receiver's h_{l-1} of the next step first;
+//   h_0: read by the update of layer 1 at the step's very end, so it alternates between two buffers by step
+//        parity; step s + 2's sender needs the receiver's partials (or h_0, k = 1) of step s + 1 first;
+//   partial sums: alternate by layer parity; the sender of layer l - 2's partials needs the receiver's partials
+//        of layer l - 1, sent after it summed layer l's.
+// dy alternates by layer parity too, so the sum for layer l - 1 can start while this CTA's warps still read dy_l in
+// the update.
 //
-// Input: each CTA gathers the whole batch (uint8 rows) itself, one step ahead, with cp.async into a byte buffer,
-// and converts it to fp16 byte/255 (the gather kernel's exact rounding) when the step starts.
+// Input: each thread gathers the pieces of the batch (uint8, 16 bytes each) that it converts to fp16 byte/255 (the
+// gather kernel's exact rounding) at the start of the next forward 0, one step ahead with cp.async: a thread waits
+// for its own copies only.
 #include "common.cuh"
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "cp_async.cuh"
 #include "cluster.cuh"
+#include "tma.cuh"
 #include "step_math.cuh"
 
 #define CS_WARPS 8
@@ -67,23 +83,31 @@ struct CsParams {
     i64 batch, steps_per_epoch, layers, schedule, total_steps, warmup_steps, classes;
     i64 hs;          // hidden width padded to ctas x n
     i64 n;           // columns per CTA (a multiple of 8, at most 8 NT)
-    i64 act_bufs;    // 2 with one hidden layer, else 1
     i64 act_off, raw_off, x_off, dy_off, dlogit_off, rs_off, scratch_off, misc_off, smem_bytes;
     double lr0, lr_min, dlogit_scale;  // lr0 and lr_min already divided by the loss scale
     CsLayer layer[CS_MAX_LINEAR];
 };
 
-// This CTA's share of the model.
+// Every exchange lands on an mbarrier of the receiving CTA, one per buffer: h_0's two (0, 1), h_l's (l + 1), the
+// partial-sum buffers' two (CS_RS_BAR + parity). The receiver expects the bytes of all C slices (its own included).
+#define CS_RS_BAR (CS_MAX_LINEAR)
+#define CS_BARS (CS_MAX_LINEAR + 2)
+
+// This CTA's share of the model, and its barriers.
 struct Geo {
     int c, C, n, nt, hs, J0, B, L;
+    u64* bars;
 };
 
 RG_DEVICE bool positive_f16(u32 h) { return (h & 0x8000u) == 0 && (h & 0x7FFFu) != 0; }
 RG_DEVICE int act_ld(const Geo& G) { return G.hs + 8; }
-RG_DEVICE int scratch_ld(const Geo& G) { return G.n > 16 ? G.n : 16; }
+// Partial sums between warps: 8 K-groups x 32 x n in a forward, 4 K-groups x 32 x 16 classes in the head.
+#define CS_HEAD_GROUPS 4
 
+// h_l; h_0 alternates between two buffers by step parity (buf), the layers above have one each.
+RG_DEVICE int act_index(int l, int buf) { return l ? l + 1 : buf; }
 RG_DEVICE half_t* act_at(const CsParams& P, u8* smem, const Geo& G, int l, int buf) {
-    return reinterpret_cast<half_t*>(smem + P.act_off) + (i64)(l * P.act_bufs + buf) * CS_ROWS * act_ld(G);
+    return reinterpret_cast<half_t*>(smem + P.act_off) + (i64)act_index(l, buf) * CS_ROWS * act_ld(G);
 }
 RG_DEVICE u8* raw_at(const CsParams& P, u8* smem) { return smem + P.raw_off; }
 RG_DEVICE half_t* x_at(const CsParams& P, u8* smem) { return reinterpret_cast<half_t*>(smem + P.x_off); }
@@ -92,15 +116,17 @@ RG_DEVICE const half_t* in_at(const CsParams& P, u8* smem, const Geo& G, int l, 
     ld = l ? act_ld(G) : CS_X_LD;
     return l ? act_at(P, smem, G, l - 1, ab) : x_at(P, smem);
 }
-RG_DEVICE half_t* dy_at(const CsParams& P, u8* smem) { return reinterpret_cast<half_t*>(smem + P.dy_off); }
+// dy_l[:, J] (32 x n + 8 padding), alternating by layer parity.
+RG_DEVICE half_t* dy_at(const CsParams& P, u8* smem, const Geo& G, int l) {
+    return reinterpret_cast<half_t*>(smem + P.dy_off) + (l & 1) * CS_ROWS * (G.n + 8);
+}
 RG_DEVICE float* rs_at(const CsParams& P, u8* smem, const Geo& G, int buf) {
     return reinterpret_cast<float*>(smem + P.rs_off) + (i64)buf * G.C * CS_ROWS * G.n;
 }
-// misc: perm indices [2][32], labels [32], per-row loss [32] and hit [32]
-RG_DEVICE int* idx_at(const CsParams& P, u8* smem, int buf) { return reinterpret_cast<int*>(smem + P.misc_off) + 32 * buf; }
-RG_DEVICE int* labels_at(const CsParams& P, u8* smem) { return reinterpret_cast<int*>(smem + P.misc_off) + 64; }
-RG_DEVICE float* row_loss_at(const CsParams& P, u8* smem) { return reinterpret_cast<float*>(smem + P.misc_off) + 96; }
-RG_DEVICE int* row_hit_at(const CsParams& P, u8* smem) { return reinterpret_cast<int*>(smem + P.misc_off) + 128; }
+// misc: labels [32], per-row loss [32] and hit [32]
+RG_DEVICE int* labels_at(const CsParams& P, u8* smem) { return reinterpret_cast<int*>(smem + P.misc_off); }
+RG_DEVICE float* row_loss_at(const CsParams& P, u8* smem) { return reinterpret_cast<float*>(smem + P.misc_off) + 32; }
+RG_DEVICE int* row_hit_at(const CsParams& P, u8* smem) { return reinterpret_cast<int*>(smem + P.misc_off) + 64; }
 
 // ---- fragments (layouts in mma.cuh) ----------------------------------------------------------------------------
 
@@ -159,45 +185,50 @@ RG_DEVICE void sgd_tile(float* w, int ld, int m0, int n0, const float (&acc)[4],
 
 RG_DEVICE i64 batch_base(const CsParams& P, i64 s) { return (s % P.steps_per_epoch) * P.batch; }
 
-// cp.async the image rows idx[0..B) into the byte buffer (rows past the batch zero-filled); one commit group.
-RG_DEVICE void issue_gather(const CsParams& P, u8* smem, const Geo& G, const int* idx) {
-    constexpr int PIECES = CS_INPUTS / 16;
-    u8* raw = raw_at(P, smem);
-    for (int e = threadIdx.x; e < CS_ROWS * PIECES; e += CS_THREADS) {
-        const int r = e / PIECES, q = e % PIECES;
-        const bool valid = r < G.B;
-        cp_async_16(raw + r * CS_INPUTS + 16 * q, valid ? P.images + (i64)idx[r] * CS_INPUTS + 16 * q : P.images,
-                    valid);
+// The pieces a thread owns: row = its lane, 16-byte pieces q = warp + 8 i of the 49 per row, which are exactly the
+// columns its warp multiplies in forward 0 (k-steps warp, warp + 8, ...).
+constexpr int CS_PIECES = CS_INPUTS / 16;
+constexpr int CS_OWN_PIECES = (CS_PIECES + CS_WARPS - 1) / CS_WARPS;
+
+// cp.async this thread's pieces of image `img` (its row of the batch; rows past the batch zero-filled) into the
+// byte buffer; one commit group.
+RG_DEVICE void issue_gather(const CsParams& P, u8* smem, const Geo& G, int img) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const bool valid = lane < G.B;
+    const u8* src = P.images + (i64)img * CS_INPUTS;
+    u8* raw = raw_at(P, smem) + lane * CS_INPUTS;
+#pragma unroll
+    for (int i = 0; i < CS_OWN_PIECES; ++i) {
+        const int q = warp + i * CS_WARPS;
+        if (q < CS_PIECES) cp_async_16(raw + 16 * q, valid ? src + 16 * q : P.images, valid);
     }
     cp_async_commit();
 }
 
-// The landed bytes -> the fp16 batch (byte / 255, the gather kernel's rounding); frees the byte buffer.
-RG_DEVICE void convert_batch(const CsParams& P, u8* smem) {
-    constexpr int PIECES = CS_INPUTS / 16;
-    const u8* raw = raw_at(P, smem);
-    half_t* x = x_at(P, smem);
-    constexpr int ITERS = (CS_ROWS * PIECES + CS_THREADS - 1) / CS_THREADS;
+// This thread's landed pieces -> the fp16 batch (byte / 255, the gather kernel's rounding); then the warp's columns
+// of x are complete (no other thread writes them).
+RG_DEVICE void convert_own_pieces(const CsParams& P, u8* smem) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const u8* raw = raw_at(P, smem) + lane * CS_INPUTS;
+    half_t* x = x_at(P, smem) + lane * CS_X_LD;
     cp_async_wait<0>();
-    __syncthreads();
-    uint4 v[ITERS];  // every load in flight before the first conversion
+    uint4 v[CS_OWN_PIECES];  // every load in flight before the first conversion
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int e = threadIdx.x + i * CS_THREADS;
-        if (e < CS_ROWS * PIECES) v[i] = load_16(raw + (e / PIECES) * CS_INPUTS + 16 * (e % PIECES));
+    for (int i = 0; i < CS_OWN_PIECES; ++i) {
+        const int q = warp + i * CS_WARPS;
+        if (q < CS_PIECES) v[i] = load_16(raw + 16 * q);
     }
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int e = threadIdx.x + i * CS_THREADS;
-        if (e < CS_ROWS * PIECES) {
+    for (int i = 0; i < CS_OWN_PIECES; ++i) {
+        const int q = warp + i * CS_WARPS;
+        if (q < CS_PIECES) {
             uint4 lo, hi;
             bytes16_to_f16(v[i], lo, hi);
-            half_t* p = x + (e / PIECES) * CS_X_LD + 16 * (e % PIECES);
-            store_16(p, lo);
-            store_16(p + 8, hi);
+            store_16(x + 16 * q, lo);
+            store_16(x + 16 * q + 8, hi);
         }
     }
-    __syncthreads();
+    __syncwarp();
 }
 
 // bias[j] -= lr * (column j of fp16 s[32][ld]) for j < cols: a warp per column, lane = row, and the sum exact in
@@ -214,10 +245,12 @@ RG_DEVICE void bias_sgd(float* bias, const half_t* s, int ld, int cols, float lr
 
 // ---- phases -------------------------------------------------------------------------------------------------------
 
-// Forward through hidden layer l for this CTA's columns, into its own copy of h_l.
+// Forward through hidden layer l for this CTA's columns, stored into every CTA's copy of h_l (the caller then
+// receives the other slices). Layer 0 first converts the thread's pieces of the batch.
 template <int NT>
 RG_DEVICE void forward_hidden(const CsParams& P, u8* smem, const Geo& G, int l, int ab) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+    if (l == 0) convert_own_pieces(P, smem);
     const CsLayer& Ly = P.layer[l];
     const float* W = reinterpret_cast<const float*>(smem + Ly.w_off);
     const int wld = G.n + 4, ksteps = (int)Ly.rows / 16;
@@ -243,7 +276,7 @@ RG_DEVICE void forward_hidden(const CsParams& P, u8* smem, const Geo& G, int l, 
         }
     }
     float* scr = reinterpret_cast<float*>(smem + P.scratch_off);
-    const int sld = scratch_ld(G);
+    const int sld = G.n;
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -257,7 +290,7 @@ RG_DEVICE void forward_hidden(const CsParams& P, u8* smem, const Geo& G, int l, 
     __syncthreads();
     half_t* out = act_at(P, smem, G, l, ab);
     const float* bias = reinterpret_cast<const float*>(smem + Ly.b_off);
-    const int pairs = G.n / 2;
+    const int pairs = G.n / 2;  // 32 x pairs items: whole warps (n is a multiple of 8)
     for (int e = tid; e < CS_ROWS * pairs; e += CS_THREADS) {
         const int r = e / pairs, j = 2 * (e % pairs);
         float2 s = make_float2(0.f, 0.f);
@@ -268,70 +301,77 @@ RG_DEVICE void forward_hidden(const CsParams& P, u8* smem, const Geo& G, int l, 
         }
         const bool row = r < G.B;
         const float v0 = row ? fmaxf(s.x + bias[j], 0.f) : 0.f, v1 = row ? fmaxf(s.y + bias[j + 1], 0.f) : 0.f;
-        *reinterpret_cast<u32*>(out + r * act_ld(G) + G.J0 + j) = pack_f16x2(v0, v1);
+        const u32 h2 = pack_f16x2(v0, v1);
+        // Lanes 4i .. 4i + 3 hold one row's 8 columns at 8 (j / 8): each assembles the 16-byte piece and stores it
+        // into a quarter of the cluster's copies (its own CTA's included).
+        const int base = lane & ~3;
+        const uint4 piece = make_uint4(__shfl_sync(0xffffffffu, h2, base), __shfl_sync(0xffffffffu, h2, base + 1),
+                                       __shfl_sync(0xffffffffu, h2, base + 2), __shfl_sync(0xffffffffu, h2, base + 3));
+        const u32 at = shared_address(out + r * act_ld(G) + G.J0 + (j & ~7));
+        const u32 bar = shared_address(G.bars + act_index(l, ab));
+        for (int d = lane & 3; d < G.C; d += 4)
+            cluster_store_async_16(cluster_address(at, d), piece, cluster_address(bar, d));
     }
-    __syncthreads();
 }
 
-// All-gather of h_l: this CTA's 32 x n slice into every other CTA's copy, 16 bytes per store; then the barrier.
-// Work item e: destination CTA e % 16, piece e / 16 (row piece / NT, 8 columns at 8 (piece % NT)): constant
-// divisions, every load issued before the first store.
+// Backward through hidden layer l > 0 with dy_l[:, J] in shared memory: the partial dx_{l-1} = dy_l[:, J] W_l[:, J]^T,
+// 8 input features per warp task, stored into the owners' partial-sum buffers.
 template <int NT>
-RG_DEVICE void all_gather(const CsParams& P, u8* smem, const Geo& G, int l, int ab) {
-    constexpr int ITERS = CS_ROWS * NT * 16 / CS_THREADS;
-    const half_t* out = act_at(P, smem, G, l, ab);
-    uint4 v[ITERS];
-    u32 at[ITERS];
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int e = threadIdx.x + i * CS_THREADS, piece = e / 16;
-        const half_t* p = out + (piece / NT) * act_ld(G) + G.J0 + 8 * (piece % NT);
-        at[i] = shared_address(p);
-        if (piece % NT < G.nt) v[i] = load_16(p);
-    }
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int e = threadIdx.x + i * CS_THREADS, d = e % 16;
-        if ((e / 16) % NT < G.nt && d < G.C && d != G.c) cluster_store_16(cluster_address(at[i], d), v[i]);
-    }
-    cluster_sync();
-}
-
-// Backward through hidden layer l with dy_l[:, J] in shared memory: the partial dx_{l-1} to its owners (l > 0),
-// then the weight and bias update of this CTA's slice. Ends without a barrier (the caller adds it for l > 0).
-template <int NT>
-RG_DEVICE void layer_backward(const CsParams& P, u8* smem, const Geo& G, int l, int ab, float lr) {
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-    const CsLayer& Ly = P.layer[l];
-    float* W = reinterpret_cast<float*>(smem + Ly.w_off);
+RG_DEVICE void partial_dx(const CsParams& P, u8* smem, const Geo& G, int l) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const float* W = reinterpret_cast<const float*>(smem + P.layer[l].w_off);
     const int wld = G.n + 4, dld = G.n + 8;
-    const half_t* dy = dy_at(P, smem);
-    if (l > 0) {
-        float* rs = rs_at(P, smem, G, (l - 1) & 1);
-        for (int tile = warp; tile < G.hs / 8; tile += CS_WARPS) {  // 8 input features (columns of dx) per task
-            const int i0 = 8 * tile;
-            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            for (int kk = 0; kk < G.n; kk += 16) {
+    const half_t* dy = dy_at(P, smem, G, l);
+    float* rs = rs_at(P, smem, G, (l - 1) & 1);
+    const u32 bar = shared_address(G.bars + CS_RS_BAR + ((l - 1) & 1));
+    const int tiles = G.hs / 8;  // 8 input features (columns of dx) per task, two tasks per warp in flight
+    for (int t0 = warp; t0 < tiles; t0 += 2 * CS_WARPS) {
+        float acc[2][2][4];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int i0 = 8 * (t0 + u * CS_WARPS);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) acc[u][mi][0] = acc[u][mi][1] = acc[u][mi][2] = acc[u][mi][3] = 0.f;
+            if (i0 >= G.hs) continue;
+#pragma unroll
+            for (int kk = 0; kk < 8 * NT; kk += 16) {
+                if (kk >= G.n) break;
                 u32 b[2];
                 b_from_f32_t(b, W, wld, kk, i0, G.n, lane);
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
                     u32 a[4];
                     a_rows(a, dy, dld, 16 * mi, kk, lane);  // columns n..n+7 are zero padding
-                    mma_m16n8k16_f32(acc[mi], a, b);
+                    mma_m16n8k16_f32(acc[u][mi], a, b);
                 }
             }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int i0 = 8 * (t0 + u * CS_WARPS);
+            if (i0 >= G.hs) continue;
             const int owner = i0 / G.n, j = i0 % G.n + 2 * t;
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const float* p = rs + (G.c * CS_ROWS + 16 * mi + g + 8 * h) * G.n + j;
-                    cluster_store_f2(cluster_address(shared_address(p), owner), acc[mi][2 * h], acc[mi][2 * h + 1]);
+                    cluster_store_async_f2(cluster_address(shared_address(p), owner), acc[u][mi][2 * h],
+                                           acc[u][mi][2 * h + 1], cluster_address(bar, owner));
                 }
         }
-        __syncthreads();  // every read of W_l is done before the update below
     }
+}
+
+// The update of hidden layer l's slice: W_l[:, J] -= lr h_{l-1}^T dy_l[:, J] (16-row tasks, several per warp at once),
+// and b_l[J]. Reads only this CTA's shared memory.
+template <int NT>
+RG_DEVICE void update_layer(const CsParams& P, u8* smem, const Geo& G, int l, int ab, float lr) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const CsLayer& Ly = P.layer[l];
+    float* W = reinterpret_cast<float*>(smem + Ly.w_off);
+    const int wld = G.n + 4, dld = G.n + 8;
+    const half_t* dy = dy_at(P, smem, G, l);
     int ild;
     const half_t* in = in_at(P, smem, G, l, ab, ild);
     const int mtiles = (int)Ly.rows / 16;
@@ -341,14 +381,15 @@ RG_DEVICE void layer_backward(const CsParams& P, u8* smem, const Geo& G, int l, 
 #pragma unroll
         for (int nj = 0; nj < NT; nj += 2)
             if (nj < G.nt) b_rows_pair(b[kh][nj], b[kh][nj + 1], dy, dld, 16 * kh, 8 * nj, lane);  // past n: zeros
-    for (int m0 = warp; m0 < mtiles; m0 += 2 * CS_WARPS) {  // dW[16 rows, n columns] per task, two tasks at once
-        float acc[2][NT][4];
+    constexpr int U = NT == 1 ? 4 : 2;  // tasks in flight at once: shorter chains where the registers allow
+    for (int m0 = warp; m0 < mtiles; m0 += U * CS_WARPS) {  // dW[16 rows, n columns] per task
+        float acc[U][NT][4];
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int j = 0; j < NT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int mt = m0 + u * CS_WARPS;
             if (mt < mtiles) {
 #pragma unroll
@@ -362,7 +403,7 @@ RG_DEVICE void layer_backward(const CsParams& P, u8* smem, const Geo& G, int l, 
             }
         }
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int mt = m0 + u * CS_WARPS;
 #pragma unroll
             for (int nj = 0; nj < NT; ++nj)
@@ -372,18 +413,29 @@ RG_DEVICE void layer_backward(const CsParams& P, u8* smem, const Geo& G, int l, 
     bias_sgd(reinterpret_cast<float*>(smem + Ly.b_off), dy, dld, G.n, lr);
 }
 
+// Wait until barrier i's phase has all its bytes (thread 0 tells it how many); phases: a bit per barrier, the parity
+// each thread waits for next.
+RG_DEVICE void receive(const Geo& G, u32& phases, int i, u32 bytes) {
+    if (threadIdx.x == 0) mbar_arrive_expect_tx(G.bars + i, bytes);
+    cluster_wait_phase(shared_address(G.bars + i), (phases >> i) & 1u);
+    phases ^= 1u << i;
+}
+
 // dy_l[:, J] = (sum of the partials the CTAs sent, in CTA order) * relu'(h_l[:, J]).
 RG_DEVICE void collect_dy(const CsParams& P, u8* smem, const Geo& G, int l, int ab) {
     const float* rs = rs_at(P, smem, G, l & 1);
     const half_t* h = act_at(P, smem, G, l, ab);
-    half_t* dy = dy_at(P, smem);
+    half_t* dy = dy_at(P, smem, G, l);
     const int pairs = G.n / 2;
     for (int e = threadIdx.x; e < CS_ROWS * pairs; e += CS_THREADS) {
         const int r = e / pairs, j = 2 * (e % pairs);
         float2 s = make_float2(0.f, 0.f);
-        for (int src = 0; src < G.C; ++src) {
-            const float2 v = *reinterpret_cast<const float2*>(rs + (src * CS_ROWS + r) * G.n + j);
-            s.x += v.x, s.y += v.y;
+#pragma unroll
+        for (int src = 0; src < 16; ++src) {  // every load in flight at once; added in CTA order
+            if (src < G.C) {
+                const float2 v = *reinterpret_cast<const float2*>(rs + (src * CS_ROWS + r) * G.n + j);
+                s.x += v.x, s.y += v.y;
+            }
         }
         const u32 hv = *reinterpret_cast<const u32*>(h + r * act_ld(G) + G.J0 + j);
         *reinterpret_cast<u32*>(dy + r * (G.n + 8) + j) =
@@ -402,68 +454,59 @@ RG_DEVICE void head_loss(const CsParams& P, u8* smem, const Geo& G, int ab, int 
     const half_t* h = act_at(P, smem, G, G.L - 2, ab);
     half_t* dl = reinterpret_cast<half_t*>(smem + P.dlogit_off);
     int* labels = labels_at(P, smem);
-    float acc[2][2][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-    for (int ks = warp; ks < G.hs / 16; ks += CS_WARPS) {
-        u32 a[2][4];
+    // Logits: warp w takes classes 8 (w % 2) .. + 7 and the k-steps w / 2 + 4 i; 4 partial sums per logit.
+    const int nj = warp % 2, kg = warp / 2;
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int ks = kg; ks < G.hs / 16; ks += CS_HEAD_GROUPS) {
+        u32 a[2][4], b[2];
         a_rows(a[0], h, act_ld(G), 0, 16 * ks, lane);
         a_rows(a[1], h, act_ld(G), 16, 16 * ks, lane);
-#pragma unroll
-        for (int nj = 0; nj < 2; ++nj) {
-            u32 b[2];
-            b_from_f32(b, W3, CS_HEAD_LD, 16 * ks, 8 * nj, lane);
-            mma_m16n8k16_f32(acc[0][nj], a[0], b);
-            mma_m16n8k16_f32(acc[1][nj], a[1], b);
-        }
+        b_from_f32(b, W3, CS_HEAD_LD, 16 * ks, 8 * nj, lane);
+        mma_m16n8k16_f32(acc[0], a[0], b);
+        mma_m16n8k16_f32(acc[1], a[1], b);
     }
     if (tid < CS_ROWS) labels[tid] = label;  // its load was issued when the step began
     float* scr = reinterpret_cast<float*>(smem + P.scratch_off);
-    const int sld = scratch_ld(G);
+    constexpr int sld = 16;
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < 2; ++nj) {
-            float* p = scr + (warp * CS_ROWS + 16 * mi + g) * sld + 8 * nj + 2 * t;
-            *reinterpret_cast<float2*>(p) = make_float2(acc[mi][nj][0], acc[mi][nj][1]);
-            *reinterpret_cast<float2*>(p + 8 * sld) = make_float2(acc[mi][nj][2], acc[mi][nj][3]);
-        }
+    for (int mi = 0; mi < 2; ++mi) {
+        float* p = scr + (kg * CS_ROWS + 16 * mi + g) * sld + 8 * nj + 2 * t;
+        *reinterpret_cast<float2*>(p) = make_float2(acc[mi][0], acc[mi][1]);
+        *reinterpret_cast<float2*>(p + 8 * sld) = make_float2(acc[mi][2], acc[mi][3]);
+    }
     __syncthreads();
     const int classes = (int)P.classes;
     const float scale = (float)P.dlogit_scale;
     float* row_loss = row_loss_at(P, smem);
     int* row_hit = row_hit_at(P, smem);
+    {  // 8 lanes per row, every row at once: lane q of a row's group holds classes q and q + 8
+        const int r = tid / 8, q = tid % 8;
+        const bool row = r < G.B;
+        float z[2];
 #pragma unroll
-    for (int q = 0; q < CS_ROWS / CS_WARPS; ++q) {  // a warp per row, lane c holds class c
-        const int r = warp + q * CS_WARPS;
-        const bool cls = lane < classes, row = r < G.B;
-        float sum = 0.f;
-        if (lane < 16) {
+        for (int p = 0; p < 2; ++p) {
+            const int c = q + 8 * p;
+            float sum = 0.f;
 #pragma unroll
-            for (int w = 0; w < CS_WARPS; ++w) sum += scr[(w * CS_ROWS + r) * sld + lane];
+            for (int w = 0; w < CS_HEAD_GROUPS; ++w) sum += scr[(w * CS_ROWS + r) * sld + c];
+            z[p] = c < classes ? f16_to_f32(f32_to_f16(sum + b3[c])) : -__int_as_float(0x7f800000);
         }
-        const float z = cls ? f16_to_f32(f32_to_f16(sum + b3[lane])) : -__int_as_float(0x7f800000);
-        const XentRow x = softmax_xent_row(z, classes, labels[r], scale);
-        if (lane == 0) {
+        const XentRow<2> x = softmax_xent_row<8, 2>(z, classes, labels[r], scale);
+        if (q == 0) {
             row_loss[r] = row ? x.loss : 0.f;
             row_hit[r] = row && x.hit ? 1 : 0;
         }
-        const float gr = row ? x.grad : 0.f;
-        if (lane < 16) dl[r * CS_DLOGIT_LD + lane] = f32_to_f16(gr);
+#pragma unroll
+        for (int p = 0; p < 2; ++p) dl[r * CS_DLOGIT_LD + q + 8 * p] = f32_to_f16(row ? x.grad[p] : 0.f);
     }
     __syncthreads();
 }
 
-// Below the head, identically in every CTA: the step's metrics (CTA 0), dy of the top hidden layer for this CTA's
-// columns, and the replica's update.
-RG_DEVICE void head_backward(const CsParams& P, u8* smem, const Geo& G, int ab, float lr, double& run_loss,
-                             int& run_hits) {
+// Below the head, identically in every CTA: the step's metrics (CTA 0) and dy of the top hidden layer for this
+// CTA's columns.
+RG_DEVICE void head_dy(const CsParams& P, u8* smem, const Geo& G, int ab, double& run_loss, int& run_hits) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-    const CsLayer& Ly = P.layer[G.L - 1];
-    float* W3 = reinterpret_cast<float*>(smem + Ly.w_off);
-    float* b3 = reinterpret_cast<float*>(smem + Ly.b_off);
+    const float* W3 = reinterpret_cast<const float*>(smem + P.layer[G.L - 1].w_off);
     const half_t* h = act_at(P, smem, G, G.L - 2, ab);
     const half_t* dl = reinterpret_cast<const half_t*>(smem + P.dlogit_off);
     const float* row_loss = row_loss_at(P, smem);
@@ -479,7 +522,7 @@ RG_DEVICE void head_backward(const CsParams& P, u8* smem, const Geo& G, int ab, 
         run_loss += loss, run_hits += hits;
     }
     // dy of the top hidden layer, this CTA's columns: (d(logits) W3[J, :]^T) * relu'(h[:, J]); K = 16 classes.
-    half_t* dy = dy_at(P, smem);
+    half_t* dy = dy_at(P, smem, G, G.L - 2);
     for (int u = warp; u < 2 * G.nt; u += CS_WARPS) {
         const int mi = u % 2, nj = u / 2;
         u32 a[4], b[2];
@@ -496,6 +539,16 @@ RG_DEVICE void head_backward(const CsParams& P, u8* smem, const Geo& G, int ab, 
         }
     }
     __syncthreads();  // dy is complete, and every read of W3 is done before its update
+}
+
+// The head replica's update, identically in every CTA: W3 -= lr h^T d(logits), b3 -= lr (column sums).
+RG_DEVICE void head_update(const CsParams& P, u8* smem, const Geo& G, int ab, float lr) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const CsLayer& Ly = P.layer[G.L - 1];
+    float* W3 = reinterpret_cast<float*>(smem + Ly.w_off);
+    float* b3 = reinterpret_cast<float*>(smem + Ly.b_off);
+    const half_t* h = act_at(P, smem, G, G.L - 2, ab);
+    const half_t* dl = reinterpret_cast<const half_t*>(smem + P.dlogit_off);
     for (int mt = warp; mt < G.hs / 16; mt += CS_WARPS) {  // dW3 = h^T d(logits): M = hs, N = 16, K = 32
         float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -560,10 +613,16 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 smem[];
     __shared__ CsParams P;  // every phase reads the table: from shared memory, not through the cache hierarchy
+    __shared__ __align__(8) u64 bars[CS_BARS];
     for (int i = threadIdx.x; i < (int)(sizeof(CsParams) / 8); i += CS_THREADS)
         reinterpret_cast<u64*>(&P)[i] = reinterpret_cast<const u64*>(params)[i];
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < CS_BARS; ++i) mbar_init(bars + i, 1);  // one arrival: thread 0's, with the byte count
+        fence_mbarrier_init_cluster();
+    }
     __syncthreads();
     Geo G;
+    G.bars = bars;
     G.c = (int)cluster_rank(), G.C = (int)cluster_ctas(), G.n = (int)P.n, G.nt = G.n / 8, G.hs = (int)P.hs;
     G.J0 = G.c * G.n, G.B = (int)P.batch, G.L = (int)P.layers;
     if (dynamic_smem_bytes() < P.smem_bytes || (int)gridDim.x != G.C || G.C * G.n != G.hs) __trap();  // launcher mismatch
@@ -571,10 +630,10 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
     for (i64 i = 16 * tid; i < P.smem_bytes; i += 16 * CS_THREADS) store_16(smem + i, make_uint4(0, 0, 0, 0));
     __syncthreads();
     for (int l = 0; l < G.L; ++l) move_layer<true>(P, smem, G, l);
+    const int lane = tid % 32;
     const i64 s0 = *P.step;
-    if (tid < CS_ROWS) idx_at(P, smem, s0 & 1)[tid] = tid < G.B ? P.perm[batch_base(P, s0) + tid] : 0;
-    __syncthreads();
-    issue_gather(P, smem, G, idx_at(P, smem, s0 & 1));
+    int img = lane < G.B ? P.perm[batch_base(P, s0) + lane] : 0;  // this thread's row of the batch: an image index
+    issue_gather(P, smem, G, img);
     cluster_sync();  // every CTA is set up before anyone stores into its shared memory
 #ifdef CS_PROFILE
     int mark = 0;  // stamps the start, then kernels/cluster.py:marks(layers) per step, then SM cycles start/end
@@ -583,43 +642,48 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
     CS_MARK();
     double run_loss = 0.0;
     int run_hits = 0;
+    const int top = G.L - 2;
+    const u32 slice_bytes = (u32)(G.C * CS_ROWS * G.n);  // every CTA's 32 x n slice: x 2 bytes (h), x 4 (partials)
+    u32 phases = 0;
     for (int k = 0; k < n_steps; ++k) {
         const i64 s = s0 + k;
-        const int xb = (int)(s & 1), ab = P.act_bufs == 2 ? (int)(s & 1) : 0;  // index and activation buffers
+        const int ab = (int)(s & 1);  // h_0's buffer
         const bool more = k + 1 < n_steps;
         const float lr = lr_at_step(s, P.lr0, P.lr_min, P.total_steps, P.warmup_steps, (int)P.schedule);
-        convert_batch(P, smem);  // this step's rows have landed
-        CS_MARK();
         int label = 0, next = 0;  // loads in flight; used after the first phase (next) and in the head (label)
-        if (tid < G.B) {
-            label = P.labels[idx_at(P, smem, xb)[tid]];
-            if (more) next = P.perm[batch_base(P, s + 1) + tid];
+        if (lane < G.B) {
+            if (tid < CS_ROWS) label = P.labels[img];
+            if (more) next = P.perm[batch_base(P, s + 1) + lane];
         }
-        for (int l = 0; l < G.L - 1; ++l) {
+        __syncthreads();  // the last step's update of W_0 (which reads x) is done
+        for (int l = 0; l <= top; ++l) {
             forward_hidden<NT>(P, smem, G, l, ab);
+            if (l == top && more) issue_gather(P, smem, G, next);  // the next step's pieces (raw is free since
+                                                                   // forward 0), issued while h_top is in flight
             CS_MARK();
-            all_gather<NT>(P, smem, G, l, ab);
+            receive(G, phases, act_index(l, ab), 2 * slice_bytes);
             CS_MARK();
-            if (l == 0 && more) {  // next step's rows, into the byte buffer (converted at this step's start)
-                if (tid < CS_ROWS) idx_at(P, smem, xb ^ 1)[tid] = next;
-                __syncthreads();
-                issue_gather(P, smem, G, idx_at(P, smem, xb ^ 1));
-            }
         }
         head_loss(P, smem, G, ab, label);
         CS_MARK();
-        head_backward(P, smem, G, ab, lr, run_loss, run_hits);
+        head_dy(P, smem, G, ab, run_loss, run_hits);
         CS_MARK();
-        layer_backward<NT>(P, smem, G, G.L - 2, ab, lr);
-        CS_MARK();
-        for (int l = G.L - 3; l >= 0; --l) {
-            cluster_sync();
+        for (int l = top; l > 0; --l) {
+            partial_dx<NT>(P, smem, G, l);
+            __syncthreads();  // every read of W_l is done before its update
             CS_MARK();
-            collect_dy(P, smem, G, l, ab);
+            update_layer<NT>(P, smem, G, l, ab, lr);  // while the partials are in flight
+            if (l == top) head_update(P, smem, G, ab, lr);
             CS_MARK();
-            layer_backward<NT>(P, smem, G, l, ab, lr);
+            receive(G, phases, CS_RS_BAR + ((l - 1) & 1), 4 * slice_bytes);
+            CS_MARK();
+            collect_dy(P, smem, G, l - 1, ab);
             CS_MARK();
         }
+        update_layer<NT>(P, smem, G, 0, ab, lr);
+        if (top == 0) head_update(P, smem, G, ab, lr);
+        CS_MARK();
+        img = next;
     }
 #ifdef CS_PROFILE
     if (G.c == 0 && tid == 0 && P.profile != nullptr) P.profile[mark] = cycles0, P.profile[mark + 1] = clock64();

@@ -306,13 +306,13 @@ RG_DEVICE void phase_head(const FsParams& P, int i, const FsStep& st, u8* smem) 
             const int r = warp + q * FS_WARPS, row = m0 + r;
             if (row >= B) break;
             const bool cls = lane < classes;
-            const float z = cls ? f16_to_f32(f32_to_f16(out[r * 33 + lane] + bias)) : -__int_as_float(0x7f800000);
-            const XentRow x = softmax_xent_row(z, classes, labels[q], scale);
+            const float z[1] = {cls ? f16_to_f32(f32_to_f16(out[r * 33 + lane] + bias)) : -__int_as_float(0x7f800000)};
+            const XentRow<1> x = softmax_xent_row<32, 1>(z, classes, labels[q], scale);
             if (lane == 0) {
                 P.row_loss[row] = x.loss;
                 P.row_hit[row] = x.hit ? 1 : 0;
             }
-            const float g = x.grad;
+            const float g = x.grad[0];
             if (lane < Ly.out_p) Ly.dy[(i64)row * Ly.out_p + lane] = f32_to_f16(g);
         }
         __syncthreads();

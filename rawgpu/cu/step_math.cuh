@@ -43,33 +43,57 @@ RG_DEVICE i64 f16_fixed24(u32 h) {
     return (h & 0x8000) ? -mag : mag;
 }
 
-// Softmax cross-entropy of one row by one warp: lane c holds class c's logit z (-inf past `classes`). Every lane
-// gets the row's loss (NaN for a label outside 0..classes-1) and hit; lane c gets d(loss)/d(z_c) times `scale`.
-// The argmax breaks ties to the lower index; the loss is log(1 + sum of the other exponentials) + (max - z_label).
+// Softmax cross-entropy of one row by a group of LANES aligned lanes (LANES a power of two <= 32): lane q of the
+// group holds the logits of classes q + LANES p, p < PER (-inf past `classes`). Every lane gets the row's loss (NaN
+// for a label outside 0..classes-1) and hit, and d(loss)/d(z) times `scale` for its classes. The argmax breaks ties
+// to the lower index; the loss is log(1 + sum of the other exponentials) + (max - z_label). A warp per row
+// (LANES 32, PER 1) in the fused step; 8 lanes per row, 4 rows per warp at once in the cluster step.
+template <int PER>
 struct XentRow {
-    float loss, grad;
+    float loss, grad[PER];
     bool hit;
 };
 
-RG_DEVICE XentRow softmax_xent_row(float z, int classes, int label, float scale) {
-    const int lane = threadIdx.x % 32;
-    const bool cls = lane < classes;
-    float best = z;
-    int best_i = cls ? lane : 0x7fffffff;
+template <int LANES, int PER>
+RG_DEVICE XentRow<PER> softmax_xent_row(const float (&z)[PER], int classes, int label, float scale) {
+    const int q = threadIdx.x % LANES;
+    float best = -__int_as_float(0x7f800000);
+    int best_i = 0x7fffffff;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int p = 0; p < PER; ++p) {  // ascending class order: a strict > keeps the lower index
+        const int c = q + LANES * p;
+        if (c < classes && (z[p] > best || best_i == 0x7fffffff)) best = z[p], best_i = c;
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) {
         const float ob = __shfl_xor_sync(0xffffffffu, best, o);
         const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
         if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
     }
-    const float e = cls ? expf(z - best) : 0.f;
-    const float rest = warp_sum(lane != best_i ? e : 0.f);  // the exponentials other than the largest
+    float e[PER], rest = 0.f;  // rest: the exponentials other than the largest
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int c = q + LANES * p;
+        e[p] = c < classes ? expf(z[p] - best) : 0.f;
+        rest += c != best_i ? e[p] : 0.f;
+    }
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) rest += __shfl_xor_sync(0xffffffffu, rest, o);
     const bool valid = label >= 0 && label < classes;
-    const float z_label = __shfl_sync(0xffffffffu, z, valid ? label : 0);
-    XentRow out;
+    const int lab = valid ? label : 0;
+    float z_label = 0.f;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const float v = __shfl_sync(0xffffffffu, z[p], lab % LANES, LANES);
+        if (p == lab / LANES) z_label = v;
+    }
+    XentRow<PER> out;
     out.loss = valid ? log1pf(rest) + (best - z_label) : __int_as_float(0x7fffffff);
     out.hit = valid && best_i == label;
-    out.grad = cls ? (e * (1.0f / (1.0f + rest)) - (lane == label ? 1.0f : 0.0f)) * scale : 0.f;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+        const int c = q + LANES * p;
+        out.grad[p] = c < classes ? (e[p] * (1.0f / (1.0f + rest)) - (c == label ? 1.0f : 0.0f)) * scale : 0.f;
+    }
     return out;
 }
-

@@ -31,7 +31,7 @@ MAX_LINEAR = 9  # CS_MAX_LINEAR: 8 hidden layers and the head
 MAX_COLUMNS = 32  # 8 x CS_NT_MAX columns per CTA
 CTAS = 16  # the cluster: sm_90 runs up to 16 CTAs in one (a non-portable size, opted into at launch)
 SHARED_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
-HEADER_FIELDS = 29  # CsParams before layer[]: 7 pointers, 19 int64, 3 doubles
+HEADER_FIELDS = 28  # CsParams before layer[]: 7 pointers, 18 int64, 3 doubles
 LAYER_FIELDS = 8  # CsLayer: w32, w16, b, in_p, out_p, rows, w_off, b_off
 PARAM_BYTES = 1024  # room for the table's static copy in shared memory (808 B; ptxas reports 896)
 SCHEDULE_KINDS = {"constant": 0, "cosine": 1, "linear": 2}
@@ -49,7 +49,6 @@ class ClusterPlan:
     ctas: int
     n: int  # columns of every hidden layer per CTA
     hs: int  # hidden width padded to ctas x n
-    act_bufs: int
     w_off: tuple[int, ...]  # per linear layer (the last: the head replica)
     b_off: tuple[int, ...]
     rows: tuple[int, ...]  # rows held per linear layer
@@ -90,16 +89,15 @@ def plan(hidden: int, layers: int, ctas: int = CTAS) -> ClusterPlan:
     rows = tuple([INPUTS] + [hs] * (layers - 1) + [hs])
     w_off = tuple(take(f"w{i}", r * (n + 4) * 4) for i, r in enumerate(rows[:-1])) + (take("head", hs * HEAD_LD * 4),)
     b_off = tuple(take(f"b{i}", n * 4) for i in range(layers)) + (take("head_bias", 16 * 4),)
-    act_bufs = 2 if layers == 1 else 1
-    take("act", layers * act_bufs * ROWS * (hs + 8) * 2)
+    take("act", (layers + 1) * ROWS * (hs + 8) * 2)  # h_0 alternates by step parity
     take("raw", ROWS * INPUTS)
     take("x", ROWS * X_LD * 2)
-    take("dy", ROWS * (n + 8) * 2)
+    take("dy", 2 * ROWS * (n + 8) * 2)  # alternates by layer parity
     take("dlogits", ROWS * DLOGIT_LD * 2)
     take("rs", min(2, layers - 1) * ctas * ROWS * n * 4 if layers > 1 else 0)
-    take("scratch", 8 * ROWS * max(n, 16) * 4)
-    take("misc", (64 + 32 + 32 + 32) * 4)
-    return ClusterPlan(ctas, n, hs, act_bufs, w_off, b_off, rows, regions, end)
+    take("scratch", max(8 * ROWS * n, 4 * ROWS * 16) * 4)  # warps' partial sums: a forward's, the head's
+    take("misc", 3 * ROWS * 4)  # labels, per-row loss and hit
+    return ClusterPlan(ctas, n, hs, w_off, b_off, rows, regions, end)
 
 
 def unsupported_reason(recipe, arch: str) -> str | None:
@@ -134,7 +132,7 @@ def param_table(model, p: ClusterPlan, profile: int = 0) -> np.ndarray:
     o = p.offsets
     words = [model.images.ptr, model.labels.ptr, model.perm.ptr, model.step.ptr, model.loss_sum.ptr,
              model.correct.ptr, profile, r.batch, r.steps_per_epoch, len(model.layers), SCHEDULE_KINDS[r.schedule],
-             r.total_steps, r.warmup_steps, CLASSES, p.hs, p.n, p.act_bufs, o["act"], o["raw"], o["x"], o["dy"], o["dlogits"],
+             r.total_steps, r.warmup_steps, CLASSES, p.hs, p.n, o["act"], o["raw"], o["x"], o["dy"], o["dlogits"],
              o["rs"], o["scratch"], o["misc"], p.smem_bytes]
     words += [int(np.float64(d).view(np.uint64)) for d in doubles]
     assert len(words) == HEADER_FIELDS
@@ -145,23 +143,29 @@ def param_table(model, p: ClusterPlan, profile: int = 0) -> np.ndarray:
 
 
 def phases(layers: int) -> list[tuple[str, str]]:
-    """(phase, what ends it) for one step with `layers` hidden layers, as the kernel runs them (tests, inspect_graph)."""
-    out = [(f"forward {i}: h{i} slice, all-gather", "cluster barrier") for i in range(layers)]
-    out.append((f"head (every CTA) + backward {layers - 1}: partial dx to owners, update",
-                "cluster barrier" if layers > 1 else "-"))
-    out += [(f"backward {i}: sum partials, " + ("partial dx to owners, " if i else "") + "update",
-             "cluster barrier" if i else "- (next step)") for i in range(layers - 2, -1, -1)]
+    """(phase, what ends it) for one step with `layers` hidden layers, as the kernel runs them (tests, inspect_graph).
+    A receive waits on the CTA's own mbarrier for the bytes the other CTAs stored into it."""
+    out = [(f"forward {i}: " + ("convert the batch, " if i == 0 else "") + f"h{i} slice into every CTA's copy",
+            f"receive h{i}") for i in range(layers)]
+    out.append(("head (every CTA): logits, softmax cross-entropy, dy of the top layer", "-"))
+    for i in range(layers - 1, 0, -1):
+        out.append((f"backward {i}: partial dx to owners; update{' + head' if i == layers - 1 else ''}",
+                    f"receive partials of dx{i - 1}"))
+        out.append((f"backward {i - 1}: sum partials", "-"))
+    out.append((f"backward 0: update{' + head' if layers == 1 else ''}", "- (next step)"))
     return out
 
 
 def marks(layers: int) -> list[str]:
     """What each CS_PROFILE timestamp of a step closes (the time since the previous one), in kernel order."""
-    out = ["batch landed"]
+    out = []
     for i in range(layers):
-        out += [f"forward {i}", f"all-gather {i} + barrier"]
-    out += ["head loss", "head backward", f"backward {layers - 1}"]
-    for i in range(layers - 2, -1, -1):
-        out += ["barrier", f"collect dy {i}", f"backward {i}"]
+        out += [f"forward {i}" + (" (+ convert, gather)" if i == 0 else "") + " + stores", f"receive h{i}"]
+    out += ["head loss", "head dy"]
+    for i in range(layers - 1, 0, -1):
+        out += [f"partial dx {i}", f"update {i}" + (" + head" if i == layers - 1 else ""), "receive partials",
+                f"collect dy {i - 1}"]
+    out.append("update 0" + (" + head" if layers == 1 else ""))
     return out
 
 

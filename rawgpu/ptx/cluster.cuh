@@ -39,3 +39,31 @@ RG_DEVICE void cluster_store_f2(u32 address, float a, float b) {
 RG_DEVICE void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+
+
+// Stores that count their bytes on the receiving CTA's mbarrier (st.async; `bar` is a cluster address in the same
+// CTA as `address`). The receiver waits on its own barrier for the bytes it expects (cluster_wait_phase); the
+// sender waits for nothing: no release fence drains its stores, as before a barrier.cluster.arrive.release.
+RG_DEVICE void cluster_store_async_16(u32 address, uint4 v, u32 bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+                 :: "r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar) : "memory");
+}
+
+RG_DEVICE void cluster_store_async_f2(u32 address, float a, float b, u32 bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];"
+                 :: "r"(address), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(bar) : "memory");
+}
+
+// Initialised mbarriers become visible to the other CTAs' st.async (before the cluster_sync that follows).
+RG_DEVICE void fence_mbarrier_init_cluster() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// Block until the phase of this CTA's mbarrier with this parity has completed, acquiring at cluster scope what the
+// other CTAs' st.async wrote.
+RG_DEVICE void cluster_wait_phase(u32 bar, u32 parity) {
+    asm volatile(
+        "{ .reg .pred done;\n"
+        "WAIT_%=:\n"
+        "  mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "  @!done bra WAIT_%=;\n"
+        "}" :: "r"(bar), "r"(parity) : "memory");
+}
