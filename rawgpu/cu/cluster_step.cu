@@ -38,13 +38,12 @@
 // dy alternates by layer parity too, so the sum for layer l - 1 can start while this CTA's warps still read dy_l in
 // the update.
 //
-// Input: each thread gathers the pieces of the batch (uint8, 16 bytes each) that it converts to fp16 byte/255 (the
-// gather kernel's exact rounding) at the start of the next forward 0, one step ahead with cp.async: a thread waits
-// for its own copies only.
+// Input: the next step's batch rows (uint8) are fetched one step ahead by the bulk copy engine, one instruction per
+// image row, onto an mbarrier; forward 0 waits on it and each thread converts the 16-byte pieces its warp multiplies
+// to fp16 byte/255 (the gather kernel's exact rounding).
 #include "common.cuh"
 #include "mma.cuh"
 #include "ldmatrix.cuh"
-#include "cp_async.cuh"
 #include "cluster.cuh"
 #include "tma.cuh"
 #include "step_math.cuh"
@@ -91,7 +90,8 @@ struct CsParams {
 // Every exchange lands on an mbarrier of the receiving CTA, one per buffer: h_0's two (0, 1), h_l's (l + 1), the
 // partial-sum buffers' two (CS_RS_BAR + parity). The receiver expects the bytes of all C slices (its own included).
 #define CS_RS_BAR (CS_MAX_LINEAR)
-#define CS_BARS (CS_MAX_LINEAR + 2)
+#define CS_GATHER_BAR (CS_MAX_LINEAR + 2)  // the batch rows' bulk copies
+#define CS_BARS (CS_MAX_LINEAR + 3)
 
 // This CTA's share of the model, and its barriers.
 struct Geo {
@@ -185,33 +185,37 @@ RG_DEVICE void sgd_tile(float* w, int ld, int m0, int n0, const float (&acc)[4],
 
 RG_DEVICE i64 batch_base(const CsParams& P, i64 s) { return (s % P.steps_per_epoch) * P.batch; }
 
-// The pieces a thread owns: row = its lane, 16-byte pieces q = warp + 8 i of the 49 per row, which are exactly the
-// columns its warp multiplies in forward 0 (k-steps warp, warp + 8, ...).
+// The pieces a thread converts: row = its lane, 16-byte pieces q = warp + 8 i of the 49 per row, which are exactly
+// the columns its warp multiplies in forward 0 (k-steps warp, warp + 8, ...).
 constexpr int CS_PIECES = CS_INPUTS / 16;
 constexpr int CS_OWN_PIECES = (CS_PIECES + CS_WARPS - 1) / CS_WARPS;
 
-// cp.async this thread's pieces of image `img` (its row of the batch; rows past the batch zero-filled) into the
-// byte buffer; one commit group.
-RG_DEVICE void issue_gather(const CsParams& P, u8* smem, const Geo& G, int img) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const bool valid = lane < G.B;
-    const u8* src = P.images + (i64)img * CS_INPUTS;
-    u8* raw = raw_at(P, smem) + lane * CS_INPUTS;
-#pragma unroll
-    for (int i = 0; i < CS_OWN_PIECES; ++i) {
-        const int q = warp + i * CS_WARPS;
-        if (q < CS_PIECES) cp_async_16(raw + 16 * q, valid ? src + 16 * q : P.images, valid);
-    }
-    cp_async_commit();
+// Wait for the phase of this CTA's barrier i that thread `phases` tracks (a bit per barrier: the parity next).
+RG_DEVICE void wait_phase(const Geo& G, u32& phases, int i) {
+    cluster_wait_phase(shared_address(G.bars + i), (phases >> i) & 1u);
+    phases ^= 1u << i;
 }
 
-// This thread's landed pieces -> the fp16 batch (byte / 255, the gather kernel's rounding); then the warp's columns
-// of x are complete (no other thread writes them).
-RG_DEVICE void convert_own_pieces(const CsParams& P, u8* smem) {
+// Warp 0: the batch rows into the byte buffer by the bulk copy engine, lane r copying image `img` (its row; rows
+// past the batch stay zero from the launch's start), counted on the gather barrier. Called after a __syncthreads
+// that follows every read of the buffer.
+RG_DEVICE void issue_gather(const CsParams& P, u8* smem, const Geo& G, int img) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    u64* bar = G.bars + CS_GATHER_BAR;
+    if (lane == 0) mbar_arrive_expect_tx(bar, (u32)(G.B * CS_INPUTS));
+    __syncwarp();
+    fence_proxy_async();
+    if (lane < G.B) bulk_load(raw_at(P, smem) + lane * CS_INPUTS, P.images + (i64)img * CS_INPUTS, CS_INPUTS, bar);
+}
+
+// Once the rows have landed: this thread's pieces -> the fp16 batch (byte / 255, the gather kernel's rounding);
+// then the warp's columns of x are complete (no other warp writes them).
+RG_DEVICE void convert_own_pieces(const CsParams& P, u8* smem, const Geo& G, u32& phases) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const u8* raw = raw_at(P, smem) + lane * CS_INPUTS;
     half_t* x = x_at(P, smem) + lane * CS_X_LD;
-    cp_async_wait<0>();
+    wait_phase(G, phases, CS_GATHER_BAR);
     uint4 v[CS_OWN_PIECES];  // every load in flight before the first conversion
 #pragma unroll
     for (int i = 0; i < CS_OWN_PIECES; ++i) {
@@ -248,9 +252,9 @@ RG_DEVICE void bias_sgd(float* bias, const half_t* s, int ld, int cols, float lr
 // Forward through hidden layer l for this CTA's columns, stored into every CTA's copy of h_l (the caller then
 // receives the other slices). Layer 0 first converts the thread's pieces of the batch.
 template <int NT>
-RG_DEVICE void forward_hidden(const CsParams& P, u8* smem, const Geo& G, int l, int ab) {
+RG_DEVICE void forward_hidden(const CsParams& P, u8* smem, const Geo& G, int l, int ab, u32& phases) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-    if (l == 0) convert_own_pieces(P, smem);
+    if (l == 0) convert_own_pieces(P, smem, G, phases);
     const CsLayer& Ly = P.layer[l];
     const float* W = reinterpret_cast<const float*>(smem + Ly.w_off);
     const int wld = G.n + 4, ksteps = (int)Ly.rows / 16;
@@ -413,12 +417,10 @@ RG_DEVICE void update_layer(const CsParams& P, u8* smem, const Geo& G, int l, in
     bias_sgd(reinterpret_cast<float*>(smem + Ly.b_off), dy, dld, G.n, lr);
 }
 
-// Wait until barrier i's phase has all its bytes (thread 0 tells it how many); phases: a bit per barrier, the parity
-// each thread waits for next.
+// Wait until barrier i's phase has all its bytes (thread 0 tells it how many).
 RG_DEVICE void receive(const Geo& G, u32& phases, int i, u32 bytes) {
     if (threadIdx.x == 0) mbar_arrive_expect_tx(G.bars + i, bytes);
-    cluster_wait_phase(shared_address(G.bars + i), (phases >> i) & 1u);
-    phases ^= 1u << i;
+    wait_phase(G, phases, i);
 }
 
 // dy_l[:, J] = (sum of the partials the CTAs sent, in CTA order) * relu'(h_l[:, J]).
@@ -430,12 +432,9 @@ RG_DEVICE void collect_dy(const CsParams& P, u8* smem, const Geo& G, int l, int 
     for (int e = threadIdx.x; e < CS_ROWS * pairs; e += CS_THREADS) {
         const int r = e / pairs, j = 2 * (e % pairs);
         float2 s = make_float2(0.f, 0.f);
-#pragma unroll
-        for (int src = 0; src < 16; ++src) {  // every load in flight at once; added in CTA order
-            if (src < G.C) {
-                const float2 v = *reinterpret_cast<const float2*>(rs + (src * CS_ROWS + r) * G.n + j);
-                s.x += v.x, s.y += v.y;
-            }
+        for (int src = 0; src < G.C; ++src) {  // CTA order: a fixed sum
+            const float2 v = *reinterpret_cast<const float2*>(rs + (src * CS_ROWS + r) * G.n + j);
+            s.x += v.x, s.y += v.y;
         }
         const u32 hv = *reinterpret_cast<const u32*>(h + r * act_ld(G) + G.J0 + j);
         *reinterpret_cast<u32*>(dy + r * (G.n + 8) + j) =
@@ -619,6 +618,7 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
     if (threadIdx.x == 0) {
         for (int i = 0; i < CS_BARS; ++i) mbar_init(bars + i, 1);  // one arrival: thread 0's, with the byte count
         fence_mbarrier_init_cluster();
+        fence_proxy_async();  // and to the bulk copy engine
     }
     __syncthreads();
     Geo G;
@@ -630,9 +630,8 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
     for (i64 i = 16 * tid; i < P.smem_bytes; i += 16 * CS_THREADS) store_16(smem + i, make_uint4(0, 0, 0, 0));
     __syncthreads();
     for (int l = 0; l < G.L; ++l) move_layer<true>(P, smem, G, l);
-    const int lane = tid % 32;
     const i64 s0 = *P.step;
-    int img = lane < G.B ? P.perm[batch_base(P, s0) + lane] : 0;  // this thread's row of the batch: an image index
+    int img = tid < G.B ? P.perm[batch_base(P, s0) + tid] : 0;  // warp 0: lane r holds row r's image index
     issue_gather(P, smem, G, img);
     cluster_sync();  // every CTA is set up before anyone stores into its shared memory
 #ifdef CS_PROFILE
@@ -650,15 +649,15 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
         const int ab = (int)(s & 1);  // h_0's buffer
         const bool more = k + 1 < n_steps;
         const float lr = lr_at_step(s, P.lr0, P.lr_min, P.total_steps, P.warmup_steps, (int)P.schedule);
-        int label = 0, next = 0;  // loads in flight; used after the first phase (next) and in the head (label)
-        if (lane < G.B) {
-            if (tid < CS_ROWS) label = P.labels[img];
-            if (more) next = P.perm[batch_base(P, s + 1) + lane];
+        int label = 0, next = 0;  // warp 0's loads in flight; used in the head (label) and for the next gather
+        if (tid < G.B) {
+            label = P.labels[img];
+            if (more) next = P.perm[batch_base(P, s + 1) + tid];
         }
         __syncthreads();  // the last step's update of W_0 (which reads x) is done
         for (int l = 0; l <= top; ++l) {
-            forward_hidden<NT>(P, smem, G, l, ab);
-            if (l == top && more) issue_gather(P, smem, G, next);  // the next step's pieces (raw is free since
+            forward_hidden<NT>(P, smem, G, l, ab, phases);
+            if (l == top && more) issue_gather(P, smem, G, next);  // the next step's rows (raw is free since
                                                                    // forward 0), issued while h_top is in flight
             CS_MARK();
             receive(G, phases, act_index(l, ab), 2 * slice_bytes);

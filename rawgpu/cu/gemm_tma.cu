@@ -65,7 +65,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
             mbar_init(&full[s], 1);                 // the producer's arrival, plus the stage's bytes
             mbar_init(&empty[s], Cfg::CONSUMERS);  // one arrival per consumer warp
         }
-        fence_barrier_init();
+        fence_proxy_async();
     }
     __syncthreads();
 

@@ -21,8 +21,9 @@ RG_DEVICE void mbar_init(u64* bar, u32 arrivals) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(shared_address(bar)), "r"(arrivals) : "memory");
 }
 
-// Make initialised barriers visible to the copy engine (the async proxy) before any copy uses them.
-RG_DEVICE void fence_barrier_init() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Order this thread's earlier shared-memory accesses (initialised barriers, reads of a buffer about to be
+// refilled) before the copy engine's (the async proxy's) later ones.
+RG_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // One arrival that also tells the barrier to expect `bytes` more bytes of copies in this phase.
 RG_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
@@ -42,6 +43,14 @@ RG_DEVICE void mbar_wait(u64* bar, u32 parity) {
         "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "  @!done bra WAIT_%=;\n"
         "}" :: "r"(shared_address(bar)), "r"(parity) : "memory");
+}
+
+// Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory into this CTA's shared memory
+// with the bulk copy engine, counting them on `bar`: one instruction per contiguous row, whatever its length.
+RG_DEVICE void bulk_load(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(src)), "r"(bytes), "r"(shared_address(bar))
+                 : "memory");
 }
 
 // Fetch a tensor map into the copy engine's cache ahead of the first copy that uses it.
