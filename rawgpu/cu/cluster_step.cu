@@ -190,7 +190,8 @@ RG_DEVICE i64 batch_base(const CsParams& P, i64 s) { return (s % P.steps_per_epo
 constexpr int CS_PIECES = CS_INPUTS / 16;
 constexpr int CS_OWN_PIECES = (CS_PIECES + CS_WARPS - 1) / CS_WARPS;
 
-// Wait for the phase of this CTA's barrier i that thread `phases` tracks (a bit per barrier: the parity next).
+// Wait for the next phase of this CTA's barrier i; `phases` holds, a bit per barrier, the parity this thread waits
+// for next.
 RG_DEVICE void wait_phase(const Geo& G, u32& phases, int i) {
     cluster_wait_phase(shared_address(G.bars + i), (phases >> i) & 1u);
     phases ^= 1u << i;

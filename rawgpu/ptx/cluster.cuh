@@ -26,15 +26,6 @@ RG_DEVICE u32 cluster_address(u32 local, u32 rank) {
     return r;
 }
 
-RG_DEVICE void cluster_store_16(u32 address, uint4 v) {
-    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};"
-                 :: "r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-RG_DEVICE void cluster_store_f2(u32 address, float a, float b) {
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(address), "f"(a), "f"(b) : "memory");
-}
-
 // Every thread of every CTA in the cluster arrives (release) and waits (acquire): a cluster-wide __syncthreads.
 RG_DEVICE void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
