@@ -18,32 +18,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rawgpu import compiler  # noqa: E402
-from rawgpu.data import load_mnist  # noqa: E402
-from rawgpu.driver import Device, Module, Stream  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import cluster as kc  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.mlp import MLP, TRAIN_ROWS, Recipe  # noqa: E402
+from rawgpu.mlp import MLP, Recipe  # noqa: E402
 
-from fused_phases import at_least  # noqa: E402 - beside this script
+from fused_phases import add_profile_args, at_least, profiling_setup  # noqa: E402 - beside this script
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=at_least(1), nargs="+", default=[128])
+    add_profile_args(p, [128])
     p.add_argument("--layers", type=at_least(1), default=3)
-    p.add_argument("--steps", type=at_least(30), default=200, help="steps timed (the first 20 are warm-up)")
-    p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
     try:
-        dev, stream = Device(0), Stream()
-        kernels = Kernels(dev.arch)
-        built = compiler.compile_source(kc.SOURCE, dev.arch, ("-DCS_PROFILE",))
-        module = Module(built.cubin, built.resources)
-        data = load_mnist(args.data_dir)
-        perm = np.random.default_rng(0).permutation(TRAIN_ROWS)
+        dev, stream, kernels, module, data, perm = profiling_setup(kc.SOURCE, "-DCS_PROFILE", args.data_dir)
         names = kc.marks(args.layers)
         for h in args.hidden:
             recipe = Recipe(hidden=h, layers=args.layers, batch=32, lr=0.003, momentum=0.0, schedule="constant")

@@ -40,6 +40,23 @@ def at_least(low: int):
     return parse
 
 
+def add_profile_args(p: argparse.ArgumentParser, hidden: list[int]) -> None:
+    """The options both phase profilers (this script and cluster_phases.py) take."""
+    p.add_argument("--hidden", type=at_least(1), nargs="+", default=hidden)
+    p.add_argument("--steps", type=at_least(30), default=200, help="steps timed (the first 20 are warm-up)")
+    p.add_argument("--data-dir", default=None)
+
+
+def profiling_setup(source: str, define: str, data_dir: str | None):
+    """What both phase profilers start from: the device, a stream, the kernel set, `source` built with its profiling
+    define, MNIST on the host and a fixed shuffle."""
+    dev, stream = Device(0), Stream()
+    built = compiler.compile_source(source, dev.arch, (define,))
+    module = Module(built.cubin, built.resources)
+    perm = np.random.default_rng(0).permutation(TRAIN_ROWS)
+    return dev, stream, Kernels(dev.arch), module, load_mnist(data_dir), perm
+
+
 def barrier_us(module: Module, stream: Stream, grid: int, n: int = 2000) -> float:
     arena = Arena()
     counter = arena.tensor("counter", 1, np.int64)
@@ -58,20 +75,13 @@ def barrier_us(module: Module, stream: Stream, grid: int, n: int = 2000) -> floa
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=at_least(1), nargs="+", default=[128, 512, 1024])
+    add_profile_args(p, [128, 512, 1024])
     p.add_argument("--batch", type=at_least(1), default=32)
-    p.add_argument("--steps", type=at_least(30), default=200, help="steps timed (the first 20 are warm-up)")
-    p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
     try:
-        dev, stream = Device(0), Stream()
-        kernels = Kernels(dev.arch)
-        built = compiler.compile_source(kf.SOURCE, dev.arch, ("-DFS_PROFILE",))
-        module = Module(built.cubin, built.resources)
+        dev, stream, kernels, module, data, perm = profiling_setup(kf.SOURCE, "-DFS_PROFILE", args.data_dir)
         profiled = module.kernel(kf.KERNEL, kf.SIGNATURE)
-        data = load_mnist(args.data_dir)
         print(f"{dev.name}: one grid barrier over {dev.sm_count} blocks: {barrier_us(module, stream, dev.sm_count):.2f} us")
-        perm = np.random.default_rng(0).permutation(TRAIN_ROWS)
         for h in args.hidden:
             recipe = Recipe(hidden=h, batch=args.batch, lr=0.003, momentum=0.0, schedule="constant")
             model = MLP(kernels, recipe, dev.sm_count, step="fused").allocate()
