@@ -136,14 +136,16 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
     return out
 
 
-def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...]) -> CompiledModule:
+def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...], ptx: bool = False) -> CompiledModule:
+    """ptx: build compute_XY PTX instead of the cubin (CompiledModule.cubin then holds the PTX text)."""
     nvrtc = _nvrtc()
     path = SOURCE_DIR / source
     if not path.is_file():
         raise CompileError(f"no kernel source {path}")
     prog = _check(nvrtc.nvrtcCreateProgram(path.read_bytes(), source.encode(), 0, [], []), "nvrtcCreateProgram")
+    target = arch.replace("sm_", "compute_") if ptx else arch
     try:
-        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={arch}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}", *options)]
+        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={target}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}", *options)]
         result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = b" " * size
@@ -152,12 +154,21 @@ def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...]) -> Compiled
         err = result[0] if isinstance(result, tuple) else result
         if int(err) != 0:
             raise CompileError(f"NVRTC could not compile {source} for {arch} ({getattr(err, 'name', err)}):\n{log.strip()}")
-        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        size = _check(get_size(prog), get_size.__name__)
         cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        _check(get(prog, cubin), get.__name__)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     return CompiledModule(source, arch, cubin, parse_ptxas_report(log), log)
+
+
+def ptx_of(source: str, arch: str | tuple[int, int]) -> dict[str, str]:
+    """The PTX NVRTC makes of `rawgpu/cu/<source>` for `arch`, per entry function (name -> body): for reading what
+    a kernel compiles to, and for tests of which instructions it holds. Never loaded (the driver gets cubins)."""
+    text = _nvrtc_compile(source, normalize_arch(arch), (), ptx=True).cubin.rstrip(b"\0 ").decode()
+    entries = text.split(".entry ")[1:]
+    return {body.split("(", 1)[0].strip(): body for body in entries}
 
 
 def _write_cache(path: Path, module: CompiledModule) -> None:

@@ -398,16 +398,27 @@ class Launch:
     cooperative: every block is guaranteed resident at once (cuLaunchKernelEx with the cooperative attribute),
     which grid-wide barriers inside the kernel need; the driver refuses a grid that cannot be resident.
     cluster: blocks come in thread-block clusters of this many (sm_90+; co-scheduled, sharing shared memory).
+    programmatic: the launch may start while the previous kernel in the stream still runs (programmatic dependent
+    launch, sm_90+); only for kernels that keep the contract of ptx/pdl.cuh. See `overlapping()`.
     """
 
     def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_bytes: int, args: PackedArgs,
-                 cooperative: bool = False, cluster: int = 1):
+                 cooperative: bool = False, cluster: int = 1, programmatic: bool = False):
         self.kernel, self.grid, self.block, self.shared_bytes, self.args = kernel, _dim3(grid), _dim3(block), int(shared_bytes), args
-        self.cooperative, self.cluster = cooperative, int(cluster)
+        self.cooperative, self.cluster, self.programmatic = cooperative, int(cluster), bool(programmatic)
         if self.cluster < 1 or self.grid[0] % self.cluster:
             raise ValueError(f"cluster of {cluster} CTAs must divide the grid {self.grid}")
         kernel.ensure_shared(self.shared_bytes)
-        self._config = self._extended_config() if cooperative or self.cluster > 1 else None
+        extended = cooperative or self.cluster > 1 or self.programmatic
+        self._config = self._extended_config() if extended else None
+
+    def overlapping(self) -> "Launch":
+        """The same launch, allowed to start while the kernel before it in the stream still runs: its blocks wait
+        inside the kernel (griddepcontrol.wait, ptx/pdl.cuh) instead of in the launch queue."""
+        if self.cooperative:
+            raise ValueError(f"{self.kernel.name}: a cooperative launch cannot overlap the kernel before it")
+        return Launch(self.kernel, self.grid, self.block, self.shared_bytes, self.args, cluster=self.cluster,
+                      programmatic=True)
 
     def _extended_config(self) -> Any:
         cu, attrs = _cu(), []
@@ -419,12 +430,18 @@ class Launch:
         if self.cluster > 1:
             self.kernel.allow_cluster(self.cluster)
             attrs.append(_cluster_attribute(self.cluster))
+        if self.programmatic:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
         return _launch_config(self.grid, self.block, self.shared_bytes, attrs)
 
     def run(self, stream: Stream) -> None:
         if self._config is not None:
             self._config.hStream = stream.handle
-            kind = "cooperative" if self.cooperative else f"cluster of {self.cluster}"
+            kind = ("cooperative" if self.cooperative else f"cluster of {self.cluster}" if self.cluster > 1
+                    else "programmatic")
             check(_cu().cuLaunchKernelEx(self._config, self.kernel.func, self.args.address, 0),
                   f"cuLaunchKernelEx({self.kernel.name}, {kind})")
             return
@@ -433,7 +450,8 @@ class Launch:
                                    stream.handle, self.args.address, 0), f"cuLaunchKernel({self.kernel.name})")
 
     def __repr__(self) -> str:
-        return f"Launch({self.kernel.name}, grid={self.grid}, block={self.block}, smem={self.shared_bytes})"
+        extra = ", programmatic" if self.programmatic else ""
+        return f"Launch({self.kernel.name}, grid={self.grid}, block={self.block}, smem={self.shared_bytes}{extra})"
 
 
 def launch(kernel: Kernel, grid: Any, block: Any, shared_bytes: int, stream: Stream, *args: Any) -> None:

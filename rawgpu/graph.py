@@ -49,21 +49,28 @@ class Graph:
         handles, _ = check(cu.cuGraphGetNodes(self.graph, count), "cuGraphGetNodes")
         return self._topological(list(handles[:count]))
 
-    def _raw_edges(self) -> list[tuple[Any, Any]]:
+    def _raw_edges(self) -> list[tuple[Any, Any, str]]:
+        """(from, to, kind) handles; kind "programmatic" where the later kernel may start while the earlier one
+        runs (a launch with programmatic stream serialization captured), else "default"."""
         cu = drv._cu()
-        res = check(cu.cuGraphGetEdges(self.graph, 0), "cuGraphGetEdges")
+        # CUDA 12 bindings keep the edge data in the _v2 call; CUDA 13's cuGraphGetEdges returns it itself
+        get = getattr(cu, "cuGraphGetEdges_v2", cu.cuGraphGetEdges)
+        res = check(get(self.graph, 0), "cuGraphGetEdges")
         count = res[-1]
         if count == 0:
             return []
-        res = check(cu.cuGraphGetEdges(self.graph, count), "cuGraphGetEdges")
-        return list(zip(res[0][:count], res[1][:count]))
+        res = check(get(self.graph, count), "cuGraphGetEdges")
+        data = res[2] if len(res) > 3 else [None] * count
+        programmatic = int(cu.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
+        kinds = ["programmatic" if d is not None and int(d.type) == programmatic else "default" for d in data[:count]]
+        return list(zip(res[0][:count], res[1][:count], kinds))
 
     def _topological(self, handles: list[Any]) -> list[Any]:
         """Order nodes so that each comes after everything it depends on (Kahn's algorithm, stable)."""
         key = {int(h): i for i, h in enumerate(handles)}
         deps = {i: 0 for i in range(len(handles))}
         succ: dict[int, list[int]] = {i: [] for i in range(len(handles))}
-        for a, b in self._raw_edges():
+        for a, b, _ in self._raw_edges():
             succ[key[int(a)]].append(key[int(b)])
             deps[key[int(b)]] += 1
         ready = [i for i in range(len(handles)) if deps[i] == 0]
@@ -96,8 +103,13 @@ class Graph:
 
     def edges(self) -> list[tuple[int, int]]:
         """Dependencies as (from, to) indices into nodes()."""
+        return [(a, b) for a, b, _ in self.typed_edges()]
+
+    def typed_edges(self) -> list[tuple[int, int, str]]:
+        """Dependencies as (from, to, kind): kind "programmatic" where `to` may start while `from` still runs and
+        waits for it inside the kernel (programmatic dependent launch), "default" where it starts after."""
         index = {int(h): i for i, h in enumerate(self._handles)}
-        return [(index[int(a)], index[int(b)]) for a, b in self._raw_edges()]
+        return [(index[int(a)], index[int(b)], kind) for a, b, kind in self._raw_edges()]
 
     def to_dot(self, path: str | Path, verbose: bool = True) -> Path:
         """Write the driver's own DOT description (every parameter of every node) to `path`."""

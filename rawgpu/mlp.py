@@ -138,11 +138,12 @@ class MLP:
     """Plan (`__init__`, no GPU needed) -> `allocate()` -> `upload_data()` + `init_parameters()` -> launches."""
 
     def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132, step: str = "auto",
-                 fused_grid: int | None = None, arch: str | None = None):
+                 fused_grid: int | None = None, arch: str | None = None, overlap: bool = True):
         """step: one of STEP_KINDS. `auto` takes the cluster step where it runs, else the fused step where
         kernels.fused.preferred, else the per-layer kernels; naming one insists (ValueError with the reason when it
         cannot run the recipe). fused_grid: blocks of the fused kernel (default one per SM). arch: the GPU to plan
-        for when there is no `kernels` (CPU tests; default sm_86)."""
+        for when there is no `kernels` (CPU tests; default sm_86). overlap: on sm_90+, each kernel of the layered step
+        starts while the one before still runs (programmatic dependent launch, ptx/pdl.cuh)."""
         self.k, self.recipe, self.sm_count, self.fused_grid = kernels, recipe, sm_count, fused_grid
         r, accum = recipe, ("f32" if recipe.accum == "fp32" else "f16")
         self.arena = a = Arena()
@@ -155,6 +156,7 @@ class MLP:
         arch = kernels.arch if kernels is not None else (arch or "sm_86")  # no GPU: the smallest shared memory
         self.step_kind = self._step_kind(step, r, arch)
         self.fused, self.cluster = self.step_kind == "fused", self.step_kind == "cluster"
+        self.overlap = overlap and self.step_kind == "layered" and kg.has_tma(arch)  # griddepcontrol: sm_90+
         # dataset and input pipeline
         self.images = a.tensor("train_images", (TRAIN_ROWS, INPUTS), np.uint8)
         self.labels = a.tensor("train_labels", TRAIN_ROWS, np.uint8)
@@ -310,7 +312,8 @@ class MLP:
         if self.fused:
             grid = kf.resident_grid(self.k, self.sm_count, self.fused_grid)
             return [kf.fused_steps(self.k, self.table, steps, grid)]
-        return self._layered_step() * steps
+        step = self._layered_step()
+        return [launch.overlapping() for launch in step] * steps if self.overlap else step * steps
 
     def _layered_step(self) -> list[Launch]:
         r, k = self.recipe, self.k

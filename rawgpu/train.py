@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "momentum 0, hidden <= 128 at 3 layers); fused: the whole step in one persistent kernel; "
                         "layered: one kernel per layer and role (19 at 3 hidden layers); auto (default): cluster, "
                         "else fused (fp32 accumulation, hidden <= 1024), else layered, whichever applies first")
+    r.add_argument("--no-overlap", action="store_true",
+                   help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
+                        "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     return p
 
@@ -116,7 +119,7 @@ class Session:
     """Device, compiled kernels and the planned, allocated model: everything training and inspect_graph share."""
 
     def __init__(self, recipe, device_index: int = 0, on_compile=None, kernels: str = "auto",
-                 fused_grid: int | None = None):
+                 fused_grid: int | None = None, overlap: bool = True):
         from . import compiler
         from .driver import Device, Stream
         from .kernels import Kernels
@@ -144,7 +147,8 @@ class Session:
                              else f"kernel cache warm ({ms:.0f} ms)")
         self.stream = Stream()
         try:
-            model = MLP(self.kernels, recipe, self.device.sm_count, step=kernels, fused_grid=fused_grid)
+            model = MLP(self.kernels, recipe, self.device.sm_count, step=kernels, fused_grid=fused_grid,
+                        overlap=overlap)
         except ValueError as exc:
             raise RawgpuError(f"--kernels {kernels}: {exc}") from None
         self.model = model.allocate()
@@ -160,7 +164,8 @@ class Session:
         if self.model.fused:
             launch = self.step[0]
             return f"fused: 1 persistent kernel, {launch.grid[0]} blocks x {launch.block[0]} threads"
-        return f"layered: {len(self.step)} kernels"
+        how = ", each overlapping the one before (programmatic dependent launch)" if self.model.overlap else ""
+        return f"layered: {len(self.step)} kernels{how}"
 
     def capture_step(self, steps: int = 1):
         """The training step, `steps` times over, as one instantiated graph (uploaded, ready to launch)."""
@@ -214,7 +219,8 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
 
     plan = make_plan(args)
     recipe = make_recipe(args, plan)
-    session = Session(recipe, args.device, on_compile=console.message, kernels=args.kernels)
+    session = Session(recipe, args.device, on_compile=console.message, kernels=args.kernels,
+                      overlap=not args.no_overlap)
     model, stream = session.model, session.stream
     data = load_mnist(args.data_dir)
     model.upload_data(data)

@@ -99,8 +99,11 @@ def copies_for(nbytes: int, l2: int, cap: int = 64) -> int:
 
 
 def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launches, trials, rng,
-               config=None) -> tuple[float, int]:
-    plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config, arch=device.arch)
+               config=None, overlap=False, split=None) -> tuple[float, int]:
+    """Microseconds per launch and the split count. overlap: each launch may start while the one before runs
+    (programmatic dependent launch, as the layered training step launches them on sm_90+)."""
+    plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config, arch=device.arch,
+                       splits=split)
     per_copy = 2 * (M * K + K * N) + M * N * (10 if epilogue == "sgd" else 4)
     n = copies_for(per_copy, device.l2_bytes)
     with Arena() as arena:
@@ -134,12 +137,13 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
         tickets.upload(np.zeros(tickets.shape, np.int32))
         binds = [G.gemm(kernels, plan, A, B, out, bias=bias, lr=lr, workspace=ws, tickets=tickets, **kw)
                  for A, B, out, kw in sets]
+        binds = [b.overlapping() for b in binds] if overlap else binds
         runs = [binds[i % n] for i in range(launches)]
         us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
     return us, plan.splits
 
 
-def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng) -> tuple[float, int]:
+def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overlap=False) -> tuple[float, int]:
     """The fused backward (dx with the ReLU mask + the SGD update of W32 and W16) on rotating copies."""
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count)
     n = copies_for(IN * N * 10, device.l2_bytes)
@@ -158,6 +162,7 @@ def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng) -> tu
         lr.upload(np.array([1e-6], np.float32))
         tickets.upload(np.zeros(tickets.shape, np.int32))
         binds = [D.dx_sgd(kernels, plan, *t, lr, ws, tickets) for t in sets]
+        binds = [b.overlapping() for b in binds] if overlap else binds
         runs = [binds[i % n] for i in range(launches)]
         us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
     return us, plan.splits
@@ -213,6 +218,18 @@ def variants_error(variants: list[str], arch: str) -> str | None:
     return f"--variants {' '.join(bad)} need the tensor copy engine of sm_90 or later; this GPU is {arch}" if bad else None
 
 
+def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, int]]:
+    """(config, splits) pairs worth timing for a plain GEMM: every tile compiled for the layout (no taller than needed
+    at batch-sized M), each with the split counts that leave every split two k-tiles at least."""
+    out = []
+    for name, cfg in G.CONFIGS.items():
+        if (name, layout, "store") not in G.INSTANCES or (cfg.tma and not G.has_tma(arch)) or (M <= 32 < cfg.bm):
+            continue
+        k_tiles = -(-K // cfg.bk)
+        out += [(name, s) for s in (1, 2, 3, 4, 6, 8, 12, 16) if s == 1 or k_tiles // s >= 2]
+    return out
+
+
 def cmd_gemm(args) -> int:
     device = drv.Device(args.device)
     if why := variants_error(args.variants, device.arch):
@@ -221,24 +238,36 @@ def cmd_gemm(args) -> int:
     stream = drv.Stream()
     kernels = Kernels(device.arch)
     rng = np.random.default_rng(0)
+    overlap = G.has_tma(device.arch) and not args.no_overlap  # programmatic dependent launch needs sm_90+
     bw = copy_bandwidth(stream)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs, L2 {device.l2_bytes >> 20} MiB), "
           f"{dt.date.today()}; measured copy bandwidth {bw:.0f} GB/s (read + write)")
     print(f"# median of {args.trials} graph replays x {args.launches} launches; batch {args.batch}; fp32 accumulation")
+    print("# fused: the step's kernel, launched as the step launches it" + (" (overlapping the launch before)" if overlap
+          else "") + "; plain: C = A @ B stored in fp16, launched after the launch before has finished, as cuBLAS is"
+          + ("; +overlap: the same plain GEMM overlapping the launch before" if overlap else ""))
     head = (f"{'H':>5} {'role':>7} {'layer':>10} {'MxNxK':>17} {'split':>5} {'fused us':>9} {'GB/s':>6} {'%copy':>6} "
-            f"{'plain us':>9} {'TFLOP/s':>7} {'cuBLAS us':>9} {'cuBLAS/plain':>12}")
+            f"{'plain us':>9} {'TFLOP/s':>7} {'cuBLAS us':>9} {'cuBLAS/plain':>12}"
+            + (f" {'+overlap us':>11} {'cuBLAS/that':>11}" if overlap else ""))
     print(head)
     rows = []
     for h in args.sizes:
         for role, layer, M, N, K, layout, epi in mlp_gemms(h, args.batch):
-            fused, splits = bench_ours(device, stream, kernels, role, M, N, K, layout, epi, args.launches, args.trials, rng)
+            fused, splits = bench_ours(device, stream, kernels, role, M, N, K, layout, epi, args.launches, args.trials,
+                                       rng, overlap=overlap)
             plain, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches, args.trials, rng)
             ref = None if args.no_torch else bench_torch(role, M, N, K, args.launches, args.trials, device.l2_bytes)
             gbs = min_bytes(role, M, N, K, True) / (fused * 1e-6) / 1e9
             tflops = 2 * M * N * K / (plain * 1e-6) / 1e12
             row = dict(hidden=h, role=role, layer=layer, M=M, N=N, K=K, splits=splits, fused_us=fused, fused_gbs=gbs,
                        pct_copy=100 * gbs / bw, plain_us=plain, plain_tflops=tflops, cublas_us=ref,
-                       cublas_over_plain=(ref / plain) if ref else None)
+                       cublas_over_plain=(ref / plain) if ref else None, fused_overlapping=overlap)
+            tail = ""
+            if overlap:
+                plain_o, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches,
+                                        args.trials, rng, overlap=True)
+                row.update(plain_overlap_us=plain_o, cublas_over_plain_overlap=(ref / plain_o) if ref else None)
+                tail = f" {plain_o:>11.2f} {(f'{ref / plain_o:.2f}x' if ref else '-'):>11}"
             for cfg in args.variants:  # the same plain GEMM with another tile configuration, for comparison
                 if (cfg, layout, "store") in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or cfg.startswith("outer")):
                     us, sp = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches,
@@ -247,13 +276,23 @@ def cmd_gemm(args) -> int:
                     line = f"      variant {cfg}: plain {us:.2f} us (split {sp})"
                     if (cfg, layout, epi) in G.INSTANCES:
                         us_f, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, epi, args.launches,
-                                             args.trials, rng, config=cfg)
+                                             args.trials, rng, config=cfg, overlap=overlap)
                         row[f"fused_us_{cfg}"] = us_f
                         line += f", fused {us_f:.2f} us ({100 * min_bytes(role, M, N, K, True) / (us_f * 1e3) / bw:.1f}% copy)"
                     print(line)
+            if args.sweep:  # every tile and split count for the plain GEMM: the data behind kernels/gemm.py's rules
+                times = {}
+                for cfg, sp in sweep_candidates(M, K, layout, device.arch):
+                    times[f"{cfg}/{sp}"], _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store",
+                                                         args.launches, args.trials, rng, config=cfg, split=sp)
+                best = min(times, key=times.get)
+                row["sweep"] = times
+                print(f"      sweep: best {best} {times[best]:.2f} us; "
+                      + " ".join(f"{k}={v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])[:6]))
             if role == "dW+sgd" and layer != f"784x{h}" and D.supported(args.batch, False, "f32"):
                 # the layer's whole backward in one pass: dx (the row above this one) + dW + SGD
-                us, sp = bench_dx_sgd(device, stream, kernels, args.batch, M, N, args.launches, args.trials, rng)
+                us, sp = bench_dx_sgd(device, stream, kernels, args.batch, M, N, args.launches, args.trials, rng,
+                                      overlap=overlap)
                 nbytes = M * N * 10 + 2 * args.batch * (2 * M + N)
                 row.update(fused_bwd_us=us, fused_bwd_pct_copy=100 * nbytes / (us * 1e3) / bw, fused_bwd_splits=sp)
                 print(f"      fused backward (dx + dW + SGD, one pass): {us:.2f} us, split {sp}, "
@@ -261,7 +300,7 @@ def cmd_gemm(args) -> int:
             rows.append(row)
             print(f"{h:>5} {role:>7} {layer:>10} {f'{M}x{N}x{K}':>17} {splits:>5} {fused:>9.2f} {gbs:>6.0f} "
                   f"{row['pct_copy']:>5.1f}% {plain:>9.2f} {tflops:>7.1f} "
-                  f"{(f'{ref:.2f}' if ref else '-'):>9} {(f'{ref / plain:.2f}x' if ref else '-'):>12}", flush=True)
+                  f"{(f'{ref:.2f}' if ref else '-'):>9} {(f'{ref / plain:.2f}x' if ref else '-'):>12}{tail}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(device=device.name, arch=device.arch, date=str(dt.date.today()),
                                                    copy_gbs=bw, batch=args.batch, rows=rows), indent=1))
@@ -284,7 +323,9 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     from rawgpu.train import Session
 
     recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
-    session = Session(recipe, device_index, kernels=kernels, fused_grid=fused_grid)
+    serial = kernels == "serial"  # the default step, each kernel launched only when the one before has finished
+    session = Session(recipe, device_index, kernels="auto" if serial else kernels, fused_grid=fused_grid,
+                      overlap=not serial)
     model, stream = session.model, session.stream
     model.upload_data(data)
     spe = recipe.steps_per_epoch
@@ -475,9 +516,9 @@ def main(argv=None) -> int:
     t.add_argument("--steps-per-launch", type=positive, default=100,
                    help="rawgpu training steps per graph launch (default 100; JAX's fori_loop peer runs all steps as "
                         "one program)")
-    t.add_argument("--rawgpu-variants", nargs="*", default=[], choices=("cluster", "fused", "layered"),
+    t.add_argument("--rawgpu-variants", nargs="*", default=[], choices=("cluster", "fused", "layered", "serial"),
                    help="also time these rawgpu step implementations (rows rawgpu-cluster, rawgpu-fused, "
-                        "rawgpu-layered)")
+                        "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch)")
     t.add_argument("--fused-grid", type=positive, default=None, help="blocks of the fused step (default one per SM)")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
@@ -489,6 +530,11 @@ def main(argv=None) -> int:
     g.add_argument("--variants", nargs="*", default=[], choices=sorted(G.CONFIGS),
                    help="also time the plain GEMM with these tile configs")
     g.add_argument("--json", default=None, help="write every figure to this JSON file")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="launch every kernel only after the one before has finished (default on sm_90+: the step's "
+                        "kernels overlap the launch before, programmatic dependent launch; plain is timed both ways)")
+    g.add_argument("--sweep", action="store_true",
+                   help="also time the plain GEMM with every tile config and split count that fits each shape")
     g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("train", "gemm", "-h", "--help"):

@@ -44,13 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def readable_dot(nodes, edges, title: str) -> str:
-    """A DOT graph a person can read: one box per node with kernel, grid x block and shared bytes."""
+    """A DOT graph a person can read: one box per node with kernel, grid x block and shared bytes; edges are
+    (from, to) or (from, to, kind), a programmatic one (the later kernel starts while the earlier runs) dashed."""
     lines = [f'digraph "{title}" {{', "  rankdir=TB;", '  node [shape=box, fontname="monospace", fontsize=10];']
     for n in nodes:
         label = (f"{n.index}: {n.kernel}\\ngrid {n.grid} block {n.block}\\nsmem {n.shared_bytes} B" if n.kernel
                  else f"{n.index}: {n.type}")
         lines.append(f'  n{n.index} [label="{label}"];')
-    lines += [f"  n{a} -> n{b};" for a, b in edges]
+    for a, b, *kind in edges:
+        dashed = ' [style=dashed, label="overlaps"]' if kind == ["programmatic"] else ""
+        lines.append(f"  n{a} -> n{b}{dashed};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
         session = Session(recipe, args.device, on_compile=lambda m: console.print(m), kernels=args.kernels)
         graph = session.capture_step(args.steps_per_graph)
-        nodes, edges = graph.nodes(), graph.edges()
+        nodes, edges = graph.nodes(), graph.typed_edges()
         driver_dot = graph.to_dot(out.with_suffix(".driver.dot"))
     except RawgpuError as exc:
         print(f"inspect_graph: error: {exc}", file=sys.stderr)
@@ -86,16 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     dev = session.device
     table = Table(title=f"training step of {recipe.name}, batch {recipe.batch} on {dev.name} ({dev.arch}): "
                         f"{len(nodes)} nodes, {len(edges)} dependencies ({session.step_kernels})")
-    for col in ("#", "type", "kernel", "grid", "block", "smem B", "regs", "deps"):
+    for col in ("#", "type", "kernel", "grid", "block", "smem B", "regs", "deps", "starts"):
         table.add_column(col, justify="left" if col in ("type", "kernel") else "right")
     deps = {i: 0 for i in range(len(nodes))}
-    for _, b in edges:
+    overlapped = {b for _, b, kind in edges if kind == "programmatic"}
+    for _, b, _ in edges:
         deps[b] += 1
     for n in nodes:
         res = session.kernels.resources(n.kernel) if n.kernel else None
         table.add_row(str(n.index), n.type, n.kernel, "x".join(map(str, n.grid)) if n.kernel else "",
                       "x".join(map(str, n.block)) if n.kernel else "", str(n.shared_bytes) if n.kernel else "",
-                      str(res.registers) if res else "", str(deps[n.index]))
+                      str(res.registers) if res else "", str(deps[n.index]),
+                      "overlapping" if n.index in overlapped else "after" if deps[n.index] else "")
     console.print(table)
     if session.model.fused:  # inside the one node: the phases, each ending in a grid barrier
         from rawgpu.kernels import fused as kf

@@ -28,6 +28,24 @@ def test_every_kernel_compiles_without_spills(source, arch, cache):
         assert 0 < r.registers <= 255
 
 
+# Every kernel the layered step launches (mlp.MLP._layered_step), which on sm_90 it launches overlapping the one
+# before: each must wait for the prior grid, and only then let its own dependent start (ptx/pdl.cuh).
+OVERLAPPED = {"data.cu": ["gather_batch", "lr_schedule", "step_increment"], "elementwise.cu": ["bias_grad_sgd"],
+              "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "gemm.cu": None, "gemm_tma.cu": None}  # None: all
+
+
+@pytest.mark.parametrize("source", sorted(OVERLAPPED))
+def test_every_overlapped_kernel_waits_for_the_prior_grid_first(source):
+    entries = compiler.ptx_of(source, "sm_90")
+    names = OVERLAPPED[source] or list(entries)
+    assert names and set(names) <= set(entries)
+    for name in names:
+        body = entries[name]
+        wait, trigger = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
+        assert 0 < wait < trigger, f"{name}: griddepcontrol.wait must come before launch_dependents ({wait}, {trigger})"
+    assert "griddepcontrol" not in "".join(compiler.ptx_of(source, "sm_86").values()), "sm_86 has no such instruction"
+
+
 def test_ptxas_report_is_parsed():
     log = """ptxas info    : 4 bytes gmem
 ptxas info    : Compiling entry function 'gemm_a' for 'sm_86'

@@ -48,6 +48,9 @@ def test_batch_sized_gemms_stream():
         assert G.plan_gemm(64, 8192, 8192, layout, epi).config.name != "stream"  # M > 32
     assert G.plan_gemm(32, 64, 64, "cc", "store").config.name == "32x128"  # no streaming instance
     assert G.plan_gemm(8192, 8192, 32, "cr", "store").config.name == "staged"  # x^T @ dy with a plain store
+    assert G.plan_gemm(1024, 16, 32, "cr", "store").config.name == "32x128"  # ... into a head-sized output
+    assert G.plan_gemm(1024, 16, 32, "cr", "sgd").config.name == "staged"
+    assert G.plan_gemm(8192, 16, 32, "cr", "store").config.name == "staged"
 
 
 def test_tma_streams_large_weights_on_sm90_only():
@@ -71,6 +74,13 @@ def test_streaming_fills_each_sm_once():
             assert p.config.name == "stream"
             assert blocks <= max(sms, p.tiles[0] * p.tiles[1]), "more streaming blocks than SMs"
             assert p.splits == 1 or blocks > sms // 2
+            assert p.k_chunk // p.config.bk >= G.STREAM_MIN_K_TILES_PER_SPLIT
+            assert p.splits == 1 or -(-K // p.config.bk) >= G.STREAM_SPLIT_MIN_K_TILES
+    # latency-bound shapes spread over more SMs, two k-tiles a split at least: 13 k-tiles of 64 -> 6 asked, so 3 per
+    # split and 5 splits (none empty)
+    assert G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_90").splits == 5
+    assert G.plan_gemm(32, 512, 512, "rc", "drelu", arch="sm_90").splits == 4
+    assert G.plan_gemm(32, 256, 256, "rr", "bias_relu", arch="sm_90").splits == 1  # 4 k-tiles: not worth a fix-up
 
 
 @pytest.mark.parametrize("arch,limit_kb", [("sm_80", 163), ("sm_86", 99), ("sm_89", 99), ("sm_90", 227)])

@@ -10,7 +10,11 @@ as ||dW_gpu - dW_ref|| / ||dW_ref||:
   up to 1.3e-2 at hidden 256; up to 4.1e-2 with fp16 accumulation. The outliers come late in the 10 steps: an
   activation that rounds to the other fp16 neighbour (summation order) moves a gradient sum whose terms largely
   cancel once the model fits its batch. A wrong index or a missing term gives errors near 1 (seen: 0.998);
-- after 1 step from the shared init, against the pure float64 step (no fp16 anywhere): <= 3e-2;
+- after 1 step from the shared init, against the pure float64 step (no fp16 anywhere): <= 3e-2 beyond what fp16
+  storage alone moves the reference by. A fixed bound failed at random: the GPU's distance reached 4.5e-2 (cluster
+  step, 120x4, batch 9) while it matched the fp16-storage reference, and that reference's own distance reached
+  8.8e-2 at batch 9 in 150 CPU seeds (17% over 3e-2; median 6e-4): with few rows, a relu'(h) that flips when h
+  rounds to fp16 changes a gradient whose terms largely cancel;
 - after 10 steps, the whole trajectory from the shared init: <= 5e-2 (measured up to 7.8e-3 with fp32 and 2.0e-2
   with fp16 accumulation): a weight that rounds to a different fp16 neighbour changes every later gradient a little.
 """
@@ -35,7 +39,7 @@ from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, run_launc
 gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TOLERANCE = {"fp32": 3e-2, "fp16": 1e-1}  # one step from the GPU's own parameters
-FLOAT64_TOLERANCE = 3e-2  # one step from the shared init, pure float64 reference
+FLOAT64_TOLERANCE = 3e-2  # one step from the shared init, pure float64 reference, beyond fp16 storage's own gap
 TRAJECTORY_TOLERANCE = 5e-2  # ten steps from the shared init
 
 
@@ -55,8 +59,8 @@ def kernels(device):
     return Kernels(device.arch)
 
 
-def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kernels: str = "auto"):
-    model = MLP(kernels, recipe, device.sm_count, step=step_kernels).allocate()
+def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kernels: str = "auto", overlap: bool = True):
+    model = MLP(kernels, recipe, device.sm_count, step=step_kernels, overlap=overlap).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
     model.set_permutation(perm)
@@ -119,7 +123,9 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
             if s == 0:
                 pure, _ = ref.sgd_step(init, ref.loss_and_grads(init, x, y)[2], recipe.lr, momentum)
                 errors = _update_errors(after, pure, init)
-                assert max(errors) <= FLOAT64_TOLERANCE, f"vs pure float64 after 1 step, per layer: {errors}"
+                storage = _update_errors(expect, pure, init)  # the fp16-storage reference's own distance
+                assert all(e <= g + FLOAT64_TOLERANCE for e, g in zip(errors, storage)), \
+                    f"vs pure float64 after 1 step, per layer: {errors} (fp16 storage alone: {storage})"
         errors = _update_errors(model.parameters(), trajectory, init)
         print(f"\n[{step_kernels} {hidden}x{layers} b{batch} mu{momentum} {accum}] worst step error {worst:.2e}, "
               f"10-step trajectory {max(errors):.2e}")
@@ -157,6 +163,41 @@ def test_graph_and_eager_give_identical_parameters_after_100_steps(device, strea
             assert np.array_equal(be.view(np.uint32), bg.view(np.uint32))
     finally:
         model.arena.close()
+
+
+@gpu
+@pytest.mark.parametrize("hidden,batch,momentum", [(2048, 32, 0.0), (256, 64, 0.9), (1000, 128, 0.0)])
+def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden, batch, momentum):
+    """The layered step with each kernel overlapping the one before (programmatic dependent launch, sm_90+) against
+    the same step launched strictly one after another: 60 steps as graphs of 20, parameters equal bit for bit. A
+    kernel that read its predecessor's output before griddepcontrol.wait would differ. The shapes cover the
+    tensor-copy forward, dx_sgd, split-K tickets and the cp.async GEMMs with momentum."""
+    from rawgpu.graph import capture
+
+    if int(device.arch.removeprefix("sm_")) < 90:
+        pytest.skip(f"programmatic dependent launch needs sm_90; this GPU is {device.arch}")
+    data = FakeMNIST(rng)
+    perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
+    recipe = Recipe(hidden=hidden, layers=3, batch=batch, lr=0.05, momentum=momentum, schedule="cosine",
+                    total_steps=60, seed=int(rng.integers(1 << 30)))
+    results = []
+    for overlap in (False, True):
+        model = _model(kernels, device, stream, data, recipe, perm, "layered", overlap=overlap)
+        try:
+            assert model.overlap == overlap
+            graph = capture(stream, run_launches(model.step_launches(20), stream))
+            kinds = {kind for _, _, kind in graph.typed_edges()}
+            assert kinds == {"programmatic" if overlap else "default"}, kinds
+            for _ in range(3):
+                graph.launch(stream)
+            graph.close()
+            assert model.step_count() == 60
+            results.append(model.parameters())
+        finally:
+            model.arena.close()
+    for (ws, bs), (wo, bo) in zip(*results):
+        assert np.array_equal(ws.view(np.uint32), wo.view(np.uint32))
+        assert np.array_equal(bs.view(np.uint32), bo.view(np.uint32))
 
 
 @gpu

@@ -2,6 +2,7 @@
 // counter, so one captured graph replays every step unchanged.
 #include "common.cuh"
 #include "step_math.cuh"
+#include "pdl.cuh"
 
 // One block per output row (grid-stride over rows). Row i is dataset row perm[(step % steps_per_epoch) *
 // batch + i]; each thread turns 16 source bytes into 16 fp16 (two 16-byte stores). Columns in
@@ -10,6 +11,7 @@ extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8*
                                         const int* __restrict__ perm, const i64* __restrict__ step, int batch,
                                         int steps_per_epoch, int row_bytes, int ld_out, half_t* __restrict__ x_out,
                                         int* __restrict__ y_out) {
+    pdl_enter();
     const i64 base = (*step % steps_per_epoch) * (i64)batch;
     const bool vec = (row_bytes % 16 == 0) && (((u64)images & 15) == 0);
     const int chunks = (ld_out + 15) / 16;
@@ -40,6 +42,7 @@ extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8*
 
 // The training step counter moves forward inside the graph.
 extern "C" __global__ void step_increment(i64* step) {
+    pdl_enter();
     if (blockIdx.x == 0 && threadIdx.x == 0) *step += 1;
 }
 
@@ -52,6 +55,7 @@ extern "C" __global__ void set_i64(i64* p, i64 v) {
 // cosine to lr_min. kind 2: linear warmup then linear decay to lr_min. Mirrors kernels/data.py:lr_at.
 extern "C" __global__ void lr_schedule(const i64* __restrict__ step, float* __restrict__ lr, float lr0, float lr_min,
                                        i64 total_steps, i64 warmup_steps, int kind) {
+    pdl_enter();
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     *lr = lr_at_step(*step, lr0, lr_min, total_steps, warmup_steps, kind);
 }

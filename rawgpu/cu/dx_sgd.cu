@@ -21,6 +21,7 @@
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "cp_async.cuh"
+#include "pdl.cuh"
 
 #if __CUDA_ARCH__ == 900
 #define DX_SGD_STAGES 4
@@ -87,10 +88,17 @@ dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, c
         load_rows<float, BM, BN, LDW>(sW(stage), w32, ldw, i0, n, IN, n_end, tid);
         load_rows<half_t, BB, BN, LDY>(sY(stage), dy, lddy, 0, n, B, n_end, tid);
     };
-    load_rows<half_t, BB, BM, LDX>(sX, x, ldx, 0, i0, B, IN, tid);  // joins chunk 0's group
+    // Launched overlapping the kernel before (pdl.cuh): the first chunks of W32 (this layer's own, written a step
+    // ago) are fetched at once; x and dy only once that kernel has finished. All of them join chunk 0's copy
+    // group, which completes first, so chunk c's group still means chunk c has landed.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < chunks) load_rows<float, BM, BN, LDW>(sW(s), w32, ldw, i0, n_begin + s * BN, IN, n_end, tid);
+    pdl_enter();
+    load_rows<half_t, BB, BM, LDX>(sX, x, ldx, 0, i0, B, IN, tid);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < chunks) load_chunk(s, s);
+        if (s < chunks) load_rows<half_t, BB, BN, LDY>(sY(s), dy, lddy, 0, n_begin + s * BN, B, n_end, tid);
         cp_async_commit();
     }
 

@@ -2,6 +2,7 @@
 // small per-parameter updates. No float atomics: every result is the same bits on every run.
 #include "common.cuh"
 #include "step_math.cuh"
+#include "pdl.cuh"
 
 RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
@@ -51,6 +52,7 @@ extern "C" __global__ void bias_grad_sgd(const half_t* __restrict__ dy, int ld, 
                                          float* __restrict__ bias, float* __restrict__ mom,
                                          const float* __restrict__ lr, float mu) {
     __shared__ i64 part[256 * 8];  // [TY][TX * 8]
+    pdl_enter();
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
     const int tile = TX * 8;
     const int c0 = blockIdx.x * tile + tx * 8;

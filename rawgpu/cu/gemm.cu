@@ -16,6 +16,7 @@
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "cp_async.cuh"
+#include "pdl.cuh"
 
 // STAGED_: the epilogue goes through shared memory, so every global access is a whole 16-byte piece of a row
 // (see staged_epilogue); for tiles whose epilogue moves far more bytes than the main loop (K = batch).
@@ -95,6 +96,7 @@ RG_DEVICE void gemm(const Params& p) {
     half_t* sA = reinterpret_cast<half_t*>(smem_raw);
     half_t* sB = sA + STAGES * TA::SIZE;
 
+    pdl_enter();  // every operand may come from the kernel before (pdl.cuh)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;

@@ -25,6 +25,7 @@
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "tma.cuh"
+#include "pdl.cuh"
 
 template <int BN_, int STAGES_>
 struct TmaConfig {
@@ -68,6 +69,9 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
         fence_proxy_async();
     }
     __syncthreads();
+    // Launched overlapping the kernel before (pdl.cuh), the producer starts the weight stream (B, written a step
+    // ago) at once and waits for that kernel only before the first copy of A, its output; the others wait now.
+    if (!(warp == Cfg::CONSUMERS && lane == 0)) pdl_enter();
 
     float acc[MT][NT][4];
     u32 acc16[MT][NT][2];
@@ -82,20 +86,30 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
         // there the blocks side by side read one whole row of W.) The order is fixed per block: reproducible.
         if (lane == 0) {
             const int first = LB == COL && k_tiles > 0 ? (blockIdx.y * 5) % k_tiles : 0;
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);
-                u8* a = tiles + s * Cfg::STAGE_BYTES;
-                u8* b = a + Cfg::A_BYTES;
-                const int k = k_begin + ((first + kt) % k_tiles) * BK;
-                mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);
-                tma_load_2d(a, mapA, k, m0, &full[s]);
+            auto k_of = [&](int kt) { return k_begin + ((first + kt) % k_tiles) * BK; };
+            auto load_b = [&](int kt) {
+                const int s = kt % STAGES, k = k_of(kt);
+                u8* b = tiles + s * Cfg::STAGE_BYTES + Cfg::A_BYTES;
+                mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);  // A's bytes too: the stage completes with both
                 if (LB == ROW) {
 #pragma unroll
                     for (int j = 0; j < BN / 64; ++j) tma_load_2d(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s]);
                 } else {
                     tma_load_2d(b, mapB, k, n0, &full[s]);
                 }
+            };
+            auto load_a = [&](int kt) {
+                const int s = kt % STAGES;
+                tma_load_2d(tiles + s * Cfg::STAGE_BYTES, mapA, k_of(kt), m0, &full[s]);
+            };
+            const int ahead = min(k_tiles, STAGES);
+            for (int kt = 0; kt < ahead; ++kt) load_b(kt);
+            pdl_enter();
+            for (int kt = 0; kt < ahead; ++kt) load_a(kt);
+            for (int kt = ahead; kt < k_tiles; ++kt) {
+                mbar_wait(&empty[kt % STAGES], (kt / STAGES - 1) & 1);
+                load_b(kt);
+                load_a(kt);
             }
         }
     } else {

@@ -1,6 +1,7 @@
 // Softmax cross-entropy: loss, accuracy and the logits gradient in one pass. One block on purpose: the
 // metrics are summed in a fixed order and added without atomics, so every run gives the same bits.
 #include "common.cuh"
+#include "pdl.cuh"
 
 #define XENT_MAX_WARPS 32  // blockDim.x <= 1024
 
@@ -14,6 +15,7 @@ extern "C" __global__ void softmax_xent(const half_t* __restrict__ logits, int l
                                         double* loss_sum, int* correct) {
     __shared__ double s_loss[XENT_MAX_WARPS];
     __shared__ int s_hits[XENT_MAX_WARPS];
+    pdl_enter();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     double loss_acc = 0.0;  // lane 0's running sum, rows in ascending order
     int hits = 0;

@@ -25,6 +25,11 @@ EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd")
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 MAX_SPLITS = 16
 MIN_K_TILES_PER_SPLIT = 4  # a split must stream enough tiles to fill its pipeline
+# Streaming at K <= 2048 (bench.py gemm --sweep, H100): one block streams a k-tile in ~0.27 us, so from 8 k-tiles
+# on, splits of 2-3 k-tiles win (32x512x512: 4.7 us at 4 splits, 5.5 at 2); below that the fix-up (~1.5 us) costs
+# more than it saves (32x256x256: 3.5 us unsplit, 4.7 at 2 splits).
+STREAM_MIN_K_TILES_PER_SPLIT = 2
+STREAM_SPLIT_MIN_K_TILES = 8
 # Split-K pays only when one CTA would stream many bytes: below this, latency rules and the fix-up
 # (partials through L2, a ticket, a second read) costs more than the parallelism saves.
 SPLIT_MIN_BYTES = 192 * 1024
@@ -179,13 +184,15 @@ class GemmPlan:
 def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86") -> str:
     """Which tile runs a shape (the measurements behind each rule: docs/perf.md, H200).
 
-    - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces;
+    - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces, except a plain
+      store at N <= 64 and M <= 2048, where most of its 128 columns would be padding: the 32x128 tile (head-sized
+      1024x16x32: 2.3 us against 2.7, H100 sweep; at M = 8192 it loses, 4.1 us against cuBLAS's 3.2);
     - M <= 32 (x @ W and dy @ W^T at batch size): a streaming tile, one block per SM with its whole share of K in
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - otherwise the smallest M tile that covers the batch."""
     if layout == "cr" and epilogue in ("sgd", "store") and M > 64 and K <= 128:
-        return "staged"
+        return "32x128" if epilogue == "store" and 0 < N <= 64 and M <= 2048 else "staged"
     if M <= 32 and ("stream", layout, epilogue) in INSTANCES:
         if has_tma(arch) and 2 * K * N >= TMA_MIN_BYTES and ("tma", layout, epilogue) in INSTANCES:
             return "tma"
@@ -209,8 +216,11 @@ def choose_splits(tiles: int, k_tiles: int, sm_count: int, bytes_per_k_tile: int
 
 def stream_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
     """Streaming blocks: split K until the grid is one block per SM (never more: each block's deep pipeline
-    already keeps its SM's share of DRAM bandwidth in flight), MIN_K_TILES_PER_SPLIT tiles per split at least."""
-    return max(1, min(MAX_SPLITS, sm_count // tiles, k_tiles // MIN_K_TILES_PER_SPLIT))
+    already keeps its SM's share of DRAM bandwidth in flight), STREAM_MIN_K_TILES_PER_SPLIT tiles per split at
+    least, and no split below STREAM_SPLIT_MIN_K_TILES."""
+    if k_tiles < STREAM_SPLIT_MIN_K_TILES:
+        return 1
+    return max(1, min(MAX_SPLITS, sm_count // tiles, k_tiles // STREAM_MIN_K_TILES_PER_SPLIT))
 
 
 def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store", accum: str = "f32",
