@@ -7,6 +7,7 @@ non-success result into a `CudaError` that names the call and the error. No mode
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -342,7 +343,7 @@ class Kernel:
             self._dynamic_shared_limit = nbytes
 
     def bind(self, grid: Sequence[int] | int, block: Sequence[int] | int, shared_bytes: int, *args: Any,
-             cooperative: bool = False, cluster: int = 1) -> "Launch":
+             cooperative: bool = False, cluster: Sequence[int] | int = 1) -> "Launch":
         return Launch(self, grid, block, shared_bytes, PackedArgs(self.signature, args), cooperative, cluster)
 
     def allow_cluster(self, ctas: int) -> None:
@@ -374,11 +375,11 @@ def _dim3(d: Sequence[int] | int) -> tuple[int, int, int]:
     return tuple(int(x) for x in t) + (1,) * (3 - len(t))  # type: ignore[return-value]
 
 
-def _cluster_attribute(ctas: int) -> Any:
+def _cluster_attribute(dims: Sequence[int] | int) -> Any:
     cu = _cu()
     attr = cu.CUlaunchAttribute()
     attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = ctas, 1, 1
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = _dim3(dims)
     return attr
 
 
@@ -397,16 +398,18 @@ class Launch:
 
     cooperative: every block is guaranteed resident at once (cuLaunchKernelEx with the cooperative attribute),
     which grid-wide barriers inside the kernel need; the driver refuses a grid that cannot be resident.
-    cluster: blocks come in thread-block clusters of this many (sm_90+; co-scheduled, sharing shared memory).
+    cluster: blocks come in thread-block clusters of this many (sm_90+; co-scheduled, sharing shared memory); an int
+    is a cluster along x, a tuple its extent along each axis (each must divide the grid's).
     programmatic: the launch may start while the previous kernel in the stream still runs (programmatic dependent
     launch, sm_90+); only for kernels that keep the contract of ptx/pdl.cuh. See `overlapping()`.
     """
 
     def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_bytes: int, args: PackedArgs,
-                 cooperative: bool = False, cluster: int = 1, programmatic: bool = False):
+                 cooperative: bool = False, cluster: Sequence[int] | int = 1, programmatic: bool = False):
         self.kernel, self.grid, self.block, self.shared_bytes, self.args = kernel, _dim3(grid), _dim3(block), int(shared_bytes), args
-        self.cooperative, self.cluster, self.programmatic = cooperative, int(cluster), bool(programmatic)
-        if self.cluster < 1 or self.grid[0] % self.cluster:
+        self.cluster_dims = _dim3(cluster)
+        self.cooperative, self.cluster, self.programmatic = cooperative, math.prod(self.cluster_dims), bool(programmatic)
+        if any(g % c for g, c in zip(self.grid, self.cluster_dims)):
             raise ValueError(f"cluster of {cluster} CTAs must divide the grid {self.grid}")
         kernel.ensure_shared(self.shared_bytes)
         extended = cooperative or self.cluster > 1 or self.programmatic
@@ -417,7 +420,7 @@ class Launch:
         inside the kernel (griddepcontrol.wait, ptx/pdl.cuh) instead of in the launch queue."""
         if self.cooperative:
             raise ValueError(f"{self.kernel.name}: a cooperative launch cannot overlap the kernel before it")
-        return Launch(self.kernel, self.grid, self.block, self.shared_bytes, self.args, cluster=self.cluster,
+        return Launch(self.kernel, self.grid, self.block, self.shared_bytes, self.args, cluster=self.cluster_dims,
                       programmatic=True)
 
     def _extended_config(self) -> Any:
@@ -429,7 +432,7 @@ class Launch:
             attrs.append(attr)
         if self.cluster > 1:
             self.kernel.allow_cluster(self.cluster)
-            attrs.append(_cluster_attribute(self.cluster))
+            attrs.append(_cluster_attribute(self.cluster_dims))
         if self.programmatic:
             attr = cu.CUlaunchAttribute()
             attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION

@@ -18,6 +18,7 @@ weights, biases and activations start at zero and stay zero, because their gradi
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -183,6 +184,8 @@ class MLP:
         self.eval_y = a.tensor("eval_y", EB, np.int32)
         # parameters
         self.layers: list[Layer] = []
+        plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=sm_count, arch=arch,
+                                 capacity=kg.cluster_capacity(kernels) if kernels is not None else None)
         for i in range(len(widths) - 1):
             pin, pout = padded[i], padded[i + 1]
             mom = r.momentum > 0
@@ -193,12 +196,10 @@ class MLP:
                 a.tensor(f"mw_{i}", (pin, pout), np.float32) if mom else None,
                 a.tensor(f"mb_{i}", pout, np.float32) if mom else None,
                 w16_next=a.tensor(f"w16b_{i}", (pin, pout), np.float16) if self.fused else None,
-                fwd=kg.plan_gemm(B, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum, sm_count,
-                                 arch=arch),
-                dx=kg.plan_gemm(B, pin, pout, "rc", "drelu", accum, sm_count, arch=arch) if i else None,
-                dw=kg.plan_gemm(pin, pout, B, "cr", "sgd", accum, sm_count, arch=arch, momentum=mom),
-                eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias", accum,
-                                      sm_count, arch=arch),
+                fwd=plan(B, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias"),
+                dx=plan(B, pin, pout, "rc", "drelu") if i else None,
+                dw=plan(pin, pout, B, "cr", "sgd", momentum=mom),
+                eval_fwd=plan(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias"),
                 bwd=kb.plan_dx_sgd(B, pin, pout, sm_count) if i and kb.supported(B, mom, accum) else None))
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
         layered = self.step_kind == "layered"

@@ -99,11 +99,12 @@ def copies_for(nbytes: int, l2: int, cap: int = 64) -> int:
 
 
 def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launches, trials, rng,
-               config=None, overlap=False, split=None) -> tuple[float, int]:
+               config=None, overlap=False, split=None, cluster=None) -> tuple[float, int]:
     """Microseconds per launch and the split count. overlap: each launch may start while the one before runs
-    (programmatic dependent launch, as the layered training step launches them on sm_90+)."""
+    (programmatic dependent launch, as the layered training step launches them on sm_90+); cluster: how the splits
+    meet (None: the plan's choice)."""
     plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config, arch=device.arch,
-                       splits=split)
+                       splits=split, cluster=cluster, capacity=G.cluster_capacity(kernels))
     per_copy = 2 * (M * K + K * N) + M * N * (10 if epilogue == "sgd" else 4)
     n = copies_for(per_copy, device.l2_bytes)
     with Arena() as arena:
@@ -218,15 +219,20 @@ def variants_error(variants: list[str], arch: str) -> str | None:
     return f"--variants {' '.join(bad)} need the tensor copy engine of sm_90 or later; this GPU is {arch}" if bad else None
 
 
-def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, int]]:
-    """(config, splits) pairs worth timing for a plain GEMM: every tile compiled for the layout (no taller than needed
-    at batch-sized M), each with the split counts that leave every split two k-tiles at least."""
+def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, int, bool]]:
+    """(config, splits, cluster) triples worth timing for a plain GEMM: every tile compiled for the layout (no taller
+    than needed at batch-sized M), each with the split counts that leave every split one k-tile at least, the splits
+    meeting in the workspace and, where they can (sm_90), in a cluster's shared memory."""
     out = []
     for name, cfg in G.CONFIGS.items():
         if (name, layout, "store") not in G.INSTANCES or (cfg.tma and not G.has_tma(arch)) or (M <= 32 < cfg.bm):
             continue
         k_tiles = -(-K // cfg.bk)
-        out += [(name, s) for s in (1, 2, 3, 4, 6, 8, 12, 16) if s == 1 or k_tiles // s >= 2]
+        for s in (1, 2, 3, 4, 6, 8, 12, 16):
+            if s == 1 or k_tiles // s >= 1:
+                out.append((name, s, False))
+                if 1 < s <= G.MAX_CLUSTER_SPLITS and G.has_tma(arch) and not cfg.staged:
+                    out.append((name, s, True))
     return out
 
 
@@ -281,10 +287,11 @@ def cmd_gemm(args) -> int:
                         line += f", fused {us_f:.2f} us ({100 * min_bytes(role, M, N, K, True) / (us_f * 1e3) / bw:.1f}% copy)"
                     print(line)
             if args.sweep:  # every tile and split count for the plain GEMM: the data behind kernels/gemm.py's rules
-                times = {}
-                for cfg, sp in sweep_candidates(M, K, layout, device.arch):
-                    times[f"{cfg}/{sp}"], _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store",
-                                                         args.launches, args.trials, rng, config=cfg, split=sp)
+                times = {}  # "config/splits", + "c" where the splits meet in a cluster
+                for cfg, sp, cl in sweep_candidates(M, K, layout, device.arch):
+                    times[f"{cfg}/{sp}{'c' if cl else ''}"], _ = bench_ours(
+                        device, stream, kernels, role, M, N, K, layout, "store", args.launches, args.trials, rng,
+                        config=cfg, split=sp, cluster=cl)
                 best = min(times, key=times.get)
                 row["sweep"] = times
                 print(f"      sweep: best {best} {times[best]:.2f} us; "

@@ -48,6 +48,30 @@ def test_tensor_map_arguments_are_passed_by_value():
     assert driver.pack_args("t", [blob]) == blob
 
 
+class _GeometryOnlyKernel:
+    """Enough of driver.Kernel for Launch to check geometry and build its launch config without a GPU."""
+
+    name, signature = "k", ""
+
+    def ensure_shared(self, nbytes):
+        pass
+
+    def allow_cluster(self, ctas):
+        pass
+
+
+def test_cluster_launches_take_a_size_per_axis():
+    args = driver.PackedArgs("", ())
+    split = driver.Launch(_GeometryOnlyKernel(), (2, 3, 4), 64, 0, args, cluster=(1, 1, 4))  # split-K: along z
+    assert split.cluster == 4 and split.cluster_dims == (1, 1, 4) and split._config is not None
+    assert split.overlapping().cluster_dims == (1, 1, 4) and split.overlapping().programmatic
+    row = driver.Launch(_GeometryOnlyKernel(), 16, 64, 0, args, cluster=16)  # an int: along x
+    assert row.cluster_dims == (16, 1, 1)
+    assert driver.Launch(_GeometryOnlyKernel(), 8, 64, 0, args)._config is None  # plain launches stay plain
+    with pytest.raises(ValueError, match="must divide the grid"):
+        driver.Launch(_GeometryOnlyKernel(), (2, 3, 4), 64, 0, args, cluster=(1, 1, 3))
+
+
 @pytest.mark.parametrize("sig,args,exc", [
     ("pi", [1], TypeError),          # wrong count
     ("i", [1.5], TypeError),         # float for an int

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -69,7 +71,7 @@ def test_tma_streams_large_weights_on_sm90_only():
 def test_streaming_fills_each_sm_once():
     for sms in (46, 108, 132):
         for N, K in [(8192, 8192), (4096, 4096), (2048, 2048), (4096, 784), (8192, 784)]:
-            p = G.plan_gemm(32, N, K, "rr", "bias_relu", sm_count=sms, arch="sm_90", config="stream")
+            p = G.plan_gemm(32, N, K, "rr", "bias_relu", sm_count=sms, arch="sm_86", config="stream")
             blocks = p.grid[0] * p.grid[1] * p.grid[2]
             assert p.config.name == "stream"
             assert blocks <= max(sms, p.tiles[0] * p.tiles[1]), "more streaming blocks than SMs"
@@ -78,9 +80,35 @@ def test_streaming_fills_each_sm_once():
             assert p.splits == 1 or -(-K // p.config.bk) >= G.STREAM_SPLIT_MIN_K_TILES
     # latency-bound shapes spread over more SMs, two k-tiles a split at least: 13 k-tiles of 64 -> 6 asked, so 3 per
     # split and 5 splits (none empty)
-    assert G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_90").splits == 5
-    assert G.plan_gemm(32, 512, 512, "rc", "drelu", arch="sm_90").splits == 4
-    assert G.plan_gemm(32, 256, 256, "rr", "bias_relu", arch="sm_90").splits == 1  # 4 k-tiles: not worth a fix-up
+    assert G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_86").splits == 5
+    assert G.plan_gemm(32, 512, 512, "rc", "drelu", arch="sm_86").splits == 4
+    assert G.plan_gemm(32, 256, 256, "rr", "bias_relu", arch="sm_86").splits == 1  # 4 k-tiles: not worth a fix-up
+
+
+H100_CLUSTERS = (0, 0, 66, 39, 30, 22, 17, 15, 15)  # cluster_capacity on an H100 SXM (132 SMs): clusters of s at once
+
+
+def test_cluster_splits_keep_every_cluster_resident():
+    for N, K in [(8192, 8192), (4096, 4096), (2048, 2048), (2048, 784), (1024, 1024), (512, 512), (16, 2048)]:
+        p = G.plan_gemm(32, N, K, "rr", "bias_relu", arch="sm_90", capacity=H100_CLUSTERS)
+        assert p.splits == 1 or (p.cluster and p.tiles[0] * p.tiles[1] <= H100_CLUSTERS[p.splits]), (N, K)
+        assert (p.splits - 1) * p.k_chunk < K, "a split would be empty"
+    plan = functools.partial(G.plan_gemm, arch="sm_90", capacity=H100_CLUSTERS)
+    # as many splits as fit at once, down to one k-tile each: 13 k-tiles -> 8 asked, 2 per split, 7 splits
+    assert plan(32, 128, 784, "rr", "bias_relu").splits == 7
+    assert plan(32, 512, 512, "rc", "drelu").splits == 8
+    assert plan(32, 1024, 1024, "rr", "bias_relu").splits == 6  # 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6
+    assert plan(32, 2048, 784, "rr", "bias_relu").splits == 3  # 32 tiles: 30 clusters of 4 fit, 39 of 3
+    assert plan(32, 256, 256, "rr", "bias_relu").splits == 1  # 4 k-tiles: not worth a fix-up
+    assert plan(32, 8192, 8192, "rr", "bias_relu").splits == 1  # 128 tiles already fill the GPU
+    assert plan(32, 4096, 4096, "rr", "bias_relu").splits == 1  # the tensor-copy tile from a quarter of the SMs on
+    assert plan(32, 2048, 2048, "rr", "bias_relu").splits == 1  # 32 tensor-copy tiles: unsplit
+    few = plan(32, 1024, 2048, "rr", "bias_relu")  # 16 tensor-copy tiles: split, 17 clusters of 6 fit
+    assert few.config.tma and few.splits == 6 and few.cluster
+    # one tile of long K: 16 splits through the workspace, not 8 long ones in a cluster; 32 k-tiles stay in one
+    long = plan(32, 16, 8192, "rr", "bias")
+    assert long.splits == 16 and not long.cluster and long.workspace_floats > 0
+    assert plan(32, 16, 2048, "rr", "bias").splits == 8 and plan(32, 16, 2048, "rr", "bias").cluster
 
 
 @pytest.mark.parametrize("arch,limit_kb", [("sm_80", 163), ("sm_86", 99), ("sm_89", 99), ("sm_90", 227)])
@@ -123,6 +151,23 @@ def test_split_k_fills_the_gpu_and_never_makes_empty_splits():
     assert G.plan_gemm(8192, 8192, 32, "cr", "sgd").splits == 1
 
 
+def test_splits_meet_in_a_cluster_on_sm90_only():
+    fwd = G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_90")
+    assert fwd.splits > 1 and fwd.cluster and fwd.cluster_dims == (1, 1, fwd.splits)
+    assert fwd.workspace_floats == 0 and fwd.tickets == 0  # no scratch: the partials stay on chip
+    old = G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_86")
+    assert old.splits > 1 and not old.cluster and old.cluster_dims == (1, 1, 1) and old.workspace_floats > 0
+    l2 = G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_90", cluster=False)
+    assert not l2.cluster and l2.workspace_floats > 0
+    # beyond the portable cluster size, and on the staged tile, the workspace still takes them
+    assert not G.plan_gemm(32, 128, 8192, "rr", "store", arch="sm_90", splits=12).cluster
+    assert not G.plan_gemm(104, 136, 256, "cr", "store", config="staged", splits=3, arch="sm_90").cluster
+    assert not G.plan_gemm(32, 128, 64, "rr", "store", arch="sm_90", cluster=True).cluster  # one split: nothing to meet
+    # gemm.cu keeps the partial tile in the pipeline's memory, grown where that is smaller (128 x 136 floats)
+    big = G.plan_gemm(296, 136, 520, "cc", "store", config="128x128", splits=6, arch="sm_90")
+    assert big.cluster and big.smem_bytes == max(big.config.smem_bytes("cc"), 128 * 136 * 4)
+
+
 def test_plan_is_deterministic():
     a = G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
     assert a == G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
@@ -138,6 +183,9 @@ def test_plan_is_deterministic():
     (dict(M=8, N=16, K=16, splits=99), "splits"),
     (dict(M=8, N=16, K=16, config="tma", arch="sm_86"), "tensor copy engine"),
     (dict(M=8, N=16, K=16, layout="cr", config="tma", arch="sm_90"), "no compiled GEMM instance"),
+    (dict(M=32, N=128, K=4096, splits=4, cluster=True, arch="sm_86"), "within a cluster needs sm_90"),
+    (dict(M=32, N=128, K=4096, splits=12, cluster=True, arch="sm_90"), "at most 8 splits"),
+    (dict(M=104, N=136, K=256, layout="cr", config="staged", splits=3, cluster=True, arch="sm_90"), "staged"),
 ])
 def test_bad_plans_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -163,12 +211,12 @@ def _rel(got, ref):
 
 
 def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store", accum="f32", splits=None,
-             mu=0.0, repeat=1, config=None):
+             mu=0.0, repeat=1, config=None, cluster=None):
     """Build fresh random operands, run the GEMM (poisoned outputs), return (outputs, references)."""
     from rawgpu.memory import Arena
 
     plan = G.plan_gemm(M, N, K, layout, epilogue, accum, sm_count=device.sm_count, splits=splits, config=config,
-                       arch=device.arch, momentum=bool(mu))
+                       arch=device.arch, momentum=bool(mu), cluster=cluster, capacity=G.cluster_capacity(kernels))
     a = _f16(rng, (M, K) if layout[0] == "r" else (K, M))
     b = _f16(rng, (K, N) if layout[1] == "r" else (N, K))
     a_mk = (a if layout[0] == "r" else a.T).astype(np.float64)
@@ -193,7 +241,7 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
         if epilogue == "drelu":
             extra["act"] = arena.tensor("act", (M, N), np.float16)
             host["act"] = np.maximum(_f16(rng, (M, N)), 0).astype(np.float16)  # a ReLU output: about half zero
-        if plan.splits > 1:
+        if plan.splits > 1 and not plan.cluster:
             extra["workspace"] = arena.tensor("ws", (plan.workspace_floats,), np.float32)
             extra["tickets"] = arena.tensor("tickets", (plan.tickets,), np.int32)
         arena.allocate()
@@ -396,3 +444,37 @@ def test_tma_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, 
     for got in runs:
         check_case(plan, got, ref)
     assert np.array_equal(runs[0]["out"], runs[1]["out"]), "results differ between identical runs"
+
+
+CLUSTER_CASES = [(32, 128, 784, "rr", "bias_relu", "stream", 5), (32, 520, 4104, "rc", "drelu", "stream", 8),
+                 (17, 136, 1000, "rr", "store", "tma", 3), (32, 1000, 1160, "rc", "drelu", "tma128", 2),
+                 (40, 264, 1000, "rr", "bias", "32x128", 4), (72, 136, 600, "cr", "sgd", "64x128", 3),
+                 (296, 136, 520, "cc", "store", "128x128", 6), (9, 8, 1032, "rr", "store", "stream", 6)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+@pytest.mark.parametrize("M,N,K,layout,epi,config,splits", CLUSTER_CASES,
+                         ids=[f"{c[5]}-{c[3]}-{c[4]}-{c[0]}x{c[1]}x{c[2]}-s{c[6]}" for c in CLUSTER_CASES])
+def test_cluster_split_k_gives_the_workspace_bits(device, stream, kernels, rng, M, N, K, layout, epi, config, splits,
+                                                  accum):
+    """sm_90: splits that meet in a cluster's shared memory add the same partials in the same order as the workspace
+    fix-up, so every output bit is the same; each is also checked against float64 and across runs. Partial tiles in M
+    and N, a ragged last split, momentum (mu 0.9 on the sgd case)."""
+    if not G.has_tma(device.arch):
+        pytest.skip(f"thread-block clusters need sm_90 or later; this GPU is {device.arch}")
+    seed, mu = int(rng.integers(2**31)), 0.9 if epi == "sgd" else 0.0
+    runs = {}
+    for cluster in (False, True):
+        plan, got, ref = run_case(device, stream, kernels, np.random.default_rng(seed), M, N, K, layout, epi, accum,
+                                  splits=splits, mu=mu, config=config, cluster=cluster, repeat=2)
+        assert plan.cluster == cluster and plan.splits == splits and plan.config.name == config
+        assert plan.cluster_dims == ((1, 1, splits) if cluster else (1, 1, 1))
+        for g in got:
+            check_case(plan, g, ref)
+        for key in got[0]:
+            assert np.array_equal(got[0][key], got[1][key]), f"{key} differs between identical runs"
+        runs[cluster] = got[0]
+    for key in ("out", "w16", "mom"):
+        if key in runs[True]:
+            assert np.array_equal(runs[True][key], runs[False][key]), f"cluster split-K changed {key}"

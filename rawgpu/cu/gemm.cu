@@ -10,7 +10,8 @@
 //   Split-K (gridDim.z > 1): every split writes its partial tile to a workspace, and the last split to
 //   arrive (an atomic ticket per tile) sums all partials in split order and runs the epilogue. The sum
 //   order never depends on timing, so results are bitwise reproducible; the ticket is reset for the
-//   next launch (graph replays included).
+//   next launch (graph replays included). On sm_90, launched as clusters of 1 x 1 x splits, the splits meet
+//   in distributed shared memory instead (finish_cluster_splits in gemm_epilogue.cuh): the same sums.
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
 #include "mma.cuh"
@@ -175,6 +176,33 @@ RG_DEVICE void gemm(const Params& p) {
 
     if (ACC16) widen_fragments(acc, acc16);
 
+    const float lr = (EPI == EPI_SGD) ? *p.lr : 0.f;
+    const int g = lane / 4, t = lane % 4;
+    // acc[i][j][2h], acc[i][j][2h + 1] hold the outputs at (tile_row(i, h), tile_col(j)) and (.., tile_col(j) + 1)
+    // of this block's tile, that is (row_of(i, h), col_of(j)) and (.., col_of(j) + 1) of C.
+    auto tile_row = [&](int i, int h) { return wm * Cfg::WTM + i * 16 + g + 8 * h; };
+    auto tile_col = [&](int j) { return wn * Cfg::WTN + j * 8 + 2 * t; };
+    auto row_of = [&](int i, int h) { return m0 + tile_row(i, h); };
+    auto col_of = [&](int j) { return n0 + tile_col(j); };
+
+#if __CUDA_ARCH__ >= 900
+    if (!Cfg::STAGED && gridDim.z > 1 && cluster_ctas() > 1) {  // split-K within a cluster (gemm_epilogue.cuh)
+        constexpr int LD = CLUSTER_PART_LD(BN);
+        if (dynamic_smem_bytes() < (u32)(BM * LD * 4)) __trap();  // launcher/kernel mismatch
+        __syncthreads();  // every warp is done with the pipeline's shared memory, which now takes the partial tile
+        float* part = reinterpret_cast<float*>(smem_raw);
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    *reinterpret_cast<float2*>(part + tile_row(i, h) * LD + tile_col(j)) =
+                        make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        finish_cluster_splits<EPI, BM, BN, Cfg::THREADS>(p, lr, part, m0, n0);
+        return;
+    }
+#endif
     if (gridDim.z > 1) {
         // Split-K fix-up. Partials live at workspace[split][tile][j][thread] (float4 j), so every access
         // is a coalesced 16-byte one; the last split to take a ticket reduces them in split order.
@@ -213,14 +241,6 @@ RG_DEVICE void gemm(const Params& p) {
         if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch
     }
 
-    const float lr = (EPI == EPI_SGD) ? *p.lr : 0.f;
-    const int g = lane / 4, t = lane % 4;
-    // acc[i][j][2h], acc[i][j][2h + 1] hold the outputs at (tile_row(i, h), tile_col(j)) and (.., tile_col(j) + 1)
-    // of this block's tile, that is (row_of(i, h), col_of(j)) and (.., col_of(j) + 1) of C.
-    auto tile_row = [&](int i, int h) { return wm * Cfg::WTM + i * 16 + g + 8 * h; };
-    auto tile_col = [&](int j) { return wn * Cfg::WTN + j * 8 + 2 * t; };
-    auto row_of = [&](int i, int h) { return m0 + tile_row(i, h); };
-    auto col_of = [&](int j) { return n0 + tile_col(j); };
     if (Cfg::STAGED && (EPI == EPI_SGD || EPI == EPI_STORE)) {
         constexpr int LD = Staged<Cfg>::LD;
         if (EPI == EPI_SGD) {
@@ -289,18 +309,8 @@ RG_DEVICE void gemm(const Params& p) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row_of(i, h), col = col_of(j);
-                const bool in = row < p.M && col < p.N;
-                const i64 at = (i64)row * p.ldc + col;
                 aux[j][h] = aux2[j][h] = make_float2(0.f, 0.f);
-                if (!in) continue;
-                if (EPI == EPI_SGD) {
-                    aux[j][h] = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(p.out) + at);
-                    if (p.mom != nullptr) aux2[j][h] = *reinterpret_cast<const float2*>(p.mom + at);
-                } else if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
-                    aux[j][h] = *reinterpret_cast<const float2*>(p.bias + col);
-                } else if (EPI == EPI_DRELU) {
-                    aux[j][h] = unpack_f16x2(*reinterpret_cast<const u32*>(p.act + (i64)row * p.ld_act + col));
-                }
+                if (row < p.M && col < p.N) epilogue_inputs<EPI>(p, row, col, aux[j][h], aux2[j][h]);
             }
 #pragma unroll
         for (int j = 0; j < NT; ++j)

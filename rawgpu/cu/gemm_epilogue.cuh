@@ -2,6 +2,8 @@
 // epilogue code (gemm.cu's cp.async pipeline and gemm_tma.cu's tensor-copy pipeline end the same way).
 #pragma once
 #include "common.cuh"
+#include "cluster.cuh"
+#include "ldmatrix.cuh"
 
 enum Layout { ROW = 0, COL = 1 };
 enum Epilogue {
@@ -31,6 +33,22 @@ RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu,
     }
     w.x -= lr * g.x;
     w.y -= lr * g.y;
+}
+
+// What the epilogue of pair (row, col) reads besides the sum, for epilogue_pair: W32 and momentum (sgd), the bias
+// (bias), the saved activation (drelu); zeros otherwise.
+template <int EPI>
+RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, float2& y) {
+    const i64 at = (i64)row * p.ldc + col;
+    x = y = make_float2(0.f, 0.f);
+    if (EPI == EPI_SGD) {
+        x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(p.out) + at);
+        if (p.mom != nullptr) y = *reinterpret_cast<const float2*>(p.mom + at);
+    } else if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
+        x = *reinterpret_cast<const float2*>(p.bias + col);
+    } else if (EPI == EPI_DRELU) {
+        x = unpack_f16x2(*reinterpret_cast<const u32*>(p.act + (i64)row * p.ld_act + col));
+    }
 }
 
 template <int EPI>
@@ -136,3 +154,43 @@ RG_DEVICE bool sum_splits_in_order(float2 (&sum)[ITERS], float2* ws, i64 split_s
     if (tid == 0) *ticket = 0;
     return true;
 }
+
+#if __CUDA_ARCH__ >= 900
+// Split-K inside a thread-block cluster (sm_90): the splits of one output tile are the CTAs of one cluster (cluster
+// dims 1 x 1 x splits, so a CTA's rank is its split). Each CTA has left its partial BM x BN tile in its own shared
+// memory (`part`, rows of CLUSTER_PART_LD(BN) floats). After one cluster barrier, CTA r takes its 1/splits share
+// of the tile's pairs, adds them up over every CTA's part in split order (the same additions, so the same bits, as
+// the workspace fix-up) and runs the epilogue on them; a second barrier keeps each CTA's shared memory alive until
+// the others have read it. Against the workspace fix-up: no trip through L2 and back, no ticket, and the epilogue
+// is spread over all the splits' SMs instead of run by the last one.
+#define CLUSTER_PART_LD(BN) ((BN) + 8)  // floats: rows stay 16-byte aligned, fragment stores spread over the banks
+constexpr int MAX_CLUSTER_SPLITS = 8;    // the portable cluster size (kernels/gemm.py: MAX_CLUSTER_SPLITS)
+
+template <int EPI, int BM, int BN, int THREADS>
+RG_DEVICE void finish_cluster_splits(const Params& p, float lr, const float* part, int m0, int n0) {
+    constexpr int LD = CLUSTER_PART_LD(BN), PER_ROW = BN / 2, PAIRS = BM * PER_ROW;
+    cluster_sync();  // every split's partial tile is in its shared memory
+    const int splits = (int)cluster_ctas(), rank = (int)cluster_rank();
+    const int share = (PAIRS + splits - 1) / splits, end = min(PAIRS, (rank + 1) * share);
+    for (int i = rank * share + (int)threadIdx.x; i < end; i += THREADS) {
+        const int r = i / PER_ROW, c = (i % PER_ROW) * 2, row = m0 + r, col = n0 + c;
+        const bool in = row < p.M && col < p.N;
+        float2 x = make_float2(0.f, 0.f), y = x;
+        if (in) epilogue_inputs<EPI>(p, row, col, x, y);
+        const u32 at = shared_address(part + r * LD + c);
+        float2 v[MAX_CLUSTER_SPLITS];
+#pragma unroll
+        for (int z = 0; z < MAX_CLUSTER_SPLITS; ++z)
+            if (z < splits) v[z] = cluster_load_f2(cluster_address(at, z));
+        float2 sum = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int z = 0; z < MAX_CLUSTER_SPLITS; ++z)
+            if (z < splits) {
+                sum.x += v[z].x;
+                sum.y += v[z].y;
+            }
+        if (in) epilogue_pair<EPI>(p, lr, row, col, sum.x, sum.y, x, y);
+    }
+    cluster_sync();  // nobody leaves while another CTA may still read its part
+}
+#endif

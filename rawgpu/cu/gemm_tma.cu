@@ -17,7 +17,8 @@
 //   Edges: the copy engine zero-fills outside the matrices, so any M, N, K works (K a multiple of 8: strides are
 //   whole 16-byte units).
 //   Split-K (gridDim.z > 1): as in gemm.cu, each split writes its tile sum to the workspace and the last split to
-//   take the tile's ticket adds them in split order, so results are bitwise reproducible.
+//   take the tile's ticket adds them in split order, so results are bitwise reproducible; launched as clusters of
+//   1 x 1 x splits, the sums meet in distributed shared memory instead (finish_cluster_splits).
 // Needs sm_90; the instances build for every arch, with a trapping body below sm_90 (kernels/gemm.py never picks
 // them there).
 #include "common.cuh"
@@ -140,16 +141,17 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
     // tile's rows, so a warp's loads and stores cover whole 128-byte row pieces. What the epilogue reads (bias,
     // saved activation) is fetched now, ahead of every store (which the compiler could not reorder it past), and
     // lands while the warps add up their partial sums.
+    // Split within a cluster, the splits' sums meet in shared memory and the epilogue reads its inputs there.
+    const bool cluster_split = gridDim.z > 1 && cluster_ctas() > 1;
     constexpr int PAIRS_PER_ROW = BN / 2, PAIRS = BM * PAIRS_PER_ROW;
     constexpr int ITERS = (PAIRS + Cfg::THREADS - 1) / Cfg::THREADS;
     float2 aux[ITERS], sum[ITERS];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
         const int i = tid + it * Cfg::THREADS, row = m0 + i / PAIRS_PER_ROW, col = n0 + (i % PAIRS_PER_ROW) * 2;
+        float2 unused;
         aux[it] = sum[it] = make_float2(0.f, 0.f);
-        if (i >= PAIRS || row >= p.M || col >= p.N) continue;
-        if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) aux[it] = *reinterpret_cast<const float2*>(p.bias + col);
-        if (EPI == EPI_DRELU) aux[it] = unpack_f16x2(*reinterpret_cast<const u32*>(p.act + (i64)row * p.ld_act + col));
+        if (!cluster_split && i < PAIRS && row < p.M && col < p.N) epilogue_inputs<EPI>(p, row, col, aux[it], unused);
     }
     __syncthreads();  // every stage consumed: the pipeline's memory now takes the per-warp partial sums
 
@@ -169,6 +171,18 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
         }
     }
 
+    if (cluster_split) {  // gemm_epilogue.cuh: finish_cluster_splits; the part follows the per-warp sums
+        constexpr int LD = CLUSTER_PART_LD(BN);
+        static_assert((Cfg::CONSUMERS + 1) * BM * LD * 4 <= STAGES * Cfg::STAGE_BYTES, "the part fits the pipeline");
+        float* part = red + Cfg::CONSUMERS * BM * Cfg::RED_LD;
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+            const int i = tid + it * Cfg::THREADS;
+            if (i < PAIRS) *reinterpret_cast<float2*>(part + (i / PAIRS_PER_ROW) * LD + (i % PAIRS_PER_ROW) * 2) = sum[it];
+        }
+        finish_cluster_splits<EPI, BM, BN, Cfg::THREADS>(p, 0.f, part, m0, n0);
+        return;
+    }
     if (gridDim.z > 1) {
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
         float2* ws = reinterpret_cast<float2*>(p.workspace) + (i64)tile * PAIRS;

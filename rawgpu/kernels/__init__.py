@@ -22,6 +22,7 @@ class Kernels:
         self.arch = arch
         self.compiled: dict[str, CompiledModule] = {}
         self.modules: dict[str, Module] = {}
+        self.facts: dict[str, object] = {}  # what launchers ask the driver about this GPU once (gemm.cluster_capacity)
 
     def module(self, source: str) -> Module:
         if source not in self.modules:

@@ -7,7 +7,7 @@ split-K workspace it needs. `gemm` binds a plan to tensors and returns a `Launch
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
@@ -24,6 +24,18 @@ TMA_SIGNATURE = "ttpiiiiippipp"  # must match TMA_PARAMS in gemm_tma.cu
 EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd")
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 MAX_SPLITS = 16
+# On sm_90 the splits of a tile run as one thread-block cluster and add up their partials in distributed shared
+# memory (finish_cluster_splits in gemm_epilogue.cuh), with no workspace round trip through L2; up to the portable
+# cluster size. More splits, or a staged epilogue, take the workspace fix-up.
+MAX_CLUSTER_SPLITS = 8
+# How many clusters of s one-block-per-SM CTAs fit the GPU at once is set by its GPCs, not its SM count (an H100
+# with 132 SMs holds 15 of 8, not 16): `cluster_capacity` asks the driver. Without a GPU, plans assume this share of
+# the SMs.
+PLANNING_CLUSTER_SHARE = 0.7
+# Beyond this many k-tiles, a tile whose workspace rule splits wider than a cluster can takes the workspace: 8 splits
+# of 64 k-tiles stream too long (H100, 32x16x8192: 16 splits through L2 8.3 us, 8 in a cluster 10.2; 32x16x2048: 5.9
+# against 5.4, the cluster ahead).
+LONG_K_TILES = 4 * MAX_CLUSTER_SPLITS
 MIN_K_TILES_PER_SPLIT = 4  # a split must stream enough tiles to fill its pipeline
 # Streaming at K <= 2048 (bench.py gemm --sweep, H100): one block streams a k-tile in ~0.27 us, so from 8 k-tiles
 # on, splits of 2-3 k-tiles win (32x512x512: 4.7 us at 4 splits, 5.5 at 2); below that the fix-up (~1.5 us) costs
@@ -144,6 +156,11 @@ class GemmPlan:
     splits: int
     k_chunk: int
     momentum: bool = False
+    cluster: bool = False  # the splits meet in a cluster's shared memory (sm_90), not in a workspace
+
+    @property
+    def cluster_dims(self) -> tuple[int, int, int]:
+        return (1, 1, self.splits) if self.cluster else (1, 1, 1)
 
     @property
     def tiles(self) -> tuple[int, int]:
@@ -163,18 +180,23 @@ class GemmPlan:
 
     @property
     def smem_bytes(self) -> int:
-        return self.config.smem_bytes(self.layout, self.epilogue, self.momentum)
+        """The config's, or in gemm.cu the partial tile a cluster split leaves there if that is more (BN + 8 floats
+        a row; gemm_tma.cu's pipeline always holds it)."""
+        pipeline = self.config.smem_bytes(self.layout, self.epilogue, self.momentum)
+        if self.cluster and not self.config.tma:
+            return max(pipeline, self.config.bm * (self.config.bn + 8) * 4)
+        return pipeline
 
     @property
     def workspace_floats(self) -> int:
         """fp32 partial tiles the split-K fix-up needs (0 without split-K)."""
         tm, tn = self.tiles
-        return self.splits * tm * tn * self.config.bm * self.config.bn if self.splits > 1 else 0
+        return self.splits * tm * tn * self.config.bm * self.config.bn if self.splits > 1 and not self.cluster else 0
 
     @property
     def tickets(self) -> int:
         tm, tn = self.tiles
-        return tm * tn if self.splits > 1 else 0
+        return tm * tn if self.splits > 1 and not self.cluster else 0
 
     @property
     def flops(self) -> int:
@@ -223,11 +245,45 @@ def stream_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
     return max(1, min(MAX_SPLITS, sm_count // tiles, k_tiles // STREAM_MIN_K_TILES_PER_SPLIT))
 
 
+def cluster_splits(tiles: int, k_tiles: int, capacity: Sequence[int]) -> int:
+    """Streaming blocks on sm_90, splits meeting in a cluster (bench.py gemm --sweep, H100): the fix-up is cheap enough
+    that the most splits win, down to one k-tile each, as long as every tile's cluster is resident at once (a second
+    wave doubles the time: 32x1024x1024 at 8 splits 9.0 us, at 6 splits 5.7); below STREAM_SPLIT_MIN_K_TILES a split
+    still costs more than it saves (32x256x256: 3.5 us unsplit, 4.0 at 4 splits)."""
+    if k_tiles < STREAM_SPLIT_MIN_K_TILES:
+        return 1
+    for s in range(min(MAX_CLUSTER_SPLITS, k_tiles), 1, -1):
+        if tiles <= capacity[s]:
+            return s
+    return 1
+
+
+def planning_capacity(sm_count: int) -> tuple[int, ...]:
+    """cluster_capacity's estimate for planning without a GPU."""
+    return tuple(int(sm_count * PLANNING_CLUSTER_SHARE) // max(s, 1) for s in range(MAX_CLUSTER_SPLITS + 1))
+
+
+def cluster_capacity(k: Kernels) -> tuple[int, ...]:
+    """capacity[s]: how many clusters of s streaming blocks (one per SM) this GPU runs at once, s <= MAX_CLUSTER_SPLITS
+    (cuOccupancyMaxActiveClusters; asked once per Kernels). Empty below sm_90."""
+    if not has_tma(k.arch):
+        return ()
+    if "cluster_capacity" not in k.facts:
+        cfg = config_for("stream", k.arch)
+        kernel = k.get(SOURCE, kernel_name("stream", "rr", "store", "f32"), SIGNATURE)
+        k.facts["cluster_capacity"] = (0, 0) + tuple(kernel.max_active_clusters(s, cfg.threads, cfg.smem_bytes("rr"))
+                                                     for s in range(2, MAX_CLUSTER_SPLITS + 1))
+    return k.facts["cluster_capacity"]
+
+
 def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store", accum: str = "f32",
               sm_count: int = 132, splits: Optional[int] = None, config: Optional[str] = None,
-              arch: str = "sm_86", momentum: bool = False) -> GemmPlan:
+              arch: str = "sm_86", momentum: bool = False, cluster: Optional[bool] = None,
+              capacity: Optional[Sequence[int]] = None) -> GemmPlan:
     """Choose the instance, grid and split-K for C[M,N] = A[M,K] @ B[K,N]. Deterministic in its inputs.
-    arch sets the streaming pipeline's depth; momentum, whether a staged SGD epilogue holds a momentum tile."""
+    arch sets the streaming pipeline's depth; momentum, whether a staged SGD epilogue holds a momentum tile;
+    cluster, how splits meet (default on sm_90: in a cluster's shared memory when every cluster is resident at once,
+    by `capacity`, cluster_capacity's answer; planning_capacity's estimate if None)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if epilogue not in EPILOGUES:
@@ -252,8 +308,17 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     k_tiles = _cdiv(K, cfg.bk)
     tiles = _cdiv(M, cfg.bm) * _cdiv(N, cfg.bn)
     bytes_per_k_tile = (cfg.bm + cfg.bn) * cfg.bk * 2
+    room = tuple(capacity) if capacity else planning_capacity(sm_count)
+    clusters = has_tma(arch) and cluster is not False and not cfg.staged
     if splits is not None:
         s = int(splits)
+    elif (name == "stream" or cfg.tma) and clusters:
+        # the tensor-copy tile streams best unsplit from a quarter of the SMs on (H100: 32x4096x4096 16.0 us unsplit,
+        # 17.5 at 2 splits; 32x4096x784 7.0 against 8.3; 32 tiles of 32x2048x784 6.2 against 7.0 at 3)
+        s = cluster_splits(tiles, k_tiles, room) if name == "stream" or 8 * tiles <= sm_count else 1
+        wide = stream_splits(tiles, k_tiles, sm_count)
+        if s > 1 and wide > MAX_CLUSTER_SPLITS and k_tiles > LONG_K_TILES:
+            s = wide  # a few tiles of long K: more splits through the workspace beat 8 in a cluster
     elif name == "stream" or cfg.tma:
         s = stream_splits(tiles, k_tiles, sm_count)
     else:
@@ -262,7 +327,13 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
     k_chunk = _cdiv(k_tiles, s) * cfg.bk
     s = _cdiv(K, k_chunk)  # no empty splits
-    return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, momentum and cfg.staged and epilogue == "sgd")
+    clusters_ok = has_tma(arch) and s <= MAX_CLUSTER_SPLITS and not cfg.staged
+    if cluster and s > 1 and not clusters_ok:
+        raise ValueError(f"split-K within a cluster needs sm_90 or later, at most {MAX_CLUSTER_SPLITS} splits and a "
+                         f"tile without the staged epilogue (here {arch}, {s} splits, config {name})")
+    in_cluster = s > 1 and clusters_ok and tiles <= room[s] if cluster is None else bool(cluster) and s > 1
+    return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, momentum and cfg.staged and epilogue == "sgd",
+                    in_cluster)
 
 
 def _check_matrix(t: "Tensor", rows: int, cols: int, what: str) -> int:
@@ -307,7 +378,8 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
         if act is None:
             raise ValueError("the drelu epilogue needs the saved activation")
         ld_act = _check_matrix(act, p.M, p.N, "act")
-    require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"split-K x{p.splits}")
+    require_split_scratch(1 if p.cluster else p.splits, workspace, tickets, p.workspace_floats, p.tickets,
+                          f"split-K x{p.splits}")
     ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands
     if p.config.tma:
         return _bind_tma(k, p, A, B, out, lda, ldb, ptr(bias), ptr(act), ld_act, ptr(workspace), ptr(tickets))
@@ -315,7 +387,7 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
     return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
                        A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
                        ptr(bias), ptr(act), ld_act, ptr(mom), ptr(w16), ptr(lr), float(mu),
-                       ptr(workspace), ptr(tickets))
+                       ptr(workspace), ptr(tickets), cluster=p.cluster_dims)
 
 
 def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", lda: int, ldb: int,
@@ -333,4 +405,4 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
     kernel = k.get(TMA_SOURCE, p.kernel, TMA_SIGNATURE)
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
-                       p.k_chunk, bias, act, ld_act, workspace, tickets)
+                       p.k_chunk, bias, act, ld_act, workspace, tickets, cluster=p.cluster_dims)

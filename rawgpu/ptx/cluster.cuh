@@ -32,6 +32,13 @@ RG_DEVICE void cluster_sync() {
 }
 
 
+// A float2 from the shared memory of another CTA of the cluster (`address` from cluster_address).
+RG_DEVICE float2 cluster_load_f2(u32 address) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(address) : "memory");
+    return v;
+}
+
 // Stores that count their bytes on the receiving CTA's mbarrier (st.async; `bar` is a cluster address in the same
 // CTA as `address`). The receiver waits on its own barrier for the bytes it expects (cluster_wait_phase); the
 // sender waits for nothing: no release fence drains its stores, as before a barrier.cluster.arrive.release.
