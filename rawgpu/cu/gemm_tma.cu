@@ -141,7 +141,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
     // tile's rows, so a warp's loads and stores cover whole 128-byte row pieces. What the epilogue reads (bias,
     // saved activation) is fetched now, ahead of every store (which the compiler could not reorder it past), and
     // lands while the warps add up their partial sums.
-    // Split within a cluster, the splits' sums meet in shared memory and the epilogue reads its inputs there.
+    // Split within a cluster, finish_cluster_splits fetches the inputs of the pairs it finishes itself: none here.
     const bool cluster_split = gridDim.z > 1 && cluster_ctas() > 1;
     constexpr int PAIRS_PER_ROW = BN / 2, PAIRS = BM * PAIRS_PER_ROW;
     constexpr int ITERS = (PAIRS + Cfg::THREADS - 1) / Cfg::THREADS;
