@@ -9,8 +9,10 @@ GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers
 SGD, where each layer above the first runs its backward in one pass, kernels/dx_sgd.py), `fused` (the whole step
 in one persistent kernel, cu/fused_step.cu, for widths up to kernels.fused.MAX_HIDDEN) and `cluster` (sm_90, batch
 <= 32, plain SGD, small models: one thread-block cluster keeps the weights in shared memory for a whole launch,
-cu/cluster_step.cu). The fused step keeps two fp16 working copies of each weight (step s reads copy s & 1), both
-equal to fp16(W32) between launches; the cluster step writes W32, W16 and the biases back when a launch ends.
+cu/cluster_step.cu). The fp32 master weights are stored as two 16-bit halves (rawgpu/master.py): W16, the fp16
+working copy every GEMM reads, and lo, the rest; a step moves 10 bytes per weight instead of 12. The fused step
+keeps two fp16 working copies of each weight (step s reads copy s & 1), so its master is (copy (steps done) & 1,
+lo); the cluster step writes the master and the biases back when a launch ends.
 
 Widths are padded to multiples of 8 (the GEMM's contiguous dimensions) and the 10 classes to 16; padded
 weights, biases and activations start at zero and stay zero, because their gradients are exactly zero.
@@ -25,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import master
 from .driver import Launch, Stream
 from .kernels import Kernels
 from .kernels import cluster as kc
@@ -108,12 +111,13 @@ class Recipe:
         w = self.widths
         return sum(2 * self.batch * a * b * (3 if i else 2) for i, (a, b) in enumerate(zip(w, w[1:])))
 
-    def step_bytes(self) -> int:
-        """The weight-traffic floor of one step (DESIGN.md): 12 B per weight (fp16 read forward; fp32 read and
-        write, fp16 write in the fused update), 8 more with momentum (fp32 read and write)."""
+    def step_bytes(self, bytes_per_weight: int = 10) -> int:
+        """The weight traffic of one step: 10 B per weight with the split master (master.py: the forward reads
+        W16; the update reads and writes W16 and lo), 8 more with momentum (fp32 read and write). DESIGN.md's
+        floor is 12 B (an fp32 master beside the fp16 copy): bytes_per_weight=12."""
         w = self.widths
         weights = sum(a * b for a, b in zip(w, w[1:]))
-        return weights * (12 + (8 if self.momentum > 0 else 0))
+        return weights * (bytes_per_weight + (8 if self.momentum > 0 else 0))
 
 
 @dataclass
@@ -122,8 +126,8 @@ class Layer:
 
     fan_in: int
     fan_out: int
-    w32: Tensor  # fp32 master weights [in_p, out_p], x @ W orientation
-    w16: Tensor  # fp16 working copy, same shape (the fused step: copy 0 of two)
+    wlo: Tensor  # int16 low half of the fp32 master weights [in_p, out_p], x @ W orientation (master.py)
+    w16: Tensor  # fp16 working copy and the master's high half, same shape (the fused step: copy 0 of two)
     b: Tensor  # fp32 bias [out_p]
     mw: Tensor | None  # momentum buffers (None without momentum)
     mb: Tensor | None
@@ -191,7 +195,7 @@ class MLP:
             mom = r.momentum > 0
             self.layers.append(Layer(
                 widths[i], widths[i + 1],
-                a.tensor(f"w32_{i}", (pin, pout), np.float32), a.tensor(f"w16_{i}", (pin, pout), np.float16),
+                a.tensor(f"wlo_{i}", (pin, pout), np.int16), a.tensor(f"w16_{i}", (pin, pout), np.float16),
                 a.tensor(f"b_{i}", pout, np.float32),
                 a.tensor(f"mw_{i}", (pin, pout), np.float32) if mom else None,
                 a.tensor(f"mb_{i}", pout, np.float32) if mom else None,
@@ -259,10 +263,15 @@ class MLP:
 
     def init_parameters(self, stream: Stream) -> None:
         """PyTorch's nn.Linear default (Kaiming-uniform, a = sqrt(5)): W and b ~ U(+-1/sqrt(fan_in)), from
-        the seed; the fp16 copies made from the fp32 masters; momentum, counters and tickets zeroed."""
+        the seed, W as its master halves; the fused step's second fp16 copy made equal to the first; momentum,
+        counters and tickets zeroed."""
         for i, lay in enumerate(self.layers):
             bound = 1.0 / math.sqrt(lay.fan_in)
-            self._init_uniform(lay.w32, (lay.fan_in, lay.fan_out), bound, self._seed(i, 0), stream)
+            true_shape = (lay.fan_in, lay.fan_out)
+            if lay.w16.shape == true_shape:
+                ke.init_uniform_master(self.k, lay.w16, lay.wlo, bound, self._seed(i, 0)).run(stream)
+            else:
+                self._set_master(lay, self._padded_uniform(lay.w16.shape, true_shape, bound, self._seed(i, 0)))
             self._init_uniform(lay.b, (lay.fan_out,), bound, self._seed(i, 1), stream)
         self.sync_working_copies(stream)
         counters = [self.step, self.workspace, self.tickets] + ([self.barrier] if self.fused else [])
@@ -277,16 +286,25 @@ class MLP:
         if tuple(t.shape) == true_shape:
             ke.init_uniform(self.k, t, bound, seed).run(stream)
             return
+        t.upload(self._padded_uniform(t.shape, true_shape, bound, seed))
+
+    @staticmethod
+    def _padded_uniform(shape: tuple[int, ...], true_shape: tuple[int, ...], bound: float, seed: int) -> np.ndarray:
         values = ke.init_uniform_reference(math.prod(true_shape), bound, seed).reshape(true_shape)
-        full = np.zeros(t.shape, np.float32)
+        full = np.zeros(shape, np.float32)
         full[tuple(slice(0, n) for n in true_shape)] = values
-        t.upload(full)
+        return full
+
+    def _set_master(self, lay: Layer, w: np.ndarray) -> None:
+        hi, lo = master.split(w)
+        lay.w16.upload(hi)
+        lay.wlo.upload(lo)
 
     def sync_working_copies(self, stream: Stream) -> None:
+        """The fused step's second fp16 copy = the first (after the master was set)."""
         for lay in self.layers:
-            for w16 in (lay.w16, lay.w16_next):
-                if w16 is not None:
-                    ke.cast_f32_f16(self.k, w16, lay.w32).run(stream)
+            if lay.w16_next is not None:
+                ke.copy_f16_if_odd(self.k, lay.w16_next, lay.w16, None).run(stream)
         stream.synchronize()
 
     def set_permutation(self, perm: np.ndarray) -> None:
@@ -330,13 +348,13 @@ class MLP:
         for i in range(len(self.layers) - 1, -1, -1):
             lay, x = self.layers[i], self.acts[i]
             if lay.bwd is not None:
-                out.append(kb.dx_sgd(k, lay.bwd, x, dy, lay.w32, lay.w16, self.grads[i], self.lr, self.workspace,
+                out.append(kb.dx_sgd(k, lay.bwd, x, dy, lay.wlo, lay.w16, self.grads[i], self.lr, self.workspace,
                                      self.tickets))
             else:
                 if lay.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, lay.dx, dy, lay.w16, self.grads[i], act=x, workspace=self.workspace,
                                        tickets=self.tickets))
-                out.append(kg.gemm(k, lay.dw, x, dy, lay.w32, mom=lay.mw, w16=lay.w16, lr=self.lr, mu=mu,
+                out.append(kg.gemm(k, lay.dw, x, dy, lay.wlo, mom=lay.mw, w16=lay.w16, lr=self.lr, mu=mu,
                                    workspace=self.workspace, tickets=self.tickets))
             out.append(ke.bias_grad_sgd(k, dy, lay.b, lay.mb, self.lr, mu, r.batch))
             dy = self.grads[i]
@@ -349,8 +367,8 @@ class MLP:
         chunks = TEST_ROWS // EB
         hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
         out = [kd.set_i64(k, self.eval_step, 0), kl.zero_metrics(k, self.eval_loss_sum, self.eval_correct)]
-        if self.fused:  # the current fp16 copy may be either one; refresh copy 0, which evaluation reads
-            out = [ke.cast_f32_f16(k, lay.w16, lay.w32) for lay in self.layers] + out
+        if self.fused:  # the current fp16 copy is copy (steps done) & 1; evaluation reads copy 0
+            out = [ke.copy_f16_if_odd(k, lay.w16, lay.w16_next, self.step) for lay in self.layers] + out
         for _ in range(chunks):
             out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.eval_perm, self.eval_step,
                                        self.eval_x, self.eval_y, EB, chunks))
@@ -376,9 +394,22 @@ class MLP:
     def step_count(self) -> int:
         return int(self.step.download()[0])
 
+    def master_weights(self, lay: Layer) -> np.ndarray:
+        """A layer's fp32 master weights (padded shape), joined from its halves (master.py)."""
+        hi = lay.w16_next if lay.w16_next is not None and self.step_count() % 2 else lay.w16
+        return master.join(hi.download(), lay.wlo.download())
+
+    def set_master_weights(self, lay: Layer, w: np.ndarray) -> None:
+        """Set a layer's fp32 master weights (padded shape; both fp16 copies of the fused step). Synchronises."""
+        if w.shape != lay.w16.shape or w.dtype != np.float32:
+            raise ValueError(f"master weights: expected float32 {lay.w16.shape}, got {w.dtype} {w.shape}")
+        self._set_master(lay, w)
+        if lay.w16_next is not None:
+            lay.w16_next.upload(lay.w16.download())
+
     def parameters(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The fp32 master (W [fan_in, fan_out], b) of every layer, padding cut off."""
-        return [(lay.w32.download()[:lay.fan_in, :lay.fan_out].copy(), lay.b.download()[:lay.fan_out].copy())
+        return [(self.master_weights(lay)[:lay.fan_in, :lay.fan_out].copy(), lay.b.download()[:lay.fan_out].copy())
                 for lay in self.layers]
 
     def velocity(self) -> list[tuple[np.ndarray, np.ndarray]] | None:
@@ -393,7 +424,7 @@ class MLP:
     def padding_is_zero(self) -> bool:
         """True when every padded weight/bias entry is still exactly zero (they must never move)."""
         for lay in self.layers:
-            w, b = lay.w32.download(), lay.b.download()
+            w, b = self.master_weights(lay), lay.b.download()
             if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
                 return False
         return True

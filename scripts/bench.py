@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a c
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # the peers package beside this script
 
 from rawgpu import driver as drv  # noqa: E402
+from rawgpu import master  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.graph import capture  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
@@ -89,7 +90,7 @@ def min_bytes(role: str, M: int, N: int, K: int, fused: bool) -> int:
     """The fewest bytes the operation must move: each input read once, each output written once."""
     ab = 2 * (M * K + K * N)
     if role == "dW+sgd" and fused:
-        return ab + M * N * (4 + 4 + 2)  # read W32, write W32, write W16
+        return ab + M * N * (4 + 4)  # read and write the master weights, W16 and lo (rawgpu/master.py)
     extra = 2 * M * N if role == "dx" and fused else 0  # the saved activation
     return ab + 2 * M * N + extra + (4 * N if role == "fwd" and fused else 0)
 
@@ -105,7 +106,7 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
     meet (None: the plan's choice)."""
     plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config, arch=device.arch,
                        splits=split, cluster=cluster, capacity=G.cluster_capacity(kernels))
-    per_copy = 2 * (M * K + K * N) + M * N * (10 if epilogue == "sgd" else 4)
+    per_copy = 2 * (M * K + K * N) + M * N * (8 if epilogue == "sgd" else 4)
     n = copies_for(per_copy, device.l2_bytes)
     with Arena() as arena:
         sets = []
@@ -114,7 +115,7 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
             B = arena.tensor(f"B{c}", (K, N) if layout[1] == "r" else (N, K), np.float16)
             kw = {}
             if epilogue == "sgd":
-                out = arena.tensor(f"W32_{c}", (M, N), np.float32)
+                out = arena.tensor(f"Wlo_{c}", (M, N), np.int16)
                 kw["w16"] = arena.tensor(f"W16_{c}", (M, N), np.float16)
             else:
                 out = arena.tensor(f"C{c}", (M, N), np.float16)
@@ -129,8 +130,10 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
         for A, B, out, kw in sets:  # random data: zeros can run faster than real data
             A.upload((rng.standard_normal(A.shape) * 0.1).astype(np.float16))
             B.upload((rng.standard_normal(B.shape) * 0.1).astype(np.float16))
-            if out.dtype == np.float32:
-                out.upload(rng.standard_normal(out.shape).astype(np.float32))
+            if epilogue == "sgd":
+                hi, lo = master.split(rng.standard_normal(out.shape).astype(np.float32))
+                kw["w16"].upload(hi)
+                out.upload(lo)
             if "act" in kw:
                 kw["act"].upload(rng.standard_normal(kw["act"].shape).astype(np.float16))
         bias.upload(rng.standard_normal(N).astype(np.float32))
@@ -145,21 +148,23 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
 
 
 def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overlap=False) -> tuple[float, int]:
-    """The fused backward (dx with the ReLU mask + the SGD update of W32 and W16) on rotating copies."""
+    """The fused backward (dx with the ReLU mask + the SGD update of the master weights) on rotating copies."""
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count)
-    n = copies_for(IN * N * 10, device.l2_bytes)
+    n = copies_for(IN * N * 8, device.l2_bytes)
     with Arena() as arena:
         sets = [(arena.tensor(f"x{c}", (B, IN), np.float16), arena.tensor(f"dy{c}", (B, N), np.float16),
-                 arena.tensor(f"w32_{c}", (IN, N), np.float32), arena.tensor(f"w16_{c}", (IN, N), np.float16),
+                 arena.tensor(f"wlo_{c}", (IN, N), np.int16), arena.tensor(f"w16_{c}", (IN, N), np.float16),
                  arena.tensor(f"dx{c}", (B, IN), np.float16)) for c in range(n)]
         lr = arena.tensor("lr", (1,), np.float32)
         ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
         tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
         arena.allocate()
-        for x, dy, w32, _, _ in sets:
+        for x, dy, wlo, w16, _ in sets:
             x.upload(np.maximum(rng.standard_normal(x.shape), 0).astype(np.float16))
             dy.upload((rng.standard_normal(dy.shape) * 0.1).astype(np.float16))
-            w32.upload((rng.standard_normal(w32.shape) * 0.1).astype(np.float32))
+            hi, lo = master.split((rng.standard_normal(wlo.shape) * 0.1).astype(np.float32))
+            w16.upload(hi)
+            wlo.upload(lo)
         lr.upload(np.array([1e-6], np.float32))
         tickets.upload(np.zeros(tickets.shape, np.int32))
         binds = [D.dx_sgd(kernels, plan, *t, lr, ws, tickets) for t in sets]
@@ -300,10 +305,10 @@ def cmd_gemm(args) -> int:
                 # the layer's whole backward in one pass: dx (the row above this one) + dW + SGD
                 us, sp = bench_dx_sgd(device, stream, kernels, args.batch, M, N, args.launches, args.trials, rng,
                                       overlap=overlap)
-                nbytes = M * N * 10 + 2 * args.batch * (2 * M + N)
+                nbytes = M * N * 8 + 2 * args.batch * (2 * M + N)
                 row.update(fused_bwd_us=us, fused_bwd_pct_copy=100 * nbytes / (us * 1e3) / bw, fused_bwd_splits=sp)
                 print(f"      fused backward (dx + dW + SGD, one pass): {us:.2f} us, split {sp}, "
-                      f"{100 * nbytes / (us * 1e3) / bw:.1f}% of copy at 10 B/weight")
+                      f"{100 * nbytes / (us * 1e3) / bw:.1f}% of copy at 8 B/weight")
             rows.append(row)
             print(f"{h:>5} {role:>7} {layer:>10} {f'{M}x{N}x{K}':>17} {splits:>5} {fused:>9.2f} {gbs:>6.0f} "
                   f"{row['pct_copy']:>5.1f}% {plain:>9.2f} {tflops:>7.1f} "
@@ -466,12 +471,14 @@ def cmd_train(args) -> int:
                 systems.append(run_peer(p, h, args.steps, args.seed, peer_data, ours["init"]))
             except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                 systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
-        weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6
+        weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6  # DESIGN.md's 12 B per parameter
+        split_floor = 10 * ours["parameters"] / (bw * 1e9) * 1e6  # what the split master moves (rawgpu/master.py)
         nodes_floor = launch_floor(stream, kernels, ours["nodes"])
         floor = max(weight_floor, nodes_floor)
         timed = [s for s in systems[1:] if s["us_per_step"] and not s["system"].startswith("rawgpu")]
         best = min(timed, key=lambda s: s["us_per_step"]) if timed else None
-        row = dict(hidden=h, parameters=ours["parameters"], weight_floor_us=weight_floor, launch_floor_us=nodes_floor,
+        row = dict(hidden=h, parameters=ours["parameters"], weight_floor_us=weight_floor,
+                   split_master_floor_us=split_floor, launch_floor_us=nodes_floor,
                    floor_us=floor, best_peer=best["system"] if best else None,
                    speedup=best["us_per_step"] / ours["us_per_step"] if best else None, systems=systems)
         rows.append(row)
@@ -487,8 +494,9 @@ def cmd_train(args) -> int:
                   f"{(f'{1e6 / us:.0f}' if us else '-'):>9} {vs:>12} "
                   f"{(f'{100 * floor / us:.0f}%' if us else '-'):>8} {acc:>8}"
                   + ("" if us else f"  {s['note']}"), flush=True)
-        print(f"{h:>5} {'floor':>14} {floor:>9.1f}   (weights {weight_floor:.1f} us at {bw:.0f} GB/s; "
-              f"{ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
+        print(f"{h:>5} {'floor':>14} {floor:>9.1f}   (weights at 12 B each {weight_floor:.1f} us at {bw:.0f} GB/s, "
+              f"at the split master's 10 B {split_floor:.1f} us, rawgpu at {100 * split_floor / ours['us_per_step']:.0f}%"
+              f" of that; {ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
     results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
                    date=str(dt.date.today()), copy_gbs=bw, steps=args.steps, batch=32, lr=0.003, rows=rows)
     (out / "bench_train.json").write_text(json.dumps(results, indent=1))

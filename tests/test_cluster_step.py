@@ -101,8 +101,8 @@ def test_many_steps_per_launch_equal_one_per_launch_bitwise(device, stream, rng)
                     launch.run(stream)
             stream.synchronize()
             assert model.step_count() == 39
-            for lay in model.layers:  # written back at the end of every launch: W16 == fp16(W32)
-                current = lay.w32.download().astype(np.float16)
+            for lay in model.layers:  # written back at the end of every launch, W16 == fp16(master)
+                current = model.master_weights(lay).astype(np.float16)
                 assert np.array_equal(lay.w16.download().view(np.uint16), current.view(np.uint16))
             assert model.padding_is_zero()
             for launch in model.eval_launches():

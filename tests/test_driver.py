@@ -217,7 +217,7 @@ def test_launch_errors_name_the_call(device, stream):
 @pytest.mark.gpu
 def test_large_dynamic_shared_memory_is_opted_in(device):
     mod = compile_source("elementwise.cu", device.arch)
-    k = driver.Module(mod.cubin).kernel("cast_f32_f16", "ppq")
+    k = driver.Module(mod.cubin).kernel("copy_f16_if_odd", "ppqp")
     want = device.info.shared_per_block_optin
     k.ensure_shared(want)
     from cuda.bindings import driver as cu

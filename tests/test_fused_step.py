@@ -13,7 +13,8 @@ gpu = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("recipe,fused", [
-    (Recipe(), True), (Recipe(hidden=1024, batch=32), True), (Recipe(hidden=1025), False),
+    (Recipe(), True), (Recipe(hidden=512, batch=32), True), (Recipe(hidden=1024, batch=32), False),
+    (Recipe(hidden=1025), False),
     (Recipe(hidden=8192, batch=32), False), (Recipe(accum="fp16"), False), (Recipe(layers=64), True)])
 def test_auto_picks_the_fused_step_where_it_applies(recipe, fused):
     assert MLP(None, recipe).fused is fused
@@ -27,7 +28,8 @@ def test_forcing_the_fused_step_where_it_cannot_run_says_why():
 
 
 def test_fused_model_plans_its_extra_buffers_and_no_layered_workspace():
-    fused, layered = MLP(None, Recipe(hidden=1024, batch=32)), MLP(None, Recipe(hidden=1024, batch=32), step="layered")
+    fused = MLP(None, Recipe(hidden=1024, batch=32), step="fused")
+    layered = MLP(None, Recipe(hidden=1024, batch=32), step="layered")
     assert fused.layers[0].w16_next is not None and layered.layers[0].w16_next is None
     assert fused.table.shape == (kf.table_words(4),)
     assert fused.workspace.size <= layered.workspace.size
@@ -54,7 +56,8 @@ def test_phase_plan_matches_the_kernel():
 @gpu
 def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, stream, rng):
     """Every task sums in a fixed order whichever block runs it, so the grid size cannot change a bit; after an odd
-    number of steps the current fp16 copy is the second one and equals fp16(W32), the first is refreshed by eval."""
+    number of steps the current fp16 copy is the second one and equals fp16(master); eval makes the first equal to
+    it."""
     from rawgpu.kernels import Kernels
     from test_mlp import FakeMNIST
 
@@ -73,14 +76,13 @@ def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, st
                 launch.run(stream)
             stream.synchronize()
             assert model.step_count() == 13
-            for lay in model.layers:
-                current = lay.w32.download().astype(np.float16)
+            for lay in model.layers:  # after an odd number of steps the master's high half is copy 1
+                current = model.master_weights(lay).astype(np.float16)
                 assert np.array_equal(lay.w16_next.download().view(np.uint16), current.view(np.uint16))
             for launch in model.eval_launches():
                 launch.run(stream)
-            for lay in model.layers:
-                assert np.array_equal(lay.w16.download().view(np.uint16),
-                                      lay.w32.download().astype(np.float16).view(np.uint16))
+            for lay in model.layers:  # evaluation reads copy 0, made equal to the current one
+                assert np.array_equal(lay.w16.download().view(np.uint16), lay.w16_next.download().view(np.uint16))
             results.append((model.parameters(), model.train_metrics(), model.eval_metrics()))
         finally:
             model.arena.close()

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from rawgpu import compiler
+from rawgpu import compiler, master
 from rawgpu.kernels import gemm as G
 
 # --- CPU: plan and instance table ------------------------------------------------------------------------------
@@ -225,11 +225,12 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
     with Arena() as arena:
         tA, tB = arena.tensor("A", a.shape, np.float16), arena.tensor("B", b.shape, np.float16)
         extra, host = {}, {}
-        if epilogue == "sgd":
-            out = arena.tensor("W32", (M, N), np.float32)
+        if epilogue == "sgd":  # the master weights: W16 and lo (rawgpu/master.py), both read and rewritten
+            out = arena.tensor("Wlo", (M, N), np.int16)
             extra["w16"] = arena.tensor("W16", (M, N), np.float16)
             extra["lr"] = arena.tensor("lr", (1,), np.float32)
             host["W32"] = rng.uniform(-1, 1, (M, N)).astype(np.float32)
+            host["W16"], host["Wlo"] = master.split(host["W32"])
             if mu:
                 extra["mom"] = arena.tensor("mom", (M, N), np.float32)
                 host["mom"] = rng.uniform(-1, 1, (M, N)).astype(np.float32)
@@ -256,13 +257,12 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
         kernels_launch = G.gemm(kernels, plan, tA, tB, out, mu=mu, **extra)
         results = []
         for _ in range(repeat):
-            for name, t in [("W32", out), ("mom", extra.get("mom")), ("bias", extra.get("bias")), ("act", extra.get("act"))]:
+            for name, t in [("Wlo", out), ("W16", extra.get("w16")), ("mom", extra.get("mom")),
+                            ("bias", extra.get("bias")), ("act", extra.get("act"))]:
                 if t is not None and name in host:
                     t.upload(host[name])
             if epilogue != "sgd":
                 out.fill_bytes(0xFF)
-            if "w16" in extra:
-                extra["w16"].fill_bytes(0xFF)
             kernels_launch.run(stream)
             got = {"out": out.download()}
             if "w16" in extra:
@@ -296,10 +296,17 @@ def check_case(plan, got, ref):
     bound = _bound(plan.accum, plan.K)
     if plan.epilogue == "sgd":
         lr32 = np.float32(ref["lr"])
-        # The update itself, recovered from W32 (its change is small next to W, so compare the step).
-        step = (ref["W32_before"] - got["out"].astype(np.float64)) / float(lr32)
+        # The update itself, recovered from the joined master (its change is small next to W, so compare the step).
+        w = master.join(got["w16"], got["out"])
+        step = (ref["W32_before"] - w.astype(np.float64)) / float(lr32)
         assert _rel(step, ref["step"]) <= bound, f"{plan.kernel}: update error {_rel(step, ref['step']):.2e}"
-        assert np.array_equal(got["w16"], got["out"].astype(np.float16)), "W16 must be fp16(W32) exactly"
+        # Written everywhere (the master is read and rewritten in place, so it cannot be poisoned): every weight
+        # whose step is not tiny has moved.
+        big = np.abs(ref["step"]) > 1e-3 * np.abs(ref["step"]).max()
+        assert (w[big] != ref["W32_before"][big].astype(np.float32)).all(), f"{plan.kernel}: weights left unwritten"
+        assert np.array_equal(w.astype(np.float16).view(np.uint16), got["w16"].view(np.uint16)), \
+            "W16 must be fp16(master) exactly"
+        assert np.abs(got["out"].astype(np.int32)).max() <= 2**14, "lo out of its range: not split by master.cuh"
         if "mom" in ref:
             assert _rel(got["mom"], ref["mom"]) <= bound
     else:
@@ -425,6 +432,37 @@ def test_staged_epilogue(device, stream, kernels, rng, M, N, K, splits, epi, mu,
         check_case(plan, got, ref)
     for key in runs[0]:
         assert np.array_equal(runs[0][key], runs[1][key]), f"{key} differs between identical runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["staged", "outer64", "32x128"])
+def test_sgd_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, config):
+    """The update joins the master's halves, steps and splits again (cu/master.cuh): at lr = 0 every bit must come
+    back, for weights from random bit patterns across the whole fp16 range, tiny ones included. (Inputs in the form
+    split gives; -0 becomes +0 under any update, as in an fp32 master.)"""
+    from rawgpu.memory import Arena
+
+    M, N, K = 72, 136, 32
+    w = rng.integers(0, 2**32, (M, N), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    w = np.where(np.isfinite(w) & (np.abs(w) < 60000), w, np.float32(0.5)).astype(np.float32)
+    w[0, :8] = [0.0, -(2**-30), 2**-16, -(2**-16), 2**-14, 65504.0, -65504.0, 1 + 2**-23]
+    w[w == 0] = 0.0
+    hi, lo = master.split(master.join(*master.split(w)))
+    plan = G.plan_gemm(M, N, K, "cr", "sgd", "f32", sm_count=device.sm_count, config=config, arch=device.arch)
+    with Arena() as arena:
+        tA, tB = arena.tensor("A", (K, M), np.float16), arena.tensor("B", (K, N), np.float16)
+        t_lo, t_hi = arena.tensor("lo", (M, N), np.int16), arena.tensor("hi", (M, N), np.float16)
+        lr = arena.tensor("lr", (1,), np.float32)
+        arena.allocate()
+        tA.upload(_f16(rng, (K, M)))
+        tB.upload(_f16(rng, (K, N)))
+        t_lo.upload(lo)
+        t_hi.upload(hi)
+        lr.upload(np.zeros(1, np.float32))
+        G.gemm(kernels, plan, tA, tB, t_lo, w16=t_hi, lr=lr).run(stream)
+        got_hi, got_lo = t_hi.download(), t_lo.download()
+    assert np.array_equal(got_hi.view(np.uint16), hi.view(np.uint16)), f"{plan.kernel}: W16 changed at lr 0"
+    assert np.array_equal(got_lo, lo), f"{plan.kernel}: lo changed at lr 0"
 
 
 @pytest.mark.gpu

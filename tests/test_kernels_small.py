@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from rawgpu import driver
+from rawgpu import driver, master
 from rawgpu.compiler import SOURCE_DIR
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import data as kd
@@ -74,6 +74,7 @@ def _plan():
         lr=a.tensor("lr", 1, np.float32), logits=a.tensor("logits", (10, 16), np.float16),
         dlogits=a.tensor("dlogits", (10, 16), np.float16), loss=a.tensor("loss", 1, np.float64),
         correct=a.tensor("correct", 1, np.int32), w32=a.tensor("w32", (784, 256), np.float32),
+        wlo=a.tensor("wlo", (784, 256), np.int16),
         w16=a.tensor("w16", (784, 256), np.float16), bias=a.tensor("bias", 256, np.float32),
         mom=a.tensor("mom", 256, np.float32), dy=a.tensor("dy", (10, 264), np.float16),
     )
@@ -89,19 +90,21 @@ def _valid_calls(k, t):
     kl.softmax_xent(k, t["logits"], t["y"], None, t["loss"], t["correct"], 7)
     kl.zero_metrics(k, t["loss"], t["correct"])
     ke.axpby_f32(k, t["bias"], t["mom"], 1.0, 2.0)
-    ke.cast_f32_f16(k, t["w16"], t["w32"])
+    ke.copy_f16_if_odd(k, t["w16"], t["w16"], t["step"])
+    ke.copy_f16_if_odd(k, t["w16"], t["w16"], None)
     ke.increment_i64(k, t["step"])
     ke.fill_f32(k, t["mom"], 0.0)
     ke.bias_grad_sgd(k, t["dy"], t["bias"], t["mom"], t["lr"], 0.9, 10)
     ke.bias_grad_sgd(k, t["dy"], t["bias"], None, t["lr"], 0.0, 3)
     ke.init_uniform(k, t["w32"], 0.05, 2**64 - 1)
+    ke.init_uniform_master(k, t["w16"], t["wlo"], 0.05, 7)
 
 
 def test_launchers_match_the_kernel_sources():
     sigs = _kernel_signatures()
     k = _Recorder()
     _valid_calls(k, _plan())
-    assert len(k.calls) == 14
+    assert len(k.calls) == 16
     for source, name, signature, grid, block, smem, args in k.calls:
         assert name in sigs and name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
         assert signature == sigs[name], f"{name}: launcher says {signature}, the kernel takes {sigs[name]}"
@@ -114,7 +117,7 @@ def test_launchers_match_the_kernel_sources():
         assert block[0] * block[1] * block[2] <= 1024 and smem <= driver.STATIC_SHARED_LIMIT
     names = {c[1] for c in k.calls}
     assert names >= {"gather_batch", "step_increment", "set_i64", "lr_schedule", "softmax_xent", "zero_metrics",
-                     "cast_f32_f16", "fill_f32", "bias_grad_sgd", "init_uniform"}
+                     "copy_f16_if_odd", "fill_f32", "bias_grad_sgd", "init_uniform", "init_uniform_master"}
 
 
 def test_softmax_xent_is_one_block_and_eval_passes_null():
@@ -169,8 +172,12 @@ def test_launchers_refuse_bad_buffers_before_compiling():
         kl.softmax_xent(k, t["logits"], t["y"], None, a.tensor("l1", 1, np.float32), t["correct"], 10)
     with pytest.raises(ValueError, match="logits"):
         kl.softmax_xent(k, t["logits"], t["y"], None, t["loss"], t["correct"], 11)
-    with pytest.raises(ValueError, match="cast output"):
-        ke.cast_f32_f16(k, a.tensor("w16b", (256, 784), np.float16), t["w32"])
+    with pytest.raises(ValueError, match="copy output"):
+        ke.copy_f16_if_odd(k, a.tensor("w16b", (256, 784), np.float16), t["w16"], None)
+    with pytest.raises(TypeError, match="step counter"):
+        ke.copy_f16_if_odd(k, t["w16"], t["w16"], t["lr"])
+    with pytest.raises(ValueError, match="init target \\(lo\\)"):
+        ke.init_uniform_master(k, t["w16"], a.tensor("lo2", (256, 784), np.int16), 0.1, 0)
     with pytest.raises(TypeError, match="bias dy"):
         ke.bias_grad_sgd(k, a.tensor("dy32", (10, 264), np.float32), t["bias"], None, t["lr"], 0.0, 10)
     with pytest.raises(ValueError, match="bias dy"):  # 10 rows only
@@ -406,26 +413,27 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
 @gpu
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 4099, 784 * 1000])
 @pytest.mark.parametrize("misaligned", [False, True])
-def test_cast_f32_f16(kern, device, stream, rng, n, misaligned):
-    x = rng.standard_normal(n).astype(np.float32) * np.float32(4)
-    x[0] = 65520.0  # rounds to inf in fp16, like numpy
-    if n > 2:
-        x[1], x[2] = 1e-7, -3e-5  # fp16 subnormals
-    shift = 4 if misaligned else 0  # a 4-byte shift takes the scalar path
+def test_copy_f16_if_odd(kern, device, stream, rng, n, misaligned):
+    """Copies every element (16-byte path and scalar tail) when there is no counter or it is odd; nothing when even."""
+    x = rng.standard_normal(n).astype(np.float16)
+    shift = 2 if misaligned else 0  # a 2-byte shift takes the scalar path
     with Arena() as arena:
-        xb, ob = arena.tensor("xb", n + 8, np.float32), arena.tensor("ob", n + 16, np.float16)
-        t_x, t_o = xb.view((n,), offset_bytes=shift), ob.view((n,), offset_bytes=2 * shift)
+        xb, ob = arena.tensor("xb", n + 8, np.float16), arena.tensor("ob", n + 16, np.float16)
+        step = arena.tensor("step", 1, np.int64)
+        t_x, t_o = xb.view((n,), offset_bytes=shift), ob.view((n,), offset_bytes=shift)
         arena.allocate()
         t_x.upload(x)
-        ob.fill_bytes(0xFF)
-        device.synchronize()
-        ke.cast_f32_f16(kern, t_o, t_x).run(stream)
-        got = ob.download()
-    lo = shift  # halves before the view: 2 * shift bytes
-    with np.errstate(over="ignore"):
-        ref = x.astype(np.float16)
-    assert np.array_equal(got[lo:lo + n].view(np.uint16), ref.view(np.uint16))
-    assert np.all(got[:lo].view(np.uint16) == 0xFFFF) and np.all(got[lo + n:].view(np.uint16) == 0xFFFF)
+        for counter, copies in ((None, True), (4, False), (7, True)):
+            ob.fill_bytes(0xFF)
+            if counter is not None:
+                step.upload(np.array([counter], np.int64))
+            device.synchronize()
+            ke.copy_f16_if_odd(kern, t_o, t_x, None if counter is None else step).run(stream)
+            got = ob.download().view(np.uint16)
+            lo = shift // 2
+            want = x.view(np.uint16) if copies else np.full(n, 0xFFFF, np.uint16)
+            assert np.array_equal(got[lo:lo + n], want), f"counter {counter}"
+            assert np.all(got[:lo] == 0xFFFF) and np.all(got[lo + n:] == 0xFFFF), "wrote outside the view"
 
 
 @gpu
@@ -481,6 +489,24 @@ def test_init_uniform_is_bit_exact_and_grid_independent(kern, device, stream, n,
         device.synchronize()
         kern.get("elementwise.cu", "init_uniform", "pqfq").bind(3, 32, 0, w, n, bound, launch.args.values[3].value).run(stream)
         assert np.array_equal(w.download().view(np.uint32), ref.view(np.uint32)), "depends on the grid"
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 1000, 784 * 256 + 5])
+def test_init_uniform_master_is_the_host_split_of_the_same_values(kern, device, stream, n):
+    """The master weights' init: init_uniform's values split on the device exactly as rawgpu/master.py splits them
+    (the values themselves checked bit for bit above); poisoned first."""
+    bound, seed = 1 / math.sqrt(100), 12345
+    hi_ref, lo_ref = master.split(ke.init_uniform_reference(n, bound, seed))
+    with Arena() as arena:
+        hi, lo = arena.tensor("hi", n, np.float16), arena.tensor("lo", n, np.int16)
+        arena.allocate()
+        hi.fill_bytes(0xFF)
+        lo.fill_bytes(0x7F)
+        device.synchronize()
+        ke.init_uniform_master(kern, hi, lo, bound, seed).run(stream)
+        assert np.array_equal(hi.download().view(np.uint16), hi_ref.view(np.uint16))
+        assert np.array_equal(lo.download(), lo_ref)
 
 
 @gpu

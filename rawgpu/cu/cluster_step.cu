@@ -4,9 +4,10 @@
 // (~1 us each, fused_step.cu).
 //
 // Ownership. CTA c owns columns J = [c n, (c + 1) n) of every hidden layer: its fp32 master slice W_l[:, J] and
-// bias b_l[J] live in its shared memory for the whole launch (read from and written back to global memory at the
-// launch's ends, so evaluation and checkpoints see ordinary buffers). The head (H x 10) is small: every CTA holds
-// a replica and updates it identically, so the head needs no exchange at all.
+// bias b_l[J] live in its shared memory for the whole launch (joined from the master's two halves in global
+// memory at the start, master.cuh, and split back at the end, so evaluation and checkpoints see ordinary
+// buffers). The head (H x 10) is small: every CTA holds a replica and updates it identically, so the head needs
+// no exchange at all.
 //
 // Exchanges. Every exchange is a set of st.async stores into the receivers' shared memory, each counting its
 // bytes on the receiver's mbarrier for that buffer; a receiver waits on its own barrier for the bytes of all C
@@ -24,7 +25,7 @@
 //                   while the partials are in flight                                          -> receive partials
 //                   dy_{l-1}[:, J] = (sum of the partials in CTA order) * relu'(h_{l-1}[:, J])
 //   backward 0      the update of W_0[:, J] and b_0[J] (and the head's, with one hidden layer)
-// Weights are used in fp16 as everywhere else: fp16(W32) is computed when a fragment is loaded, which is the
+// Weights are used in fp16 as everywhere else: fp16(W) is computed when a fragment is loaded, which is the
 // same value the per-layer step's W16 copy holds.
 //
 // Why no buffer is overwritten early (docs/perf.md walks through it). A CTA sends a buffer's next contents only
@@ -47,6 +48,7 @@
 #include "cluster.cuh"
 #include "tma.cuh"
 #include "step_math.cuh"
+#include "master.cuh"
 
 #define CS_WARPS 8
 #define CS_THREADS (CS_WARPS * 32)
@@ -63,8 +65,8 @@
 // kernels/cluster.py writes this table into the arena (every field 8 bytes, in this order) and plans the
 // shared-memory layout (byte offsets below).
 struct CsLayer {
-    float* w32;     // global fp32 master [in_p, out_p]
-    half_t* w16;    // global fp16 working copy (written at the end of a launch)
+    short* wlo;     // global master weights [in_p, out_p]: the low half (master.cuh) ...
+    half_t* w16;    // ... and the high half, the fp16 working copy (both written at the end of a launch)
     float* b;       // global bias [out_p]
     i64 in_p, out_p;
     i64 rows;       // rows held in shared memory: 784 for layer 0, hs above (the head: hs)
@@ -171,14 +173,15 @@ RG_DEVICE void b_from_f32_t(u32 (&b)[2], const float* w, int ld, int k0, int n0,
     }
 }
 
-// w[m0 + row][n0 + col] -= lr * acc for one 16 x 8 accumulator tile of fp32 weights in shared memory.
+// w[m0 + row][n0 + col] -= lr * acc for one 16 x 8 accumulator tile of fp32 weights in shared memory, each result
+// rounded as the stored master would round it (master_round), so a launch boundary changes no bit.
 RG_DEVICE void sgd_tile(float* w, int ld, int m0, int n0, const float (&acc)[4], float lr, int lane) {
     const int g = lane / 4, t = lane % 4;
     float2* p0 = reinterpret_cast<float2*>(w + (m0 + g) * ld + n0 + 2 * t);
     float2* p1 = reinterpret_cast<float2*>(w + (m0 + g + 8) * ld + n0 + 2 * t);
     float2 u = *p0, v = *p1;
     u.x -= lr * acc[0], u.y -= lr * acc[1], v.x -= lr * acc[2], v.y -= lr * acc[3];
-    *p0 = u, *p1 = v;
+    *p0 = make_float2(master_round(u.x), master_round(u.y)), *p1 = make_float2(master_round(v.x), master_round(v.y));
 }
 
 // ---- the input ---------------------------------------------------------------------------------------------------
@@ -582,10 +585,12 @@ RG_DEVICE void move_layer(const CsParams& P, u8* smem, const Geo& G, int l) {
         float2* s = reinterpret_cast<float2*>(W + r * ld + j);
         const i64 at = (i64)r * Ly.out_p + col;
         if (LOAD) {
-            *s = *reinterpret_cast<const float2*>(Ly.w32 + at);
+            *s = master_join2(*reinterpret_cast<const u32*>(Ly.w16 + at), *reinterpret_cast<const u32*>(Ly.wlo + at));
         } else {
-            *reinterpret_cast<float2*>(Ly.w32 + at) = *s;
-            *reinterpret_cast<u32*>(Ly.w16 + at) = pack_f16x2(s->x, s->y);
+            u32 hi2, lo2;
+            master_split2(*s, hi2, lo2);
+            *reinterpret_cast<u32*>(Ly.w16 + at) = hi2;
+            *reinterpret_cast<u32*>(Ly.wlo + at) = lo2;
         }
     }
     for (int j = threadIdx.x; j < cols; j += CS_THREADS) {

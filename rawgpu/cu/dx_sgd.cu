@@ -1,23 +1,25 @@
 // One pass over a layer's weights for its whole backward at batch size: dx = (dy @ W^T) * relu'(x), and the SGD
-// update W32 -= lr * x^T @ dy with W16 = fp16(W32) rewritten.
+// update W -= lr * x^T @ dy of the master weights (W16, lo), master.cuh.
 //
 // Why: at batch 32 both backward GEMMs are weight streams. Run apart, dx reads W16 (2 bytes per weight) and the
-// update reads W32 and writes W32 and W16 (10 bytes). But fp16(W32) *is* W16, bit for bit, so dx can be computed
-// from the W32 tile the update has fetched anyway: 10 bytes per weight instead of 12, and one launch instead of
-// two. This is the 12-bytes-per-parameter step of DESIGN.md (2 for the forward, 10 here).
+// update reads and writes W16 and lo (8 bytes). But the update fetches W16 anyway, so dx is computed from the same
+// tile: 8 bytes per weight instead of 10, and one launch instead of two. With the forward's 2, a step moves 10
+// bytes per weight (DESIGN.md's 12 assumed an fp32 master beside the fp16 copy; master.cuh says why not).
 //
 //   Block: BM = 64 rows of W (input features) and a range of its columns, walked in chunks of BN = 128 through a
-//   STAGES-deep cp.async pipeline of [W32 chunk (fp32) | dy chunk (fp16)]. Per chunk:
+//   STAGES-deep cp.async pipeline of [W16 chunk | lo chunk | dy chunk]. Per chunk:
 //     dx:  8 warps, warp w takes the chunk's 16 columns [16 w, 16 w + 16) as its k-slice: dx[32 x 64] +=
-//          dy[:, slice] @ W[rows, slice]^T, the W fragments made from fp32 shared memory by cvt.rn (= W16);
+//          dy[:, slice] @ W16[rows, slice]^T;
 //     G:   x^T[64 x 32] @ dy[32 x 128] on a 2 x 4 warp grid (x^T's fragments loaded once per block);
-//     then W32 -= lr G in shared memory, written back along rows as W32 and W16 in 16-byte pieces.
+//     then W -= lr G on the joined master in shared memory, split again and written back along rows in 16-byte
+//     pieces.
 //   dx's 8 warp partials meet in shared memory in warp order; with several column ranges per row band (gridDim.z)
 //   each block writes its sum to the workspace and the last to take the band's ticket adds them in range order.
 //   relu'(x) comes from the x tile already in shared memory. Every sum has a fixed order: bitwise reproducible.
 // Needs batch <= 32 and plain SGD (no momentum: its tile would not fit the pipeline); kernels/dx_sgd.py checks.
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
+#include "master.cuh"
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "cp_async.cuh"
@@ -33,11 +35,11 @@
 
 namespace dxsgd {
 constexpr int BM = 64, BN = 128, BB = 32, THREADS = 256, WARPS = 8, STAGES = DX_SGD_STAGES;
-constexpr int LDW = BN + 8;   // floats per W32 row in shared memory: conflict-free float2 fragment access
+constexpr int LDW = BN + 8;   // halves per W16 (and lo) row in shared memory: conflict-free pair access
 constexpr int LDY = BN + 8;   // halves per dy row
 constexpr int LDX = BM + 8;   // halves per x row
-constexpr int W_FLOATS = BM * LDW, Y_HALVES = BB * LDY;
-constexpr int STAGE_BYTES = W_FLOATS * 4 + Y_HALVES * 2;
+constexpr int W_HALVES = BM * LDW, Y_HALVES = BB * LDY;
+constexpr int STAGE_BYTES = 2 * W_HALVES * 2 + Y_HALVES * 2;
 constexpr int X_BYTES = BB * LDX * 2;
 constexpr int RED_LD = BM + 4;  // floats per row of the cross-warp dx sums
 constexpr u32 SMEM = STAGES * STAGE_BYTES + X_BYTES;
@@ -46,7 +48,7 @@ static_assert(BN == 16 * WARPS, "one 16-column k-slice per warp");
 }  // namespace dxsgd
 
 struct DxSgdParams {
-    const half_t* x; const half_t* dy; float* w32; half_t* w16; half_t* dx; const float* lr;
+    const half_t* x; const half_t* dy; short* wlo; half_t* w16; half_t* dx; const float* lr;
     int B, IN, N, ldx, lddy, ldw, lddx, n_chunk;
     float* workspace; int* tickets;
 };
@@ -68,14 +70,15 @@ RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C,
 }
 
 extern "C" __global__ void __launch_bounds__(dxsgd::THREADS)
-dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, const float* lr_ptr, int B, int IN,
+dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, const float* lr_ptr, int B, int IN,
        int N, int ldx, int lddy, int ldw, int lddx, int n_chunk, float* workspace, int* tickets) {
     using namespace dxsgd;
     extern __shared__ __align__(128) u8 smem_raw[];
     if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
     half_t* sX = reinterpret_cast<half_t*>(smem_raw + STAGES * STAGE_BYTES);
-    auto sW = [&](int s) { return reinterpret_cast<float*>(smem_raw + s * STAGE_BYTES); };
-    auto sY = [&](int s) { return reinterpret_cast<half_t*>(smem_raw + s * STAGE_BYTES + W_FLOATS * 4); };
+    auto sW = [&](int s) { return reinterpret_cast<half_t*>(smem_raw + s * STAGE_BYTES); };
+    auto sL = [&](int s) { return reinterpret_cast<short*>(smem_raw + s * STAGE_BYTES + W_HALVES * 2); };
+    auto sY = [&](int s) { return reinterpret_cast<half_t*>(smem_raw + s * STAGE_BYTES + 2 * W_HALVES * 2); };
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int g = lane / 4, t = lane % 4, r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
@@ -83,17 +86,21 @@ dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, c
     const int n_begin = blockIdx.z * n_chunk, n_end = min(N, n_begin + n_chunk);
     const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
 
-    auto load_chunk = [&](int stage, int c) {
+    auto load_weights = [&](int stage, int c) {
         const int n = n_begin + c * BN;
-        load_rows<float, BM, BN, LDW>(sW(stage), w32, ldw, i0, n, IN, n_end, tid);
-        load_rows<half_t, BB, BN, LDY>(sY(stage), dy, lddy, 0, n, B, n_end, tid);
+        load_rows<half_t, BM, BN, LDW>(sW(stage), w16, ldw, i0, n, IN, n_end, tid);
+        load_rows<short, BM, BN, LDW>(sL(stage), wlo, ldw, i0, n, IN, n_end, tid);
     };
-    // Launched overlapping the kernel before (pdl.cuh): the first chunks of W32 (this layer's own, written a step
-    // ago) are fetched at once; x and dy only once that kernel has finished. All of them join chunk 0's copy
-    // group, which completes first, so chunk c's group still means chunk c has landed.
+    auto load_chunk = [&](int stage, int c) {
+        load_weights(stage, c);
+        load_rows<half_t, BB, BN, LDY>(sY(stage), dy, lddy, 0, n_begin + c * BN, B, n_end, tid);
+    };
+    // Launched overlapping the kernel before (pdl.cuh): the first chunks of the weights (this layer's own, written
+    // a step ago) are fetched at once; x and dy only once that kernel has finished. All of them join chunk 0's
+    // copy group, which completes first, so chunk c's group still means chunk c has landed.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s)
-        if (s < chunks) load_rows<float, BM, BN, LDW>(sW(s), w32, ldw, i0, n_begin + s * BN, IN, n_end, tid);
+        if (s < chunks) load_weights(s, s);
     pdl_enter();
     load_rows<half_t, BB, BM, LDX>(sX, x, ldx, 0, i0, B, IN, tid);
 #pragma unroll
@@ -121,7 +128,8 @@ dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, c
         const int next = c + STAGES - 1;
         if (next < chunks) load_chunk(next % STAGES, next);
         cp_async_commit();
-        float* w = sW(c % STAGES);
+        half_t* w = sW(c % STAGES);
+        short* wl = sL(c % STAGES);
         const half_t* y = sY(c % STAGES);
 
         // dx += dy[:, slice] @ W[:, slice]^T with the old weights (before this chunk's update)
@@ -132,9 +140,8 @@ dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, c
                 ldmatrix_x4(fa[mt], shared_address(y + (16 * mt + r8 + 8 * q1) * LDY + 16 * warp + 8 * q2));
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const float* row = w + (8 * j + g) * LDW + 16 * warp + 2 * t;
-                const float2 lo = *reinterpret_cast<const float2*>(row), hi = *reinterpret_cast<const float2*>(row + 8);
-                const u32 fb[2] = {pack_f16x2(lo.x, lo.y), pack_f16x2(hi.x, hi.y)};
+                const half_t* row = w + (8 * j + g) * LDW + 16 * warp + 2 * t;
+                const u32 fb[2] = {*reinterpret_cast<const u32*>(row), *reinterpret_cast<const u32*>(row + 8)};
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt) mma_m16n8k16_f32(dxacc[mt][j], fa[mt], fb);
             }
@@ -163,22 +170,23 @@ dx_sgd(const half_t* x, const half_t* dy, float* w32, half_t* w16, half_t* dx, c
             for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float2* at = reinterpret_cast<float2*>(w + (32 * wm + 16 * mt + g + 8 * h) * LDW + 32 * wn + 8 * j + 2 * t);
-                    float2 v = *at, unused = make_float2(0.f, 0.f);
+                    const int at = (32 * wm + 16 * mt + g + 8 * h) * LDW + 32 * wn + 8 * j + 2 * t;
+                    u32& hi2 = *reinterpret_cast<u32*>(w + at);
+                    u32& lo2 = *reinterpret_cast<u32*>(wl + at);
+                    float2 v = master_join2(hi2, lo2), unused = make_float2(0.f, 0.f);
                     sgd_pair(v, unused, make_float2(gacc[mt][j][2 * h], gacc[mt][j][2 * h + 1]), false, 0.f, lr);
-                    *at = v;
+                    master_split2(v, hi2, lo2);
                 }
         __syncthreads();
-        // Write back along rows: 4 floats of W32 and 4 halves of W16 per thread and step.
+        // Write back along rows: 8 weights (16 bytes of W16, 16 of lo) per thread and step.
         const int n = n_begin + c * BN;
 #pragma unroll 4
-        for (int i = tid; i < BM * BN / 4; i += THREADS) {
-            const int r = i / (BN / 4), col = (i % (BN / 4)) * 4;
+        for (int i = tid; i < BM * BN / 8; i += THREADS) {
+            const int r = i / (BN / 8), col = (i % (BN / 8)) * 8;
             if (i0 + r >= IN || n + col >= n_end) continue;
             const i64 at = (i64)(i0 + r) * ldw + n + col;
-            const float4 v = *reinterpret_cast<const float4*>(w + r * LDW + col);
-            *reinterpret_cast<float4*>(w32 + at) = v;
-            *reinterpret_cast<uint2*>(w16 + at) = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
+            store_16(w16 + at, load_16(w + r * LDW + col));
+            store_16(wlo + at, load_16(wl + r * LDW + col));
         }
     }
     cp_async_wait<0>();

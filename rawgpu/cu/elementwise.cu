@@ -3,6 +3,7 @@
 #include "common.cuh"
 #include "step_math.cuh"
 #include "pdl.cuh"
+#include "master.cuh"
 
 RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
@@ -11,20 +12,18 @@ extern "C" __global__ void axpby_f32(float* __restrict__ y, const float* __restr
     GRID_STRIDE(i, n) y[i] = a * x[i] + b * y[i];
 }
 
-// fp32 master weights -> fp16 working copy: two float4 loads -> one 16-byte store of 8 halves, scalar tail.
-extern "C" __global__ void cast_f32_f16(half_t* __restrict__ out, const float* __restrict__ in, i64 n) {
+// dst = src (n halves) when step is null or *step is odd, 16-byte pieces when aligned. The fused step keeps two
+// fp16 working copies and the current one is copy (steps done) & 1 (fused_step.cu): this makes both equal to it.
+extern "C" __global__ void copy_f16_if_odd(half_t* __restrict__ dst, const half_t* __restrict__ src, i64 n,
+                                           const i64* __restrict__ step) {
+    if (step != nullptr && (*step & 1) == 0) return;
     i64 done = 0;
-    if (ew_aligned16(out) && ew_aligned16(in)) {
+    if (ew_aligned16(dst) && ew_aligned16(src)) {
         const i64 n8 = n >> 3;
-        GRID_STRIDE(v, n8) {
-            const float4 a = reinterpret_cast<const float4*>(in)[2 * v];
-            const float4 b = reinterpret_cast<const float4*>(in)[2 * v + 1];
-            reinterpret_cast<uint4*>(out)[v] = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w),
-                                                          pack_f16x2(b.x, b.y), pack_f16x2(b.z, b.w));
-        }
+        GRID_STRIDE(v, n8) reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<const uint4*>(src)[v];
         done = n8 << 3;
     }
-    GRID_STRIDE(j, n - done) out[done + j] = f32_to_f16(in[done + j]);
+    GRID_STRIDE(j, n - done) dst[done + j] = src[done + j];
 }
 
 // Adds `by` to a device counter: the step counter that lets one captured graph replay every step unchanged.
@@ -105,15 +104,30 @@ RG_DEVICE u64 ew_mix64(u64 z) {
     return z ^ (z >> 31);
 }
 
-// w[i] = uniform in [-bound, bound) from a counter-based hash of (seed, i): the same values for a seed on any
-// grid. u = top 24 bits of mix(mix(seed) + i * golden); (u - 2^23) / 2^23 is exact in fp32, then one
-// rounding multiply by bound. kernels/elementwise.py:init_uniform_reference computes the same bits.
+// uniform in [-bound, bound) from a counter-based hash of (seed, i): the same values for a seed on any grid.
+// u = top 24 bits of mix(mix(seed) + i * golden); (u - 2^23) / 2^23 is exact in fp32, then one rounding multiply
+// by bound. kernels/elementwise.py:init_uniform_reference computes the same bits.
+RG_DEVICE float ew_uniform(u64 key, i64 i, float bound) {
+    const u64 z = ew_mix64(key + (u64)i * 0x9E3779B97F4A7C15ull);
+    return (float)((int)(z >> 40) - (1 << 23)) * (1.0f / 8388608.0f) * bound;
+}
+
+// w[i] = ew_uniform (the biases).
 extern "C" __global__ void init_uniform(float* __restrict__ w, i64 n, float bound, u64 seed) {
     const u64 key = ew_mix64(seed);
+    GRID_STRIDE(i, n) w[i] = ew_uniform(key, i, bound);
+}
+
+// The master weights (hi, lo) of master.cuh from the same values.
+extern "C" __global__ void init_uniform_master(half_t* __restrict__ hi, short* __restrict__ lo, i64 n, float bound,
+                                               u64 seed) {
+    const u64 key = ew_mix64(seed);
     GRID_STRIDE(i, n) {
-        const u64 z = ew_mix64(key + (u64)i * 0x9E3779B97F4A7C15ull);
-        const float t = (float)((int)(z >> 40) - (1 << 23)) * (1.0f / 8388608.0f);
-        w[i] = t * bound;
+        u32 h;
+        int l;
+        master_split(ew_uniform(key, i, bound), h, l);
+        hi[i] = (half_t)h;
+        lo[i] = (short)l;
     }
 }
 

@@ -19,14 +19,16 @@
 // warp (K = the batch). Every sum has a fixed order, so results are bitwise reproducible.
 //
 // Weight update hazard: a backward phase reads W16 (for dx) while other warps update it. So the fp16 working
-// copy is double-buffered: step s reads copy s & 1 and writes copy (s + 1) & 1; the fp32 master is read and
-// written by its own dW task only.
+// copy is double-buffered: step s reads copy s & 1 and writes copy (s + 1) & 1. The master weights (master.cuh)
+// are (copy s & 1, lo) before step s and (copy (s + 1) & 1, lo) after it; lo is read and written by its own dW
+// task only.
 #include "common.cuh"
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "cp_async.cuh"
 #include "grid_sync.cuh"
 #include "step_math.cuh"
+#include "master.cuh"
 
 #define FS_WARPS 8
 #define FS_THREADS (FS_WARPS * 32)
@@ -52,8 +54,8 @@ enum Layout { ROW = 0, COL = 1 };
 
 // kernels/fused.py writes this table into the arena (every field 8 bytes, in this order).
 struct FsLayer {
-    float* w32;       // fp32 master [in_p, out_p]
-    half_t* w16[2];   // fp16 working copies, double-buffered
+    short* wlo;       // the master's low half [in_p, out_p] (master.cuh)
+    half_t* w16[2];   // fp16 working copies, double-buffered: the master's high half
     float* b;         // bias [out_p]
     float* mw;        // momentum (nullptr without)
     float* mb;
@@ -365,16 +367,20 @@ RG_DEVICE void warp_head_dx(const FsParams& P, const FsLayer& Ly, const FsStep& 
 }
 
 // dW = x^T dy for the 32x32 block (m0, n0) of layer Ly, by one warp, with the SGD (momentum) update fused:
-// W32 and the momentum are read before the K loop so their latency overlaps it.
+// The master weights and the momentum are read before the K loop so their latency overlaps it.
 RG_DEVICE void warp_dw_sgd(const FsParams& P, const FsLayer& Ly, const FsStep& st, int m0, int n0, half_t* pipe) {
     const int B = (int)P.batch, lane = threadIdx.x % 32;
-    float2 w[16], m[16];
+    u32 hi2[16], lo2[16];  // the master's halves, joined after the K loop so the loads' latency overlaps it
+    float2 m[16];
 #pragma unroll
     for (int q = 0; q < 16; ++q) {
         const int row = m0 + acc_row(2 * q, lane), col = n0 + acc_col(2 * q, lane);
-        w[q] = m[q] = make_float2(0.f, 0.f);
+        hi2[q] = lo2[q] = 0u;
+        m[q] = make_float2(0.f, 0.f);
         if (row < Ly.in_p && col < Ly.out_p) {
-            w[q] = load_cg_f2(Ly.w32 + (i64)row * Ly.out_p + col);
+            const i64 at = (i64)row * Ly.out_p + col;
+            hi2[q] = load_cg_u32(Ly.w16[st.rd] + at);
+            lo2[q] = load_cg_u32(Ly.wlo + at);
             if (Ly.mw != nullptr) m[q] = load_cg_f2(Ly.mw + (i64)row * Ly.out_p + col);
         }
     }
@@ -401,10 +407,12 @@ RG_DEVICE void warp_dw_sgd(const FsParams& P, const FsLayer& Ly, const FsStep& s
                 g0 = m[q].x;
                 g1 = m[q].y;
             }
-            w[q].x -= lr * g0;
-            w[q].y -= lr * g1;
-            *reinterpret_cast<float2*>(Ly.w32 + at) = w[q];
-            *reinterpret_cast<u32*>(w16 + at) = pack_f16x2(w[q].x, w[q].y);
+            float2 w = master_join2(hi2[q], lo2[q]);
+            w.x -= lr * g0;
+            w.y -= lr * g1;
+            master_split2(w, hi2[q], lo2[q]);
+            *reinterpret_cast<u32*>(w16 + at) = hi2[q];
+            *reinterpret_cast<u32*>(Ly.wlo + at) = lo2[q];
         }
     }
 }

@@ -59,27 +59,27 @@ RG_DEVICE void load_tile(half_t* s, const half_t* g, int ld, int r0, int c0, int
 }
 
 // ---- staged epilogue (Cfg::STAGED) ----------------------------------------------------------------------------
-// The SGD update reads W32 (and momentum) and writes W32, W16 (and momentum): 10-18 bytes per output against the
-// main loop's few. Written straight from mma fragments, each warp access touches 8 rows x 32 bytes (16 for W16),
-// so the L2 sees many small requests. Staged, the W32/momentum tiles are fetched by cp.async when the block
-// starts (they depend on nothing), updated in shared memory in fragment order, and written back in 16-byte
-// pieces along rows: a warp covers 512 contiguous bytes of W32.
+// The SGD update reads the master weights (W16 and lo, master.cuh) and momentum, and writes them back: 8-16 bytes
+// per output against the main loop's few. Written straight from mma fragments, each warp access touches 8 rows x
+// 16 bytes, so the L2 sees many small requests. Staged, the weight/momentum tiles are fetched by cp.async when the
+// block starts (they depend on nothing), updated in shared memory in fragment order, and written back in 16-byte
+// pieces along rows: a warp covers 512 contiguous bytes of each.
 template <class Cfg>
 struct Staged {
-    static constexpr int LD = Cfg::BN + 8;  // floats per row: 16-byte aligned rows, conflict-free float2 access
-    static constexpr int FLOATS = Cfg::BM * LD;
+    static constexpr int LD = Cfg::BN + 8;  // elements per row: 16-byte aligned rows, conflict-free pair access
+    static constexpr int FLOATS = Cfg::BM * LD;  // the momentum tile; the W16 and lo tiles take as much together
 };
 
-// Copy the BM x BN fp32 tile at global (m0, n0) of a row-major matrix (stride ld) into s; rows >= M and
-// columns >= N are zero-filled (N is a multiple of 8, so a 4-float piece is wholly in or out).
-template <class Cfg>
-RG_DEVICE void load_f32_tile(float* s, const float* g, int ld, int m0, int n0, int M, int N, int tid) {
-    constexpr int PER_ROW = Cfg::BN / 4, CHUNKS = Cfg::BM * PER_ROW;
+// Copy the BM x BN tile of T at global (m0, n0) of a row-major matrix (stride ld) into s (Staged::LD elements per
+// row); rows >= M and columns >= N are zero-filled (N is a multiple of 8, so a 16-byte piece is wholly in or out).
+template <class Cfg, class T>
+RG_DEVICE void load_update_tile(T* s, const T* g, int ld, int m0, int n0, int M, int N, int tid) {
+    constexpr int PIECE = 16 / sizeof(T), PER_ROW = Cfg::BN / PIECE, CHUNKS = Cfg::BM * PER_ROW;
 #pragma unroll
     for (int it = 0; it < (CHUNKS + Cfg::THREADS - 1) / Cfg::THREADS; ++it) {
         const int i = it * Cfg::THREADS + tid;
         if (CHUNKS % Cfg::THREADS == 0 || i < CHUNKS) {
-            const int r = i / PER_ROW, c = (i % PER_ROW) * 4;
+            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
             const bool valid = m0 + r < M && n0 + c < N;
             cp_async_16(s + r * Staged<Cfg>::LD + c, valid ? g + (i64)(m0 + r) * ld + (n0 + c) : g, valid);
         }
@@ -122,11 +122,13 @@ RG_DEVICE void gemm(const Params& p) {
 
     // Staged SGD: the weight (and momentum) tile joins the first copy group. With split-K only the last split
     // updates, so it fetches the tile after the fix-up instead.
-    float* sW = reinterpret_cast<float*>(sB + STAGES * TB::SIZE);
-    float* sV = sW + Staged<Cfg>::FLOATS;
+    half_t* sHi = sB + STAGES * TB::SIZE;
+    short* sLo = reinterpret_cast<short*>(sHi + Cfg::BM * Staged<Cfg>::LD);
+    float* sV = reinterpret_cast<float*>(sLo + Cfg::BM * Staged<Cfg>::LD);
     auto load_update_tiles = [&]() {
-        load_f32_tile<Cfg>(sW, reinterpret_cast<const float*>(p.out), p.ldc, m0, n0, p.M, p.N, tid);
-        if (p.mom != nullptr) load_f32_tile<Cfg>(sV, p.mom, p.ldc, m0, n0, p.M, p.N, tid);
+        load_update_tile<Cfg>(sHi, p.w16, p.ldc, m0, n0, p.M, p.N, tid);
+        load_update_tile<Cfg>(sLo, static_cast<const short*>(p.out), p.ldc, m0, n0, p.M, p.N, tid);
+        if (p.mom != nullptr) load_update_tile<Cfg>(sV, p.mom, p.ldc, m0, n0, p.M, p.N, tid);
     };
     if (EPI == EPI_SGD && Cfg::STAGED) {
         const u32 need = (STAGES * (TA::SIZE + TB::SIZE) * 2) + (p.mom != nullptr ? 2 : 1) * Staged<Cfg>::FLOATS * 4;
@@ -249,7 +251,7 @@ RG_DEVICE void gemm(const Params& p) {
                 cp_async_commit();
                 cp_async_wait<0>();
             }
-            __syncthreads();  // every thread's copies of the W32 / momentum tiles have landed
+            __syncthreads();  // every thread's copies of the weight / momentum tiles have landed
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -257,10 +259,15 @@ RG_DEVICE void gemm(const Params& p) {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int at = tile_row(i, h) * LD + tile_col(j);
-                        float2 w = *reinterpret_cast<float2*>(sW + at);
+                        u32* hi2 = reinterpret_cast<u32*>(sHi + at);
+                        u32* lo2 = reinterpret_cast<u32*>(sLo + at);
+                        float2 w = master_join2(*hi2, *lo2);
                         float2 v = p.mom != nullptr ? *reinterpret_cast<float2*>(sV + at) : make_float2(0.f, 0.f);
                         sgd_pair(w, v, make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]), p.mom != nullptr, p.mu, lr);
-                        *reinterpret_cast<float2*>(sW + at) = w;
+                        u32 h2, l2;
+                        master_split2(w, h2, l2);
+                        *hi2 = h2;
+                        *lo2 = l2;
                         if (p.mom != nullptr) *reinterpret_cast<float2*>(sV + at) = v;
                     }
         } else {
@@ -278,20 +285,23 @@ RG_DEVICE void gemm(const Params& p) {
                     }
         }
         __syncthreads();
-        // Write back along rows: 4 floats (sgd) or 8 halves (store) per thread and step.
-        constexpr int PIECE = EPI == EPI_SGD ? 4 : 8;
+        // Write back along rows, 8 outputs per thread and step: W16 and lo (and the momentum), or fp16 C.
+        constexpr int PIECE = 8;
         constexpr int PER_ROW = BN / PIECE, CHUNKS = BM * PER_ROW;
-#pragma unroll 4
+        constexpr int UNROLL = EPI == EPI_SGD ? 1 : 4;  // SGD: 32-64 bytes per piece; more in flight spill on sm_80
+#pragma unroll UNROLL
         for (int i = tid; i < CHUNKS; i += Cfg::THREADS) {
             const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
             const int row = m0 + r, col = n0 + c;
             if (row >= p.M || col >= p.N) continue;
             const i64 at = (i64)row * p.ldc + col;
             if (EPI == EPI_SGD) {
-                const float4 w = *reinterpret_cast<const float4*>(sW + r * LD + c);
-                *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.out) + at) = w;
-                *reinterpret_cast<uint2*>(p.w16 + at) = make_uint2(pack_f16x2(w.x, w.y), pack_f16x2(w.z, w.w));
-                if (p.mom != nullptr) *reinterpret_cast<float4*>(p.mom + at) = *reinterpret_cast<const float4*>(sV + r * LD + c);
+                store_16(p.w16 + at, load_16(sHi + r * LD + c));
+                store_16(static_cast<short*>(p.out) + at, load_16(sLo + r * LD + c));
+                if (p.mom != nullptr) {
+                    store_16(p.mom + at, load_16(sV + r * LD + c));
+                    store_16(p.mom + at + 4, load_16(sV + r * LD + c + 4));
+                }
             } else {
                 *reinterpret_cast<uint4*>(reinterpret_cast<half_t*>(p.out) + at) =
                     *reinterpret_cast<const uint4*>(reinterpret_cast<const half_t*>(smem_raw) + r * (BN + 8) + c);

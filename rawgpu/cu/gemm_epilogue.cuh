@@ -4,6 +4,7 @@
 #include "common.cuh"
 #include "cluster.cuh"
 #include "ldmatrix.cuh"
+#include "master.cuh"
 
 enum Layout { ROW = 0, COL = 1 };
 enum Epilogue {
@@ -11,7 +12,8 @@ enum Epilogue {
     EPI_BIAS = 1,       // C16 = acc + bias
     EPI_BIAS_RELU = 2,  // C16 = relu(acc + bias)
     EPI_DRELU = 3,      // C16 = acc * (act > 0): the backward of ReLU, act being the saved forward output
-    EPI_SGD = 4,        // G = acc; [V = mu V + G;] W32 -= lr (V or G); W16 = fp16(W32). G never touches memory.
+    EPI_SGD = 4,        // G = acc; [V = mu V + G;] W -= lr (V or G) on the master (W16, lo) of master.cuh, `out`
+                        // being lo. G never touches memory.
 };
 
 struct Params {
@@ -23,7 +25,7 @@ struct Params {
 };
 
 // The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x` and `y`
-// were loaded beforehand: W32 and momentum (sgd), bias (bias), or the saved activation (drelu).
+// were loaded beforehand: the master weights and momentum (sgd), bias (bias), or the saved activation (drelu).
 // The SGD rule for two adjacent weights w with gradient g: [v = mu v + g; step = v, else step = g;] w -= lr step.
 RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu, float lr) {
     if (momentum) {
@@ -35,14 +37,15 @@ RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu,
     w.y -= lr * g.y;
 }
 
-// What the epilogue of pair (row, col) reads besides the sum, for epilogue_pair: W32 and momentum (sgd), the bias
-// (bias), the saved activation (drelu); zeros otherwise.
+// What the epilogue of pair (row, col) reads besides the sum, for epilogue_pair: the master weights (joined) and
+// momentum (sgd), the bias (bias), the saved activation (drelu); zeros otherwise.
 template <int EPI>
 RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, float2& y) {
     const i64 at = (i64)row * p.ldc + col;
     x = y = make_float2(0.f, 0.f);
     if (EPI == EPI_SGD) {
-        x = *reinterpret_cast<const float2*>(reinterpret_cast<const float*>(p.out) + at);
+        const short* lo = static_cast<const short*>(p.out);
+        x = master_join2(*reinterpret_cast<const u32*>(p.w16 + at), *reinterpret_cast<const u32*>(lo + at));
         if (p.mom != nullptr) y = *reinterpret_cast<const float2*>(p.mom + at);
     } else if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
         x = *reinterpret_cast<const float2*>(p.bias + col);
@@ -57,8 +60,10 @@ RG_DEVICE void epilogue_pair(const Params& p, float lr, int row, int col, float 
     if (EPI == EPI_SGD) {
         sgd_pair(x, y, make_float2(v0, v1), p.mom != nullptr, p.mu, lr);
         if (p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
-        *reinterpret_cast<float2*>(reinterpret_cast<float*>(p.out) + at) = x;
-        *reinterpret_cast<u32*>(p.w16 + at) = pack_f16x2(x.x, x.y);
+        u32 hi2, lo2;
+        master_split2(x, hi2, lo2);
+        *reinterpret_cast<u32*>(p.w16 + at) = hi2;
+        *reinterpret_cast<u32*>(static_cast<short*>(p.out) + at) = lo2;
         return;
     }
     if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {

@@ -32,7 +32,7 @@ MAX_COLUMNS = 32  # 8 x CS_NT_MAX columns per CTA
 CTAS = 16  # the cluster: sm_90 runs up to 16 CTAs in one (a non-portable size, opted into at launch)
 SHARED_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
 HEADER_FIELDS = 28  # CsParams before layer[]: 7 pointers, 18 int64, 3 doubles
-LAYER_FIELDS = 8  # CsLayer: w32, w16, b, in_p, out_p, rows, w_off, b_off
+LAYER_FIELDS = 8  # CsLayer: wlo, w16, b, in_p, out_p, rows, w_off, b_off
 PARAM_BYTES = 1024  # room for the table's static copy in shared memory (808 B; ptxas reports 896)
 SCHEDULE_KINDS = {"constant": 0, "cosine": 1, "linear": 2}
 ALIGN = 128
@@ -137,7 +137,7 @@ def param_table(model, p: ClusterPlan, profile: int = 0) -> np.ndarray:
     words += [int(np.float64(d).view(np.uint64)) for d in doubles]
     assert len(words) == HEADER_FIELDS
     for i, lay in enumerate(model.layers):
-        words += [lay.w32.ptr, lay.w16.ptr, lay.b.ptr, lay.w32.shape[0], lay.w32.shape[1], p.rows[i], p.w_off[i],
+        words += [lay.wlo.ptr, lay.w16.ptr, lay.b.ptr, lay.wlo.shape[0], lay.wlo.shape[1], p.rows[i], p.w_off[i],
                   p.b_off[i]]
     return np.array([w & (2**64 - 1) for w in words], dtype=np.uint64)
 

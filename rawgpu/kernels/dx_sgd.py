@@ -1,5 +1,5 @@
 """Launcher for dx_sgd.cu: a layer's whole backward at batch size (dx with the ReLU mask, and the SGD update of
-W32 and W16) in one pass over its weights.
+the master weights W16 and lo, rawgpu/master.py) in one pass over its weights.
 
 `plan_dx_sgd` is plain Python (tested on CPU): the grid (row bands of 64 input features, times column ranges so
 every SM has a block) and the workspace the column ranges' dx sums meet in.
@@ -90,18 +90,19 @@ def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
     return t.shape[1]
 
 
-def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", w32: "Tensor", w16: "Tensor", dx: "Tensor",
+def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor", dx: "Tensor",
            lr: "Tensor", workspace: "Tensor | None" = None, tickets: "Tensor | None" = None) -> "Launch":
-    """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], W32/W16 [IN, N], dx [B, IN] (written)."""
+    """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], the master weights as wlo (int16) and W16
+    [IN, N] (rawgpu/master.py; both updated), dx [B, IN] (written)."""
     p = plan
     ldx = _rows(x, p.B, p.IN, np.float16, "x")
     lddy = _rows(dy, p.B, p.N, np.float16, "dy")
-    ldw = _rows(w32, p.IN, p.N, np.float32, "W32")
-    require(w16, np.float16, w32.shape, "W16")
+    ldw = _rows(wlo, p.IN, p.N, np.int16, "W lo")
+    require(w16, np.float16, wlo.shape, "W16")
     lddx = _rows(dx, p.B, p.IN, np.float16, "dx")
     require(lr, np.float32, what="lr")
     require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
     ptr = lambda t: 0 if t is None else t  # noqa: E731
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
-        p.grid, THREADS, smem_bytes(k.arch), x, dy, w32, w16, dx, lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
+        p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, dx, lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
         p.n_chunk, ptr(workspace), ptr(tickets))

@@ -22,11 +22,15 @@ def axpby_f32(k: Kernels, y: Tensor, x: Tensor, a: float, b: float) -> Launch:
     return k.get(SRC, "axpby_f32", "ppffq").bind(blocks_for(y.size, THREADS), THREADS, 0, y, x, a, b, y.size)
 
 
-def cast_f32_f16(k: Kernels, out: Tensor, src: Tensor) -> Launch:
-    """fp32 master weights -> fp16 working copy (same shape), 8 elements per thread per step."""
-    require(src, np.float32, what="cast input")
-    require(out, np.float16, src.shape, what="cast output")
-    return k.get(SRC, "cast_f32_f16", "ppq").bind(blocks_for(src.size, THREADS, 8), THREADS, 0, out, src, src.size)
+def copy_f16_if_odd(k: Kernels, dst: Tensor, src: Tensor, step: Tensor | None) -> Launch:
+    """dst = src (fp16, same shape) when step is None or the device counter step[0] is odd: the fused step's two
+    working copies made equal to the current one, copy (steps done) & 1."""
+    require(src, np.float16, what="copy input")
+    require(dst, np.float16, src.shape, what="copy output")
+    if step is not None:
+        require(step, np.int64, (1,), what="step counter")
+    return k.get(SRC, "copy_f16_if_odd", "ppqp").bind(blocks_for(src.size, THREADS, 8), THREADS, 0, dst, src,
+                                                      src.size, 0 if step is None else step)
 
 
 def increment_i64(k: Kernels, counter: Tensor, by: int = 1) -> Launch:
@@ -82,6 +86,14 @@ def init_uniform(k: Kernels, w: Tensor, bound: float, seed: int) -> Launch:
     require(w, np.float32, what="init target")
     return k.get(SRC, "init_uniform", "pqfq").bind(blocks_for(w.size, THREADS, 4), THREADS, 0, w, w.size, bound,
                                                    _seed_i64(seed))
+
+
+def init_uniform_master(k: Kernels, hi: Tensor, lo: Tensor, bound: float, seed: int) -> Launch:
+    """The master weights (hi fp16, lo int16; rawgpu/master.py) of init_uniform's values."""
+    require(hi, np.float16, what="init target (hi)")
+    require(lo, np.int16, hi.shape, what="init target (lo)")
+    return k.get(SRC, "init_uniform_master", "ppqfq").bind(blocks_for(hi.size, THREADS, 4), THREADS, 0, hi, lo,
+                                                           hi.size, bound, _seed_i64(seed))
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

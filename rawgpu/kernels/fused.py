@@ -23,10 +23,10 @@ THREADS = 256  # FS_THREADS
 MAX_LINEAR_LAYERS = 65  # FS_MAX_LAYERS: --layers 64 plus the head
 TILE, TILE_LD, PANEL_LD = 32, 40, 808  # FS_T, FS_LD, FS_PANEL_LD
 HEADER_FIELDS = 21  # FsParams before layer[]: 9 pointers, 8 int64, 4 doubles
-LAYER_FIELDS = 12  # FsLayer: w32, w16[2], b, mw, mb, x, y, dy, dx, in_p, out_p
+LAYER_FIELDS = 12  # FsLayer: wlo, w16[2], b, mw, mb, x, y, dy, dx, in_p, out_p
 # Largest padded hidden width the fused step takes by default: above it the per-layer GEMMs stream the weights
 # better than 32x32 blocks do (measured: docs/perf.md).
-MAX_HIDDEN = 1024
+MAX_HIDDEN = 512
 SCHEDULE_KINDS = {"constant": 0, "cosine": 1, "linear": 2}
 
 
@@ -91,9 +91,9 @@ def param_table(model, profile: int = 0) -> np.ndarray:
     for i, lay in enumerate(model.layers):
         dx = model.grads[i].ptr if i else 0
         y = model.acts[i + 1].ptr if i + 1 < len(model.layers) else 0
-        words += [lay.w32.ptr, lay.w16.ptr, lay.w16_next.ptr, lay.b.ptr, lay.mw.ptr if lay.mw else 0,
+        words += [lay.wlo.ptr, lay.w16.ptr, lay.w16_next.ptr, lay.b.ptr, lay.mw.ptr if lay.mw else 0,
                   lay.mb.ptr if lay.mb else 0, model.acts[i].ptr, y, model.grads[i + 1].ptr, dx,
-                  lay.w32.shape[0], lay.w32.shape[1]]
+                  lay.wlo.shape[0], lay.wlo.shape[1]]
     return np.array([w & (2**64 - 1) for w in words], dtype=np.uint64)
 
 

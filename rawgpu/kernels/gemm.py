@@ -355,9 +355,9 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
     lda = _check_matrix(A, p.M, p.K, "A") if p.layout[0] == "r" else _check_matrix(A, p.K, p.M, "A (column-major)")
     ldb = _check_matrix(B, p.K, p.N, "B") if p.layout[1] == "r" else _check_matrix(B, p.N, p.K, "B (column-major)")
     if p.epilogue == "sgd":
-        require(out, np.float32, what="W32 (sgd output)")
+        require(out, np.int16, what="the master's low half (sgd output)")
         if w16 is None or lr is None:
-            raise ValueError("the sgd epilogue needs w16 (fp16 copy) and lr (device learning rate)")
+            raise ValueError("the sgd epilogue needs w16 (the master's high half) and lr (device learning rate)")
         require(w16, np.float16, out.shape, "w16")
         require(lr, np.float32, what="lr")
         if p.config.staged and (mom is not None) != p.momentum:
