@@ -394,23 +394,19 @@ class MLP:
     def step_count(self) -> int:
         return int(self.step.download()[0])
 
-    def master_weights(self, lay: Layer) -> np.ndarray:
-        """A layer's fp32 master weights (padded shape), joined from its halves (master.py)."""
-        hi = lay.w16_next if lay.w16_next is not None and self.step_count() % 2 else lay.w16
+    def master_weights(self, lay: Layer, odd_step: bool | None = None) -> np.ndarray:
+        """A layer's fp32 master weights (padded shape), joined from its halves (master.py). odd_step: whether the
+        step count is odd (the fused step's current copy is then the second); None reads the counter."""
+        if odd_step is None:
+            odd_step = self.fused and self.step_count() % 2 == 1
+        hi = lay.w16_next if lay.w16_next is not None and odd_step else lay.w16
         return master.join(hi.download(), lay.wlo.download())
-
-    def set_master_weights(self, lay: Layer, w: np.ndarray) -> None:
-        """Set a layer's fp32 master weights (padded shape; both fp16 copies of the fused step). Synchronises."""
-        if w.shape != lay.w16.shape or w.dtype != np.float32:
-            raise ValueError(f"master weights: expected float32 {lay.w16.shape}, got {w.dtype} {w.shape}")
-        self._set_master(lay, w)
-        if lay.w16_next is not None:
-            lay.w16_next.upload(lay.w16.download())
 
     def parameters(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """The fp32 master (W [fan_in, fan_out], b) of every layer, padding cut off."""
-        return [(self.master_weights(lay)[:lay.fan_in, :lay.fan_out].copy(), lay.b.download()[:lay.fan_out].copy())
-                for lay in self.layers]
+        odd = self.fused and self.step_count() % 2 == 1
+        return [(self.master_weights(lay, odd)[:lay.fan_in, :lay.fan_out].copy(),
+                 lay.b.download()[:lay.fan_out].copy()) for lay in self.layers]
 
     def velocity(self) -> list[tuple[np.ndarray, np.ndarray]] | None:
         """The momentum (same layout as parameters()) in units of the mean-loss gradient, or None without
@@ -423,8 +419,9 @@ class MLP:
 
     def padding_is_zero(self) -> bool:
         """True when every padded weight/bias entry is still exactly zero (they must never move)."""
+        odd = self.fused and self.step_count() % 2 == 1
         for lay in self.layers:
-            w, b = self.master_weights(lay), lay.b.download()
+            w, b = self.master_weights(lay, odd), lay.b.download()
             if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
                 return False
         return True

@@ -31,7 +31,8 @@ def test_join_of_split_is_exact_from_2_to_the_minus_16():
 @pytest.mark.parametrize("w", [1.0, -1.0, 1 + 2.0**-23, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 2.0**-14 * (1 + 2.0**-11),
                                2.0**-16, -(2.0**-16), 65504.0, -65504.0, 65519.0, 0.0, 3e-3, -0.0123456789])
 def test_edges_round_trip(w):
-    """Ties between two fp16 values (rounded to even, lo = +-2^14 / 2), the top of the fp16 range, binade edges."""
+    """Ties halfway between two fp16 values (hi rounded to even, |lo| = 2^14), the top of the fp16 range, binade
+    edges."""
     w = np.float32(w)
     hi, lo = master.split(np.array([w]))
     assert master.join(hi, lo)[0] == w

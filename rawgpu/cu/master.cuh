@@ -35,7 +35,6 @@ RG_DEVICE float master_join_f(float h, int lo) {
     const float l = __int_as_float(MASTER_MAGIC_BITS + lo) - MASTER_MAGIC;  // (float)lo, exactly
     return fmaf(l, master_unit(h), h);
 }
-RG_DEVICE float master_join(u32 hi, int lo) { return master_join_f(f16_to_f32((half_t)hi), lo); }
 
 // The rest w - h (exact) in units of u, rounded to the nearest integer (ties to even): rest / u is exact, so the
 // one rounding of the fma is the rounding to an integer. NaN and infinities keep hi; lo is then meaningless.
