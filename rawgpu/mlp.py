@@ -5,8 +5,9 @@ The list runs eagerly (`--no-graph`) or is captured once into a CUDA graph; noth
 host after start-up: the step counter, the batch position and the learning rate live on the device.
 
 Three step implementations, same buffers and numerics: `layered` (one kernel per layer and role: gather,
-GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers, 16 at batch <= 32 with plain
-SGD, where each layer above the first runs its backward in one pass, kernels/dx_sgd.py), `fused` (the whole step
+GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers; 10 on sm_90 at batch <= 32 with
+plain SGD, where each layer's backward and bias update is one pass over its weights, kernels/dx_sgd.py, and the
+head's whole step is one cluster kernel, kernels/head.py), `fused` (the whole step
 in one persistent kernel, cu/fused_step.cu, for widths up to kernels.fused.MAX_HIDDEN) and `cluster` (sm_90, batch
 <= 32, plain SGD, small models: one thread-block cluster keeps the weights in shared memory for a whole launch,
 cu/cluster_step.cu). The fp32 master weights are stored as two 16-bit halves (rawgpu/master.py): W16, the fp16
@@ -36,6 +37,8 @@ from .kernels import dx_sgd as kb
 from .kernels import elementwise as ke
 from .kernels import fused as kf
 from .kernels import gemm as kg
+from .kernels import head as kh
+from .kernels import l2 as kl2
 from .kernels import loss as kl
 from .memory import Arena, Tensor
 
@@ -143,12 +146,15 @@ class MLP:
     """Plan (`__init__`, no GPU needed) -> `allocate()` -> `upload_data()` + `init_parameters()` -> launches."""
 
     def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132, step: str = "auto",
-                 fused_grid: int | None = None, arch: str | None = None, overlap: bool = True):
+                 fused_grid: int | None = None, arch: str | None = None, overlap: bool = True, l2_bytes: int = 0,
+                 l2_budget: float = kl2.DEFAULT_BUDGET):
         """step: one of STEP_KINDS. `auto` takes the cluster step where it runs, else the fused step where
         kernels.fused.preferred, else the per-layer kernels; naming one insists (ValueError with the reason when it
         cannot run the recipe). fused_grid: blocks of the fused kernel (default one per SM). arch: the GPU to plan
         for when there is no `kernels` (CPU tests; default sm_86). overlap: on sm_90+, each kernel of the layered step
-        starts while the one before still runs (programmatic dependent launch, ptx/pdl.cuh)."""
+        starts while the one before still runs (programmatic dependent launch, ptx/pdl.cuh). l2_bytes, l2_budget: the
+        GPU's L2 size and the share of it the layered step keeps one weight in between two reads (kernels/l2.py;
+        budget 0 or no size: no cache hints)."""
         self.k, self.recipe, self.sm_count, self.fused_grid = kernels, recipe, sm_count, fused_grid
         r, accum = recipe, ("f32" if recipe.accum == "fp32" else "f16")
         self.arena = a = Arena()
@@ -204,7 +210,15 @@ class MLP:
                 dx=plan(B, pin, pout, "rc", "drelu") if i else None,
                 dw=plan(pin, pout, B, "cr", "sgd", momentum=mom),
                 eval_fwd=plan(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias"),
-                bwd=kb.plan_dx_sgd(B, pin, pout, sm_count) if i and kb.supported(B, mom, accum) else None))
+                bwd=kb.plan_dx_sgd(B, pin, pout, sm_count) if kb.supported(B, mom, accum) else None))
+        # the layered step's head (forward, loss, backward, update) as one cluster kernel where it runs (sm_90)
+        self.head = (kh.plan_head(B, padded[-2]) if self.step_kind == "layered"
+                     and kh.supported(B, r.momentum > 0, accum, padded[-1], arch) else None)
+        one_pass = [lay.bwd is not None for lay in self.layers]
+        if self.head is not None:
+            one_pass[-1] = False
+        self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in self.layers], one_pass, l2_bytes,
+                              l2_budget if self.step_kind == "layered" else 0.0)
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
         layered = self.step_kind == "layered"
         roles = (lambda lay: (lay.fwd, lay.dx, lay.dw, lay.eval_fwd)) if layered else (lambda lay: (lay.eval_fwd,))
@@ -315,11 +329,12 @@ class MLP:
 
     # --- the step ----------------------------------------------------------------------------------------------
 
-    def _forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan]) -> list[Launch]:
-        launches, inp = [], x
-        for lay, out, plan in zip(self.layers, outs, plans):
+    def _forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan],
+                 keep: list[float] | None = None) -> list[Launch]:
+        launches, inp, keep = [], x, keep or [kl2.NORMAL] * len(self.layers)
+        for lay, out, plan, keep_w in zip(self.layers, outs, plans, keep):
             launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, workspace=self.workspace,
-                                    tickets=self.tickets))
+                                    tickets=self.tickets, keep_b=keep_w))
             inp = out
         return launches
 
@@ -341,22 +356,30 @@ class MLP:
                               r.schedule),
                kd.gather_batch(k, self.images, self.labels, self.perm, self.step, self.acts[0], self.y, r.batch,
                                r.steps_per_epoch)]
-        out += self._forward(self.acts[0], self.acts[1:], [lay.fwd for lay in self.layers])
-        dy = self.grads[-1]
-        out.append(kl.softmax_xent(k, self.acts[-1], self.y, dy, self.loss_sum, self.correct, r.batch, CLASSES,
-                                   grad_scale=scale))
-        for i in range(len(self.layers) - 1, -1, -1):
+        n = len(self.layers) - (self.head is not None)  # layers with a forward GEMM
+        out += self._forward(self.acts[0], self.acts[1:n + 1], [lay.fwd for lay in self.layers[:n]],
+                             [pol.forward for pol in self.l2[:n]])
+        if self.head is not None:  # the head's forward, loss, backward and update in one launch
+            lay = self.layers[n]
+            out.append(kh.head_step(k, self.head, self.acts[n], self.y, lay.wlo, lay.w16, lay.b, self.lr,
+                                    self.acts[-1], self.grads[-1], self.grads[n], self.loss_sum, self.correct,
+                                    CLASSES, scale))
+        else:
+            out.append(kl.softmax_xent(k, self.acts[-1], self.y, self.grads[-1], self.loss_sum, self.correct,
+                                       r.batch, CLASSES, grad_scale=scale))
+        dy = self.grads[n]
+        for i in range(n - 1, -1, -1):
             lay, x = self.layers[i], self.acts[i]
-            if lay.bwd is not None:
+            if lay.bwd is not None:  # the bias too; the first layer's input needs no gradient: its update alone
                 out.append(kb.dx_sgd(k, lay.bwd, x, dy, lay.wlo, lay.w16, self.grads[i], self.lr, self.workspace,
-                                     self.tickets))
+                                     self.tickets, self.l2[i], bias=lay.b))
             else:
                 if lay.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, lay.dx, dy, lay.w16, self.grads[i], act=x, workspace=self.workspace,
                                        tickets=self.tickets))
                 out.append(kg.gemm(k, lay.dw, x, dy, lay.wlo, mom=lay.mw, w16=lay.w16, lr=self.lr, mu=mu,
                                    workspace=self.workspace, tickets=self.tickets))
-            out.append(ke.bias_grad_sgd(k, dy, lay.b, lay.mb, self.lr, mu, r.batch))
+                out.append(ke.bias_grad_sgd(k, dy, lay.b, lay.mb, self.lr, mu, r.batch))
             dy = self.grads[i]
         out.append(kd.step_increment(k, self.step))
         return out

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--kernels", choices=("auto", "cluster", "fused", "layered"), default=d["kernels"],
                    help="cluster: one thread-block cluster keeps the model in shared memory (sm_90, batch <= 32, "
                         "momentum 0, hidden <= 128 at 3 layers); fused: the whole step in one persistent kernel; "
-                        "layered: one kernel per layer and role (19 at 3 hidden layers); auto (default): cluster, "
+                        "layered: one kernel per layer and role (10-19 at 3 hidden layers); auto (default): cluster, "
                         "else fused (fp32 accumulation, hidden <= 1024), else layered, whichever applies first")
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
@@ -119,7 +119,7 @@ class Session:
     """Device, compiled kernels and the planned, allocated model: everything training and inspect_graph share."""
 
     def __init__(self, recipe, device_index: int = 0, on_compile=None, kernels: str = "auto",
-                 fused_grid: int | None = None, overlap: bool = True):
+                 fused_grid: int | None = None, overlap: bool = True, l2_budget: float | None = None):
         from . import compiler
         from .driver import Device, Stream
         from .kernels import Kernels
@@ -147,8 +147,9 @@ class Session:
                              else f"kernel cache warm ({ms:.0f} ms)")
         self.stream = Stream()
         try:
+            l2 = {} if l2_budget is None else {"l2_budget": l2_budget}
             model = MLP(self.kernels, recipe, self.device.sm_count, step=kernels, fused_grid=fused_grid,
-                        overlap=overlap)
+                        overlap=overlap, l2_bytes=self.device.l2_bytes, **l2)
         except ValueError as exc:
             raise RawgpuError(f"--kernels {kernels}: {exc}") from None
         self.model = model.allocate()

@@ -34,6 +34,7 @@ from rawgpu.graph import capture  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
+from rawgpu.kernels.l2 import DEFAULT_BUDGET as DEFAULT_L2_BUDGET  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
 
 HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -147,8 +148,10 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
     return us, plan.splits
 
 
-def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overlap=False) -> tuple[float, int]:
-    """The fused backward (dx with the ReLU mask + the SGD update of the master weights) on rotating copies."""
+def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overlap=False,
+                 with_dx=True) -> tuple[float, int]:
+    """The fused backward (dx with the ReLU mask + the SGD update of the master weights) on rotating copies;
+    with_dx False: the update alone (the first layer's)."""
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count)
     n = copies_for(IN * N * 8, device.l2_bytes)
     with Arena() as arena:
@@ -167,7 +170,7 @@ def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overl
             wlo.upload(lo)
         lr.upload(np.array([1e-6], np.float32))
         tickets.upload(np.zeros(tickets.shape, np.int32))
-        binds = [D.dx_sgd(kernels, plan, *t, lr, ws, tickets) for t in sets]
+        binds = [D.dx_sgd(kernels, plan, *t[:4], t[4] if with_dx else None, lr, ws, tickets) for t in sets]
         binds = [b.overlapping() for b in binds] if overlap else binds
         runs = [binds[i % n] for i in range(launches)]
         us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
@@ -301,13 +304,15 @@ def cmd_gemm(args) -> int:
                 row["sweep"] = times
                 print(f"      sweep: best {best} {times[best]:.2f} us; "
                       + " ".join(f"{k}={v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])[:6]))
-            if role == "dW+sgd" and layer != f"784x{h}" and D.supported(args.batch, False, "f32"):
-                # the layer's whole backward in one pass: dx (the row above this one) + dW + SGD
+            if role == "dW+sgd" and D.supported(args.batch, False, "f32"):
+                # the layer's whole backward in one pass: dx (the row above this one) + dW + SGD; the first layer's
+                # update alone (its input needs no gradient)
+                first = layer == f"784x{h}"
                 us, sp = bench_dx_sgd(device, stream, kernels, args.batch, M, N, args.launches, args.trials, rng,
-                                      overlap=overlap)
-                nbytes = M * N * 8 + 2 * args.batch * (2 * M + N)
+                                      overlap=overlap, with_dx=not first)
+                nbytes = M * N * 8 + 2 * args.batch * (M + N + (0 if first else M))
                 row.update(fused_bwd_us=us, fused_bwd_pct_copy=100 * nbytes / (us * 1e3) / bw, fused_bwd_splits=sp)
-                print(f"      fused backward (dx + dW + SGD, one pass): {us:.2f} us, split {sp}, "
+                print(f"      one pass ({'dW + SGD' if first else 'dx + dW + SGD'}): {us:.2f} us, split {sp}, "
                       f"{100 * nbytes / (us * 1e3) / bw:.1f}% of copy at 8 B/weight")
             rows.append(row)
             print(f"{h:>5} {role:>7} {layer:>10} {f'{M}x{N}x{K}':>17} {splits:>5} {fused:>9.2f} {gbs:>6.0f} "
@@ -327,7 +332,7 @@ def launch_floor(stream, kernels, nodes: int, trials: int = 30) -> float:
 
 
 def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50, kernels: str = "auto",
-                 steps_per_launch: int = 1, fused_grid: int | None = None) -> dict:
+                 steps_per_launch: int = 1, fused_grid: int | None = None, l2_budget: float | None = None) -> dict:
     """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
     timed)."""
@@ -337,7 +342,7 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
     serial = kernels == "serial"  # the default step, each kernel launched only when the one before has finished
     session = Session(recipe, device_index, kernels="auto" if serial else kernels, fused_grid=fused_grid,
-                      overlap=not serial)
+                      overlap=not serial, l2_budget=l2_budget)
     model, stream = session.model, session.stream
     model.upload_data(data)
     spe = recipe.steps_per_epoch
@@ -376,6 +381,7 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     model.arena.close()
     how = session.step_kernels + (f", {k} steps per launch" if k > 1 else "")
     name = "rawgpu" if kernels == "auto" else f"rawgpu-{kernels}"
+    name += "" if l2_budget is None else f"-l2={l2_budget:g}"
     return dict(system=name, us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
                 parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
 
@@ -466,6 +472,10 @@ def cmd_train(args) -> int:
             except RawgpuError as exc:  # e.g. the cluster step at a width it does not hold
                 systems.append(dict(system=f"rawgpu-{variant}", us_per_step=None, test_accuracy=None,
                                     note=f"n/a: {exc}"[:300]))
+        for budget in args.l2_budgets:  # the default step with another L2 budget (kernels/l2.py; 0: no hints)
+            systems.append(bench_rawgpu(h, args.steps, args.seed, mnist, args.device, l2_budget=budget,
+                                        steps_per_launch=args.steps_per_launch, fused_grid=args.fused_grid))
+            systems[-1].pop("init")
         for p in peers:
             try:
                 systems.append(run_peer(p, h, args.steps, args.seed, peer_data, ours["init"]))
@@ -514,6 +524,16 @@ def positive(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in 0..1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in 0..1, got {value}")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -535,6 +555,9 @@ def main(argv=None) -> int:
                    help="also time these rawgpu step implementations (rows rawgpu-cluster, rawgpu-fused, "
                         "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch)")
     t.add_argument("--fused-grid", type=positive, default=None, help="blocks of the fused step (default one per SM)")
+    t.add_argument("--l2-budgets", type=fraction, nargs="*", default=[], metavar="F",
+                   help="also time the default step keeping at most this share of the L2 per kept weight (rows "
+                        f"rawgpu-l2=F; 0: no cache hints; the default is {DEFAULT_L2_BUDGET})")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)

@@ -31,7 +31,8 @@ def test_every_kernel_compiles_without_spills(source, arch, cache):
 # Every kernel the layered step launches (mlp.MLP._layered_step), which on sm_90 it launches overlapping the one
 # before: each must wait for the prior grid, and only then let its own dependent start (ptx/pdl.cuh).
 OVERLAPPED = {"data.cu": ["gather_batch", "lr_schedule", "step_increment"], "elementwise.cu": ["bias_grad_sgd"],
-              "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "gemm.cu": None, "gemm_tma.cu": None}  # None: all
+              "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "head.cu": ["head_step"], "gemm.cu": None,
+              "gemm_tma.cu": None}  # None: all
 
 
 @pytest.mark.parametrize("source", sorted(OVERLAPPED))
@@ -127,3 +128,33 @@ def test_unsupported_arch_is_refused_clearly(arch):
 def test_missing_source_is_clear(cache):
     with pytest.raises(CompileError, match="no kernel source"):
         compiler.compile_source("nope.cu", "sm_86")
+
+
+def _ptx_kinds(entry: str) -> str:
+    """An entry's parameters as signature letters: .u64 -> p (or q), .u32/.s32 -> i, .f32 -> f, 128 bytes -> t."""
+    kinds = {".u64": "p", ".u32": "i", ".s32": "i", ".f32": "f"}
+    out = ""
+    for line in entry.split(")", 1)[0].splitlines():
+        line = line.strip()
+        if line.startswith(".param"):
+            out += "t" if line.endswith("[128],") or line.endswith("[128]") else kinds[line.split()[1]]
+    return out
+
+
+def _launchers():
+    from rawgpu.kernels import cluster, dx_sgd, fused, gemm, head
+
+    yield dx_sgd.SOURCE, dx_sgd.KERNEL, dx_sgd.SIGNATURE
+    yield head.SOURCE, head.KERNEL, head.SIGNATURE
+    yield fused.SOURCE, fused.KERNEL, fused.SIGNATURE
+    yield cluster.SOURCE, "cluster_steps_1", cluster.SIGNATURE
+    yield gemm.SOURCE, gemm.all_kernel_names(gemm.SOURCE)[0], gemm.SIGNATURE
+    yield gemm.TMA_SOURCE, gemm.all_kernel_names(gemm.TMA_SOURCE)[0], gemm.TMA_SIGNATURE
+
+
+@pytest.mark.parametrize("source,kernel,signature", list(_launchers()))
+def test_launcher_signatures_match_the_kernels_parameters(source, kernel, signature):
+    """A launcher packs its arguments by its SIGNATURE; a kernel whose parameters changed without it would read
+    garbage, so the PTX parameter list (sizes and kinds; p and q are both 64-bit) must spell the same."""
+    entry = compiler.ptx_of(source, "sm_90")[kernel]
+    assert _ptx_kinds(entry) == signature.replace("q", "p")

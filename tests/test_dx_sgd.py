@@ -51,13 +51,16 @@ def kernels(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,IN,N,splits", [(32, 192, 328, None), (7, 64, 128, None), (32, 520, 1000, 3),
-                                           (32, 1024, 16, None), (17, 136, 2056, None), (32, 2048, 2048, None),
-                                           (32, 8192, 1024, 1)])
-def test_against_float64(device, stream, kernels, rng, B, IN, N, splits):
-    """dx = (dy @ W16^T) * (x > 0) and W -= lr x^T dy on the master (W16, lo; rawgpu/master.py): partial bands and
-    chunks, batch below 32, column ranges; dx poisoned first, every weight whose step is not tiny moved (the master
-    is read and rewritten in place), bitwise equal across two runs."""
+@pytest.mark.parametrize("B,IN,N,splits,with_dx", [(32, 192, 328, None, True), (7, 64, 128, None, True),
+                                                   (32, 520, 1000, 3, True), (32, 1024, 16, None, True),
+                                                   (17, 136, 2056, None, True), (32, 2048, 2048, None, True),
+                                                   (32, 8192, 1024, 1, True), (32, 784, 4096, None, False),
+                                                   (5, 784, 520, 3, False)])
+def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx):
+    """dx = (dy @ W16^T) * (x > 0), W -= lr x^T dy on the master (W16, lo; rawgpu/master.py) and b -= lr colsum(dy):
+    partial bands and chunks, batch below 32, column ranges, the update alone (no dx: the first layer); dx poisoned
+    first, every weight whose step is not tiny moved (the master is read and rewritten in place), bitwise equal
+    across two runs."""
     from rawgpu.memory import Arena
 
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits)
@@ -65,10 +68,12 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits):
     dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)
     w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
     lr = np.float32(0.05)
+    b = rng.uniform(-1, 1, N).astype(np.float32)
     with Arena() as arena:
         tx, tdy = arena.tensor("x", (B, IN), np.float16), arena.tensor("dy", (B, N), np.float16)
         twlo, tw16 = arena.tensor("wlo", (IN, N), np.int16), arena.tensor("w16", (IN, N), np.float16)
         tdx, tlr = arena.tensor("dx", (B, IN), np.float16), arena.tensor("lr", (1,), np.float32)
+        tb = arena.tensor("b", (N,), np.float32)
         ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
         tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
         arena.allocate()
@@ -77,22 +82,27 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits):
         tlr.upload(np.array([lr], np.float32))
         tickets.upload(np.zeros(tickets.shape, np.int32))
         ws.fill_bytes(0xFF)
-        launch = D.dx_sgd(kernels, plan, tx, tdy, twlo, tw16, tdx, tlr, ws, tickets)
+        launch = D.dx_sgd(kernels, plan, tx, tdy, twlo, tw16, tdx if with_dx else None, tlr, ws, tickets, bias=tb)
         runs = []
         hi, lo = master.split(w)
         for _ in range(2):
             twlo.upload(lo)
             tw16.upload(hi)
+            tb.upload(b)
             tdx.fill_bytes(0xFF)
             launch.run(stream)
-            runs.append((twlo.download(), tw16.download(), tdx.download(), tickets.download()))
+            runs.append((twlo.download(), tw16.download(), tdx.download(), tickets.download(), tb.download()))
     x64, dy64, w16_old = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float16).astype(np.float64)
     ref_dx = (dy64 @ w16_old.T) * (x64 > 0)
     ref_step = x64.T @ dy64
-    for wlo, w16, dx, t in runs:
-        assert np.isfinite(dx.astype(np.float64)).all(), "dx not written everywhere"
-        err = np.linalg.norm(dx - ref_dx) / np.linalg.norm(ref_dx)
-        assert err <= 2e-3, f"dx rel err {err:.2e}"
+    for wlo, w16, dx, t, b_new in runs:
+        if with_dx:
+            assert np.isfinite(dx.astype(np.float64)).all(), "dx not written everywhere"
+            err = np.linalg.norm(dx - ref_dx) / np.linalg.norm(ref_dx)
+            assert err <= 2e-3, f"dx rel err {err:.2e}"
+        else:
+            assert (dx.view(np.uint16) == 0xFFFF).all(), "no dx asked for, none written"
+        assert np.allclose(b_new, b - float(lr) * dy64.sum(axis=0), rtol=1e-6, atol=1e-7), "bias update"
         w_new = master.join(w16, wlo)
         step = (w.astype(np.float64) - w_new) / float(lr)
         err = np.linalg.norm(step - ref_step) / np.linalg.norm(ref_step)
@@ -102,5 +112,5 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits):
         assert np.array_equal(w16.view(np.uint16), w_new.astype(np.float16).view(np.uint16)), \
             "W16 must be fp16(master) exactly"
         assert not t.any(), "tickets must be reset for the next launch"
-    for a, b in zip(runs[0], runs[1]):
-        assert np.array_equal(a, b), "results differ between identical runs"
+    for a, b2 in zip(runs[0], runs[1]):  # bytes: an unwritten (poisoned, NaN) dx compares too
+        assert np.array_equal(a.view(np.uint8), b2.view(np.uint8)), "results differ between identical runs"

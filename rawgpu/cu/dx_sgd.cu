@@ -16,6 +16,11 @@
 //   dx's 8 warp partials meet in shared memory in warp order; with several column ranges per row band (gridDim.z)
 //   each block writes its sum to the workspace and the last to take the band's ticket adds them in range order.
 //   relu'(x) comes from the x tile already in shared memory. Every sum has a fixed order: bitwise reproducible.
+// bias != nullptr: the blocks also update the bias, b -= lr colsum(dy), with bias_grad_sgd's exact fixed-point
+// column sums (the same bits), so the layer's backward needs no second kernel. Chunk c of a column range is summed by
+// row band c % bands: one band doing them all would be the grid's critical path (measured: +190 us at H = 8192).
+// dx == nullptr: the update alone (the first layer, whose input needs no gradient), still one pass at 8 bytes per
+// weight where the dW + SGD GEMM's staged tile needs two waves of blocks.
 // Needs batch <= 32 and plain SGD (no momentum: its tile would not fit the pipeline); kernels/dx_sgd.py checks.
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
@@ -24,6 +29,8 @@
 #include "ldmatrix.cuh"
 #include "cp_async.cuh"
 #include "pdl.cuh"
+#include "step_math.cuh"
+#include "l2.cuh"
 
 #if __CUDA_ARCH__ == 900
 #define DX_SGD_STAGES 4
@@ -56,7 +63,7 @@ struct DxSgdParams {
 // Copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) into s (row stride LD); rows >= R and
 // columns >= C are zero-filled (C is a multiple of the piece).
 template <class T, int ROWS, int COLS, int LD>
-RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid) {
+RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid, u64 policy) {
     constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
 #pragma unroll
     for (int it = 0; it < (CHUNKS + dxsgd::THREADS - 1) / dxsgd::THREADS; ++it) {
@@ -64,14 +71,15 @@ RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C,
         if (CHUNKS % dxsgd::THREADS == 0 || i < CHUNKS) {
             const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
             const bool valid = r0 + r < R && c0 + c < C;
-            cp_async_16(s + r * LD + c, valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g, valid);
+            cp_async_16_policy(s + r * LD + c, valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g, valid, policy);
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(dxsgd::THREADS)
 dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, const float* lr_ptr, int B, int IN,
-       int N, int ldx, int lddy, int ldw, int lddx, int n_chunk, float* workspace, int* tickets) {
+       int N, int ldx, int lddy, int ldw, int lddx, int n_chunk, float* workspace, int* tickets, float keep_read,
+       float keep_hi, float keep_lo, float* bias) {
     using namespace dxsgd;
     extern __shared__ __align__(128) u8 smem_raw[];
     if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
@@ -86,14 +94,17 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
     const int n_begin = blockIdx.z * n_chunk, n_end = min(N, n_begin + n_chunk);
     const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
 
+    // L2 policies (l2.cuh, planned by kernels/l2.py): for reading both halves, and for writing each back.
+    const u64 read_policy = l2_policy(keep_read), hi_policy = l2_policy(keep_hi), lo_policy = l2_policy(keep_lo);
+    const u64 normal = l2_policy(0.f);
     auto load_weights = [&](int stage, int c) {
         const int n = n_begin + c * BN;
-        load_rows<half_t, BM, BN, LDW>(sW(stage), w16, ldw, i0, n, IN, n_end, tid);
-        load_rows<short, BM, BN, LDW>(sL(stage), wlo, ldw, i0, n, IN, n_end, tid);
+        load_rows<half_t, BM, BN, LDW>(sW(stage), w16, ldw, i0, n, IN, n_end, tid, read_policy);
+        load_rows<short, BM, BN, LDW>(sL(stage), wlo, ldw, i0, n, IN, n_end, tid, read_policy);
     };
     auto load_chunk = [&](int stage, int c) {
         load_weights(stage, c);
-        load_rows<half_t, BB, BN, LDY>(sY(stage), dy, lddy, 0, n_begin + c * BN, B, n_end, tid);
+        load_rows<half_t, BB, BN, LDY>(sY(stage), dy, lddy, 0, n_begin + c * BN, B, n_end, tid, normal);
     };
     // Launched overlapping the kernel before (pdl.cuh): the first chunks of the weights (this layer's own, written
     // a step ago) are fetched at once; x and dy only once that kernel has finished. All of them join chunk 0's
@@ -102,10 +113,10 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
     for (int s = 0; s < STAGES - 1; ++s)
         if (s < chunks) load_weights(s, s);
     pdl_enter();
-    load_rows<half_t, BB, BM, LDX>(sX, x, ldx, 0, i0, B, IN, tid);
+    load_rows<half_t, BB, BM, LDX>(sX, x, ldx, 0, i0, B, IN, tid, normal);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < chunks) load_rows<half_t, BB, BN, LDY>(sY(s), dy, lddy, 0, n_begin + s * BN, B, n_end, tid);
+        if (s < chunks) load_rows<half_t, BB, BN, LDY>(sY(s), dy, lddy, 0, n_begin + s * BN, B, n_end, tid, normal);
         cp_async_commit();
     }
 
@@ -131,9 +142,15 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
         half_t* w = sW(c % STAGES);
         short* wl = sL(c % STAGES);
         const half_t* y = sY(c % STAGES);
+        if (bias != nullptr && c % gridDim.x == blockIdx.x && tid < BN && n_begin + c * BN + tid < n_end) {
+            i64 sum = 0;  // rows past the batch are zero-filled
+#pragma unroll 8
+            for (int r = 0; r < BB; ++r) sum += f16_fixed24(y[r * LDY + tid]);
+            bias[n_begin + c * BN + tid] -= lr * (float)((double)sum * (1.0 / 16777216.0));
+        }
 
         // dx += dy[:, slice] @ W[:, slice]^T with the old weights (before this chunk's update)
-        {
+        if (dx != nullptr) {
             u32 fa[2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
@@ -185,11 +202,12 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
             const int r = i / (BN / 8), col = (i % (BN / 8)) * 8;
             if (i0 + r >= IN || n + col >= n_end) continue;
             const i64 at = (i64)(i0 + r) * ldw + n + col;
-            store_16(w16 + at, load_16(w + r * LDW + col));
-            store_16(wlo + at, load_16(wl + r * LDW + col));
+            store_16_policy(w16 + at, load_16(w + r * LDW + col), hi_policy);
+            store_16_policy(wlo + at, load_16(wl + r * LDW + col), lo_policy);
         }
     }
     cp_async_wait<0>();
+    if (dx == nullptr) return;
     __syncthreads();  // the pipeline's memory now takes the warps' dx partials
 
     float* red = reinterpret_cast<float*>(smem_raw);  // [WARPS][BB][RED_LD]

@@ -19,6 +19,7 @@
 //   Split-K (gridDim.z > 1): as in gemm.cu, each split writes its tile sum to the workspace and the last split to
 //   take the tile's ticket adds them in split order, so results are bitwise reproducible; launched as clusters of
 //   1 x 1 x splits, the sums meet in distributed shared memory instead (finish_cluster_splits).
+//   keep_b: the L2 policy of B's reads (ptx/l2.cuh), so the step can keep a weight in L2 for its backward.
 // Needs sm_90; the instances build for every arch, with a trapping body below sm_90 (kernels/gemm.py never picks
 // them there).
 #include "common.cuh"
@@ -27,6 +28,7 @@
 #include "ldmatrix.cuh"
 #include "tma.cuh"
 #include "pdl.cuh"
+#include "l2.cuh"
 
 template <int BN_, int STAGES_>
 struct TmaConfig {
@@ -43,7 +45,7 @@ struct TmaConfig {
 };
 
 template <class Cfg, int LB, int EPI, bool ACC16>
-RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Params& p) {
+RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Params& p, float keep_b) {
     static_assert(EPI != EPI_SGD, "the weight update runs on gemm.cu's staged tile");
 #if __CUDA_ARCH__ >= 900
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, MT = Cfg::MT, NT = Cfg::NT;
@@ -86,6 +88,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
         // many offsets, not one column of 128-byte pieces a row (16 KB at H = 8192) apart. (x @ W needs no stagger:
         // there the blocks side by side read one whole row of W.) The order is fixed per block: reproducible.
         if (lane == 0) {
+            const u64 policy_b = l2_policy(keep_b);  // how long B (the weight) should stay in L2: kernels/l2.py
             const int first = LB == COL && k_tiles > 0 ? (blockIdx.y * 5) % k_tiles : 0;
             auto k_of = [&](int kt) { return k_begin + ((first + kt) % k_tiles) * BK; };
             auto load_b = [&](int kt) {
@@ -94,9 +97,9 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
                 mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);  // A's bytes too: the stage completes with both
                 if (LB == ROW) {
 #pragma unroll
-                    for (int j = 0; j < BN / 64; ++j) tma_load_2d(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s]);
+                    for (int j = 0; j < BN / 64; ++j) tma_load_2d_policy(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s], policy_b);
                 } else {
-                    tma_load_2d(b, mapB, k, n0, &full[s]);
+                    tma_load_2d_policy(b, mapB, k, n0, &full[s], policy_b);
                 }
             };
             auto load_a = [&](int kt) {
@@ -205,14 +208,15 @@ typedef TmaConfig<128, 10> CfgTma128;  // 128 columns: half the re-reads of A, s
 
 #define TMA_PARAMS                                                                                                \
     const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K, \
-        int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets
+        int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets, \
+        float keep_b
 #define TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr, nullptr, 0.f, \
                   workspace, tickets}
 
 #define TMA_INSTANCE(name, CFG, LB, EPI, ACC16)                                       \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(TMA_PARAMS) { \
         const Params p = TMA_ARGS;                                                     \
-        gemm_tma<CFG, LB, EPI, ACC16>(&mapA, &mapB, p);                               \
+        gemm_tma<CFG, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                       \
     }
 
 #define TMA_ACCS(name, CFG, LB, EPI)             \

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import Kernels, require, require_split_scratch
+from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
     from ..driver import Launch
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 SOURCE = "dx_sgd.cu"
 KERNEL = "dx_sgd"
-SIGNATURE = "ppppppiiiiiiiipp"  # must match dx_sgd's parameters
+SIGNATURE = "ppppppiiiiiiiippfffp"  # must match dx_sgd's parameters
 BM, BN, MAX_BATCH, THREADS = 64, 128, 32, 256  # dxsgd:: in dx_sgd.cu
 
 
@@ -90,19 +91,28 @@ def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
     return t.shape[1]
 
 
-def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor", dx: "Tensor",
-           lr: "Tensor", workspace: "Tensor | None" = None, tickets: "Tensor | None" = None) -> "Launch":
+def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor", dx: "Tensor | None",
+           lr: "Tensor", workspace: "Tensor | None" = None, tickets: "Tensor | None" = None,
+           l2: "LayerPolicy | None" = None, bias: "Tensor | None" = None) -> "Launch":
     """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], the master weights as wlo (int16) and W16
-    [IN, N] (rawgpu/master.py; both updated), dx [B, IN] (written)."""
+    [IN, N] (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first
+    layer). l2: the cache policies of the weights' reads and writes (kernels/l2.py; default normal). bias [N]
+    fp32: also updated, b -= lr colsum(dy), the same bits as elementwise.bias_grad_sgd."""
     p = plan
     ldx = _rows(x, p.B, p.IN, np.float16, "x")
     lddy = _rows(dy, p.B, p.N, np.float16, "dy")
     ldw = _rows(wlo, p.IN, p.N, np.int16, "W lo")
     require(w16, np.float16, wlo.shape, "W16")
-    lddx = _rows(dx, p.B, p.IN, np.float16, "dx")
+    lddx = 0 if dx is None else _rows(dx, p.B, p.IN, np.float16, "dx")
     require(lr, np.float32, what="lr")
-    require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
+    if bias is not None:
+        require(bias, np.float32, what="bias")
+        if bias.size < p.N:
+            raise ValueError(f"bias: {bias.size} values for {p.N} columns")
+    if dx is not None:  # the column ranges' dx sums meet in the workspace
+        require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
     ptr = lambda t: 0 if t is None else t  # noqa: E731
+    l2 = l2 or LayerPolicy()
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
-        p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, dx, lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
-        p.n_chunk, ptr(workspace), ptr(tickets))
+        p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, ptr(dx), lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
+        p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias))

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 SOURCE = "gemm.cu"
 SIGNATURE = "pppiiiiiiippipppfpp"  # must match GEMM_PARAMS in gemm.cu
 TMA_SOURCE = "gemm_tma.cu"
-TMA_SIGNATURE = "ttpiiiiippipp"  # must match TMA_PARAMS in gemm_tma.cu
+TMA_SIGNATURE = "ttpiiiiippippf"  # must match TMA_PARAMS in gemm_tma.cu
 EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd")
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 MAX_SPLITS = 16
@@ -349,8 +349,9 @@ def _check_matrix(t: "Tensor", rows: int, cols: int, what: str) -> int:
 def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *, bias: "Tensor | None" = None,
          act: "Tensor | None" = None, mom: "Tensor | None" = None, w16: "Tensor | None" = None,
          lr: "Tensor | None" = None, mu: float = 0.0, workspace: "Tensor | None" = None,
-         tickets: "Tensor | None" = None) -> "Launch":
-    """Bind `plan` to its operands. Row-major A is [M, lda], column-major A is stored as [K, lda] (A^T rows)."""
+         tickets: "Tensor | None" = None, keep_b: float = 0.0) -> "Launch":
+    """Bind `plan` to its operands. Row-major A is [M, lda], column-major A is stored as [K, lda] (A^T rows).
+    keep_b: the L2 policy of B's reads (kernels/l2.py), taken by the tensor-copy tile; the others read normally."""
     p = plan
     lda = _check_matrix(A, p.M, p.K, "A") if p.layout[0] == "r" else _check_matrix(A, p.K, p.M, "A (column-major)")
     ldb = _check_matrix(B, p.K, p.N, "B") if p.layout[1] == "r" else _check_matrix(B, p.N, p.K, "B (column-major)")
@@ -382,7 +383,7 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
                           f"split-K x{p.splits}")
     ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands
     if p.config.tma:
-        return _bind_tma(k, p, A, B, out, lda, ldb, ptr(bias), ptr(act), ld_act, ptr(workspace), ptr(tickets))
+        return _bind_tma(k, p, A, B, out, lda, ldb, ptr(bias), ptr(act), ld_act, ptr(workspace), ptr(tickets), keep_b)
     kernel = k.get(SOURCE, p.kernel, SIGNATURE)
     return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
                        A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
@@ -391,7 +392,7 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
 
 
 def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", lda: int, ldb: int,
-              bias, act, ld_act: int, workspace, tickets) -> "Launch":
+              bias, act, ld_act: int, workspace, tickets, keep_b: float) -> "Launch":
     """The tensor-copy instances take tensor maps of A and B (boxes of 64 along the contiguous dimension, one
     128-byte swizzled row each) in place of pointers and strides; the maps hold the matrices' true extents, so the
     copy engine zero-fills the edges."""
@@ -405,4 +406,4 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
     kernel = k.get(TMA_SOURCE, p.kernel, TMA_SIGNATURE)
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
-                       p.k_chunk, bias, act, ld_act, workspace, tickets, cluster=p.cluster_dims)
+                       p.k_chunk, bias, act, ld_act, workspace, tickets, float(keep_b), cluster=p.cluster_dims)

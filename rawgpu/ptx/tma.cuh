@@ -67,6 +67,16 @@ RG_DEVICE void tma_load_2d(void* dst, const TensorMap* map, int x, int y, u64* b
         : "memory");
 }
 
+// tma_load_2d with an L2 cache policy (l2.cuh).
+RG_DEVICE void tma_load_2d_policy(void* dst, const TensorMap* map, int x, int y, u64* bar, u64 policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3}], [%4], %5;"
+        :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar)),
+           "l"(policy)
+        : "memory");
+}
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of 128-byte rows written with the 128-byte
 // swizzle: the chunk index is XORed with the row's position in its 8-row (1024-byte) group, so the 8 rows an
 // ldmatrix reads at one column sit in 8 different bank groups.

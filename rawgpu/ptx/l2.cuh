@@ -1,0 +1,35 @@
+// L2 eviction priorities (sm_80+): a cache policy says how long the lines an access brings in (or writes) should
+// stay in L2, so that a weight read by one kernel is still there when a later kernel of the step reads it again,
+// while the bytes streamed past it in between are dropped first.
+//
+// A policy is made from one float, `keep`, the way the launchers plan it (kernels/l2.py):
+//   keep > 0   that fraction of the lines (by address) evict last, the rest evict first;
+//   keep == 0  normal priority: what an access without a hint gets;
+//   keep < 0   evict first: bytes read or written once, which should not push anything else out.
+// An access re-marks a line it hits, so a kept line is released by the next access with another policy.
+#pragma once
+#include "common.cuh"
+#include "ldmatrix.cuh"
+
+RG_DEVICE u64 l2_policy(float keep) {
+    u64 policy;
+    if (keep > 0.f)
+        asm volatile("createpolicy.fractional.L2::evict_last.L2::evict_first.b64 %0, %1;" : "=l"(policy) : "f"(fminf(keep, 1.f)));
+    else if (keep < 0.f)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// cp.async.cg of 16 bytes (cp_async.cuh) with a cache policy; `valid` false zero-fills and reads nothing.
+RG_DEVICE void cp_async_16_policy(void* smem, const void* gmem, bool valid, u64 policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
+                 :: "r"(shared_address(smem)), "l"(gmem), "r"(valid ? 16 : 0), "l"(policy));
+}
+
+// A 16-byte store with a cache policy.
+RG_DEVICE void store_16_policy(void* p, uint4 v, u64 policy) {
+    asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy) : "memory");
+}
