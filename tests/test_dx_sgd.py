@@ -61,6 +61,8 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
     partial bands and chunks, batch below 32, column ranges, the update alone (no dx: the first layer); dx poisoned
     first, every weight whose step is not tiny moved (the master is read and rewritten in place), bitwise equal
     across two runs."""
+    from gpu_checks import assert_same_bytes, check_master_step, run_twice
+
     from rawgpu.memory import Arena
 
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits)
@@ -83,15 +85,8 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
         tickets.upload(np.zeros(tickets.shape, np.int32))
         ws.fill_bytes(0xFF)
         launch = D.dx_sgd(kernels, plan, tx, tdy, twlo, tw16, tdx if with_dx else None, tlr, ws, tickets, bias=tb)
-        runs = []
         hi, lo = master.split(w)
-        for _ in range(2):
-            twlo.upload(lo)
-            tw16.upload(hi)
-            tb.upload(b)
-            tdx.fill_bytes(0xFF)
-            launch.run(stream)
-            runs.append((twlo.download(), tw16.download(), tdx.download(), tickets.download(), tb.download()))
+        runs = run_twice(launch, stream, [(twlo, lo), (tw16, hi), (tb, b)], [tdx], [twlo, tw16, tdx, tickets, tb])
     x64, dy64, w16_old = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float16).astype(np.float64)
     ref_dx = (dy64 @ w16_old.T) * (x64 > 0)
     ref_step = x64.T @ dy64
@@ -103,14 +98,6 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
         else:
             assert (dx.view(np.uint16) == 0xFFFF).all(), "no dx asked for, none written"
         assert np.allclose(b_new, b - float(lr) * dy64.sum(axis=0), rtol=1e-6, atol=1e-7), "bias update"
-        w_new = master.join(w16, wlo)
-        step = (w.astype(np.float64) - w_new) / float(lr)
-        err = np.linalg.norm(step - ref_step) / np.linalg.norm(ref_step)
-        assert err <= 2e-3, f"update rel err {err:.2e}"
-        big = np.abs(ref_step) > 1e-3 * np.abs(ref_step).max()
-        assert (w_new[big] != w[big]).all(), "weights left unwritten"
-        assert np.array_equal(w16.view(np.uint16), w_new.astype(np.float16).view(np.uint16)), \
-            "W16 must be fp16(master) exactly"
+        check_master_step(w, w16, wlo, float(lr), ref_step)
         assert not t.any(), "tickets must be reset for the next launch"
-    for a, b2 in zip(runs[0], runs[1]):  # bytes: an unwritten (poisoned, NaN) dx compares too
-        assert np.array_equal(a.view(np.uint8), b2.view(np.uint8)), "results differ between identical runs"
+    assert_same_bytes(runs)

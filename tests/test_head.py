@@ -71,6 +71,8 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas):
     runs."""
     if int(device.arch.removeprefix("sm_")) < 90:
         pytest.skip(f"the head kernel needs thread-block clusters (sm_90+); this GPU is {device.arch}")
+    from gpu_checks import assert_same_bytes, check_master_step, run_twice
+
     from rawgpu.memory import Arena
 
     classes, scale = 10, np.float32(512.0 / B)
@@ -95,18 +97,9 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas):
         tlr.upload(np.array([lr], np.float32))
         launch = H.head_step(kernels, plan, th, ty, twlo, tw16, tb, tlr, tz, td, tdh, tloss, tcorrect, classes,
                              float(scale * B))
-        runs = []
         hi, lo = master.split(w)
-        for _ in range(2):
-            twlo.upload(lo)
-            tw16.upload(hi)
-            tb.upload(b)
-            tloss.upload(np.array([1.5]))
-            tcorrect.upload(np.array([3], np.int32))
-            for t in (tz, td, tdh):
-                t.fill_bytes(0xFF)
-            launch.run(stream)
-            runs.append([t.download() for t in (tz, td, tdh, twlo, tw16, tb, tloss, tcorrect)])
+        state = [(twlo, lo), (tw16, hi), (tb, b), (tloss, np.array([1.5])), (tcorrect, np.array([3], np.int32))]
+        runs = run_twice(launch, stream, state, [tz, td, tdh], [tz, td, tdh, twlo, tw16, tb, tloss, tcorrect])
     z_ref = _reference_logits(h, w, b)
     _, loss_ref, _, _ = _reference_from_logits(z_ref, labels, classes, 1.0)
     for z, d, dh, wlo, w16, b_new, loss, correct in runs:
@@ -125,18 +118,10 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas):
         dh_ref = (d64 @ w.astype(np.float16).astype(np.float64).T) * (h > 0)
         err = np.linalg.norm(dh - dh_ref) / np.linalg.norm(dh_ref)
         assert err <= 2e-3, f"dh rel err {err:.2e}"
-        step_ref = h.astype(np.float64).T @ d64
-        w_new = master.join(w16, wlo)
-        step = (w.astype(np.float64) - w_new) / float(lr)
-        err = np.linalg.norm(step - step_ref) / np.linalg.norm(step_ref)
-        assert err <= 2e-3, f"update rel err {err:.2e}"
-        big = np.abs(step_ref) > 1e-3 * np.abs(step_ref).max()
-        assert (w_new[big] != w[big]).all(), "weights left unwritten"
-        assert np.array_equal(w16.view(np.uint16), w_new.astype(np.float16).view(np.uint16))
+        check_master_step(w, w16, wlo, float(lr), h.astype(np.float64).T @ d64)
         b_ref = b.astype(np.float64) - float(lr) * d64.sum(axis=0)
         assert np.allclose(b_new, b_ref, rtol=1e-6, atol=1e-7), "bias update"
-    for a, b2 in zip(runs[0], runs[1]):
-        assert np.array_equal(a.view(np.uint8), b2.view(np.uint8)), "results differ between identical runs"
+    assert_same_bytes(runs)
 
 
 def _reference_from_logits(z16, labels, classes, scale):

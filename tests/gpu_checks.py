@@ -1,0 +1,42 @@
+"""Checks the GPU kernel tests share: a launch run twice from the same state (bitwise repeatability), and an SGD
+step on the split master weights against float64."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rawgpu import master
+
+
+def run_twice(launch, stream, state: list, poisoned: list, outputs: list) -> list[list[np.ndarray]]:
+    """Before each run: upload every (tensor, array) of `state` (inputs the kernel updates in place) and fill every
+    tensor of `poisoned` with 0xFF bytes (NaN in fp16/fp32); after it, download `outputs`. Two lists of arrays."""
+    runs = []
+    for _ in range(2):
+        for t, a in state:
+            t.upload(a)
+        for t in poisoned:
+            t.fill_bytes(0xFF)
+        launch.run(stream)
+        runs.append([t.download() for t in outputs])
+    return runs
+
+
+def assert_same_bytes(runs: list[list[np.ndarray]]) -> None:
+    """Bytes, not values: an unwritten (poisoned, NaN) output compares too."""
+    for a, b in zip(runs[0], runs[1]):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), "results differ between identical runs"
+
+
+def check_master_step(w: np.ndarray, w16: np.ndarray, wlo: np.ndarray, lr: float, step_ref: np.ndarray) -> None:
+    """The master after w -= lr G (two halves, rawgpu/master.py) against G = step_ref in float64: rel err <= 2e-3,
+    every weight whose step is not tiny moved (the master is updated in place, so it cannot be poisoned), and W16
+    is fp16(master) exactly."""
+    w_new = master.join(w16, wlo)
+    step = (w.astype(np.float64) - w_new) / float(lr)
+    err = np.linalg.norm(step - step_ref) / np.linalg.norm(step_ref)
+    assert err <= 2e-3, f"update rel err {err:.2e}"
+    big = np.abs(step_ref) > 1e-3 * np.abs(step_ref).max()
+    assert (w_new[big] != w[big]).all(), "weights left unwritten"
+    assert np.array_equal(w16.view(np.uint16), w_new.astype(np.float16).view(np.uint16)), \
+        "W16 must be fp16(master) exactly"
