@@ -196,9 +196,13 @@ class MLP:
         self.layers: list[Layer] = []
         plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=sm_count, arch=arch,
                                  capacity=kg.cluster_capacity(kernels) if kernels is not None else None)
+        # the layered step's head (forward, loss, backward, update) as one cluster kernel where it runs (sm_90)
+        self.head = (kh.plan_head(B, padded[-2]) if self.step_kind == "layered"
+                     and kh.supported(B, r.momentum > 0, accum, padded[-1], arch) else None)
         for i in range(len(widths) - 1):
             pin, pout = padded[i], padded[i + 1]
-            mom = r.momentum > 0
+            mom, head = r.momentum > 0, i == len(widths) - 2
+            one_pass = kb.supported(B, mom, accum) and not (head and self.head is not None)  # the head: head.cu
             self.layers.append(Layer(
                 widths[i], widths[i + 1],
                 a.tensor(f"wlo_{i}", (pin, pout), np.int16), a.tensor(f"w16_{i}", (pin, pout), np.float16),
@@ -210,15 +214,9 @@ class MLP:
                 dx=plan(B, pin, pout, "rc", "drelu") if i else None,
                 dw=plan(pin, pout, B, "cr", "sgd", momentum=mom),
                 eval_fwd=plan(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias"),
-                bwd=kb.plan_dx_sgd(B, pin, pout, sm_count) if kb.supported(B, mom, accum) else None))
-        # the layered step's head (forward, loss, backward, update) as one cluster kernel where it runs (sm_90)
-        self.head = (kh.plan_head(B, padded[-2]) if self.step_kind == "layered"
-                     and kh.supported(B, r.momentum > 0, accum, padded[-1], arch) else None)
-        one_pass = [lay.bwd is not None for lay in self.layers]
-        if self.head is not None:
-            one_pass[-1] = False
-        self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in self.layers], one_pass, l2_bytes,
-                              l2_budget if self.step_kind == "layered" else 0.0)
+                bwd=kb.plan_dx_sgd(B, pin, pout, sm_count) if one_pass else None))
+        self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in self.layers], [lay.bwd is not None for lay in self.layers],
+                              l2_bytes, l2_budget if self.step_kind == "layered" else 0.0)
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
         layered = self.step_kind == "layered"
         roles = (lambda lay: (lay.fwd, lay.dx, lay.dw, lay.eval_fwd)) if layered else (lambda lay: (lay.eval_fwd,))

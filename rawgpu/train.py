@@ -123,6 +123,7 @@ class Session:
         from . import compiler
         from .driver import Device, Stream
         from .kernels import Kernels
+        from .kernels.l2 import DEFAULT_BUDGET
         from .mlp import MLP, STEP_KINDS
 
         if kernels not in STEP_KINDS:  # a bad value fails before any GPU work
@@ -147,9 +148,9 @@ class Session:
                              else f"kernel cache warm ({ms:.0f} ms)")
         self.stream = Stream()
         try:
-            l2 = {} if l2_budget is None else {"l2_budget": l2_budget}
             model = MLP(self.kernels, recipe, self.device.sm_count, step=kernels, fused_grid=fused_grid,
-                        overlap=overlap, l2_bytes=self.device.l2_bytes, **l2)
+                        overlap=overlap, l2_bytes=self.device.l2_bytes,
+                        l2_budget=DEFAULT_BUDGET if l2_budget is None else l2_budget)
         except ValueError as exc:
             raise RawgpuError(f"--kernels {kernels}: {exc}") from None
         self.model = model.allocate()

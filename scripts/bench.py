@@ -383,6 +383,7 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     name = "rawgpu" if kernels == "auto" else f"rawgpu-{kernels}"
     name += "" if l2_budget is None else f"-l2={l2_budget:g}"
     return dict(system=name, us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
+                step_kind=session.model.step_kind,
                 parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
 
 
@@ -472,7 +473,7 @@ def cmd_train(args) -> int:
             except RawgpuError as exc:  # e.g. the cluster step at a width it does not hold
                 systems.append(dict(system=f"rawgpu-{variant}", us_per_step=None, test_accuracy=None,
                                     note=f"n/a: {exc}"[:300]))
-        for budget in args.l2_budgets:  # the default step with another L2 budget (kernels/l2.py; 0: no hints)
+        for budget in args.l2_budgets if ours["step_kind"] == "layered" else []:  # the layered step's hints only
             systems.append(bench_rawgpu(h, args.steps, args.seed, mnist, args.device, l2_budget=budget,
                                         steps_per_launch=args.steps_per_launch, fused_grid=args.fused_grid))
             systems[-1].pop("init")
