@@ -283,7 +283,7 @@ def cmd_gemm(args) -> int:
                 row.update(plain_overlap_us=plain_o, cublas_over_plain_overlap=(ref / plain_o) if ref else None)
                 tail = f" {plain_o:>11.2f} {(f'{ref / plain_o:.2f}x' if ref else '-'):>11}"
             for cfg in args.variants:  # the same plain GEMM with another tile configuration, for comparison
-                if (cfg, layout, "store") in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or cfg.startswith("outer")):
+                if (cfg, layout, "store") in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or layout == "cr"):
                     us, sp = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches,
                                         args.trials, rng, config=cfg)
                     row[f"plain_us_{cfg}"] = us

@@ -54,7 +54,7 @@ def run(args) -> int:
             bench.bench_ours(device, stream, kernels, role, M, N, K, layout, e, 1, 1, rng)
         for cfg in args.variants:
             for e in dict.fromkeys((epi, "store")):
-                if (cfg, layout, e) in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or cfg.startswith("outer")):
+                if (cfg, layout, e) in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or layout == "cr"):
                     bench.bench_ours(device, stream, kernels, role, M, N, K, layout, e, 1, 1, rng, config=cfg)
         if not args.no_torch:
             bench.bench_torch(role, M, N, K, 1, 1, device.l2_bytes)

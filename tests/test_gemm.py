@@ -49,7 +49,9 @@ def test_batch_sized_gemms_stream():
             assert G.plan_gemm(1, N, K, layout, epi).config.name == "stream"
         assert G.plan_gemm(64, 8192, 8192, layout, epi).config.name != "stream"  # M > 32
     assert G.plan_gemm(32, 64, 64, "cc", "store").config.name == "32x128"  # no streaming instance
-    assert G.plan_gemm(8192, 8192, 32, "cr", "store").config.name == "staged"  # x^T @ dy with a plain store
+    assert G.plan_gemm(8192, 8192, 32, "cr", "store").config.name == "persist"  # x^T @ dy with a plain store...
+    assert G.plan_gemm(2048, 2048, 32, "cr", "store", sm_count=132).config.name == "persist"  # 512 tiles, 264 blocks
+    assert G.plan_gemm(784, 2048, 32, "cr", "store", sm_count=132).config.name == "staged"  # ... fewer: one pass
     assert G.plan_gemm(1024, 16, 32, "cr", "store").config.name == "32x128"  # ... into a head-sized output
     assert G.plan_gemm(1024, 16, 32, "cr", "sgd").config.name == "staged"
     assert G.plan_gemm(8192, 16, 32, "cr", "store").config.name == "staged"
@@ -121,6 +123,19 @@ def test_every_plan_fits_the_parts_shared_memory(arch, limit_kb):
         for lay in G.LAYOUTS:
             for epi in G.EPILOGUES:
                 assert cfg.smem_bytes(lay, epi, momentum=True) <= limit_kb * 1024, (name, lay, epi)
+
+
+def test_persistent_tile_plans_a_resident_grid():
+    p = G.plan_gemm(8192, 8192, 32, "cr", "store", config="persist", sm_count=132)
+    assert p.config.persistent and p.splits == 1 and p.grid == (G.PERSIST_BLOCKS_PER_SM * 132, 1, 1)
+    assert p.tiles == (128, 64)  # 8192 tiles walked by 264 blocks
+    assert G.plan_gemm(128, 256, 32, "cr", "store", config="persist").grid == (4, 1, 1)  # fewer tiles than blocks
+    assert G.plan_gemm(200, 264, 1000, "cr", "store", config="persist").splits == 1  # long K: still one pass
+    assert p.smem_bytes == 2 * (32 * 72 + 32 * 136) * 2 + 64 * 136 * 2  # pipeline + the fp16 output tile
+    with pytest.raises(ValueError, match="no split-K"):
+        G.plan_gemm(8192, 8192, 64, "cr", "store", config="persist", splits=2)
+    with pytest.raises(ValueError, match="no compiled GEMM instance"):
+        G.plan_gemm(8192, 8192, 32, "cr", "sgd", config="persist")
 
 
 def test_staged_sgd_reserves_the_momentum_tile_only_with_momentum():
@@ -304,8 +319,10 @@ def check_case(plan, got, ref):
         # whose step is not tiny has moved.
         big = np.abs(ref["step"]) > 1e-3 * np.abs(ref["step"]).max()
         assert (w[big] != ref["W32_before"][big].astype(np.float32)).all(), f"{plan.kernel}: weights left unwritten"
-        assert np.array_equal(w.astype(np.float16).view(np.uint16), got["w16"].view(np.uint16)), \
-            "W16 must be fp16(master) exactly"
+        off = np.argwhere(w.astype(np.float16).view(np.uint16) != got["w16"].view(np.uint16))
+        assert not len(off), (f"{plan.kernel}: W16 must be fp16(master) exactly; {len(off)} differ, e.g. "
+                              + "; ".join(f"({r},{c}) hi={got['w16'][r, c].view(np.uint16):#06x} lo={got['out'][r, c]} "
+                                          f"master={w[r, c]!r} before={ref['W32_before'][r, c]!r}" for r, c in off[:4]))
         assert np.abs(got["out"].astype(np.int32)).max() <= 2**14, "lo out of its range: not split by master.cuh"
         if "mom" in ref:
             assert _rel(got["mom"], ref["mom"]) <= bound
@@ -432,6 +449,22 @@ def test_staged_epilogue(device, stream, kernels, rng, M, N, K, splits, epi, mu,
         check_case(plan, got, ref)
     for key in runs[0]:
         assert np.array_equal(runs[0][key], runs[1][key]), f"{key} differs between identical runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+@pytest.mark.parametrize("M,N,K", [(8200, 1032, 32), (304, 136, 32), (72, 8, 7), (200, 264, 200), (1000, 24, 1),
+                                   (2056, 8200, 128)])
+def test_persistent_store(device, stream, kernels, rng, M, N, K, accum):
+    """The resident grid that walks the tiles: many tiles per block (8200x1032, 2056x8200: 8-16 each at two blocks
+    per SM), fewer tiles than blocks, partial tiles in M and N, one k-tile or several per tile (the pipeline crosses
+    tile boundaries), K below one k-tile; the output poisoned first, and the same bits on a second run."""
+    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "cr", "store", accum, config="persist", repeat=2)
+    tiles = plan.tiles[0] * plan.tiles[1]
+    assert plan.config.persistent and plan.grid == (min(tiles, G.PERSIST_BLOCKS_PER_SM * device.sm_count), 1, 1)
+    for got in runs:
+        check_case(plan, got, ref)
+    assert np.array_equal(runs[0]["out"], runs[1]["out"]), "results differ between identical runs"
 
 
 @pytest.mark.gpu

@@ -86,6 +86,70 @@ RG_DEVICE void load_update_tile(T* s, const T* g, int ld, int m0, int n0, int M,
     }
 }
 
+// ldmatrix lane roles (see ldmatrix.cuh): which row of which 8x8 matrix this lane addresses.
+struct LaneRoles {
+    int r8, q1, q2;
+    RG_DEVICE explicit LaneRoles(int lane) : r8(lane % 8), q1((lane / 8) % 2), q2(lane / 16) {}
+};
+
+// One pipeline stage's share of the product: this warp's MT x NT mma tiles over the stage's BK columns of A (a) and
+// rows of B (b), added into acc (or acc16).
+template <class Cfg, int LA, int LB, bool ACC16>
+RG_DEVICE void mma_stage(float (&acc)[Cfg::MT][Cfg::NT][4], u32 (&acc16)[Cfg::MT][Cfg::NT][2], const half_t* a,
+                         const half_t* b, int wm, int wn, LaneRoles lr) {
+    using TA = TileA<Cfg, LA>;
+    using TB = TileB<Cfg, LB>;
+    constexpr int MT = Cfg::MT, NT = Cfg::NT;
+    const int r8 = lr.r8, q1 = lr.q1, q2 = lr.q2;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::BK; kk += 16) {
+        u32 fa[MT][4], fb[NT][2];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const int m = wm * Cfg::WTM + i * 16;
+            if (LA == ROW) ldmatrix_x4(fa[i], shared_address(a + (m + r8 + 8 * q1) * TA::LD + kk + 8 * q2));
+            else           ldmatrix_x4_trans(fa[i], shared_address(a + (kk + r8 + 8 * q2) * TA::LD + m + 8 * q1));
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+            const int n = wn * Cfg::WTN + j * 8;
+            u32 r[4];
+            if (LB == COL) ldmatrix_x4(r, shared_address(b + (n + r8 + 8 * q2) * TB::LD + kk + 8 * q1));
+            else           ldmatrix_x4_trans(r, shared_address(b + (kk + r8 + 8 * q1) * TB::LD + n + 8 * q2));
+            fb[j][0] = r[0]; fb[j][1] = r[1]; fb[j + 1][0] = r[2]; fb[j + 1][1] = r[3];
+        }
+        mma_tiles<ACC16>(acc, acc16, fa, fb);
+    }
+}
+
+// An fp16 output tile through shared memory (rows of BN + 8 halves), so its global writes are whole 16-byte pieces
+// of rows: a warp covers 512 contiguous bytes. stage_fp16_tile puts this warp's accumulators there;
+// store_fp16_tile (after a barrier) writes the BM x BN tile at (m0, n0), rows >= M and columns >= N left out.
+template <class Cfg>
+RG_DEVICE void stage_fp16_tile(half_t* sC, const float (&acc)[Cfg::MT][Cfg::NT][4], int wm, int wn) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < Cfg::MT; ++i)
+#pragma unroll
+        for (int j = 0; j < Cfg::NT; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * Cfg::WTM + i * 16 + g + 8 * h, c = wn * Cfg::WTN + j * 8 + 2 * t;
+                *reinterpret_cast<u32*>(sC + r * (Cfg::BN + 8) + c) = pack_f16x2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+}
+
+template <class Cfg>
+RG_DEVICE void store_fp16_tile(const Params& p, const half_t* sC, int m0, int n0) {
+    constexpr int PER_ROW = Cfg::BN / 8, CHUNKS = Cfg::BM * PER_ROW;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < CHUNKS; i += Cfg::THREADS) {
+        const int r = i / PER_ROW, c = (i % PER_ROW) * 8, row = m0 + r, col = n0 + c;
+        if (row < p.M && col < p.N)
+            store_16(reinterpret_cast<half_t*>(p.out) + (i64)row * p.ldc + col, load_16(sC + r * (Cfg::BN + 8) + c));
+    }
+}
+
 template <class Cfg, int LA, int LB, int EPI, bool ACC16>
 RG_DEVICE void gemm(const Params& p) {
     using TA = TileA<Cfg, LA>;
@@ -142,9 +206,7 @@ RG_DEVICE void gemm(const Params& p) {
         cp_async_commit();
     }
 
-    // ldmatrix lane roles (see ldmatrix.cuh): which row of which 8x8 matrix this lane addresses.
-    const int r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
-
+    const LaneRoles roles(lane);
     for (int kt = 0; kt < k_tiles; ++kt) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // tile kt has landed for everyone, and everyone is done with tile kt - 1's stage
@@ -152,27 +214,7 @@ RG_DEVICE void gemm(const Params& p) {
         if (next < k_tiles) load_stage(next % STAGES, next);
         cp_async_commit();
 
-        const half_t* a = sA + (kt % STAGES) * TA::SIZE;
-        const half_t* b = sB + (kt % STAGES) * TB::SIZE;
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            u32 fa[MT][4], fb[NT][2];
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-                const int m = wm * Cfg::WTM + i * 16;
-                if (LA == ROW) ldmatrix_x4(fa[i], shared_address(a + (m + r8 + 8 * q1) * TA::LD + kk + 8 * q2));
-                else           ldmatrix_x4_trans(fa[i], shared_address(a + (kk + r8 + 8 * q2) * TA::LD + m + 8 * q1));
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j += 2) {
-                const int n = wn * Cfg::WTN + j * 8;
-                u32 r[4];
-                if (LB == COL) ldmatrix_x4(r, shared_address(b + (n + r8 + 8 * q2) * TB::LD + kk + 8 * q1));
-                else           ldmatrix_x4_trans(r, shared_address(b + (kk + r8 + 8 * q1) * TB::LD + n + 8 * q2));
-                fb[j][0] = r[0]; fb[j][1] = r[1]; fb[j + 1][0] = r[2]; fb[j + 1][1] = r[3];
-            }
-            mma_tiles<ACC16>(acc, acc16, fa, fb);
-        }
+        mma_stage<Cfg, LA, LB, ACC16>(acc, acc16, sA + (kt % STAGES) * TA::SIZE, sB + (kt % STAGES) * TB::SIZE, wm, wn, roles);
     }
     cp_async_wait<0>();
 
@@ -273,38 +315,26 @@ RG_DEVICE void gemm(const Params& p) {
         } else {
             static_assert(BM * (BN + 8) <= STAGES * (TA::SIZE + TB::SIZE), "the fp16 tile must fit the pipeline's space");
             __syncthreads();  // everyone is done with the pipeline's shared memory, which now holds the fp16 tile
-            half_t* sC = reinterpret_cast<half_t*>(smem_raw);
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int at = tile_row(i, h) * (BN + 8) + tile_col(j);
-                        *reinterpret_cast<u32*>(sC + at) = pack_f16x2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                    }
+            stage_fp16_tile<Cfg>(reinterpret_cast<half_t*>(smem_raw), acc, wm, wn);
+            __syncthreads();
+            store_fp16_tile<Cfg>(p, reinterpret_cast<const half_t*>(smem_raw), m0, n0);
+            return;
         }
         __syncthreads();
-        // Write back along rows, 8 outputs per thread and step: W16 and lo (and the momentum), or fp16 C.
-        constexpr int PIECE = 8;
-        constexpr int PER_ROW = BN / PIECE, CHUNKS = BM * PER_ROW;
-        constexpr int UNROLL = EPI == EPI_SGD ? 1 : 4;  // SGD: 32-64 bytes per piece; more in flight spill on sm_80
-#pragma unroll UNROLL
+        // Write back along rows, 8 weights per thread and step: W16 and lo (and the momentum). One piece at a time:
+        // 32-64 bytes each, more in flight spill on sm_80.
+        constexpr int PER_ROW = BN / 8, CHUNKS = BM * PER_ROW;
+#pragma unroll 1
         for (int i = tid; i < CHUNKS; i += Cfg::THREADS) {
-            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
+            const int r = i / PER_ROW, c = (i % PER_ROW) * 8;
             const int row = m0 + r, col = n0 + c;
             if (row >= p.M || col >= p.N) continue;
             const i64 at = (i64)row * p.ldc + col;
-            if (EPI == EPI_SGD) {
-                store_16(p.w16 + at, load_16(sHi + r * LD + c));
-                store_16(static_cast<short*>(p.out) + at, load_16(sLo + r * LD + c));
-                if (p.mom != nullptr) {
-                    store_16(p.mom + at, load_16(sV + r * LD + c));
-                    store_16(p.mom + at + 4, load_16(sV + r * LD + c + 4));
-                }
-            } else {
-                *reinterpret_cast<uint4*>(reinterpret_cast<half_t*>(p.out) + at) =
-                    *reinterpret_cast<const uint4*>(reinterpret_cast<const half_t*>(smem_raw) + r * (BN + 8) + c);
+            store_16(p.w16 + at, load_16(sHi + r * LD + c));
+            store_16(static_cast<short*>(p.out) + at, load_16(sLo + r * LD + c));
+            if (p.mom != nullptr) {
+                store_16(p.mom + at, load_16(sV + r * LD + c));
+                store_16(p.mom + at + 4, load_16(sV + r * LD + c + 4));
             }
         }
         return;
@@ -333,6 +363,77 @@ RG_DEVICE void gemm(const Params& p) {
     }
 }
 
+// ---- persistent plain outer product (x^T @ dy stored, K = batch) ---------------------------------------------
+// A plain weight gradient moves 2 bytes per output against a few of input: it is a write stream. One block per
+// tile (the staged tile above) runs load -> wait -> multiply -> store with nothing to cover the load's latency, at
+// two blocks per SM (registers): 47% of DRAM bandwidth at 8192x8192x32 (ncu, H100), where cuBLAS runs one resident
+// block per SM looping over tiles. Here too a resident grid walks the tiles (tile t = blockIdx.x + i gridDim.x, rows
+// of tiles in order, so the blocks at work write neighbouring columns of the same rows), one k-tile per pipeline
+// stage across tile boundaries: the next tile's operands land while this one is multiplied and written.
+template <class Cfg, int LA, int LB, bool ACC16>
+RG_DEVICE void gemm_persistent_store(const Params& p) {
+    using TA = TileA<Cfg, LA>;
+    using TB = TileB<Cfg, LB>;
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+    extern __shared__ __align__(128) u8 smem_raw[];
+    half_t* sA = reinterpret_cast<half_t*>(smem_raw);
+    half_t* sB = sA + STAGES * TA::SIZE;
+    half_t* sC = sB + STAGES * TB::SIZE;  // BM rows of BN + 8 halves
+    if (dynamic_smem_bytes() < (u32)((STAGES * (TA::SIZE + TB::SIZE) + BM * (BN + 8)) * 2)) __trap();
+
+    pdl_enter();
+    const int tid = threadIdx.x, warp = tid / 32, wm = warp / Cfg::WN, wn = warp % Cfg::WN;
+    const int tiles_n = (p.N + BN - 1) / BN, tiles = ((p.M + BM - 1) / BM) * tiles_n;
+    const int k_tiles = (p.K + BK - 1) / BK;
+    const int items = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int steps = items * k_tiles;  // (tile, k-tile) pairs this block runs, one pipeline stage each
+    auto origin = [&](int q, int& m0, int& n0) {
+        const int t = (int)blockIdx.x + (q / k_tiles) * (int)gridDim.x;
+        m0 = (t / tiles_n) * BM;
+        n0 = (t % tiles_n) * BN;
+    };
+    auto load_step = [&](int stage, int q) {
+        int m0, n0;
+        origin(q, m0, n0);
+        const int k = (q % k_tiles) * BK;
+        half_t* a = sA + stage * TA::SIZE;
+        half_t* b = sB + stage * TB::SIZE;
+        if (LA == ROW) load_tile<BM, BK, Cfg::THREADS>(a, p.A, p.lda, m0, k, p.M, p.K, tid);
+        else           load_tile<BK, BM, Cfg::THREADS>(a, p.A, p.lda, k, m0, p.K, p.M, tid);
+        if (LB == ROW) load_tile<BK, BN, Cfg::THREADS>(b, p.B, p.ldb, k, n0, p.K, p.N, tid);
+        else           load_tile<BN, BK, Cfg::THREADS>(b, p.B, p.ldb, n0, k, p.N, p.K, tid);
+    };
+
+    float acc[Cfg::MT][Cfg::NT][4];
+    u32 acc16[Cfg::MT][Cfg::NT][2];
+    zero_fragments(acc);
+    zero_fragments(acc16);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) load_step(s, s);
+        cp_async_commit();
+    }
+    const LaneRoles roles(tid % 32);
+    for (int q = 0; q < steps; ++q) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // step q has landed; everyone is done with step q - 1's stage and with sC's last tile
+        if (q + STAGES - 1 < steps) load_step((q + STAGES - 1) % STAGES, q + STAGES - 1);
+        cp_async_commit();
+        mma_stage<Cfg, LA, LB, ACC16>(acc, acc16, sA + (q % STAGES) * TA::SIZE, sB + (q % STAGES) * TB::SIZE, wm, wn, roles);
+        if (q % k_tiles == k_tiles - 1) {  // the tile's last k-tile: write it out
+            if (ACC16) widen_fragments(acc, acc16);
+            stage_fp16_tile<Cfg>(sC, acc, wm, wn);
+            __syncthreads();
+            int m0, n0;
+            origin(q, m0, n0);
+            store_fp16_tile<Cfg>(p, sC, m0, n0);
+            zero_fragments(acc);
+            zero_fragments(acc16);
+        }
+    }
+    cp_async_wait<0>();
+}
+
 // ---- instances: extern "C" so kernels keep readable names in graphs and profiles ----------------------------
 // Name: gemm_<BMxBN>_<layout A><layout B>_<epilogue>_<accumulator>; r = row-major, c = column-major.
 // kernels/gemm.py holds the same table (CONFIGS, INSTANCES) and a CPU test checks the two agree.
@@ -353,6 +454,7 @@ typedef Config<64, 128, 32, 2, 4, 2> CfgOuter64; // the same with half the accum
 #endif
 typedef Config<32, 64, 64, 2, 4, STREAM_STAGES> CfgStream;
 typedef Config<64, 128, 32, 2, 4, 2, true> CfgOuterStaged;  // K = batch: weight update staged in shared memory
+typedef Config<64, 128, 32, 2, 4, 2> CfgPersist;              // K = batch, plain store: a resident grid walks the tiles
 
 #define GEMM_PARAMS                                                                                             \
     const half_t *A, const half_t *B, void *out, int M, int N, int K, int lda, int ldb, int ldc, int k_chunk, \
@@ -398,3 +500,12 @@ GEMM_ACCS(gemm_stream_rc_store, CfgStream, ROW, COL, EPI_STORE)
 GEMM_ACCS(gemm_stream_rc_drelu, CfgStream, ROW, COL, EPI_DRELU)
 GEMM_ACCS(gemm_staged_cr_sgd, CfgOuterStaged, COL, ROW, EPI_SGD)
 GEMM_ACCS(gemm_staged_cr_store, CfgOuterStaged, COL, ROW, EPI_STORE)
+
+// Two blocks per SM is what the launcher sizes the resident grid for (kernels/gemm.py: PERSIST_BLOCKS_PER_SM).
+#define PERSIST_INSTANCE(name, ACC16)                                                        \
+    extern "C" __global__ void __launch_bounds__(CfgPersist::THREADS, 2) name(GEMM_PARAMS) { \
+        const Params p = GEMM_ARGS;                                                           \
+        gemm_persistent_store<CfgPersist, COL, ROW, ACC16>(p);                                \
+    }
+PERSIST_INSTANCE(gemm_persist_cr_store_f32, false)
+PERSIST_INSTANCE(gemm_persist_cr_store_f16, true)

@@ -45,6 +45,9 @@ STREAM_SPLIT_MIN_K_TILES = 8
 # Split-K pays only when one CTA would stream many bytes: below this, latency rules and the fix-up
 # (partials through L2, a ticket, a second read) costs more than the parallelism saves.
 SPLIT_MIN_BYTES = 192 * 1024
+# The persistent tile's resident grid: this many blocks per SM (its __launch_bounds__ in gemm.cu promises the
+# registers; its shared memory, 44 KB, fits twice even in sm_86's 99 KB).
+PERSIST_BLOCKS_PER_SM = 2
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class GemmConfig:
     stages: int
     staged: bool = False  # the epilogue goes through shared memory (Config<..., STAGED_> in gemm.cu)
     tma: bool = False  # fed by the sm_90 tensor copy engine (TmaConfig in gemm_tma.cu): one more warp, the producer
+    persistent: bool = False  # a resident grid walks the tiles (gemm_persistent_store in gemm.cu)
 
     @property
     def threads(self) -> int:
@@ -71,14 +75,16 @@ class GemmConfig:
 
     def smem_bytes(self, layout: str, epilogue: str = "store", momentum: bool = False) -> int:
         """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves; a staged SGD epilogue
-        adds the fp32 weight tile (and the momentum tile), rows padded by 8 floats. TMA tiles are swizzled, not
-        padded, and need 1 KB of slack to align them."""
+        adds the fp32 weight tile (and the momentum tile), rows padded by 8 floats; the persistent tile adds its fp16
+        output tile, rows padded by 8 halves. TMA tiles are swizzled, not padded, and need 1 KB of slack to align
+        them."""
         if self.tma:
             return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
         a = self.bm * (self.bk + 8) if layout[0] == "r" else self.bk * (self.bm + 8)
         b = self.bk * (self.bn + 8) if layout[1] == "r" else self.bn * (self.bk + 8)
         staged = (2 if momentum else 1) * self.bm * (self.bn + 8) * 4 if self.staged and epilogue == "sgd" else 0
-        return self.stages * (a + b) * 2 + staged
+        out = self.bm * (self.bn + 8) * 2 if self.persistent else 0
+        return self.stages * (a + b) * 2 + staged + out
 
 
 def stream_stages(arch: str) -> int:
@@ -96,6 +102,7 @@ CONFIGS = {
     "outer64": GemmConfig("outer64", 64, 128, 32, 2, 4, 2),
     "stream": GemmConfig("stream", 32, 64, 64, 2, 4, 7),  # stages: stream_stages(arch)
     "staged": GemmConfig("staged", 64, 128, 32, 2, 4, 2, staged=True),
+    "persist": GemmConfig("persist", 64, 128, 32, 2, 4, 2, persistent=True),
     "tma": GemmConfig("tma", 32, 64, 64, 1, 4, 16, tma=True),  # warps: 4 consumers (+ the producer)
     "tma128": GemmConfig("tma128", 32, 128, 64, 1, 4, 10, tma=True),
 }
@@ -119,7 +126,7 @@ INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") fo
                                                                   ("rr", "bias_relu"), ("rc", "drelu")]]
                       + [("stream", lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias"), ("rr", "bias_relu"), ("rc", "store"),
                                                                ("rc", "drelu")]]
-                      + [("staged", "cr", e) for e in ("sgd", "store")]
+                      + [("staged", "cr", e) for e in ("sgd", "store")] + [("persist", "cr", "store")]
                       + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES])
 
 
@@ -157,6 +164,7 @@ class GemmPlan:
     k_chunk: int
     momentum: bool = False
     cluster: bool = False  # the splits meet in a cluster's shared memory (sm_90), not in a workspace
+    blocks: int = 0  # the persistent tile's resident grid (0 for the others: one block per tile and split)
 
     @property
     def cluster_dims(self) -> tuple[int, int, int]:
@@ -168,7 +176,7 @@ class GemmPlan:
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (*self.tiles, self.splits)
+        return (self.blocks, 1, 1) if self.config.persistent else (*self.tiles, self.splits)
 
     @property
     def kernel(self) -> str:
@@ -203,18 +211,26 @@ class GemmPlan:
         return 2 * self.M * self.N * self.K
 
 
-def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86") -> str:
-    """Which tile runs a shape (the measurements behind each rule: docs/perf.md, H200).
+def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86",
+                  sm_count: int = 132) -> str:
+    """Which tile runs a shape (the measurements behind each rule: docs/perf.md, H200 and H100).
 
     - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces, except a plain
       store at N <= 64 and M <= 2048, where most of its 128 columns would be padding: the 32x128 tile (head-sized
-      1024x16x32: 2.3 us against 2.7, H100 sweep; at M = 8192 it loses, 4.1 us against cuBLAS's 3.2);
+      1024x16x32: 2.3 us against 2.7, H100 sweep; at M = 8192 it loses, 4.1 us against cuBLAS's 3.2); and a plain
+      store of more tiles than the persistent tile's resident grid, which that grid walks (H100: 8192x8192x32 55.7 us
+      against 69.8, 2048x2048x32 6.2 against 7.3; with fewer tiles than blocks it loses, 784x2048x32 4.3 against 4.1);
     - M <= 32 (x @ W and dy @ W^T at batch size): a streaming tile, one block per SM with its whole share of K in
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - otherwise the smallest M tile that covers the batch."""
     if layout == "cr" and epilogue in ("sgd", "store") and M > 64 and K <= 128:
-        return "32x128" if epilogue == "store" and 0 < N <= 64 and M <= 2048 else "staged"
+        if epilogue == "store" and 0 < N <= 64 and M <= 2048:
+            return "32x128"
+        persist = CONFIGS["persist"]
+        if epilogue == "store" and _cdiv(M, persist.bm) * _cdiv(N, persist.bn) > PERSIST_BLOCKS_PER_SM * sm_count:
+            return "persist"
+        return "staged"
     if M <= 32 and ("stream", layout, epilogue) in INSTANCES:
         if has_tma(arch) and 2 * K * N >= TMA_MIN_BYTES and ("tma", layout, epilogue) in INSTANCES:
             return "tma"
@@ -297,7 +313,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         if extent % 8:
             raise ValueError(f"GEMM {operand}'s contiguous dimension is {extent}: it must be a multiple of 8 "
                              "(pad it; see DESIGN.md)")
-    name = config or choose_config(M, K, epilogue, layout, N, arch)
+    name = config or choose_config(M, K, epilogue, layout, N, arch, sm_count)
     if name not in CONFIGS:
         raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
     if (name, layout, epilogue) not in INSTANCES:
@@ -312,6 +328,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     clusters = has_tma(arch) and cluster is not False and not cfg.staged
     if splits is not None:
         s = int(splits)
+    elif cfg.persistent:
+        s = 1
     elif (name == "stream" or cfg.tma) and clusters:
         # the tensor-copy tile streams best unsplit from a quarter of the SMs on (H100: 32x4096x4096 16.0 us unsplit,
         # 17.5 at 2 splits; 32x4096x784 7.0 against 8.3; 32 tiles of 32x2048x784 6.2 against 7.0 at 3)
@@ -325,6 +343,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile)
     if not 1 <= s <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
+    if cfg.persistent and s != 1:
+        raise ValueError(f"GEMM config {name} walks whole tiles: it takes no split-K (asked for {s} splits)")
     k_chunk = _cdiv(k_tiles, s) * cfg.bk
     s = _cdiv(K, k_chunk)  # no empty splits
     clusters_ok = has_tma(arch) and s <= MAX_CLUSTER_SPLITS and not cfg.staged
@@ -332,8 +352,9 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"split-K within a cluster needs sm_90 or later, at most {MAX_CLUSTER_SPLITS} splits and a "
                          f"tile without the staged epilogue (here {arch}, {s} splits, config {name})")
     in_cluster = s > 1 and clusters_ok and tiles <= room[s] if cluster is None else bool(cluster) and s > 1
+    blocks = min(tiles, PERSIST_BLOCKS_PER_SM * sm_count) if cfg.persistent else 0
     return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, momentum and cfg.staged and epilogue == "sgd",
-                    in_cluster)
+                    in_cluster, blocks)
 
 
 def _check_matrix(t: "Tensor", rows: int, cols: int, what: str) -> int:
