@@ -141,11 +141,12 @@ def test_cluster_step_trains_mnist(device, stream, rng):
         model.init_parameters(stream)
         model.set_permutation(rng.permutation(TRAIN_ROWS))
         step, losses = model.step_launches(100), []
+        # 2000 steps: 1200 in a random sample order land at 0.89-0.93 test accuracy (one order gave 0.897)
         for _ in range(4):
             model.zero_metrics().run(stream)
-            for _ in range(3):
+            for _ in range(5):
                 step[0].run(stream)
-            losses.append(model.train_metrics()[0] / (300 * 32))
+            losses.append(model.train_metrics()[0] / (500 * 32))
         for launch in model.eval_launches():
             launch.run(stream)
         _, test_acc = model.eval_metrics()
@@ -153,8 +154,6 @@ def test_cluster_step_trains_mnist(device, stream, rng):
         acc_ref = float((ref.forward(model.parameters(), x)[-1].argmax(1) == mnist.test_labels).mean())
         assert losses[-1] < 0.5 * losses[0], losses
         assert abs(test_acc - acc_ref) <= 0.003, (test_acc, acc_ref)
-        # It learns: 1200 steps of batch 32 in a random sample order land at 0.89-0.93 (one order gave 0.897, so the
-        # bar is below that spread); the float64 match above is the exact check.
-        assert test_acc > 0.85
+        assert test_acc > 0.9
     finally:
         model.arena.close()

@@ -86,6 +86,17 @@ RG_DEVICE void load_update_tile(T* s, const T* g, int ld, int m0, int n0, int M,
     }
 }
 
+// Start copying one pipeline stage: A's BM x BK tile at (m0, k) and B's BK x BN tile at (k, n0), each in its own
+// layout; K indices >= k_end are zero-filled (the end of this block's share of K).
+template <class Cfg, int LA, int LB>
+RG_DEVICE void load_operands(half_t* a, half_t* b, const Params& p, int m0, int n0, int k, int k_end, int tid) {
+    constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK;
+    if (LA == ROW) load_tile<BM, BK, Cfg::THREADS>(a, p.A, p.lda, m0, k, p.M, k_end, tid);
+    else           load_tile<BK, BM, Cfg::THREADS>(a, p.A, p.lda, k, m0, k_end, p.M, tid);
+    if (LB == ROW) load_tile<BK, BN, Cfg::THREADS>(b, p.B, p.ldb, k, n0, k_end, p.N, tid);
+    else           load_tile<BN, BK, Cfg::THREADS>(b, p.B, p.ldb, n0, k, p.N, k_end, tid);
+}
+
 // ldmatrix lane roles (see ldmatrix.cuh): which row of which 8x8 matrix this lane addresses.
 struct LaneRoles {
     int r8, q1, q2;
@@ -170,13 +181,7 @@ RG_DEVICE void gemm(const Params& p) {
     const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
 
     auto load_stage = [&](int stage, int kt) {
-        const int k = k_begin + kt * BK;
-        half_t* a = sA + stage * TA::SIZE;
-        half_t* b = sB + stage * TB::SIZE;
-        if (LA == ROW) load_tile<BM, BK, Cfg::THREADS>(a, p.A, p.lda, m0, k, p.M, k_end, tid);
-        else           load_tile<BK, BM, Cfg::THREADS>(a, p.A, p.lda, k, m0, k_end, p.M, tid);
-        if (LB == ROW) load_tile<BK, BN, Cfg::THREADS>(b, p.B, p.ldb, k, n0, k_end, p.N, tid);
-        else           load_tile<BN, BK, Cfg::THREADS>(b, p.B, p.ldb, n0, k, p.N, k_end, tid);
+        load_operands<Cfg, LA, LB>(sA + stage * TA::SIZE, sB + stage * TB::SIZE, p, m0, n0, k_begin + kt * BK, k_end, tid);
     };
 
     float acc[MT][NT][4];
@@ -235,6 +240,7 @@ RG_DEVICE void gemm(const Params& p) {
         if (dynamic_smem_bytes() < (u32)(BM * LD * 4)) __trap();  // launcher/kernel mismatch
         __syncthreads();  // every warp is done with the pipeline's shared memory, which now takes the partial tile
         float* part = reinterpret_cast<float*>(smem_raw);
+        // store_fragments' loop, written out: called here it spills (gemm_outer64_cr_store_f16, sm_90)
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -395,13 +401,7 @@ RG_DEVICE void gemm_persistent_store(const Params& p) {
     auto load_step = [&](int stage, int q) {
         int m0, n0;
         origin(q, m0, n0);
-        const int k = (q % k_tiles) * BK;
-        half_t* a = sA + stage * TA::SIZE;
-        half_t* b = sB + stage * TB::SIZE;
-        if (LA == ROW) load_tile<BM, BK, Cfg::THREADS>(a, p.A, p.lda, m0, k, p.M, p.K, tid);
-        else           load_tile<BK, BM, Cfg::THREADS>(a, p.A, p.lda, k, m0, p.K, p.M, tid);
-        if (LB == ROW) load_tile<BK, BN, Cfg::THREADS>(b, p.B, p.ldb, k, n0, p.K, p.N, tid);
-        else           load_tile<BN, BK, Cfg::THREADS>(b, p.B, p.ldb, n0, k, p.N, p.K, tid);
+        load_operands<Cfg, LA, LB>(sA + stage * TA::SIZE, sB + stage * TB::SIZE, p, m0, n0, (q % k_tiles) * BK, p.K, tid);
     };
 
     float acc[Cfg::MT][Cfg::NT][4];
