@@ -5,9 +5,10 @@ The list runs eagerly (`--no-graph`) or is captured once into a CUDA graph; noth
 host after start-up: the step counter, the batch position and the learning rate live on the device.
 
 Three step implementations, same buffers and numerics: `layered` (one kernel per layer and role: gather,
-GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers; 10 on sm_90 at batch <= 32 with
-plain SGD, where each layer's backward and bias update is one pass over its weights, kernels/dx_sgd.py, and the
-head's whole step is one cluster kernel, kernels/head.py), `fused` (the whole step
+GEMMs with fused epilogues, softmax, bias updates; 19 kernels at 3 hidden layers; 8 on sm_90 at batch <= 32 with
+plain SGD, where each layer's backward and bias update is one pass over its weights, kernels/dx_sgd.py, the
+head's whole step is one cluster kernel, kernels/head.py, which also moves the step counter, and the gather writes
+the step's learning rate), `fused` (the whole step
 in one persistent kernel, cu/fused_step.cu, for widths up to kernels.fused.MAX_HIDDEN) and `cluster` (sm_90, batch
 <= 32, plain SGD, small models: one thread-block cluster keeps the weights in shared memory for a whole launch,
 cu/cluster_step.cu). The fp32 master weights are stored as two 16-bit halves (rawgpu/master.py): W16, the fp16
@@ -148,13 +149,13 @@ class MLP:
     def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132, step: str = "auto",
                  fused_grid: int | None = None, arch: str | None = None, overlap: bool = True, l2_bytes: int = 0,
                  l2_budget: float = kl2.DEFAULT_BUDGET):
-        """step: one of STEP_KINDS. `auto` takes the cluster step where it runs, else the fused step where
-        kernels.fused.preferred, else the per-layer kernels; naming one insists (ValueError with the reason when it
-        cannot run the recipe). fused_grid: blocks of the fused kernel (default one per SM). arch: the GPU to plan
-        for when there is no `kernels` (CPU tests; default sm_86). overlap: on sm_90+, each kernel of the layered step
-        starts while the one before still runs (programmatic dependent launch, ptx/pdl.cuh). l2_bytes, l2_budget: the
-        GPU's L2 size and the share of it the layered step keeps one weight in between two reads (kernels/l2.py;
-        budget 0 or no size: no cache hints)."""
+        """step: one of STEP_KINDS. `auto` takes the cluster step where it runs, else the layered step where it
+        is short (`short_layered`), else the fused step where kernels.fused.preferred, else the layered step;
+        naming one insists (ValueError with the reason when it cannot run the recipe). fused_grid: blocks of the
+        fused kernel (default one per SM). arch: the GPU to plan for when there is no `kernels` (CPU tests; default
+        sm_86). overlap: on sm_90+, each kernel of the layered step starts while the one before still runs
+        (programmatic dependent launch, ptx/pdl.cuh). l2_bytes, l2_budget: the GPU's L2 size and the share of it the
+        layered step keeps one weight in between two reads (kernels/l2.py; budget 0 or no size: no cache hints)."""
         self.k, self.recipe, self.sm_count, self.fused_grid = kernels, recipe, sm_count, fused_grid
         r, accum = recipe, ("f32" if recipe.accum == "fp32" else "f16")
         self.arena = a = Arena()
@@ -246,7 +247,19 @@ class MLP:
             return step
         if kc.unsupported_reason(r, arch) is None:
             return "cluster"
+        if MLP.short_layered(r, arch):
+            return "layered"
         return "fused" if kf.preferred(r, pad8(r.hidden)) else "layered"
+
+    @staticmethod
+    def short_layered(r: Recipe, arch: str) -> bool:
+        """Whether the layered step is its short form here: sm_90 (overlapping launches), batch <= 32, plain SGD and
+        fp32 accumulation, so every layer's backward is one pass (kernels/dx_sgd.py) and the head's whole step one
+        cluster kernel: 8 kernels at 3 hidden layers. That beats the fused step's grid barriers from hidden 256 on
+        (docs/perf.md, Version 12), so `auto` takes it wherever the cluster step does not run."""
+        accum, mom = ("f32" if r.accum == "fp32" else "f16"), r.momentum > 0
+        return (kg.has_tma(arch) and kb.supported(r.batch, mom, accum)
+                and kh.supported(r.batch, mom, accum, max(16, pad8(CLASSES)), arch))
 
     @staticmethod
     def _eval_batch(r: Recipe) -> int:
@@ -350,10 +363,9 @@ class MLP:
     def _layered_step(self) -> list[Launch]:
         r, k = self.recipe, self.k
         mu, scale = float(r.momentum), loss_scale(r.batch)
-        out = [kd.lr_schedule(k, self.step, self.lr, r.lr / scale, r.lr_min / scale, r.total_steps, r.warmup_steps,
-                              r.schedule),
-               kd.gather_batch(k, self.images, self.labels, self.perm, self.step, self.acts[0], self.y, r.batch,
-                               r.steps_per_epoch)]
+        schedule = kd.Schedule(r.lr / scale, r.lr_min / scale, r.total_steps, r.warmup_steps, r.schedule)
+        out = [kd.gather_batch(k, self.images, self.labels, self.perm, self.step, self.acts[0], self.y, r.batch,
+                               r.steps_per_epoch, lr=self.lr, schedule=schedule, early=self.head is not None)]
         n = len(self.layers) - (self.head is not None)  # layers with a forward GEMM
         out += self._forward(self.acts[0], self.acts[1:n + 1], [lay.fwd for lay in self.layers[:n]],
                              [pol.forward for pol in self.l2[:n]])
@@ -361,7 +373,7 @@ class MLP:
             lay = self.layers[n]
             out.append(kh.head_step(k, self.head, self.acts[n], self.y, lay.wlo, lay.w16, lay.b, self.lr,
                                     self.acts[-1], self.grads[-1], self.grads[n], self.loss_sum, self.correct,
-                                    CLASSES, scale))
+                                    CLASSES, scale, step=self.step))  # the step counter moves here
         else:
             out.append(kl.softmax_xent(k, self.acts[-1], self.y, self.grads[-1], self.loss_sum, self.correct,
                                        r.batch, CLASSES, grad_scale=scale))
@@ -379,7 +391,8 @@ class MLP:
                                    workspace=self.workspace, tickets=self.tickets))
                 out.append(ke.bias_grad_sgd(k, dy, lay.b, lay.mb, self.lr, mu, r.batch))
             dy = self.grads[i]
-        out.append(kd.step_increment(k, self.step))
+        if self.head is None:
+            out.append(kd.step_increment(k, self.step))
         return out
 
     def eval_launches(self) -> list[Launch]:

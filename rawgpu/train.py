@@ -80,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--kernels", choices=("auto", "cluster", "fused", "layered"), default=d["kernels"],
                    help="cluster: one thread-block cluster keeps the model in shared memory (sm_90, batch <= 32, "
                         "momentum 0, hidden <= 128 at 3 layers); fused: the whole step in one persistent kernel; "
-                        "layered: one kernel per layer and role (10-19 at 3 hidden layers); auto (default): cluster, "
-                        "else fused (fp32 accumulation, hidden <= 1024), else layered, whichever applies first")
+                        "layered: one kernel per layer and role (8-19 at 3 hidden layers); auto (default): cluster, "
+                        "else layered where it is 8 kernels (sm_90, batch <= 32, momentum 0, fp32 accumulation), else "
+                        "fused (fp32 accumulation, hidden <= 512), else layered, whichever applies first")
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
                         "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")

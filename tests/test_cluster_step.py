@@ -48,8 +48,12 @@ def test_unsupported_recipes_say_why(changes, arch, reason):
 
 @pytest.mark.parametrize("changes,arch,kind", [
     ({}, "sm_90", "cluster"), ({}, "sm_86", "fused"), (dict(batch=64), "sm_90", "fused"),
-    (dict(hidden=256), "sm_90", "fused"), (dict(hidden=2048), "sm_90", "layered")])
+    (dict(hidden=256), "sm_90", "layered"), (dict(hidden=512), "sm_90", "layered"),
+    (dict(hidden=256), "sm_86", "fused"), (dict(hidden=256, momentum=0.9), "sm_90", "fused"),
+    (dict(hidden=2048), "sm_90", "layered"), (dict(hidden=2048), "sm_86", "layered")])
 def test_auto_takes_the_cluster_step_first(changes, arch, kind):
+    """cluster where it fits, else the short layered step (sm_90, batch <= 32, plain SGD), else fused up to
+    kernels.fused.MAX_HIDDEN, else layered."""
     model = MLP(None, Recipe(**{**SMALL, **changes}), arch=arch)
     assert model.step_kind == kind
     assert model.cluster == (kind == "cluster") and model.fused == (kind == "fused")

@@ -6,6 +6,7 @@ first, and guard bytes around outputs to catch writes past the end. Exact where 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -85,7 +86,8 @@ def _valid_calls(k, t):
     kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], t["x"], t["y"], 10, 10)
     kd.step_increment(k, t["step"])
     kd.set_i64(k, t["step"], -5)
-    kd.lr_schedule(k, t["step"], t["lr"], 0.1, 0.001, 1000, 10, "cosine")
+    kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], t["x"], t["y"], 10, 10, lr=t["lr"],
+                    schedule=kd.Schedule(0.1, 0.001, 1000, 10, "cosine"))
     kl.softmax_xent(k, t["logits"], t["y"], t["dlogits"], t["loss"], t["correct"], 10)
     kl.softmax_xent(k, t["logits"], t["y"], None, t["loss"], t["correct"], 7)
     kl.zero_metrics(k, t["loss"], t["correct"])
@@ -116,7 +118,7 @@ def test_launchers_match_the_kernel_sources():
                 driver._convert(kind, arg, i)  # in range for its C type
         assert block[0] * block[1] * block[2] <= 1024 and smem <= driver.STATIC_SHARED_LIMIT
     names = {c[1] for c in k.calls}
-    assert names >= {"gather_batch", "step_increment", "set_i64", "lr_schedule", "softmax_xent", "zero_metrics",
+    assert names >= {"gather_batch", "step_increment", "set_i64", "softmax_xent", "zero_metrics",
                      "copy_f16_if_odd", "fill_f32", "bias_grad_sgd", "init_uniform", "init_uniform_master"}
 
 
@@ -160,10 +162,19 @@ def test_launchers_refuse_bad_buffers_before_compiling():
         kd.gather_batch(k, t["images"], t["y"], t["perm"], t["step"], t["x"], t["y"], 10, 10)
     with pytest.raises(TypeError, match="step"):
         kd.step_increment(k, t["correct"])
+    gather = functools.partial(kd.gather_batch, k, t["images"], t["labels8"], t["perm"], t["step"], t["x"], t["y"],
+                               10, 10)
     with pytest.raises(ValueError, match="lr"):
-        kd.lr_schedule(k, t["step"], a.tensor("lr2", 2, np.float32), 0.1, 0.0, 10, 0, 0)
+        gather(lr=a.tensor("lr2", 2, np.float32), schedule=kd.Schedule(0.1, 0.0, 10, 0, 0))
     with pytest.raises(ValueError, match="unknown lr schedule"):
-        kd.lr_schedule(k, t["step"], t["lr"], 0.1, 0.0, 10, 0, "exponential")
+        gather(lr=t["lr"], schedule=kd.Schedule(0.1, 0.0, 10, 0, "exponential"))
+    with pytest.raises(ValueError, match="must be >= 0"):
+        gather(lr=t["lr"], schedule=kd.Schedule(0.1, 0.0, -1, 0, 0))
+    with pytest.raises(ValueError, match="together"):
+        gather(lr=t["lr"])
+    with pytest.raises(ValueError, match="at most 16384"):
+        kd.gather_batch(k, t["images"], t["labels8"], t["perm"], t["step"], a.tensor("wide", (10, 16392), np.float16),
+                        t["y"], 10, 10)
     with pytest.raises(TypeError, match="logits"):
         kl.softmax_xent(k, a.tensor("l32", (10, 16), np.float32), t["y"], None, t["loss"], t["correct"], 10)
     with pytest.raises(ValueError, match="dlogits"):
@@ -263,7 +274,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
 @gpu
 @pytest.mark.parametrize("row_bytes,ld", [(784, 784), (784, 800), (13, 16), (20, 24), (100, 128)])
 @pytest.mark.parametrize("batch,spe", [(1, 1), (7, 3), (32, 5), (128, 2), (1000, 4)])
-def test_gather_batch(kern, device, stream, rng, row_bytes, ld, batch, spe):
+@pytest.mark.parametrize("early", [False, True])  # the loads before the wait for the kernel before, or after it
+def test_gather_batch(kern, device, stream, rng, row_bytes, ld, batch, spe, early):
     n = 1500
     images = rng.integers(0, 256, size=(n, row_bytes), dtype=np.uint8)
     images[0, :] = 255  # the extremes are always present
@@ -283,7 +295,7 @@ def test_gather_batch(kern, device, stream, rng, row_bytes, ld, batch, spe):
         t_step.upload(np.array([step_value], np.int64))
         x.fill_bytes(0xFF), y.fill_bytes(0xFF)
         device.synchronize()
-        kd.gather_batch(kern, t_img, t_lab, t_perm, t_step, x, y, batch, spe).run(stream)
+        kd.gather_batch(kern, t_img, t_lab, t_perm, t_step, x, y, batch, spe, early=early).run(stream)
         got_x, got_y, got_step = x.download(), y.download(), t_step.download()
     src = perm[p:p + batch]
     ref = (images[src] / 255).astype(np.float16)
@@ -334,22 +346,35 @@ def test_counters(kern, device, stream):
 
 @gpu
 @pytest.mark.parametrize("kind", ["constant", "cosine", "linear"])
-def test_lr_schedule_matches_lr_at(kern, device, stream, kind):
+def test_gather_writes_the_scheduled_lr(kern, device, stream, rng, kind):
+    """The step's learning rate rides on the gather: lr_at's value for the counter, and the batch is unchanged."""
     cases = [(0.1, 0.001, 1000, 50), (3e-3, 0.0, 17, 0), (0.5, 0.05, 10, 10), (1.0, 0.25, 1, 3)]
+    n, batch, spe = 64, 3, 5
+    images = rng.integers(0, 256, size=(n, 784), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+    perm = rng.permutation(n)[: batch * spe].astype(np.int32)
     with Arena() as arena:
-        step, lr = arena.tensor("step", 1, np.int64), arena.tensor("lr", 1, np.float32)
+        t_img, t_lab = arena.tensor("images", images.shape, np.uint8), arena.tensor("labels", n, np.uint8)
+        t_perm, step = arena.tensor("perm", perm.shape, np.int32), arena.tensor("step", 1, np.int64)
+        x, y = arena.tensor("x", (batch, 784), np.float16), arena.tensor("y", batch, np.int32)
+        lr = arena.tensor("lr", 1, np.float32)
         arena.allocate()
+        t_img.upload(images), t_lab.upload(labels), t_perm.upload(perm)
         for lr0, lr_min, total, warm in cases:
+            schedule = kd.Schedule(lr0, lr_min, total, warm, kind)
             for s in sorted({0, 1, warm - 1, warm, warm + 1, (total + warm) // 2, total - 1, total, total + 5, 10**6}):
                 if s < 0:
                     continue
                 step.upload(np.array([s], np.int64))
-                lr.fill_bytes(0xFF)
+                lr.fill_bytes(0xFF), x.fill_bytes(0xFF)
                 device.synchronize()
-                kd.lr_schedule(kern, step, lr, lr0, lr_min, total, warm, kind).run(stream)
+                kd.gather_batch(kern, t_img, t_lab, t_perm, step, x, y, batch, spe, lr=lr, schedule=schedule).run(stream)
                 got, ref = float(lr.download()[0]), kd.lr_at(s, lr0, lr_min, total, warm, kind)
                 assert math.isfinite(got)
                 assert got == pytest.approx(ref, rel=1e-6, abs=1e-12), (lr0, lr_min, total, warm, s)
+                src = perm[(s % spe) * batch:(s % spe + 1) * batch]
+                assert np.array_equal(x.download(), (images[src] / 255).astype(np.float16)), f"step {s}"
+                assert step.download()[0] == s, "gather must not move the step"
 
 
 def _xent_reference(logits: np.ndarray, labels: np.ndarray, classes: int):

@@ -34,6 +34,7 @@ import pytest
 
 import mlp_reference as ref
 from rawgpu.kernels import Kernels
+from rawgpu.kernels import data as kd
 from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, run_launches
 
 gpu = pytest.mark.gpu
@@ -161,6 +162,37 @@ def test_graph_and_eager_give_identical_parameters_after_100_steps(device, strea
         for (we, be), (wg, bg) in zip(eager, graphed):
             assert np.array_equal(we.view(np.uint32), wg.view(np.uint32))
             assert np.array_equal(be.view(np.uint32), bg.view(np.uint32))
+    finally:
+        model.arena.close()
+
+
+@gpu
+@pytest.mark.parametrize("batch,momentum", [(32, 0.0), (64, 0.9)])
+def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stream, kernels, rng, batch, momentum):
+    """The gather writes each step's learning rate (lr_at of the counter) and the counter moves once per step: on
+    sm_90 at batch <= 32 with plain SGD the head kernel moves it (8 launches at 3 layers, no step_increment),
+    otherwise a step_increment launch does."""
+    data = FakeMNIST(rng)
+    perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
+    recipe = Recipe(hidden=64, layers=3, batch=batch, lr=0.05, momentum=momentum, schedule="cosine", warmup_steps=3,
+                    lr_min=0.001, total_steps=8)
+    model = _model(kernels, device, stream, data, recipe, perm, "layered")
+    try:
+        step = model.step_launches()
+        names = [launch.kernel.name for launch in step]
+        short = MLP.short_layered(recipe, device.arch)
+        assert short == (device.arch == "sm_90" and batch <= 32 and momentum == 0)
+        if short:
+            assert len(step) == 8 and names[0] == "gather_batch" and names[4] == "head_step", names
+        assert ("step_increment" in names) != short and "lr_schedule" not in names
+        scale = loss_scale(batch)
+        for s in range(10):
+            model.lr.upload(np.array([np.nan], np.float32))
+            for launch in step:
+                launch.run(stream)
+            assert model.step_count() == s + 1
+            expect = kd.lr_at(s, recipe.lr / scale, recipe.lr_min / scale, 8, 3, "cosine")
+            assert float(model.lr.download()[0]) == pytest.approx(expect, rel=1e-6), f"step {s}"
     finally:
         model.arena.close()
 

@@ -59,10 +59,13 @@ RG_DEVICE Smem carve(u8* s, int kc) {
 
 // h [B, K] (ld ldh): the top hidden layer's output; W as wlo / w16 [K, 16]; bias [16]; logits, dlogits [B, 16];
 // dh [B, K] (ld lddh). kc: rows of W per CTA (a multiple of 16, C kc >= K). scale: the loss scale over the batch.
+// step (may be null): the training step counter, moved forward by one here. In the layered step only the gather (and
+// the lr it writes) reads it, and that kernel has finished once this one's wait returns (pdl.cuh), so the counter
+// needs no launch of its own.
 extern "C" __global__ void __launch_bounds__(head::THREADS, 1)
 head_step(const half_t* h, int ldh, const int* labels, short* wlo, half_t* w16, float* bias, const float* lr,
           half_t* logits, half_t* dlogits, half_t* dh, int lddh, double* loss_sum, int* correct, int B, int K,
-          int kc, int classes, float scale) {
+          int kc, int classes, float scale, i64* step) {
 #if __CUDA_ARCH__ >= 900
     using namespace head;
     extern __shared__ __align__(128) u8 smem_raw[];
@@ -85,6 +88,7 @@ head_step(const half_t* h, int ldh, const int* labels, short* wlo, half_t* w16, 
     const float2 b = *reinterpret_cast<const float2*>(bias + pc);
     if (tid < ROWS) S.labels[tid] = tid < B ? labels[tid] : -1;
     pdl_enter();
+    if (step != nullptr && rank == 0 && tid == 0) *step += 1;
     const int pieces = kc / 8;
     for (int i = tid; i < ROWS * pieces; i += THREADS) {
         const int r = i / pieces, c = (i % pieces) * 8;

@@ -1,4 +1,5 @@
-"""Launchers for cu/data.cu (batch gather, step counter, lr schedule) and `lr_at`, the schedule's host twin.
+"""Launchers for cu/data.cu (batch gather with the step's learning rate, step counter) and `lr_at`, the schedule's
+host twin.
 
 Everything reads the device step counter, so a captured training step replays unchanged every step.
 """
@@ -6,6 +7,7 @@ Everything reads the device step counter, so a captured training step replays un
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,12 +17,34 @@ from . import Kernels, require
 
 SRC = "data.cu"
 SCHEDULES = {"constant": 0, "cosine": 1, "linear": 2}
+MAX_THREADS = 1024  # gather_batch: a block per row, a thread per 16 columns
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A learning-rate schedule as the device evaluates it each step (`lr_at` says how)."""
+
+    lr0: float
+    lr_min: float
+    total_steps: int
+    warmup_steps: int
+    kind: int | str
+
+    def args(self) -> tuple:
+        """(lr0, lr_min, total_steps, warmup_steps, kind code), checked."""
+        if self.total_steps < 0 or self.warmup_steps < 0:
+            raise ValueError(f"total_steps ({self.total_steps}) and warmup_steps ({self.warmup_steps}) must be >= 0")
+        return self.lr0, self.lr_min, self.total_steps, self.warmup_steps, _kind(self.kind)
 
 
 def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step: Tensor, x_out: Tensor,
-                 y_out: Tensor, batch: int, steps_per_epoch: int) -> Launch:
+                 y_out: Tensor, batch: int, steps_per_epoch: int, lr: Tensor | None = None,
+                 schedule: Schedule | None = None, early: bool = False) -> Launch:
     """x_out[i] = images[perm[p + i]] / 255 (fp16, padding columns zeroed), y_out[i] = its label,
-    p = (step % steps_per_epoch) * batch. images uint8 [N, row_bytes], x_out fp16 [>= batch, ld_out]."""
+    p = (step % steps_per_epoch) * batch. images uint8 [N, row_bytes], x_out fp16 [>= batch, ld_out].
+    With lr and schedule (both or neither): also lr[0] = lr_at(step, schedule), the step's learning rate.
+    early: read the counter, permutation and pixels before waiting for the kernel before (pdl.cuh); only when the
+    counter was moved at least two launches back, as in the layered step whose head kernel moves it."""
     require(images, np.uint8, what="images")
     if len(images.shape) != 2:
         raise ValueError(f"images: expected [N, row_bytes], got shape {images.shape}")
@@ -39,13 +63,21 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
     ld_out = x_out.shape[1]
     if ld_out < row_bytes or ld_out % 8:
         raise ValueError(f"x_out: row stride {ld_out} must be >= {row_bytes} and a multiple of 8")
+    if ld_out > 16 * MAX_THREADS:
+        raise ValueError(f"x_out: rows of at most {16 * MAX_THREADS} halves (a thread per 16 columns), got {ld_out}")
     if x_out.offset % 16:
         raise ValueError(f"x_out: must start 16-byte aligned for vector stores (offset {x_out.offset})")
     if len(y_out.shape) != 1 or y_out.shape[0] < batch:
         raise ValueError(f"y_out: expected [>= {batch}], got shape {y_out.shape}")
-    threads = 64 if ld_out <= 64 * 16 else 128
-    return k.get(SRC, "gather_batch", "ppppiiiipp").bind(batch, threads, 0, images, labels, perm, step, batch,
-                                                         steps_per_epoch, row_bytes, ld_out, x_out, y_out)
+    if (lr is None) != (schedule is None):
+        raise ValueError("gather_batch: give lr and schedule together, or neither")
+    if lr is not None:
+        require(lr, np.float32, (1,), what="lr")
+    sched = schedule.args() if schedule is not None else (0.0, 0.0, 0, 0, 0)
+    threads = -(-ld_out // (16 * 32)) * 32  # a thread per 16 columns, whole warps
+    return k.get(SRC, "gather_batch", "ppppiiiipppffqqii").bind(
+        batch, threads, 0, images, labels, perm, step, batch, steps_per_epoch, row_bytes, ld_out, x_out, y_out,
+        lr if lr is not None else 0, *sched, int(early))
 
 
 def step_increment(k: Kernels, step: Tensor) -> Launch:
@@ -67,19 +99,8 @@ def _kind(kind: int | str) -> int:
     return int(code)
 
 
-def lr_schedule(k: Kernels, step: Tensor, lr: Tensor, lr0: float, lr_min: float, total_steps: int,
-                warmup_steps: int, kind: int | str) -> Launch:
-    """lr[0] = lr_at(step[0], ...) on the device: the step's learning rate without a host round trip."""
-    require(step, np.int64, (1,), what="step")
-    require(lr, np.float32, (1,), what="lr")
-    if total_steps < 0 or warmup_steps < 0:
-        raise ValueError(f"total_steps ({total_steps}) and warmup_steps ({warmup_steps}) must be >= 0")
-    code = _kind(kind)
-    return k.get(SRC, "lr_schedule", "ppffqqi").bind(1, 32, 0, step, lr, lr0, lr_min, total_steps, warmup_steps, code)
-
-
 def lr_at(step: int, lr0: float, lr_min: float, total: int, warmup: int, kind: int | str) -> float:
-    """The learning rate lr_schedule writes for `step` (same double arithmetic, fp32 inputs and result).
+    """The learning rate gather_batch writes for `step` (same double arithmetic, fp32 inputs and result).
 
     constant: lr0. cosine/linear: lr0 * (s+1)/warmup while s < warmup, then from lr0 to lr_min over
     t = min(1, (s - warmup) / max(1, total - warmup)): lr_min + (lr0-lr_min)(1+cos(pi t))/2, or lr0 + (lr_min-lr0) t.

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 SOURCE = "head.cu"
 KERNEL = "head_step"
-SIGNATURE = "pippppppppippiiiif"  # must match head_step's parameters
+SIGNATURE = "pippppppppippiiiifp"  # must match head_step's parameters
 THREADS, ROWS, CLASSES = 256, 32, 16  # head:: in head.cu
 LDW = LDD = CLASSES + 8
 RED_LD = CLASSES + 4
@@ -75,10 +75,11 @@ def plan_head(B: int, K: int, ctas: int | None = None) -> HeadPlan | None:
 
 def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "Tensor", w16: "Tensor",
               bias: "Tensor", lr: "Tensor", logits: "Tensor", dlogits: "Tensor", dh: "Tensor", loss_sum: "Tensor",
-              correct: "Tensor", classes: int, grad_scale: float) -> "Launch":
+              correct: "Tensor", classes: int, grad_scale: float, step: "Tensor | None" = None) -> "Launch":
     """h [B, K] (the top hidden layer's output, also its ReLU mask); the head's master as wlo (int16) and W16
     [K, 16] and its bias [16] (all updated); logits, dlogits [B, 16] and dh [B, K] written; loss_sum += the rows'
-    cross-entropy, correct += their hits. grad_scale: the loss scale (dlogits are d(loss)/d(z) x grad_scale / B)."""
+    cross-entropy, correct += their hits. grad_scale: the loss scale (dlogits are d(loss)/d(z) x grad_scale / B).
+    step: a training step counter to move forward by one (the layered step's own, so it needs no extra launch)."""
     p = plan
     require(h, np.float16, what="h")
     if len(h.shape) != 2 or h.shape[0] < p.B or h.shape[1] < p.K or h.shape[1] % 8:
@@ -101,6 +102,9 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
         raise ValueError(f"the head step takes 1..{CLASSES} classes, got {classes}")
     if not (grad_scale > 0 and np.isfinite(grad_scale)):
         raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
+    if step is not None:
+        require(step, np.int64, (1,), "step")
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
         p.ctas, THREADS, p.smem_bytes, h, h.shape[1], labels, wlo, w16, bias, lr, logits, dlogits, dh, dh.shape[1],
-        loss_sum, correct, p.B, p.K, p.kc, classes, grad_scale / p.B, cluster=p.ctas)
+        loss_sum, correct, p.B, p.K, p.kc, classes, grad_scale / p.B, step if step is not None else 0,
+        cluster=p.ctas)
