@@ -20,6 +20,7 @@ import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -342,7 +343,7 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
     serial = kernels == "serial"  # the default step, each kernel launched only when the one before has finished
     session = Session(recipe, device_index, kernels="auto" if serial else kernels, fused_grid=fused_grid,
-                      overlap=not serial, l2_budget=l2_budget)
+                      overlap=not serial, l2_budget=l2_budget, on_compile=lambda m: print(f"# {m}", flush=True))
     model, stream = session.model, session.stream
     model.upload_data(data)
     spe = recipe.steps_per_epoch
@@ -447,9 +448,19 @@ def cmd_train(args) -> int:
     stream = drv.Stream()
     kernels = Kernels(device.arch)
     mnist = load_mnist(args.data_dir)
+    started = time.perf_counter()
     peers, missing = available_peers(args.peers)
     for p, why in missing.items():
         print(f"# peer {p} skipped: {why}")
+    wall: dict[str, float] = {"start-up": time.perf_counter() - started}  # seconds per system, set-up included
+
+    def clocked(system: str, fn, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            wall[system] = wall.get(system, 0.0) + time.perf_counter() - t0
+
     bw = copy_bandwidth(stream)
     cu_major, cu_minor = drv.driver_version()
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), driver CUDA {cu_major}.{cu_minor}, "
@@ -462,8 +473,8 @@ def cmd_train(args) -> int:
     rows = []
     print(f"{'H':>5} {'system':>14} {'us/step':>9} {'steps/s':>9} {'vs best peer':>12} {'% floor':>8} {'test acc':>8}")
     for h in args.sizes:
-        ours = bench_rawgpu(h, args.steps, args.seed, mnist, args.device, steps_per_launch=args.steps_per_launch,
-                            fused_grid=args.fused_grid)
+        ours = clocked("rawgpu", bench_rawgpu, h, args.steps, args.seed, mnist, args.device,
+                     steps_per_launch=args.steps_per_launch, fused_grid=args.fused_grid)
         systems = [ours]
         for variant in args.rawgpu_variants:  # the other step implementations, for docs/perf.md
             try:
@@ -479,7 +490,7 @@ def cmd_train(args) -> int:
             systems[-1].pop("init")
         for p in peers:
             try:
-                systems.append(run_peer(p, h, args.steps, args.seed, peer_data, ours["init"]))
+                systems.append(clocked(p, run_peer, p, h, args.steps, args.seed, peer_data, ours["init"]))
             except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                 systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
         weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6  # DESIGN.md's 12 B per parameter
@@ -508,8 +519,12 @@ def cmd_train(args) -> int:
         print(f"{h:>5} {'floor':>14} {floor:>9.1f}   (weights at 12 B each {weight_floor:.1f} us at {bw:.0f} GB/s, "
               f"at the split master's 10 B {split_floor:.1f} us, rawgpu at {100 * split_floor / ours['us_per_step']:.0f}%"
               f" of that; {ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
+    wall["total"] = time.perf_counter() - started
+    print("# wall time (set-up, warm-up and compiles included): "
+          + ", ".join(f"{name} {sec:.1f} s" for name, sec in wall.items()), flush=True)
     results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
-                   date=str(dt.date.today()), copy_gbs=bw, steps=args.steps, batch=32, lr=0.003, rows=rows)
+                   date=str(dt.date.today()), copy_gbs=bw, steps=args.steps, batch=32, lr=0.003, rows=rows,
+                   wall_s=wall)
     (out / "bench_train.json").write_text(json.dumps(results, indent=1))
     print(f"# wrote {out / 'bench_train.json'}; {plot(results, out / 'bench_train.png')}")
     return 0
