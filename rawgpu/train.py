@@ -142,8 +142,7 @@ class Session:
             on_compile(f"compiling kernels for {arch} (first run only: the cubins are cached in "
                        f"{compiler.cache_dir()})")
         t = time.perf_counter()
-        for source in compiler.all_sources():
-            self.kernels.module(source)
+        self.kernels.load_all()
         ms = (time.perf_counter() - t) * 1e3
         self.compile_note = (f"kernels compiled in {ms / 1e3:.1f} s (first run)" if cold
                              else f"kernel cache warm ({ms:.0f} ms)")

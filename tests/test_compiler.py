@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rawgpu import compiler
@@ -158,3 +160,43 @@ def test_launcher_signatures_match_the_kernels_parameters(source, kernel, signat
     garbage, so the PTX parameter list (sizes and kinds; p and q are both 64-bit) must spell the same."""
     entry = compiler.ptx_of(source, "sm_90")[kernel]
     assert _ptx_kinds(entry) == signature.replace("q", "p")
+
+
+def test_load_all_builds_on_threads_and_loads_in_the_calling_thread(monkeypatch):
+    """A first run's builds go on worker threads (NVRTC releases the GIL), the largest source first; the modules
+    are loaded in the calling thread (its context is current), each source once; a build error reaches the caller."""
+    import threading
+
+    import rawgpu.kernels as K
+
+    built, loaded, main = [], [], threading.current_thread()
+
+    class FakeCompiled:
+        cubin, resources = b"", {}
+
+    def fake_compile(source, arch):
+        built.append((source, arch, threading.current_thread() is main))
+        return FakeCompiled()
+
+    class FakeModule:
+        def __init__(self, cubin, resources):
+            loaded.append(threading.current_thread() is main)
+
+    monkeypatch.setattr(K, "compile_source", fake_compile)
+    monkeypatch.setattr(K, "Module", FakeModule)
+    k = K.Kernels("sm_90")
+    k.load_all()
+    sources = compiler.all_sources()
+    assert sorted(s for s, _, _ in built) == sorted(sources) and {a for _, a, _ in built} == {"sm_90"}
+    assert loaded == [True] * len(sources) and set(k.modules) == set(sources)
+    if (os.cpu_count() or 1) > 1:
+        assert not any(on_main for _, _, on_main in built), "the builds must run on worker threads"
+    k.load_all()
+    assert len(built) == len(sources), "loaded sources are not built again"
+
+    def failing(source, arch):
+        raise CompileError(f"{source}: boom")
+
+    monkeypatch.setattr(K, "compile_source", failing)
+    with pytest.raises(CompileError, match="boom"):
+        K.Kernels("sm_90").load_all(["gemm.cu", "data.cu"])
