@@ -442,17 +442,18 @@ def plot(results: dict, path: Path) -> str:
 def cmd_train(args) -> int:
     from rawgpu.data import load_mnist
 
+    started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)  # an unusable --out fails here, before any GPU work
     device = drv.Device(args.device)
     stream = drv.Stream()
     kernels = Kernels(device.arch)
     mnist = load_mnist(args.data_dir)
-    started = time.perf_counter()
     peers, missing = available_peers(args.peers)
     for p, why in missing.items():
         print(f"# peer {p} skipped: {why}")
-    wall: dict[str, float] = {"start-up": time.perf_counter() - started}  # seconds per system, set-up included
+    # seconds per system, set-up included; start-up: the device, the dataset and the peers' imports
+    wall: dict[str, float] = {"start-up": time.perf_counter() - started}
 
     def clocked(system: str, fn, *a, **kw):
         t0 = time.perf_counter()
@@ -478,15 +479,17 @@ def cmd_train(args) -> int:
         systems = [ours]
         for variant in args.rawgpu_variants:  # the other step implementations, for docs/perf.md
             try:
-                systems.append(bench_rawgpu(h, args.steps, args.seed, mnist, args.device, kernels=variant,
-                                            steps_per_launch=args.steps_per_launch, fused_grid=args.fused_grid))
+                systems.append(clocked(f"rawgpu-{variant}", bench_rawgpu, h, args.steps, args.seed, mnist,
+                                       args.device, kernels=variant, steps_per_launch=args.steps_per_launch,
+                                       fused_grid=args.fused_grid))
                 systems[-1].pop("init")
             except RawgpuError as exc:  # e.g. the cluster step at a width it does not hold
                 systems.append(dict(system=f"rawgpu-{variant}", us_per_step=None, test_accuracy=None,
                                     note=f"n/a: {exc}"[:300]))
         for budget in args.l2_budgets if ours["step_kind"] == "layered" else []:  # the layered step's hints only
-            systems.append(bench_rawgpu(h, args.steps, args.seed, mnist, args.device, l2_budget=budget,
-                                        steps_per_launch=args.steps_per_launch, fused_grid=args.fused_grid))
+            systems.append(clocked(f"rawgpu-l2={budget:g}", bench_rawgpu, h, args.steps, args.seed, mnist,
+                                   args.device, l2_budget=budget, steps_per_launch=args.steps_per_launch,
+                                   fused_grid=args.fused_grid))
             systems[-1].pop("init")
         for p in peers:
             try:

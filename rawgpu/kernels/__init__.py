@@ -28,10 +28,12 @@ class Kernels:
 
     def module(self, source: str) -> Module:
         if source not in self.modules:
-            compiled = compile_source(source, self.arch)
-            self.compiled[source] = compiled
-            self.modules[source] = Module(compiled.cubin, compiled.resources)
+            self._load(source, compile_source(source, self.arch))
         return self.modules[source]
+
+    def _load(self, source: str, compiled: CompiledModule) -> None:
+        self.compiled[source] = compiled
+        self.modules[source] = Module(compiled.cubin, compiled.resources)
 
     def load_all(self, sources: list[str] | None = None) -> None:
         """Every source (default: all of rawgpu/cu) compiled through the cache and loaded. NVRTC releases the GIL,
@@ -44,8 +46,7 @@ class Kernels:
         with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
             built = list(pool.map(lambda s: compile_source(s, self.arch), todo))  # the first error is raised here
         for source, compiled in zip(todo, built):
-            self.compiled[source] = compiled
-            self.modules[source] = Module(compiled.cubin, compiled.resources)
+            self._load(source, compiled)
 
     def get(self, source: str, name: str, signature: str) -> Kernel:
         return self.module(source).kernel(name, signature)
