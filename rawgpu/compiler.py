@@ -1,8 +1,10 @@
 """NVRTC: our `.cu` sources -> cubin for one `sm_XY`, with the ptxas resource report and an on-disk cache.
 
 We always build a cubin (SASS) for the exact architecture, never PTX: the driver then has nothing to JIT,
-and an older driver than the NVRTC that built it still loads it. The cache key is a hash of every source
-and header text, the options, the NVRTC version and the arch, so any edit rebuilds and nothing stale loads.
+and an older driver than the NVRTC that built it still loads it. Every build also gets what rawgpu/contract.py
+says the source shares with Python (its -D defines and generated headers, held in memory). The cache key is a
+hash of every source and header text, the generated ones included, the options, the NVRTC version and the arch,
+so any edit rebuilds and nothing stale loads.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from . import contract
 from .errors import CompileError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -105,18 +108,27 @@ def source_texts() -> dict[str, bytes]:
     return {f"{p.parent.name}/{p.name}": p.read_bytes() for p in files}
 
 
-def cache_key(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None) -> str:
+Generated = tuple[tuple[str, ...], dict[str, str]]
+
+
+def cache_key(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None,
+              generated: Generated | None = None) -> str:
+    """generated: contract.build's (defines, headers) for this source and arch (default: asked for now)."""
     h = hashlib.sha256()
     texts = source_texts() if texts is None else texts
+    defines, headers = contract.build(source, arch) if generated is None else generated
     for name in sorted(texts):
         h.update(name.encode() + b"\0" + hashlib.sha256(texts[name]).digest())
-    h.update(repr((source, arch, BASE_OPTIONS, options, nvrtc_version())).encode())
+    for name in sorted(headers):
+        h.update(f"generated/{name}".encode() + b"\0" + hashlib.sha256(headers[name].encode()).digest())
+    h.update(repr((source, arch, BASE_OPTIONS, tuple(defines), options, nvrtc_version())).encode())
     return h.hexdigest()[:32]
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, \d+ bytes cumulative stack size)?"
+                   r"(?:, (\d+) bytes smem)?")
 
 
 def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
@@ -136,16 +148,22 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
     return out
 
 
-def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...], ptx: bool = False) -> CompiledModule:
-    """ptx: build compute_XY PTX instead of the cubin (CompiledModule.cubin then holds the PTX text)."""
+def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...], ptx: bool = False,
+                   generated: Generated | None = None) -> CompiledModule:
+    """ptx: build compute_XY PTX instead of the cubin (CompiledModule.cubin then holds the PTX text).
+    generated: contract.build's (defines, headers) for this source and arch (default: asked for now)."""
     nvrtc = _nvrtc()
     path = SOURCE_DIR / source
     if not path.is_file():
         raise CompileError(f"no kernel source {path}")
-    prog = _check(nvrtc.nvrtcCreateProgram(path.read_bytes(), source.encode(), 0, [], []), "nvrtcCreateProgram")
+    defines, headers = contract.build(source, arch) if generated is None else generated  # headers: included by name
+    prog = _check(nvrtc.nvrtcCreateProgram(path.read_bytes(), source.encode(), len(headers),
+                                           [text.encode() for text in headers.values()],
+                                           [name.encode() for name in headers]), "nvrtcCreateProgram")
     target = arch.replace("sm_", "compute_") if ptx else arch
     try:
-        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={target}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}", *options)]
+        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={target}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}",
+                                     *defines, *options)]
         result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = b" " * size
@@ -173,7 +191,7 @@ def ptx_of(source: str, arch: str | tuple[int, int]) -> dict[str, str]:
 
 def _write_cache(path: Path, module: CompiledModule) -> None:
     meta = {"source": module.source, "arch": module.arch, "sha256": hashlib.sha256(module.cubin).hexdigest(),
-            "resources": [asdict(r) for r in module.resources.values()], "log": module.log}
+            "log": module.log}
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
@@ -198,15 +216,16 @@ def _read_cache(path: Path) -> CompiledModule | None:
         meta = json.loads(header)
         if hashlib.sha256(cubin).hexdigest() != meta["sha256"]:
             raise ValueError("cubin hash mismatch")
-        resources = {r["name"]: KernelResources(**r) for r in meta["resources"]}
-        return CompiledModule(meta["source"], meta["arch"], cubin, resources, meta.get("log", ""), cached=True)
+        log = meta["log"]  # the report is parsed again, so a fixed parser also reads the entries built before it
+        return CompiledModule(meta["source"], meta["arch"], cubin, parse_ptxas_report(log), log, cached=True)
     except (ValueError, KeyError, TypeError):
         path.unlink(missing_ok=True)
         return None
 
 
-def _cache_path(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None) -> Path:
-    return cache_dir() / f"{Path(source).stem}-{arch}-{cache_key(source, arch, options, texts)}.cubin"
+def _cache_path(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None,
+                generated: Generated | None = None) -> Path:
+    return cache_dir() / f"{Path(source).stem}-{arch}-{cache_key(source, arch, options, texts, generated)}.cubin"
 
 
 def is_cached(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = ()) -> bool:
@@ -219,10 +238,11 @@ def compile_source(source: str, arch: str | tuple[int, int], options: tuple[str,
     """Build `rawgpu/cu/<source>` for `arch`, from the cache when an identical build exists."""
     arch = normalize_arch(arch)
     options = tuple(options)
-    path = _cache_path(source, arch, options, texts)
+    generated = contract.build(source, arch)  # one answer for the key and the build
+    path = _cache_path(source, arch, options, texts, generated)
     if use_cache and (hit := _read_cache(path)) is not None:
         return hit
-    module = _nvrtc_compile(source, arch, options)
+    module = _nvrtc_compile(source, arch, options, generated=generated)
     if use_cache:
         try:
             _write_cache(path, module)

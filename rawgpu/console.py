@@ -51,7 +51,7 @@ class RunInfo:
     steps_per_graph: int
     pci_bus_id: str | None = None  # finds the same GPU in NVML, whose device order may differ from CUDA's
     compile_note: str = ""
-    step_kernels: str = ""  # "fused: 1 persistent kernel, ..." or "layered: 19 kernels"
+    step: str = ""  # how a step runs (Step.describe): "fused: 1 persistent kernel, ..." or "layered: 18 kernels"
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def header_rows(info: RunInfo) -> list[tuple[str, str]]:
             ("recipe", (f"batch {info.batch}, {info.epochs} epochs x {info.steps_per_epoch} steps = "
                         f"{info.total_steps} steps, lr {info.lr:g} ({info.schedule}), momentum {info.momentum:g}, "
                         f"{info.accum} accum")),
-            ("launch", f"{launch}; {info.step_kernels}" if info.step_kernels else launch)]
+            ("launch", f"{launch}; {info.step}" if info.step else launch)]
     return rows + [("kernels", info.compile_note)] if info.compile_note else rows
 
 

@@ -1,7 +1,9 @@
-"""The CUDA driver, checked: one `check()`, the primary context, streams, events, modules and launches.
+"""The CUDA driver, checked: one `check()`, the primary context, streams, events, memory, modules, launches, graphs.
 
 Everything goes through `cuda.bindings.driver`, whose calls return `(CUresult, *values)`; `check()` turns a
-non-success result into a `CudaError` that names the call and the error. No model code lives here.
+non-success result into a `CudaError` that names the call and the error. This is the only module that touches the
+bindings (tests/test_layering.py holds the rest of rawgpu to that), so a change of binding version or error policy
+has one place to go. No model code lives here.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-from .errors import CudaError, NoDeviceError
+from .errors import CudaError, NoDeviceError, OutOfMemoryError
 
 STATIC_SHARED_LIMIT = 48 * 1024  # beyond this a kernel must opt in to dynamic shared memory
 
@@ -96,6 +98,12 @@ def driver_version() -> tuple[int, int]:
     return v // 1000, (v % 1000) // 10
 
 
+def device_count() -> int:
+    """How many CUDA GPUs the driver sees; initialises the driver first, since it cannot count before cuInit."""
+    init()
+    return call(_cu().cuDeviceGetCount)
+
+
 def _driver_too_old_message() -> str:
     try:
         major, minor = driver_version()
@@ -132,7 +140,7 @@ class Device:
     def __init__(self, index: int = 0):
         init()
         cu = _cu()
-        count = call(cu.cuDeviceGetCount)
+        count = device_count()
         if count == 0:
             raise NoDeviceError("no CUDA GPU found; rawgpu needs an NVIDIA GPU")
         if not 0 <= index < count:
@@ -168,10 +176,10 @@ class Device:
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes on the device right now."""
-        return call(_cu().cuMemGetInfo)
+        return mem_info()
 
     def synchronize(self) -> None:
-        call(_cu().cuCtxSynchronize)
+        context_synchronize()
 
     def close(self) -> None:
         if not self._released:
@@ -222,6 +230,69 @@ class Event:
         if self.handle is not None:
             call(_cu().cuEventDestroy, self.handle)
             self.handle = None
+
+
+# --- memory and copies ----------------------------------------------------------------------------------------
+# Plain driver calls on the current context. None of them waits for kernels on our non-blocking streams: callers
+# that need that ordering (memory.Tensor does) call context_synchronize() around them.
+
+def context_synchronize() -> None:
+    """Wait until every stream of the current context has finished its queued work."""
+    call(_cu().cuCtxSynchronize)
+
+
+def mem_info() -> tuple[int, int]:
+    """(free, total) bytes on the current device."""
+    return call(_cu().cuMemGetInfo)
+
+
+def mem_alloc(nbytes: int) -> int:
+    """A new device allocation's address. The driver running out of memory is OutOfMemoryError, the same type a
+    plan that does not fit gets, so callers catch one error for "too big" wherever it was found."""
+    result = _cu().cuMemAlloc(nbytes)
+    if int(result[0]) != 0:
+        name, _ = error_text(result[0])
+        if name == "CUDA_ERROR_OUT_OF_MEMORY":
+            raise OutOfMemoryError(f"not enough GPU memory: cuMemAlloc({nbytes} B) failed: {name}")
+    return int(check(result, "cuMemAlloc"))
+
+
+def mem_free(ptr: int) -> None:
+    call(_cu().cuMemFree, int(ptr))
+
+
+def _host_buffer(array: Any, writable: bool) -> tuple[int, int]:
+    """(address, bytes) of a numpy array's memory; a strided view would copy the wrong bytes, so it is refused."""
+    if not array.flags.c_contiguous:
+        raise ValueError("host array must be C-contiguous (use numpy.ascontiguousarray)")
+    if writable and not array.flags.writeable:
+        raise ValueError("host array to copy into is read-only")
+    return array.ctypes.data, array.nbytes
+
+
+def copy_host_to_device(ptr: int, host: Any) -> None:
+    """Copy all of a contiguous numpy array to device address `ptr` (an empty array copies nothing).
+    From pageable memory the call may return before the data has landed: synchronise before reading it back."""
+    address, nbytes = _host_buffer(host, writable=False)
+    if nbytes:
+        call(_cu().cuMemcpyHtoD, int(ptr), address, nbytes)
+
+
+def copy_device_to_host(host: Any, ptr: int) -> None:
+    """Fill a contiguous numpy array from device address `ptr`; returns once the bytes are in `host`."""
+    address, nbytes = _host_buffer(host, writable=True)
+    if nbytes:
+        call(_cu().cuMemcpyDtoH, address, int(ptr), nbytes)
+
+
+def copy_device_to_device_async(dst: int, src: int, nbytes: int, stream: Stream) -> None:
+    """Queue a device-to-device copy on `stream`, ordered with the kernels there (e.g. to time a copy)."""
+    call(_cu().cuMemcpyDtoDAsync, int(dst), int(src), nbytes, stream.handle)
+
+
+def memset_d8(ptr: int, byte: int, nbytes: int) -> None:
+    """Set `nbytes` bytes at `ptr` to `byte`. Asynchronous, and not ordered with non-blocking streams."""
+    call(_cu().cuMemsetD8, int(ptr), byte, nbytes)
 
 
 # --- kernel arguments -----------------------------------------------------------------------------------------
@@ -460,3 +531,96 @@ class Launch:
 def launch(kernel: Kernel, grid: Any, block: Any, shared_bytes: int, stream: Stream, *args: Any) -> None:
     """Pack and launch in one go (for one-off launches; hot paths keep a `Launch` from `kernel.bind`)."""
     kernel.bind(grid, block, shared_bytes, *args).run(stream)
+
+
+# --- CUDA graphs ----------------------------------------------------------------------------------------------
+# Handles in, handles or plain Python values out: graph.py builds capture, replay and inspection on these.
+
+def begin_capture(stream: Stream) -> None:
+    """Start recording `stream` into a graph. Thread-local mode: only this thread's unsafe calls (a synchronize,
+    a blocking copy) break the capture, so other threads' driver work cannot spoil it."""
+    mode = _cu().CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    call(_cu().cuStreamBeginCapture, stream.handle, mode)
+
+
+def end_capture(stream: Stream, discard: bool = False) -> Any:
+    """Stop recording `stream` and return the captured graph. A failed capture raises CudaError and `discard`
+    returns None; either way the partial graph is destroyed here, so none leaks."""
+    cu = _cu()
+    err, graph = cu.cuStreamEndCapture(stream.handle)[:2]
+    if (int(err) != 0 or discard) and graph is not None and int(graph) != 0:
+        cu.cuGraphDestroy(graph)  # unchecked: the capture's own outcome is what the caller reports
+        graph = None
+    check((err,), "cuStreamEndCapture")
+    return graph
+
+
+def graph_instantiate(graph: Any) -> Any:
+    return check(_cu().cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+
+def graph_launch(graph_exec: Any, stream: Stream) -> None:
+    call(_cu().cuGraphLaunch, graph_exec, stream.handle)
+
+
+def graph_upload(graph_exec: Any, stream: Stream) -> None:
+    """Move an executable graph's launch resources to the device now rather than during its first launch."""
+    call(_cu().cuGraphUpload, graph_exec, stream.handle)
+
+
+def graph_nodes(graph: Any) -> list[Any]:
+    """Every node handle, in the driver's order (asked twice: first for the count, then for the handles)."""
+    cu = _cu()
+    _, count = check(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")
+    handles, _ = check(cu.cuGraphGetNodes(graph, count), "cuGraphGetNodes")
+    return list(handles[:count])
+
+
+def graph_edges(graph: Any) -> list[tuple[Any, Any, str]]:
+    """(from, to, kind) node handles; kind "programmatic" where `to` may start while `from` still runs
+    (programmatic dependent launch), else "default"."""
+    cu = _cu()
+    # CUDA 12 bindings return the edge types only from the _v2 call; CUDA 13's cuGraphGetEdges returns them itself
+    get = getattr(cu, "cuGraphGetEdges_v2", cu.cuGraphGetEdges)
+    count = call(get, graph, 0)[-1]
+    if count == 0:
+        return []
+    res = call(get, graph, count)
+    data = res[2] if len(res) > 3 else [None] * count  # bindings without edge data: every edge is a default one
+    programmatic = int(cu.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
+    kinds = ["programmatic" if d is not None and int(d.type) == programmatic else "default" for d in data[:count]]
+    return list(zip(res[0][:count], res[1][:count], kinds))
+
+
+def graph_node_type(node: Any) -> str:
+    """The node's type as a short name: "kernel", "memset", "empty", ..."""
+    kind = call(_cu().cuGraphNodeGetType, node)
+    return kind.name.replace("CU_GRAPH_NODE_TYPE_", "").lower()
+
+
+def graph_kernel_node(node: Any) -> tuple[str, tuple[int, int, int], tuple[int, int, int], int]:
+    """A kernel node's (kernel name, grid, block, dynamic shared bytes)."""
+    p = call(_cu().cuGraphKernelNodeGetParams, node)
+    return (function_name(p.func), (p.gridDimX, p.gridDimY, p.gridDimZ), (p.blockDimX, p.blockDimY, p.blockDimZ),
+            p.sharedMemBytes)
+
+
+def function_name(func: Any) -> str:
+    """The name a kernel function was compiled under (graphs hold functions, not our Kernel objects)."""
+    name = call(_cu().cuFuncGetName, func)
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def graph_debug_dot(graph: Any, path: str, verbose: bool = True) -> None:
+    """Write the driver's own DOT description of `graph` to `path`; verbose lists every parameter of every node."""
+    cu = _cu()
+    flags = cu.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE if verbose else 0
+    call(cu.cuGraphDebugDotPrint, graph, str(path).encode(), int(flags))
+
+
+def graph_exec_destroy(graph_exec: Any) -> None:
+    call(_cu().cuGraphExecDestroy, graph_exec)
+
+
+def graph_destroy(graph: Any) -> None:
+    call(_cu().cuGraphDestroy, graph)

@@ -31,3 +31,7 @@ class GraphCaptureError(RawgpuError):
 
 class DataError(RawgpuError):
     """A dataset file is missing, truncated, corrupt or of the wrong kind."""
+
+
+class StepUnsupported(RawgpuError, ValueError):
+    """A step kind asked for by name cannot run this recipe on this GPU; the message says why."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import driver as drv
-from .driver import Stream, call, check
+from .driver import Stream
 from .errors import CudaError, GraphCaptureError
 
 
@@ -31,46 +31,23 @@ class Graph:
     """A captured graph and its executable instance."""
 
     def __init__(self, graph: Any):
-        cu = drv._cu()
         self.graph = graph
-        self.exec = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        self._handles = self._node_handles()
+        self.exec = drv.graph_instantiate(graph)
+        self._handles = self._topological(drv.graph_nodes(graph))
 
     def launch(self, stream: Stream) -> None:
-        check(drv._cu().cuGraphLaunch(self.exec, stream.handle), "cuGraphLaunch")
+        drv.graph_launch(self.exec, stream)
 
     def upload(self, stream: Stream) -> None:
         """Move the executable's launch resources to the device now, not during the first timed launch."""
-        check(drv._cu().cuGraphUpload(self.exec, stream.handle), "cuGraphUpload")
-
-    def _node_handles(self) -> list[Any]:
-        cu = drv._cu()
-        _, count = check(cu.cuGraphGetNodes(self.graph, 0), "cuGraphGetNodes")
-        handles, _ = check(cu.cuGraphGetNodes(self.graph, count), "cuGraphGetNodes")
-        return self._topological(list(handles[:count]))
-
-    def _raw_edges(self) -> list[tuple[Any, Any, str]]:
-        """(from, to, kind) handles; kind "programmatic" where the later kernel may start while the earlier one
-        runs (a launch with programmatic stream serialization captured), else "default"."""
-        cu = drv._cu()
-        # CUDA 12 bindings keep the edge data in the _v2 call; CUDA 13's cuGraphGetEdges returns it itself
-        get = getattr(cu, "cuGraphGetEdges_v2", cu.cuGraphGetEdges)
-        res = check(get(self.graph, 0), "cuGraphGetEdges")
-        count = res[-1]
-        if count == 0:
-            return []
-        res = check(get(self.graph, count), "cuGraphGetEdges")
-        data = res[2] if len(res) > 3 else [None] * count
-        programmatic = int(cu.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
-        kinds = ["programmatic" if d is not None and int(d.type) == programmatic else "default" for d in data[:count]]
-        return list(zip(res[0][:count], res[1][:count], kinds))
+        drv.graph_upload(self.exec, stream)
 
     def _topological(self, handles: list[Any]) -> list[Any]:
         """Order nodes so that each comes after everything it depends on (Kahn's algorithm, stable)."""
         key = {int(h): i for i, h in enumerate(handles)}
         deps = {i: 0 for i in range(len(handles))}
         succ: dict[int, list[int]] = {i: [] for i in range(len(handles))}
-        for a, b, _ in self._raw_edges():
+        for a, b, _ in drv.graph_edges(self.graph):
             succ[key[int(a)]].append(key[int(b)])
             deps[key[int(b)]] += 1
         ready = [i for i in range(len(handles)) if deps[i] == 0]
@@ -86,17 +63,11 @@ class Graph:
 
     def nodes(self) -> list[Node]:
         """Every node in execution (topological) order, with kernel name, grid, block and shared bytes."""
-        cu = drv._cu()
         out = []
         for i, h in enumerate(self._handles):
-            kind = check(cu.cuGraphNodeGetType(h), "cuGraphNodeGetType")
-            type_name = kind.name.replace("CU_GRAPH_NODE_TYPE_", "").lower()
+            type_name = drv.graph_node_type(h)
             if type_name == "kernel":
-                p = check(cu.cuGraphKernelNodeGetParams(h), "cuGraphKernelNodeGetParams")
-                name = check(cu.cuFuncGetName(p.func), "cuFuncGetName")
-                name = name.decode() if isinstance(name, bytes) else str(name)
-                out.append(Node(i, type_name, name, (p.gridDimX, p.gridDimY, p.gridDimZ),
-                                (p.blockDimX, p.blockDimY, p.blockDimZ), p.sharedMemBytes))
+                out.append(Node(i, type_name, *drv.graph_kernel_node(h)))
             else:
                 out.append(Node(i, type_name))
         return out
@@ -109,23 +80,20 @@ class Graph:
         """Dependencies as (from, to, kind): kind "programmatic" where `to` may start while `from` still runs and
         waits for it inside the kernel (programmatic dependent launch), "default" where it starts after."""
         index = {int(h): i for i, h in enumerate(self._handles)}
-        return [(index[int(a)], index[int(b)], kind) for a, b, kind in self._raw_edges()]
+        return [(index[int(a)], index[int(b)], kind) for a, b, kind in drv.graph_edges(self.graph)]
 
     def to_dot(self, path: str | Path, verbose: bool = True) -> Path:
         """Write the driver's own DOT description (every parameter of every node) to `path`."""
-        cu = drv._cu()
-        flags = cu.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE if verbose else 0
         path = Path(path)
-        call(cu.cuGraphDebugDotPrint, self.graph, str(path).encode(), int(flags))
+        drv.graph_debug_dot(self.graph, str(path), verbose)
         return path
 
     def close(self) -> None:
-        cu = drv._cu()
         if self.exec is not None:
-            check(cu.cuGraphExecDestroy(self.exec), "cuGraphExecDestroy")
+            drv.graph_exec_destroy(self.exec)
             self.exec = None
         if self.graph is not None:
-            check(cu.cuGraphDestroy(self.graph), "cuGraphDestroy")
+            drv.graph_destroy(self.graph)
             self.graph = None
 
 
@@ -135,28 +103,24 @@ def capture(stream: Stream, fn: Callable[[], Any]) -> Graph:
     If `fn` raises or does something capture forbids (a synchronize, a blocking copy), capture is ended, the
     partial graph destroyed and GraphCaptureError raised; the stream is usable again afterwards.
     """
-    cu = drv._cu()
-    mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-    call(cu.cuStreamBeginCapture, stream.handle, mode)
+    drv.begin_capture(stream)
     failure: BaseException | None = None
     try:
         fn()
     except BaseException as exc:  # noqa: BLE001 - always end the capture, then re-raise below
         failure = exc
-    result = cu.cuStreamEndCapture(stream.handle)
-    err, graph = result[0], result[1]
-    ok = int(err) == 0 and failure is None
-    if not ok:
-        if graph is not None and int(graph) != 0:
-            cu.cuGraphDestroy(graph)
-        if isinstance(failure, KeyboardInterrupt):
-            raise failure
-        if failure is not None:
-            why = str(failure) if isinstance(failure, CudaError) else f"{failure.__class__.__name__}: {failure}"
-            if isinstance(failure, CudaError) and "CAPTURE" in failure.name:
-                why += " -- that call is not allowed while a stream is being captured"
-            raise GraphCaptureError(f"graph capture failed: {why}") from failure
-        name, _ = drv.error_text(err)
-        raise GraphCaptureError(f"graph capture failed: cuStreamEndCapture: {name} (an operation inside the "
-                                "captured function is not allowed during capture, e.g. a synchronize)")
-    return Graph(graph)
+    try:
+        graph = drv.end_capture(stream, discard=failure is not None)
+    except CudaError as exc:
+        if failure is None:
+            raise GraphCaptureError(f"graph capture failed: cuStreamEndCapture: {exc.name} (an operation inside the "
+                                    "captured function is not allowed during capture, e.g. a synchronize)") from None
+        # else the function's own failure, reported below, says more than the broken capture it caused
+    if failure is None:
+        return Graph(graph)
+    if isinstance(failure, KeyboardInterrupt):
+        raise failure
+    why = str(failure) if isinstance(failure, CudaError) else f"{failure.__class__.__name__}: {failure}"
+    if isinstance(failure, CudaError) and "CAPTURE" in failure.name:
+        why += " -- that call is not allowed while a stream is being captured"
+    raise GraphCaptureError(f"graph capture failed: {why}") from failure

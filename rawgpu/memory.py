@@ -1,7 +1,7 @@
 """Device memory: an Arena plans every named buffer up front and makes ONE allocation; Tensors are views into it.
 
 Planning is plain Python (offsets, alignment, sizes), so it is tested without a GPU, and a plan that does not
-fit is refused with needed-vs-free bytes before anything is allocated. Nothing else in rawgpu calls cuMemAlloc.
+fit is refused with needed-vs-free bytes before anything is allocated. Nothing else in rawgpu allocates device memory.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from . import driver as drv
 from .errors import OutOfMemoryError, RawgpuError
 
 ALIGNMENT = 256  # bytes; >= every vector width and cp.async/ldmatrix need, and what cuMemAlloc itself gives
@@ -67,32 +68,26 @@ class Tensor:
 
     def upload(self, array: np.ndarray) -> None:
         """Copy a host array in; waits for queued device work first so the copy is ordered after it."""
-        from . import driver as drv
-
         host = self._check_host(np.asarray(array))
-        drv.call(drv._cu().cuCtxSynchronize)
+        drv.context_synchronize()
         if host.nbytes:
-            drv.call(drv._cu().cuMemcpyHtoD, self.ptr, host.ctypes.data, host.nbytes)
+            drv.copy_host_to_device(self.ptr, host)
         # A pageable copy may return before its DMA lands, and it is not ordered with non-blocking streams.
-        drv.call(drv._cu().cuCtxSynchronize)
+        drv.context_synchronize()
 
     def download(self) -> np.ndarray:
         """A new host array with the tensor's contents, after all queued device work has finished."""
-        from . import driver as drv
-
         out = np.empty(self.shape, self.dtype)
-        drv.call(drv._cu().cuCtxSynchronize)
+        drv.context_synchronize()
         if out.nbytes:
-            drv.call(drv._cu().cuMemcpyDtoH, out.ctypes.data, self.ptr, out.nbytes)
+            drv.copy_device_to_host(out, self.ptr)
         return out
 
     def fill_bytes(self, byte: int) -> None:
         """Set every byte (e.g. 0xFF makes fp16/fp32 NaN: the poison tests use before a kernel runs)."""
-        from . import driver as drv
-
-        drv.call(drv._cu().cuCtxSynchronize)
-        drv.call(drv._cu().cuMemsetD8, self.ptr, byte & 0xFF, self.nbytes)
-        drv.call(drv._cu().cuCtxSynchronize)  # the memset is asynchronous and unordered with our streams
+        drv.context_synchronize()
+        drv.memset_d8(self.ptr, byte & 0xFF, self.nbytes)
+        drv.context_synchronize()  # the memset is asynchronous and unordered with our streams
 
     def __repr__(self) -> str:
         return f"Tensor({self.name}, shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
@@ -150,33 +145,25 @@ class Arena:
 
     def allocate(self, device: Any = None) -> "Arena":
         """Make the single device allocation; refuse up front (needed vs free) when it cannot fit."""
-        from . import driver as drv
-
-        cu = drv._cu()
         drv.init()
-        free, total = drv.call(cu.cuMemGetInfo)
+        free, total = drv.mem_info()
         need = self.peak_bytes
         if need > free:
             raise OutOfMemoryError(f"not enough GPU memory: need {format_bytes(need)} ({need} B), "
                                    f"{format_bytes(free)} free of {format_bytes(total)}")
-        result = cu.cuMemAlloc(need)
-        if int(result[0]) != 0:
-            name, _ = drv.error_text(result[0])
-            if name == "CUDA_ERROR_OUT_OF_MEMORY":
-                raise OutOfMemoryError(f"not enough GPU memory: cuMemAlloc of {format_bytes(need)} failed "
-                                       f"with {format_bytes(free)} reported free")
-            drv.check(result, "cuMemAlloc")
-        self.base = int(result[1])
+        try:
+            self.base = drv.mem_alloc(need)
+        except OutOfMemoryError as exc:  # fitted the free figure, yet the driver refused: say both sizes
+            raise OutOfMemoryError(f"not enough GPU memory: cuMemAlloc of {format_bytes(need)} failed "
+                                   f"with {format_bytes(free)} reported free") from exc
         self._allocated = True
         return self
 
     def zero(self) -> None:
         """Every byte of the allocation = 0, so padding and counters start defined (cuMemAlloc does not clear)."""
-        from . import driver as drv
-
-        drv.call(drv._cu().cuCtxSynchronize)
-        drv.call(drv._cu().cuMemsetD8, self.base, 0, self.peak_bytes)
-        drv.call(drv._cu().cuCtxSynchronize)
+        drv.context_synchronize()
+        drv.memset_d8(self.base, 0, self.peak_bytes)
+        drv.context_synchronize()
 
     @property
     def allocated(self) -> bool:
@@ -184,9 +171,7 @@ class Arena:
 
     def close(self) -> None:
         if self._allocated:
-            from . import driver as drv
-
-            drv.call(drv._cu().cuMemFree, self.base)
+            drv.mem_free(self.base)
             self._allocated = False
             self.base = 0
 

@@ -7,87 +7,65 @@ lr 0.05 with a cosine decay to 0 over the run, 8 epochs, fp32 accumulation, seed
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import NoDeviceError, RawgpuError
+from . import recipe as rc
+from . import steps
+from .errors import RawgpuError, StepUnsupported
 
-DEFAULTS = dict(hidden=256, layers=3, batch=128, epochs=8, lr=0.05, momentum=0.9, schedule="cosine", warmup=0,
-                accum="fp32", seed=0, steps_per_graph=1, kernels="auto")
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
+RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "lr", "momentum", "schedule", "warmup", "accum", "seed")
 
 
-def _number(kind, low=None, high=None, low_open=False, what="value"):
-    """An argparse type: parse `kind`, then check the range, so errors read 'must be ...' with the bad value."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-        if low is not None and (value <= low if low_open else value < low):
-            raise argparse.ArgumentTypeError(f"must be {'>' if low_open else '>='} {low}, got {text}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be <= {high}, got {text}")
-        return value
-    parse.__name__ = what  # argparse names the type in some messages
-    return parse
+def _count(low: int, high: int | None = None, what: str = "count"):
+    """An argparse type for the run options that are not part of the recipe."""
+    return rc._argument_type(what, rc.Option(None, int, low, high))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = DEFAULTS
     p = argparse.ArgumentParser(
         prog="python -m rawgpu.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 done, 1 runtime error (no GPU, out of memory, data), 2 bad arguments, 130 Ctrl-C.")
-    m = p.add_argument_group("model")
-    m.add_argument("--hidden", type=_number(int, 1, what="width"), default=d["hidden"],
-                   help=f"hidden layer width (default {d['hidden']}; multiples of 64 are the fast path)")
-    m.add_argument("--layers", type=_number(int, 1, 64, what="count"), default=d["layers"],
-                   help=f"number of hidden layers (default {d['layers']})")
+    rc.add_options(p.add_argument_group("model"), RECIPE_OPTIONS[:2])
     o = p.add_argument_group("optimisation")
-    o.add_argument("--batch", type=_number(int, 1, 60000, what="size"), default=d["batch"],
-                   help=f"batch size, 1..60000 (default {d['batch']})")
-    o.add_argument("--epochs", type=_number(int, 1, what="count"), default=d["epochs"],
-                   help=f"passes over the 60k training images (default {d['epochs']})")
-    o.add_argument("--steps", type=_number(int, 1, what="count"), default=None,
+    rc.add_options(o, RECIPE_OPTIONS[2:4])
+    o.add_argument("--steps", type=_count(1), default=None,
                    help="total training steps; overrides --epochs (the benchmark workload uses 5000)")
-    o.add_argument("--lr", type=_number(float, 0.0, low_open=True, what="rate"), default=d["lr"],
-                   help=f"peak learning rate (default {d['lr']})")
-    o.add_argument("--momentum", type=_number(float, 0.0, 0.999, what="momentum"), default=d["momentum"],
-                   help=f"SGD momentum, 0 for plain SGD (default {d['momentum']})")
-    o.add_argument("--schedule", choices=("constant", "cosine", "linear"), default=d["schedule"],
-                   help=f"learning-rate schedule over the run (default {d['schedule']}: decays to 0)")
-    o.add_argument("--warmup", type=_number(int, 0, what="steps"), default=d["warmup"],
-                   help="linear warm-up steps for cosine/linear (default 0)")
-    o.add_argument("--accum", choices=("fp32", "fp16"), default=d["accum"],
-                   help="GEMM accumulator precision (default fp32)")
-    o.add_argument("--seed", type=_number(int, 0, 2**63 - 1, what="seed"), default=d["seed"],
-                   help="seed for the initial weights and the shuffles (default 0)")
+    rc.add_options(o, RECIPE_OPTIONS[4:])
     r = p.add_argument_group("run")
     r.add_argument("--data-dir", default=None, help="directory with the four MNIST IDX files (raw or .gz); "
                    "default: $RAWGPU_DATA, then the cache, then download")
-    r.add_argument("--device", type=_number(int, 0, what="index"), default=0, help="GPU index (default 0)")
+    r.add_argument("--device", type=_count(0, what="index"), default=0, help="GPU index (default 0)")
     r.add_argument("--no-graph", action="store_true",
                    help="launch the same kernels one by one instead of one CUDA graph per step (for comparison)")
-    r.add_argument("--steps-per-graph", type=_number(int, 1, 1000, what="count"), default=d["steps_per_graph"],
-                   help=f"training steps captured into one graph (default {d['steps_per_graph']})")
-    r.add_argument("--kernels", choices=("auto", "cluster", "fused", "layered"), default=d["kernels"],
-                   help="cluster: one thread-block cluster keeps the model in shared memory (sm_90, batch <= 32, "
-                        "momentum 0, hidden <= 128 at 3 layers); fused: the whole step in one persistent kernel; "
-                        "layered: one kernel per layer and role (8-19 at 3 hidden layers); auto (default): cluster, "
-                        "else layered where it is 8 kernels (sm_90, batch <= 32, momentum 0, fp32 accumulation), else "
-                        "fused (fp32 accumulation, hidden <= 512), else layered, whichever applies first")
+    r.add_argument("--steps-per-graph", type=_count(1, 1000), default=1,
+                   help="training steps captured into one graph (default 1)")
+    add_step_option(r)
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
                         "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     return p
+
+
+def add_step_option(parser) -> None:
+    """`--step` (alias `--kernels`): the step kind, with the chooser's own rule as help (every CLI shares it)."""
+    parser.add_argument("--step", "--kernels", dest="step", choices=steps.CHOICES, default="auto",
+                        help=steps.help_text())
+
+
+def check_step_option(parser: argparse.ArgumentParser, recipe: rc.Recipe, kind: str) -> None:
+    """A named step kind that cannot run the recipe is a usage error before any GPU work. The recipe's limits are
+    checked against the most capable GPU here; the GPU's own arch is checked once it is open."""
+    try:
+        steps.choose(recipe, "sm_90", kind)
+    except StepUnsupported as exc:
+        parser.error(f"argument --step: {exc}")
 
 
 @dataclass
@@ -103,91 +81,15 @@ class Plan:
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    spe = 60000 // args.batch
-    total = args.steps if args.steps is not None else args.epochs * spe
-    return Plan(-(-total // spe), total, spe)
+    total, epochs = rc.run_length(args.batch, args.epochs, args.steps)
+    return Plan(epochs, total, rc.TRAIN_ROWS // args.batch)
 
 
-def make_recipe(args: argparse.Namespace, plan: Plan):
-    from .mlp import Recipe
-
-    return Recipe(hidden=args.hidden, layers=args.layers, batch=args.batch, lr=args.lr, momentum=args.momentum,
-                  schedule=args.schedule, warmup_steps=args.warmup, lr_min=0.0, total_steps=plan.total_steps,
-                  accum=args.accum, seed=args.seed)
+def make_recipe(args: argparse.Namespace, plan: Plan) -> rc.Recipe:
+    return rc.from_args(args, plan.total_steps)
 
 
-class Session:
-    """Device, compiled kernels and the planned, allocated model: everything training and inspect_graph share."""
-
-    def __init__(self, recipe, device_index: int = 0, on_compile=None, kernels: str = "auto",
-                 fused_grid: int | None = None, overlap: bool = True, l2_budget: float | None = None):
-        from . import compiler
-        from .driver import Device, Stream
-        from .kernels import Kernels
-        from .kernels.l2 import DEFAULT_BUDGET
-        from .mlp import MLP, STEP_KINDS
-
-        if kernels not in STEP_KINDS:  # a bad value fails before any GPU work
-            raise ValueError(f"kernels must be one of {', '.join(STEP_KINDS)}, got {kernels!r}")
-        self.device = Device(device_index)
-        arch = self.device.arch
-        if arch not in compiler.supported_archs():
-            raise NoDeviceError(f"{self.device.name} is {arch}; this NVRTC builds for "
-                                f"{', '.join(compiler.supported_archs())} (rawgpu needs sm_80 or newer)")
-        if self.device.compute_capability < (8, 0):
-            raise NoDeviceError(f"{self.device.name} is {arch}: rawgpu needs sm_80 or newer (mma.sync, cp.async)")
-        self.kernels = Kernels(arch)
-        cold = [s for s in compiler.all_sources() if not compiler.is_cached(s, arch)]
-        if cold and on_compile:
-            on_compile(f"compiling kernels for {arch} (first run only: the cubins are cached in "
-                       f"{compiler.cache_dir()})")
-        t = time.perf_counter()
-        self.kernels.load_all()
-        ms = (time.perf_counter() - t) * 1e3
-        self.compile_note = (f"kernels compiled in {ms / 1e3:.1f} s (first run)" if cold
-                             else f"kernel cache warm ({ms:.0f} ms)")
-        self.stream = Stream()
-        try:
-            model = MLP(self.kernels, recipe, self.device.sm_count, step=kernels, fused_grid=fused_grid,
-                        overlap=overlap, l2_bytes=self.device.l2_bytes,
-                        l2_budget=DEFAULT_BUDGET if l2_budget is None else l2_budget)
-        except ValueError as exc:
-            raise RawgpuError(f"--kernels {kernels}: {exc}") from None
-        self.model = model.allocate()
-        self.step = self.model.step_launches()
-
-    @property
-    def step_kernels(self) -> str:
-        """How a step runs, for headers: the cluster or fused kernel's grid, or the layered kernel count."""
-        if self.model.cluster:
-            p = self.model.cluster_plan
-            return (f"cluster: 1 kernel, {p.ctas} CTAs sharing the model in shared memory "
-                    f"({p.smem_bytes // 1024} KB each)")
-        if self.model.fused:
-            launch = self.step[0]
-            return f"fused: 1 persistent kernel, {launch.grid[0]} blocks x {launch.block[0]} threads"
-        how = ", each overlapping the one before (programmatic dependent launch)" if self.model.overlap else ""
-        return f"layered: {len(self.step)} kernels{how}"
-
-    def capture_step(self, steps: int = 1):
-        """The training step, `steps` times over, as one instantiated graph (uploaded, ready to launch)."""
-        from .graph import capture
-        from .mlp import run_launches
-
-        graph = capture(self.stream, run_launches(self.model.step_launches(steps), self.stream))
-        graph.upload(self.stream)
-        return graph
-
-    def capture_eval(self):
-        from .graph import capture
-        from .mlp import run_launches
-
-        graph = capture(self.stream, run_launches(self.model.eval_launches(), self.stream))
-        graph.upload(self.stream)
-        return graph
-
-
-def _run_info(session: Session, args, plan: Plan):
+def _run_info(session, args, plan: Plan):
     from . import compiler, driver
     from .console import RunInfo
 
@@ -208,7 +110,7 @@ def _run_info(session: Session, args, plan: Plan):
         parameters=r.parameters, arena_bytes=session.model.arena.peak_bytes, batch=r.batch, epochs=plan.epochs,
         total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, lr=r.lr, momentum=r.momentum,
         schedule=r.schedule, accum=r.accum, graph=not args.no_graph, steps_per_graph=args.steps_per_graph,
-        pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step_kernels=session.step_kernels)
+        pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step=session.step_description)
 
 
 def train(args: argparse.Namespace, console, t_start: float) -> int:
@@ -217,12 +119,13 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
     from .data import load_mnist
     from .driver import Event
     from .kernels.data import lr_at
-    from .mlp import TRAIN_ROWS
+    from .session import Session
+    from .steps import StepOptions
 
     plan = make_plan(args)
     recipe = make_recipe(args, plan)
-    session = Session(recipe, args.device, on_compile=console.message, kernels=args.kernels,
-                      overlap=not args.no_overlap)
+    session = Session(recipe, args.device, on_compile=console.message, step_kind=args.step,
+                      options=StepOptions(overlap=not args.no_overlap))
     model, stream = session.model, session.stream
     data = load_mnist(args.data_dir)
     model.upload_data(data)
@@ -256,7 +159,7 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
     try:
         for epoch in range(plan.epochs):
             n = plan.steps_in(epoch)
-            model.set_permutation(rng.permutation(TRAIN_ROWS))
+            model.set_permutation(rng.permutation(rc.TRAIN_ROWS))
             model.zero_metrics().run(stream)
             console.epoch_begin(epoch + 1, plan.epochs, n)
             start, end, eval_end = events[0], events[1], events[2]
@@ -314,16 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.no_graph and args.steps_per_graph != 1:
         parser.error("--steps-per-graph needs graphs; drop it or --no-graph")
-    if args.kernels == "fused":
-        from .kernels.fused import unsupported_reason
-
-        if why := unsupported_reason(args):  # reads accum and layers, which args carries too
-            parser.error(f"argument --kernels: fused cannot run this recipe: {why}")
-    if args.kernels == "cluster":
-        from .kernels.cluster import unsupported_reason as cluster_reason
-
-        if why := cluster_reason(args, "sm_90"):  # the recipe's limits; the GPU's arch is checked once it is open
-            parser.error(f"argument --kernels: cluster cannot run this recipe: {why}")
+    check_step_option(parser, make_recipe(args, make_plan(args)), args.step)
     from .console import make_console
 
     console = make_console("json" if args.json else "auto")
@@ -331,11 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         from . import driver
 
         driver.init()
-        count = driver.call(driver._cu().cuDeviceGetCount)
+        count = driver.device_count()
         if args.device >= count:
             parser.error(f"argument --device: no GPU with index {args.device}; this machine has {count} "
                          f"(0..{count - 1})" if count else "argument --device: this machine has no CUDA GPU")
         return train(args, console, t_start)
+    except StepUnsupported as exc:  # the step kind asked for, on this GPU's arch: a usage error too
+        console.close()
+        print(f"rawgpu: error: argument --step: {exc}", file=sys.stderr)
+        return 2
     except RawgpuError as exc:
         console.close()
         print(f"rawgpu: error: {exc}", file=sys.stderr)

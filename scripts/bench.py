@@ -10,6 +10,11 @@ Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
 Method: each measured unit is a CUDA graph of `--launches` back-to-back launches that rotate over enough copies
 of the operands to exceed twice the L2 cache (so big weights come from DRAM, as in training); CUDA events time
 each replay, after warm-up; the median over `--trials` replays, divided by the launches, is reported.
+
+Experiments live in dev/ (dev/README.md): other tile configs and the tile/split sweep (dev/gemm_variants.py), the
+step under other L2 budgets and fused-step grids (dev/step_variants.py). They import this file as a module and reuse
+time_graph, copy_bandwidth, mlp_gemms, min_bytes, bench_ours, bench_torch, bench_rawgpu and positive: keep those
+signatures stable.
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ from rawgpu.graph import capture  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
-from rawgpu.kernels.l2 import DEFAULT_BUDGET as DEFAULT_L2_BUDGET  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
 
 HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -61,14 +65,13 @@ def time_graph(stream, launch_fn, launches: int, trials: int) -> float:
 
 def copy_bandwidth(stream, nbytes: int = 1 << 30, trials: int = 20) -> float:
     """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
-    cu = drv._cu()
     with Arena() as arena:
         src, dst = arena.tensor("src", nbytes, np.uint8), arena.tensor("dst", nbytes, np.uint8)
         arena.allocate()
         times = []
         for i in range(trials + 3):
             start = drv.Event().record(stream)
-            drv.check(cu.cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, stream.handle), "cuMemcpyDtoDAsync")
+            drv.copy_device_to_device_async(dst.ptr, src.ptr, nbytes, stream)
             end = drv.Event().record(stream)
             if i >= 3:
                 times.append(start.elapsed_ms(end))
@@ -98,6 +101,8 @@ def min_bytes(role: str, M: int, N: int, K: int, fused: bool) -> int:
 
 
 def copies_for(nbytes: int, l2: int, cap: int = 64) -> int:
+    """How many copies of `nbytes` of operands to rotate over so that together they exceed twice the L2 (`l2` bytes),
+    at most `cap`: each launch then reads its operands from DRAM, as the training step does."""
     return max(1, min(cap, math.ceil(2 * l2 / max(nbytes, 1))))
 
 
@@ -179,6 +184,8 @@ def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overl
 
 
 def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
+    """cuBLAS (torch.matmul, fp16, captured in a CUDA graph) on the shape of `role`, rotating over copies sized by the
+    L2 (`l2` bytes) as bench_ours does: microseconds per launch, or None when PyTorch is not installed."""
     try:
         import torch
     except ImportError:
@@ -222,34 +229,8 @@ def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
     return statistics.median(times)
 
 
-def variants_error(variants: list[str], arch: str) -> str | None:
-    """Why some --variants cannot run on this GPU (the tensor-copy tiles need sm_90+), or None."""
-    bad = [v for v in variants if G.CONFIGS[v].tma and not G.has_tma(arch)]
-    return f"--variants {' '.join(bad)} need the tensor copy engine of sm_90 or later; this GPU is {arch}" if bad else None
-
-
-def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, int, bool]]:
-    """(config, splits, cluster) triples worth timing for a plain GEMM: every tile compiled for the layout (no taller
-    than needed at batch-sized M), each with the split counts that leave every split one k-tile at least, the splits
-    meeting in the workspace and, where they can (sm_90), in a cluster's shared memory."""
-    out = []
-    for name, cfg in G.CONFIGS.items():
-        if (name, layout, "store") not in G.INSTANCES or (cfg.tma and not G.has_tma(arch)) or (M <= 32 < cfg.bm):
-            continue
-        k_tiles = -(-K // cfg.bk)
-        for s in (1, 2, 3, 4, 6, 8, 12, 16):
-            if s == 1 or k_tiles // s >= 1:
-                out.append((name, s, False))
-                if 1 < s <= G.MAX_CLUSTER_SPLITS and G.has_tma(arch) and not cfg.staged:
-                    out.append((name, s, True))
-    return out
-
-
 def cmd_gemm(args) -> int:
     device = drv.Device(args.device)
-    if why := variants_error(args.variants, device.arch):
-        print(f"bench: error: {why}", file=sys.stderr)
-        return 2
     stream = drv.Stream()
     kernels = Kernels(device.arch)
     rng = np.random.default_rng(0)
@@ -283,28 +264,6 @@ def cmd_gemm(args) -> int:
                                         args.trials, rng, overlap=True)
                 row.update(plain_overlap_us=plain_o, cublas_over_plain_overlap=(ref / plain_o) if ref else None)
                 tail = f" {plain_o:>11.2f} {(f'{ref / plain_o:.2f}x' if ref else '-'):>11}"
-            for cfg in args.variants:  # the same plain GEMM with another tile configuration, for comparison
-                if (cfg, layout, "store") in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or layout == "cr"):
-                    us, sp = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches,
-                                        args.trials, rng, config=cfg)
-                    row[f"plain_us_{cfg}"] = us
-                    line = f"      variant {cfg}: plain {us:.2f} us (split {sp})"
-                    if (cfg, layout, epi) in G.INSTANCES:
-                        us_f, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, epi, args.launches,
-                                             args.trials, rng, config=cfg, overlap=overlap)
-                        row[f"fused_us_{cfg}"] = us_f
-                        line += f", fused {us_f:.2f} us ({100 * min_bytes(role, M, N, K, True) / (us_f * 1e3) / bw:.1f}% copy)"
-                    print(line)
-            if args.sweep:  # every tile and split count for the plain GEMM: the data behind kernels/gemm.py's rules
-                times = {}  # "config/splits", + "c" where the splits meet in a cluster
-                for cfg, sp, cl in sweep_candidates(M, K, layout, device.arch):
-                    times[f"{cfg}/{sp}{'c' if cl else ''}"], _ = bench_ours(
-                        device, stream, kernels, role, M, N, K, layout, "store", args.launches, args.trials, rng,
-                        config=cfg, split=sp, cluster=cl)
-                best = min(times, key=times.get)
-                row["sweep"] = times
-                print(f"      sweep: best {best} {times[best]:.2f} us; "
-                      + " ".join(f"{k}={v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])[:6]))
             if role == "dW+sgd" and D.supported(args.batch, False, "f32"):
                 # the layer's whole backward in one pass: dx (the row above this one) + dW + SGD; the first layer's
                 # update alone (its input needs no gradient)
@@ -336,14 +295,21 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
                  steps_per_launch: int = 1, fused_grid: int | None = None, l2_budget: float | None = None) -> dict:
     """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
-    timed)."""
-    from rawgpu.mlp import Recipe
-    from rawgpu.train import Session
+    timed). kernels: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
+    programmatic dependent launch); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
+    the L2 the layered step's cache hints may keep per weight (None: the default). Returns a dict with system,
+    us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial parameters, for the peers) and note."""
+    from rawgpu.recipe import Recipe
+    from rawgpu.session import Session
+    from rawgpu.steps import StepOptions
 
     recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
     serial = kernels == "serial"  # the default step, each kernel launched only when the one before has finished
-    session = Session(recipe, device_index, kernels="auto" if serial else kernels, fused_grid=fused_grid,
-                      overlap=not serial, l2_budget=l2_budget, on_compile=lambda m: print(f"# {m}", flush=True))
+    options = StepOptions(overlap=not serial, fused_grid=fused_grid)
+    if l2_budget is not None:
+        options = StepOptions(overlap=not serial, l2_budget=l2_budget, fused_grid=fused_grid)
+    session = Session(recipe, device_index, step_kind="auto" if serial else kernels, options=options,
+                      on_compile=lambda m: print(f"# {m}", flush=True))
     model, stream = session.model, session.stream
     model.upload_data(data)
     spe = recipe.steps_per_epoch
@@ -380,11 +346,11 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     if multi:
         multi.close()
     model.arena.close()
-    how = session.step_kernels + (f", {k} steps per launch" if k > 1 else "")
+    how = session.step_description + (f", {k} steps per launch" if k > 1 else "")
     name = "rawgpu" if kernels == "auto" else f"rawgpu-{kernels}"
     name += "" if l2_budget is None else f"-l2={l2_budget:g}"
     return dict(system=name, us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
-                step_kind=session.model.step_kind,
+                step_kind=session.model.kind,
                 parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
 
 
@@ -475,28 +441,22 @@ def cmd_train(args) -> int:
     print(f"{'H':>5} {'system':>14} {'us/step':>9} {'steps/s':>9} {'vs best peer':>12} {'% floor':>8} {'test acc':>8}")
     for h in args.sizes:
         ours = clocked("rawgpu", bench_rawgpu, h, args.steps, args.seed, mnist, args.device,
-                     steps_per_launch=args.steps_per_launch, fused_grid=args.fused_grid)
+                       steps_per_launch=args.steps_per_launch)
         systems = [ours]
-        for variant in args.rawgpu_variants:  # the other step implementations, for docs/perf.md
+        for variant in args.rawgpu_variants:  # the other step kinds, side by side
             try:
                 systems.append(clocked(f"rawgpu-{variant}", bench_rawgpu, h, args.steps, args.seed, mnist,
-                                       args.device, kernels=variant, steps_per_launch=args.steps_per_launch,
-                                       fused_grid=args.fused_grid))
+                                       args.device, kernels=variant, steps_per_launch=args.steps_per_launch))
                 systems[-1].pop("init")
             except RawgpuError as exc:  # e.g. the cluster step at a width it does not hold
                 systems.append(dict(system=f"rawgpu-{variant}", us_per_step=None, test_accuracy=None,
                                     note=f"n/a: {exc}"[:300]))
-        for budget in args.l2_budgets if ours["step_kind"] == "layered" else []:  # the layered step's hints only
-            systems.append(clocked(f"rawgpu-l2={budget:g}", bench_rawgpu, h, args.steps, args.seed, mnist,
-                                   args.device, l2_budget=budget, steps_per_launch=args.steps_per_launch,
-                                   fused_grid=args.fused_grid))
-            systems[-1].pop("init")
         for p in peers:
             try:
                 systems.append(clocked(p, run_peer, p, h, args.steps, args.seed, peer_data, ours["init"]))
             except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                 systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
-        weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6  # DESIGN.md's 12 B per parameter
+        weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6  # 12 B per parameter: an fp32 master beside the fp16 copy (docs/design.md)
         split_floor = 10 * ours["parameters"] / (bw * 1e9) * 1e6  # what the split master moves (rawgpu/master.py)
         nodes_floor = launch_floor(stream, kernels, ours["nodes"])
         floor = max(weight_floor, nodes_floor)
@@ -543,16 +503,6 @@ def positive(text: str) -> int:
     return value
 
 
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in 0..1, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in 0..1, got {value}")
-    return value
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -573,10 +523,6 @@ def main(argv=None) -> int:
     t.add_argument("--rawgpu-variants", nargs="*", default=[], choices=("cluster", "fused", "layered", "serial"),
                    help="also time these rawgpu step implementations (rows rawgpu-cluster, rawgpu-fused, "
                         "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch)")
-    t.add_argument("--fused-grid", type=positive, default=None, help="blocks of the fused step (default one per SM)")
-    t.add_argument("--l2-budgets", type=fraction, nargs="*", default=[], metavar="F",
-                   help="also time the default step keeping at most this share of the L2 per kept weight (rows "
-                        f"rawgpu-l2=F; 0: no cache hints; the default is {DEFAULT_L2_BUDGET})")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)
@@ -584,14 +530,10 @@ def main(argv=None) -> int:
     g.add_argument("--trials", type=positive, default=30)
     g.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     g.add_argument("--no-torch", action="store_true", help="skip the cuBLAS comparison")
-    g.add_argument("--variants", nargs="*", default=[], choices=sorted(G.CONFIGS),
-                   help="also time the plain GEMM with these tile configs")
     g.add_argument("--json", default=None, help="write every figure to this JSON file")
     g.add_argument("--no-overlap", action="store_true",
                    help="launch every kernel only after the one before has finished (default on sm_90+: the step's "
                         "kernels overlap the launch before, programmatic dependent launch; plain is timed both ways)")
-    g.add_argument("--sweep", action="store_true",
-                   help="also time the plain GEMM with every tile config and split count that fits each shape")
     g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("train", "gemm", "-h", "--help"):

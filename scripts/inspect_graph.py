@@ -16,26 +16,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.train import DEFAULTS, _number, make_plan, make_recipe  # noqa: E402
+from rawgpu import recipe as rc  # noqa: E402
+from rawgpu.errors import RawgpuError, StepUnsupported  # noqa: E402
+from rawgpu.train import _count, add_step_option, check_step_option  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = DEFAULTS
     p = argparse.ArgumentParser(prog="python scripts/inspect_graph.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=_number(int, 1), default=d["hidden"], help=f"hidden width (default {d['hidden']})")
-    p.add_argument("--layers", type=_number(int, 1, 64), default=d["layers"],
-                   help=f"hidden layers (default {d['layers']})")
-    p.add_argument("--batch", type=_number(int, 1, 60000), default=d["batch"], help=f"batch (default {d['batch']})")
-    p.add_argument("--momentum", type=_number(float, 0.0, 0.999), default=d["momentum"],
-                   help=f"SGD momentum; 0 captures the plain-SGD step (default {d['momentum']})")
-    p.add_argument("--accum", choices=("fp32", "fp16"), default=d["accum"], help="GEMM accumulator (default fp32)")
-    p.add_argument("--steps-per-graph", type=_number(int, 1, 100), default=1, help="steps in the graph (default 1)")
-    p.add_argument("--kernels", choices=("auto", "cluster", "fused", "layered"), default="auto",
-                   help="the step's implementation, as in rawgpu.train (default auto: cluster where it applies, "
-                        "else fused up to hidden 1024)")
-    p.add_argument("--device", type=_number(int, 0), default=0, help="GPU index (default 0)")
+    rc.add_options(p, ("hidden", "layers", "batch", "momentum", "accum"))
+    p.add_argument("--steps-per-graph", type=_count(1, 100), default=1, help="steps in the graph (default 1)")
+    add_step_option(p)
+    p.add_argument("--device", type=_count(0, what="index"), default=0, help="GPU index (default 0)")
     p.add_argument("--out", default="step.dot", help="our readable DOT file (default step.dot); the driver's "
                    "verbose DOT goes beside it as <name>.driver.dot")
     p.add_argument("--format", choices=("svg", "png", "none"), default="svg",
@@ -64,21 +56,23 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    ns = argparse.Namespace(**{**DEFAULTS, **vars(args), "steps": None, "epochs": 1, "lr": DEFAULTS["lr"],
-                               "schedule": DEFAULTS["schedule"], "warmup": 0, "seed": 0})
-    recipe = make_recipe(ns, make_plan(ns))
+    recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])
+    check_step_option(parser, recipe, args.step)
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a pipe: wide enough for kernel names
     out = Path(args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)  # an unusable --out fails here, before any GPU work
         if not os.access(out.parent, os.W_OK) or out.is_dir():
             raise OSError(13, "not a writable file path", str(out))
-        from rawgpu.train import Session
+        from rawgpu.session import Session
 
-        session = Session(recipe, args.device, on_compile=lambda m: console.print(m), kernels=args.kernels)
+        session = Session(recipe, args.device, on_compile=lambda m: console.print(m), step_kind=args.step)
         graph = session.capture_step(args.steps_per_graph)
         nodes, edges = graph.nodes(), graph.typed_edges()
         driver_dot = graph.to_dot(out.with_suffix(".driver.dot"))
+    except StepUnsupported as exc:
+        print(f"inspect_graph: error: argument --step: {exc}", file=sys.stderr)
+        return 2
     except RawgpuError as exc:
         print(f"inspect_graph: error: {exc}", file=sys.stderr)
         return 1
@@ -88,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     dev = session.device
     table = Table(title=f"training step of {recipe.name}, batch {recipe.batch} on {dev.name} ({dev.arch}): "
-                        f"{len(nodes)} nodes, {len(edges)} dependencies ({session.step_kernels})")
+                        f"{len(nodes)} nodes, {len(edges)} dependencies ({session.step_description})")
     for col in ("#", "type", "kernel", "grid", "block", "smem B", "regs", "deps", "starts"):
         table.add_column(col, justify="left" if col in ("type", "kernel") else "right")
     deps = {i: 0 for i in range(len(nodes))}
@@ -102,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                       str(res.registers) if res else "", str(deps[n.index]),
                       "overlapping" if n.index in overlapped else "after" if deps[n.index] else "")
     console.print(table)
-    if session.model.fused:  # inside the one node: the phases, each ending in a grid barrier
+    console.print("step kind " + session.choice.explain().replace("\n", "\n  "))
+    if session.model.kind == "fused":  # inside the one node: the phases, each ending in a grid barrier
         from rawgpu.kernels import fused as kf
 
         phases = Table(title="phases of the fused step kernel, each ending in a grid-wide barrier")
@@ -111,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, blocks, warps in kf.phase_tasks(recipe.batch, session.model.padded):
             phases.add_row(name, str(blocks), str(warps))
         console.print(phases)
-    if session.model.cluster:  # inside the one node: the phases, most ending in a receive (an mbarrier wait)
+    if session.model.kind == "cluster":  # inside the one node: the phases, most ending in a receive (an mbarrier wait)
         from rawgpu.kernels import cluster as kc
 
-        p = session.model.cluster_plan
+        p = session.model.step.plan
         phases = Table(title=f"phases of the cluster step kernel ({p.ctas} CTAs x {p.n} columns, "
                              f"{p.smem_bytes // 1024} KB of shared memory each)")
         for col in ("phase", "ends in"):

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from rawgpu.kernels import cluster as kc
-from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe
+from rawgpu.mlp import MLP
+from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
+from rawgpu.steps import cluster as cluster_step
 
 gpu = pytest.mark.gpu
 SMALL = dict(hidden=128, layers=3, batch=32, momentum=0.0)
@@ -40,10 +42,10 @@ def test_the_benchmark_model_fits_and_twice_its_width_does_not():
     (dict(accum="fp16"), "sm_90", "fp32 only"), (dict(hidden=256), "sm_90", "does not fit"),
     (dict(layers=9), "sm_90", "1..8 hidden layers")])
 def test_unsupported_recipes_say_why(changes, arch, reason):
-    why = kc.unsupported_reason(Recipe(**{**SMALL, **changes}), arch)
+    why = cluster_step.unsupported_reason(Recipe(**{**SMALL, **changes}), arch)
     assert why is not None and reason in why
     with pytest.raises(ValueError, match=reason):
-        MLP(None, Recipe(**{**SMALL, **changes}), step="cluster", arch=arch)
+        MLP(None, Recipe(**{**SMALL, **changes}), step_kind="cluster", arch=arch)
 
 
 @pytest.mark.parametrize("changes,arch,kind", [
@@ -55,20 +57,19 @@ def test_auto_takes_the_cluster_step_first(changes, arch, kind):
     """cluster where it fits, else the short layered step (sm_90, batch <= 32, plain SGD), else fused up to
     kernels.fused.MAX_HIDDEN, else layered."""
     model = MLP(None, Recipe(**{**SMALL, **changes}), arch=arch)
-    assert model.step_kind == kind
-    assert model.cluster == (kind == "cluster") and model.fused == (kind == "fused")
+    assert model.kind == kind
 
 
 def test_unknown_step_kind_is_refused():
-    with pytest.raises(ValueError, match="step must be one of"):
-        MLP(None, Recipe(), step="fast")
+    with pytest.raises(ValueError, match="unknown step kind 'fast'"):
+        MLP(None, Recipe(), step_kind="fast")
 
 
 def test_cluster_model_plans_its_table_and_no_fused_buffers():
     model = MLP(None, Recipe(**SMALL), arch="sm_90")
-    assert model.table.shape == (kc.table_words(4),)
-    assert model.layers[0].w16_next is None and not hasattr(model, "barrier")
-    assert model.cluster_plan == kc.plan(128, 3)
+    assert model.step.table.shape == (kc.table_words(4),)
+    assert not hasattr(model.step, "w16_next") and not hasattr(model.step, "barrier")
+    assert model.step.plan == kc.plan(128, 3)
 
 
 def test_a_step_receives_twice_per_hidden_layer_but_once():
@@ -94,7 +95,7 @@ def test_many_steps_per_launch_equal_one_per_launch_bitwise(device, stream, rng)
     recipe = Recipe(hidden=128, layers=3, batch=32, lr=0.05, momentum=0.0, schedule="cosine", total_steps=40)
     results = []
     for per_launch in (1, 13, 3):
-        model = MLP(kernels, recipe, device.sm_count, step="cluster").allocate()
+        model = MLP(kernels, recipe, device.sm_count, step_kind="cluster").allocate()
         try:
             model.upload_data(data)
             model.init_parameters(stream)
@@ -105,8 +106,8 @@ def test_many_steps_per_launch_equal_one_per_launch_bitwise(device, stream, rng)
                     launch.run(stream)
             stream.synchronize()
             assert model.step_count() == 39
-            for lay in model.layers:  # written back at the end of every launch, W16 == fp16(master)
-                current = model.master_weights(lay).astype(np.float16)
+            for i, lay in enumerate(model.layers):  # written back at the end of every launch, W16 == fp16(master)
+                current = model.master_weights(i).astype(np.float16)
                 assert np.array_equal(lay.w16.download().view(np.uint16), current.view(np.uint16))
             assert model.padding_is_zero()
             for launch in model.eval_launches():
@@ -139,7 +140,7 @@ def test_cluster_step_trains_mnist(device, stream, rng):
     except DataError as exc:
         pytest.skip(f"MNIST not available offline (set RAWGPU_DATA): {exc}")
     recipe = Recipe(hidden=128, layers=3, batch=32, lr=0.05, momentum=0.0, schedule="constant")
-    model = MLP(Kernels(device.arch), recipe, device.sm_count, step="cluster").allocate()
+    model = MLP(Kernels(device.arch), recipe, device.sm_count, step_kind="cluster").allocate()
     try:
         model.upload_data(mnist)
         model.init_parameters(stream)
@@ -161,3 +162,14 @@ def test_cluster_step_trains_mnist(device, stream, rng):
         assert test_acc > 0.9
     finally:
         model.arena.close()
+
+
+def test_the_kernels_static_shared_memory_fits_the_room_planned_for_it():
+    """unsupported_reason keeps kc.PARAM_BYTES of each SM's shared memory for the kernel's static copy of its table;
+    ptxas says how much that is."""
+    from rawgpu import compiler, contract
+
+    built = compiler.compile_source(kc.SOURCE, "sm_90")
+    for t in kc.TILE_COUNTS:
+        res = built.resources[f"cluster_steps_{t}"]
+        assert contract.ctypes.sizeof(contract.CsParams) <= res.shared_static <= kc.PARAM_BYTES, res

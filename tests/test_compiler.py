@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from rawgpu import compiler
+from rawgpu import compiler, contract
 from rawgpu.errors import CompileError
 
 ARCHS = ["sm_80", "sm_86", "sm_90"]
@@ -59,10 +60,15 @@ ptxas info    : Compiling entry function 'b' for 'sm_86'
 ptxas info    : Function properties for b
 ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 10 registers, used 0 barriers, 360 bytes cmem[0]
+ptxas info    : Compiling entry function 'c' for 'sm_90'
+ptxas info    : Function properties for c
+ptxas         .     40 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 40 bytes cumulative stack size, 896 bytes smem
 """
     r = compiler.parse_ptxas_report(log)
     assert r["gemm_a"] == compiler.KernelResources("gemm_a", 168, 8, 4, 1024, 16, 1)
     assert r["b"] == compiler.KernelResources("b", 10, 0, 0, 0, 0, 0)
+    assert r["c"] == compiler.KernelResources("c", 168, 0, 0, 896, 40, 1)  # NVRTC 13's form, with the stack size
 
 
 def test_cache_miss_then_hit(cache):
@@ -84,6 +90,27 @@ def test_cache_key_changes_with_source_options_and_arch():
     assert compiler.cache_key("elementwise.cu", "sm_90", (), texts) != base
     assert compiler.cache_key("elementwise.cu", "sm_86", ("-DX=1",), texts) != base
     assert compiler.cache_key("elementwise.cu", "sm_86", (), texts) == base
+
+
+def test_generated_headers_and_defines_are_part_of_the_cache_key(monkeypatch):
+    texts = compiler.source_texts()
+    defines, headers = contract.build("gemm.cu", "sm_86")
+    base = compiler.cache_key("gemm.cu", "sm_86", (), texts, (defines, headers))
+    assert compiler.cache_key("gemm.cu", "sm_86", (), texts) == base, "by default the key asks the contract"
+    changed = tuple(d.replace("STREAM_STAGES=7", "STREAM_STAGES=6") for d in defines)
+    assert changed != defines and compiler.cache_key("gemm.cu", "sm_86", (), texts, (changed, headers)) != base
+    edited = {name: text + "// edit\n" for name, text in headers.items()}
+    assert compiler.cache_key("gemm.cu", "sm_86", (), texts, (defines, edited)) != base
+    monkeypatch.setattr(contract, "PERSIST_BLOCKS_PER_SM", 3)  # a contract value changed: the key follows
+    assert compiler.cache_key("gemm.cu", "sm_86", (), texts) != base
+
+
+def test_a_changed_contract_is_not_served_from_the_cache(cache, monkeypatch):
+    compiler.compile_source("elementwise.cu", "sm_86")
+    assert compiler.is_cached("elementwise.cu", "sm_86")
+    monkeypatch.setattr(contract, "EW_THREADS", 128)
+    assert not compiler.is_cached("elementwise.cu", "sm_86")
+    assert not compiler.compile_source("elementwise.cu", "sm_86").cached
 
 
 @pytest.mark.parametrize("damage", ["flip_byte", "truncate", "garbage"])
@@ -200,3 +227,100 @@ def test_load_all_builds_on_threads_and_loads_in_the_calling_thread(monkeypatch)
     monkeypatch.setattr(K, "compile_source", failing)
     with pytest.raises(CompileError, match="boom"):
         K.Kernels("sm_90").load_all(["gemm.cu", "data.cu"])
+
+
+# --- the contract (rawgpu/contract.py): what every build gets ------------------------------------------------------
+
+
+class _Inner(contract.CStruct):
+    """A test struct's member."""
+
+    c_fields = (("p", "const float*", "a pointer"), ("k", "int"), ("h", "short", 3))
+
+
+class _Outer(contract.CStruct):
+    """A test struct: mixed sizes, so there is padding to agree on."""
+
+    c_fields = (("a", "u8"), ("x", "double"), ("inner", _Inner, 2), ("n", "i64", "the last"), ("f", "float"))
+
+
+def test_declare_writes_the_struct_and_asserts_ctypes_layout():
+    import ctypes
+
+    text = contract.declare(_Outer)
+    assert "struct _Outer {" in text and "_Inner inner[2];" in text and re.search(r"i64 n; +// the last", text)
+    assert "// A test struct: mixed sizes" in text
+    assert f"static_assert(sizeof(_Outer) == {ctypes.sizeof(_Outer)}," in text
+    for name, offset in [("a", 0), ("x", 8), ("inner", 16), ("n", 16 + 2 * 24), ("f", 72)]:
+        assert getattr(_Outer, name).offset == offset
+        assert f"__builtin_offsetof(_Outer, {name}) == {offset}," in text
+    assert ctypes.sizeof(_Inner) == 24 and ctypes.sizeof(_Outer) == 80
+    assert [f for f, _ in _Outer._fields_] == ["a", "x", "inner", "n", "f"]
+
+
+def _compile_probe(tmp_path, monkeypatch, header: str) -> compiler.CompiledModule:
+    """Build a kernel that includes `header` as a generated header of the probe source."""
+    src_dir = tmp_path / "cu"
+    src_dir.mkdir(exist_ok=True)
+    (src_dir / "probe.cu").write_text('#include "common.cuh"\n#include "probe_abi.cuh"\n'
+                                      'extern "C" __global__ void probe(_Outer* o) { o->n = o->inner[1].h[2]; }\n')
+    monkeypatch.setattr(compiler, "SOURCE_DIR", src_dir)
+    monkeypatch.setitem(contract.SOURCES, "probe.cu", (lambda arch: ({"PROBE": 1}, {"probe_abi.cuh": header}),))
+    return compiler.compile_source("probe.cu", "sm_86", use_cache=False)
+
+
+def test_the_generated_layout_compiles_and_a_c_layout_that_differs_fails_the_build(tmp_path, monkeypatch):
+    header = contract.declare(_Inner) + contract.declare(_Outer)
+    assert "probe" in _compile_probe(tmp_path, monkeypatch, header).resources
+    wrong = header.replace("    int k;", "    i64 k;")  # C now disagrees with ctypes
+    assert wrong != header
+    with pytest.raises(CompileError, match=r"_Inner.h: its offset in rawgpu/contract.py"):
+        _compile_probe(tmp_path, monkeypatch, wrong)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_build_is_deterministic_and_names_no_file_of_the_package(arch):
+    files = {p.name for p in (*compiler.SOURCE_DIR.iterdir(), *compiler.INCLUDE_DIR.iterdir())}
+    for source in compiler.all_sources():
+        defines, headers = contract.build(source, arch)
+        assert (defines, headers) == contract.build(source, arch)
+        assert all(d.startswith("-D") and "=" in d for d in defines), defines
+        assert len({d.split("=")[0] for d in defines}) == len(defines), "a define given twice"
+        assert not set(headers) & files, "a generated header would shadow a file"
+    assert contract.build("no_such.cu", arch) == ((), {})
+
+
+def test_every_shared_struct_is_whole_words_and_the_tables_fields_are_counted():
+    import ctypes
+
+    for struct, layer, header_fields, layer_fields in [
+            (contract.FsParams, contract.FsLayer, contract.FS_HEADER_FIELDS, contract.FS_LAYER_FIELDS),
+            (contract.CsParams, contract.CsLayer, contract.CS_HEADER_FIELDS, contract.CS_LAYER_FIELDS)]:
+        assert ctypes.sizeof(layer) == 8 * layer_fields and struct.layer.offset == 8 * header_fields
+        assert ctypes.sizeof(struct) % 8 == 0
+    assert (contract.FS_HEADER_FIELDS, contract.FS_LAYER_FIELDS) == (21, 12)
+    assert (contract.CS_HEADER_FIELDS, contract.CS_LAYER_FIELDS) == (28, 8)
+    assert [contract.fs_smem_bytes(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")] == \
+        [163840, 92672, 92672, 163840, 163840]
+
+
+def test_a_table_is_uploaded_up_to_its_last_layer():
+    import ctypes
+
+    p = contract.FsParams()
+    p.images, p.batch, p.lr0 = 0xDEAD0000, 32, 0.25
+    p.layer[1].in_p = 784
+    data = contract.table_bytes(p, 2)
+    assert len(data) == 8 * (contract.FS_HEADER_FIELDS + 2 * contract.FS_LAYER_FIELDS)
+    words = (ctypes.c_uint64 * (len(data) // 8)).from_buffer_copy(data)
+    assert words[0] == 0xDEAD0000 and words[contract.FsParams.batch.offset // 8] == 32
+    assert words[contract.FsParams.lr0.offset // 8] == 0x3FD0000000000000  # 0.25
+    assert words[contract.FS_HEADER_FIELDS + contract.FS_LAYER_FIELDS + contract.FsLayer.in_p.offset // 8] == 784
+    with pytest.raises(ValueError, match="0..65"):
+        contract.table_bytes(p, 66)
+
+
+def test_contract_main_prints_what_nvrtc_gets(capsys):
+    assert contract.main(["fused_step.cu", "--arch", "sm_86"]) == 0
+    out = capsys.readouterr().out
+    assert "-DFS_STAGES=2" in out and "---- fused_step_abi.cuh" in out and "struct FsParams {" in out

@@ -9,7 +9,7 @@ import pytest
 
 from rawgpu import driver
 from rawgpu.compiler import compile_source
-from rawgpu.errors import CudaError, NoDeviceError
+from rawgpu.errors import CudaError, NoDeviceError, OutOfMemoryError
 from rawgpu.memory import Arena
 
 
@@ -140,6 +140,126 @@ def test_old_driver_names_its_cuda_version_and_the_fix(fake_driver, monkeypatch)
         driver.init()
     assert "supports CUDA 12.4" in str(info.value) and "cu12" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+class _FakeBinding:
+    """Records calls and answers them from `results` (name -> tuple), like cuda.bindings.driver without a GPU."""
+
+    def __init__(self, **results):
+        from cuda.bindings import driver as real
+
+        self.real, self.results, self.calls = real, results, []
+
+    def __getattr__(self, name):
+        if name.startswith("cu") and name[2:3].isupper():
+            if name not in self.results:
+                raise AttributeError(name)
+
+            def fn(*args):
+                self.calls.append((name, args))
+                return self.results[name]
+
+            fn.__name__ = name
+            return fn
+        return getattr(self.real, name)  # enums and types
+
+
+@pytest.fixture
+def fake_binding(monkeypatch):
+    def install(**results):
+        fake = _FakeBinding(**results)
+        monkeypatch.setattr(driver, "_cu", lambda: fake)
+        return fake
+
+    return install
+
+
+def _ok(*values):
+    from cuda.bindings.driver import CUresult
+
+    return (CUresult.CUDA_SUCCESS, *values)
+
+
+def _err(name, *values):
+    from cuda.bindings.driver import CUresult
+
+    return (getattr(CUresult, name), *values)
+
+
+def test_mem_alloc_maps_out_of_memory_and_names_other_errors(fake_binding):
+    fake_binding(cuMemAlloc=_ok(0xABC00))
+    assert driver.mem_alloc(256) == 0xABC00
+    fake_binding(cuMemAlloc=_err("CUDA_ERROR_OUT_OF_MEMORY", None))
+    with pytest.raises(OutOfMemoryError, match=r"cuMemAlloc\(1024 B\) failed: CUDA_ERROR_OUT_OF_MEMORY"):
+        driver.mem_alloc(1024)
+    fake_binding(cuMemAlloc=_err("CUDA_ERROR_INVALID_VALUE", None))
+    with pytest.raises(CudaError, match="cuMemAlloc failed: CUDA_ERROR_INVALID_VALUE") as info:
+        driver.mem_alloc(0)
+    assert not isinstance(info.value, OutOfMemoryError)
+
+
+def test_checked_wrappers_name_the_driver_call(fake_binding):
+    fake_binding(cuCtxSynchronize=_err("CUDA_ERROR_LAUNCH_FAILED"), cuMemsetD8=_err("CUDA_ERROR_INVALID_VALUE"),
+                 cuMemGetInfo=_ok(3, 4))
+    assert driver.mem_info() == (3, 4)
+    with pytest.raises(CudaError, match="cuCtxSynchronize failed: CUDA_ERROR_LAUNCH_FAILED"):
+        driver.context_synchronize()
+    with pytest.raises(CudaError, match="cuMemsetD8 failed: CUDA_ERROR_INVALID_VALUE"):
+        driver.memset_d8(0x100, 0xFF, 16)
+
+
+def test_host_copies_take_contiguous_arrays_and_skip_empty_ones(fake_binding):
+    fake = fake_binding(cuMemcpyHtoD=_ok(), cuMemcpyDtoH=_ok())
+    host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    driver.copy_host_to_device(0x200, host)
+    assert fake.calls == [("cuMemcpyHtoD", (0x200, host.ctypes.data, 48))]
+    with pytest.raises(ValueError, match="contiguous"):
+        driver.copy_host_to_device(0x200, host[:, ::2])
+    host.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        driver.copy_device_to_host(host, 0x200)
+    driver.copy_host_to_device(0x200, np.empty(0, np.float32))
+    driver.copy_device_to_host(np.empty((0, 3), np.float32), 0x200)
+    assert len(fake.calls) == 1
+
+
+def test_device_count_initialises_the_driver_first(fake_binding, monkeypatch):
+    order = []
+    monkeypatch.setattr(driver, "init", lambda: order.append("init"))
+    fake_binding(cuDeviceGetCount=_ok(2))
+    assert driver.device_count() == 2 and order == ["init"]
+
+
+def test_end_capture_destroys_a_broken_or_discarded_graph(fake_binding):
+    stream = type("S", (), {"handle": 7})()
+    fake = fake_binding(cuStreamEndCapture=_err("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", 99), cuGraphDestroy=_ok())
+    with pytest.raises(CudaError, match="cuStreamEndCapture failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"):
+        driver.end_capture(stream)
+    assert fake.calls[-1] == ("cuGraphDestroy", (99,))
+    fake = fake_binding(cuStreamEndCapture=_ok(42), cuGraphDestroy=_ok())
+    assert driver.end_capture(stream, discard=True) is None
+    assert fake.calls[-1] == ("cuGraphDestroy", (42,))
+    fake = fake_binding(cuStreamEndCapture=_ok(42))
+    assert driver.end_capture(stream) == 42
+
+
+def test_graph_edges_read_the_dependency_type_where_the_bindings_give_it(fake_binding):
+    from types import SimpleNamespace
+
+    from cuda.bindings.driver import CUgraphDependencyType as T
+
+    data = [SimpleNamespace(type=T.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT),
+            SimpleNamespace(type=T.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)]
+    # CUDA 13: cuGraphGetEdges returns (from, to, edge data, count)
+    fake_binding(cuGraphGetEdges=_ok([1, 2], [2, 3], data, 2))
+    assert driver.graph_edges("g") == [(1, 2, "default"), (2, 3, "programmatic")]
+    # CUDA 12: the edge data only comes from the _v2 call, which is preferred when present
+    fake_binding(cuGraphGetEdges=_ok([1], [2], 1), cuGraphGetEdges_v2=_ok([1], [2], data[1:], 1))
+    assert driver.graph_edges("g") == [(1, 2, "programmatic")]
+    fake_binding(cuGraphGetEdges=_ok([1], [2], 1))  # bindings without edge data
+    assert driver.graph_edges("g") == [(1, 2, "default")]
+    fake_binding(cuGraphGetEdges=_ok([], [], 0))
+    assert driver.graph_edges("g") == []
 
 
 def test_device_without_gpu_raises_no_device_error():

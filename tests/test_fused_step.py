@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from rawgpu.kernels import fused as kf
-from rawgpu.mlp import MLP, TRAIN_ROWS, Recipe
+from rawgpu.mlp import MLP
+from rawgpu.recipe import TRAIN_ROWS, Recipe
+from rawgpu.steps import StepOptions
 
 gpu = pytest.mark.gpu
 
@@ -17,21 +19,21 @@ gpu = pytest.mark.gpu
     (Recipe(hidden=1025), False),
     (Recipe(hidden=8192, batch=32), False), (Recipe(accum="fp16"), False), (Recipe(layers=64), True)])
 def test_auto_picks_the_fused_step_where_it_applies(recipe, fused):
-    assert MLP(None, recipe).fused is fused
+    assert (MLP(None, recipe).kind == "fused") is fused
 
 
 def test_forcing_the_fused_step_where_it_cannot_run_says_why():
     with pytest.raises(ValueError, match="fp32 only"):
-        MLP(None, Recipe(accum="fp16"), step="fused")
-    assert MLP(None, Recipe(hidden=8192), step="fused").fused  # too wide for auto, still correct when forced
-    assert not MLP(None, Recipe(), step="layered").fused
+        MLP(None, Recipe(accum="fp16"), step_kind="fused")
+    assert MLP(None, Recipe(hidden=8192), step_kind="fused").kind == "fused"  # too wide for auto, still correct
+    assert MLP(None, Recipe(), step_kind="layered").kind == "layered"
 
 
 def test_fused_model_plans_its_extra_buffers_and_no_layered_workspace():
-    fused = MLP(None, Recipe(hidden=1024, batch=32), step="fused")
-    layered = MLP(None, Recipe(hidden=1024, batch=32), step="layered")
-    assert fused.layers[0].w16_next is not None and layered.layers[0].w16_next is None
-    assert fused.table.shape == (kf.table_words(4),)
+    fused = MLP(None, Recipe(hidden=1024, batch=32), step_kind="fused")
+    layered = MLP(None, Recipe(hidden=1024, batch=32), step_kind="layered")
+    assert len(fused.step.w16_next) == 4 and not hasattr(layered.step, "w16_next")
+    assert fused.step.table.shape == (kf.table_words(4),)
     assert fused.workspace.size <= layered.workspace.size
 
 
@@ -66,7 +68,7 @@ def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, st
     recipe = Recipe(hidden=192, layers=2, batch=48, lr=0.05, momentum=0.9, schedule="cosine", total_steps=40)
     results = []
     for grid in (device.sm_count, 7, 1):
-        model = MLP(kernels, recipe, device.sm_count, step="fused", fused_grid=grid).allocate()
+        model = MLP(kernels, recipe, device.sm_count, step_kind="fused", options=StepOptions(fused_grid=grid)).allocate()
         try:
             model.upload_data(data)
             model.init_parameters(stream)
@@ -76,13 +78,13 @@ def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, st
                 launch.run(stream)
             stream.synchronize()
             assert model.step_count() == 13
-            for lay in model.layers:  # after an odd number of steps the master's high half is copy 1
-                current = model.master_weights(lay).astype(np.float16)
-                assert np.array_equal(lay.w16_next.download().view(np.uint16), current.view(np.uint16))
+            for i, nxt in enumerate(model.step.w16_next):  # after an odd number of steps the master's high half is copy 1
+                current = model.master_weights(i).astype(np.float16)
+                assert np.array_equal(nxt.download().view(np.uint16), current.view(np.uint16))
             for launch in model.eval_launches():
                 launch.run(stream)
-            for lay in model.layers:  # evaluation reads copy 0, made equal to the current one
-                assert np.array_equal(lay.w16.download().view(np.uint16), lay.w16_next.download().view(np.uint16))
+            for lay, nxt in zip(model.layers, model.step.w16_next):  # evaluation reads copy 0, made equal to it
+                assert np.array_equal(lay.w16.download().view(np.uint16), nxt.download().view(np.uint16))
             results.append((model.parameters(), model.train_metrics(), model.eval_metrics()))
         finally:
             model.arena.close()
@@ -101,6 +103,6 @@ def test_fused_phases_script_rejects_bad_arguments_in_one_line():
 
     root = Path(__file__).resolve().parent.parent
     for argv, message in ((["--steps", "5"], "must be >= 30, got 5"), (["--hidden", "0"], "must be >= 1, got 0")):
-        result = subprocess.run([sys.executable, "scripts/fused_phases.py", *argv], capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "dev/fused_phases.py", *argv], capture_output=True, text=True,
                                 cwd=root, timeout=60)
         assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr

@@ -21,6 +21,21 @@ def test_python_instance_table_matches_the_compiled_kernels(tmp_path, monkeypatc
         assert G.all_kernel_names(source), source
 
 
+def test_the_generated_instance_lists_are_the_python_table():
+    """gemm.cu and gemm_tma.cu compile exactly the contract's instances; the launcher plans from the same objects."""
+    import re
+
+    from rawgpu import contract
+
+    for source, header in ((G.SOURCE, "gemm_instances.cuh"), (G.TMA_SOURCE, "gemm_tma_instances.cuh")):
+        text = contract.build(source, "sm_90")[1][header]
+        stems = re.findall(r"^(?:GEMM|PERSIST|TMA)_ACCS\((\w+),", text, re.M)
+        assert sorted(f"{s}_{acc}" for s in stems for acc in ("f32", "f16")) == G.all_kernel_names(source)
+    assert G.CONFIGS is contract.CONFIGS and G.INSTANCES is contract.INSTANCES and G.GemmConfig is contract.GemmConfig
+    assert "-DSTREAM_STAGES=15" in contract.build(G.SOURCE, "sm_90")[0]
+    assert [G.stream_stages(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")] == [11, 7, 7, 15, 15]
+
+
 def test_smem_matches_the_cuda_formula():
     cfg = G.CONFIGS["32x128"]
     assert cfg.smem_bytes("rr") == 6 * (32 * 40 + 32 * 136) * 2

@@ -1,4 +1,5 @@
-"""CUDA graph capture, replay, inspection and failure handling (GPU)."""
+"""CUDA graph capture, replay, inspection and failure handling: the logic on CPU over faked driver functions,
+the real thing on GPU."""
 
 from __future__ import annotations
 
@@ -7,12 +8,95 @@ import pytest
 
 from rawgpu import driver
 from rawgpu.compiler import compile_source
-from rawgpu.errors import GraphCaptureError
-from rawgpu.graph import capture
+from rawgpu.errors import CudaError, GraphCaptureError
+from rawgpu.graph import Node, capture
 from rawgpu.memory import Arena
 
-pytestmark = pytest.mark.gpu
 N = 4099
+
+
+class _Stream:
+    handle = 7
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """rawgpu.driver's graph functions over a made-up graph: nodes 10..13, edges 12 -> 10 and 11 -> 12 (programmatic);
+    `log` records what was called."""
+    log = []
+    kernels = {10: ("axpby_f32", (17, 1, 1), (256, 1, 1), 0), 12: ("increment_i64", (1, 1, 1), (32, 1, 1), 1024)}
+    fakes = dict(
+        begin_capture=lambda stream: log.append("begin"),
+        end_capture=lambda stream, discard=False: log.append(("end", discard)) or (None if discard else "graph"),
+        graph_instantiate=lambda graph: "exec",
+        graph_nodes=lambda graph: [10, 11, 12, 13],
+        graph_edges=lambda graph: [(12, 10, "default"), (11, 12, "programmatic")],
+        graph_node_type=lambda node: "kernel" if node in kernels else "memset",
+        graph_kernel_node=lambda node: kernels[node],
+        graph_exec_destroy=lambda e: log.append(("exec_destroy", e)),
+        graph_destroy=lambda g: log.append(("destroy", g)),
+    )
+    for name, fn in fakes.items():
+        monkeypatch.setattr(driver, name, fn)
+    return log
+
+
+def test_nodes_come_in_dependency_order_with_their_edges(fake_graphs):
+    graph = capture(_Stream(), lambda: None)
+    assert fake_graphs == ["begin", ("end", False)]
+    assert graph.nodes() == [Node(0, "memset"), Node(1, "memset"),
+                             Node(2, "kernel", "increment_i64", (1, 1, 1), (32, 1, 1), 1024),
+                             Node(3, "kernel", "axpby_f32", (17, 1, 1), (256, 1, 1), 0)]
+    assert graph.edges() == [(2, 3), (0, 2)]
+    assert graph.typed_edges() == [(2, 3, "default"), (0, 2, "programmatic")]
+    graph.close()
+    graph.close()
+    assert fake_graphs[2:] == [("exec_destroy", "exec"), ("destroy", "graph")]
+
+
+def test_function_failure_discards_the_capture_and_is_reported(fake_graphs):
+    def boom():
+        raise ValueError("planned failure")
+
+    with pytest.raises(GraphCaptureError, match="graph capture failed: ValueError: planned failure"):
+        capture(_Stream(), boom)
+    assert fake_graphs == ["begin", ("end", True)]
+
+
+def test_a_call_capture_forbids_is_named_as_such(fake_graphs):
+    def sync():
+        raise CudaError("cuStreamSynchronize", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+
+    with pytest.raises(GraphCaptureError, match="cuStreamSynchronize failed: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED "
+                                                "-- that call is not allowed while a stream is being captured"):
+        capture(_Stream(), sync)
+
+
+def test_broken_capture_without_an_exception_names_end_capture(fake_graphs, monkeypatch):
+    def end_capture(stream, discard=False):
+        raise CudaError("cuStreamEndCapture", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED")
+
+    def fails():
+        raise ValueError("first")
+
+    monkeypatch.setattr(driver, "end_capture", end_capture)
+    with pytest.raises(GraphCaptureError, match="cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED "
+                                                r"\(an operation inside the captured function is not allowed"):
+        capture(_Stream(), lambda: None)
+    with pytest.raises(GraphCaptureError, match="ValueError: first"):  # the function's own error says more
+        capture(_Stream(), fails)
+
+
+def test_ctrl_c_during_capture_stays_a_keyboard_interrupt(fake_graphs):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        capture(_Stream(), interrupted)
+    assert fake_graphs == ["begin", ("end", True)]
+
+
+# --- GPU ------------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -36,6 +120,7 @@ def _reset(s):
     s["c"].upload(np.zeros(1, np.int64))
 
 
+@pytest.mark.gpu
 def test_1000_replays_match_1000_direct_runs_bitwise(setup):
     s, stream = setup, setup["stream"]
     _reset(s)
@@ -57,6 +142,7 @@ def test_1000_replays_match_1000_direct_runs_bitwise(setup):
     graph.close()
 
 
+@pytest.mark.gpu
 def test_nodes_edges_and_dot(setup, tmp_path):
     s, stream = setup, setup["stream"]
     graph = capture(stream, lambda: [launch.run(stream) for launch in s["launches"]])
@@ -72,6 +158,7 @@ def test_nodes_edges_and_dot(setup, tmp_path):
     graph.close()
 
 
+@pytest.mark.gpu
 def test_failed_capture_raises_and_leaves_the_stream_usable(setup):
     s, stream = setup, setup["stream"]
 
@@ -87,6 +174,7 @@ def test_failed_capture_raises_and_leaves_the_stream_usable(setup):
     assert s["c"].download()[0] == 1
 
 
+@pytest.mark.gpu
 def test_exception_inside_capture_is_reported(setup):
     stream = setup["stream"]
 

@@ -38,13 +38,14 @@ def test_bad_plans_are_refused(kw, msg):
 
 
 def test_the_layered_step_uses_it_on_sm90_only():
-    from rawgpu.mlp import MLP, Recipe
+    from rawgpu.mlp import MLP
+    from rawgpu.recipe import Recipe
 
     r = Recipe(hidden=4096, layers=3, batch=32, lr=0.003, momentum=0.0)
-    ours = MLP(None, r, arch="sm_90", step="layered")
-    assert ours.head is not None and ours.head.K == 4096
-    assert MLP(None, r, arch="sm_86", step="layered").head is None
-    assert MLP(None, Recipe(hidden=4096, batch=32, momentum=0.9), arch="sm_90", step="layered").head is None
+    ours = MLP(None, r, arch="sm_90", step_kind="layered")
+    assert ours.step.head is not None and ours.step.head.K == 4096
+    assert MLP(None, r, arch="sm_86", step_kind="layered").step.head is None
+    assert MLP(None, Recipe(hidden=4096, batch=32, momentum=0.9), arch="sm_90", step_kind="layered").step.head is None
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------

@@ -58,25 +58,66 @@ def test_duplicate_and_negative_and_late_buffers_are_refused():
 
 
 def test_oversize_plan_is_refused_before_allocating(monkeypatch):
-    """The needed-vs-free check runs against the driver's cuMemGetInfo, faked here so it runs on CPU too."""
+    """The needed-vs-free check runs against the driver's free-memory figure, faked here so it runs on CPU too."""
     from rawgpu import driver
 
-    class Fake:
-        def cuMemGetInfo(self):
-            from cuda.bindings.driver import CUresult
+    def mem_alloc(n):  # pragma: no cover - must not be reached
+        raise AssertionError("allocated despite the plan not fitting")
 
-            return CUresult.CUDA_SUCCESS, 1 << 30, 2 << 30
-
-        def cuMemAlloc(self, n):  # pragma: no cover - must not be reached
-            raise AssertionError("allocated despite the plan not fitting")
-
-    monkeypatch.setattr(driver, "_cu", lambda: Fake())
-    monkeypatch.setattr(driver, "_initialized", True)
+    monkeypatch.setattr(driver, "init", lambda: None)
+    monkeypatch.setattr(driver, "mem_info", lambda: (1 << 30, 2 << 30))
+    monkeypatch.setattr(driver, "mem_alloc", mem_alloc)
     arena = Arena()
     arena.tensor("huge", (1 << 31,), np.uint8)
     with pytest.raises(OutOfMemoryError) as info:
         arena.allocate()
     assert "need 2.00 GiB" in str(info.value) and "1.00 GiB free" in str(info.value)
+
+
+def test_driver_refusing_a_plan_that_fitted_says_both_sizes(monkeypatch):
+    """Free memory can shrink between the check and the allocation (another process): still OutOfMemoryError."""
+    from rawgpu import driver
+
+    def mem_alloc(n):
+        raise OutOfMemoryError(f"not enough GPU memory: cuMemAlloc({n} B) failed: CUDA_ERROR_OUT_OF_MEMORY")
+
+    monkeypatch.setattr(driver, "init", lambda: None)
+    monkeypatch.setattr(driver, "mem_info", lambda: (4 << 30, 8 << 30))
+    monkeypatch.setattr(driver, "mem_alloc", mem_alloc)
+    arena = Arena()
+    arena.tensor("big", (3 << 30,), np.uint8)
+    with pytest.raises(OutOfMemoryError, match="cuMemAlloc of 3.00 GiB failed with 4.00 GiB reported free"):
+        arena.allocate()
+    assert not arena.allocated
+
+
+def test_copies_are_fenced_by_context_synchronize(monkeypatch):
+    """Uploads, fills and zeroing wait for queued kernels before and for the copy after (non-blocking streams are
+    not ordered with these calls); downloads only before, since the copy back returns with the data."""
+    from rawgpu import driver
+
+    calls = []
+    monkeypatch.setattr(driver, "init", lambda: None)
+    monkeypatch.setattr(driver, "mem_info", lambda: (1 << 30, 1 << 30))
+    monkeypatch.setattr(driver, "mem_alloc", lambda n: 0x10000)
+    monkeypatch.setattr(driver, "mem_free", lambda ptr: calls.append(("free", ptr)))
+    monkeypatch.setattr(driver, "context_synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(driver, "copy_host_to_device", lambda ptr, host: calls.append(("htod", ptr, host.nbytes)))
+    monkeypatch.setattr(driver, "copy_device_to_host", lambda host, ptr: calls.append(("dtoh", ptr, host.nbytes)))
+    monkeypatch.setattr(driver, "memset_d8", lambda ptr, byte, n: calls.append(("memset", ptr, byte, n)))
+    with Arena() as arena:
+        a = arena.tensor("a", 4, np.float32)
+        b = arena.tensor("b", 2, np.int64)
+        arena.allocate()
+        b.upload(np.arange(2))
+        a.download()
+        a.fill_bytes(0x1FF)
+        arena.zero()
+    assert calls == ["sync", ("htod", 0x10000 + b.offset, 16), "sync",
+                     "sync", ("dtoh", 0x10000, 16),
+                     "sync", ("memset", 0x10000, 0xFF, 16), "sync",
+                     "sync", ("memset", 0x10000, 0, arena.peak_bytes), "sync",
+                     ("free", 0x10000)]
 
 
 # --- GPU ------------------------------------------------------------------------------------------------------

@@ -35,7 +35,10 @@ import pytest
 import mlp_reference as ref
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import data as kd
-from rawgpu.mlp import MLP, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, run_launches
+from rawgpu.mlp import MLP, run_launches
+from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
+from rawgpu.steps import StepOptions
+from rawgpu.steps import layered as layered_step
 
 gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,8 +63,8 @@ def kernels(device):
     return Kernels(device.arch)
 
 
-def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kernels: str = "auto", overlap: bool = True):
-    model = MLP(kernels, recipe, device.sm_count, step=step_kernels, overlap=overlap).allocate()
+def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kind: str = "auto", overlap: bool = True):
+    model = MLP(kernels, recipe, device.sm_count, step_kind=step_kind, options=StepOptions(overlap=overlap)).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
     model.set_permutation(perm)
@@ -87,22 +90,22 @@ REFERENCE_CASES = [(256, 3, 32, 0.0, "fp32"), (100, 2, 50, 0.9, "fp32"), (1024, 
 
 
 @gpu
-@pytest.mark.parametrize("hidden,layers,batch,momentum,accum,step_kernels", [
+@pytest.mark.parametrize("hidden,layers,batch,momentum,accum,step_kind", [
     *[(*case, "layered") for case in REFERENCE_CASES], (128, 3, 32, 0.0, "fp16", "layered"),
     *[(*case, "fused") for case in REFERENCE_CASES],
     (2048, 3, 32, 0.0, "fp32", "fused"), (64, 1, 7, 0.9, "fp32", "fused"), (520, 4, 200, 0.5, "fp32", "fused"),
     (128, 3, 32, 0.0, "fp32", "cluster"), (100, 2, 17, 0.0, "fp32", "cluster"), (64, 1, 32, 0.0, "fp32", "cluster"),
     (120, 4, 9, 0.0, "fp32", "cluster")])
 def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, momentum, accum,
-                                            step_kernels):
-    if step_kernels == "cluster" and int(device.arch.removeprefix("sm_")) < 90:
+                                            step_kind):
+    if step_kind == "cluster" and int(device.arch.removeprefix("sm_")) < 90:
         pytest.skip(f"the cluster step needs sm_90 thread-block clusters; this GPU is {device.arch}")
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, lr=0.05, momentum=momentum, schedule="constant",
                     accum=accum, seed=int(rng.integers(1 << 30)))
-    model = _model(kernels, device, stream, data, recipe, perm, step_kernels)
-    assert model.step_kind == step_kernels
+    model = _model(kernels, device, stream, data, recipe, perm, step_kind)
+    assert model.kind == step_kind
     try:
         init = model.parameters()
         step = model.step_launches()
@@ -128,7 +131,7 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
                 assert all(e <= g + FLOAT64_TOLERANCE for e, g in zip(errors, storage)), \
                     f"vs pure float64 after 1 step, per layer: {errors} (fp16 storage alone: {storage})"
         errors = _update_errors(model.parameters(), trajectory, init)
-        print(f"\n[{step_kernels} {hidden}x{layers} b{batch} mu{momentum} {accum}] worst step error {worst:.2e}, "
+        print(f"\n[{step_kind} {hidden}x{layers} b{batch} mu{momentum} {accum}] worst step error {worst:.2e}, "
               f"10-step trajectory {max(errors):.2e}")
         assert max(errors) <= TRAJECTORY_TOLERANCE, f"10-step trajectory, per layer: {errors}"
         assert model.step_count() == 10
@@ -138,14 +141,14 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
 
 
 @gpu
-@pytest.mark.parametrize("step_kernels", ["layered", "fused"])
-def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng, step_kernels):
+@pytest.mark.parametrize("step_kind", ["layered", "fused"])
+def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng, step_kind):
     from rawgpu.graph import capture
 
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=256, layers=3, batch=64, lr=0.05, momentum=0.9, schedule="cosine", total_steps=100)
-    model = _model(kernels, device, stream, data, recipe, perm, step_kernels)
+    model = _model(kernels, device, stream, data, recipe, perm, step_kind)
     try:
         step = model.step_launches()
         for _ in range(100):
@@ -180,7 +183,7 @@ def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stre
     try:
         step = model.step_launches()
         names = [launch.kernel.name for launch in step]
-        short = MLP.short_layered(recipe, device.arch)
+        short = layered_step.short_form_reason(recipe, device.arch) is None
         assert short == (device.arch == "sm_90" and batch <= 32 and momentum == 0)
         if short:
             assert len(step) == 8 and names[0] == "gather_batch" and names[4] == "head_step", names
@@ -216,7 +219,7 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
     for overlap in (False, True):
         model = _model(kernels, device, stream, data, recipe, perm, "layered", overlap=overlap)
         try:
-            assert model.overlap == overlap
+            assert model.step.overlap == overlap
             graph = capture(stream, run_launches(model.step_launches(20), stream))
             kinds = {kind for _, _, kind in graph.typed_edges()}
             assert kinds == {"programmatic" if overlap else "default"}, kinds
@@ -233,13 +236,13 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
 
 
 @gpu
-@pytest.mark.parametrize("step_kernels", ["layered", "fused"])
-def test_no_device_allocation_while_training(device, stream, kernels, rng, step_kernels):
+@pytest.mark.parametrize("step_kind", ["layered", "fused"])
+def test_no_device_allocation_while_training(device, stream, kernels, rng, step_kind):
     from rawgpu.graph import capture
 
     data = FakeMNIST(rng)
     model = _model(kernels, device, stream, data, Recipe(hidden=512, batch=32), rng.permutation(TRAIN_ROWS),
-                   step_kernels)
+                   step_kind)
     try:
         step = capture(stream, run_launches(model.step_launches(), stream))
         evaluate = capture(stream, run_launches(model.eval_launches(), stream))
@@ -274,15 +277,15 @@ def mnist():
 
 
 @gpu
-@pytest.mark.parametrize("step_kernels", ["layered", "fused"])
-def test_loss_falls_and_eval_counts_on_mnist(device, stream, kernels, mnist, step_kernels):
+@pytest.mark.parametrize("step_kind", ["layered", "fused"])
+def test_loss_falls_and_eval_counts_on_mnist(device, stream, kernels, mnist, step_kind):
     recipe = Recipe(hidden=128, layers=3, batch=32, lr=0.02, momentum=0.9, schedule="constant")
     model = _model(kernels, device, stream, mnist, recipe, np.random.default_rng(0).permutation(TRAIN_ROWS),
-                   step_kernels)
+                   step_kind)
     try:
         step = model.step_launches()
         losses = []
-        n = 250 if step_kernels == "layered" else 249  # fused: odd, so the current fp16 copy is the second one
+        n = 250 if step_kind == "layered" else 249  # fused: odd, so the current fp16 copy is the second one
         for _ in range(4):
             model.zero_metrics().run(stream)
             for _ in range(n):

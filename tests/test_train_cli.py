@@ -9,7 +9,8 @@ import pytest
 
 from rawgpu import train
 from rawgpu.errors import NoDeviceError
-from rawgpu.mlp import MLP, Recipe, pad8
+from rawgpu.mlp import MLP
+from rawgpu.recipe import Recipe, pad8
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--hidden", "wide"], "argument --hidden: expected an integer, got 'wide'"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
     (["--batch", "60001"], "argument --batch: must be <= 60000, got 60001"),
-    (["--lr", "0"], "argument --lr: must be > 0.0, got 0"),
-    (["--lr", "-0.001"], "argument --lr: must be > 0.0, got -0.001"),
+    (["--lr", "0"], "argument --lr: must be > 0, got 0"),
+    (["--lr", "-0.001"], "argument --lr: must be > 0, got -0.001"),
     (["--lr", "fast"], "argument --lr: expected a number, got 'fast'"),
     (["--lr", "nan"], "argument --lr: must be finite, got 'nan'"),
     (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
@@ -29,13 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--device", "-1"], "argument --device: must be >= 0, got -1"),
     (["--schedule", "steep"], "argument --schedule: invalid choice: 'steep'"),
     (["--no-graph", "--steps-per-graph", "4"], "--steps-per-graph needs graphs"),
-    (["--kernels", "fused", "--accum", "fp16"], "argument --kernels: fused cannot run this recipe: the fused step "
-                                                 "accumulates in fp32 only"),
-    (["--kernels", "fast"], "argument --kernels: invalid choice: 'fast'"),
+    (["--step", "fused", "--accum", "fp16"], "argument --step: fused cannot run this recipe: the fused step "
+                                              "accumulates in fp32 only"),
+    (["--step", "fast"], "argument --step/--kernels: invalid choice: 'fast'"),
     (["--kernels", "cluster", "--batch", "64"],
-     "argument --kernels: cluster cannot run this recipe: the cluster step takes batches of at most 32, got 64"),
-    (["--kernels", "cluster", "--batch", "32"], "argument --kernels: cluster cannot run this recipe: the cluster step "
-                                                "runs plain SGD (momentum 0)"),
+     "argument --step: cluster cannot run this recipe: the cluster step takes batches of at most 32, got 64"),
+    (["--step", "cluster", "--batch", "32"], "argument --step: cluster cannot run this recipe: the cluster step "
+                                             "runs plain SGD (momentum 0)"),
 ])
 def test_bad_values_exit_2_with_usage_and_one_error_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -53,7 +54,7 @@ def test_help_states_the_default_recipe(capsys):
     out = capsys.readouterr().out
     assert "batch 128, SGD with momentum 0.9" in out and "8 epochs" in out and "98%" in out
     for flag in ("--hidden", "--layers", "--batch", "--epochs", "--steps", "--lr", "--momentum", "--schedule",
-                 "--accum", "--seed", "--data-dir", "--no-graph", "--json", "--device", "--kernels"):
+                 "--accum", "--seed", "--data-dir", "--no-graph", "--json", "--device", "--step", "--kernels"):
         assert flag in out
 
 
@@ -128,7 +129,9 @@ def test_model_plan_pads_widths_and_sizes_the_arena():
     assert recipe.widths == [784, 100, 100, 10] and model.padded == [784, 104, 104, 16]
     assert recipe.parameters == 784 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10
     assert [lay.wlo.shape for lay in model.layers] == [(784, 104), (104, 104), (104, 16)]
-    assert model.layers[0].dx is None and all(lay.dx is not None for lay in model.layers[1:])
+    assert model.kind == "fused"
+    layered = MLP(None, recipe, sm_count=132, step_kind="layered").step
+    assert layered.plans[0].dx is None and all(p.dx is not None for p in layered.plans[1:])
     assert all(lay.mw is not None for lay in model.layers)
     assert model.eval_batch == 10000
     dataset = 60000 * 784 + 60000 + 10000 * 784 + 10000
@@ -150,8 +153,7 @@ def test_big_models_evaluate_in_chunks_and_plans_refuse_bad_recipes():
 
 def test_profile_gemm_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
     _no_gpu(monkeypatch)
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("profile_gemm", ROOT / "scripts" / "profile_gemm.py")
+    spec = importlib.util.spec_from_file_location("profile_gemm", ROOT / "dev" / "profile_gemm.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(["--hidden", "256"]) == 1
@@ -159,8 +161,8 @@ def test_profile_gemm_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
     assert err == ["profile_gemm: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU"]
 
 
-def test_bench_tensor_copy_variants_need_sm90():
-    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+def test_gemm_variants_tensor_copy_tiles_need_sm90():
+    spec = importlib.util.spec_from_file_location("gemm_variants", ROOT / "dev" / "gemm_variants.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     why = module.variants_error(["stream", "tma", "tma128"], "sm_86")

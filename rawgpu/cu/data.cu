@@ -8,10 +8,9 @@
 // batch + i]; thread c turns source bytes [16c, 16c + 16) into 16 fp16 (two 16-byte stores), so the launcher gives
 // a block at least ld_out / 16 threads. Columns in [row_bytes, ld_out) are written as zero so the GEMM can read
 // whole padded rows.
-// lr (may be null): block 0 also writes the step's learning rate there, in double, rounded once to fp32. kind 0:
-// constant lr0; 1: linear warmup then cosine to lr_min; 2: linear warmup then linear decay to lr_min (mirrors
-// kernels/data.py:lr_at). The schedule rides on the gather because both read the step counter first: one
-// dependent launch per step fewer than a kernel of its own.
+// lr (may be null): block 0 also writes the step's learning rate there, in double, rounded once to fp32, by the
+// schedule `kind` (step_math.cuh: lr_at_step, mirrored by kernels/data.py:lr_at). The schedule rides on the gather
+// because both read the step counter first: one dependent launch per step fewer than a kernel of its own.
 // early: the counter was moved at least two launches back (the layered step moves it in the head kernel), so the
 // counter, the permutation, the labels and the pixels are all final before this kernel's wait (pdl.cuh): the chain
 // of dependent loads step -> perm -> image runs while the kernel before still ends, and only the stores (x, y and

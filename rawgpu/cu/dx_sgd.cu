@@ -4,7 +4,7 @@
 // Why: at batch 32 both backward GEMMs are weight streams. Run apart, dx reads W16 (2 bytes per weight) and the
 // update reads and writes W16 and lo (8 bytes). But the update fetches W16 anyway, so dx is computed from the same
 // tile: 8 bytes per weight instead of 10, and one launch instead of two. With the forward's 2, a step moves 10
-// bytes per weight (DESIGN.md's 12 assumed an fp32 master beside the fp16 copy; master.cuh says why not).
+// bytes per weight (docs/design.md's first floor of 12 assumed an fp32 master beside the fp16 copy; master.cuh says why not).
 //
 //   Block: BM = 64 rows of W (input features) and a range of its columns, walked in chunks of BN = 128 through a
 //   STAGES-deep cp.async pipeline of [W16 chunk | lo chunk | dy chunk]. Per chunk:
@@ -18,7 +18,7 @@
 //   relu'(x) comes from the x tile already in shared memory. Every sum has a fixed order: bitwise reproducible.
 // bias != nullptr: the blocks also update the bias, b -= lr colsum(dy), with bias_grad_sgd's exact fixed-point
 // column sums (the same bits), so the layer's backward needs no second kernel. Chunk c of a column range is summed by
-// row band c % bands: one band doing them all would be the grid's critical path (measured: +190 us at H = 8192).
+// row band c % bands: one band doing them all would be the grid's critical path.
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient), still one pass at 8 bytes per
 // weight where the dW + SGD GEMM's staged tile needs two waves of blocks.
 // Needs batch <= 32 and plain SGD (no momentum: its tile would not fit the pipeline); kernels/dx_sgd.py checks.
@@ -32,16 +32,17 @@
 #include "step_math.cuh"
 #include "l2.cuh"
 
-#if __CUDA_ARCH__ == 900
-#define DX_SGD_STAGES 4
-#elif __CUDA_ARCH__ == 800
-#define DX_SGD_STAGES 3
-#else
-#define DX_SGD_STAGES 2
+// From rawgpu/contract.py, as -D options (`python -m rawgpu.contract dx_sgd.cu` prints them): the tile (DX_SGD_BM
+// rows of W, DX_SGD_BN columns per chunk, DX_SGD_BB batch rows), DX_SGD_THREADS, DX_SGD_STAGES (the pipeline depth
+// that fits the part's shared memory) and DX_SGD_SMEM_BYTES (the launch's dynamic shared memory).
+#if !defined(DX_SGD_BM) || !defined(DX_SGD_BN) || !defined(DX_SGD_BB) || !defined(DX_SGD_THREADS) || \
+    !defined(DX_SGD_STAGES) || !defined(DX_SGD_SMEM_BYTES)
+#error "dx_sgd.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
 #endif
 
 namespace dxsgd {
-constexpr int BM = 64, BN = 128, BB = 32, THREADS = 256, WARPS = 8, STAGES = DX_SGD_STAGES;
+constexpr int BM = DX_SGD_BM, BN = DX_SGD_BN, BB = DX_SGD_BB, THREADS = DX_SGD_THREADS, WARPS = THREADS / 32;
+constexpr int STAGES = DX_SGD_STAGES;
 constexpr int LDW = BN + 8;   // halves per W16 (and lo) row in shared memory: conflict-free pair access
 constexpr int LDY = BN + 8;   // halves per dy row
 constexpr int LDX = BM + 8;   // halves per x row
@@ -49,7 +50,8 @@ constexpr int W_HALVES = BM * LDW, Y_HALVES = BB * LDY;
 constexpr int STAGE_BYTES = 2 * W_HALVES * 2 + Y_HALVES * 2;
 constexpr int X_BYTES = BB * LDX * 2;
 constexpr int RED_LD = BM + 4;  // floats per row of the cross-warp dx sums
-constexpr u32 SMEM = STAGES * STAGE_BYTES + X_BYTES;
+constexpr u32 SMEM = DX_SGD_SMEM_BYTES;
+static_assert(STAGES * STAGE_BYTES + X_BYTES <= SMEM, "the pipeline and the x tile fit the launch's shared memory");
 static_assert(WARPS * BB * RED_LD * 4 <= STAGES * STAGE_BYTES, "the dx sums reuse the pipeline");
 static_assert(BN == 16 * WARPS, "one 16-column k-slice per warp");
 }  // namespace dxsgd

@@ -5,6 +5,10 @@
 #include "pdl.cuh"
 #include "master.cuh"
 
+#ifndef EW_THREADS
+#error "elementwise.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
+#endif
+
 RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
 // y = a * x + b * y over n floats. The stack's smoke test: it exercises pointer, float and int64 arguments.
@@ -45,12 +49,13 @@ extern "C" __global__ void fill_f32(float* __restrict__ p, i64 n, float v) {
 // Bias gradient + SGD(momentum) update. g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed point
 // (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
 // columns (one 16-byte load per row when ld % 8 == 0 and dy is aligned), TY threads split the rows; the TY
-// partials meet in shared memory. Grid over column tiles; blockDim.x * blockDim.y <= 256.
+// partials meet in shared memory. Grid over column tiles; blockDim.x * blockDim.y <= EW_THREADS (rawgpu/contract.py,
+// a -D option: the launcher's block).
 // mu > 0 and mom: mom = mu*mom + g, bias -= lr*mom; else bias -= lr*g.
 extern "C" __global__ void bias_grad_sgd(const half_t* __restrict__ dy, int ld, int rows, int cols,
                                          float* __restrict__ bias, float* __restrict__ mom,
                                          const float* __restrict__ lr, float mu) {
-    __shared__ i64 part[256 * 8];  // [TY][TX * 8]
+    __shared__ i64 part[EW_THREADS * 8];  // [TY][TX * 8]
     pdl_enter();
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
     const int tile = TX * 8;

@@ -372,7 +372,7 @@ RG_DEVICE void gemm(const Params& p) {
 // ---- persistent plain outer product (x^T @ dy stored, K = batch) ---------------------------------------------
 // A plain weight gradient moves 2 bytes per output against a few of input: it is a write stream. One block per
 // tile (the staged tile above) runs load -> wait -> multiply -> store with nothing to cover the load's latency, at
-// two blocks per SM (registers): 47% of DRAM bandwidth at 8192x8192x32 (ncu, H100), where cuBLAS runs one resident
+// two blocks per SM (registers): about half the DRAM bandwidth (docs/history.md), where cuBLAS runs one resident
 // block per SM looping over tiles. Here too a resident grid walks the tiles (tile t = blockIdx.x + i gridDim.x, rows
 // of tiles in order, so the blocks at work write neighbouring columns of the same rows), one k-tile per pipeline
 // stage across tile boundaries: the next tile's operands land while this one is multiplied and written.
@@ -435,26 +435,14 @@ RG_DEVICE void gemm_persistent_store(const Params& p) {
 }
 
 // ---- instances: extern "C" so kernels keep readable names in graphs and profiles ----------------------------
-// Name: gemm_<BMxBN>_<layout A><layout B>_<epilogue>_<accumulator>; r = row-major, c = column-major.
-// kernels/gemm.py holds the same table (CONFIGS, INSTANCES) and a CPU test checks the two agree.
-typedef Config<32, 128, 32, 1, 4, 6> Cfg32;     // batch-sized M (<= 32): streams a wide B
-typedef Config<32, 128, 64, 2, 4, 4> Cfg32k64;  // M <= 32, longer K runs: 128-byte rows of a column-major B
-typedef Config<64, 128, 64, 2, 4, 3> Cfg64;     // M <= 64
-typedef Config<128, 128, 32, 2, 4, 4> Cfg128;   // large M
-typedef Config<128, 128, 32, 2, 4, 2> CfgOuter; // K = batch: little to pipeline, much to write
-typedef Config<64, 128, 32, 2, 4, 2> CfgOuter64; // the same with half the accumulators: more CTAs per SM
-// Weight streaming for M <= 32: one block per SM, each owning 64 columns (or a K range of them), with as deep a
-// pipeline as the part's shared memory allows (kernels/gemm.py: STREAM_STAGES).
-#if __CUDA_ARCH__ == 900
-#define STREAM_STAGES 15
-#elif __CUDA_ARCH__ == 800
-#define STREAM_STAGES 11
-#else
-#define STREAM_STAGES 7
+// Name: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>; r = row-major, c = column-major. The tile
+// configs (Config typedefs) and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated
+// into gemm_instances.cuh, which the launcher plans from. From the contract too, as -D options: STREAM_STAGES (the
+// streaming tile's pipeline depth, as deep as the part's shared memory allows), PERSIST_BLOCKS_PER_SM (the
+// persistent tile's resident blocks per SM, which the launcher sizes its grid for).
+#if !defined(STREAM_STAGES) || !defined(PERSIST_BLOCKS_PER_SM)
+#error "gemm.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
 #endif
-typedef Config<32, 64, 64, 2, 4, STREAM_STAGES> CfgStream;
-typedef Config<64, 128, 32, 2, 4, 2, true> CfgOuterStaged;  // K = batch: weight update staged in shared memory
-typedef Config<64, 128, 32, 2, 4, 2> CfgPersist;              // K = batch, plain store: a resident grid walks the tiles
 
 #define GEMM_PARAMS                                                                                             \
     const half_t *A, const half_t *B, void *out, int M, int N, int K, int lda, int ldb, int ldc, int k_chunk, \
@@ -472,40 +460,14 @@ typedef Config<64, 128, 32, 2, 4, 2> CfgPersist;              // K = batch, plai
     GEMM_INSTANCE(name##_f32, CFG, LA, LB, EPI, false)     \
     GEMM_INSTANCE(name##_f16, CFG, LA, LB, EPI, true)
 
-#define GEMM_ALL_LAYOUTS(cfgname, CFG)                                     \
-    GEMM_ACCS(gemm_##cfgname##_rr_store, CFG, ROW, ROW, EPI_STORE)         \
-    GEMM_ACCS(gemm_##cfgname##_rc_store, CFG, ROW, COL, EPI_STORE)         \
-    GEMM_ACCS(gemm_##cfgname##_cr_store, CFG, COL, ROW, EPI_STORE)         \
-    GEMM_ACCS(gemm_##cfgname##_cc_store, CFG, COL, COL, EPI_STORE)         \
-    GEMM_ACCS(gemm_##cfgname##_rr_bias, CFG, ROW, ROW, EPI_BIAS)           \
-    GEMM_ACCS(gemm_##cfgname##_rr_bias_relu, CFG, ROW, ROW, EPI_BIAS_RELU) \
-    GEMM_ACCS(gemm_##cfgname##_rc_drelu, CFG, ROW, COL, EPI_DRELU)         \
-    GEMM_ACCS(gemm_##cfgname##_cr_sgd, CFG, COL, ROW, EPI_SGD)
-
-GEMM_ALL_LAYOUTS(32x128, Cfg32)
-GEMM_ALL_LAYOUTS(64x128, Cfg64)
-GEMM_ACCS(gemm_32x128k64_rr_store, Cfg32k64, ROW, ROW, EPI_STORE)
-GEMM_ACCS(gemm_32x128k64_rc_store, Cfg32k64, ROW, COL, EPI_STORE)
-GEMM_ACCS(gemm_32x128k64_rr_bias_relu, Cfg32k64, ROW, ROW, EPI_BIAS_RELU)
-GEMM_ACCS(gemm_32x128k64_rc_drelu, Cfg32k64, ROW, COL, EPI_DRELU)
-GEMM_ALL_LAYOUTS(128x128, Cfg128)
-GEMM_ACCS(gemm_outer_cr_sgd, CfgOuter, COL, ROW, EPI_SGD)
-GEMM_ACCS(gemm_outer_cr_store, CfgOuter, COL, ROW, EPI_STORE)
-GEMM_ACCS(gemm_outer64_cr_sgd, CfgOuter64, COL, ROW, EPI_SGD)
-GEMM_ACCS(gemm_outer64_cr_store, CfgOuter64, COL, ROW, EPI_STORE)
-GEMM_ACCS(gemm_stream_rr_store, CfgStream, ROW, ROW, EPI_STORE)
-GEMM_ACCS(gemm_stream_rr_bias, CfgStream, ROW, ROW, EPI_BIAS)
-GEMM_ACCS(gemm_stream_rr_bias_relu, CfgStream, ROW, ROW, EPI_BIAS_RELU)
-GEMM_ACCS(gemm_stream_rc_store, CfgStream, ROW, COL, EPI_STORE)
-GEMM_ACCS(gemm_stream_rc_drelu, CfgStream, ROW, COL, EPI_DRELU)
-GEMM_ACCS(gemm_staged_cr_sgd, CfgOuterStaged, COL, ROW, EPI_SGD)
-GEMM_ACCS(gemm_staged_cr_store, CfgOuterStaged, COL, ROW, EPI_STORE)
-
-// Two blocks per SM is what the launcher sizes the resident grid for (kernels/gemm.py: PERSIST_BLOCKS_PER_SM).
-#define PERSIST_INSTANCE(name, ACC16)                                                        \
-    extern "C" __global__ void __launch_bounds__(CfgPersist::THREADS, 2) name(GEMM_PARAMS) { \
-        const Params p = GEMM_ARGS;                                                           \
-        gemm_persistent_store<CfgPersist, COL, ROW, ACC16>(p);                                \
+#define PERSIST_INSTANCE(name, CFG, LA, LB, ACC16)                                                          \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, PERSIST_BLOCKS_PER_SM) name(GEMM_PARAMS) { \
+        const Params p = GEMM_ARGS;                                                                          \
+        gemm_persistent_store<CFG, LA, LB, ACC16>(p);                                                        \
     }
-PERSIST_INSTANCE(gemm_persist_cr_store_f32, false)
-PERSIST_INSTANCE(gemm_persist_cr_store_f16, true)
+
+#define PERSIST_ACCS(name, CFG, LA, LB)              \
+    PERSIST_INSTANCE(name##_f32, CFG, LA, LB, false) \
+    PERSIST_INSTANCE(name##_f16, CFG, LA, LB, true)
+
+#include "gemm_instances.cuh"  // generated: typedef Config<...> Cfg_<name>; GEMM_ACCS / PERSIST_ACCS per instance

@@ -169,7 +169,10 @@ RG_DEVICE bool sum_splits_in_order(float2 (&sum)[ITERS], float2* ws, i64 split_s
 // the others have read it. Against the workspace fix-up: no trip through L2 and back, no ticket, and the epilogue
 // is spread over all the splits' SMs instead of run by the last one.
 #define CLUSTER_PART_LD(BN) ((BN) + 8)  // floats: rows stay 16-byte aligned, fragment stores spread over the banks
-constexpr int MAX_CLUSTER_SPLITS = 8;    // the portable cluster size (kernels/gemm.py: MAX_CLUSTER_SPLITS)
+#ifndef GEMM_MAX_CLUSTER_SPLITS
+#error "gemm_epilogue.cuh needs rawgpu/contract.py's GEMM_MAX_CLUSTER_SPLITS (rawgpu/compiler.py passes it)"
+#endif
+constexpr int MAX_CLUSTER_SPLITS = GEMM_MAX_CLUSTER_SPLITS;  // the most splits the launcher puts in one cluster
 
 template <int EPI, int BM, int BN, int THREADS>
 RG_DEVICE void finish_cluster_splits(const Params& p, float lr, const float* part, int m0, int n0) {

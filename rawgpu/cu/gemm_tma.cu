@@ -2,8 +2,8 @@
 // copy engine (TMA).
 //
 // Why a second GEMM: at batch 32 the forward (x @ W) and dx (dy @ W^T) GEMMs are pure weight streams, 2 bytes per
-// weight and 64 flops. gemm.cu's cp.async pipeline issues one 16-byte copy per thread per piece, and measured
-// 56-64% of the copy bandwidth whatever its depth or grid. Here one thread per block issues one copy per 64x64
+// weight and 64 flops. gemm.cu's cp.async pipeline issues one 16-byte copy per thread per piece, and stayed well
+// below the copy bandwidth whatever its depth or grid (docs/history.md). Here one thread per block issues one copy per 64x64
 // tile (8 KB), the copies complete on mbarriers, and four consumer warps only run ldmatrix + mma.
 //
 //   Block: one producer warp (lane 0 issues every copy) + CONSUMERS warps. Tile BM = 32 rows of C by BN columns,
@@ -203,9 +203,8 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
 }
 
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, as in gemm.cu --------------------
-typedef TmaConfig<64, 16> CfgTma;      // 64 columns per block: 128 blocks stream an 8192-wide weight without split-K
-typedef TmaConfig<128, 10> CfgTma128;  // 128 columns: half the re-reads of A, split-K to fill the SMs
-
+// The TmaConfig typedefs and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated into
+// gemm_tma_instances.cuh.
 #define TMA_PARAMS                                                                                                \
     const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K, \
         int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets, \
@@ -223,11 +222,4 @@ typedef TmaConfig<128, 10> CfgTma128;  // 128 columns: half the re-reads of A, s
     TMA_INSTANCE(name##_f32, CFG, LB, EPI, false) \
     TMA_INSTANCE(name##_f16, CFG, LB, EPI, true)
 
-#define TMA_ROLES(cfgname, CFG)                                          \
-    TMA_ACCS(gemm_##cfgname##_rr_store, CFG, ROW, EPI_STORE)             \
-    TMA_ACCS(gemm_##cfgname##_rr_bias_relu, CFG, ROW, EPI_BIAS_RELU)     \
-    TMA_ACCS(gemm_##cfgname##_rc_store, CFG, COL, EPI_STORE)             \
-    TMA_ACCS(gemm_##cfgname##_rc_drelu, CFG, COL, EPI_DRELU)
-
-TMA_ROLES(tma, CfgTma)
-TMA_ROLES(tma128, CfgTma128)
+#include "gemm_tma_instances.cuh"  // generated: typedef TmaConfig<BN, STAGES> Cfg_<name>; TMA_ACCS per instance

@@ -3,7 +3,7 @@
 // and b.
 //
 // Why: in the layered step the head was four kernels (a split-K GEMM, softmax_xent, dx_sgd, bias_grad_sgd) around a
-// 10-column weight of only H x 16, each a dependent launch of 2-6 us however little it does. Here one cluster of C
+// 10-column weight of only H x 16, each a dependent launch that costs its latency however little it does. Here one cluster of C
 // CTAs does all of it, and the only exchange is the partial logits, through distributed shared memory.
 //
 //   CTA r owns rows [r kc, (r + 1) kc) of W (and the same columns of h). It loads its rows of W (before waiting for
@@ -25,21 +25,32 @@
 #include "pdl.cuh"
 #include "step_math.cuh"
 
+// From rawgpu/contract.py, as -D options (`python -m rawgpu.contract head.cu` prints them): HEAD_THREADS, HEAD_ROWS
+// (batch rows), HEAD_CLASSES (padded), and the launch's shared memory for kc rows of W, HEAD_SMEM_PER_ROW kc +
+// HEAD_SMEM_FIXED (the launcher's number, asserted below to be carve's).
+#if !defined(HEAD_THREADS) || !defined(HEAD_ROWS) || !defined(HEAD_CLASSES) || !defined(HEAD_SMEM_PER_ROW) || \
+    !defined(HEAD_SMEM_FIXED)
+#error "head.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
+#endif
+
 namespace head {
-constexpr int THREADS = 256, WARPS = 8, ROWS = 32, CLASSES = 16;
+constexpr int THREADS = HEAD_THREADS, WARPS = THREADS / 32, ROWS = HEAD_ROWS, CLASSES = HEAD_CLASSES;
 constexpr int LDW = CLASSES + 8;  // halves per row of W (and lo) in shared memory: conflict-free fragment loads
 constexpr int LDD = CLASSES + 8;  // halves per row of dlogits
 constexpr int RED_LD = CLASSES + 4;
 
-// Shared memory for kc rows of W per CTA (kernels/head.py:smem_bytes mirrors it).
+// Shared memory for kc rows of W per CTA: what carve() lays out.
 struct Smem {
     half_t* w; short* lo; half_t* h; float* red; float* part; float* z; half_t* d; int* labels; float* loss; int* hit;
     int ldh;
 };
-RG_DEVICE u32 smem_bytes(int kc) {
+RG_DEVICE constexpr u32 smem_bytes(int kc) {
     return (u32)(2 * kc * LDW * 2 + ROWS * (kc + 8) * 2 + WARPS * ROWS * RED_LD * 4 + 2 * ROWS * CLASSES * 4 +
                  ROWS * LDD * 2 + 3 * ROWS * 4);
 }
+// Both are linear in kc, so agreeing at two points they agree at every one.
+static_assert(smem_bytes(0) == HEAD_SMEM_FIXED && smem_bytes(16) == HEAD_SMEM_PER_ROW * 16 + HEAD_SMEM_FIXED,
+              "rawgpu/contract.py's head_smem_bytes must be this layout's size");
 RG_DEVICE Smem carve(u8* s, int kc) {
     Smem m;
     m.ldh = kc + 8;

@@ -3,7 +3,11 @@
 #include "common.cuh"
 #include "pdl.cuh"
 
-#define XENT_MAX_WARPS 32  // blockDim.x <= 1024
+// XENT_MAX_WARPS: the warps of the largest block the launcher gives (rawgpu/contract.py: XENT_MAX_THREADS), a -D
+// option.
+#ifndef XENT_MAX_WARPS
+#error "loss.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
+#endif
 
 // A warp per row (rows strided by the warp count), fp32 math. Per row: m = max z, loss = log(sum exp(z - m))
 // + m - z[label], prediction = the first index of the max. dlogits[r, c] = (softmax_c - [c == label]) * inv_batch

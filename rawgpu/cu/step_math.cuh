@@ -17,19 +17,24 @@ RG_DEVICE void bytes16_to_f16(const uint4 v, uint4& lo, uint4& hi) {
     hi = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
-// lr at step s, in double, rounded once to fp32. kind 0: constant lr0. kind 1: linear warmup then cosine to
-// lr_min. kind 2: linear warmup then linear decay to lr_min. Mirrors kernels/data.py:lr_at.
+// The schedule codes `kind` takes, rawgpu/contract.py's SCHEDULES (-D options: rawgpu/compiler.py passes them).
+#if !defined(SCHEDULE_CONSTANT) || !defined(SCHEDULE_COSINE) || !defined(SCHEDULE_LINEAR)
+#error "step_math.cuh needs rawgpu/contract.py's SCHEDULE_* codes (rawgpu/compiler.py passes them)"
+#endif
+
+// lr at step s, in double, rounded once to fp32. SCHEDULE_CONSTANT: lr0. SCHEDULE_COSINE: linear warmup then cosine
+// to lr_min. SCHEDULE_LINEAR: linear warmup then linear decay to lr_min. Mirrors kernels/data.py:lr_at.
 RG_DEVICE float lr_at_step(i64 s, double lr0, double lr_min, i64 total_steps, i64 warmup_steps, int kind) {
     double out = lr0;
-    if (kind != 0) {
+    if (kind != SCHEDULE_CONSTANT) {
         if (s < warmup_steps) {
             out = lr0 * (double)(s + 1) / (double)warmup_steps;
         } else {
             const i64 span = total_steps - warmup_steps > 1 ? total_steps - warmup_steps : 1;
             double t = (double)(s - warmup_steps) / (double)span;
             t = t < 1.0 ? t : 1.0;
-            out = kind == 1 ? lr_min + 0.5 * (lr0 - lr_min) * (1.0 + cos(3.141592653589793 * t))
-                            : lr0 + (lr_min - lr0) * t;
+            out = kind == SCHEDULE_COSINE ? lr_min + 0.5 * (lr0 - lr_min) * (1.0 + cos(3.141592653589793 * t))
+                                          : lr0 + (lr_min - lr0) * t;
         }
     }
     return (float)out;

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import contract
 from . import Kernels, require, require_split_scratch
 from .l2 import LayerPolicy
 
@@ -21,17 +22,11 @@ if TYPE_CHECKING:
 
 SOURCE = "dx_sgd.cu"
 KERNEL = "dx_sgd"
-SIGNATURE = "ppppppiiiiiiiippfffp"  # must match dx_sgd's parameters
-BM, BN, MAX_BATCH, THREADS = 64, 128, 32, 256  # dxsgd:: in dx_sgd.cu
-
-
-def stages(arch: str) -> int:
-    """DX_SGD_STAGES in dx_sgd.cu: the pipeline depth that fits the part's shared memory at 42.5 KB a stage."""
-    return {"sm_90": 4, "sm_80": 3}.get(arch, 2)
-
-
-def smem_bytes(arch: str) -> int:
-    return stages(arch) * (BM * (BN + 8) * 4 + MAX_BATCH * (BN + 8) * 2) + MAX_BATCH * (BM + 8) * 2
+SIGNATURE = "ppppppiiiiiiiippfffp"  # dx_sgd's parameters (tests/test_compiler.py checks it against the PTX)
+# The kernel's tile and block, compiled in from rawgpu/contract.py
+BM, BN, MAX_BATCH, THREADS = contract.DX_SGD_BM, contract.DX_SGD_BN, contract.DX_SGD_MAX_BATCH, contract.DX_SGD_THREADS
+stages = contract.dx_sgd_stages  # the pipeline depth per arch
+smem_bytes = contract.dx_sgd_smem_bytes  # the dynamic shared memory per arch
 
 
 def supported(batch: int, momentum: bool, accum: str) -> bool:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract import EW_THREADS
 from ..driver import Launch
 from ..memory import Tensor
 from . import Kernels, blocks_for, require
 
 SRC = "elementwise.cu"
-THREADS = 256
+THREADS = EW_THREADS  # every launch's block; bias_grad_sgd's shared partials are compiled for it
 
 
 def axpby_f32(k: Kernels, y: Tensor, x: Tensor, a: float, b: float) -> Launch:

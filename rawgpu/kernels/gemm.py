@@ -6,138 +6,45 @@ split-K workspace it needs. `gemm` binds a plan to tensors and returns a `Launch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
+from .. import contract
+from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM,  # noqa: F401
+                        TMA_ROLES, GemmConfig, all_kernel_names, config_for, kernel_name, stream_stages)
 from . import Kernels, require, require_split_scratch
 
 if TYPE_CHECKING:
     from ..driver import Launch
     from ..memory import Tensor
 
-SOURCE = "gemm.cu"
-SIGNATURE = "pppiiiiiiippipppfpp"  # must match GEMM_PARAMS in gemm.cu
-TMA_SOURCE = "gemm_tma.cu"
-TMA_SIGNATURE = "ttpiiiiippippf"  # must match TMA_PARAMS in gemm_tma.cu
-EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd")
-LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
+# The tile configs, the compiled instances and their names live in rawgpu/contract.py, which generates gemm.cu's and
+# gemm_tma.cu's instance lists from them; they are re-exported here for the planner and its callers.
+SOURCE = contract.GEMM_SOURCE
+SIGNATURE = "pppiiiiiiippipppfpp"  # GEMM_PARAMS in gemm.cu (tests/test_compiler.py checks it against the PTX)
+TMA_SOURCE = contract.GEMM_TMA_SOURCE
+TMA_SIGNATURE = "ttpiiiiippippf"  # TMA_PARAMS in gemm_tma.cu (tests/test_compiler.py checks it against the PTX)
 MAX_SPLITS = 16
-# On sm_90 the splits of a tile run as one thread-block cluster and add up their partials in distributed shared
-# memory (finish_cluster_splits in gemm_epilogue.cuh), with no workspace round trip through L2; up to the portable
-# cluster size. More splits, or a staged epilogue, take the workspace fix-up.
-MAX_CLUSTER_SPLITS = 8
-# How many clusters of s one-block-per-SM CTAs fit the GPU at once is set by its GPCs, not its SM count (an H100
-# with 132 SMs holds 15 of 8, not 16): `cluster_capacity` asks the driver. Without a GPU, plans assume this share of
+# How many clusters of s one-block-per-SM CTAs fit the GPU at once is set by its GPCs, not its SM count (fewer than
+# SMs / s where a GPC's SMs are not a multiple of s): `cluster_capacity` asks the driver. Without a GPU, plans assume this share of
 # the SMs.
 PLANNING_CLUSTER_SHARE = 0.7
-# Beyond this many k-tiles, a tile whose workspace rule splits wider than a cluster can takes the workspace: 8 splits
-# of 64 k-tiles stream too long (H100, 32x16x8192: 16 splits through L2 8.3 us, 8 in a cluster 10.2; 32x16x2048: 5.9
-# against 5.4, the cluster ahead).
+# Beyond this many k-tiles, a tile whose workspace rule splits wider than a cluster can takes the workspace: 8 long
+# splits in a cluster stream too long, where twice as many through L2 finish sooner (docs/perf.md).
 LONG_K_TILES = 4 * MAX_CLUSTER_SPLITS
 MIN_K_TILES_PER_SPLIT = 4  # a split must stream enough tiles to fill its pipeline
-# Streaming at K <= 2048 (bench.py gemm --sweep, H100): one block streams a k-tile in ~0.27 us, so from 8 k-tiles
-# on, splits of 2-3 k-tiles win (32x512x512: 4.7 us at 4 splits, 5.5 at 2); below that the fix-up (~1.5 us) costs
-# more than it saves (32x256x256: 3.5 us unsplit, 4.7 at 2 splits).
+# Streaming at K <= 2048 (dev/gemm_variants.py --sweep): from 8 k-tiles on, splits of 2-3 k-tiles win; below that the
+# fix-up costs more than the splits save (docs/perf.md).
 STREAM_MIN_K_TILES_PER_SPLIT = 2
 STREAM_SPLIT_MIN_K_TILES = 8
 # Split-K pays only when one CTA would stream many bytes: below this, latency rules and the fix-up
 # (partials through L2, a ticket, a second read) costs more than the parallelism saves.
 SPLIT_MIN_BYTES = 192 * 1024
-# The persistent tile's resident grid: this many blocks per SM (its __launch_bounds__ in gemm.cu promises the
-# registers; its shared memory, 44 KB, fits twice even in sm_86's 99 KB).
-PERSIST_BLOCKS_PER_SM = 2
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """One CTA tile shape; mirrors the `Config<...>` typedefs in gemm.cu."""
-
-    name: str
-    bm: int
-    bn: int
-    bk: int
-    warps_m: int
-    warps_n: int
-    stages: int
-    staged: bool = False  # the epilogue goes through shared memory (Config<..., STAGED_> in gemm.cu)
-    tma: bool = False  # fed by the sm_90 tensor copy engine (TmaConfig in gemm_tma.cu): one more warp, the producer
-    persistent: bool = False  # a resident grid walks the tiles (gemm_persistent_store in gemm.cu)
-
-    @property
-    def threads(self) -> int:
-        return 32 * (self.warps_m * self.warps_n + self.tma)
-
-    @property
-    def source(self) -> str:
-        return TMA_SOURCE if self.tma else SOURCE
-
-    def smem_bytes(self, layout: str, epilogue: str = "store", momentum: bool = False) -> int:
-        """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves; a staged SGD epilogue
-        adds the fp32 weight tile (and the momentum tile), rows padded by 8 floats; the persistent tile adds its fp16
-        output tile, rows padded by 8 halves. TMA tiles are swizzled, not padded, and need 1 KB of slack to align
-        them."""
-        if self.tma:
-            return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
-        a = self.bm * (self.bk + 8) if layout[0] == "r" else self.bk * (self.bm + 8)
-        b = self.bk * (self.bn + 8) if layout[1] == "r" else self.bn * (self.bk + 8)
-        staged = (2 if momentum else 1) * self.bm * (self.bn + 8) * 4 if self.staged and epilogue == "sgd" else 0
-        out = self.bm * (self.bn + 8) * 2 if self.persistent else 0
-        return self.stages * (a + b) * 2 + staged + out
-
-
-def stream_stages(arch: str) -> int:
-    """STREAM_STAGES in gemm.cu: the pipeline depth that fits a block's shared memory (227 KB on sm_90, 163 KB
-    on sm_80, 99 KB on sm_86/87/89) at 13.5 KB per stage."""
-    return {"sm_90": 15, "sm_80": 11}.get(arch, 7)
-
-
-CONFIGS = {
-    "32x128": GemmConfig("32x128", 32, 128, 32, 1, 4, 6),
-    "32x128k64": GemmConfig("32x128k64", 32, 128, 64, 2, 4, 4),
-    "64x128": GemmConfig("64x128", 64, 128, 64, 2, 4, 3),
-    "128x128": GemmConfig("128x128", 128, 128, 32, 2, 4, 4),
-    "outer": GemmConfig("outer", 128, 128, 32, 2, 4, 2),
-    "outer64": GemmConfig("outer64", 64, 128, 32, 2, 4, 2),
-    "stream": GemmConfig("stream", 32, 64, 64, 2, 4, 7),  # stages: stream_stages(arch)
-    "staged": GemmConfig("staged", 64, 128, 32, 2, 4, 2, staged=True),
-    "persist": GemmConfig("persist", 64, 128, 32, 2, 4, 2, persistent=True),
-    "tma": GemmConfig("tma", 32, 64, 64, 1, 4, 16, tma=True),  # warps: 4 consumers (+ the producer)
-    "tma128": GemmConfig("tma128", 32, 128, 64, 1, 4, 10, tma=True),
-}
-TMA_ROLES = [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")]
 # The tensor-copy tile (config "tma") pays once the weight is this large; below it the cp.async streaming tile is
-# as fast or faster (docs/perf.md, Version 4).
+# as fast or faster (docs/history.md, Version 4).
 TMA_MIN_BYTES = 4 << 20
-
-
-def config_for(name: str, arch: str) -> GemmConfig:
-    """CONFIGS[name] with its pipeline depth for this GPU."""
-    cfg = CONFIGS[name]
-    return replace(cfg, stages=stream_stages(arch)) if name == "stream" else cfg
-
-# (config, layout, epilogue) triples compiled in gemm.cu, each for f32 and f16 accumulation.
-_ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
-                   ("rr", "bias"), ("rr", "bias_relu"), ("rc", "drelu"), ("cr", "sgd")]
-INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") for lay, epi in _ROLE_INSTANCES]
-                      + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
-                      + [("32x128k64", lay, epi) for lay, epi in [("rr", "store"), ("rc", "store"),
-                                                                  ("rr", "bias_relu"), ("rc", "drelu")]]
-                      + [("stream", lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias"), ("rr", "bias_relu"), ("rc", "store"),
-                                                               ("rc", "drelu")]]
-                      + [("staged", "cr", e) for e in ("sgd", "store")] + [("persist", "cr", "store")]
-                      + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES])
-
-
-def kernel_name(config: str, layout: str, epilogue: str, accum: str) -> str:
-    return f"gemm_{config}_{layout}_{epilogue}_{accum}"
-
-
-def all_kernel_names(source: str = SOURCE) -> list[str]:
-    """The instances one source file compiles."""
-    return sorted(kernel_name(c, lay, e, acc) for c, lay, e in INSTANCES for acc in ("f32", "f16")
-                  if CONFIGS[c].source == source)
 
 
 def has_tma(arch: str) -> bool:
@@ -213,13 +120,12 @@ class GemmPlan:
 
 def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86",
                   sm_count: int = 132) -> str:
-    """Which tile runs a shape (the measurements behind each rule: docs/perf.md, H200 and H100).
+    """Which tile runs a shape (the measurements behind each rule: docs/perf.md and docs/history.md).
 
     - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces, except a plain
-      store at N <= 64 and M <= 2048, where most of its 128 columns would be padding: the 32x128 tile (head-sized
-      1024x16x32: 2.3 us against 2.7, H100 sweep; at M = 8192 it loses, 4.1 us against cuBLAS's 3.2); and a plain
-      store of more tiles than the persistent tile's resident grid, which that grid walks (H100: 8192x8192x32 55.7 us
-      against 69.8, 2048x2048x32 6.2 against 7.3; with fewer tiles than blocks it loses, 784x2048x32 4.3 against 4.1);
+      store at N <= 64 and M <= 2048, where most of its 128 columns would be padding: the 32x128 tile (faster on a
+      head-sized output; at larger M it loses); and a plain store of more tiles than the persistent tile's resident
+      grid, which that grid walks (with fewer tiles than blocks it loses);
     - M <= 32 (x @ W and dy @ W^T at batch size): a streaming tile, one block per SM with its whole share of K in
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
@@ -262,10 +168,10 @@ def stream_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
 
 
 def cluster_splits(tiles: int, k_tiles: int, capacity: Sequence[int]) -> int:
-    """Streaming blocks on sm_90, splits meeting in a cluster (bench.py gemm --sweep, H100): the fix-up is cheap enough
-    that the most splits win, down to one k-tile each, as long as every tile's cluster is resident at once (a second
-    wave doubles the time: 32x1024x1024 at 8 splits 9.0 us, at 6 splits 5.7); below STREAM_SPLIT_MIN_K_TILES a split
-    still costs more than it saves (32x256x256: 3.5 us unsplit, 4.0 at 4 splits)."""
+    """Streaming blocks on sm_90, splits meeting in a cluster (dev/gemm_variants.py --sweep): the fix-up is cheap
+    enough that the most splits win, down to one k-tile each, as long as every tile's cluster is resident at once (a
+    second wave of clusters costs more than fewer splits save); below STREAM_SPLIT_MIN_K_TILES a split still costs
+    more than it saves."""
     if k_tiles < STREAM_SPLIT_MIN_K_TILES:
         return 1
     for s in range(min(MAX_CLUSTER_SPLITS, k_tiles), 1, -1):
@@ -312,7 +218,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     for operand, extent in contiguous.items():
         if extent % 8:
             raise ValueError(f"GEMM {operand}'s contiguous dimension is {extent}: it must be a multiple of 8 "
-                             "(pad it; see DESIGN.md)")
+                             "(pad it; see docs/design.md)")
     name = config or choose_config(M, K, epilogue, layout, N, arch, sm_count)
     if name not in CONFIGS:
         raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
@@ -331,8 +237,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     elif cfg.persistent:
         s = 1
     elif (name == "stream" or cfg.tma) and clusters:
-        # the tensor-copy tile streams best unsplit from a quarter of the SMs on (H100: 32x4096x4096 16.0 us unsplit,
-        # 17.5 at 2 splits; 32x4096x784 7.0 against 8.3; 32 tiles of 32x2048x784 6.2 against 7.0 at 3)
+        # the tensor-copy tile streams best unsplit from a quarter of the SMs on (docs/perf.md)
         s = cluster_splits(tiles, k_tiles, room) if name == "stream" or 8 * tiles <= sm_count else 1
         wide = stream_splits(tiles, k_tiles, sm_count)
         if s > 1 and wide > MAX_CLUSTER_SPLITS and k_tiles > LONG_K_TILES:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import contract
 from . import Kernels, require
 
 if TYPE_CHECKING:
@@ -18,19 +19,11 @@ if TYPE_CHECKING:
 
 SOURCE = "head.cu"
 KERNEL = "head_step"
-SIGNATURE = "pippppppppippiiiifp"  # must match head_step's parameters
-THREADS, ROWS, CLASSES = 256, 32, 16  # head:: in head.cu
-LDW = LDD = CLASSES + 8
-RED_LD = CLASSES + 4
-WARPS = 8
+SIGNATURE = "pippppppppippiiiifp"  # head_step's parameters (tests/test_compiler.py checks it against the PTX)
+THREADS, ROWS, CLASSES = contract.HEAD_THREADS, contract.HEAD_ROWS, contract.HEAD_CLASSES  # compiled into head.cu
 MAX_KC = 1024  # rows of W per CTA: 190 KB of shared memory
 PORTABLE_CTAS, MAX_CTAS = 8, 16
-
-
-def smem_bytes(kc: int) -> int:
-    """head::smem_bytes in head.cu."""
-    return (2 * kc * LDW * 2 + ROWS * (kc + 8) * 2 + WARPS * ROWS * RED_LD * 4 + 2 * ROWS * CLASSES * 4
-            + ROWS * LDD * 2 + 3 * ROWS * 4)
+smem_bytes = contract.head_smem_bytes  # a CTA's dynamic shared memory for kc rows of W
 
 
 def supported(batch: int, momentum: bool, accum: str, classes_padded: int, arch: str) -> bool:

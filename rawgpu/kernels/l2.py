@@ -14,10 +14,10 @@ all above B's whenever both are partial, and a forward releases B's lines as it 
 
 A plan gives, per layer, one `keep` value for its forward's weight reads and three for its dx_sgd (reading both
 halves, writing W16, writing lo); ptx/l2.cuh says what a value means (> 0: that fraction kept, 0: normal, < 0:
-evict first). dx_sgd reads normally: marked evict-first they cost 10 us per step at H = 8192 (H100). Layers whose
-backward is not dx_sgd read and write normally, and so does every layer when less than MIN_KEEP of the top one
-fits. Measured on an H100 (docs/perf.md, Version 10): 4-6 us per step at H = 4096; nothing at 1024-2048, where the
-weights stay in L2 anyway. Plain Python, tested on CPU.
+evict first). dx_sgd reads normally: marked evict-first they were slower. Layers whose backward is not dx_sgd read
+and write normally, and so does every layer when less than MIN_KEEP of the top one fits. The hints pay at large
+widths and change nothing where the weights stay in L2 anyway (docs/history.md, Version 10). Plain Python, tested on
+CPU.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 NORMAL, FIRST = 0.0, -1.0
-DEFAULT_BUDGET = 0.6  # of the L2's bytes, for one kept set at a time (bench.py train --l2-budgets compares)
-MIN_KEEP = 0.5  # below this share of the top layer kept, the hints cost more than they save (H100: +3 us at 8192)
+DEFAULT_BUDGET = 0.6  # of the L2's bytes, for one kept set at a time (dev/step_variants.py --l2-budgets compares)
+MIN_KEEP = 0.5  # below this share of the top layer kept, the hints cost more than they save
 
 
 @dataclass(frozen=True)

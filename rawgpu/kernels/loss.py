@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract import XENT_MAX_THREADS
 from ..driver import Launch
 from ..memory import Tensor
 from . import Kernels, require
 
 SRC = "loss.cu"
 THREADS = 256  # one block, a warp per row: small enough for 10 classes, and its sum order never changes
-EVAL_THREADS = 1024  # large evaluation batches: more warps in the one block (the order still depends only on batch)
+# large evaluation batches: more warps in the one block (the order still depends only on batch); softmax_xent's
+# per-warp sums are compiled for this many
+EVAL_THREADS = XENT_MAX_THREADS
 
 
 def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,

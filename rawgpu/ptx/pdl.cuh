@@ -1,6 +1,6 @@
 // Programmatic dependent launch (sm_90+): a kernel launched with the programmatic-serialization attribute
 // (driver.Launch.overlapping) may start while the kernel before it in the stream still runs, so its blocks are
-// resident and set up when that kernel ends, instead of the launch starting only then (~1 us per kernel).
+// resident and set up when that kernel ends, instead of the launch starting only then.
 //
 // The contract every kernel of the layered step keeps:
 //   - before wait_for_prior_grid(), it touches shared memory only, or reads global data that the kernel just

@@ -4,7 +4,7 @@ Builds the kernel with -DFS_PROFILE (block 0 stamps %globaltimer after every pha
 workload (batch 32, lr 0.003, plain SGD) on MNIST for --steps steps in one launch, and prints the median time of
 each phase over the steps after the first 20. A phase's time is its slowest block's work plus the barrier.
 
-    python scripts/fused_phases.py --hidden 128 512 1024 [--batch 32] [--steps 200]
+    python dev/fused_phases.py --hidden 128 512 1024 [--batch 32] [--steps 200]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
 
 from rawgpu import compiler  # noqa: E402
 from rawgpu.data import load_mnist  # noqa: E402
@@ -24,7 +24,8 @@ from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import fused as kf  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.mlp import MLP, TRAIN_ROWS, Recipe  # noqa: E402
+from rawgpu.mlp import MLP  # noqa: E402
+from rawgpu.recipe import TRAIN_ROWS, Recipe  # noqa: E402
 
 
 def at_least(low: int):
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
         print(f"{dev.name}: one grid barrier over {dev.sm_count} blocks: {barrier_us(module, stream, dev.sm_count):.2f} us")
         for h in args.hidden:
             recipe = Recipe(hidden=h, batch=args.batch, lr=0.003, momentum=0.0, schedule="constant")
-            model = MLP(kernels, recipe, dev.sm_count, step="fused").allocate()
+            model = MLP(kernels, recipe, dev.sm_count, step_kind="fused").allocate()
             model.upload_data(data)
             model.init_parameters(stream)
             model.set_permutation(perm)
@@ -93,9 +94,9 @@ def main(argv=None) -> int:
             stamps = arena.tensor("stamps", 1 + args.steps * len(names), np.uint64)
             arena.allocate()
             arena.zero()
-            model.table.upload(kf.param_table(model, stamps.ptr))
-            grid = model.step_launches()[0].grid[0]
-            profiled.bind(grid, kf.THREADS, kf.smem_bytes(dev.arch), model.table, args.steps, cooperative=True).run(stream)
+            model.step.table.upload(model.step.param_table(stamps.ptr))
+            grid = model.step.grid()
+            profiled.bind(grid, kf.THREADS, kf.smem_bytes(dev.arch), model.step.table, args.steps, cooperative=True).run(stream)
             stream.synchronize()
             t = np.diff(stamps.download().astype(np.int64)).reshape(args.steps, len(names))[20:]
             med = np.median(t, axis=0) / 1e3

@@ -1,8 +1,9 @@
 """Launch each MLP GEMM of one hidden width a few times, ours and cuBLAS's, for a profiler to read.
 
 Run under Nsight Compute on the device, e.g.
-  ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,... python3 scripts/profile_gemm.py
-No timing here: bench.py times; this only gives ncu the kernels, each with cold caches as ncu leaves them.
+  ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,... python3 dev/profile_gemm.py
+No timing here: scripts/bench.py gemm and dev/gemm_variants.py time; this only gives ncu the kernels, each with cold
+caches as ncu leaves them. The launches are scripts/bench.py's (imported as a module).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # bench.py (and its peers package)
+sys.path.insert(2, str(Path(__file__).resolve().parent))  # gemm_variants.py, beside this script
 
 import bench  # noqa: E402
+from gemm_variants import variants_error  # noqa: E402
 from rawgpu import driver as drv  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     device = drv.Device(0)
-    if why := bench.variants_error(args.variants, device.arch):
+    if why := variants_error(args.variants, device.arch):
         print(f"profile_gemm: error: {why}", file=sys.stderr)
         return 2
     stream = drv.Stream()

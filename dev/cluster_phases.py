@@ -5,7 +5,7 @@ after each barrier), trains the benchmark workload (batch 32, lr 0.003, plain SG
 launch, and prints the median time that closes at each mark, over the steps after the first 20. A mark after a
 barrier includes the wait for the slowest CTA.
 
-    python scripts/cluster_phases.py --hidden 128 [--layers 3] [--steps 200]
+    python dev/cluster_phases.py --hidden 128 [--layers 3] [--steps 200]
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # fused_phases.py, beside this script
 
 from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.kernels import cluster as kc  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.mlp import MLP, Recipe  # noqa: E402
+from rawgpu.mlp import MLP  # noqa: E402
+from rawgpu.recipe import Recipe  # noqa: E402
 
 from fused_phases import add_profile_args, at_least, profiling_setup  # noqa: E402 - beside this script
 
@@ -36,18 +38,18 @@ def main(argv=None) -> int:
         names = kc.marks(args.layers)
         for h in args.hidden:
             recipe = Recipe(hidden=h, layers=args.layers, batch=32, lr=0.003, momentum=0.0, schedule="constant")
-            model = MLP(kernels, recipe, dev.sm_count, step="cluster").allocate()
+            model = MLP(kernels, recipe, dev.sm_count, step_kind="cluster").allocate()
             model.upload_data(data)
             model.init_parameters(stream)
             model.set_permutation(perm)
-            plan = model.cluster_plan
+            plan = model.step.plan
             arena = Arena()
             stamps = arena.tensor("stamps", 3 + args.steps * len(names), np.uint64)
             arena.allocate()
             arena.zero()
-            model.table.upload(kc.param_table(model, plan, stamps.ptr))
+            model.step.table.upload(model.step.param_table(stamps.ptr))
             profiled = module.kernel(plan.kernel, kc.SIGNATURE)
-            profiled.bind(plan.ctas, kc.THREADS, plan.smem_bytes, model.table, args.steps, cluster=plan.ctas).run(stream)
+            profiled.bind(plan.ctas, kc.THREADS, plan.smem_bytes, model.step.table, args.steps, cluster=plan.ctas).run(stream)
             stream.synchronize()
             raw = stamps.download().astype(np.int64)
             times, (c0, c1) = raw[:-2], raw[-2:]

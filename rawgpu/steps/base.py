@@ -1,0 +1,71 @@
+"""What every step kind provides to the model (`Step`), with the defaults most kinds keep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..kernels.l2 import DEFAULT_BUDGET
+
+if TYPE_CHECKING:
+    from ..driver import Launch, Stream
+    from ..memory import Tensor
+    from ..mlp import MLP
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Settings of particular kinds, for comparisons and tests; the defaults are what training uses.
+
+    overlap: layered step on sm_90+, each kernel starts while the one before still runs (programmatic dependent
+    launch). l2_bytes, l2_budget: layered step, the GPU's L2 size and the share of it one weight may keep between
+    two reads (budget 0 or no size: no cache hints). fused_grid: blocks of the fused kernel (default one per SM)."""
+
+    overlap: bool = True
+    l2_bytes: int = 0
+    l2_budget: float = DEFAULT_BUDGET
+    fused_grid: int | None = None
+
+
+class Step:
+    """One way of running the training step over a model's shared buffers.
+
+    A kind's module defines `build(model, options)`, which plans the kind's own buffers in the model's arena
+    while the model is being planned (no GPU needed), and returns the Step. After the arena is allocated the model
+    calls `allocated()`; after the parameters are set, `parameters_set(stream)`."""
+
+    kind = ""
+
+    def __init__(self, model: "MLP"):
+        self.model = model
+
+    def launches(self, steps: int) -> list["Launch"]:
+        """`steps` training steps, in order, ready to run eagerly or to be captured into one graph."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """How a step runs, for headers: the kernel count or the one kernel's geometry."""
+        raise NotImplementedError
+
+    def split_plans(self) -> list[Any]:
+        """Plans whose split-K partials go through the model's shared workspace and tickets (sized by the model)."""
+        return []
+
+    def counters(self) -> list["Tensor"]:
+        """Device counters of this kind that start at zero with every new set of parameters."""
+        return []
+
+    def allocated(self) -> None:
+        """The arena exists: upload parameter tables, check the GPU can run the launches."""
+
+    def parameters_set(self, stream: "Stream") -> None:
+        """The master weights were just written: derive whatever copies of them this kind keeps."""
+
+    def before_eval(self) -> list["Launch"]:
+        """Launches that make `working_copies(0)` current before an evaluation reads the fp16 weights."""
+        return []
+
+    def working_copies(self, steps_done: int | None = None) -> list["Tensor"]:
+        """Each layer's fp16 working copy, the high half of its master (master.py), after `steps_done` steps.
+        Kinds that keep one copy ignore the count; None: the count does not matter or is read when needed."""
+        return [lay.w16 for lay in self.model.layers]

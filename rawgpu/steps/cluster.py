@@ -1,0 +1,95 @@
+"""The cluster step: training steps by one thread-block cluster whose shared memory holds the model,
+cu/cluster_step.cu (sm_90).
+
+Each of the 16 CTAs keeps a column slice of every layer for a whole launch; activations and partial sums move
+between CTAs through distributed shared memory, and the master weights and biases are written back to the arena
+when a launch ends. Small models only: batch <= 32, plain SGD, fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import contract
+from ..kernels import cluster as kc
+from ..recipe import CLASSES, Recipe, loss_scale
+from .base import Step, StepOptions
+
+if TYPE_CHECKING:
+    from ..driver import Launch
+    from ..mlp import MLP
+
+SUMMARY = "one thread-block cluster keeps the whole model in shared memory (1 kernel)"
+RUNS_WHEN = (f"sm_90, batch <= {kc.ROWS}, momentum 0, fp32 accumulation, and the model fits {kc.CTAS} SMs' shared "
+             "memory: hidden <= 128 at 3 hidden layers")
+WHEN_AUTO = "the model fits one thread-block cluster's shared memory: no launch or DRAM round trip inside a step"
+
+
+def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
+    """Why the cluster step cannot run this recipe on this arch; None when it can."""
+    if int(arch.removeprefix("sm_")) < 90:
+        return f"the cluster step needs thread-block clusters (sm_90 or newer), this GPU is {arch}"
+    if recipe.batch > kc.ROWS:
+        return f"the cluster step takes batches of at most {kc.ROWS}, got {recipe.batch}"
+    if recipe.uses_momentum:
+        return "the cluster step runs plain SGD (momentum 0)"
+    if recipe.accum != "fp32":
+        return "the cluster step accumulates in fp32 only"
+    try:
+        p = kc.plan(recipe.hidden, recipe.layers)
+    except ValueError as exc:
+        return str(exc)
+    if p.smem_bytes + kc.PARAM_BYTES > kc.SHARED_LIMIT:
+        return (f"the model does not fit in the shared memory of {kc.CTAS} SMs: {p.smem_bytes // 1024} KB per SM, "
+                f"{(kc.SHARED_LIMIT - kc.PARAM_BYTES) // 1024} KB available")
+    return None
+
+
+class ClusterStep(Step):
+    kind = "cluster"
+
+    def __init__(self, model: "MLP"):
+        super().__init__(model)
+        r = model.recipe
+        self.plan = kc.plan(r.hidden, r.layers)
+        self.table = model.arena.tensor("cluster_params", kc.table_words(len(model.layers)), np.uint64)
+
+    def allocated(self) -> None:
+        kc.check_schedulable(self.model.k, self.plan)
+        self.table.upload(self.param_table())
+
+    def launches(self, steps: int) -> list["Launch"]:
+        return [kc.cluster_steps(self.model.k, self.table, self.plan, steps)]
+
+    def describe(self) -> str:
+        p = self.plan
+        return f"cluster: 1 kernel, {p.ctas} CTAs sharing the model in shared memory ({p.smem_bytes // 1024} KB each)"
+
+    def param_table(self, profile: int = 0) -> np.ndarray:
+        """The CsParams table (contract.py; pointers are device addresses, offsets from the shared-memory plan) as
+        uint64 words, up to the model's last layer. profile: a device buffer for timestamps (a kernel built with
+        -DCS_PROFILE writes 1 + steps x len(kc.marks(layers)) of them), or 0. Rates rounded to fp32 first."""
+        m, plan = self.model, self.plan
+        r, o = m.recipe, plan.offsets
+        lr0, lr_min = r.scaled_lr
+        f32 = lambda x: float(np.float32(x))  # noqa: E731
+        p = contract.CsParams(
+            images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
+            correct=m.correct.ptr, profile=profile, batch=r.batch, steps_per_epoch=r.steps_per_epoch,
+            layers=len(m.layers), schedule=r.schedule_code, total_steps=r.total_steps, warmup_steps=r.warmup_steps,
+            classes=CLASSES, hs=plan.hs, n=plan.n, act_off=o["act"], raw_off=o["raw"], x_off=o["x"], dy_off=o["dy"],
+            dlogit_off=o["dlogits"], rs_off=o["rs"], scratch_off=o["scratch"], misc_off=o["misc"],
+            smem_bytes=plan.smem_bytes, lr0=f32(lr0), lr_min=f32(lr_min),
+            dlogit_scale=f32(loss_scale(r.batch) / r.batch))
+        for i, lay in enumerate(m.layers):
+            t = p.layer[i]
+            t.wlo, t.w16, t.b = lay.wlo.ptr, lay.w16.ptr, lay.b.ptr
+            t.in_p, t.out_p = lay.wlo.shape
+            t.rows, t.w_off, t.b_off = plan.rows[i], plan.w_off[i], plan.b_off[i]
+        return np.frombuffer(contract.table_bytes(p, len(m.layers)), np.uint64)
+
+
+def build(model: "MLP", options: StepOptions) -> ClusterStep:
+    return ClusterStep(model)

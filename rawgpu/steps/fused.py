@@ -1,0 +1,118 @@
+"""The fused step: the whole training step (or several) in one persistent cooperative kernel, cu/fused_step.cu.
+
+One block per SM stays resident; the step's phases (forward per layer, head, backward per layer) are separated
+by grid-wide barriers. A backward phase reads the fp16 working copy while other warps update it, so each weight
+has two fp16 copies: step s reads copy s & 1 and writes copy (s + 1) & 1, and the fp32 master is
+(copy (steps done) & 1, lo). Runs on every GPU rawgpu supports, with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import contract
+from ..kernels import elementwise as ke
+from ..kernels import fused as kf
+from ..recipe import CLASSES, Recipe, loss_scale, pad8
+from .base import Step, StepOptions
+
+if TYPE_CHECKING:
+    from ..driver import Launch, Stream
+    from ..memory import Tensor
+    from ..mlp import MLP
+
+SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
+PREFERRED_WHEN = f"fp32 accumulation, hidden <= {kf.MAX_HIDDEN}"
+WHEN_AUTO = (f"hidden <= {kf.MAX_HIDDEN}: one kernel beats a chain of latency-bound launches; above that the "
+             "layered step's GEMMs stream the weights faster")
+
+
+def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
+    """Why the fused step cannot run this recipe; None when it can (any GPU rawgpu supports)."""
+    if recipe.accum != "fp32":
+        return "the fused step accumulates in fp32 only"
+    if recipe.layers + 1 > kf.MAX_LINEAR_LAYERS:
+        return f"the fused step takes at most {kf.MAX_LINEAR_LAYERS - 1} hidden layers"
+    return None
+
+
+def not_preferred_reason(recipe: Recipe) -> str | None:
+    """Why `auto` passes the fused step over although it could run; None when `auto` takes it."""
+    if pad8(recipe.hidden) > kf.MAX_HIDDEN:
+        return (f"hidden {recipe.hidden} > {kf.MAX_HIDDEN}: the layered step's GEMMs stream weights this wide "
+                "faster than the fused step's 32x32 blocks")
+    return None
+
+
+class FusedStep(Step):
+    kind = "fused"
+
+    def __init__(self, model: "MLP", grid: int | None):
+        super().__init__(model)
+        a, B = model.arena, model.recipe.batch
+        self.grid_request = grid
+        self.w16_next = [a.tensor(f"w16b_{i}", lay.w16.shape, np.float16) for i, lay in enumerate(model.layers)]
+        self.row_loss = a.tensor("row_loss", B, np.float32)  # per-row metrics, summed by one warp
+        self.row_hit = a.tensor("row_hit", B, np.int32)
+        self.barrier = a.tensor("grid_barrier", 1, np.int64)
+        self.table = a.tensor("fused_params", kf.table_words(len(model.layers)), np.uint64)
+
+    def counters(self) -> list["Tensor"]:
+        return [self.barrier]
+
+    def allocated(self) -> None:
+        self.table.upload(self.param_table())
+
+    def parameters_set(self, stream: "Stream") -> None:
+        """The second fp16 copy = the first."""
+        for lay, nxt in zip(self.model.layers, self.w16_next):
+            ke.copy_f16_if_odd(self.model.k, nxt, lay.w16, None).run(stream)
+        stream.synchronize()
+
+    def before_eval(self) -> list["Launch"]:
+        """Evaluation reads copy 0; the current copy is copy (steps done) & 1."""
+        m = self.model
+        return [ke.copy_f16_if_odd(m.k, lay.w16, nxt, m.counter) for lay, nxt in zip(m.layers, self.w16_next)]
+
+    def working_copies(self, steps_done: int | None = None) -> list["Tensor"]:
+        odd = (self.model.step_count() if steps_done is None else steps_done) % 2 == 1
+        return self.w16_next if odd else [lay.w16 for lay in self.model.layers]
+
+    def grid(self) -> int:
+        return kf.resident_grid(self.model.k, self.model.sm_count, self.grid_request)
+
+    def launches(self, steps: int) -> list["Launch"]:
+        return [kf.fused_steps(self.model.k, self.table, steps, self.grid())]
+
+    def describe(self) -> str:
+        return f"fused: 1 persistent kernel, {self.grid()} blocks x {kf.THREADS} threads"
+
+    def param_table(self, profile: int = 0) -> np.ndarray:
+        """The FsParams table (contract.py; pointers are device addresses) as uint64 words, up to the model's last
+        layer. profile: a device buffer for per-phase timestamps (a kernel built with -DFS_PROFILE writes it), or 0.
+        The rates are rounded to fp32 first: the kernel computes in fp32."""
+        m = self.model
+        r = m.recipe
+        lr0, lr_min = r.scaled_lr
+        f32 = lambda x: float(np.float32(x))  # noqa: E731
+        p = contract.FsParams(
+            images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
+            correct=m.correct.ptr, row_loss=self.row_loss.ptr, row_hit=self.row_hit.ptr, barrier=self.barrier.ptr,
+            batch=r.batch, steps_per_epoch=r.steps_per_epoch, layers=len(m.layers), schedule=r.schedule_code,
+            total_steps=r.total_steps, warmup_steps=r.warmup_steps, classes=CLASSES, profile=profile,
+            lr0=f32(lr0), lr_min=f32(lr_min), mu=f32(r.momentum), dlogit_scale=f32(loss_scale(r.batch) / r.batch))
+        for i, (lay, nxt) in enumerate(zip(m.layers, self.w16_next)):
+            t = p.layer[i]
+            t.wlo, t.w16[0], t.w16[1], t.b = lay.wlo.ptr, lay.w16.ptr, nxt.ptr, lay.b.ptr
+            t.mw, t.mb = (lay.mw.ptr, lay.mb.ptr) if lay.mw else (0, 0)
+            t.x, t.dy = m.acts[i].ptr, m.grads[i + 1].ptr
+            t.y = m.acts[i + 1].ptr if i + 1 < len(m.layers) else 0  # the last layer's output: the logits, unused
+            t.dx = m.grads[i].ptr if i else 0
+            t.in_p, t.out_p = lay.wlo.shape
+        return np.frombuffer(contract.table_bytes(p, len(m.layers)), np.uint64)
+
+
+def build(model: "MLP", options: StepOptions) -> FusedStep:
+    return FusedStep(model, options.fused_grid)

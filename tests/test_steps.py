@@ -1,0 +1,137 @@
+"""The step kinds and their one chooser (rawgpu/steps/), and the recipe's one statement of defaults and limits
+(rawgpu/recipe.py): plain Python, tested on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+
+from rawgpu import recipe as rc
+from rawgpu import steps
+from rawgpu import train
+from rawgpu.errors import StepUnsupported
+from rawgpu.mlp import MLP
+from rawgpu.recipe import Recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = [Recipe(hidden=h, layers=layers, batch=b, momentum=mu, accum=acc)
+           for h, layers, b, mu, acc in itertools.product((8, 100, 128, 256, 512, 513, 1024, 4096), (1, 3, 9),
+                                                          (1, 32, 33, 128), (0.0, 0.9), ("fp32", "fp16"))]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
+def test_every_recipe_has_a_step_on_every_arch(arch):
+    """GPUs before sm_90 keep a complete path: every recipe gets a step that can run it there."""
+    for r in RECIPES:
+        choice = steps.choose(r, arch)
+        assert choice.kind in steps.KINDS and choice.reason
+        assert steps.unsupported_reason(choice.kind, r, arch) is None
+        if arch != "sm_90":
+            assert choice.kind in ("fused", "layered"), (r, choice)
+
+
+def test_auto_says_why_it_passed_every_kind_over():
+    choice = steps.choose(Recipe(hidden=1024, batch=128), "sm_90")  # momentum, wide: layered, 18 kernels
+    assert choice.kind == "layered"
+    assert list(choice.passed_over) == ["cluster", "layered (short form)", "fused"]
+    assert "at most 32" in choice.passed_over["cluster"] and "hidden 1024 > 512" in choice.passed_over["fused"]
+    assert "momentum 0.9" in choice.passed_over["layered (short form)"]
+    assert choice.explain().splitlines()[0].startswith("layered: ")
+    assert steps.choose(Recipe(hidden=128, batch=32, momentum=0.0), "sm_90").passed_over == {}
+
+
+@pytest.mark.parametrize("kind,changes,arch,reason", [
+    ("cluster", {}, "sm_86", "sm_90 or newer"), ("cluster", dict(hidden=256, batch=32, momentum=0.0), "sm_90",
+                                                 "does not fit"),
+    ("fused", dict(accum="fp16"), "sm_90", "fp32 only"), ("fused", dict(layers=64), "sm_86", None),
+    ("layered", dict(accum="fp16", batch=60000), "sm_80", None)])
+def test_a_named_kind_runs_or_says_why(kind, changes, arch, reason):
+    r = Recipe(**changes)
+    if reason is None:
+        assert steps.choose(r, arch, kind) == steps.Choice(kind, "asked for by name")
+        return
+    with pytest.raises(StepUnsupported, match=reason) as info:
+        steps.choose(r, arch, kind)
+    assert str(info.value).startswith(f"{kind} cannot run this recipe: ") and "\n" not in str(info.value)
+
+
+def test_the_model_takes_the_chosen_step_and_plans_only_its_buffers():
+    for r, arch in [(Recipe(hidden=128, batch=32, momentum=0.0), "sm_90"), (Recipe(), "sm_86"),
+                    (Recipe(hidden=2048), "sm_90"), (Recipe(hidden=2048, accum="fp16"), "sm_86")]:
+        model = MLP(None, r, arch=arch)
+        assert model.kind == steps.choose(r, arch).kind == model.step.kind
+        names = set(model.arena.tensors)
+        assert ("fused_params" in names) == (model.kind == "fused")
+        assert ("cluster_params" in names) == (model.kind == "cluster")
+        assert ("w16b_0" in names) == (model.kind == "fused")
+
+
+def test_the_step_option_help_is_the_choosers_own_words_in_every_cli():
+    text = steps.help_text()
+    for kind in steps.KINDS:
+        assert f"{kind}: {steps.MODULES[kind].SUMMARY}" in text
+    assert "hidden <= 512" in text  # the fused step's limit, from kernels/fused.py's MAX_HIDDEN
+    spec = importlib.util.spec_from_file_location("inspect_graph", ROOT / "scripts" / "inspect_graph.py")
+    inspect_graph = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inspect_graph)
+    squash = lambda s: " ".join(s.split())  # noqa: E731 - argparse wraps help text
+    for parser in (train.build_parser(), inspect_graph.build_parser()):
+        assert squash(text) in squash(parser.format_help())
+
+
+def test_the_parser_defaults_are_the_recipe_defaults():
+    args = train.build_parser().parse_args([])
+    for name, option in rc.OPTIONS.items():
+        assert getattr(args, name) == option.default == rc.DEFAULTS[name]
+    recipe = train.make_recipe(args, train.make_plan(args))
+    assert (recipe.hidden, recipe.layers, recipe.batch, recipe.lr, recipe.momentum, recipe.schedule,
+            recipe.warmup_steps, recipe.accum, recipe.seed) == (
+        Recipe().hidden, Recipe().layers, Recipe().batch, Recipe().lr, Recipe().momentum, Recipe().schedule,
+        Recipe().warmup_steps, Recipe().accum, Recipe().seed)
+    assert recipe.total_steps == 8 * (60000 // 128)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(hidden=0), "hidden must be >= 1, got 0"), (dict(layers=65), "layers must be <= 64, got 65"),
+    (dict(batch=60001), "batch must be <= 60000"), (dict(lr=0.0), "lr must be > 0"),
+    (dict(momentum=1.0), "momentum must be <= 0.999"), (dict(schedule="steep"), "schedule must be one of"),
+    (dict(accum="bf16"), "accum must be one of fp32, fp16"), (dict(warmup_steps=-1), "warmup_steps must be >= 0"),
+    (dict(lr=float("nan")), "lr must be finite")])
+def test_the_recipe_checks_the_same_limits_as_the_cli(changes, message):
+    with pytest.raises(ValueError, match=message):
+        Recipe(**changes)
+
+
+def test_loss_scaled_learning_rate_and_padding_are_stated_once():
+    r = Recipe(batch=128, lr=0.05, lr_min=0.001)
+    assert rc.loss_scale(128) == 16 * 128 and rc.loss_scale(129) == 16 * 256 and rc.loss_scale(1) == 16
+    assert r.scaled_lr == (0.05 / rc.loss_scale(128), 0.001 / rc.loss_scale(128))
+    assert r.padded_widths == [784, 256, 256, 256, 16]
+    assert Recipe(hidden=100).padded_widths == [784, 104, 104, 104, 16]
+    assert rc.cdiv(7, 2) == 4 and rc.pad8(9) == 16 and rc.PADDED_CLASSES == 16
+    assert r.kernel_accum == "f32" and r.schedule_code == rc.SCHEDULES["cosine"]
+
+
+def _tables_by_name(kind: str, recipe: Recipe) -> list[str]:
+    """A step's parameter table with every device address replaced by the name of the arena buffer it points to."""
+    model = MLP(None, recipe, arch="sm_90", step_kind=kind)
+    model.arena.base, model.arena._allocated = 1 << 40, True  # addresses without a GPU
+    names = {t.ptr: t.name for t in model.arena}
+    return [names.get(int(w), hex(int(w))) for w in model.step.param_table(profile=0x1234)]
+
+
+def test_parameter_tables_point_each_field_at_its_buffer():
+    words = _tables_by_name("fused", Recipe(hidden=192, layers=2, batch=48, momentum=0.9, total_steps=40))
+    assert words[:12] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "row_loss",
+                          "row_hit", "grid_barrier", "0x30", hex(60000 // 48), "0x3"]
+    assert words[16] == "0x1234" and len(words) == 21 + 3 * 12
+    assert words[21:33] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "act0", "act1", "grad1", "0x0",
+                            hex(784), hex(192)]
+    assert words[-12:] == ["wlo_2", "w16_2", "w16b_2", "b_2", "mw_2", "mb_2", "act2", "0x0", "grad3", "grad2",
+                           hex(192), hex(16)]
+    words = _tables_by_name("cluster", Recipe(hidden=128, layers=3, batch=32, momentum=0.0))
+    assert words[:8] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "0x1234", "0x20"]
+    assert len(words) == 28 + 4 * 8 and words[28:33] == ["wlo_0", "w16_0", "b_0", hex(784), hex(128)]
