@@ -272,10 +272,18 @@ def _compile_probe(tmp_path, monkeypatch, header: str) -> compiler.CompiledModul
 def test_the_generated_layout_compiles_and_a_c_layout_that_differs_fails_the_build(tmp_path, monkeypatch):
     header = contract.declare(_Inner) + contract.declare(_Outer)
     assert "probe" in _compile_probe(tmp_path, monkeypatch, header).resources
-    wrong = header.replace("    int k;", "    i64 k;")  # C now disagrees with ctypes
-    assert wrong != header
+    wrong_size = header.replace("    short h[3];", "    short h[7];")  # C now disagrees with ctypes: every NVRTC sees it
+    assert wrong_size != header
+    with pytest.raises(CompileError, match=r"_Inner: its size in rawgpu/contract.py"):
+        _compile_probe(tmp_path, monkeypatch, wrong_size)
+    wrong_offset = header.replace("    int k;", "    i64 k;")  # the same size, h 4 bytes further on
+    assert wrong_offset != header
+    try:
+        _compile_probe(tmp_path, monkeypatch, "#if !__has_builtin(__builtin_offsetof)\n#error none\n#endif\n")
+    except CompileError:
+        return  # an NVRTC without __builtin_offsetof (13.0) checks sizes only; the CPU tests' NVRTC checks offsets
     with pytest.raises(CompileError, match=r"_Inner.h: its offset in rawgpu/contract.py"):
-        _compile_probe(tmp_path, monkeypatch, wrong)
+        _compile_probe(tmp_path, monkeypatch, wrong_offset)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
