@@ -135,3 +135,18 @@ def test_parameter_tables_point_each_field_at_its_buffer():
     words = _tables_by_name("cluster", Recipe(hidden=128, layers=3, batch=32, momentum=0.0))
     assert words[:8] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "0x1234", "0x20"]
     assert len(words) == 28 + 4 * 8 and words[28:33] == ["wlo_0", "w16_0", "b_0", hex(784), hex(128)]
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+def test_the_layered_step_counts_its_kernels_without_binding_them(arch):
+    """describe() is asked for after a run too, when the arena is gone: the count comes from the plans alone."""
+    for r in (Recipe(hidden=256, batch=32, momentum=0.0), Recipe(), Recipe(hidden=100, layers=1, accum="fp16"),
+              Recipe(hidden=4096, batch=32, momentum=0.0, layers=5)):
+        model = MLP(None, r, arch=arch, step_kind="layered")
+        model.arena.base, model.arena._allocated = 1 << 40, True
+        count = len(model.step_launches())
+        assert model.step.kernel_count() == count
+        model.arena._allocated = False  # as after arena.close()
+        assert model.step.describe().startswith(f"layered: {count} kernels")
+    assert MLP(None, Recipe(hidden=256, batch=32, momentum=0.0), arch="sm_90").step.kernel_count() == 8
+    assert MLP(None, Recipe(hidden=1024), arch="sm_90", step_kind="layered").step.kernel_count() == 18

@@ -95,9 +95,17 @@ class LayeredStep(Step):
     def split_plans(self) -> list:
         return [p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw, lp.bwd) if p is not None]
 
+    def kernel_count(self) -> int:
+        """Launches per step, from the plans alone (no tensor needs an address): gather, the forward GEMMs, the
+        head kernel or softmax, per layer the one-pass backward or dx + dW + bias, and the counter where no head
+        kernel moves it."""
+        n = len(self.plans) - (self.head is not None)
+        backward = sum(1 if p.bwd is not None else (p.dx is not None) + 2 for p in self.plans[:n])
+        return 1 + n + 1 + backward + (self.head is None)
+
     def describe(self) -> str:
         how = ", each overlapping the one before (programmatic dependent launch)" if self.overlap else ""
-        return f"layered: {len(self._one_step())} kernels{how}"
+        return f"layered: {self.kernel_count()} kernels{how}"
 
     def launches(self, steps: int) -> list["Launch"]:
         step = self._one_step()
