@@ -137,14 +137,31 @@ def test_parameter_tables_point_each_field_at_its_buffer():
     assert len(words) == 28 + 4 * 8 and words[28:33] == ["wlo_0", "w16_0", "b_0", hex(784), hex(128)]
 
 
+class _BindingKernels:
+    """Kernels that bind without a GPU: each launcher's checks and argument packing run, nothing is loaded."""
+
+    def __init__(self, arch: str):
+        self.arch = arch
+
+    def get(self, source: str, name: str, signature: str):
+        from rawgpu.driver import PackedArgs
+
+        class Bound:
+            def bind(self, grid, block, smem, *args, **kw):
+                return (name, PackedArgs(signature, args))
+        return Bound()
+
+
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
-def test_the_layered_step_counts_its_kernels_without_binding_them(arch):
+def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypatch):
     """describe() is asked for after a run too, when the arena is gone: the count comes from the plans alone."""
+    monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))  # the driver encodes these
     for r in (Recipe(hidden=256, batch=32, momentum=0.0), Recipe(), Recipe(hidden=100, layers=1, accum="fp16"),
               Recipe(hidden=4096, batch=32, momentum=0.0, layers=5)):
         model = MLP(None, r, arch=arch, step_kind="layered")
         model.arena.base, model.arena._allocated = 1 << 40, True
-        count = len(model.step_launches())
+        model.k = _BindingKernels(arch)
+        count = len(model.step._one_step())
         assert model.step.kernel_count() == count
         model.arena._allocated = False  # as after arena.close()
         assert model.step.describe().startswith(f"layered: {count} kernels")
