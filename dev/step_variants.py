@@ -55,15 +55,15 @@ def timed_rows(args, h: int, mnist) -> list[dict]:
     ours = measure("rawgpu")
     rows = [ours]
     if args.l2_budgets:  # the budget is a hint of the layered step only
-        base = ours if ours["step_kind"] == "layered" else measure("rawgpu-layered", kernels="layered")
+        base = ours if ours["step_kind"] == "layered" else measure("rawgpu-layered", step_kind="layered")
         rows += [base] if base is not ours else []
         for budget in args.l2_budgets:
-            rows.append(measure(f"rawgpu-layered-l2={budget:g}", base["system"], kernels="layered", l2_budget=budget))
+            rows.append(measure(f"rawgpu-layered-l2={budget:g}", base["system"], step_kind="layered", l2_budget=budget))
     if args.fused_grid:
-        base = ours if ours["step_kind"] == "fused" else measure("rawgpu-fused", kernels="fused")
+        base = ours if ours["step_kind"] == "fused" else measure("rawgpu-fused", step_kind="fused")
         rows += [base] if base is not ours else []
         for grid in args.fused_grid:
-            rows.append(measure(f"rawgpu-fused-grid={grid}", base["system"], kernels="fused", fused_grid=grid))
+            rows.append(measure(f"rawgpu-fused-grid={grid}", base["system"], step_kind="fused", fused_grid=grid))
     return rows
 
 

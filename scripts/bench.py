@@ -291,11 +291,11 @@ def launch_floor(stream, kernels, nodes: int, trials: int = 30) -> float:
     return time_graph(stream, lambda: [noop.run(stream) for _ in range(nodes)], 1, trials)
 
 
-def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50, kernels: str = "auto",
+def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50, step_kind: str = "auto",
                  steps_per_launch: int = 1, fused_grid: int | None = None, l2_budget: float | None = None) -> dict:
     """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
-    timed). kernels: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
+    timed). step_kind: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
     programmatic dependent launch); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
     the L2 the layered step's cache hints may keep per weight (None: the default). Returns a dict with system,
     us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial parameters, for the peers) and note."""
@@ -304,11 +304,10 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     from rawgpu.steps import StepOptions
 
     recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
-    serial = kernels == "serial"  # the default step, each kernel launched only when the one before has finished
-    options = StepOptions(overlap=not serial, fused_grid=fused_grid)
-    if l2_budget is not None:
-        options = StepOptions(overlap=not serial, l2_budget=l2_budget, fused_grid=fused_grid)
-    session = Session(recipe, device_index, step_kind="auto" if serial else kernels, options=options,
+    serial = step_kind == "serial"  # the default step, each kernel launched only when the one before has finished
+    budget = {} if l2_budget is None else {"l2_budget": l2_budget}
+    options = StepOptions(overlap=not serial, fused_grid=fused_grid, **budget)
+    session = Session(recipe, device_index, step_kind="auto" if serial else step_kind, options=options,
                       on_compile=lambda m: print(f"# {m}", flush=True))
     model, stream = session.model, session.stream
     model.upload_data(data)
@@ -347,7 +346,7 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
         multi.close()
     model.arena.close()
     how = session.step_description + (f", {k} steps per launch" if k > 1 else "")
-    name = "rawgpu" if kernels == "auto" else f"rawgpu-{kernels}"
+    name = "rawgpu" if step_kind == "auto" else f"rawgpu-{step_kind}"
     name += "" if l2_budget is None else f"-l2={l2_budget:g}"
     return dict(system=name, us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
                 step_kind=session.model.kind,
@@ -446,7 +445,7 @@ def cmd_train(args) -> int:
         for variant in args.rawgpu_variants:  # the other step kinds, side by side
             try:
                 systems.append(clocked(f"rawgpu-{variant}", bench_rawgpu, h, args.steps, args.seed, mnist,
-                                       args.device, kernels=variant, steps_per_launch=args.steps_per_launch))
+                                       args.device, step_kind=variant, steps_per_launch=args.steps_per_launch))
                 systems[-1].pop("init")
             except RawgpuError as exc:  # e.g. the cluster step at a width it does not hold
                 systems.append(dict(system=f"rawgpu-{variant}", us_per_step=None, test_accuracy=None,

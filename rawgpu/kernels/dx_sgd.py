@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
+from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
 from .l2 import LayerPolicy
 
@@ -35,9 +36,6 @@ def supported(batch: int, momentum: bool, accum: str) -> bool:
     return batch <= MAX_BATCH and not momentum and accum == "f32"
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 @dataclass(frozen=True)
 class DxSgdPlan:
@@ -49,7 +47,7 @@ class DxSgdPlan:
 
     @property
     def bands(self) -> int:
-        return _cdiv(self.IN, BM)
+        return cdiv(self.IN, BM)
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -71,12 +69,12 @@ def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None
         raise ValueError(f"the fused backward takes 1..{MAX_BATCH} batch rows, got {B}")
     if min(IN, N) < 1 or IN % 8 or N % 8:
         raise ValueError(f"W must be a positive multiple of 8 in both dimensions, got {IN} x {N}")
-    chunks = _cdiv(N, BN)
-    s = int(splits) if splits is not None else max(1, min(chunks, sm_count // _cdiv(IN, BM)))
+    chunks = cdiv(N, BN)
+    s = int(splits) if splits is not None else max(1, min(chunks, sm_count // cdiv(IN, BM)))
     if not 1 <= s <= chunks:
         raise ValueError(f"splits must be in 1..{chunks} for {N} columns, got {s}")
-    n_chunk = _cdiv(chunks, s) * BN
-    return DxSgdPlan(B, IN, N, _cdiv(N, n_chunk), n_chunk)
+    n_chunk = cdiv(chunks, s) * BN
+    return DxSgdPlan(B, IN, N, cdiv(N, n_chunk), n_chunk)
 
 
 def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:

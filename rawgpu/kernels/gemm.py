@@ -14,6 +14,7 @@ import numpy as np
 from .. import contract
 from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM,  # noqa: F401
                         TMA_ROLES, GemmConfig, all_kernel_names, config_for, kernel_name, stream_stages)
+from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
 
 if TYPE_CHECKING:
@@ -52,9 +53,6 @@ def has_tma(arch: str) -> bool:
     return int(arch.removeprefix("sm_").rstrip("a")) >= 90
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 @dataclass(frozen=True)
 class GemmPlan:
@@ -79,7 +77,7 @@ class GemmPlan:
 
     @property
     def tiles(self) -> tuple[int, int]:
-        return _cdiv(self.M, self.config.bm), _cdiv(self.N, self.config.bn)
+        return cdiv(self.M, self.config.bm), cdiv(self.N, self.config.bn)
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -134,7 +132,7 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
         if epilogue == "store" and 0 < N <= 64 and M <= 2048:
             return "32x128"
         persist = CONFIGS["persist"]
-        if epilogue == "store" and _cdiv(M, persist.bm) * _cdiv(N, persist.bn) > PERSIST_BLOCKS_PER_SM * sm_count:
+        if epilogue == "store" and cdiv(M, persist.bm) * cdiv(N, persist.bn) > PERSIST_BLOCKS_PER_SM * sm_count:
             return "persist"
         return "staged"
     if M <= 32 and ("stream", layout, epilogue) in INSTANCES:
@@ -153,7 +151,7 @@ def choose_splits(tiles: int, k_tiles: int, sm_count: int, bytes_per_k_tile: int
     SPLIT_MIN_BYTES; every split keeps MIN_K_TILES_PER_SPLIT tiles and half of SPLIT_MIN_BYTES at least."""
     if k_tiles * bytes_per_k_tile < SPLIT_MIN_BYTES:
         return 1
-    want = _cdiv(2 * sm_count, tiles)
+    want = cdiv(2 * sm_count, tiles)
     most = max(1, min(k_tiles // MIN_K_TILES_PER_SPLIT, 2 * k_tiles * bytes_per_k_tile // SPLIT_MIN_BYTES))
     return max(1, min(MAX_SPLITS, want, most))
 
@@ -227,8 +225,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     cfg = config_for(name, arch)
     if cfg.tma and not has_tma(arch):
         raise ValueError(f"GEMM config {name} needs the tensor copy engine of sm_90 or later, not {arch}")
-    k_tiles = _cdiv(K, cfg.bk)
-    tiles = _cdiv(M, cfg.bm) * _cdiv(N, cfg.bn)
+    k_tiles = cdiv(K, cfg.bk)
+    tiles = cdiv(M, cfg.bm) * cdiv(N, cfg.bn)
     bytes_per_k_tile = (cfg.bm + cfg.bn) * cfg.bk * 2
     room = tuple(capacity) if capacity else planning_capacity(sm_count)
     clusters = has_tma(arch) and cluster is not False and not cfg.staged
@@ -250,8 +248,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
     if cfg.persistent and s != 1:
         raise ValueError(f"GEMM config {name} walks whole tiles: it takes no split-K (asked for {s} splits)")
-    k_chunk = _cdiv(k_tiles, s) * cfg.bk
-    s = _cdiv(K, k_chunk)  # no empty splits
+    k_chunk = cdiv(k_tiles, s) * cfg.bk
+    s = cdiv(K, k_chunk)  # no empty splits
     clusters_ok = has_tma(arch) and s <= MAX_CLUSTER_SPLITS and not cfg.staged
     if cluster and s > 1 and not clusters_ok:
         raise ValueError(f"split-K within a cluster needs sm_90 or later, at most {MAX_CLUSTER_SPLITS} splits and a "
