@@ -169,7 +169,7 @@ class Recipe:
         return weights * (bytes_per_weight + (8 if self.uses_momentum else 0))
 
 
-def _argument_type(name: str, option: Option) -> Callable[[str], Any]:
+def argument_type(name: str, option: Option) -> Callable[[str], Any]:
     """An argparse type: parse, then check the range with the Option's own rule, so errors read 'must be ...'."""
     def parse(text: str):
         try:
@@ -197,7 +197,7 @@ def add_options(parser: argparse.ArgumentParser | Any, names: list[str] | tuple[
         if option.choices is not None:
             kw["choices"] = option.choices
         else:
-            kw["type"] = _argument_type(name, option)
+            kw["type"] = argument_type(name, option)
             kw["metavar"] = option.metavar or name.upper()
         parser.add_argument(f"--{name}", **kw)
 

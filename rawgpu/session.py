@@ -6,6 +6,7 @@ Everything that trains or inspects a model starts here (rawgpu.train, scripts/in
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 from . import compiler, steps
@@ -47,8 +48,8 @@ class Session:
                              else f"kernel cache warm ({ms:.0f} ms)")
         self.stream = Stream()
         options = options or StepOptions()
-        if options.l2_bytes == 0:
-            options = StepOptions(options.overlap, self.device.l2_bytes, options.l2_budget, options.fused_grid)
+        if options.l2_bytes == 0:  # the layered step's cache hints are planned for this GPU's L2
+            options = replace(options, l2_bytes=self.device.l2_bytes)
         self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice,
                          options=options).allocate()
         self.step = self.model.step_launches()
