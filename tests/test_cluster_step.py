@@ -55,7 +55,7 @@ def test_unsupported_recipes_say_why(changes, arch, reason):
     (dict(hidden=2048), "sm_90", "layered"), (dict(hidden=2048), "sm_86", "layered")])
 def test_auto_takes_the_cluster_step_first(changes, arch, kind):
     """cluster where it fits, else the short layered step (sm_90, batch <= 32, plain SGD), else fused up to
-    kernels.fused.MAX_HIDDEN, else layered."""
+    steps/fused.py's limits, else layered."""
     model = MLP(None, Recipe(**{**SMALL, **changes}), arch=arch)
     assert model.kind == kind
 

@@ -15,8 +15,8 @@ gpu = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("recipe,fused", [
-    (Recipe(), True), (Recipe(hidden=512, batch=32), True), (Recipe(hidden=1024, batch=32), False),
-    (Recipe(hidden=1025), False),
+    (Recipe(), True), (Recipe(hidden=512, batch=32), True), (Recipe(hidden=1024, batch=32), True),
+    (Recipe(hidden=1024, batch=32, momentum=0.0), False), (Recipe(hidden=1025), False), (Recipe(hidden=2048), False),
     (Recipe(hidden=8192, batch=32), False), (Recipe(accum="fp16"), False), (Recipe(layers=64), True)])
 def test_auto_picks_the_fused_step_where_it_applies(recipe, fused):
     assert (MLP(None, recipe).kind == "fused") is fused

@@ -34,10 +34,13 @@ def test_every_recipe_has_a_step_on_every_arch(arch):
 
 
 def test_auto_says_why_it_passed_every_kind_over():
-    choice = steps.choose(Recipe(hidden=1024, batch=128), "sm_90")  # momentum, wide: layered, 18 kernels
+    choice = steps.choose(Recipe(hidden=2048, batch=128), "sm_90")  # momentum, wide: layered, 18 kernels
     assert choice.kind == "layered"
     assert list(choice.passed_over) == ["cluster", "layered (short form)", "fused"]
-    assert "at most 32" in choice.passed_over["cluster"] and "hidden 1024 > 512" in choice.passed_over["fused"]
+    assert "at most 32" in choice.passed_over["cluster"] and "hidden 2048 > 1024" in choice.passed_over["fused"]
+    assert "in 18 kernels" in choice.passed_over["fused"]
+    assert steps.choose(Recipe(hidden=1024, batch=128), "sm_90").kind == "fused"
+    assert "hidden 1024 > 512" in steps.choose(Recipe(hidden=1024, batch=32, momentum=0.0), "sm_86").passed_over["fused"]
     assert "momentum 0.9" in choice.passed_over["layered (short form)"]
     assert choice.explain().splitlines()[0].startswith("layered: ")
     assert steps.choose(Recipe(hidden=128, batch=32, momentum=0.0), "sm_90").passed_over == {}
@@ -73,7 +76,7 @@ def test_the_step_option_help_is_the_choosers_own_words_in_every_cli():
     text = steps.help_text()
     for kind in steps.KINDS:
         assert f"{kind}: {steps.MODULES[kind].SUMMARY}" in text
-    assert "hidden <= 512" in text  # the fused step's limit, from kernels/fused.py's MAX_HIDDEN
+    assert "hidden <= 1024, or <= 512 at batch <= 32" in text  # the fused step's limits, from steps/fused.py
     spec = importlib.util.spec_from_file_location("inspect_graph", ROOT / "scripts" / "inspect_graph.py")
     inspect_graph = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(inspect_graph)

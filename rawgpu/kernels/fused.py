@@ -24,9 +24,6 @@ MAX_LINEAR_LAYERS = contract.FS_MAX_LAYERS  # --layers 64 plus the head
 TILE = contract.FS_T
 stages = contract.fs_stages
 smem_bytes = contract.fs_smem_bytes
-# Largest padded hidden width the fused step takes by default: above it the per-layer GEMMs stream the weights
-# better than 32x32 blocks do (docs/perf.md).
-MAX_HIDDEN = 512
 
 
 def phase_tasks(batch: int, widths_padded: list[int]) -> list[tuple[str, int, int]]:

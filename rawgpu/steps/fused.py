@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
+from ..kernels import dx_sgd as kb
 from ..kernels import elementwise as ke
 from ..kernels import fused as kf
 from ..recipe import CLASSES, Recipe, loss_scale, pad8
@@ -23,10 +24,16 @@ if TYPE_CHECKING:
     from ..memory import Tensor
     from ..mlp import MLP
 
+# The widest padded hidden layer `auto` gives the fused step, by what the layered step would be instead: with the
+# one-pass backward (batch <= 32, plain SGD) its per-layer kernels win above 512, in 18 kernels above 1024, where
+# the fused step's 32x32 blocks stream the weights slower (docs/perf.md).
+MAX_HIDDEN_VS_ONE_PASS = 512
+MAX_HIDDEN = 1024
+
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
-PREFERRED_WHEN = f"fp32 accumulation, hidden <= {kf.MAX_HIDDEN}"
-WHEN_AUTO = (f"hidden <= {kf.MAX_HIDDEN}: one kernel beats a chain of latency-bound launches; above that the "
-             "layered step's GEMMs stream the weights faster")
+PREFERRED_WHEN = (f"fp32 accumulation, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at batch <= 32 with "
+                  "momentum 0")
+WHEN_AUTO = "one kernel beats a chain of latency-bound launches at this width"
 
 
 def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
@@ -40,9 +47,12 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 
 def not_preferred_reason(recipe: Recipe) -> str | None:
     """Why `auto` passes the fused step over although it could run; None when `auto` takes it."""
-    if pad8(recipe.hidden) > kf.MAX_HIDDEN:
-        return (f"hidden {recipe.hidden} > {kf.MAX_HIDDEN}: the layered step's GEMMs stream weights this wide "
-                "faster than the fused step's 32x32 blocks")
+    one_pass = kb.supported(recipe.batch, recipe.uses_momentum, recipe.kernel_accum)
+    limit = MAX_HIDDEN_VS_ONE_PASS if one_pass else MAX_HIDDEN
+    if pad8(recipe.hidden) > limit:
+        how = "with its one-pass backward" if one_pass else "in 18 kernels"
+        return (f"hidden {recipe.hidden} > {limit}: the layered step {how} streams weights this wide faster than "
+                "the fused step's 32x32 blocks")
     return None
 
 
