@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import inspect
+import re
 import sys
 from dataclasses import dataclass, field, replace
 
@@ -552,9 +553,14 @@ def build(source: str, arch: str) -> tuple[tuple[str, ...], dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rawgpu.contract",
                                  description="Print the defines and generated headers NVRTC gets for a source.")
-    ap.add_argument("source", nargs="*", help=f"sources (default: all of {', '.join(sorted(SOURCES))})")
+    ap.add_argument("source", nargs="*", metavar="SOURCE",
+                    help=f"sources (default: all of {', '.join(sorted(SOURCES))})")
     ap.add_argument("--arch", default="sm_90", help="the GPU architecture, e.g. sm_86 (default sm_90)")
     args = ap.parse_args(argv)
+    if not re.fullmatch(r"sm_\d{2,3}a?", args.arch):
+        ap.error(f"argument --arch: expected a name like sm_86, got {args.arch!r}")
+    if unknown := [name for name in args.source if name not in SOURCES]:
+        ap.error(f"argument SOURCE: no kernel source {', '.join(unknown)}; the sources: {', '.join(sorted(SOURCES))}")
     for source in args.source or sorted(SOURCES):
         defines, headers = build(source, args.arch)
         print(f"==== {source} for {args.arch}: {' '.join(defines) or 'no defines'}")
@@ -564,4 +570,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # the reader (head, less) stopped early: not an error
+        sys.stderr.close()
+        sys.exit(0)

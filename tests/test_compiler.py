@@ -332,3 +332,11 @@ def test_contract_main_prints_what_nvrtc_gets(capsys):
     assert contract.main(["fused_step.cu", "--arch", "sm_86"]) == 0
     out = capsys.readouterr().out
     assert "-DFS_STAGES=2" in out and "---- fused_step_abi.cuh" in out and "struct FsParams {" in out
+
+
+@pytest.mark.parametrize("argv,message", [(["nosuch.cu"], "no kernel source nosuch.cu"),
+                                          (["--arch", "banana"], "expected a name like sm_86")])
+def test_contract_cli_refuses_bad_arguments_in_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        contract.main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
