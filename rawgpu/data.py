@@ -125,6 +125,12 @@ def _load_one(spec: FileSpec, user_dir: Path | None, cache: Path, download: bool
     return _download(spec, cache, mirrors, progress, where)
 
 
+def missing_files(directory: str | Path) -> list[str]:
+    """The MNIST files (raw or .gz) that `directory` lacks: every one when it is not a directory."""
+    d = Path(directory).expanduser()
+    return [spec.name for spec in FILES.values() if not d.is_dir() or _find(spec.name, d) is None]
+
+
 def _find(name: str, directory: Path) -> Path | None:
     for candidate in (directory / name, directory / f"{name}.gz"):
         if candidate.is_file():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -124,10 +126,10 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
 
     plan = make_plan(args)
     recipe = make_recipe(args, plan)
+    data = load_mnist(args.data_dir)  # before the GPU and the compile: a data problem costs nothing else
     session = Session(recipe, args.device, on_compile=console.message, step_kind=args.step,
                       options=StepOptions(overlap=not args.no_overlap))
     model, stream = session.model, session.stream
-    data = load_mnist(args.data_dir)
     model.upload_data(data)
     model.init_parameters(stream)
     console.start(_run_info(session, args, plan))
@@ -155,7 +157,8 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
                     launch.run(stream)
                 done += 1
 
-    best, best_epoch, time_to_98, train_s, steps_done, interrupted = 0.0, 0, None, 0.0, 0, False
+    best, best_epoch, time_to_98, train_s, steps_done, interrupted = -1.0, 0, None, 0.0, 0, False
+    diverged = None
     try:
         for epoch in range(plan.epochs):
             n = plan.steps_in(epoch)
@@ -193,21 +196,29 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
                 best, best_epoch = test_acc, epoch + 1
             if time_to_98 is None and test_acc >= 0.98:
                 time_to_98 = train_s
+            train_loss = loss_sum / (n * recipe.batch)
             console.epoch_end(EpochStats(
-                epoch=epoch + 1, epochs=plan.epochs, steps=n, train_loss=loss_sum / (n * recipe.batch),
+                epoch=epoch + 1, epochs=plan.epochs, steps=n, train_loss=train_loss,
                 train_accuracy=correct / (n * recipe.batch), test_loss=test_loss, test_accuracy=test_acc,
                 seconds=seconds, eval_seconds=eval_seconds, steps_per_s=n / seconds,
                 samples_per_s=n * recipe.batch / seconds, tflops=flops * n / seconds / 1e12,
                 gbps=traffic * n / seconds / 1e9,
                 lr=lr_at(steps_done - 1, recipe.lr, recipe.lr_min, recipe.total_steps, recipe.warmup_steps,
                          recipe.schedule), total_seconds=train_s))
+            if not math.isfinite(train_loss):  # every later step would train on NaN: stop at this epoch's end
+                diverged = (f"training diverged in epoch {epoch + 1}: the train loss is {train_loss}; the learning "
+                            f"rate (--lr {recipe.lr:g}) is the likely cause, try a smaller one")
+                break
     except KeyboardInterrupt:
         interrupted = True
         stream.synchronize()  # the queued steps finish: parameters stop at a step boundary
         steps_done = model.step_count()
     console.finish(Summary(train_seconds=train_s, wall_seconds=time.perf_counter() - t_start, steps=steps_done,
-                           best_accuracy=best, best_epoch=best_epoch, time_to_98=time_to_98,
+                           best_accuracy=max(best, 0.0), best_epoch=best_epoch, time_to_98=time_to_98,
                            interrupted=interrupted))
+    if diverged:
+        print(f"rawgpu: error: {diverged}", file=sys.stderr)
+        return 1
     return 130 if interrupted else 0
 
 
@@ -217,7 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.no_graph and args.steps_per_graph != 1:
         parser.error("--steps-per-graph needs graphs; drop it or --no-graph")
-    check_step_option(parser, make_recipe(args, make_plan(args)), args.step)
+    plan = make_plan(args)
+    if args.warmup and args.schedule == "constant":
+        parser.error("argument --warmup: a warm-up ramps up to a decaying schedule: use --schedule cosine or linear")
+    if args.warmup >= plan.total_steps:
+        parser.error(f"argument --warmup: {args.warmup} steps is not shorter than the run ({plan.total_steps} steps)")
+    if args.data_dir is not None:
+        from .data import missing_files
+
+        if missing := missing_files(args.data_dir):
+            parser.error(f"argument --data-dir: {args.data_dir} lacks " + ", ".join(missing) + " (raw or .gz)"
+                         if Path(args.data_dir).expanduser().is_dir() else
+                         f"argument --data-dir: no directory {args.data_dir}")
+    check_step_option(parser, make_recipe(args, plan), args.step)
     from .console import make_console
 
     console = make_console("json" if args.json else "auto")

@@ -322,12 +322,23 @@ def test_default_recipe_reaches_98_percent_and_json_parses(mnist):
 
 
 @gpu
-def test_out_of_memory_is_one_line_before_training():
+def test_out_of_memory_is_one_line_before_training(mnist):  # the data is loaded first
     result = _cli("--hidden", "300000")
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "not enough GPU memory" in lines[0] and "free" in lines[0], result.stderr
     assert "epoch" not in result.stdout
+
+
+@gpu
+def test_a_diverging_run_stops_at_the_end_of_that_epoch_with_one_line(mnist):
+    result = _cli("--lr", "100", "--epochs", "3")  # piped: plain lines, the summary last
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("rawgpu: error: training diverged in epoch 1: the train loss is ") and "--lr 100" in last
+    lines = result.stdout.strip().splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("epoch ")] == ["1/3"]
+    assert lines[-1].startswith("trained 468 steps") and "(epoch 1)" in lines[-1], lines[-1]  # it did finish
 
 
 @gpu

@@ -30,6 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--device", "-1"], "argument --device: must be >= 0, got -1"),
     (["--schedule", "steep"], "argument --schedule: invalid choice: 'steep'"),
     (["--no-graph", "--steps-per-graph", "4"], "--steps-per-graph needs graphs"),
+    (["--warmup", "10", "--schedule", "constant"], "argument --warmup: a warm-up ramps up to a decaying schedule"),
+    (["--warmup", "500", "--epochs", "1"], "argument --warmup: 500 steps is not shorter than the run (468 steps)"),
+    (["--warmup", "100", "--steps", "100"], "argument --warmup: 100 steps is not shorter than the run (100 steps)"),
+    (["--data-dir", "/nonexistent/rawgpu-mnist"], "argument --data-dir: no directory /nonexistent/rawgpu-mnist"),
     (["--step", "fused", "--accum", "fp16"], "argument --step: fused cannot run this recipe: the fused step "
                                               "accumulates in fp32 only"),
     (["--step", "fast"], "argument --step/--kernels: invalid choice: 'fast'"),
@@ -169,3 +173,22 @@ def test_gemm_variants_tensor_copy_tiles_need_sm90():
     assert why is not None and "tma tma128" in why and "sm_90" in why and "sm_86" in why and "\n" not in why
     assert module.variants_error(["stream", "tma"], "sm_90") is None
     assert module.variants_error(["stream"], "sm_86") is None
+
+
+def test_a_data_dir_without_the_files_is_a_usage_error_before_any_gpu_work(capsys, tmp_path, monkeypatch):
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")  # one of the four: present (not checked for content)
+    monkeypatch.setattr(train, "train", lambda *a: pytest.fail("training started"))
+    with pytest.raises(SystemExit) as info:
+        train.main(["--data-dir", str(tmp_path)])
+    assert info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"python -m rawgpu.train: error: argument --data-dir: {tmp_path} lacks train-labels-idx1-ubyte, "
+                    "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (raw or .gz)")
+
+
+def test_the_summary_counts_an_epoch_that_finished_at_zero_accuracy():
+    from rawgpu.console import Summary, format_summary
+
+    s = Summary(train_seconds=1.0, wall_seconds=2.0, steps=936, best_accuracy=0.0, best_epoch=1, time_to_98=None,
+                interrupted=False)
+    assert "best test accuracy 0.00% (epoch 1)" in format_summary(s)
