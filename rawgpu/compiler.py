@@ -58,8 +58,11 @@ class CompiledModule:
 
 
 def _nvrtc():
-    from cuda.bindings import nvrtc
-
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:
+        raise CompileError(f"cuda-bindings is not installed ({exc}); install rawgpu with its CUDA stack: "
+                           'pip install ".[cu13]" (or ".[cu12]")') from None
     return nvrtc
 
 
@@ -74,7 +77,22 @@ def _check(result, call: str):
 
 @lru_cache(maxsize=1)
 def nvrtc_version() -> tuple[int, int]:
-    return tuple(_check(_nvrtc().nvrtcVersion(), "nvrtcVersion"))  # type: ignore[return-value]
+    """NVRTC's (major, minor), checked to belong to the same CUDA stack as the bindings: a CUDA 12 install beside a
+    CUDA 13 one can hand the 12.x bindings NVRTC 13, whose cubins a CUDA-12-only driver cannot load."""
+    from cuda.bindings import __version__ as bindings
+
+    nvrtc = _nvrtc()
+    try:
+        version = tuple(_check(nvrtc.nvrtcVersion(), "nvrtcVersion"))
+    except CompileError:
+        raise
+    except Exception as exc:  # the library itself is missing: the bindings raise their own error types
+        raise CompileError(f"NVRTC not found ({exc.__class__.__name__}: {exc}); install rawgpu with its CUDA stack: "
+                           'pip install ".[cu13]" (or ".[cu12]")') from None
+    if version[0] != int(bindings.split(".")[0]):
+        raise CompileError(f"NVRTC {version[0]}.{version[1]} was loaded with cuda-bindings {bindings}: two CUDA stacks "
+                           f'are installed; use a fresh virtual environment with pip install ".[cu{bindings.split(".")[0]}]"')
+    return version  # type: ignore[return-value]
 
 
 @lru_cache(maxsize=1)

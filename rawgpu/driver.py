@@ -26,7 +26,8 @@ def _cu():
     try:
         from cuda.bindings import driver
     except ImportError as exc:  # pragma: no cover - the package is a hard dependency
-        raise NoDeviceError(f"cuda-bindings is not installed ({exc}); run: pip install .") from None
+        raise NoDeviceError(f"cuda-bindings is not installed ({exc}); install rawgpu with its CUDA stack: "
+                            'pip install ".[cu13]" (or ".[cu12]" for a driver that supports only CUDA 12)') from None
     return driver
 
 
@@ -111,7 +112,7 @@ def _driver_too_old_message() -> str:
     except Exception:
         have = "is too old"
     need = bindings_major()
-    fix = 'pip install ".[cu12]"' if need > 12 else "update the NVIDIA driver"
+    fix = ('pip install ".[cu12]" in a fresh virtual environment' if need > 12 else "update the NVIDIA driver")
     return (f"the NVIDIA driver {have}, but the installed cuda-bindings need CUDA {need}: "
             f"update the driver, or install the CUDA 12 build with: {fix}")
 

@@ -340,3 +340,18 @@ def test_contract_cli_refuses_bad_arguments_in_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as info:
         contract.main(argv)
     assert info.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_nvrtc_of_another_cuda_stack_than_the_bindings_is_refused(monkeypatch):
+    """A CUDA 12 install beside a CUDA 13 one can hand the 12.x bindings NVRTC 13: one line, not wrong cubins."""
+    import cuda.bindings
+
+    real_major = compiler._check(compiler._nvrtc().nvrtcVersion(), "nvrtcVersion")[0]
+    other = "12.9.10" if real_major != 12 else "13.0.0"
+    compiler.nvrtc_version.cache_clear()
+    monkeypatch.setattr(cuda.bindings, "__version__", other)
+    try:
+        with pytest.raises(CompileError, match=rf'two CUDA stacks are installed; .*"\.\[cu{other.split(".")[0]}\]"'):
+            compiler.nvrtc_version()
+    finally:
+        compiler.nvrtc_version.cache_clear()
