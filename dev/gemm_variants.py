@@ -53,14 +53,20 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
     return out
 
 
+def open_gpu(device_index: int, variants: list[str], prog: str):
+    """(device, stream, kernels, rng) for timing GEMMs, or None after a one-line error when a variant cannot run on
+    this GPU (the dev scripts' shared set-up)."""
+    device = drv.Device(device_index)
+    if why := variants_error(variants, device.arch):
+        print(f"{prog}: error: {why}", file=sys.stderr)
+        return None
+    return device, drv.Stream(), Kernels(device.arch), np.random.default_rng(0)
+
+
 def run(args) -> int:
-    device = drv.Device(args.device)
-    if why := variants_error(args.variants, device.arch):
-        print(f"gemm_variants: error: {why}", file=sys.stderr)
+    if (gpu := open_gpu(args.device, args.variants, "gemm_variants")) is None:
         return 2
-    stream = drv.Stream()
-    kernels = Kernels(device.arch)
-    rng = np.random.default_rng(0)
+    device, stream, kernels, rng = gpu
     overlap = G.has_tma(device.arch) and not args.no_overlap  # programmatic dependent launch needs sm_90+
     bw = bench.copy_bandwidth(stream)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs, L2 {device.l2_bytes >> 20} MiB), "

@@ -12,17 +12,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # bench.py (and its peers package)
 sys.path.insert(2, str(Path(__file__).resolve().parent))  # gemm_variants.py, beside this script
 
 import bench  # noqa: E402
-from gemm_variants import variants_error  # noqa: E402
-from rawgpu import driver as drv  # noqa: E402
+from gemm_variants import open_gpu  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
 
 
@@ -42,13 +39,9 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    device = drv.Device(0)
-    if why := variants_error(args.variants, device.arch):
-        print(f"profile_gemm: error: {why}", file=sys.stderr)
+    if (gpu := open_gpu(0, args.variants, "profile_gemm")) is None:
         return 2
-    stream = drv.Stream()
-    kernels = Kernels(device.arch)
-    rng = np.random.default_rng(0)
+    device, stream, kernels, rng = gpu
     for role, layer, M, N, K, layout, epi in bench.mlp_gemms(args.hidden, args.batch):
         if role not in args.roles or max(M, N, K) < args.hidden:
             continue

@@ -115,7 +115,7 @@ def _run_info(session, args, plan: Plan):
         pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step=session.step_description)
 
 
-def train(args: argparse.Namespace, console, t_start: float) -> int:
+def train(args: argparse.Namespace, plan: Plan, recipe: rc.Recipe, console, t_start: float) -> int:
     """Set up, then the host loop: per epoch upload a shuffle, launch graphs, evaluate, read metrics once."""
     from .console import EpochStats, Summary
     from .data import load_mnist
@@ -124,8 +124,6 @@ def train(args: argparse.Namespace, console, t_start: float) -> int:
     from .session import Session
     from .steps import StepOptions
 
-    plan = make_plan(args)
-    recipe = make_recipe(args, plan)
     data = load_mnist(args.data_dir)  # before the GPU and the compile: a data problem costs nothing else
     session = Session(recipe, args.device, on_compile=console.message, step_kind=args.step,
                       options=StepOptions(overlap=not args.no_overlap))
@@ -240,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"argument --data-dir: {args.data_dir} lacks " + ", ".join(missing) + " (raw or .gz)"
                          if Path(args.data_dir).expanduser().is_dir() else
                          f"argument --data-dir: no directory {args.data_dir}")
-    check_step_option(parser, make_recipe(args, plan), args.step)
+    recipe = make_recipe(args, plan)
+    check_step_option(parser, recipe, args.step)
     from .console import make_console
 
     console = make_console("json" if args.json else "auto")
@@ -252,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device >= count:
             parser.error(f"argument --device: no GPU with index {args.device}; this machine has {count} "
                          f"(0..{count - 1})" if count else "argument --device: this machine has no CUDA GPU")
-        return train(args, console, t_start)
+        return train(args, plan, recipe, console, t_start)
     except StepUnsupported as exc:  # the step kind asked for, on this GPU's arch: a usage error too
         console.close()
         print(f"rawgpu: error: argument --step: {exc}", file=sys.stderr)

@@ -192,3 +192,15 @@ def test_the_summary_counts_an_epoch_that_finished_at_zero_accuracy():
     s = Summary(train_seconds=1.0, wall_seconds=2.0, steps=936, best_accuracy=0.0, best_epoch=1, time_to_98=None,
                 interrupted=False)
     assert "best test accuracy 0.00% (epoch 1)" in format_summary(s)
+
+
+def test_main_hands_training_the_plan_and_recipe_it_checked(monkeypatch):
+    from rawgpu import driver
+
+    seen = {}
+    monkeypatch.setattr(driver, "init", lambda: None)
+    monkeypatch.setattr(driver, "device_count", lambda: 1)
+    monkeypatch.setattr(train, "train", lambda args, plan, recipe, console, t: seen.update(plan=plan, recipe=recipe) or 0)
+    assert train.main(["--batch", "32", "--steps", "5000", "--hidden", "100", "--json"]) == 0
+    assert (seen["plan"].total_steps, seen["plan"].epochs) == (5000, 3)
+    assert seen["recipe"] == Recipe(hidden=100, batch=32, total_steps=5000)
