@@ -20,7 +20,8 @@ from rich.console import Console as RichTerminal
 from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TransferSpeedColumn)
 from rich.table import Table
 from rich.text import Text
 
@@ -52,6 +53,8 @@ class RunInfo:
     pci_bus_id: str | None = None  # finds the same GPU in NVML, whose device order may differ from CUDA's
     compile_note: str = ""
     step: str = ""  # how a step runs (Step.describe): "fused: 1 persistent kernel, ..." or "layered: 18 kernels"
+    data: str = ""  # "fashion-mnist: 60000 + 10000 images of 28x28, 10 classes"
+    resumed: str = ""  # "from run.safetensors at step 1200"
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,10 @@ def header_rows(info: RunInfo) -> list[tuple[str, str]]:
     launch = (f"CUDA graph ({info.steps_per_graph} step{'s' * (info.steps_per_graph != 1)} per graph)" if info.graph
               else "eager launches (--no-graph)")
     rows = [("device", f"{info.device_name} (sm_{major}{minor}, {info.sm_count} SMs)"),
-            ("driver", f"{info.driver_version}, NVRTC {info.nvrtc_version}"),
+            ("driver", f"{info.driver_version}, NVRTC {info.nvrtc_version}")]
+    rows += [("data", info.data)] if info.data else []
+    rows += [("resumed", info.resumed)] if info.resumed else []
+    rows += [
             ("model", f"{info.model}, {info.parameters:,} parameters, arena {format_bytes(info.arena_bytes)}"),
             ("recipe", (f"batch {info.batch}, {info.epochs} epochs x {info.steps_per_epoch} steps = "
                         f"{info.total_steps} steps, lr {info.lr:g} ({info.schedule}), momentum {info.momentum:g}, "
@@ -257,6 +263,7 @@ class Console:
         self.gpu.pci_bus_id = info.pci_bus_id
 
     def message(self, text: str) -> None: ...
+    def download(self, name: str, done: int, total: int | None) -> None: ...
     def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None: ...
     def epoch_progress(self, done: int) -> None: ...
     def epoch_end(self, stats: EpochStats) -> None: ...
@@ -288,6 +295,13 @@ class PlainConsole(Console):
 
     def message(self, text: str) -> None:
         self._line(text)
+
+    def download(self, name: str, done: int, total: int | None) -> None:
+        """A line when a file starts and when it is complete (logs get no bar)."""
+        if done == 0:
+            self._line(f"downloading {name} ({format_bytes(total) if total else 'size unknown'})")
+        elif total is not None and done == total:
+            self._line(f"downloaded {name}")
 
     def epoch_end(self, stats: EpochStats) -> None:
         epoch, loss, acc, steps_s, samples_s, tflops, gbps, secs = epoch_cells(stats)
@@ -327,6 +341,8 @@ class RichConsole(Console):
         self._done = 0
         self._header = None
         self._rows: list[EpochStats] = []
+        self._downloads: Progress | None = None
+        self._download_tasks: dict[str, int] = {}
         self.live = Live(self, console=self.rc, refresh_per_second=4)
 
     def __rich__(self):
@@ -351,6 +367,21 @@ class RichConsole(Console):
     def message(self, text: str) -> None:
         self.rc.print(text, markup=False, highlight=False)
 
+    def download(self, name: str, done: int, total: int | None) -> None:
+        """A transient bar per file while the dataset downloads (before the live view starts)."""
+        if self._downloads is None:
+            self._downloads = Progress(TextColumn("downloading {task.description}"), BarColumn(),
+                                       DownloadColumn(), TransferSpeedColumn(), console=self.rc, transient=True)
+            self._downloads.start()
+        if name not in self._download_tasks:
+            self._download_tasks[name] = self._downloads.add_task(name, total=total)
+        self._downloads.update(self._download_tasks[name], completed=done, total=total)
+        if total is not None and done >= total:
+            self._downloads.remove_task(self._download_tasks.pop(name))
+            if not self._download_tasks:
+                self._downloads.stop()
+                self._downloads = None
+
     def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None:
         self._done = 0
         if self._task is None:
@@ -369,6 +400,8 @@ class RichConsole(Console):
         self.rc.print(format_summary(summary), markup=False, highlight=False)
 
     def close(self) -> None:
+        if self._downloads is not None:
+            self._downloads.stop()
         self.live.stop()
         super().close()
 

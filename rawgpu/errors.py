@@ -1,5 +1,8 @@
 """Every error rawgpu raises on purpose derives from RawgpuError, so the CLI can print one line and exit."""
 
+import sys
+from typing import Callable
+
 
 class RawgpuError(Exception):
     """A failure with a message meant for the user: one sentence, no traceback needed."""
@@ -35,3 +38,16 @@ class DataError(RawgpuError):
 
 class StepUnsupported(RawgpuError, ValueError):
     """A step kind asked for by name cannot run this recipe on this GPU; the message says why."""
+
+
+def run_cli(work: Callable[[], int]) -> int:
+    """A CLI's work after its arguments are parsed: a RawgpuError becomes one line on stderr and exit 1, Ctrl-C
+    exit 130."""
+    try:
+        return work()
+    except RawgpuError as exc:
+        print(f"rawgpu: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rawgpu: interrupted", file=sys.stderr)
+        return 130

@@ -6,6 +6,7 @@ each. `nodes()` and `edges()` read the captured graph back for inspection; `to_d
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -85,7 +86,12 @@ class Graph:
     def to_dot(self, path: str | Path, verbose: bool = True) -> Path:
         """Write the driver's own DOT description (every parameter of every node) to `path`."""
         path = Path(path)
-        drv.graph_debug_dot(self.graph, str(path), verbose)
+        tmp = path.with_name(f".{path.name}.tmp")  # the driver writes the file itself: rename it when whole
+        try:
+            drv.graph_debug_dot(self.graph, str(tmp), verbose)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def close(self) -> None:

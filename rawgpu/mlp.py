@@ -1,4 +1,4 @@
-"""The model: an MLP 784 -> hidden x layers -> 10 whose every buffer lives in one arena, and what every training
+"""The model: an MLP pixels -> hidden x layers -> classes (784 -> ... -> 10 on MNIST) whose every buffer lives in one arena, and what every training
 step kind shares: the dataset on the device, the weights and optimiser state, activations, metrics, evaluation.
 
 How a training step runs is its step kind's business (rawgpu/steps/: cluster, fused, layered), chosen by
@@ -7,7 +7,7 @@ the host after start-up: the step counter, the batch position and the learning r
 
 The fp32 master weights are stored as two 16-bit halves (rawgpu/master.py): W16, the fp16 working copy every
 GEMM reads, and lo, the rest; a step moves 10 bytes per weight instead of 12. Widths are padded to multiples of 8
-and the 10 classes to 16 (recipe.py); padded weights, biases and activations start at zero and stay zero, because
+and the classes to 16 (recipe.py); padded weights, biases and activations start at zero and stay zero, because
 their gradients are exactly zero.
 """
 
@@ -28,10 +28,9 @@ from .kernels import gemm as kg
 from .kernels import l2 as kl2
 from .kernels import loss as kl
 from .memory import Arena, Tensor
-from .recipe import CLASSES, INPUTS, PADDED_CLASSES, TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale, pad8
+from .recipe import PADDED_CLASSES, Recipe, cdiv, loss_scale, pad8
 from .steps import StepOptions
 
-EVAL_BATCHES = (10000, 5000, 2000, 1000, 500, 250, 100)  # divisors of the test set, largest first
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
 
 
@@ -68,18 +67,25 @@ class MLP:
         B = r.batch
         self.eval_batch = self._eval_batch(r)
         EB = self.eval_batch
+        self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)  # whole chunks of EB rows, then the rest
         widths = r.widths
         self.padded = padded = r.padded_widths
         # dataset and input pipeline
-        self.images = a.tensor("train_images", (TRAIN_ROWS, INPUTS), np.uint8)
-        self.labels = a.tensor("train_labels", TRAIN_ROWS, np.uint8)
-        self.test_images = a.tensor("test_images", (TEST_ROWS, INPUTS), np.uint8)
-        self.test_labels = a.tensor("test_labels", TEST_ROWS, np.uint8)
+        self.images = a.tensor("train_images", (r.train_rows, r.inputs), np.uint8)
+        self.labels = a.tensor("train_labels", r.train_rows, np.uint8)
+        self.test_images = a.tensor("test_images", (r.test_rows, r.inputs), np.uint8)
+        self.test_labels = a.tensor("test_labels", r.test_rows, np.uint8)
         self.perm = a.tensor("perm", r.steps_per_epoch * B, np.int32)
-        self.eval_perm = a.tensor("eval_perm", TEST_ROWS, np.int32)
+        self.eval_perm = a.tensor("eval_perm", EB * self.eval_chunks, np.int32) if self.eval_chunks else None
+        self.tail_perm = a.tensor("eval_tail_perm", self.eval_tail, np.int32) if self.eval_tail else None
+        # prediction: up to EB images at a time, in order, through the evaluation's buffers
+        self.predict_images = a.tensor("predict_images", (EB, r.inputs), np.uint8)
+        self.predict_labels = a.tensor("predict_labels", EB, np.uint8)
+        self.predict_perm = a.tensor("predict_perm", EB, np.int32)
         # device scalars: the step counter, the learning rate, the metrics
         self.counter = a.tensor("step", 1, np.int64)
         self.eval_counter = a.tensor("eval_step", 1, np.int64)
+        self.zero_counter = a.tensor("zero_step", 1, np.int64)  # stays 0: one-chunk gathers
         self.lr = a.tensor("lr", 1, np.float32)
         self.loss_sum = a.tensor("loss_sum", 1, np.float64)
         self.correct = a.tensor("correct", 1, np.int32)
@@ -94,6 +100,7 @@ class MLP:
         self.eval_h = [a.tensor(f"eval_h{i}", (EB, hidden_p), np.float16) for i in range(2)]  # ping-pong
         self.eval_logits = a.tensor("eval_logits", (EB, padded[-1]), np.float16)
         self.eval_y = a.tensor("eval_y", EB, np.int32)
+        self.tail_fwd: list[kg.GemmPlan] = []  # the last, shorter chunk's forward plans
         # parameters and optimiser state
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
@@ -107,10 +114,15 @@ class MLP:
                 eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias",
                                       accum=r.kernel_accum, sm_count=sm_count, arch=self.arch,
                                       capacity=self.cluster_capacity)))
+            if self.eval_tail:
+                self.tail_fwd.append(kg.plan_gemm(self.eval_tail, pout, pin, "rr",
+                                                  "bias_relu" if i < len(widths) - 2 else "bias",
+                                                  accum=r.kernel_accum, sm_count=sm_count, arch=self.arch,
+                                                  capacity=self.cluster_capacity))
         # the step kind plans its own buffers
         self.step = steps.build(self.choice.kind, self, options)
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
-        plans = [lay.eval_fwd for lay in self.layers] + self.step.split_plans()
+        plans = [lay.eval_fwd for lay in self.layers] + self.tail_fwd + self.step.split_plans()
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
         self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
 
@@ -121,8 +133,11 @@ class MLP:
 
     @staticmethod
     def _eval_batch(r: Recipe) -> int:
-        per_row = 2 * (pad8(INPUTS) + 2 * pad8(r.hidden) + PADDED_CLASSES)
-        return next((b for b in EVAL_BATCHES if b * per_row <= EVAL_ACTIVATION_BUDGET), EVAL_BATCHES[-1])
+        """Rows per evaluation chunk: the whole test set when its activations fit the budget, else equal chunks
+        (padded to 8 rows) of at most the budget; the last chunk may be shorter."""
+        per_row = 2 * (pad8(r.inputs) + 2 * pad8(r.hidden) + PADDED_CLASSES)
+        chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
+        return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 
     # --- start-up ---------------------------------------------------------------------------------------------
 
@@ -133,12 +148,29 @@ class MLP:
         self.step.allocated()
         return self
 
-    def upload_data(self, mnist) -> None:
-        self.images.upload(mnist.train_images.reshape(TRAIN_ROWS, INPUTS))
-        self.labels.upload(mnist.train_labels)
-        self.test_images.upload(mnist.test_images.reshape(TEST_ROWS, INPUTS))
-        self.test_labels.upload(mnist.test_labels)
-        self.eval_perm.upload(np.arange(TEST_ROWS, dtype=np.int32))
+    def upload_data(self, data) -> None:
+        """The training and test images and labels (a data.Dataset, or anything with its four arrays), of the
+        recipe's shape; then the evaluation's and prediction's orders."""
+        r = self.recipe
+        self.images.upload(data.train_images.reshape(r.train_rows, r.inputs))
+        self.labels.upload(data.train_labels)
+        self.upload_test_data(data.test_images, data.test_labels)
+        self.prepare_predict()
+
+    def prepare_predict(self) -> None:
+        """The prediction's order (the arena starts zeroed: the labels it gathers are 0); no dataset needed."""
+        self.predict_perm.upload(np.arange(self.eval_batch, dtype=np.int32))
+
+    def upload_test_data(self, images: np.ndarray, labels: np.ndarray) -> None:
+        """A test set of the recipe's test_rows images (evaluation reads it in order)."""
+        r = self.recipe
+        self.test_images.upload(images.reshape(r.test_rows, r.inputs))
+        self.test_labels.upload(labels)
+        whole = self.eval_chunks * self.eval_batch
+        if self.eval_perm is not None:
+            self.eval_perm.upload(np.arange(whole, dtype=np.int32))
+        if self.tail_perm is not None:
+            self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
 
     def init_parameters(self, stream: Stream) -> None:
         """PyTorch's nn.Linear default (Kaiming-uniform, a = sqrt(5)): W and b ~ U(+-1/sqrt(fan_in)), from
@@ -153,9 +185,50 @@ class MLP:
                 self._set_master(lay, self._padded_uniform(lay.w16.shape, true_shape, bound, self._seed(i, 0)))
             self._init_uniform(lay.b, (lay.fan_out,), bound, self._seed(i, 1), stream)
         self.step.parameters_set(stream)
-        counters = [self.counter, self.workspace, self.tickets] + self.step.counters()
-        for t in counters + [t for lay in self.layers for t in (lay.mw, lay.mb) if t]:
+        for t in self._counters() + [t for lay in self.layers for t in (lay.mw, lay.mb) if t]:
             t.fill_bytes(0)
+
+    def _counters(self) -> list[Tensor]:
+        return [self.counter, self.zero_counter, self.workspace, self.tickets] + self.step.counters()
+
+    def state(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
+        """(parameters(), the exact device state), padding cut off: per layer the master halves as the step holds
+        them now ("layers.{i}.w16", "layers.{i}.wlo") and, with momentum, the buffers as they are
+        ("layers.{i}.momentum_weight", "layers.{i}.momentum_bias": times the loss scale). What set_state takes."""
+        copies, state = self.step.working_copies(), {}
+        for i, lay in enumerate(self.layers):
+            cut = (slice(0, lay.fan_in), slice(0, lay.fan_out))
+            state[f"layers.{i}.w16"] = copies[i].download()[cut].copy()
+            state[f"layers.{i}.wlo"] = lay.wlo.download()[cut].copy()
+            if lay.mw is not None:
+                state[f"layers.{i}.momentum_weight"] = lay.mw.download()[cut].copy()
+                state[f"layers.{i}.momentum_bias"] = lay.mb.download()[:lay.fan_out].copy()
+        return self.parameters(), state
+
+    def set_state(self, biases: list[np.ndarray], state: dict[str, np.ndarray], steps_done: int,
+                  stream: Stream) -> None:
+        """Continue a run: the biases, the master halves and momentum as state() returned them, and the step
+        counter at steps_done (it drives the schedule and the batch position); padding zero, counters reset."""
+        def padded(t: Tensor, values: np.ndarray) -> np.ndarray:
+            full = np.zeros(t.shape, t.dtype)
+            full[tuple(slice(0, n) for n in values.shape)] = values
+            return full
+        for i, lay in enumerate(self.layers):
+            lay.w16.upload(padded(lay.w16, state[f"layers.{i}.w16"]))
+            lay.wlo.upload(padded(lay.wlo, state[f"layers.{i}.wlo"]))
+            lay.b.upload(padded(lay.b, biases[i]))
+            if lay.mw is not None:
+                lay.mw.upload(padded(lay.mw, state[f"layers.{i}.momentum_weight"]))
+                lay.mb.upload(padded(lay.mb, state[f"layers.{i}.momentum_bias"]))
+        self.step.parameters_set(stream)
+        for t in self._counters():
+            t.fill_bytes(0)
+        self.counter.upload(np.array([steps_done], np.int64))
+
+    def set_train_metrics(self, loss_sum: float, correct: int) -> None:
+        """Restore the metrics a resumed epoch had summed before it was saved."""
+        self.loss_sum.upload(np.array([loss_sum], np.float64))
+        self.correct.upload(np.array([correct], np.int32))
 
     def _seed(self, layer: int, which: int) -> int:
         return (self.recipe.seed * 1_000_003 + layer * 2 + which) & (2**64 - 1)
@@ -202,19 +275,51 @@ class MLP:
         return self.step.launches(steps)
 
     def eval_launches(self) -> list[Launch]:
-        """The whole test set, eval_batch rows at a time: forward and metrics only (no gradients, no updates)."""
-        k, EB = self.k, self.eval_batch
-        chunks = TEST_ROWS // EB
-        hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
+        """The whole test set, eval_batch rows at a time, then the shorter last chunk: forward and metrics only (no
+        gradients, no updates)."""
+        k, EB, chunks, classes = self.k, self.eval_batch, self.eval_chunks, self.recipe.classes
         out = self.step.before_eval()
         out += [kd.set_i64(k, self.eval_counter, 0), kl.zero_metrics(k, self.eval_loss_sum, self.eval_correct)]
         for _ in range(chunks):
             out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.eval_perm, self.eval_counter,
                                        self.eval_x, self.eval_y, EB, chunks))
-            out += self.forward(self.eval_x, hidden, [lay.eval_fwd for lay in self.layers])
+            out += self._eval_forward([lay.eval_fwd for lay in self.layers])
             out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
-                                       self.eval_correct, EB, CLASSES))
+                                       self.eval_correct, EB, classes))
             out.append(kd.step_increment(k, self.eval_counter))
+        if self.eval_tail:
+            out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.tail_perm, self.zero_counter,
+                                       self.eval_x, self.eval_y, self.eval_tail, 1))
+            out += self._eval_forward(self.tail_fwd)
+            out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
+                                       self.eval_correct, self.eval_tail, classes))
+        return out
+
+    def _eval_forward(self, plans: list[kg.GemmPlan]) -> list[Launch]:
+        hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
+        return self.forward(self.eval_x, hidden, plans)
+
+    def predict_launches(self) -> list[Launch]:
+        """Logits of the eval_batch images in predict_images, into eval_logits: the evaluation's gather and forward."""
+        out = self.step.before_eval()
+        out.append(kd.gather_batch(self.k, self.predict_images, self.predict_labels, self.predict_perm,
+                                   self.zero_counter, self.eval_x, self.eval_y, self.eval_batch, 1))
+        return out + self._eval_forward([lay.eval_fwd for lay in self.layers])
+
+    def logits(self, images: np.ndarray, stream: Stream) -> np.ndarray:
+        """float32 logits [N, classes] of uint8 images [N, inputs], eval_batch at a time through predict_launches
+        (synchronises)."""
+        r, EB = self.recipe, self.eval_batch
+        launches, out = self.predict_launches(), np.empty((len(images), r.classes), np.float32)
+        for start in range(0, len(images), EB):
+            chunk = np.zeros((EB, r.inputs), np.uint8)
+            part = images[start:start + EB]
+            chunk[:len(part)] = part
+            self.predict_images.upload(chunk)
+            for launch in launches:
+                launch.run(stream)
+            stream.synchronize()
+            out[start:start + len(part)] = self.eval_logits.download()[:len(part), :r.classes]
         return out
 
     def zero_metrics(self) -> Launch:
@@ -228,7 +333,8 @@ class MLP:
 
     def eval_metrics(self) -> tuple[float, float]:
         """(mean test loss, test accuracy) of the last evaluation."""
-        return float(self.eval_loss_sum.download()[0]) / TEST_ROWS, int(self.eval_correct.download()[0]) / TEST_ROWS
+        n = self.recipe.test_rows
+        return float(self.eval_loss_sum.download()[0]) / n, int(self.eval_correct.download()[0]) / n
 
     def step_count(self) -> int:
         return int(self.counter.download()[0])

@@ -13,10 +13,12 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
-INPUTS = 784  # MNIST: 28 x 28 pixels
+INPUTS = 784  # MNIST's shape, the default: 28 x 28 pixels, 10 classes, 60000 + 10000 images
 CLASSES = 10
 TRAIN_ROWS = 60000
 TEST_ROWS = 10000
+MAX_CLASSES = 16  # the head computes one mma tile of 16 columns
+MAX_INPUTS = 16384  # pixels per image: gather_batch runs a thread per 16 columns, at most 1024 threads
 SCHEDULES = {"constant": 0, "cosine": 1, "linear": 2}  # name -> the code the kernels switch on (contract.py)
 ACCUMS = {"fp32": "f32", "fp16": "f16"}  # the CLI's spelling -> the kernels' instance suffix
 GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
@@ -78,7 +80,7 @@ OPTIONS: dict[str, Option] = {
     "hidden": Option(256, int, 1, help="hidden layer width; multiples of 64 are the fast path"),
     "layers": Option(3, int, 1, 64, help="number of hidden layers"),
     "batch": Option(128, int, 1, TRAIN_ROWS, help=f"batch size, 1..{TRAIN_ROWS}"),
-    "epochs": Option(8, int, 1, help=f"passes over the {TRAIN_ROWS // 1000}k training images"),
+    "epochs": Option(8, int, 1, help="passes over the training images"),
     "lr": Option(0.05, float, 0.0, low_open=True, help="peak learning rate"),
     "momentum": Option(0.9, float, 0.0, 0.999, help="SGD momentum, 0 for plain SGD"),
     "schedule": Option("cosine", str, choices=tuple(SCHEDULES),
@@ -92,8 +94,9 @@ DEFAULTS = {name: opt.default for name, opt in OPTIONS.items()}
 
 @dataclass(frozen=True)
 class Recipe:
-    """Everything that shapes a run: model, batch and optimiser. The defaults are the CLI's default recipe
-    (it reaches >= 98% test accuracy at hidden 256). total_steps: the schedule's length (0: no decay)."""
+    """Everything that shapes a run: model, batch and optimiser, and the data's shape (pixels per image, classes,
+    images in the training and test sets), which the dataset sets. The defaults are the CLI's default recipe on
+    MNIST (it reaches >= 98% test accuracy at hidden 256). total_steps: the schedule's length (0: no decay)."""
 
     hidden: int = DEFAULTS["hidden"]
     layers: int = DEFAULTS["layers"]
@@ -106,6 +109,10 @@ class Recipe:
     total_steps: int = 0
     accum: str = DEFAULTS["accum"]
     seed: int = DEFAULTS["seed"]
+    inputs: int = INPUTS
+    classes: int = CLASSES
+    train_rows: int = TRAIN_ROWS
+    test_rows: int = TEST_ROWS
 
     def __post_init__(self):
         for f in fields(self):
@@ -114,10 +121,34 @@ class Recipe:
                 option.check(f.name, getattr(self, f.name))
         if self.total_steps < 0 or self.lr_min < 0:
             raise ValueError(f"total_steps ({self.total_steps}) and lr_min ({self.lr_min}) must be >= 0")
+        if not 1 <= self.inputs <= MAX_INPUTS:
+            raise ValueError(f"inputs must be 1..{MAX_INPUTS} pixels per image, got {self.inputs}")
+        if not 2 <= self.classes <= MAX_CLASSES:
+            raise ValueError(f"classes must be 2..{MAX_CLASSES}, got {self.classes}")
+        if self.test_rows < 1:
+            raise ValueError(f"test_rows must be >= 1, got {self.test_rows}")
+        if not 1 <= self.batch <= self.train_rows:
+            raise ValueError(f"batch must be <= the {self.train_rows} training images, got {self.batch}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name: what a checkpoint records (from_dict reads it back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Recipe":
+        """The recipe a checkpoint recorded; ValueError on unknown or badly typed fields."""
+        known = {f.name: f.type for f in fields(cls)}
+        if unknown := sorted(set(values) - set(known)):
+            raise ValueError(f"unknown recipe fields {', '.join(unknown)}")
+        for name, value in values.items():
+            want = {"int": int, "float": (int, float), "str": str}[known[name]]
+            if not isinstance(value, want) or isinstance(value, bool):
+                raise ValueError(f"recipe field {name} has a bad value {value!r}")
+        return cls(**values)
 
     @property
     def widths(self) -> list[int]:
-        return [INPUTS] + [self.hidden] * self.layers + [CLASSES]
+        return [self.inputs] + [self.hidden] * self.layers + [self.classes]
 
     @property
     def padded_widths(self) -> list[int]:
@@ -126,7 +157,7 @@ class Recipe:
 
     @property
     def steps_per_epoch(self) -> int:
-        return TRAIN_ROWS // self.batch
+        return self.train_rows // self.batch
 
     @property
     def parameters(self) -> int:
@@ -202,17 +233,18 @@ def add_options(parser: argparse.ArgumentParser | Any, names: list[str] | tuple[
         parser.add_argument(f"--{name}", **kw)
 
 
-def run_length(batch: int, epochs: int, steps: int | None) -> tuple[int, int]:
+def run_length(batch: int, epochs: int, steps: int | None, train_rows: int = TRAIN_ROWS) -> tuple[int, int]:
     """(total steps, epochs) of a run of `epochs` epochs, or of `steps` steps when given (then the epochs are as
     many as those steps need; the last may be partial)."""
-    per_epoch = TRAIN_ROWS // batch
+    per_epoch = train_rows // batch
     total = steps if steps is not None else epochs * per_epoch
     return total, cdiv(total, per_epoch)
 
 
-def from_args(args: argparse.Namespace, total_steps: int) -> Recipe:
-    """The recipe of parsed CLI arguments (options missing from `args` keep their defaults)."""
+def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recipe:
+    """The recipe of parsed CLI arguments (options missing from `args` keep their defaults). shape: the data's
+    inputs, classes, train_rows and test_rows (default MNIST's)."""
     get = lambda name: getattr(args, name, DEFAULTS[name])  # noqa: E731
     return Recipe(hidden=get("hidden"), layers=get("layers"), batch=get("batch"), lr=get("lr"),
                   momentum=get("momentum"), schedule=get("schedule"), warmup_steps=get("warmup"), lr_min=0.0,
-                  total_steps=total_steps, accum=get("accum"), seed=get("seed"))
+                  total_steps=total_steps, accum=get("accum"), seed=get("seed"), **shape)

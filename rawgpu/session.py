@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Callable
 
 from . import compiler, steps
-from .driver import Device, Launch, Stream
+from .driver import Device, Launch, Stream, context_synchronize
 from .errors import NoDeviceError
 from .graph import Graph, capture
 from .kernels import Kernels
@@ -70,3 +70,10 @@ class Session:
 
     def capture_eval(self) -> Graph:
         return self._capture(self.model.eval_launches())
+
+    def close(self) -> None:
+        """Free the arena, the stream and the device's context (graphs captured from it belong to the caller)."""
+        context_synchronize()  # nothing queued may still use the memory
+        self.model.arena.close()
+        self.stream.close()
+        self.device.close()

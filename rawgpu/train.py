@@ -1,22 +1,24 @@
-"""`python -m rawgpu.train`: train an MLP on MNIST, one CUDA graph launch per training step."""
+"""`python -m rawgpu.train`: train an MLP on MNIST-like data, one CUDA graph launch per training step.
+
+A thin layer over `rawgpu.Trainer`: it checks the arguments and files, loads the data, then trains, saves and plots.
+"""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from . import recipe as rc
 from . import steps
+from .console import RunInfo, Summary
 from .errors import RawgpuError, StepUnsupported
+from .data import DATASET_NAMES
+from .trainer import RunPlan, Trainer, TrainingDiverged
 
-PROGRESS_TICKS = 50  # progress events per epoch
-MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
 RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "lr", "momentum", "schedule", "warmup", "accum", "seed")
 
 
@@ -39,9 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--steps", type=_count(1), default=None,
                    help="total training steps; overrides --epochs (the benchmark workload uses 5000)")
     rc.add_options(o, RECIPE_OPTIONS[4:])
+    d = p.add_argument_group("data and checkpoints")
+    d.add_argument("--dataset", choices=DATASET_NAMES, default=None,
+                   help="mnist, fashion-mnist and kmnist are checked against their published checksums and downloaded "
+                        "when missing; idx takes any four IDX files from --data-dir (any image size and count, "
+                        "classes from the labels; structural checks only) (default mnist, or the checkpoint's)")
+    d.add_argument("--data-dir", default=None, help="directory with the four IDX files (raw or .gz); default: "
+                   "$RAWGPU_DATA (mnist only), then the cache, then download")
+    d.add_argument("--save", metavar="PATH", default=None,
+                   help="write a checkpoint (safetensors) at the end, on Ctrl-C and every --save-every steps; "
+                        "atomically, so a crash never leaves half a file (default with --resume: the resumed file)")
+    d.add_argument("--save-every", metavar="N", type=_count(1, what="steps"), default=None,
+                   help="also save every N steps")
+    d.add_argument("--resume", metavar="PATH", default=None,
+                   help="continue the run a checkpoint saved (recipe, optimiser state, step, schedule and data "
+                        "order): it ends bit-identical to the uninterrupted run")
+    d.add_argument("--plot", metavar="PATH", default=None,
+                   help="write a PNG of train loss and test accuracy per epoch (needs matplotlib: rawgpu[plot])")
     r = p.add_argument_group("run")
-    r.add_argument("--data-dir", default=None, help="directory with the four MNIST IDX files (raw or .gz); "
-                   "default: $RAWGPU_DATA, then the cache, then download")
     r.add_argument("--device", type=_count(0, what="index"), default=0, help="GPU index (default 0)")
     r.add_argument("--no-graph", action="store_true",
                    help="launch the same kernels one by one instead of one CUDA graph per step (for comparison)")
@@ -70,32 +87,21 @@ def check_step_option(parser: argparse.ArgumentParser, recipe: rc.Recipe, kind: 
         parser.error(f"argument --step: {exc}")
 
 
-@dataclass
-class Plan:
-    """How many steps run in each epoch."""
-
-    epochs: int
-    total_steps: int
-    steps_per_epoch: int
-
-    def steps_in(self, epoch: int) -> int:
-        return min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch)
+def make_plan(args: argparse.Namespace, train_rows: int = rc.TRAIN_ROWS) -> RunPlan:
+    total, epochs = rc.run_length(args.batch, args.epochs, args.steps, train_rows)
+    return RunPlan(epochs, total, train_rows // args.batch)
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
-    total, epochs = rc.run_length(args.batch, args.epochs, args.steps)
-    return Plan(epochs, total, rc.TRAIN_ROWS // args.batch)
+def make_recipe(args: argparse.Namespace, plan: RunPlan, shape: dict[str, int] | None = None) -> rc.Recipe:
+    """The recipe of the arguments; shape: the data's (default MNIST's)."""
+    return rc.from_args(args, plan.total_steps, **(shape or {}))
 
 
-def make_recipe(args: argparse.Namespace, plan: Plan) -> rc.Recipe:
-    return rc.from_args(args, plan.total_steps)
-
-
-def _run_info(session, args, plan: Plan):
+def _run_info(trainer: Trainer, args, resumed: str) -> RunInfo:
     from . import compiler, driver
-    from .console import RunInfo
 
-    dev, r = session.device, session.model.recipe
+    session, r, plan, data = trainer.session, trainer.recipe, trainer.plan, trainer.data
+    dev = session.device
     major, minor = driver.driver_version()
     version = f"CUDA {major}.{minor}"
     try:  # NVML knows the driver's own version number; without it the CUDA version still says enough
@@ -106,118 +112,125 @@ def _run_info(session, args, plan: Plan):
         pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - NVML is optional here
         pass
+    rows, cols = data.image_shape
     return RunInfo(
         device_name=dev.name, compute_capability=dev.compute_capability, sm_count=dev.sm_count,
         driver_version=version, nvrtc_version="{}.{}".format(*compiler.nvrtc_version()), model=r.name,
         parameters=r.parameters, arena_bytes=session.model.arena.peak_bytes, batch=r.batch, epochs=plan.epochs,
         total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, lr=r.lr, momentum=r.momentum,
-        schedule=r.schedule, accum=r.accum, graph=not args.no_graph, steps_per_graph=args.steps_per_graph,
-        pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step=session.step_description)
+        schedule=r.schedule, accum=r.accum, graph=not args.no_graph, steps_per_graph=trainer.steps_per_graph,
+        pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step=session.step_description,
+        data=(f"{data.name}: {r.train_rows} + {r.test_rows} images of {rows}x{cols}, {r.classes} classes"
+              + ("" if data.verified else ", structural checks only")), resumed=resumed)
 
 
-def train(args: argparse.Namespace, plan: Plan, recipe: rc.Recipe, console, t_start: float) -> int:
-    """Set up, then the host loop: per epoch upload a shuffle, launch graphs, evaluate, read metrics once."""
-    from .console import EpochStats, Summary
-    from .data import load_mnist
-    from .driver import Event
-    from .kernels.data import lr_at
-    from .session import Session
+def summarize(trainer: Trainer, wall_seconds: float, interrupted: bool) -> Summary:
+    """The last line's numbers, over every epoch of the run (a resumed run's earlier epochs included)."""
+    history = trainer.history
+    best = max(history, key=lambda h: h.test_accuracy if math.isfinite(h.test_accuracy) else -1.0, default=None)
+    reached = next((h.total_seconds for h in history if h.test_accuracy >= 0.98), None)
+    return Summary(train_seconds=trainer.train_seconds, wall_seconds=wall_seconds, steps=trainer.steps_done,
+                   best_accuracy=best.test_accuracy if best else 0.0, best_epoch=best.epoch if best else 0,
+                   time_to_98=reached, interrupted=interrupted)
+
+
+def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: float, ckpt=None) -> int:
+    """Open the GPU, build the trainer (fresh, or from the checkpoint to resume), run it, report, save, plot."""
     from .steps import StepOptions
 
-    data = load_mnist(args.data_dir)  # before the GPU and the compile: a data problem costs nothing else
-    session = Session(recipe, args.device, on_compile=console.message, step_kind=args.step,
-                      options=StepOptions(overlap=not args.no_overlap))
-    model, stream = session.model, session.stream
-    model.upload_data(data)
-    model.init_parameters(stream)
-    console.start(_run_info(session, args, plan))
+    options = StepOptions(overlap=not args.no_overlap)
+    common = dict(device=args.device, options=options, steps_per_graph=args.steps_per_graph,
+                  graphs=not args.no_graph, on_message=console.message)
+    if ckpt is not None:
+        trainer = Trainer.load(ckpt, data=data, **common)
+        resumed = f"from {args.resume} at step {trainer.steps_done} of {trainer.plan.total_steps}"
+    else:
+        trainer = Trainer(recipe, data=data, step=args.step, **common)
+        resumed = ""
+    with trainer:
+        console.start(_run_info(trainer, args, resumed))
+        interrupted, error = False, None
+        try:
+            trainer.fit(console.epoch_end, progress=console, save_to=args.save, save_every=args.save_every)
+        except KeyboardInterrupt:
+            interrupted = True
+        except TrainingDiverged as exc:
+            error = str(exc)
+        console.finish(summarize(trainer, time.perf_counter() - t_start, interrupted))
+        if args.save and not error:
+            console.message(f"checkpoint: {args.save} (step {trainer.steps_done})")
+        if args.plot and trainer.history:
+            from .plot import write_plot
 
-    k = min(args.steps_per_graph, plan.total_steps)
-    step_graph = None if args.no_graph else session.capture_step(1)
-    multi_graph = None if args.no_graph or k == 1 else session.capture_step(k)
-    eval_graph = session.capture_eval()
-    events = [Event() for _ in range(MAX_AHEAD + 3)]
-    rng = np.random.default_rng(args.seed)
-    flops, traffic = recipe.step_flops(), recipe.step_bytes()
-
-    def run_steps(n: int) -> None:
-        """Enqueue n steps: whole multi-step graphs, then single steps."""
-        done = 0
-        while done < n:
-            if multi_graph is not None and n - done >= k:
-                multi_graph.launch(stream)
-                done += k
-            elif step_graph is not None:
-                step_graph.launch(stream)
-                done += 1
-            else:
-                for launch in session.step:
-                    launch.run(stream)
-                done += 1
-
-    best, best_epoch, time_to_98, train_s, steps_done, interrupted = -1.0, 0, None, 0.0, 0, False
-    diverged = None
-    try:
-        for epoch in range(plan.epochs):
-            n = plan.steps_in(epoch)
-            model.set_permutation(rng.permutation(rc.TRAIN_ROWS))
-            model.zero_metrics().run(stream)
-            console.epoch_begin(epoch + 1, plan.epochs, n)
-            start, end, eval_end = events[0], events[1], events[2]
-            ticks = events[3:]
-            start.record(stream)
-            # Progress: an event every n/PROGRESS_TICKS steps; the host waits for the oldest when it is MAX_AHEAD
-            # ticks in front, so the GPU always has queued work and Ctrl-C takes effect within a few ticks.
-            chunk, free, pending, launched = max(k, -(-n // PROGRESS_TICKS) // k * k), list(ticks), [], 0
-            while launched < n:
-                m = min(chunk, n - launched)
-                run_steps(m)
-                launched += m
-                if not free:
-                    ev, at = pending.pop(0)
-                    ev.synchronize()
-                    console.epoch_progress(at)
-                    free.append(ev)
-                pending.append((free.pop().record(stream), launched))
-            end.record(stream)
-            eval_graph.launch(stream)
-            eval_end.record(stream)
-            for ev, at in pending:
-                ev.synchronize()
-                console.epoch_progress(at)
-            seconds, eval_seconds = start.elapsed_ms(end) / 1e3, end.elapsed_ms(eval_end) / 1e3
-            loss_sum, correct = model.train_metrics()
-            test_loss, test_acc = model.eval_metrics()
-            train_s += seconds
-            steps_done += n
-            if test_acc > best:
-                best, best_epoch = test_acc, epoch + 1
-            if time_to_98 is None and test_acc >= 0.98:
-                time_to_98 = train_s
-            train_loss = loss_sum / (n * recipe.batch)
-            console.epoch_end(EpochStats(
-                epoch=epoch + 1, epochs=plan.epochs, steps=n, train_loss=train_loss,
-                train_accuracy=correct / (n * recipe.batch), test_loss=test_loss, test_accuracy=test_acc,
-                seconds=seconds, eval_seconds=eval_seconds, steps_per_s=n / seconds,
-                samples_per_s=n * recipe.batch / seconds, tflops=flops * n / seconds / 1e12,
-                gbps=traffic * n / seconds / 1e9,
-                lr=lr_at(steps_done - 1, recipe.lr, recipe.lr_min, recipe.total_steps, recipe.warmup_steps,
-                         recipe.schedule), total_seconds=train_s))
-            if not math.isfinite(train_loss):  # every later step would train on NaN: stop at this epoch's end
-                diverged = (f"training diverged in epoch {epoch + 1}: the train loss is {train_loss}; the learning "
-                            f"rate (--lr {recipe.lr:g}) is the likely cause, try a smaller one")
-                break
-    except KeyboardInterrupt:
-        interrupted = True
-        stream.synchronize()  # the queued steps finish: parameters stop at a step boundary
-        steps_done = model.step_count()
-    console.finish(Summary(train_seconds=train_s, wall_seconds=time.perf_counter() - t_start, steps=steps_done,
-                           best_accuracy=max(best, 0.0), best_epoch=best_epoch, time_to_98=time_to_98,
-                           interrupted=interrupted))
-    if diverged:
-        print(f"rawgpu: error: {diverged}", file=sys.stderr)
+            h = trainer.history
+            write_plot(args.plot, [s.epoch for s in h], [s.train_loss for s in h], [s.test_accuracy for s in h],
+                       title=f"{data.name} {trainer.recipe.name}")
+            console.message(f"plot: {args.plot}")
+    if error:
+        print(f"rawgpu: error: {error}", file=sys.stderr)
         return 1
     return 130 if interrupted else 0
+
+
+def explicit_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
+    """The destinations of the options typed on the command line (not left at their defaults)."""
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:  # argparse has no public "was it given" query
+        action.default = argparse.SUPPRESS
+    return set(vars(quiet.parse_args(argv)))
+
+
+def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str], ckpt) -> None:
+    """--resume continues the saved run as it was: an option typed with another value than the checkpoint's is a
+    usage error."""
+    r = ckpt.recipe
+    saved = {**{n: getattr(r, {"warmup": "warmup_steps"}.get(n, n)) for n in RECIPE_OPTIONS if n != "epochs"},
+             "epochs": rc.cdiv(r.total_steps, r.steps_per_epoch), "steps": r.total_steps,
+             "dataset": ckpt.dataset.get("name"), "step": ckpt.step_kind}
+    for name in sorted(given & set(saved)):
+        if name == "step" and args.step == "auto":
+            continue
+        if getattr(args, name) != saved[name]:
+            parser.error(f"argument --{name}: {getattr(args, name)} differs from the checkpoint's {saved[name]}; "
+                         "--resume continues the saved run as it was")
+
+
+def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: dict[str, int]) -> rc.Recipe:
+    """The recipe of the arguments on data of this shape, with the rules no single option can check."""
+    if args.batch > shape["train_rows"]:
+        parser.error(f"argument --batch: {args.batch} is more than the {shape['train_rows']} training images")
+    plan = make_plan(args, shape["train_rows"])
+    if args.warmup and args.schedule == "constant":
+        parser.error("argument --warmup: a warm-up ramps up to a decaying schedule: use --schedule cosine or linear")
+    if args.warmup >= plan.total_steps:
+        parser.error(f"argument --warmup: {args.warmup} steps is not shorter than the run ({plan.total_steps} steps)")
+    recipe = make_recipe(args, plan, shape)
+    check_step_option(parser, recipe, args.step)
+    return recipe
+
+
+def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Files the run reads or writes, before anything expensive."""
+    from .checkpoint import check_writable
+    from .data import missing_files
+
+    if args.data_dir is not None and (missing := missing_files(args.data_dir, args.dataset or "mnist")):
+        parser.error(f"argument --data-dir: {args.data_dir} lacks " + ", ".join(missing) + " (raw or .gz)"
+                     if Path(args.data_dir).expanduser().is_dir() else
+                     f"argument --data-dir: no directory {args.data_dir}")
+    if args.dataset == "idx" and args.data_dir is None:
+        parser.error("argument --dataset: idx needs --data-dir DIR holding the four IDX files")
+    if args.save_every is not None and not args.save:
+        parser.error("argument --save-every: needs --save PATH")
+    if args.save and (problem := check_writable(args.save)):
+        parser.error(f"argument --save: {problem}")
+    if args.plot:
+        from .plot import check_plot_path, plot_available
+
+        if problem := check_plot_path(args.plot):
+            parser.error(f"argument --plot: {problem}")
+        if not plot_available():
+            parser.error("argument --plot: needs matplotlib: pip install 'rawgpu[plot]'")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,24 +239,36 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.no_graph and args.steps_per_graph != 1:
         parser.error("--steps-per-graph needs graphs; drop it or --no-graph")
-    plan = make_plan(args)
-    if args.warmup and args.schedule == "constant":
-        parser.error("argument --warmup: a warm-up ramps up to a decaying schedule: use --schedule cosine or linear")
-    if args.warmup >= plan.total_steps:
-        parser.error(f"argument --warmup: {args.warmup} steps is not shorter than the run ({plan.total_steps} steps)")
-    if args.data_dir is not None:
-        from .data import missing_files
+    ckpt = None
+    if args.resume:
+        from .checkpoint import CheckpointError, load
 
-        if missing := missing_files(args.data_dir):
-            parser.error(f"argument --data-dir: {args.data_dir} lacks " + ", ".join(missing) + " (raw or .gz)"
-                         if Path(args.data_dir).expanduser().is_dir() else
-                         f"argument --data-dir: no directory {args.data_dir}")
-    recipe = make_recipe(args, plan)
-    check_step_option(parser, recipe, args.step)
+        try:
+            ckpt = load(args.resume)  # a file: cheap, before the data and the GPU
+        except CheckpointError as exc:
+            print(f"rawgpu: error: {exc}", file=sys.stderr)
+            return 1
+        check_resume(parser, args, explicit_options(parser, argv), ckpt)
+        args.dataset = args.dataset or ckpt.dataset.get("name")
+        args.save = args.save or args.resume
+    args.dataset = args.dataset or "mnist"
+    check_paths(parser, args)
+    from .data import known_shape, load_dataset
+
+    recipe = None
+    if ckpt is None and (shape := known_shape(args.dataset)) is not None:
+        recipe = check_run(parser, args, shape)  # the named sets' shape is known: no need to read them first
     from .console import make_console
 
     console = make_console("json" if args.json else "auto")
     try:
+        data = load_dataset(args.dataset, args.data_dir, progress=console.download)
+        if data.unverified:
+            console.message(f"{data.name}: {len(data.unverified)} files checked for structure only (no published "
+                            f"checksum applies): {', '.join(Path(p).name for p in data.unverified)}")
+        if ckpt is None and recipe is None:
+            recipe = check_run(parser, args, dict(inputs=data.inputs, classes=data.classes,
+                                                  train_rows=len(data.train_labels), test_rows=len(data.test_labels)))
         from . import driver
 
         driver.init()
@@ -251,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device >= count:
             parser.error(f"argument --device: no GPU with index {args.device}; this machine has {count} "
                          f"(0..{count - 1})" if count else "argument --device: this machine has no CUDA GPU")
-        return train(args, plan, recipe, console, t_start)
+        return train(args, data, recipe, console, t_start, ckpt)
     except StepUnsupported as exc:  # the step kind asked for, on this GPU's arch: a usage error too
         console.close()
         print(f"rawgpu: error: argument --step: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import math
 import statistics
@@ -36,6 +37,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # the peers package be
 from rawgpu import driver as drv  # noqa: E402
 from rawgpu import master  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
+from rawgpu.files import write_atomic  # noqa: E402
 from rawgpu.graph import capture  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_sgd as D  # noqa: E402
@@ -279,8 +281,8 @@ def cmd_gemm(args) -> int:
                   f"{row['pct_copy']:>5.1f}% {plain:>9.2f} {tflops:>7.1f} "
                   f"{(f'{ref:.2f}' if ref else '-'):>9} {(f'{ref / plain:.2f}x' if ref else '-'):>12}{tail}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=device.name, arch=device.arch, date=str(dt.date.today()),
-                                                   copy_gbs=bw, batch=args.batch, rows=rows), indent=1))
+        write_atomic(args.json, json.dumps(dict(device=device.name, arch=device.arch, date=str(dt.date.today()),
+                                                copy_gbs=bw, batch=args.batch, rows=rows), indent=1).encode())
     return 0
 
 
@@ -400,7 +402,9 @@ def plot(results: dict, path: Path) -> str:
     b.axhline(1.0, color="k", linewidth=0.8)
     b.set(xscale="log", xlabel="hidden width H", ylabel="x faster than the fastest peer", title="rawgpu speed-up")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
+    write_atomic(path, png.getvalue())
     return f"wrote {path}"
 
 
@@ -487,7 +491,7 @@ def cmd_train(args) -> int:
     results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
                    date=str(dt.date.today()), copy_gbs=bw, steps=args.steps, batch=32, lr=0.003, rows=rows,
                    wall_s=wall)
-    (out / "bench_train.json").write_text(json.dumps(results, indent=1))
+    write_atomic(out / "bench_train.json", json.dumps(results, indent=1).encode())
     print(f"# wrote {out / 'bench_train.json'}; {plot(results, out / 'bench_train.png')}")
     return 0
 

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from rawgpu import recipe as rc  # noqa: E402
 from rawgpu.errors import RawgpuError, StepUnsupported  # noqa: E402
+from rawgpu.files import write_atomic  # noqa: E402
 from rawgpu.train import _count, add_step_option, check_step_option  # noqa: E402
 
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, end in kc.phases(recipe.layers):
             phases.add_row(name, end)
         console.print(phases)
-    out.write_text(readable_dot(nodes, edges, f"{recipe.name} batch {recipe.batch}"))
+    write_atomic(out, readable_dot(nodes, edges, f"{recipe.name} batch {recipe.batch}").encode())
     console.print(f"wrote {out} (readable) and {driver_dot} (driver's verbose DOT)")
     if args.format != "none":
         dot = shutil.which("dot")

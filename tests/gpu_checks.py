@@ -1,7 +1,14 @@
-"""Checks the GPU kernel tests share: a launch run twice from the same state (bitwise repeatability), and an SGD
-step on the split master weights against float64."""
+"""Checks the GPU tests share: a launch run twice from the same state (bitwise repeatability), an SGD step on the
+split master weights against float64, and a training CLI interrupted by Ctrl-C."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -40,3 +47,21 @@ def check_master_step(w: np.ndarray, w16: np.ndarray, wlo: np.ndarray, lr: float
     assert (w_new[big] != w[big]).all(), "weights left unwritten"
     assert np.array_equal(w16.view(np.uint16), w_new.astype(np.float16).view(np.uint16)), \
         "W16 must be fp16(master) exactly"
+
+
+def interrupt_train(args: list[str], when: str, root: Path) -> tuple[int, str, str]:
+    """Run `python -m rawgpu.train args`, send SIGINT once a stdout line starts with `when` (training is under
+    way), and return (exit status, stdout after that line, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "rawgpu.train", *args], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line, deadline = "", time.monotonic() + 120
+        while time.monotonic() < deadline and not line.startswith(when):
+            line = proc.stdout.readline().strip()
+            assert line or proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, out, err

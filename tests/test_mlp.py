@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mlp_reference as ref
+from gpu_checks import interrupt_train
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import data as kd
 from rawgpu.mlp import MLP, run_launches
@@ -335,7 +334,7 @@ def test_a_diverging_run_stops_at_the_end_of_that_epoch_with_one_line(mnist):
     result = _cli("--lr", "100", "--epochs", "3")  # piped: plain lines, the summary last
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("rawgpu: error: training diverged in epoch 1: the train loss is ") and "--lr 100" in last
+    assert last.startswith("rawgpu: error: training diverged in epoch 1: the train loss is ") and "lr 100" in last
     lines = result.stdout.strip().splitlines()
     assert [line.split()[1] for line in lines if line.startswith("epoch ")] == ["1/3"]
     assert lines[-1].startswith("trained 468 steps") and "(epoch 1)" in lines[-1], lines[-1]  # it did finish
@@ -343,18 +342,6 @@ def test_a_diverging_run_stops_at_the_end_of_that_epoch_with_one_line(mnist):
 
 @gpu
 def test_ctrl_c_stops_at_a_step_boundary_with_a_summary(mnist):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "rawgpu.train", "--hidden", "2048", "--epochs", "1000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 120
-        line = ""
-        while time.monotonic() < deadline and not line.startswith("epoch"):  # wait for training to be under way
-            line = proc.stdout.readline().strip()
-            assert line or proc.poll() is None, proc.stderr.read()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
+    status, out, err = interrupt_train(["--hidden", "2048", "--epochs", "1000"], "epoch", ROOT)
+    assert status == 130, err
     assert "interrupted" in out and "Traceback" not in err

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
+import numpy as np
+
 from rawgpu import train
+from rawgpu.data import Dataset
 from rawgpu.errors import NoDeviceError
 from rawgpu.mlp import MLP
 from rawgpu.recipe import Recipe, pad8
 
 ROOT = Path(__file__).resolve().parent.parent
+FAKE_MNIST = Dataset("mnist", *[np.zeros(shape, np.uint8) for shape in ((60000, 784), 60000, (10000, 784), 10000)],
+                     (28, 28), 10, Path("."))
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -70,6 +75,7 @@ def _no_gpu(monkeypatch):
 
 def test_no_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
     _no_gpu(monkeypatch)
+    monkeypatch.setattr("rawgpu.data.load_dataset", lambda *a, **k: FAKE_MNIST)  # the data loads first
     assert train.main(["--hidden", "256"]) == 1
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines() == [
@@ -194,13 +200,15 @@ def test_the_summary_counts_an_epoch_that_finished_at_zero_accuracy():
     assert "best test accuracy 0.00% (epoch 1)" in format_summary(s)
 
 
-def test_main_hands_training_the_plan_and_recipe_it_checked(monkeypatch):
+def test_main_hands_training_the_data_and_recipe_it_checked(monkeypatch):
     from rawgpu import driver
 
     seen = {}
     monkeypatch.setattr(driver, "init", lambda: None)
     monkeypatch.setattr(driver, "device_count", lambda: 1)
-    monkeypatch.setattr(train, "train", lambda args, plan, recipe, console, t: seen.update(plan=plan, recipe=recipe) or 0)
+    monkeypatch.setattr("rawgpu.data.load_dataset", lambda *a, **k: FAKE_MNIST)
+    monkeypatch.setattr(train, "train", lambda args, data, recipe, console, t, ckpt: seen.update(
+        data=data, recipe=recipe, ckpt=ckpt) or 0)
     assert train.main(["--batch", "32", "--steps", "5000", "--hidden", "100", "--json"]) == 0
-    assert (seen["plan"].total_steps, seen["plan"].epochs) == (5000, 3)
+    assert seen["data"] is FAKE_MNIST and seen["ckpt"] is None
     assert seen["recipe"] == Recipe(hidden=100, batch=32, total_steps=5000)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import contract
 from ..kernels import cluster as kc
-from ..recipe import CLASSES, Recipe, loss_scale
+from ..recipe import Recipe, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the cluster step cannot run this recipe on this arch; None when it can."""
     if int(arch.removeprefix("sm_")) < 90:
         return f"the cluster step needs thread-block clusters (sm_90 or newer), this GPU is {arch}"
+    if recipe.inputs != contract.CS_INPUTS:
+        return f"the cluster step is built for images of {contract.CS_INPUTS} pixels, these have {recipe.inputs}"
     if recipe.batch > kc.ROWS:
         return f"the cluster step takes batches of at most {kc.ROWS}, got {recipe.batch}"
     if recipe.uses_momentum:
@@ -79,7 +81,7 @@ class ClusterStep(Step):
             images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
             correct=m.correct.ptr, profile=profile, batch=r.batch, steps_per_epoch=r.steps_per_epoch,
             layers=len(m.layers), schedule=r.schedule_code, total_steps=r.total_steps, warmup_steps=r.warmup_steps,
-            classes=CLASSES, hs=plan.hs, n=plan.n, act_off=o["act"], raw_off=o["raw"], x_off=o["x"], dy_off=o["dy"],
+            classes=r.classes, hs=plan.hs, n=plan.n, act_off=o["act"], raw_off=o["raw"], x_off=o["x"], dy_off=o["dy"],
             dlogit_off=o["dlogits"], rs_off=o["rs"], scratch_off=o["scratch"], misc_off=o["misc"],
             smem_bytes=plan.smem_bytes, lr0=f32(lr0), lr_min=f32(lr_min),
             dlogit_scale=f32(loss_scale(r.batch) / r.batch))

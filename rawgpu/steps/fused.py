@@ -16,7 +16,7 @@ from .. import contract
 from ..kernels import dx_sgd as kb
 from ..kernels import elementwise as ke
 from ..kernels import fused as kf
-from ..recipe import CLASSES, Recipe, loss_scale, pad8
+from ..recipe import Recipe, loss_scale, pad8
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the fused step cannot run this recipe; None when it can (any GPU rawgpu supports)."""
     if recipe.accum != "fp32":
         return "the fused step accumulates in fp32 only"
+    if recipe.inputs != contract.FS_INPUTS:
+        return f"the fused step is built for images of {contract.FS_INPUTS} pixels, these have {recipe.inputs}"
     if recipe.layers + 1 > kf.MAX_LINEAR_LAYERS:
         return f"the fused step takes at most {kf.MAX_LINEAR_LAYERS - 1} hidden layers"
     return None
@@ -111,7 +113,7 @@ class FusedStep(Step):
             images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
             correct=m.correct.ptr, row_loss=self.row_loss.ptr, row_hit=self.row_hit.ptr, barrier=self.barrier.ptr,
             batch=r.batch, steps_per_epoch=r.steps_per_epoch, layers=len(m.layers), schedule=r.schedule_code,
-            total_steps=r.total_steps, warmup_steps=r.warmup_steps, classes=CLASSES, profile=profile,
+            total_steps=r.total_steps, warmup_steps=r.warmup_steps, classes=r.classes, profile=profile,
             lr0=f32(lr0), lr_min=f32(lr_min), mu=f32(r.momentum), dlogit_scale=f32(loss_scale(r.batch) / r.batch))
         for i, (lay, nxt) in enumerate(zip(m.layers, self.w16_next)):
             t = p.layer[i]

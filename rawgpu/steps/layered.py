@@ -22,7 +22,7 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
-from ..recipe import CLASSES, PADDED_CLASSES, Recipe, loss_scale
+from ..recipe import PADDED_CLASSES, Recipe, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -125,10 +125,10 @@ class LayeredStep(Step):
         if self.head is not None:  # the head's forward, loss, backward and update in one launch
             lay = m.layers[n]
             out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.lr, m.acts[-1],
-                                    m.grads[-1], m.grads[n], m.loss_sum, m.correct, CLASSES, scale,
+                                    m.grads[-1], m.grads[n], m.loss_sum, m.correct, r.classes, scale,
                                     step=m.counter))  # the step counter moves here
         else:
-            out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, CLASSES,
+            out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        grad_scale=scale))
         dy = m.grads[n]
         for i in range(n - 1, -1, -1):

@@ -1,0 +1,28 @@
+"""Every file rawgpu writes goes through `write_atomic`: a crash or Ctrl-C leaves the old file or none, never half."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write to a temp file beside `path`, flush it to disk, then os.replace it there; on any failure (Ctrl-C
+    included) the temp is removed and the exception propagates (OSError for the file system's own).
+
+    The temp is created with the usual permissions (0666 less the umask), so the result looks like a plain write.
+    """
+    path = Path(path).expanduser()
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
