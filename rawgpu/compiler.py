@@ -55,6 +55,7 @@ class CompiledModule:
     resources: dict[str, KernelResources] = field(default_factory=dict)
     log: str = ""
     cached: bool = False
+    ptx: str | None = None  # the PTX NVRTC made on the way (a fresh build only; ptx_of reads it back from the cache)
 
 
 def _nvrtc():
@@ -130,16 +131,17 @@ Generated = tuple[tuple[str, ...], dict[str, str]]
 
 
 def cache_key(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None,
-              generated: Generated | None = None) -> str:
-    """generated: contract.build's (defines, headers) for this source and arch (default: asked for now)."""
+              generated: Generated | None = None, kernel: str | None = None) -> str:
+    """generated: contract.build's (defines, headers) for this source, arch and kernel (default: asked for now);
+    a kernel built alone differs from the whole source by its generated instance list."""
     h = hashlib.sha256()
     texts = source_texts() if texts is None else texts
-    defines, headers = contract.build(source, arch) if generated is None else generated
+    defines, headers = contract.build(source, arch, kernel) if generated is None else generated
     for name in sorted(texts):
         h.update(name.encode() + b"\0" + hashlib.sha256(texts[name]).digest())
     for name in sorted(headers):
         h.update(f"generated/{name}".encode() + b"\0" + hashlib.sha256(headers[name].encode()).digest())
-    h.update(repr((source, arch, BASE_OPTIONS, tuple(defines), options, nvrtc_version())).encode())
+    h.update(repr((source, kernel, arch, BASE_OPTIONS, tuple(defines), options, nvrtc_version())).encode())
     return h.hexdigest()[:32]
 
 
@@ -166,10 +168,10 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
     return out
 
 
-def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...], ptx: bool = False,
+def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...],
                    generated: Generated | None = None) -> CompiledModule:
-    """ptx: build compute_XY PTX instead of the cubin (CompiledModule.cubin then holds the PTX text).
-    generated: contract.build's (defines, headers) for this source and arch (default: asked for now)."""
+    """The cubin, its ptxas report and the PTX on the way. generated: contract.build's (defines, headers) for this
+    source and arch (default: asked for now)."""
     nvrtc = _nvrtc()
     path = SOURCE_DIR / source
     if not path.is_file():
@@ -178,9 +180,8 @@ def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...], ptx: bool =
     prog = _check(nvrtc.nvrtcCreateProgram(path.read_bytes(), source.encode(), len(headers),
                                            [text.encode() for text in headers.values()],
                                            [name.encode() for name in headers]), "nvrtcCreateProgram")
-    target = arch.replace("sm_", "compute_") if ptx else arch
     try:
-        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={target}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}",
+        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={arch}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}",
                                      *defines, *options)]
         result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
@@ -190,19 +191,33 @@ def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...], ptx: bool =
         err = result[0] if isinstance(result, tuple) else result
         if int(err) != 0:
             raise CompileError(f"NVRTC could not compile {source} for {arch} ({getattr(err, 'name', err)}):\n{log.strip()}")
-        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
-        size = _check(get_size(prog), get_size.__name__)
-        cubin = b" " * size
-        _check(get(prog, cubin), get.__name__)
+        text = _program_output(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0 ").decode()
+        cubin = _program_output(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return CompiledModule(source, arch, cubin, parse_ptxas_report(log), log)
+    return CompiledModule(source, arch, cubin, parse_ptxas_report(log), log, ptx=text)
 
 
-def ptx_of(source: str, arch: str | tuple[int, int]) -> dict[str, str]:
-    """The PTX NVRTC makes of `rawgpu/cu/<source>` for `arch`, per entry function (name -> body): for reading what
-    a kernel compiles to, and for tests of which instructions it holds. Never loaded (the driver gets cubins)."""
-    text = _nvrtc_compile(source, normalize_arch(arch), (), ptx=True).cubin.rstrip(b"\0 ").decode()
+def _program_output(nvrtc, prog, get_size, get) -> bytes:
+    size = _check(get_size(prog), get_size.__name__)
+    out = b" " * size
+    _check(get(prog, out), get.__name__)
+    return out
+
+
+def ptx_of(source: str, arch: str | tuple[int, int], kernel: str | None = None) -> dict[str, str]:
+    """The PTX NVRTC made of `rawgpu/cu/<source>` (or of its `kernel` alone) on the way to the cubin for `arch`, per
+    entry function (name -> body): for reading what a kernel compiles to, and for tests of which instructions it
+    holds. Kept beside the cache entry, so a build serves both; never loaded (the driver gets cubins)."""
+    arch = normalize_arch(arch)
+    generated = contract.build(source, arch, kernel)
+    path = _cache_path(source, arch, (), None, generated, kernel)
+    try:
+        text = path.with_suffix(".ptx").read_text()
+    except OSError:  # not built yet, or built before the PTX was kept: build it (the cubin entry too)
+        module = _nvrtc_compile(source, arch, (), generated=generated)
+        _keep(path, module)
+        text = module.ptx
     entries = text.split(".entry ")[1:]
     return {body.split("(", 1)[0].strip(): body for body in entries}
 
@@ -211,10 +226,16 @@ def _write_cache(path: Path, module: CompiledModule) -> None:
     meta = {"source": module.source, "arch": module.arch, "sha256": hashlib.sha256(module.cubin).hexdigest(),
             "log": module.log}
     path.parent.mkdir(parents=True, exist_ok=True)
+    if module.ptx is not None:  # first: an entry whose PTX is missing is rebuilt by ptx_of, not the reverse
+        _write_file(path.with_suffix(".ptx"), module.ptx.encode())
+    _write_file(path, _CACHE_MAGIC + json.dumps(meta).encode() + b"\n" + module.cubin)
+
+
+def _write_file(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_CACHE_MAGIC + json.dumps(meta).encode() + b"\n" + module.cubin)
+            f.write(data)
         os.replace(tmp, path)  # atomic: a reader sees the old entry or the whole new one
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -242,32 +263,53 @@ def _read_cache(path: Path) -> CompiledModule | None:
 
 
 def _cache_path(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None,
-                generated: Generated | None = None) -> Path:
-    return cache_dir() / f"{Path(source).stem}-{arch}-{cache_key(source, arch, options, texts, generated)}.cubin"
+                generated: Generated | None = None, kernel: str | None = None) -> Path:
+    stem = Path(source).stem + (f"-{kernel}" if kernel else "")
+    return cache_dir() / f"{stem}-{arch}-{cache_key(source, arch, options, texts, generated, kernel)}.cubin"
 
 
-def is_cached(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = ()) -> bool:
-    """Whether a build of `source` for `arch` sits in the cache (so the CLI can say a first run compiles)."""
-    return _cache_path(source, normalize_arch(arch), tuple(options)).is_file()
+def is_cached(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), kernel: str | None = None
+              ) -> bool:
+    """Whether a build of `source` (or of its `kernel` alone) for `arch` sits in the cache."""
+    return _cache_path(source, normalize_arch(arch), tuple(options), kernel=kernel).is_file()
 
 
 def compile_source(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), *,
-                   use_cache: bool = True, texts: dict[str, bytes] | None = None) -> CompiledModule:
-    """Build `rawgpu/cu/<source>` for `arch`, from the cache when an identical build exists."""
+                   kernel: str | None = None, use_cache: bool = True,
+                   texts: dict[str, bytes] | None = None) -> CompiledModule:
+    """Build `rawgpu/cu/<source>` for `arch` (or only `kernel`, one of contract.split_kernels(source)), from the
+    cache when an identical build exists."""
     arch = normalize_arch(arch)
     options = tuple(options)
-    generated = contract.build(source, arch)  # one answer for the key and the build
-    path = _cache_path(source, arch, options, texts, generated)
+    generated = contract.build(source, arch, kernel)  # one answer for the key and the build
+    path = _cache_path(source, arch, options, texts, generated, kernel)
     if use_cache and (hit := _read_cache(path)) is not None:
         return hit
     module = _nvrtc_compile(source, arch, options, generated=generated)
     if use_cache:
-        try:
-            _write_cache(path, module)
-        except OSError:
-            pass  # a read-only cache costs speed, not correctness
+        _keep(path, module)
     return module
+
+
+def _keep(path: Path, module: CompiledModule) -> None:
+    try:
+        _write_cache(path, module)
+    except OSError:
+        pass  # a read-only cache costs speed, not correctness
 
 
 def all_sources() -> list[str]:
     return sorted(p.name for p in SOURCE_DIR.glob("*.cu"))
+
+
+Unit = tuple[str, "str | None"]  # (source, one of its split kernels or None: the whole source)
+
+
+def unit_of(source: str, kernel: str) -> Unit:
+    """The unit of compilation that holds `kernel` of `source`."""
+    return (source, kernel) if kernel in contract.split_kernels(source) else (source, None)
+
+
+def all_units() -> list[Unit]:
+    """Every unit a session may compile: each split kernel alone, every other source whole."""
+    return [(s, k) for s in all_sources() for k in (contract.split_kernels(s) or [None])]

@@ -89,6 +89,7 @@ class Summary:
     best_epoch: int
     time_to_98: float | None  # cumulative training seconds when test accuracy first reached 98%
     interrupted: bool  # Ctrl-C
+    compile_seconds: float = 0.0  # of the wall time, spent building kernels
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,9 @@ def format_summary(s: Summary) -> str:
     best = (f"best test accuracy {s.best_accuracy:.2%} (epoch {s.best_epoch})" if s.best_epoch > 0
             else "no epoch finished")
     reached = f"reached 98% after {format_seconds(s.time_to_98)}" if s.time_to_98 is not None else "98% not reached"
-    text = (f"trained {s.steps} steps in {format_seconds(s.train_seconds)} (wall {format_seconds(s.wall_seconds)}); "
-            f"{best}; {reached}")
+    compiling = f", of which {format_seconds(s.compile_seconds)} compiling" if s.compile_seconds else ""
+    text = (f"trained {s.steps} steps in {format_seconds(s.train_seconds)} (wall {format_seconds(s.wall_seconds)}"
+            f"{compiling}); {best}; {reached}")
     return "interrupted: " + text if s.interrupted else text
 
 
@@ -264,6 +266,7 @@ class Console:
 
     def message(self, text: str) -> None: ...
     def download(self, name: str, done: int, total: int | None) -> None: ...
+    def compiling(self, done: int, total: int) -> None: ...
     def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None: ...
     def epoch_progress(self, done: int) -> None: ...
     def epoch_end(self, stats: EpochStats) -> None: ...
@@ -288,6 +291,8 @@ class Console:
 class PlainConsole(Console):
     """Plain text lines for logs and pipes: no ANSI, no progress bar, flushed per line."""
 
+    _compile_told = False
+
     def start(self, info: RunInfo) -> None:
         super().start(info)
         for key, value in header_rows(info):
@@ -302,6 +307,12 @@ class PlainConsole(Console):
             self._line(f"downloading {name} ({format_bytes(total) if total else 'size unknown'})")
         elif total is not None and done == total:
             self._line(f"downloaded {name}")
+
+    def compiling(self, done: int, total: int) -> None:
+        """A line when the build starts (logs get no bar); the header's kernels row says how long it took."""
+        if not self._compile_told:
+            self._compile_told = True
+            self._line("compiling kernels (first run for them: they are cached for the next)")
 
     def epoch_end(self, stats: EpochStats) -> None:
         epoch, loss, acc, steps_s, samples_s, tflops, gbps, secs = epoch_cells(stats)
@@ -343,6 +354,8 @@ class RichConsole(Console):
         self._rows: list[EpochStats] = []
         self._downloads: Progress | None = None
         self._download_tasks: dict[str, int] = {}
+        self._compiles: Progress | None = None
+        self._compile_task = None
         self.live = Live(self, console=self.rc, refresh_per_second=4)
 
     def __rich__(self):
@@ -381,6 +394,19 @@ class RichConsole(Console):
             if not self._download_tasks:
                 self._downloads.stop()
                 self._downloads = None
+
+    def compiling(self, done: int, total: int) -> None:
+        """A transient bar of the units of compilation built (before the live view starts); called from the
+        build threads too, which rich's Progress allows."""
+        if self._compiles is None:
+            self._compiles = Progress(TextColumn("compiling kernels"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=self.rc, transient=True)
+            self._compile_task = self._compiles.add_task("", total=total)
+            self._compiles.start()
+        self._compiles.update(self._compile_task, completed=done, total=total)
+        if done >= total:
+            self._compiles.stop()
+            self._compiles = None
 
     def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None:
         self._done = 0

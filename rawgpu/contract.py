@@ -254,11 +254,16 @@ CS_HEADER_FIELDS = CsParams.layer.offset // 8
 CS_LAYER_FIELDS = ctypes.sizeof(CsLayer) // 8
 
 
-def _cluster_facts(arch: str):
+def cluster_kernel_name(tiles: int) -> str:
+    return f"cluster_steps_{tiles}"
+
+
+def _cluster_facts(arch: str, kernel: str | None = None):
     defines = {"CS_WARPS": CS_WARPS, "CS_ROWS": CS_ROWS, "CS_INPUTS": CS_INPUTS, "CS_X_LD": CS_X_LD,
                "CS_HEAD_LD": CS_HEAD_LD, "CS_DLOGIT_LD": CS_DLOGIT_LD, "CS_MAX_LINEAR": CS_MAX_LINEAR}
+    tiles = [t for t in CS_TILE_COUNTS if kernel in (None, cluster_kernel_name(t))]
     instances = ("// The kernel instances, cluster_steps_<NT> for every NT of CS_TILE_COUNTS: X(NT) per instance.\n"
-                 f"#define CS_FOR_EACH_TILE_COUNT(X) {' '.join(f'X({t})' for t in CS_TILE_COUNTS)}\n")
+                 f"#define CS_FOR_EACH_TILE_COUNT(X) {' '.join(f'X({t})' for t in tiles)}\n")
     return defines, {"cluster_step_abi.cuh": _header("cluster_step.cu", declare(CsLayer), declare(CsParams),
                                                      instances)}
 
@@ -395,9 +400,22 @@ def _instances_of(source: str) -> list[tuple[GemmConfig, str, str]]:
 _C_LAYOUT = {"r": "ROW", "c": "COL"}
 
 
-def _gemm_header() -> str:
+def _one_kernel(name: str, accs_line: str, kernel: str | None) -> str | None:
+    """An instance's line of a generated header: the macro making its _f32 and _f16 kernels (kernel None), the
+    single-kernel macro when `kernel` is one of the two, else None (left out)."""
+    if kernel is None:
+        return accs_line
+    for acc in ACCUMULATORS:
+        if kernel == f"{name}_{acc}":
+            macro, args = accs_line.split("(", 1)
+            args = args.rsplit(")", 1)[0].split(", ", 1)[1]
+            return f"{macro.replace('_ACCS', '_INSTANCE')}({kernel}, {args}, {'true' if acc == 'f16' else 'false'})"
+    return None
+
+
+def _gemm_header(kernel: str | None = None) -> str:
     """gemm.cu's Config typedefs and instances: GEMM_ACCS / PERSIST_ACCS (gemm.cu's macros) per (config, layout,
-    epilogue), each making the _f32 and _f16 kernels."""
+    epilogue), each making the _f32 and _f16 kernels; with `kernel`, that one kernel alone."""
     configs = [c for c in CONFIGS.values() if c.source == GEMM_SOURCE]
     lines = []
     for c in configs:
@@ -413,15 +431,18 @@ def _gemm_header() -> str:
         if c.persistent:
             if epi != "store":
                 raise ValueError(f"the persistent tile only stores, not {epi}")
-            lines.append(f"PERSIST_ACCS({name}, {c.c_name}, {operands})")
+            line = f"PERSIST_ACCS({name}, {c.c_name}, {operands})"
         else:
-            lines.append(f"GEMM_ACCS({name}, {c.c_name}, {operands}, EPI_{epi.upper()})")
+            line = f"GEMM_ACCS({name}, {c.c_name}, {operands}, EPI_{epi.upper()})"
+        if (line := _one_kernel(name, line, kernel)) is not None:
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
-def _gemm_tma_header() -> str:
+def _gemm_tma_header(kernel: str | None = None) -> str:
     """gemm_tma.cu's TmaConfig typedefs (with asserts that the template's fixed shape is the table's) and
-    instances: TMA_ACCS (gemm_tma.cu's macro) per (config, layout, epilogue), A always row-major."""
+    instances: TMA_ACCS (gemm_tma.cu's macro) per (config, layout, epilogue), A always row-major; with `kernel`,
+    that one kernel alone."""
     lines = []
     for c in (c for c in CONFIGS.values() if c.source == GEMM_TMA_SOURCE):
         lines.append(f"typedef TmaConfig<{c.bn}, {c.stages}> {c.c_name};  // {c.note}")
@@ -432,8 +453,10 @@ def _gemm_tma_header() -> str:
     for c, lay, epi in _instances_of(GEMM_TMA_SOURCE):
         if lay[0] != "r":
             raise ValueError(f"the tensor-copy tile reads a row-major A, not layout {lay}")
-        lines.append(f"TMA_ACCS({instance_name(c.name, lay, epi)}, {c.c_name}, {_C_LAYOUT[lay[1]]}, "
-                     f"EPI_{epi.upper()})")
+        name = instance_name(c.name, lay, epi)
+        line = _one_kernel(name, f"TMA_ACCS({name}, {c.c_name}, {_C_LAYOUT[lay[1]]}, EPI_{epi.upper()})", kernel)
+        if line is not None:
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -441,13 +464,13 @@ def _epilogue_facts(arch: str):  # gemm_epilogue.cuh
     return {"GEMM_MAX_CLUSTER_SPLITS": MAX_CLUSTER_SPLITS}, {}
 
 
-def _gemm_facts(arch: str):
+def _gemm_facts(arch: str, kernel: str | None = None):
     defines = {"STREAM_STAGES": stream_stages(arch), "PERSIST_BLOCKS_PER_SM": PERSIST_BLOCKS_PER_SM}
-    return defines, {"gemm_instances.cuh": _header(GEMM_SOURCE, _gemm_header())}
+    return defines, {"gemm_instances.cuh": _header(GEMM_SOURCE, _gemm_header(kernel))}
 
 
-def _gemm_tma_facts(arch: str):
-    return {}, {"gemm_tma_instances.cuh": _header(GEMM_TMA_SOURCE, _gemm_tma_header())}
+def _gemm_tma_facts(arch: str, kernel: str | None = None):
+    return {}, {"gemm_tma_instances.cuh": _header(GEMM_TMA_SOURCE, _gemm_tma_header(kernel))}
 
 
 # ---- dx_sgd.cu: a layer's backward in one pass (kernels/dx_sgd.py) --------------------------------------------
@@ -538,13 +561,29 @@ def _header(source: str, *parts: str) -> str:
             + "\n".join(parts))
 
 
-def build(source: str, arch: str) -> tuple[tuple[str, ...], dict[str, str]]:
+_INSTANCE_FACTS = (_cluster_facts, _gemm_facts, _gemm_tma_facts)  # they list instances: built one at a time too
+
+
+def split_kernels(source: str) -> list[str]:
+    """The kernels of a source of many template instances, each of which builds alone (a unit of compilation and
+    of the cache), so that a step compiles only what it launches; [] for a source that builds whole."""
+    if source in (GEMM_SOURCE, GEMM_TMA_SOURCE):
+        return all_kernel_names(source)
+    if source == "cluster_step.cu":
+        return [cluster_kernel_name(t) for t in CS_TILE_COUNTS]
+    return []
+
+
+def build(source: str, arch: str, kernel: str | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
     """What `source` is compiled with for `arch` (an 'sm_XY' name): the `-DNAME=value` options and the generated
-    headers (include name -> text). A source that shares nothing gets ((), {})."""
+    headers (include name -> text). A source that shares nothing gets ((), {}). kernel: one of split_kernels(source),
+    built alone (the generated instance list names it only)."""
+    if kernel is not None and kernel not in split_kernels(source):
+        raise ValueError(f"{source} has no kernel {kernel} that builds alone")
     defines: dict[str, int] = {}
     headers: dict[str, str] = {}
     for facts in SOURCES.get(source, ()):
-        d, h = facts(arch)
+        d, h = facts(arch, kernel) if facts in _INSTANCE_FACTS else facts(arch)
         defines.update(d)
         headers.update(h)
     return tuple(f"-D{name}={value}" for name, value in defines.items()), dict(sorted(headers.items()))

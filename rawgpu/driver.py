@@ -13,7 +13,7 @@ import math
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .errors import CudaError, NoDeviceError, OutOfMemoryError
 
@@ -401,18 +401,35 @@ class Module:
 class Kernel:
     """A kernel function with its argument signature; `bind(...)` packs arguments once for repeated launches."""
 
-    def __init__(self, func: Any, name: str, signature: str, resources: Any = None):
-        self.func, self.name, self.signature, self.resources = func, name, signature, resources
+    def __init__(self, func: Any, name: str, signature: str, resources: Any = None,
+                 resolve: Callable[[], tuple[Any, Any]] | None = None):
+        """func: the CUfunction, or None with `resolve`, which returns (func, resources) when the kernel is first
+        needed (its module may still be compiling while launches are planned and bound)."""
+        self._func, self.name, self.signature, self.resources = func, name, signature, resources
+        self._resolve = resolve
         self._dynamic_shared_limit = STATIC_SHARED_LIMIT
         self._non_portable_clusters = False
 
+    @property
+    def func(self) -> Any:
+        if self._func is None:
+            self._func, self.resources = self._resolve()
+            if self._dynamic_shared_limit > STATIC_SHARED_LIMIT:
+                self._set_shared_limit()
+        return self._func
+
     def ensure_shared(self, nbytes: int) -> None:
-        """Raise the kernel's dynamic shared-memory limit when a launch asks for more than the 48 KB default."""
+        """Raise the kernel's dynamic shared-memory limit when a launch asks for more than the 48 KB default (set
+        once the kernel is loaded)."""
         if nbytes > self._dynamic_shared_limit:
-            cu = _cu()
-            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(cu.cuFuncSetAttribute(self.func, attr, nbytes), f"cuFuncSetAttribute({self.name}, {nbytes} B)")
             self._dynamic_shared_limit = nbytes
+            if self._func is not None:
+                self._set_shared_limit()
+
+    def _set_shared_limit(self) -> None:
+        cu, nbytes = _cu(), self._dynamic_shared_limit
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cu.cuFuncSetAttribute(self._func, attr, nbytes), f"cuFuncSetAttribute({self.name}, {nbytes} B)")
 
     def bind(self, grid: Sequence[int] | int, block: Sequence[int] | int, shared_bytes: int, *args: Any,
              cooperative: bool = False, cluster: Sequence[int] | int = 1) -> "Launch":

@@ -126,6 +126,14 @@ class MLP:
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
         self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
 
+    def kernel_units(self) -> set:
+        """The units of compilation (compiler.unit_of) a session of this model launches, from the plans alone: the
+        step's, the evaluation's GEMMs, and the small sources every session uses (the data gather, the parameter
+        initialisation and copies, the loss and metrics)."""
+        every = {(source, None) for source in (kd.SRC, ke.SRC, kl.SRC)}
+        return every | kg.plan_units([lay.eval_fwd for lay in self.layers] + self.tail_fwd, self.arch) \
+            | self.step.kernel_units()
+
     @property
     def kind(self) -> str:
         """The step kind that runs (steps.KINDS)."""

@@ -19,13 +19,22 @@ from .recipe import Recipe
 from .steps import StepOptions
 
 
+def kernel_units(recipe: Recipe, arch: str, sm_count: int, step_kind: str | steps.Choice = "auto",
+                 options: StepOptions | None = None) -> list[compiler.Unit]:
+    """The units of compilation a session of `recipe` on a GPU of `arch` and `sm_count` SMs launches, from the plan
+    alone (no GPU: the prebuild uses it too)."""
+    model = MLP(None, recipe, sm_count, step_kind=step_kind, arch=arch, options=options)
+    return sorted(model.kernel_units(), key=lambda u: (u[0], u[1] or ""))
+
+
 class Session:
     """Device, compiled kernels and the planned, allocated model."""
 
-    def __init__(self, recipe: Recipe, device_index: int = 0, on_compile: Callable[[str], None] | None = None,
+    def __init__(self, recipe: Recipe, device_index: int = 0, on_compile: Callable[[int, int], None] | None = None,
                  step_kind: str = "auto", options: StepOptions | None = None):
         """step_kind: one of steps.CHOICES; a named kind that cannot run here raises StepUnsupported before any
-        compile. options: settings of particular step kinds (comparisons, tests)."""
+        compile. options: settings of particular step kinds (comparisons, tests). on_compile(done, total): the
+        progress of a build that is not all in the cache (units of compilation built, asked for)."""
         if step_kind not in steps.CHOICES:  # a bad value fails before any GPU work
             raise ValueError(f"step kind must be one of {', '.join(steps.CHOICES)}, got {step_kind!r}")
         self.device = Device(device_index)
@@ -36,23 +45,26 @@ class Session:
             raise NoDeviceError(f"{self.device.name} is {arch}; this NVRTC builds for "
                                 f"{', '.join(compiler.supported_archs())} (rawgpu needs sm_80 or newer)")
         self.choice = steps.choose(recipe, arch, step_kind)
-        self.kernels = Kernels(arch)
-        cold = [s for s in compiler.all_sources() if not compiler.is_cached(s, arch)]
-        if cold and on_compile:
-            on_compile(f"compiling kernels for {arch} (first run only: the cubins are cached in "
-                       f"{compiler.cache_dir()})")
-        t = time.perf_counter()
-        self.kernels.load_all()
-        ms = (time.perf_counter() - t) * 1e3
-        self.compile_note = (f"kernels compiled in {ms / 1e3:.1f} s (first run)" if cold
-                             else f"kernel cache warm ({ms:.0f} ms)")
-        self.stream = Stream()
         options = options or StepOptions()
         if options.l2_bytes == 0:  # the layered step's cache hints are planned for this GPU's L2
             options = replace(options, l2_bytes=self.device.l2_bytes)
+        # The units this session launches, from the plan (no GPU needed), start building at once; a unit the plan
+        # did not foresee is built when asked for. Only a build that is not all cached shows progress.
+        units = kernel_units(recipe, arch, self.device.sm_count, self.choice, options)
+        cold = [u for u in units if not compiler.is_cached(u[0], arch, kernel=u[1])]
+        self.kernels = Kernels(arch, on_progress=on_compile if cold else None)
+        t = time.perf_counter()
+        self.kernels.prefetch(units)
         self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice,
                          options=options).allocate()
         self.step = self.model.step_launches()
+        self.model.eval_launches()  # asks for the evaluation's kernels too
+        self.kernels.wait()
+        self.compile_seconds = time.perf_counter() - t if cold else 0.0
+        self.compile_note = (f"{len(cold)} of {len(units)} kernel units compiled in {self.compile_seconds:.1f} s "
+                             f"(first run: cached in {compiler.cache_dir()})" if cold
+                             else f"kernel cache warm ({(time.perf_counter() - t) * 1e3:.0f} ms)")
+        self.stream = Stream()
 
     @property
     def step_description(self) -> str:

@@ -131,7 +131,7 @@ def summarize(trainer: Trainer, wall_seconds: float, interrupted: bool) -> Summa
     reached = next((h.total_seconds for h in history if h.test_accuracy >= 0.98), None)
     return Summary(train_seconds=trainer.train_seconds, wall_seconds=wall_seconds, steps=trainer.steps_done,
                    best_accuracy=best.test_accuracy if best else 0.0, best_epoch=best.epoch if best else 0,
-                   time_to_98=reached, interrupted=interrupted)
+                   time_to_98=reached, interrupted=interrupted, compile_seconds=trainer.session.compile_seconds)
 
 
 def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: float, ckpt=None) -> int:
@@ -140,7 +140,7 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
 
     options = StepOptions(overlap=not args.no_overlap)
     common = dict(device=args.device, options=options, steps_per_graph=args.steps_per_graph,
-                  graphs=not args.no_graph, on_message=console.message)
+                  graphs=not args.no_graph, on_compile=console.compiling)
     if ckpt is not None:
         trainer = Trainer.load(ckpt, data=data, **common)
         resumed = f"from {args.resume} at step {trainer.steps_done} of {trainer.plan.total_steps}"

@@ -81,14 +81,15 @@ class Trainer:
     def __init__(self, recipe: Recipe | None = None, *, data: Dataset | str | None = "mnist",
                  data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
                  device: int = 0, step: str = "auto", options=None, steps_per_graph: int = 1, graphs: bool = True,
-                 on_message: Callable[[str], None] | None = None,
+                 on_compile: Callable[[int, int], None] | None = None,
                  download_progress: Callable[[str, int, int | None], None] | None = None,
                  _checkpoint: ck.Checkpoint | None = None):
         """recipe: the model and optimiser (default: the CLI's default recipe); its data shape is set from `data`.
         data: a Dataset, a name in data.DATASET_NAMES (loaded from data_dir, the cache or a download), or None
         (predict only). epochs / steps: the run's length (default the recipe's total_steps, else DEFAULTS' epochs).
         step: the step kind (steps.CHOICES). steps_per_graph: steps captured into one CUDA graph; graphs=False
-        launches the kernels one by one. on_message: start-up notes (compiling)."""
+        launches the kernels one by one. on_compile(done, total): the progress of a kernel build that is not all
+        in the cache."""
         self._session = None
         self.closed = False
         recipe = recipe or Recipe()
@@ -121,7 +122,7 @@ class Trainer:
             self._image_shape = self._image_shape or tuple(_checkpoint.dataset.get("image_shape") or ()) or None
         from .session import Session
 
-        self._session = Session(recipe, device, on_compile=on_message, step_kind=step, options=options)
+        self._session = Session(recipe, device, on_compile=on_compile, step_kind=step, options=options)
         self.model, self.stream = self._session.model, self._session.stream
         if data is not None:
             self.model.upload_data(data)
@@ -140,7 +141,7 @@ class Trainer:
 
     @classmethod
     def load(cls, source: str | Path | ck.Checkpoint, *, data: Dataset | str | None = "checkpoint", data_dir: str | Path | None = None,
-             device: int = 0, on_message: Callable[[str], None] | None = None,
+             device: int = 0, on_compile: Callable[[int, int], None] | None = None,
              download_progress: Callable[[str, int, int | None], None] | None = None, **kw) -> "Trainer":
         """A trainer at the state a checkpoint saved: `fit` continues its run to the end, `evaluate`/`predict` use
         it. data: "checkpoint" (the dataset the checkpoint names, from data_dir or the cache), a name, a Dataset,
@@ -158,7 +159,7 @@ class Trainer:
         if data is not None and (len(data.train_labels), len(data.test_labels)) != (recipe.train_rows,
                                                                                     recipe.test_rows):
             recipe = replace(recipe, **_data_shape(data))  # evaluation on another set of the same shape
-        return cls(recipe, data=data, device=device, on_message=on_message, _checkpoint=replace(ckpt, recipe=recipe),
+        return cls(recipe, data=data, device=device, on_compile=on_compile, _checkpoint=replace(ckpt, recipe=recipe),
                    **kw)._remember(ckpt, path)
 
     def _remember(self, ckpt: ck.Checkpoint, path) -> "Trainer":

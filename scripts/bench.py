@@ -309,8 +309,9 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     serial = step_kind == "serial"  # the default step, each kernel launched only when the one before has finished
     budget = {} if l2_budget is None else {"l2_budget": l2_budget}
     options = StepOptions(overlap=not serial, fused_grid=fused_grid, **budget)
-    session = Session(recipe, device_index, step_kind="auto" if serial else step_kind, options=options,
-                      on_compile=lambda m: print(f"# {m}", flush=True))
+    session = Session(recipe, device_index, step_kind="auto" if serial else step_kind, options=options)
+    if session.compile_seconds:
+        print(f"# H={h} {step_kind}: {session.compile_note}", flush=True)
     model, stream = session.model, session.stream
     model.upload_data(data)
     spe = recipe.steps_per_epoch

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             raise OSError(13, "not a writable file path", str(out))
         from rawgpu.session import Session
 
-        session = Session(recipe, args.device, on_compile=lambda m: console.print(m), step_kind=args.step)
+        session = Session(recipe, args.device, step_kind=args.step)
+        console.print(f"kernels: {session.compile_note}")
         graph = session.capture_step(args.steps_per_graph)
         nodes, edges = graph.nodes(), graph.typed_edges()
         driver_dot = graph.to_dot(out.with_suffix(".driver.dot"))

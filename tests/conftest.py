@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -18,23 +19,40 @@ def _gpu_status() -> tuple[object | None, str]:
         return None, f"no usable GPU: {exc}"
 
 
-def pytest_collection_modifyitems(config, items):
-    if not any(item.get_closest_marker("gpu") for item in items):
-        return
-    device, reason = _gpu_status()
-    if device is None:
-        skip = pytest.mark.skip(reason=reason)
-        for item in items:
-            if item.get_closest_marker("gpu"):
-                item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def device():
+def skip_without_gpu() -> object:
+    """The device, or a skip with the driver's reason. Every GPU test skips from this one line, so the summary
+    folds them into one entry with their count instead of a line each."""
     device, reason = _gpu_status()
     if device is None:
         pytest.skip(reason)
     return device
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A `gpu` test without a GPU skips before any of its fixtures is set up."""
+    if item.get_closest_marker("gpu"):
+        skip_without_gpu()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """One kernel cache for the whole session, in a temporary directory: every unit is built once per session, and
+    no test reads a cubin an earlier session left. A cache the caller named ($RAWGPU_CACHE) is used as it is."""
+    if os.environ.get("RAWGPU_CACHE"):
+        yield os.environ["RAWGPU_CACHE"]
+        return
+    path = str(tmp_path_factory.mktemp("rawgpu-cache"))
+    os.environ["RAWGPU_CACHE"] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop("RAWGPU_CACHE", None)
+
+
+@pytest.fixture(scope="session")
+def device():
+    return skip_without_gpu()
 
 
 @pytest.fixture(scope="session")

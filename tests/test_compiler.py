@@ -1,8 +1,12 @@
-"""NVRTC compiler: every kernel source builds for sm_80/86/90 with no spills; the cache hits, misses, heals."""
+"""NVRTC compiler: every kernel source builds for sm_80/86/90 with no spills; the cache hits, misses, heals.
+
+Every source is built whole once per test session for each arch, on as many threads as there are CPUs, into the
+session's kernel cache (conftest.py); the tests of PTX read what those builds kept."""
 
 from __future__ import annotations
 
 import os
+import types
 import re
 
 import pytest
@@ -19,10 +23,21 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "kernels"
 
 
+@pytest.fixture(scope="session")
+def whole_builds():
+    """(source, arch) -> every source built whole for every arch of ARCHS, the largest first, in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = sorted(((s, a) for s in compiler.all_sources() for a in ARCHS),
+                  key=lambda sa: -(compiler.SOURCE_DIR / sa[0]).stat().st_size)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(jobs, pool.map(lambda sa: compiler.compile_source(*sa), jobs)))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source", compiler.all_sources())
-def test_every_kernel_compiles_without_spills(source, arch, cache):
-    mod = compiler.compile_source(source, arch)
+def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
+    mod = whole_builds[(source, arch)]
     assert mod.cubin[:4] == b"\x7fELF", "NVRTC must give a cubin (ELF), never PTX"
     assert mod.resources, f"no kernels reported in {source}"
     for r in mod.resources.values():
@@ -39,7 +54,7 @@ OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"], "elementwise.cu": [
 
 
 @pytest.mark.parametrize("source", sorted(OVERLAPPED))
-def test_every_overlapped_kernel_waits_for_the_prior_grid_first(source):
+def test_every_overlapped_kernel_waits_for_the_prior_grid_first(source, whole_builds):
     entries = compiler.ptx_of(source, "sm_90")
     names = OVERLAPPED[source] or list(entries)
     assert names and set(names) <= set(entries)
@@ -182,16 +197,17 @@ def _launchers():
 
 
 @pytest.mark.parametrize("source,kernel,signature", list(_launchers()))
-def test_launcher_signatures_match_the_kernels_parameters(source, kernel, signature):
+def test_launcher_signatures_match_the_kernels_parameters(source, kernel, signature, whole_builds):
     """A launcher packs its arguments by its SIGNATURE; a kernel whose parameters changed without it would read
     garbage, so the PTX parameter list (sizes and kinds; p and q are both 64-bit) must spell the same."""
     entry = compiler.ptx_of(source, "sm_90")[kernel]
     assert _ptx_kinds(entry) == signature.replace("q", "p")
 
 
-def test_load_all_builds_on_threads_and_loads_in_the_calling_thread(monkeypatch):
-    """A first run's builds go on worker threads (NVRTC releases the GIL), the largest source first; the modules
-    are loaded in the calling thread (its context is current), each source once; a build error reaches the caller."""
+@pytest.fixture
+def fake_builds(monkeypatch):
+    """Kernels with NVRTC and the driver faked: (built [(source, kernel, arch, on the main thread)], loaded [on the
+    main thread])."""
     import threading
 
     import rawgpu.kernels as K
@@ -199,34 +215,82 @@ def test_load_all_builds_on_threads_and_loads_in_the_calling_thread(monkeypatch)
     built, loaded, main = [], [], threading.current_thread()
 
     class FakeCompiled:
-        cubin, resources = b"", {}
+        resources, cached = {}, False
 
-    def fake_compile(source, arch):
-        built.append((source, arch, threading.current_thread() is main))
-        return FakeCompiled()
+        def __init__(self, source, kernel):
+            self.cubin = f"{source}:{kernel}".encode()
+
+    def fake_compile(source, arch, kernel=None):
+        built.append((source, kernel, arch, threading.current_thread() is main))
+        return FakeCompiled(source, kernel)
 
     class FakeModule:
         def __init__(self, cubin, resources):
             loaded.append(threading.current_thread() is main)
+            self.cubin = cubin
+
+        def kernel(self, name, signature):
+            return types.SimpleNamespace(func=(self.cubin, name), resources=None)
 
     monkeypatch.setattr(K, "compile_source", fake_compile)
     monkeypatch.setattr(K, "Module", FakeModule)
+    return K, built, loaded
+
+
+def test_load_all_builds_on_threads_and_loads_in_the_calling_thread(fake_builds, monkeypatch):
+    """Builds go on worker threads (NVRTC releases the GIL); the modules are loaded in the calling thread (its
+    context is current), each source once; a build error reaches the caller."""
+    K, built, loaded = fake_builds
     k = K.Kernels("sm_90")
     k.load_all()
     sources = compiler.all_sources()
-    assert sorted(s for s, _, _ in built) == sorted(sources) and {a for _, a, _ in built} == {"sm_90"}
-    assert loaded == [True] * len(sources) and set(k.modules) == set(sources)
+    assert sorted(s for s, _, _, _ in built) == sorted(sources) and {a for _, _, a, _ in built} == {"sm_90"}
+    assert {kernel for _, kernel, _, _ in built} == {None}, "load_all builds whole sources"
+    assert loaded == [True] * len(sources) and set(k.modules) == {(s, None) for s in sources}
     if (os.cpu_count() or 1) > 1:
-        assert not any(on_main for _, _, on_main in built), "the builds must run on worker threads"
+        assert not any(on_main for *_, on_main in built), "the builds must run on worker threads"
     k.load_all()
     assert len(built) == len(sources), "loaded sources are not built again"
 
-    def failing(source, arch):
+    def failing(source, arch, kernel=None):
         raise CompileError(f"{source}: boom")
 
     monkeypatch.setattr(K, "compile_source", failing)
     with pytest.raises(CompileError, match="boom"):
         K.Kernels("sm_90").load_all(["gemm.cu", "data.cu"])
+
+
+def test_get_builds_only_the_kernels_unit_and_loads_it_when_first_needed(fake_builds):
+    """A kernel of a many-instance source builds alone; `get` returns at once and the module is loaded, in the
+    calling thread, when the function is first needed; progress counts units built of units asked for."""
+    K, built, loaded = fake_builds
+    progress = []
+    k = K.Kernels("sm_90", on_progress=lambda done, total: progress.append((done, total)))
+    gemm = contract.all_kernel_names("gemm.cu")[0]
+    k.prefetch([("data.cu", None)])
+    kernel = k.get("gemm.cu", gemm, "p")
+    same = k.get("gemm.cu", gemm, "p")
+    assert same is kernel
+    with pytest.raises(TypeError, match="signature"):
+        k.get("gemm.cu", gemm, "pp")
+    assert kernel.func == (f"gemm.cu:{gemm}".encode(), gemm) and loaded == [True]
+    k.wait()
+    assert sorted((s, n) for s, n, _, _ in built) == [("data.cu", None), ("gemm.cu", gemm)]
+    assert set(k.modules) == {("data.cu", None), ("gemm.cu", gemm)} and loaded == [True, True]
+    assert progress[-1] == (2, 2) and all(d <= t for d, t in progress)
+    k.module("gemm.cu")  # the whole source, for tools: once loaded, get() takes kernels from it
+    assert k.get("gemm.cu", contract.all_kernel_names("gemm.cu")[1], "p").func[0] == b"gemm.cu:None"
+
+
+def test_units_are_each_split_kernel_alone_and_every_other_source_whole():
+    units = compiler.all_units()
+    split = {s for s in compiler.all_sources() if contract.split_kernels(s)}
+    assert split == {"gemm.cu", "gemm_tma.cu", "cluster_step.cu"}
+    assert len(units) == len(set(units)) == sum(len(contract.split_kernels(s)) or 1 for s in compiler.all_sources())
+    assert compiler.unit_of("gemm.cu", "gemm_stream_rr_store_f32") == ("gemm.cu", "gemm_stream_rr_store_f32")
+    assert compiler.unit_of("data.cu", "gather_batch") == ("data.cu", None)
+    with pytest.raises(ValueError, match="no kernel"):
+        contract.build("data.cu", "sm_90", "gather_batch")
 
 
 # --- the contract (rawgpu/contract.py): what every build gets ------------------------------------------------------

@@ -7,49 +7,122 @@ training step is just a list of launches that runs eagerly or is captured into a
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..compiler import SOURCE_DIR, CompiledModule, all_sources, compile_source
+from ..compiler import SOURCE_DIR, CompiledModule, Unit, all_sources, compile_source, unit_of
 from ..driver import Kernel, Module
 
 if TYPE_CHECKING:
     from ..memory import Tensor
 
+Progress = Callable[[int, int], None]  # (units built, units asked for)
+
 
 class Kernels:
-    """Every kernel source compiled (through the cache) for one GPU arch and loaded into the current context."""
+    """The kernels of one GPU arch, compiled (through the cache) as they are asked for and loaded into the current
+    context.
 
-    def __init__(self, arch: str):
+    A unit of compilation is a whole small source or one template instance of a large one (compiler.unit_of), so a
+    session builds only what its step launches. `prefetch` starts units on threads (NVRTC releases the GIL);
+    `get` returns a Kernel at once, starting its unit if nobody has, and the kernel's module is loaded, in the
+    asking thread (whose context is current), when the driver first needs the function."""
+
+    def __init__(self, arch: str, on_progress: Progress | None = None):
         self.arch = arch
-        self.compiled: dict[str, CompiledModule] = {}
-        self.modules: dict[str, Module] = {}
+        self.compiled: dict[Unit, CompiledModule] = {}
+        self.modules: dict[Unit, Module] = {}
         self.facts: dict[str, object] = {}  # what launchers ask the driver about this GPU once (gemm.cluster_capacity)
+        self.on_progress = on_progress
+        self.compile_seconds = 0.0  # time spent waiting for builds
+        self._builds: dict[Unit, Future] = {}
+        self._kernels: dict[tuple[Unit, str], Kernel] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._done = 0
+
+    # --- building --------------------------------------------------------------------------------------------
+
+    def prefetch(self, units: Iterable[Unit]) -> None:
+        """Start building `units` on threads, the largest sources first (the longest builds set the time)."""
+        todo = sorted({u for u in units if u not in self._builds and u not in self.modules},
+                      key=lambda u: (-(SOURCE_DIR / u[0]).stat().st_size, u[0], u[1] or ""))
+        for unit in todo:
+            self._start(unit)
+
+    def _start(self, unit: Unit) -> Future:
+        if unit not in self._builds:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="nvrtc")
+            with self._lock:
+                self._builds[unit] = self._pool.submit(self._build, unit)
+                self._report()
+        return self._builds[unit]
+
+    def _build(self, unit: Unit) -> CompiledModule:
+        try:
+            return compile_source(unit[0], self.arch, kernel=unit[1])
+        finally:
+            with self._lock:
+                self._done += 1
+                self._report()
+
+    def _report(self) -> None:
+        """Progress to on_progress, one call at a time (the caller holds the lock)."""
+        if self.on_progress is not None:
+            self.on_progress(self._done, len(self._builds))
+
+    def wait(self) -> None:
+        """Every unit started so far built and loaded (the first build error is raised here)."""
+        for unit in list(self._builds):
+            self._loaded(unit)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _loaded(self, unit: Unit) -> Module:
+        if unit not in self.modules:
+            future = self._start(unit)
+            t = time.perf_counter()
+            compiled = future.result()
+            self.compile_seconds += time.perf_counter() - t
+            self.compiled[unit] = compiled
+            self.modules[unit] = Module(compiled.cubin, compiled.resources)
+        return self.modules[unit]
+
+    @property
+    def cached(self) -> bool:
+        """Whether every unit built so far came from the cache."""
+        return all(c.cached for c in self.compiled.values())
+
+    # --- kernels ---------------------------------------------------------------------------------------------
 
     def module(self, source: str) -> Module:
-        if source not in self.modules:
-            self._load(source, compile_source(source, self.arch))
-        return self.modules[source]
-
-    def _load(self, source: str, compiled: CompiledModule) -> None:
-        self.compiled[source] = compiled
-        self.modules[source] = Module(compiled.cubin, compiled.resources)
+        """The whole of `source`, every instance in one module (tests, tools)."""
+        return self._loaded((source, None))
 
     def load_all(self, sources: list[str] | None = None) -> None:
-        """Every source (default: all of rawgpu/cu) compiled through the cache and loaded. NVRTC releases the GIL,
-        so a first run's builds go on threads, the largest source first: the longest build (gemm.cu) sets the time
-        instead of the sum. Modules are loaded here, in the thread whose context is current."""
-        todo = sorted((s for s in (sources or all_sources()) if s not in self.modules),
-                      key=lambda s: -(SOURCE_DIR / s).stat().st_size)
-        if not todo:
-            return
-        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-            built = list(pool.map(lambda s: compile_source(s, self.arch), todo))  # the first error is raised here
-        for source, compiled in zip(todo, built):
-            self._load(source, compiled)
+        """Every source (default: all of rawgpu/cu) built whole, on threads, and loaded."""
+        self.prefetch((s, None) for s in (sources or all_sources()))
+        self.wait()
 
     def get(self, source: str, name: str, signature: str) -> Kernel:
-        return self.module(source).kernel(name, signature)
+        """Kernel `name` of `source`: from the whole source when that is loaded, else from its own unit."""
+        unit = (source, None) if (source, None) in self.modules else unit_of(source, name)
+        key = (unit, name)
+        if key not in self._kernels:
+            self._start(unit)
+
+            def resolve() -> tuple:
+                kernel = self._loaded(unit).kernel(name, signature)
+                return kernel.func, kernel.resources
+            self._kernels[key] = Kernel(None, name, signature, resolve=resolve)
+        kernel = self._kernels[key]
+        if kernel.signature != signature:
+            raise TypeError(f"kernel {name} was declared with signature {kernel.signature}, not {signature}")
+        return kernel
 
     def resources(self, name: str):
         """ptxas report of a kernel by name (any loaded module), or None."""

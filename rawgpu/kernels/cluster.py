@@ -52,7 +52,7 @@ class ClusterPlan:
     @property
     def kernel(self) -> str:
         """The instance sized for this plan: the fewest 8-column tiles that hold n columns."""
-        return f"cluster_steps_{next(t for t in TILE_COUNTS if 8 * t >= self.n)}"
+        return contract.cluster_kernel_name(next(t for t in TILE_COUNTS if 8 * t >= self.n))
 
     @property
     def offsets(self) -> dict[str, int]:

@@ -14,6 +14,7 @@ import numpy as np
 from .. import contract
 from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM,  # noqa: F401
                         TMA_ROLES, GemmConfig, all_kernel_names, config_for, kernel_name, stream_stages)
+from ..compiler import unit_of
 from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
 
@@ -183,6 +184,16 @@ def planning_capacity(sm_count: int) -> tuple[int, ...]:
     return tuple(int(sm_count * PLANNING_CLUSTER_SHARE) // max(s, 1) for s in range(MAX_CLUSTER_SPLITS + 1))
 
 
+CAPACITY_PROBE = kernel_name("stream", "rr", "store", "f32")  # the kernel cluster_capacity asks the driver about
+
+
+def plan_units(plans: list["GemmPlan | None"], arch: str) -> set:
+    """The units of compilation that launches of these plans need (compiler.unit_of), with the capacity probe on
+    GPUs that plan cluster splits."""
+    units = {unit_of(p.source, p.kernel) for p in plans if p is not None}
+    return units | ({unit_of(SOURCE, CAPACITY_PROBE)} if has_tma(arch) else set())
+
+
 def cluster_capacity(k: Kernels) -> tuple[int, ...]:
     """capacity[s]: how many clusters of s streaming blocks (one per SM) this GPU runs at once, s <= MAX_CLUSTER_SPLITS
     (cuOccupancyMaxActiveClusters; asked once per Kernels). Empty below sm_90."""
@@ -190,7 +201,7 @@ def cluster_capacity(k: Kernels) -> tuple[int, ...]:
         return ()
     if "cluster_capacity" not in k.facts:
         cfg = config_for("stream", k.arch)
-        kernel = k.get(SOURCE, kernel_name("stream", "rr", "store", "f32"), SIGNATURE)
+        kernel = k.get(SOURCE, CAPACITY_PROBE, SIGNATURE)
         k.facts["cluster_capacity"] = (0, 0) + tuple(kernel.max_active_clusters(s, cfg.threads, cfg.smem_bytes("rr"))
                                                      for s in range(2, MAX_CLUSTER_SPLITS + 1))
     return k.facts["cluster_capacity"]

@@ -47,6 +47,10 @@ class Step:
         """How a step runs, for headers: the kernel count or the one kernel's geometry."""
         raise NotImplementedError
 
+    def kernel_units(self) -> set:
+        """The units of compilation (compiler.unit_of) this kind's launches need, from its plans alone."""
+        raise NotImplementedError
+
     def split_plans(self) -> list[Any]:
         """Plans whose split-K partials go through the model's shared workspace and tickets (sized by the model)."""
         return []

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
+from ..compiler import unit_of
 from ..kernels import cluster as kc
 from ..recipe import Recipe, loss_scale
 from .base import Step, StepOptions
@@ -57,6 +58,9 @@ class ClusterStep(Step):
         r = model.recipe
         self.plan = kc.plan(r.hidden, r.layers)
         self.table = model.arena.tensor("cluster_params", kc.table_words(len(model.layers)), np.uint64)
+
+    def kernel_units(self) -> set:
+        return {unit_of(kc.SOURCE, self.plan.kernel)}
 
     def allocated(self) -> None:
         kc.check_schedulable(self.model.k, self.plan)

@@ -71,6 +71,9 @@ class FusedStep(Step):
         self.barrier = a.tensor("grid_barrier", 1, np.int64)
         self.table = a.tensor("fused_params", kf.table_words(len(model.layers)), np.uint64)
 
+    def kernel_units(self) -> set:
+        return {(kf.SOURCE, None)}
+
     def counters(self) -> list["Tensor"]:
         return [self.barrier]
 

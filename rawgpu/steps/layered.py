@@ -92,6 +92,12 @@ class LayeredStep(Step):
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
                               l2_bytes, l2_budget)
 
+    def kernel_units(self) -> set:
+        units = kg.plan_units([p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw)], self.model.arch)
+        units |= {(kb.SOURCE, None)} if any(lp.bwd is not None for lp in self.plans) else set()
+        units |= {(kh.SOURCE, None)} if self.head is not None else set()
+        return units
+
     def split_plans(self) -> list:
         return [p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw, lp.bwd) if p is not None]
 

@@ -1,0 +1,124 @@
+"""Compiling only what a step launches: the units a plan names, the prebuild CLI (python -m rawgpu.compile), and on
+the GPU, that a session builds exactly the units its plan names and that a cold start says how long it compiled."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rawgpu import compiler, contract
+from rawgpu.recipe import Recipe
+from rawgpu.session import kernel_units
+
+gpu = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = Recipe(hidden=256)
+SEED = Recipe(hidden=256, batch=32, lr=0.003, momentum=0.0, schedule="constant")
+SMALL = Recipe(hidden=128, batch=32, lr=0.003, momentum=0.0, schedule="constant")  # fits the cluster step
+
+
+def run(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("recipe, kind, expect", [
+    (DEFAULT, "fused", {("fused_step.cu", None)}),
+    (SEED, "layered", {("dx_sgd.cu", None), ("head.cu", None)}),
+    (DEFAULT, "layered", {("elementwise.cu", None)}),
+    (SMALL, "cluster", {("cluster_step.cu", "cluster_steps_1")}),
+])
+def test_a_plan_names_its_units_and_only_its_own(recipe, kind, expect):
+    units = kernel_units(recipe, "sm_90", 132, kind)
+    assert expect <= set(units)
+    assert len(units) == len(set(units)) and set(units) <= set(compiler.all_units())
+    assert {("data.cu", None), ("loss.cu", None), ("elementwise.cu", None)} <= set(units)  # every session's
+    if kind != "layered":
+        assert all(s != "dx_sgd.cu" and s != "head.cu" for s, _ in units)
+    gemms = [k for s, k in units if s in ("gemm.cu", "gemm_tma.cu")]
+    assert gemms and len(gemms) < 20, "a step names a handful of GEMM instances, not all of them"
+    assert not any(s == "gemm.cu" and k is None for s, k in units), "GEMM instances build one at a time"
+
+
+def test_a_single_kernel_unit_compiles_that_kernel_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
+    for source in ("gemm.cu", "gemm_tma.cu", "cluster_step.cu"):
+        kernel = contract.split_kernels(source)[-1]
+        module = compiler.compile_source(source, "sm_90", kernel=kernel)
+        assert set(module.resources) == {kernel}
+        assert compiler.is_cached(source, "sm_90", kernel=kernel) and not compiler.is_cached(source, "sm_90")
+        r = module.resources[kernel]
+        assert r.spill_stores == r.spill_loads == r.stack_frame == 0 and 0 < r.registers <= 255
+
+
+def test_prebuild_for_a_recipe_builds_its_units_and_then_finds_them_cached(tmp_path):
+    first = run("rawgpu.compile", "--arch", "sm_86", "--hidden", "128", "--batch", "32", "--momentum", "0",
+                "--step", "layered", "--cache-dir", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    units = kernel_units(Recipe(hidden=128, batch=32, momentum=0.0), "sm_86", 84, "layered")
+    listed = [line.split()[:2] for line in first.stdout.splitlines() if line.startswith("  ")]
+    assert sorted(tuple(x) for x in listed) == sorted((s, k or "(whole") for s, k in units)
+    assert re.search(rf"built {len(units)} of {len(units)} kernel units for sm_86 in [\d.]+ s", first.stdout)
+    again = run("rawgpu.compile", "--arch", "sm_86", "--hidden", "128", "--batch", "32", "--momentum", "0",
+                "--step", "layered", "--cache-dir", str(tmp_path))
+    assert f"built 0 of {len(units)} kernel units" in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--arch", "sm_75", "--cache-dir", "{tmp}"], "rawgpu needs sm_80 or newer"),
+    (["--arch", "sm_foo", "--cache-dir", "{tmp}"], "bad GPU architecture"),
+    (["--arch", "sm_86", "--step", "cluster", "--cache-dir", "{tmp}"], "argument --step"),
+    (["--arch", "sm_90", "--hidden", "0", "--cache-dir", "{tmp}"], "argument --hidden"),
+    (["--arch", "sm_90", "--cache-dir", "{file}"], "is not a directory"),
+])
+def test_prebuild_refuses_bad_arguments_in_one_line(tmp_path, argv, message):
+    (tmp_path / "file").write_text("")
+    argv = [a.format(tmp=tmp_path / "c", file=tmp_path / "file") for a in argv]
+    out = run("rawgpu.compile", *argv)
+    assert out.returncode == 2 and message in out.stderr.strip().splitlines()[-1], out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "c" / "kernels").exists()
+
+
+# --- on the GPU ----------------------------------------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("recipe, kind", [(DEFAULT, "fused"), (DEFAULT, "layered"), (SEED, "layered"),
+                                          (SMALL, "cluster")])
+def test_a_session_builds_exactly_the_units_its_plan_names(device, rng, recipe, kind):
+    """Train, evaluate and predict: every unit the session loaded is one its plan named, and it loaded them all."""
+    from test_trainer import synthetic
+
+    from rawgpu.steps import StepOptions, choose
+    from rawgpu.trainer import Trainer
+
+    if kind == "cluster" and device.arch != "sm_90":
+        pytest.skip("the cluster step runs on sm_90")
+    data = synthetic(rng, 3000, 700)
+    with Trainer(recipe, data=data, steps=30, step=kind) as trainer:
+        trainer.fit()
+        trainer.evaluate()
+        trainer.predict(data.test_images[:300])
+        options = StepOptions(l2_bytes=device.l2_bytes)
+        planned = kernel_units(trainer.recipe, device.arch, device.sm_count, choose(trainer.recipe, device.arch, kind),
+                               options)
+        assert set(trainer.session.kernels.modules) == set(planned)
+
+
+@gpu
+def test_a_cold_start_compiles_only_its_units_and_says_how_long(device, tmp_path):
+    env = {"RAWGPU_CACHE": str(tmp_path)}
+    cold = run("rawgpu.train", "--hidden", "256", "--epochs", "1", env=env)
+    assert cold.returncode == 0, cold.stderr
+    units = kernel_units(Recipe(hidden=256), device.arch, device.sm_count)
+    assert re.search(rf"kernels: {len(units)} of {len(units)} kernel units compiled in [\d.]+ s", cold.stdout)
+    assert re.search(r"\(wall [\d.]+ s, of which [\d.]+ s compiling\)", cold.stdout), cold.stdout
+    assert len(list((tmp_path / "kernels").glob("*.cubin"))) == len(units)
+    warm = run("rawgpu.train", "--hidden", "256", "--epochs", "1", env=env)
+    assert "kernel cache warm" in warm.stdout and "compiling" not in warm.stdout, warm.stdout
