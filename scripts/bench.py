@@ -1,9 +1,11 @@
 """Benchmarks, all timed in one run on one GPU.
 
-`python scripts/bench.py [train]`: the reference workload (MLP 784-H-H-H-10, batch 32, SGD lr 0.003, fp16 compute,
-fp32 masters, 5000 steps over shuffled MNIST on the GPU) for rawgpu and every importable peer (PyTorch eager, CUDA
-graph, torch.compile max-autotune; JAX jit and one fori_loop program), against the weight-traffic and launch floors.
-Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
+`python scripts/bench.py [train] [--recipe seed|default] [--batch B]`: a training recipe on MLP 784-H-H-H-10, fp16
+compute, fp32 masters, over shuffled MNIST on the GPU, for rawgpu and every importable peer (PyTorch eager, CUDA
+graph, torch.compile max-autotune; JAX jit and one fori_loop program), all from the same init, batches and
+per-step learning rates, against the weight-traffic and launch floors. seed: the reference workload (batch 32,
+plain SGD lr 0.003, 5000 steps); default: the CLI's default recipe (batch 128, SGD momentum 0.9, lr 0.05 cosine to
+0, 8 epochs). Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
 
 `python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and cuBLAS.
 
@@ -43,8 +45,14 @@ from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
+from rawgpu.recipe import DEFAULTS  # noqa: E402
 
 HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
+# The recipes the benchmark offers: what each system trains (steps: the run's length unless --steps is given).
+RECIPES = {
+    "seed": dict(batch=32, lr=0.003, momentum=0.0, schedule="constant", steps=5000),
+    "default": {k: DEFAULTS[k] for k in ("batch", "lr", "momentum", "schedule", "epochs")},  # the CLI's own
+}
 
 
 def time_graph(stream, launch_fn, launches: int, trials: int) -> float:
@@ -294,18 +302,22 @@ def launch_floor(stream, kernels, nodes: int, trials: int = 30) -> float:
 
 
 def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50, step_kind: str = "auto",
-                 steps_per_launch: int = 1, fused_grid: int | None = None, l2_budget: float | None = None) -> dict:
+                 steps_per_launch: int = 1, fused_grid: int | None = None, l2_budget: float | None = None,
+                 recipe: dict | None = None) -> dict:
     """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
     timed). step_kind: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
     programmatic dependent launch); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
-    the L2 the layered step's cache hints may keep per weight (None: the default). Returns a dict with system,
+    the L2 the layered step's cache hints may keep per weight (None: the default); recipe: batch, lr, momentum and
+    schedule (default RECIPES["seed"]'s), the schedule running over `steps`. Returns a dict with system,
     us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial parameters, for the peers) and note."""
     from rawgpu.recipe import Recipe
     from rawgpu.session import Session
     from rawgpu.steps import StepOptions
 
-    recipe = Recipe(hidden=h, layers=3, batch=32, lr=0.003, momentum=0.0, schedule="constant", seed=seed)
+    r = {**RECIPES["seed"], **(recipe or {})}
+    recipe = Recipe(hidden=h, layers=3, batch=r["batch"], lr=r["lr"], momentum=r["momentum"], schedule=r["schedule"],
+                    total_steps=steps, seed=seed)
     serial = step_kind == "serial"  # the default step, each kernel launched only when the one before has finished
     budget = {} if l2_budget is None else {"l2_budget": l2_budget}
     options = StepOptions(overlap=not serial, fused_grid=fused_grid, **budget)
@@ -356,12 +368,15 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
                 parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
 
 
-def run_peer(system: str, h: int, steps: int, seed: int, data, init) -> dict:
+def run_peer(system: str, h: int, steps: int, seed: int, data, init, recipe: dict | None = None) -> dict:
     from peers import jax_peers, torch_peers
     from peers.common import Workload
 
     module = torch_peers if system in torch_peers.SYSTEMS else jax_peers
-    r = module.run(system, Workload(hidden=h, steps=steps, seed=seed, init=init), data)
+    r = {**RECIPES["seed"], **(recipe or {})}
+    w = Workload(hidden=h, steps=steps, seed=seed, init=init, batch=r["batch"], lr=r["lr"], momentum=r["momentum"],
+                 schedule=r["schedule"])
+    r = module.run(system, w, data)
     return dict(system=system, us_per_step=r.us_per_step, test_accuracy=r.test_accuracy, final_loss=r.final_loss,
                 note=r.note)
 
@@ -434,8 +449,11 @@ def cmd_train(args) -> int:
 
     bw = copy_bandwidth(stream)
     cu_major, cu_minor = drv.driver_version()
+    recipe = args.train_recipe
+    momentum = f"momentum {recipe['momentum']:g}" if recipe["momentum"] else "plain SGD"
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), driver CUDA {cu_major}.{cu_minor}, "
-          f"{dt.date.today()}; copy bandwidth {bw:.0f} GB/s; {args.steps} steps, batch 32, lr 0.003")
+          f"{dt.date.today()}; copy bandwidth {bw:.0f} GB/s; recipe {args.recipe}: {args.steps} steps, batch "
+          f"{recipe['batch']}, {momentum}, lr {recipe['lr']:g} {recipe['schedule']}")
     peer_data = None
     if peers:
         from peers.common import mnist_arrays
@@ -445,23 +463,27 @@ def cmd_train(args) -> int:
     print(f"{'H':>5} {'system':>14} {'us/step':>9} {'steps/s':>9} {'vs best peer':>12} {'% floor':>8} {'test acc':>8}")
     for h in args.sizes:
         ours = clocked("rawgpu", bench_rawgpu, h, args.steps, args.seed, mnist, args.device,
-                       steps_per_launch=args.steps_per_launch)
+                       steps_per_launch=args.steps_per_launch, recipe=recipe)
         systems = [ours]
         for variant in args.rawgpu_variants:  # the other step kinds, side by side
             try:
                 systems.append(clocked(f"rawgpu-{variant}", bench_rawgpu, h, args.steps, args.seed, mnist,
-                                       args.device, step_kind=variant, steps_per_launch=args.steps_per_launch))
+                                       args.device, step_kind=variant, steps_per_launch=args.steps_per_launch,
+                                       recipe=recipe))
                 systems[-1].pop("init")
             except RawgpuError as exc:  # e.g. the cluster step at a width it does not hold
                 systems.append(dict(system=f"rawgpu-{variant}", us_per_step=None, test_accuracy=None,
                                     note=f"n/a: {exc}"[:300]))
         for p in peers:
             try:
-                systems.append(clocked(p, run_peer, p, h, args.steps, args.seed, peer_data, ours["init"]))
+                systems.append(clocked(p, run_peer, p, h, args.steps, args.seed, peer_data, ours["init"], recipe))
             except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                 systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
-        weight_floor = 12 * ours["parameters"] / (bw * 1e9) * 1e6  # 12 B per parameter: an fp32 master beside the fp16 copy (docs/design.md)
-        split_floor = 10 * ours["parameters"] / (bw * 1e9) * 1e6  # what the split master moves (rawgpu/master.py)
+        # bytes per parameter: an fp32 master beside the fp16 copy (12; docs/design.md), or the split master's 10
+        # (rawgpu/master.py); momentum reads and writes an fp32 velocity (8 more)
+        state_bytes = 8 if recipe["momentum"] else 0
+        weight_floor = (12 + state_bytes) * ours["parameters"] / (bw * 1e9) * 1e6
+        split_floor = (10 + state_bytes) * ours["parameters"] / (bw * 1e9) * 1e6
         nodes_floor = launch_floor(stream, kernels, ours["nodes"])
         floor = max(weight_floor, nodes_floor)
         timed = [s for s in systems[1:] if s["us_per_step"] and not s["system"].startswith("rawgpu")]
@@ -483,14 +505,15 @@ def cmd_train(args) -> int:
                   f"{(f'{1e6 / us:.0f}' if us else '-'):>9} {vs:>12} "
                   f"{(f'{100 * floor / us:.0f}%' if us else '-'):>8} {acc:>8}"
                   + ("" if us else f"  {s['note']}"), flush=True)
-        print(f"{h:>5} {'floor':>14} {floor:>9.1f}   (weights at 12 B each {weight_floor:.1f} us at {bw:.0f} GB/s, "
-              f"at the split master's 10 B {split_floor:.1f} us, rawgpu at {100 * split_floor / ours['us_per_step']:.0f}%"
+        print(f"{h:>5} {'floor':>14} {floor:>9.1f}   (weights at {12 + state_bytes} B each {weight_floor:.1f} us at "
+              f"{bw:.0f} GB/s, at the split master's {10 + state_bytes} B {split_floor:.1f} us, rawgpu at "
+              f"{100 * split_floor / ours['us_per_step']:.0f}%"
               f" of that; {ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
     wall["total"] = time.perf_counter() - started
     print("# wall time (set-up, warm-up and compiles included): "
           + ", ".join(f"{name} {sec:.1f} s" for name, sec in wall.items()), flush=True)
     results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
-                   date=str(dt.date.today()), copy_gbs=bw, steps=args.steps, batch=32, lr=0.003, rows=rows,
+                   date=str(dt.date.today()), copy_gbs=bw, recipe=args.recipe, steps=args.steps, **recipe, rows=rows,
                    wall_s=wall)
     write_atomic(out / "bench_train.json", json.dumps(results, indent=1).encode())
     print(f"# wrote {out / 'bench_train.json'}; {plot(results, out / 'bench_train.png')}")
@@ -513,7 +536,12 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd")
     t = sub.add_parser("train", help="the reference training workload: rawgpu vs PyTorch and JAX (the default)")
     t.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN), help="hidden widths H")
-    t.add_argument("--steps", type=positive, default=5000, help="timed training steps per system (default 5000)")
+    t.add_argument("--recipe", choices=tuple(RECIPES), default="seed",
+                   help="what every system trains: seed (batch 32, plain SGD lr 0.003, 5000 steps) or default (the "
+                        "CLI's default: batch 128, momentum 0.9, lr 0.05 cosine, 8 epochs) (default seed)")
+    t.add_argument("--batch", type=positive, default=None, help="the recipe's batch, overridden (<= 60000)")
+    t.add_argument("--steps", type=positive, default=None,
+                   help="timed training steps per system (default: the recipe's: 5000, or its epochs' steps)")
     t.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS, metavar="PEER",
                    help=f"peers to run (default all importable: {' '.join(PEERS)}); none: --peers with no names")
     t.add_argument("--out", default="bench-results", help="directory for bench_train.json and bench_train.png")
@@ -545,6 +573,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "gemm" and args.quick:
         args.sizes, args.trials = [256, 8192], 10
+    if args.cmd == "train":
+        if args.batch is not None and args.batch > 60000:
+            p.error(f"argument --batch: at most the 60000 training images, got {args.batch}")
+        recipe = dict(RECIPES[args.recipe])
+        recipe["batch"] = args.batch or recipe["batch"]
+        run_steps = recipe.pop("steps", None) or recipe.pop("epochs") * (60000 // recipe["batch"])
+        args.steps = args.steps or run_steps
+        args.train_recipe = recipe
     if args.cmd == "train" and args.quick:
         args.sizes, args.steps = [256, 4096], 1000
         args.peers = [x for x in args.peers if x in ("torch-graph", "jax-fori")]

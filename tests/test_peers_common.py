@@ -72,3 +72,21 @@ def test_mnist_arrays_flattens_and_copies(monkeypatch):
     assert seen == ["somewhere"]
     assert [a.shape for a in arrays] == [(3, 784), (3,), (2, 784), (2,)]
     assert all(a.dtype == np.uint8 and a.flags.writeable for a in arrays)
+
+
+def test_learning_rates_are_rawgpus_step_for_step():
+    from rawgpu.kernels.data import lr_at
+
+    w = Workload(hidden=256, steps=3744, batch=128, lr=0.05, momentum=0.9, schedule="cosine")
+    lrs = w.learning_rates()
+    assert lrs.dtype == np.float32 and len(lrs) == w.index_steps
+    assert [float(lrs[s]) for s in (0, 1000, 3743)] == [lr_at(s, 0.05, 0.0, 3744, 0, "cosine") for s in (0, 1000, 3743)]
+    assert lrs[0] == np.float32(0.05) and 0 < lrs[-1] < 1e-6 and np.all(np.diff(lrs) <= 0)
+    assert np.all(Workload(hidden=256).learning_rates() == np.float32(0.003))
+
+
+@pytest.mark.parametrize("field, value, message", [("momentum", 1.0, "momentum"), ("momentum", -0.1, "momentum"),
+                                                   ("schedule", "step", "schedule")])
+def test_bad_recipes(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        Workload(hidden=256, **{field: value})

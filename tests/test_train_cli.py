@@ -9,6 +9,7 @@ import pytest
 
 import numpy as np
 
+from rawgpu import recipe as rc
 from rawgpu import train
 from rawgpu.data import Dataset
 from rawgpu.errors import NoDeviceError
@@ -119,6 +120,27 @@ def test_bench_bad_out_directory_is_one_line(monkeypatch, capsys, tmp_path):
     assert module.main(["--out", str(blocker / "results")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench: error:") and str(blocker) in err[0]
+
+
+@pytest.mark.parametrize("argv, steps, recipe", [
+    ([], 5000, dict(batch=32, lr=0.003, momentum=0.0, schedule="constant")),
+    (["--recipe", "default"], 8 * 468, dict(batch=128, lr=0.05, momentum=0.9, schedule="cosine")),
+    (["--recipe", "default", "--batch", "256"], 8 * 234, dict(batch=256, lr=0.05, momentum=0.9, schedule="cosine")),
+    (["--recipe", "default", "--steps", "100"], 100, dict(batch=128, lr=0.05, momentum=0.9, schedule="cosine")),
+])
+def test_bench_recipes_are_the_clis(monkeypatch, argv, steps, recipe):
+    """bench.py train --recipe: seed is the reference workload, default is the CLI's default recipe, with its
+    epochs' steps unless --steps says otherwise."""
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = {}
+    monkeypatch.setattr(module, "cmd_train", lambda args: seen.update(steps=args.steps, recipe=args.train_recipe))
+    module.main(["train", *argv])
+    assert seen == dict(steps=steps, recipe=recipe)
+    d = rc.DEFAULTS
+    assert {k: module.RECIPES["default"][k] for k in ("batch", "lr", "momentum", "schedule", "epochs")} == \
+        {k: d[k] for k in ("batch", "lr", "momentum", "schedule", "epochs")}
 
 
 def test_plan_epochs_and_steps():

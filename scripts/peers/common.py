@@ -29,9 +29,14 @@ class PeerResult:
     note: str = ""
 
 
+SCHEDULES = ("constant", "cosine", "linear")
+
+
 @dataclass
 class Workload:
-    """The reference workload: MLP 784-H-H-H-10, plain SGD, fp16 compute with fp32 master weights."""
+    """A benchmark recipe: MLP 784-H-H-H-10, SGD (with momentum, torch's convention: v = mu v + g; w -= lr v),
+    a learning-rate schedule over the timed steps, fp16 compute with fp32 master weights. The defaults are the
+    seed recipe (plain SGD, constant lr, batch 32)."""
 
     hidden: int
     steps: int = 5000
@@ -39,6 +44,8 @@ class Workload:
     lr: float = 0.003
     seed: int = 0
     warmup_steps: int = 50
+    momentum: float = 0.0
+    schedule: str = "constant"  # over the timed steps, decaying to 0 (rawgpu's lr_at, value for value)
     # Initial parameters [(W [fan_in, fan_out], b [fan_out]) float32] shared by every system, so accuracy
     # differences come from numerics, not from one lucky draw of the init; None: each framework's own init.
     init: list | None = None
@@ -54,11 +61,23 @@ class Workload:
             raise ValueError(f"Workload.batch must be <= {TRAIN_ROWS}, got {self.batch}")
         if not self.lr > 0:
             raise ValueError(f"Workload.lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"Workload.momentum must be in [0, 1), got {self.momentum}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"Workload.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
 
     @property
     def index_steps(self) -> int:
         """Steps of batch indices a run needs: warm-up walks the same order as the timed run."""
         return max(self.steps, self.warmup_steps)
+
+    def learning_rates(self) -> np.ndarray:
+        """float32 [index_steps]: the lr of every step, the very values rawgpu's step computes on the GPU
+        (rawgpu.kernels.data.lr_at); the peers read step s's from this table on the device."""
+        from rawgpu.kernels.data import lr_at  # lazy: importing this module must not need rawgpu
+
+        return np.array([lr_at(s, self.lr, 0.0, self.steps, 0, self.schedule) for s in range(self.index_steps)],
+                        dtype=np.float32)
 
 
 def step_indices(steps: int, batch: int, seed: int = 0) -> np.ndarray:

@@ -1,8 +1,10 @@
 """JAX peers: the same training step jitted and driven from Python, and all steps in one jitted fori_loop.
 
 Parameters are fp32 masters cast to fp16 for the forward (what autocast does in torch); the loss is taken in
-fp32. The dataset and the batch order live on the GPU and each step gathers its batch inside the compiled
-code, so the timed loop copies nothing from the host and never waits for the GPU.
+fp32. The dataset, the batch order and the learning rate of every step live on the GPU and each step gathers its
+batch inside the compiled code, so the timed loop copies nothing from the host and never waits for the GPU. The
+optimiser is optax's SGD (momentum as torch counts it) where optax is importable, else the same update in
+jax.numpy.
 """
 
 from __future__ import annotations
@@ -52,18 +54,20 @@ def run(system: str, w: Workload, data) -> PeerResult:
     dev = jax.devices("gpu")[0]
     train_x, train_y, test_x, test_y = data
     order = step_indices(w.index_steps, w.batch, w.seed)
-    arrays = jax.device_put((train_x, train_y.astype(np.int32), order), dev)  # labels converted once
+    # labels converted once; the learning rate of every step, as rawgpu computes it
+    arrays = jax.device_put((train_x, train_y.astype(np.int32), order, w.learning_rates()), dev)
     params0 = (_init_params(jax, jnp, w.hidden, w.seed) if w.init is None
                else [(jnp.asarray(wt), jnp.asarray(b)) for wt, b in w.init])
     init = jax.device_put(params0, dev)
     progs = _programs(jax, jnp, w)
 
     def fresh():
-        """A private copy of the seeded init: the step donates (consumes) the parameters it is given."""
-        return jax.block_until_ready(jax.tree_util.tree_map(jnp.copy, init))
+        """A private copy of the seeded init and a fresh optimiser state: the step donates (consumes) both."""
+        params = jax.tree_util.tree_map(jnp.copy, init)
+        return jax.block_until_ready((params, progs.init_state(params)))
 
     driver = {"jax-jit": _time_jit, "jax-fori": _time_fori}[system]
-    params, us, final_loss = driver(jax, dev, progs, fresh, arrays, w)
+    (params, _), us, final_loss = driver(jax, dev, progs, fresh, arrays, w)
     correct = progs.correct(params, jax.device_put(test_x, dev), jax.device_put(test_y.astype(np.int32), dev))
     return PeerResult(system, w.hidden, w.steps, us, int(correct) / len(test_y), final_loss, f"jax {jax.__version__}")
 
@@ -81,15 +85,16 @@ def _init_params(jax, jnp, hidden: int, seed: int):
 
 
 class _Programs(NamedTuple):
-    step: object  # jitted (params, s, arrays) -> (params, s + 1, loss); params donated
-    train: object  # jitted (params, arrays) -> (params, mean loss of the last LOSS_TAIL steps); params donated
+    step: object  # jitted ((params, state), s, arrays) -> ((params, state), s + 1, loss); both donated
+    train: object  # jitted ((params, state), arrays) -> ((params, state), mean loss of the last LOSS_TAIL steps)
     correct: object  # jitted (params, x uint8, y) -> number of right predictions
+    init_state: object  # params -> the optimiser's initial state
 
 
 def _programs(jax, jnp, w: Workload) -> _Programs:
     """The compiled functions. Arrays are always arguments, never closed over: closed-over arrays would be
     baked into the program as constants (a 47 MB dataset in every compile)."""
-    f16, f32, batch, lr, steps = jnp.float16, jnp.float32, w.batch, w.lr, w.steps
+    f16, f32, batch, steps = jnp.float16, jnp.float32, w.batch, w.steps
 
     def forward(params, x):
         h = x.astype(f16)
@@ -103,60 +108,91 @@ def _programs(jax, jnp, w: Workload) -> _Programs:
         logp = jax.nn.log_softmax(forward(params, x))
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
-    def one_step(params, s, arrays):
-        train_x, train_y, order = arrays
+    init_state, update = _optimizer(jax, jnp, w.momentum)
+
+    def one_step(carry, s, arrays):
+        params, state = carry
+        train_x, train_y, order, lrs = arrays
         idx = jax.lax.dynamic_slice(order, (s * batch,), (batch,))
         x = train_x[idx].astype(f32) / 255.0
         loss, grads = jax.value_and_grad(loss_fn)(params, x, train_y[idx])
-        return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), loss  # plain SGD in fp32
+        return update(params, state, grads, lrs[s]), loss  # in fp32
 
-    def step(params, s, arrays):
-        params, loss = one_step(params, s, arrays)
-        return params, s + 1, loss
+    def step(carry, s, arrays):
+        carry, loss = one_step(carry, s, arrays)
+        return carry, s + 1, loss
 
-    def train(params, arrays):
+    def train(carry, arrays):
         # A static trip count (steps is a Python int) makes fori_loop a scan, whose loop XLA runs without
         # reading the loop condition back to the host every iteration, as it must for a traced bound.
         first_tail = steps - min(steps, LOSS_TAIL)
 
-        def body(s, carry):
-            params, acc = carry
-            params, loss = one_step(params, s, arrays)
-            return params, acc + jnp.where(s >= first_tail, loss, 0.0)
+        def body(s, loop):
+            carry, acc = loop
+            carry, loss = one_step(carry, s, arrays)
+            return carry, acc + jnp.where(s >= first_tail, loss, 0.0)
 
-        params, acc = jax.lax.fori_loop(0, steps, body, (params, jnp.zeros((), f32)))
-        return params, acc / min(steps, LOSS_TAIL)
+        carry, acc = jax.lax.fori_loop(0, steps, body, (carry, jnp.zeros((), f32)))
+        return carry, acc / min(steps, LOSS_TAIL)
 
     def correct(params, x, y):
         return jnp.sum(jnp.argmax(forward(params, x.astype(f32) / 255.0), axis=1) == y)
 
-    return _Programs(jax.jit(step, donate_argnums=0), jax.jit(train, donate_argnums=0), jax.jit(correct))
+    return _Programs(jax.jit(step, donate_argnums=0), jax.jit(train, donate_argnums=0), jax.jit(correct), init_state)
+
+
+def _optimizer(jax, jnp, momentum: float):
+    """(init_state(params), update(params, state, grads, lr) -> (params, state)): SGD with momentum (v = mu v + g;
+    p -= lr v) as optax writes it where optax is importable, else the same arithmetic in jax.numpy."""
+    try:
+        import optax
+    except ImportError:
+        optax = None
+    if optax is not None:
+        def init_state(params):
+            return optax.trace(decay=momentum).init(params) if momentum else ()
+
+        def update(params, state, grads, lr):
+            if momentum:
+                grads, state = optax.trace(decay=momentum).update(grads, state)
+            return optax.apply_updates(params, jax.tree_util.tree_map(lambda g: -lr * g, grads)), state
+        return init_state, update
+
+    def init_state(params):
+        return jax.tree_util.tree_map(jnp.zeros_like, params) if momentum else ()
+
+    def update(params, state, grads, lr):
+        if momentum:
+            state = jax.tree_util.tree_map(lambda v, g: momentum * v + g, state, grads)
+            grads = state
+        return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), state
+    return init_state, update
 
 
 def _time_jit(jax, dev, progs: _Programs, fresh, arrays, w: Workload):
     """Python loop over the jitted step; the step counter stays on the device, so each call copies nothing in."""
 
     def loop(steps: int):
-        params, s, tail = fresh(), jax.device_put(np.int32(0), dev), []
+        carry, s, tail = fresh(), jax.device_put(np.int32(0), dev), []
         jax.block_until_ready(s)
         t0 = time.perf_counter()
         for i in range(steps):
-            params, s, loss = progs.step(params, s, arrays)
+            carry, s, loss = progs.step(carry, s, arrays)
             if i >= steps - LOSS_TAIL:
                 tail.append(loss)  # device arrays: no host read inside the loop
-        jax.block_until_ready((params, tail))
-        return params, time.perf_counter() - t0, tail
+        jax.block_until_ready((carry, tail))
+        return carry, time.perf_counter() - t0, tail
 
     loop(w.warmup_steps)  # compiles on the first call
-    params, seconds, tail = loop(w.steps)
-    return params, seconds * 1e6 / w.steps, float(jax.numpy.mean(jax.numpy.stack(tail)))
+    carry, seconds, tail = loop(w.steps)
+    return carry, seconds * 1e6 / w.steps, float(jax.numpy.mean(jax.numpy.stack(tail)))
 
 
 def _time_fori(jax, dev, progs: _Programs, fresh, arrays, w: Workload):
     """One call runs all steps. The program is compiled for exactly w.steps, so the warm-up is one full run
     (compile included); the timed run starts again from the seeded init."""
     jax.block_until_ready(progs.train(fresh(), arrays))
-    params0 = fresh()
+    carry0 = fresh()
     t0 = time.perf_counter()
-    params, tail_loss = jax.block_until_ready(progs.train(params0, arrays))
-    return params, (time.perf_counter() - t0) * 1e6 / w.steps, float(tail_loss)
+    carry, tail_loss = jax.block_until_ready(progs.train(carry0, arrays))
+    return carry, (time.perf_counter() - t0) * 1e6 / w.steps, float(tail_loss)

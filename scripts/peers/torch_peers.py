@@ -1,8 +1,9 @@
 """PyTorch peers: the same training step run eagerly, as one captured CUDA graph, and through torch.compile.
 
 All three share one setup (data, init, optimizer, loss) so they differ only in how the step is launched.
-The dataset and the batch order live on the GPU; each step gathers its batch there, so the timed loop
-copies nothing from the host and never waits for the GPU.
+The dataset, the batch order and every step's learning rate live on the GPU; each step gathers its batch and
+sets its lr there, so the timed loop copies nothing from the host and never waits for the GPU. The optimizer is
+torch.optim.SGD with fused=True and a tensor lr (the form CUDA graphs capture).
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ class _Setup:
                     layer.weight.copy_(torch.from_numpy(wt.T.copy()))
                     layer.bias.copy_(torch.from_numpy(b))
         self.init = [p.detach().clone() for p in self.model.parameters()]
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=w.lr)  # no momentum, no weight decay
+        self.lrs = _upload(w.learning_rates(), dev)  # step s's lr, as rawgpu computes it
+        self.lr = self.lrs[0].clone()  # the optimizer's lr: each step copies its own into it on the device
+        self.scheduled = w.schedule != "constant"  # a constant lr needs no copy
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=self.lr, momentum=w.momentum, fused=True)
         self.losses = torch.zeros(w.index_steps, device=dev)  # per-step loss, read once after timing
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # step counter on the device (graph variant)
 
@@ -100,6 +104,8 @@ class _Setup:
         with torch.no_grad():
             for p, p0 in zip(self.model.parameters(), self.init):
                 p.copy_(p0)
+                if (buf := self.opt.state.get(p, {}).get("momentum_buffer")) is not None:
+                    buf.zero_()  # v = mu 0 + g on the first step: what a new buffer gives
             self.pos.zero_()
             self.losses.zero_()
 
@@ -142,6 +148,8 @@ def _loop(setup: _Setup, model, steps: int) -> None:
         setup.opt.zero_grad(set_to_none=True)
         loss = setup.loss(model, setup.order[s])  # a view: no copy, no kernel
         loss.backward()
+        if setup.scheduled:
+            setup.lr.copy_(setup.lrs[s])  # on the device, like a scheduler that keeps its lr there
         setup.opt.step()
         if s >= tail:
             setup.losses[s] = loss.detach().float()  # a device copy, no host read
@@ -171,6 +179,8 @@ def _graph_step(setup: _Setup) -> None:
     idx = setup.order.index_select(0, setup.pos).view(-1)
     loss = setup.loss(setup.model, idx)
     loss.backward()
+    if setup.scheduled:
+        setup.lr.copy_(setup.lrs.index_select(0, setup.pos).view(()))
     setup.opt.step()
     setup.losses.index_copy_(0, setup.pos, loss.detach().float().view(1))
     setup.pos.add_(1)
