@@ -55,10 +55,14 @@ class Session:
         self.kernels = Kernels(arch, on_progress=on_compile if cold else None)
         t = time.perf_counter()
         self.kernels.prefetch(units)
-        self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice,
-                         options=options).allocate()
-        self.step = self.model.step_launches()
-        self.model.eval_launches()  # asks for the evaluation's kernels too
+        try:
+            self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice,
+                             options=options).allocate()
+            self.step = self.model.step_launches()
+            self.model.eval_launches()  # asks for the evaluation's kernels too
+        except BaseException:  # out of memory, Ctrl-C: builds not yet begun are dropped
+            self.kernels.close()
+            raise
         self.kernels.wait()
         self.compile_seconds = time.perf_counter() - t if cold else 0.0
         self.compile_note = (f"{len(cold)} of {len(units)} kernel units compiled in {self.compile_seconds:.1f} s "

@@ -282,6 +282,31 @@ def test_get_builds_only_the_kernels_unit_and_loads_it_when_first_needed(fake_bu
     assert k.get("gemm.cu", contract.all_kernel_names("gemm.cu")[1], "p").func[0] == b"gemm.cu:None"
 
 
+def test_a_failed_build_drops_the_queued_ones(fake_builds, monkeypatch):
+    """After a build error (or Ctrl-C) the builds not yet begun are cancelled, so the process can end."""
+    import threading
+
+    K, built, _ = fake_builds
+    gate, started = threading.Event(), []
+
+    def slow_or_failing(source, arch, kernel=None):
+        started.append(source)
+        if source == "data.cu":
+            raise CompileError("data.cu: boom")
+        gate.wait(5)
+        return types.SimpleNamespace(cubin=b"", resources={}, cached=False)
+
+    monkeypatch.setattr(K, "compile_source", slow_or_failing)
+    monkeypatch.setattr(K.os, "cpu_count", lambda: 2)
+    k = K.Kernels("sm_90")
+    k.prefetch([("data.cu", None)])  # fails first, while the two workers then hold two of the six below
+    k.prefetch([("gemm.cu", name) for name in contract.all_kernel_names("gemm.cu")[:6]])
+    with pytest.raises(CompileError, match="boom"):
+        k.wait()
+    gate.set()
+    assert len(started) <= 3, f"the queued builds must be cancelled, not run: {started}"
+
+
 def test_units_are_each_split_kernel_alone_and_every_other_source_whole():
     units = compiler.all_units()
     split = {s for s in compiler.all_sources() if contract.split_kernels(s)}

@@ -75,11 +75,20 @@ class Kernels:
             self.on_progress(self._done, len(self._builds))
 
     def wait(self) -> None:
-        """Every unit started so far built and loaded (the first build error is raised here)."""
-        for unit in list(self._builds):
-            self._loaded(unit)
+        """Every unit started so far built and loaded (the first build error is raised here). On an error or Ctrl-C
+        the builds not yet begun are dropped, so the process ends once the running ones finish."""
+        try:
+            for unit in list(self._builds):
+                self._loaded(unit)
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+
+    def close(self) -> None:
+        """Stop taking builds: queued ones are cancelled, running ones finish (NVRTC cannot be interrupted)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
     def _loaded(self, unit: Unit) -> Module:
