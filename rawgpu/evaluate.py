@@ -9,6 +9,7 @@ import sys
 
 from .data import DATASET_NAMES
 from .errors import run_cli
+from .train import add_device_option
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", choices=DATASET_NAMES, default=None,
                    help="the test set to use (default: the checkpoint's dataset)")
     p.add_argument("--data-dir", default=None, help="directory with the four IDX files (default: as rawgpu.train)")
-    p.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    add_device_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     return p
 
@@ -43,8 +44,6 @@ def confusion_table(confusion, title: str):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.device < 0:
-        parser.error(f"argument --device: must be >= 0, got {args.device}")
     return run_cli(lambda: evaluate(parser, args))
 
 

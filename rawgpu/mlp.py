@@ -1,5 +1,6 @@
-"""The model: an MLP pixels -> hidden x layers -> classes (784 -> ... -> 10 on MNIST) whose every buffer lives in one arena, and what every training
-step kind shares: the dataset on the device, the weights and optimiser state, activations, metrics, evaluation.
+"""The model: an MLP pixels -> hidden x layers -> classes (784 -> ... -> 10 on MNIST) whose every buffer lives in
+one arena, and what every training step kind shares: the dataset on the device, the weights and optimiser state,
+activations, metrics, evaluation.
 
 How a training step runs is its step kind's business (rawgpu/steps/: cluster, fused, layered), chosen by
 `steps.choose`; the model holds the chosen `Step` and asks it for the step's launches. Nothing in a step depends on
@@ -122,7 +123,7 @@ class MLP:
         # the step kind plans its own buffers
         self.step = steps.build(self.choice.kind, self, options)
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
-        plans = [lay.eval_fwd for lay in self.layers] + self.tail_fwd + self.step.split_plans()
+        plans = self.eval_plans + self.tail_fwd + self.step.split_plans()
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
         self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
 
@@ -131,8 +132,12 @@ class MLP:
         step's, the evaluation's GEMMs, and the small sources every session uses (the data gather, the parameter
         initialisation and copies, the loss and metrics)."""
         every = {(source, None) for source in (kd.SRC, ke.SRC, kl.SRC)}
-        return every | kg.plan_units([lay.eval_fwd for lay in self.layers] + self.tail_fwd, self.arch) \
-            | self.step.kernel_units()
+        return every | kg.plan_units(self.eval_plans + self.tail_fwd, self.arch) | self.step.kernel_units()
+
+    @property
+    def eval_plans(self) -> list[kg.GemmPlan]:
+        """Each layer's forward GEMM over a whole evaluation chunk."""
+        return [lay.eval_fwd for lay in self.layers]
 
     @property
     def kind(self) -> str:
@@ -291,7 +296,7 @@ class MLP:
         for _ in range(chunks):
             out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.eval_perm, self.eval_counter,
                                        self.eval_x, self.eval_y, EB, chunks))
-            out += self._eval_forward([lay.eval_fwd for lay in self.layers])
+            out += self._eval_forward(self.eval_plans)
             out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
                                        self.eval_correct, EB, classes))
             out.append(kd.step_increment(k, self.eval_counter))
@@ -312,7 +317,7 @@ class MLP:
         out = self.step.before_eval()
         out.append(kd.gather_batch(self.k, self.predict_images, self.predict_labels, self.predict_perm,
                                    self.zero_counter, self.eval_x, self.eval_y, self.eval_batch, 1))
-        return out + self._eval_forward([lay.eval_fwd for lay in self.layers])
+        return out + self._eval_forward(self.eval_plans)
 
     def logits(self, images: np.ndarray, stream: Stream) -> np.ndarray:
         """float32 logits [N, classes] of uint8 images [N, inputs], eval_batch at a time through predict_launches

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .errors import run_cli
+from .train import add_device_option
 
 SHOWN = 20  # images listed on the terminal; --out writes them all
 
@@ -20,15 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "turned to gray, nothing is resized")
     p.add_argument("--out", metavar="FILE", default=None,
                    help="write every prediction to FILE.csv or FILE.json instead of listing them")
-    p.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
+    add_device_option(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.device < 0:
-        parser.error(f"argument --device: must be >= 0, got {args.device}")
     if args.out is not None:
         out = Path(args.out).expanduser()
         if out.suffix.lower() not in (".csv", ".json"):

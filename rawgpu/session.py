@@ -59,7 +59,6 @@ class Session:
             self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice,
                              options=options).allocate()
             self.step = self.model.step_launches()
-            self.model.eval_launches()  # asks for the evaluation's kernels too
         except BaseException:  # out of memory, Ctrl-C: builds not yet begun are dropped
             self.kernels.close()
             raise

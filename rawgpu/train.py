@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--plot", metavar="PATH", default=None,
                    help="write a PNG of train loss and test accuracy per epoch (needs matplotlib: rawgpu[plot])")
     r = p.add_argument_group("run")
-    r.add_argument("--device", type=_count(0, what="index"), default=0, help="GPU index (default 0)")
+    add_device_option(r)
     r.add_argument("--no-graph", action="store_true",
                    help="launch the same kernels one by one instead of one CUDA graph per step (for comparison)")
     r.add_argument("--steps-per-graph", type=_count(1, 1000), default=1,
@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     return p
+
+
+def add_device_option(parser) -> None:
+    """`--device`: the GPU index, a non-negative integer (every CLI shares it)."""
+    parser.add_argument("--device", type=_count(0, what="index"), default=0, help="GPU index (default 0)")
 
 
 def add_step_option(parser) -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from rawgpu import recipe as rc  # noqa: E402
 from rawgpu.errors import RawgpuError, StepUnsupported  # noqa: E402
 from rawgpu.files import write_atomic  # noqa: E402
-from rawgpu.train import _count, add_step_option, check_step_option  # noqa: E402
+from rawgpu.train import _count, add_device_option, add_step_option, check_step_option  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_options(p, ("hidden", "layers", "batch", "momentum", "accum"))
     p.add_argument("--steps-per-graph", type=_count(1, 100), default=1, help="steps in the graph (default 1)")
     add_step_option(p)
-    p.add_argument("--device", type=_count(0, what="index"), default=0, help="GPU index (default 0)")
+    add_device_option(p)
     p.add_argument("--out", default="step.dot", help="our readable DOT file (default step.dot); the driver's "
                    "verbose DOT goes beside it as <name>.driver.dot")
     p.add_argument("--format", choices=("svg", "png", "none"), default="svg",

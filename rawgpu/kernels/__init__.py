@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -36,7 +35,6 @@ class Kernels:
         self.modules: dict[Unit, Module] = {}
         self.facts: dict[str, object] = {}  # what launchers ask the driver about this GPU once (gemm.cluster_capacity)
         self.on_progress = on_progress
-        self.compile_seconds = 0.0  # time spent waiting for builds
         self._builds: dict[Unit, Future] = {}
         self._kernels: dict[tuple[Unit, str], Kernel] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -93,18 +91,10 @@ class Kernels:
 
     def _loaded(self, unit: Unit) -> Module:
         if unit not in self.modules:
-            future = self._start(unit)
-            t = time.perf_counter()
-            compiled = future.result()
-            self.compile_seconds += time.perf_counter() - t
+            compiled = self._start(unit).result()
             self.compiled[unit] = compiled
             self.modules[unit] = Module(compiled.cubin, compiled.resources)
         return self.modules[unit]
-
-    @property
-    def cached(self) -> bool:
-        """Whether every unit built so far came from the cache."""
-        return all(c.cached for c in self.compiled.values())
 
     # --- kernels ---------------------------------------------------------------------------------------------
 
