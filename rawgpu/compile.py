@@ -97,7 +97,15 @@ def prebuild(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"argument --step: {exc}")
         units = kernel_units(recipe, arch, sms, choice)
         planned = f"{recipe.name} batch {args.batch}, {choice.kind} step, planned for {sms} SMs"
-    print(f"building {len(units)} kernel units for {arch} ({planned}) into {compiler.cache_dir()}", flush=True)
+    kernels = compiler.cache_dir()
+    try:  # a build into a cache it cannot write would be thrown away: say so before compiling anything
+        kernels.mkdir(parents=True, exist_ok=True)
+        writable = os.access(kernels, os.W_OK)
+    except OSError as exc:
+        writable, kernels = False, f"{kernels} ({exc.strerror or exc})"
+    if not writable:
+        parser.error(f"argument --cache-dir: cannot write the kernel cache {kernels}")
+    print(f"building {len(units)} kernel units for {arch} ({planned}) into {kernels}", flush=True)
     return build(units, arch, args.jobs)
 
 

@@ -76,6 +76,7 @@ def test_prebuild_for_a_recipe_builds_its_units_and_then_finds_them_cached(tmp_p
     (["--arch", "sm_86", "--step", "cluster", "--cache-dir", "{tmp}"], "argument --step"),
     (["--arch", "sm_90", "--hidden", "0", "--cache-dir", "{tmp}"], "argument --hidden"),
     (["--arch", "sm_90", "--cache-dir", "{file}"], "is not a directory"),
+    (["--arch", "sm_90", "--cache-dir", "{file}/below"], "cannot write the kernel cache"),
 ])
 def test_prebuild_refuses_bad_arguments_in_one_line(tmp_path, argv, message):
     (tmp_path / "file").write_text("")
