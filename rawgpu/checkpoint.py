@@ -8,8 +8,9 @@ pickle). The file has, per linear layer i:
 - ``state.layers.{i}.w16`` float16 and ``state.layers.{i}.wlo`` int16 [fan_in, fan_out]: the master's two halves as
   the GPU holds them (master.py), because weights below 2^-16 do not survive fp32 -> halves exactly and a resumed
   run must continue bit for bit;
-- ``state.layers.{i}.momentum_weight`` / ``momentum_bias`` float32, with momentum only: the optimiser state as the
-  GPU holds it (times the loss scale).
+- the optimiser state as the GPU holds it, float32, torch.optim's names (optimizer.state_names):
+  ``state.layers.{i}.momentum_weight`` / ``momentum_bias`` with SGD's momentum (times the loss scale), and
+  ``exp_avg_*`` / ``exp_avg_sq_*`` with Adam's moments (times the loss scale, and its square).
 
 The metadata (strings, as the format requires) holds JSON: the recipe, the step kind, the dataset's name and image
 shape, and the run's progress (steps done, the epoch's metrics so far, the per-epoch history).
@@ -28,6 +29,7 @@ import numpy as np
 
 from . import files
 from .errors import RawgpuError
+from .optimizer import state_names
 from .recipe import Recipe
 
 FORMAT = "rawgpu-mlp"
@@ -130,11 +132,11 @@ def load(path: str | Path) -> Checkpoint:
         weights.append((np.ascontiguousarray(w.T), b))
         for name, dtype in (("w16", np.float16), ("wlo", np.int16)):
             state[f"layers.{i}.{name}"] = _take(arrays, f"state.layers.{i}.{name}", dtype, (fan_in, fan_out), path)
-        if recipe.uses_momentum:
-            state[f"layers.{i}.momentum_weight"] = _take(arrays, f"state.layers.{i}.momentum_weight", np.float32,
-                                                          (fan_in, fan_out), path)
-            state[f"layers.{i}.momentum_bias"] = _take(arrays, f"state.layers.{i}.momentum_bias", np.float32,
-                                                        (fan_out,), path)
+        for name in state_names(recipe):
+            state[f"layers.{i}.{name}_weight"] = _take(arrays, f"state.layers.{i}.{name}_weight", np.float32,
+                                                        (fan_in, fan_out), path)
+            state[f"layers.{i}.{name}_bias"] = _take(arrays, f"state.layers.{i}.{name}_bias", np.float32,
+                                                      (fan_out,), path)
     if arrays:
         raise CheckpointError(f"{path}: unexpected tensors {', '.join(sorted(arrays)[:3])} for a {recipe.name} model")
     for i, (w, b) in enumerate(weights):

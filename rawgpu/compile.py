@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every kernel unit of the arch (default: those of the recipe "
                    "below)")
     rc.add_options(p.add_argument_group("recipe (as python -m rawgpu.train takes it)"),
-                   ("hidden", "layers", "batch", "momentum", "accum"))
+                   ("hidden", "layers", "batch", "optimizer", "momentum", "weight_decay", "accum"))
     add_step_option(p)
     p.add_argument("--sms", type=_count(1, 1024, what="SM count"), default=None,
                    help="SMs of the GPU the recipe is planned for (default: the GPU here, else the arch's largest "

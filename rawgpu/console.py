@@ -45,7 +45,7 @@ class RunInfo:
     total_steps: int
     steps_per_epoch: int
     lr: float
-    momentum: float
+    optimizer: str  # Recipe.optimizer_text: "SGD with momentum 0.9", "Adam (betas 0.9, 0.999, eps 1e-08)"
     schedule: str
     accum: str  # "fp32" or "fp16"
     graph: bool  # False: --no-graph, eager launches
@@ -164,7 +164,7 @@ def header_rows(info: RunInfo) -> list[tuple[str, str]]:
     rows += [
             ("model", f"{info.model}, {info.parameters:,} parameters, arena {format_bytes(info.arena_bytes)}"),
             ("recipe", (f"batch {info.batch}, {info.epochs} epochs x {info.steps_per_epoch} steps = "
-                        f"{info.total_steps} steps, lr {info.lr:g} ({info.schedule}), momentum {info.momentum:g}, "
+                        f"{info.total_steps} steps, {info.optimizer}, lr {info.lr:g} ({info.schedule}), "
                         f"{info.accum} accum")),
             ("launch", f"{launch}; {info.step}" if info.step else launch)]
     return rows + [("kernels", info.compile_note)] if info.compile_note else rows

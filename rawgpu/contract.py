@@ -21,7 +21,7 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 
-from .recipe import INPUTS, SCHEDULES
+from .recipe import INPUTS, OPTIMIZERS, SCHEDULES
 
 # ---- C structs declared once ----------------------------------------------------------------------------------
 
@@ -125,6 +125,41 @@ def _schedule_facts(arch: str):
     return {f"SCHEDULE_{name.upper()}": code for name, code in SCHEDULES.items()}, {}
 
 
+# ---- the optimiser every weight update reads (optim.cuh) ------------------------------------------------------
+
+class Optim(CStruct):
+    """The optimiser, one copy in the arena that every update kernel reads: the hyperparameters, set once from the
+    recipe, and the step's values, which the gather writes every step (the fused kernel computes its own). lr comes
+    first: kernels that run plain SGD read it as a float*."""
+
+    c_fields = (
+        ("lr", "float", "this step's learning rate / the loss scale: what SGD multiplies scaled gradients by"),
+        ("step_size", "float", "Adam: this step's lr / (1 - beta1^t), t = steps done + 1"),
+        ("bias2", "float", "Adam: 1 / sqrt(1 - beta2^t)"),
+        ("decay", "float", "AdamW: 1 - lr x weight decay, the decoupled decay's factor (1 otherwise)"),
+        ("kind", "int", "OPT_SGD, OPT_ADAM, OPT_ADAMW"),
+        ("nesterov", "int", "SGD: w -= lr (g + mu v) instead of lr v"),
+        ("beta1", "float", "SGD: the momentum mu (0: none); Adam: beta1"),
+        ("beta2", "float"),
+        ("m_rate", "float", "Adam: 1 - beta1, rounded once from double"),
+        ("v_rate", "float", "Adam: 1 - beta2"),
+        ("eps", "float", "Adam's eps x the loss scale (the moments hold scaled gradients)"),
+        ("l2", "float", "SGD and Adam: weight decay x the loss scale, added to the scaled gradient"),
+        ("wd", "float", "AdamW: the decoupled weight decay"),
+        ("scale", "float", "the loss scale"),
+        ("beta1_d", "double", "beta1 and beta2 in double, for the bias corrections"),
+        ("beta2_d", "double"),
+    )
+
+
+OPTIM_WORDS = ctypes.sizeof(Optim) // 4  # the arena holds it as that many float32
+
+
+def _optim_facts(arch: str):
+    return ({f"OPT_{name.upper()}": code for name, code in OPTIMIZERS.items()},
+            {"optim_abi.cuh": _header("optim.cuh", declare(Optim))})
+
+
 # ---- fused_step.cu: the whole step in one persistent kernel (kernels/fused.py) -------------------------------
 FS_WARPS = 8
 FS_THREADS = 32 * FS_WARPS
@@ -156,8 +191,10 @@ class FsLayer(CStruct):
         ("wlo", "short*", "the master's low half [in_p, out_p] (master.cuh)"),
         ("w16", "half_t*", 2, "fp16 working copies, double-buffered: the master's high half"),
         ("b", "float*", "bias [out_p]"),
-        ("mw", "float*", "momentum (nullptr without)"),
+        ("mw", "float*", "the optimiser's first state: momentum or Adam's first moment (nullptr without)"),
         ("mb", "float*"),
+        ("vw", "float*", "Adam's second moment (nullptr without)"),
+        ("vb", "float*"),
         ("x", "half_t*", "input activation [batch, in_p] (layer 0: written here, from the gather)"),
         ("y", "half_t*", "output activation [batch, out_p] (unused for the last layer)"),
         ("dy", "half_t*", "gradient at the output [batch, out_p] (the last layer: d(logits))"),
@@ -185,7 +222,8 @@ class FsParams(CStruct):
         ("total_steps", "i64"), ("warmup_steps", "i64"), ("classes", "i64"),
         ("profile", "u64*", "with -DFS_PROFILE: block 0 stamps %globaltimer here after every phase (else unused)"),
         ("lr0", "double", "lr0 and lr_min already divided by the loss scale"),
-        ("lr_min", "double"), ("mu", "double"), ("dlogit_scale", "double"),
+        ("lr_min", "double"), ("dlogit_scale", "double"),
+        ("optim", Optim, "the optimiser's hyperparameters (optim.cuh); the kernel computes the step's values"),
         ("layer", FsLayer, FS_MAX_LAYERS),
     )
 
@@ -194,10 +232,21 @@ FS_HEADER_FIELDS = FsParams.layer.offset // 8  # 8-byte words before layer[]
 FS_LAYER_FIELDS = ctypes.sizeof(FsLayer) // 8
 
 
-def _fused_facts(arch: str):
+FS_KERNELS = {"fused_steps": False, "fused_steps_adam": True}  # kernel -> Adam's update (else SGD's), built apart
+
+
+def fused_kernel_name(adam: bool) -> str:
+    return next(name for name, a in FS_KERNELS.items() if a == adam)
+
+
+def _fused_facts(arch: str, kernel: str | None = None):
     defines = {"FS_WARPS": FS_WARPS, "FS_T": FS_T, "FS_LD": FS_LD, "FS_INPUTS": FS_INPUTS, "FS_PANEL_LD": FS_PANEL_LD,
                "FS_MAX_LAYERS": FS_MAX_LAYERS, "FS_STAGES": fs_stages(arch), "FS_SMEM_BYTES": fs_smem_bytes(arch)}
-    return defines, {"fused_step_abi.cuh": _header("fused_step.cu", declare(FsLayer), declare(FsParams))}
+    kernels = " ".join(f"X({name}, {'true' if adam else 'false'})" for name, adam in FS_KERNELS.items()
+                       if kernel in (None, name))
+    instances = ("// The kernels of this build: X(name, ADAM) each, for FS_KERNEL.\n"
+                 f"#define FS_FOR_EACH_KERNEL(X) {kernels}\n")
+    return defines, {"fused_step_abi.cuh": _header("fused_step.cu", declare(FsLayer), declare(FsParams), instances)}
 
 
 # ---- cluster_step.cu: the model resident in one cluster's shared memory (kernels/cluster.py) ------------------
@@ -311,16 +360,17 @@ class GemmConfig:
         """The typedef in the generated header."""
         return f"Cfg_{self.name}"
 
-    def smem_bytes(self, layout: str, epilogue: str = "store", momentum: bool = False) -> int:
-        """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves; a staged SGD epilogue
-        adds the fp32 weight tile (and the momentum tile), rows padded by 8 floats; the persistent tile adds its fp16
-        output tile, rows padded by 8 halves. TMA tiles are swizzled, not padded, and need 1 KB of slack to align
-        them. (The kernels trap on less.)"""
+    def smem_bytes(self, layout: str, epilogue: str = "store", states: int = 0) -> int:
+        """Dynamic shared memory: STAGES x (A tile + B tile), each row padded by 8 halves; a staged update epilogue
+        adds the weight tile (W16 and lo: as much as an fp32 tile) and one fp32 tile per optimiser state (`states`:
+        momentum, or Adam's two moments), rows padded by 8 floats; the persistent tile adds its fp16 output tile,
+        rows padded by 8 halves. TMA tiles are swizzled, not padded, and need 1 KB of slack to align them. (The
+        kernels trap on less.)"""
         if self.tma:
             return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
         a = self.bm * (self.bk + 8) if layout[0] == "r" else self.bk * (self.bm + 8)
         b = self.bk * (self.bn + 8) if layout[1] == "r" else self.bn * (self.bk + 8)
-        staged = (2 if momentum else 1) * self.bm * (self.bn + 8) * 4 if self.staged and epilogue == "sgd" else 0
+        staged = (1 + states) * self.bm * (self.bn + 8) * 4 if self.staged and epilogue in UPDATE_EPILOGUES else 0
         out = self.bm * (self.bn + 8) * 2 if self.persistent else 0
         return self.stages * (a + b) * 2 + staged + out
 
@@ -342,6 +392,8 @@ CONFIGS = {c.name: c for c in (
                note="M <= 32: a block per SM streams 64 columns (or a K range), as deep as shared memory allows"),
     GemmConfig("staged", 64, 128, 32, 2, 4, 2, staged=True,
                note="K = batch: weight update staged in shared memory"),
+    GemmConfig("staged32", 32, 128, 32, 1, 4, 2, staged=True,
+               note="the same, 32 rows, for Adam: its two moment tiles fit sm_86's shared memory"),
     GemmConfig("persist", 64, 128, 32, 2, 4, 2, persistent=True,
                note="K = batch, plain store: a resident grid walks the tiles"),
     GemmConfig("tma", 32, 64, 64, 1, 4, 16, tma=True,  # warps: 4 consumers (+ the producer)
@@ -350,12 +402,13 @@ CONFIGS = {c.name: c for c in (
                                                                "the SMs"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
-EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd")
+EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd", "adam")
+UPDATE_EPILOGUES = ("sgd", "adam")  # the weight update fused into x^T @ dy, one per optimiser family (EPI_SGD, EPI_ADAM)
 ACCUMULATORS = ("f32", "f16")
 TMA_ROLES = [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")]
 # (layout, epilogue) pairs every general tile compiles
 _ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
-                   ("rr", "bias"), ("rr", "bias_relu"), ("rc", "drelu"), ("cr", "sgd")]
+                   ("rr", "bias"), ("rr", "bias_relu"), ("rc", "drelu"), ("cr", "sgd"), ("cr", "adam")]
 # (config, layout, epilogue) triples compiled, each for f32 and f16 accumulation
 INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") for lay, epi in _ROLE_INSTANCES]
                       + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
@@ -364,7 +417,8 @@ INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") fo
                       + [(STREAM_CONFIG, lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias"),
                                                                     ("rr", "bias_relu"), ("rc", "store"),
                                                                     ("rc", "drelu")]]
-                      + [("staged", "cr", e) for e in ("sgd", "store")] + [("persist", "cr", "store")]
+                      + [("staged", "cr", e) for e in ("sgd", "store")] + [("staged32", "cr", "adam")]
+                      + [("persist", "cr", "store")]
                       + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES])
 
 
@@ -531,7 +585,7 @@ def _loss_facts(arch: str):
     return {"XENT_MAX_WARPS": XENT_MAX_THREADS // 32}, {}
 
 
-EW_THREADS = 256  # the block of every elementwise launch; bias_grad_sgd's shared partials are sized for it
+EW_THREADS = 256  # the block of every elementwise launch; bias_update's shared partials are sized for it
 
 
 def _elementwise_facts(arch: str):
@@ -540,17 +594,17 @@ def _elementwise_facts(arch: str):
 
 # ---- what each source is compiled with ----------------------------------------------------------------------
 
-# Per source, the facts of every shared header it includes (step_math.cuh: the schedule; gemm_epilogue.cuh: the
-# cluster splits) and its own. A source missing a define it needs stops at an #error naming this module.
+# Per source, the facts of every shared header it includes (step_math.cuh: the schedule; optim.cuh: the optimiser;
+# gemm_epilogue.cuh: the cluster splits, and it includes optim.cuh) and its own. A source missing a define it needs stops at an #error naming this module.
 SOURCES = {
     "cluster_step.cu": (_schedule_facts, _cluster_facts),
-    "data.cu": (_schedule_facts,),
-    "dx_sgd.cu": (_schedule_facts, _epilogue_facts, _dx_sgd_facts),
-    "elementwise.cu": (_schedule_facts, _elementwise_facts),
-    "fused_step.cu": (_schedule_facts, _fused_facts),
-    GEMM_SOURCE: (_epilogue_facts, _gemm_facts),
-    GEMM_TMA_SOURCE: (_epilogue_facts, _gemm_tma_facts),
-    "head.cu": (_schedule_facts, _epilogue_facts, _head_facts),
+    "data.cu": (_schedule_facts, _optim_facts),
+    "dx_sgd.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _dx_sgd_facts),
+    "elementwise.cu": (_schedule_facts, _optim_facts, _elementwise_facts),
+    "fused_step.cu": (_schedule_facts, _optim_facts, _fused_facts),
+    GEMM_SOURCE: (_optim_facts, _epilogue_facts, _gemm_facts),
+    GEMM_TMA_SOURCE: (_optim_facts, _epilogue_facts, _gemm_tma_facts),
+    "head.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _head_facts),
     "loss.cu": (_loss_facts,),
 }
 
@@ -561,7 +615,8 @@ def _header(source: str, *parts: str) -> str:
             + "\n".join(parts))
 
 
-_INSTANCE_FACTS = (_cluster_facts, _gemm_facts, _gemm_tma_facts)  # they list instances: built one at a time too
+_INSTANCE_FACTS = (_cluster_facts, _fused_facts, _gemm_facts, _gemm_tma_facts)  # they list instances: built one
+# at a time too
 
 
 def split_kernels(source: str) -> list[str]:
@@ -571,6 +626,8 @@ def split_kernels(source: str) -> list[str]:
         return all_kernel_names(source)
     if source == "cluster_step.cu":
         return [cluster_kernel_name(t) for t in CS_TILE_COUNTS]
+    if source == "fused_step.cu":
+        return list(FS_KERNELS)
     return []
 
 

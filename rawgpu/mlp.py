@@ -20,13 +20,14 @@ from typing import Callable
 
 import numpy as np
 
-from . import master, steps
+from . import master, optimizer, steps
 from .driver import Launch, Stream
 from .kernels import Kernels
 from .kernels import data as kd
 from .kernels import elementwise as ke
 from .kernels import gemm as kg
 from .kernels import l2 as kl2
+from .contract import OPTIM_WORDS
 from .kernels import loss as kl
 from .memory import Arena, Tensor
 from .recipe import PADDED_CLASSES, Recipe, cdiv, loss_scale, pad8
@@ -44,8 +45,10 @@ class Layer:
     wlo: Tensor  # int16 low half of the fp32 master weights [in_p, out_p], x @ W orientation (master.py)
     w16: Tensor  # fp16 working copy and the master's high half, same shape
     b: Tensor  # fp32 bias [out_p]
-    mw: Tensor | None  # momentum buffers (None without momentum)
+    mw: Tensor | None  # the optimiser's first state: SGD's momentum or Adam's first moment (None for plain SGD)
     mb: Tensor | None
+    vw: Tensor | None  # Adam's second moment (None for SGD)
+    vb: Tensor | None
     eval_fwd: kg.GemmPlan
 
 
@@ -83,11 +86,11 @@ class MLP:
         self.predict_images = a.tensor("predict_images", (EB, r.inputs), np.uint8)
         self.predict_labels = a.tensor("predict_labels", EB, np.uint8)
         self.predict_perm = a.tensor("predict_perm", EB, np.int32)
-        # device scalars: the step counter, the learning rate, the metrics
+        # device scalars: the step counter, the optimiser table (the step's lr among its values), the metrics
         self.counter = a.tensor("step", 1, np.int64)
         self.eval_counter = a.tensor("eval_step", 1, np.int64)
         self.zero_counter = a.tensor("zero_step", 1, np.int64)  # stays 0: one-chunk gathers
-        self.lr = a.tensor("lr", 1, np.float32)
+        self.optim = a.tensor("optim", OPTIM_WORDS, np.float32)
         self.loss_sum = a.tensor("loss_sum", 1, np.float64)
         self.correct = a.tensor("correct", 1, np.int32)
         self.eval_loss_sum = a.tensor("eval_loss_sum", 1, np.float64)
@@ -105,13 +108,15 @@ class MLP:
         # parameters and optimiser state
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
-            pin, pout, mom = padded[i], padded[i + 1], r.uses_momentum
+            pin, pout, states = padded[i], padded[i + 1], r.state_tensors
             self.layers.append(Layer(
                 widths[i], widths[i + 1],
                 a.tensor(f"wlo_{i}", (pin, pout), np.int16), a.tensor(f"w16_{i}", (pin, pout), np.float16),
                 a.tensor(f"b_{i}", pout, np.float32),
-                a.tensor(f"mw_{i}", (pin, pout), np.float32) if mom else None,
-                a.tensor(f"mb_{i}", pout, np.float32) if mom else None,
+                a.tensor(f"mw_{i}", (pin, pout), np.float32) if states else None,
+                a.tensor(f"mb_{i}", pout, np.float32) if states else None,
+                a.tensor(f"vw_{i}", (pin, pout), np.float32) if states > 1 else None,
+                a.tensor(f"vb_{i}", pout, np.float32) if states > 1 else None,
                 eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias",
                                       accum=r.kernel_accum, sm_count=sm_count, arch=self.arch,
                                       capacity=self.cluster_capacity)))
@@ -187,8 +192,8 @@ class MLP:
 
     def init_parameters(self, stream: Stream) -> None:
         """PyTorch's nn.Linear default (Kaiming-uniform, a = sqrt(5)): W and b ~ U(+-1/sqrt(fan_in)), from
-        the seed, W as its master halves; then whatever copies the step kind keeps of them; momentum, counters
-        and tickets zeroed."""
+        the seed, W as its master halves; then whatever copies the step kind keeps of them; the optimiser's table
+        set and its state, the counters and tickets zeroed."""
         for i, lay in enumerate(self.layers):
             bound = 1.0 / math.sqrt(lay.fan_in)
             true_shape = (lay.fan_in, lay.fan_out)
@@ -198,30 +203,38 @@ class MLP:
                 self._set_master(lay, self._padded_uniform(lay.w16.shape, true_shape, bound, self._seed(i, 0)))
             self._init_uniform(lay.b, (lay.fan_out,), bound, self._seed(i, 1), stream)
         self.step.parameters_set(stream)
-        for t in self._counters() + [t for lay in self.layers for t in (lay.mw, lay.mb) if t]:
+        self.optim.upload(optimizer.words(optimizer.hyperparameters(self.recipe)))
+        for t in self._counters() + [t for lay in self.layers for t in self._state_tensors(lay).values()]:
             t.fill_bytes(0)
+
+    def _state_tensors(self, lay: Layer) -> dict[str, Tensor]:
+        """A layer's optimiser state by its checkpoint name (state(): names as torch.optim calls them)."""
+        tensors = ((lay.mw, lay.mb), (lay.vw, lay.vb))
+        return {f"{name}_{part}": t for name, pair in zip(optimizer.state_names(self.recipe), tensors)
+                for part, t in zip(("weight", "bias"), pair)}
 
     def _counters(self) -> list[Tensor]:
         return [self.counter, self.zero_counter, self.workspace, self.tickets] + self.step.counters()
 
     def state(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
         """(parameters(), the exact device state), padding cut off: per layer the master halves as the step holds
-        them now ("layers.{i}.w16", "layers.{i}.wlo") and, with momentum, the buffers as they are
-        ("layers.{i}.momentum_weight", "layers.{i}.momentum_bias": times the loss scale). What set_state takes."""
+        them now ("layers.{i}.w16", "layers.{i}.wlo") and the optimiser's state as it is ("layers.{i}.momentum_weight",
+        "..._bias" with SGD's momentum; "exp_avg_weight", "exp_avg_sq_weight", ... with Adam's: times the loss scale,
+        its square for exp_avg_sq). What set_state takes."""
         copies, state = self.step.working_copies(), {}
         for i, lay in enumerate(self.layers):
             cut = (slice(0, lay.fan_in), slice(0, lay.fan_out))
             state[f"layers.{i}.w16"] = copies[i].download()[cut].copy()
             state[f"layers.{i}.wlo"] = lay.wlo.download()[cut].copy()
-            if lay.mw is not None:
-                state[f"layers.{i}.momentum_weight"] = lay.mw.download()[cut].copy()
-                state[f"layers.{i}.momentum_bias"] = lay.mb.download()[:lay.fan_out].copy()
+            for name, t in self._state_tensors(lay).items():
+                state[f"layers.{i}.{name}"] = t.download()[cut if len(t.shape) == 2 else cut[1]].copy()
         return self.parameters(), state
+
 
     def set_state(self, biases: list[np.ndarray], state: dict[str, np.ndarray], steps_done: int,
                   stream: Stream) -> None:
-        """Continue a run: the biases, the master halves and momentum as state() returned them, and the step
-        counter at steps_done (it drives the schedule and the batch position); padding zero, counters reset."""
+        """Continue a run: the biases, the master halves and the optimiser's state as state() returned them, and the
+        step counter at steps_done (it drives the schedule and the batch position); padding zero, counters reset."""
         def padded(t: Tensor, values: np.ndarray) -> np.ndarray:
             full = np.zeros(t.shape, t.dtype)
             full[tuple(slice(0, n) for n in values.shape)] = values
@@ -230,10 +243,10 @@ class MLP:
             lay.w16.upload(padded(lay.w16, state[f"layers.{i}.w16"]))
             lay.wlo.upload(padded(lay.wlo, state[f"layers.{i}.wlo"]))
             lay.b.upload(padded(lay.b, biases[i]))
-            if lay.mw is not None:
-                lay.mw.upload(padded(lay.mw, state[f"layers.{i}.momentum_weight"]))
-                lay.mb.upload(padded(lay.mb, state[f"layers.{i}.momentum_bias"]))
+            for name, t in self._state_tensors(lay).items():
+                t.upload(padded(t, state[f"layers.{i}.{name}"]))
         self.step.parameters_set(stream)
+        self.optim.upload(optimizer.words(optimizer.hyperparameters(self.recipe)))
         for t in self._counters():
             t.fill_bytes(0)
         self.counter.upload(np.array([steps_done], np.int64))
@@ -364,14 +377,17 @@ class MLP:
         return [(self.master_weights(i, copies)[:lay.fan_in, :lay.fan_out].copy(),
                  lay.b.download()[:lay.fan_out].copy()) for i, lay in enumerate(self.layers)]
 
-    def velocity(self) -> list[tuple[np.ndarray, np.ndarray]] | None:
-        """The momentum (same layout as parameters()) in units of the mean-loss gradient, or None without
-        momentum. The buffers hold it times the loss scale, because they accumulate scaled gradients."""
-        if not self.recipe.uses_momentum:
-            return None
-        s = loss_scale(self.recipe.batch)
-        return [(lay.mw.download()[:lay.fan_in, :lay.fan_out] / s, lay.mb.download()[:lay.fan_out] / s)
-                for lay in self.layers]
+    def optimizer_state(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+        """The optimiser's state per layer (same layout as parameters()) in units of the mean-loss gradient, float64:
+        {"m": SGD's momentum or Adam's first moment, "v": Adam's second moment}, as many as it keeps. The buffers hold
+        them times the loss scale (its square for v), because they accumulate scaled gradients."""
+        s, out = float(loss_scale(self.recipe.batch)), {}
+        for key, power, pick in (("m", 1, lambda lay: (lay.mw, lay.mb)), ("v", 2, lambda lay: (lay.vw, lay.vb))):
+            if pick(self.layers[0])[0] is None:
+                continue
+            out[key] = [(pick(lay)[0].download()[:lay.fan_in, :lay.fan_out].astype(np.float64) / s ** power,
+                         pick(lay)[1].download()[:lay.fan_out].astype(np.float64) / s ** power) for lay in self.layers]
+        return out
 
     def padding_is_zero(self) -> bool:
         """True when every padded weight/bias entry is still exactly zero (they must never move)."""

@@ -22,6 +22,14 @@ MAX_INPUTS = 16384  # pixels per image: gather_batch runs a thread per 16 column
 SCHEDULES = {"constant": 0, "cosine": 1, "linear": 2}  # name -> the code the kernels switch on (contract.py)
 ACCUMS = {"fp32": "f32", "fp16": "f16"}  # the CLI's spelling -> the kernels' instance suffix
 GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
+OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}  # name -> the code the kernels switch on (contract.py: OPT_*)
+# Per optimiser: the defaults of the settings whose usual value depends on it (torch.optim's, and the lr the CLI's
+# default recipe reaches >= 98% with). The CLIs leave these unset (None) unless given, and Recipe resolves them.
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},
+                      "adam": {"lr": 1e-3, "weight_decay": 0.0},
+                      "adamw": {"lr": 1e-3, "weight_decay": 0.01}}
+SGD_ONLY = ("momentum", "nesterov")  # settings that mean something to SGD alone
+ADAM_ONLY = ("betas", "eps")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -58,7 +66,8 @@ class Option:
     low_open: bool = False
     choices: tuple[str, ...] | None = None
     help: str = ""
-    metavar: str | None = None
+    metavar: str | tuple[str, ...] | None = None
+    nargs: int | None = None  # a tuple of this many values (--betas B1 B2)
 
     def check(self, name: str, value: Any, shown: str | None = None) -> None:
         """ValueError 'NAME must be ...' when value is out of range or not a choice. shown: the value as the user
@@ -81,8 +90,18 @@ OPTIONS: dict[str, Option] = {
     "layers": Option(3, int, 1, 64, help="number of hidden layers"),
     "batch": Option(128, int, 1, TRAIN_ROWS, help=f"batch size, 1..{TRAIN_ROWS}"),
     "epochs": Option(8, int, 1, help="passes over the training images"),
-    "lr": Option(0.05, float, 0.0, low_open=True, help="peak learning rate"),
-    "momentum": Option(0.9, float, 0.0, 0.999, help="SGD momentum, 0 for plain SGD"),
+    "optimizer": Option("sgd", str, choices=tuple(OPTIMIZERS),
+                        help="sgd (torch.optim.SGD), adam or adamw (torch.optim.Adam, AdamW: decoupled decay)"),
+    "lr": Option(None, float, 0.0, low_open=True, help="peak learning rate; 0.05 with sgd, 0.001 with adam, adamw"),
+    "momentum": Option(None, float, 0.0, 0.999,
+                       help="SGD momentum (v = mu v + g; w -= lr v), 0 for plain SGD; 0.9 unless given"),
+    "nesterov": Option(False, bool, help="SGD: Nesterov momentum (w -= lr (g + mu v))"),
+    "betas": Option((0.9, 0.999), float, 0.0, 0.999999, nargs=2, metavar=("B1", "B2"),
+                    help="Adam's moment decay rates"),
+    "eps": Option(1e-8, float, 0.0, low_open=True, help="Adam's denominator term"),
+    "weight_decay": Option(None, float, 0.0, 1.0,
+                           help="L2 decay added to the gradient (sgd, adam) or decoupled (adamw); 0.01 with adamw, "
+                                "else 0, unless given"),
     "schedule": Option("cosine", str, choices=tuple(SCHEDULES),
                        help="learning-rate schedule over the run; cosine and linear decay to 0"),
     "warmup": Option(0, int, 0, help="linear warm-up steps for cosine/linear"),
@@ -101,8 +120,14 @@ class Recipe:
     hidden: int = DEFAULTS["hidden"]
     layers: int = DEFAULTS["layers"]
     batch: int = DEFAULTS["batch"]
-    lr: float = DEFAULTS["lr"]
-    momentum: float = DEFAULTS["momentum"]
+    optimizer: str = DEFAULTS["optimizer"]
+    lr: float | None = None  # None: the optimiser's default (OPTIMIZER_DEFAULTS), as are momentum and weight_decay
+    momentum: float | None = None
+    nesterov: bool = False
+    beta1: float = DEFAULTS["betas"][0]
+    beta2: float = DEFAULTS["betas"][1]
+    eps: float = DEFAULTS["eps"]
+    weight_decay: float | None = None
     schedule: str = DEFAULTS["schedule"]
     warmup_steps: int = DEFAULTS["warmup"]
     lr_min: float = 0.0
@@ -115,10 +140,18 @@ class Recipe:
     test_rows: int = TEST_ROWS
 
     def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        for name, default in {"momentum": 0.0, **OPTIMIZER_DEFAULTS[self.optimizer]}.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)  # frozen: resolved once, here
         for f in fields(self):
-            option = OPTIONS.get({"warmup_steps": "warmup"}.get(f.name, f.name))
-            if option is not None:
+            name = {"warmup_steps": "warmup", "beta1": "betas", "beta2": "betas"}.get(f.name, f.name)
+            option = OPTIONS.get(name)
+            if option is not None and option.kind is not bool:
                 option.check(f.name, getattr(self, f.name))
+        if self.nesterov and not (self.optimizer == "sgd" and self.momentum > 0):
+            raise ValueError("nesterov needs the sgd optimizer with momentum > 0")
         if self.total_steps < 0 or self.lr_min < 0:
             raise ValueError(f"total_steps ({self.total_steps}) and lr_min ({self.lr_min}) must be >= 0")
         if not 1 <= self.inputs <= MAX_INPUTS:
@@ -141,8 +174,9 @@ class Recipe:
         if unknown := sorted(set(values) - set(known)):
             raise ValueError(f"unknown recipe fields {', '.join(unknown)}")
         for name, value in values.items():
-            want = {"int": int, "float": (int, float), "str": str}[known[name]]
-            if not isinstance(value, want) or isinstance(value, bool):
+            want = {"int": int, "float": (int, float), "str": str, "bool": bool,
+                    "float | None": (int, float)}[known[name]]
+            if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
                 raise ValueError(f"recipe field {name} has a bad value {value!r}")
         return cls(**values)
 
@@ -178,8 +212,33 @@ class Recipe:
         return SCHEDULES[self.schedule]
 
     @property
+    def optimizer_code(self) -> int:
+        return OPTIMIZERS[self.optimizer]
+
+    @property
     def uses_momentum(self) -> bool:
-        return self.momentum > 0
+        """SGD with a momentum buffer."""
+        return self.optimizer == "sgd" and self.momentum > 0
+
+    @property
+    def plain_sgd(self) -> bool:
+        """SGD without momentum or weight decay: w -= lr g, the update the batch-32 fast steps fuse."""
+        return self.optimizer == "sgd" and self.momentum == 0 and self.weight_decay == 0
+
+    @property
+    def state_tensors(self) -> int:
+        """fp32 optimiser values per weight: 0 (plain SGD), 1 (SGD's momentum), 2 (Adam's two moments)."""
+        return 2 if self.optimizer != "sgd" else int(self.uses_momentum)
+
+    @property
+    def optimizer_text(self) -> str:
+        """The optimiser and its settings as a person writes them, for headers and reports."""
+        wd = f", weight decay {self.weight_decay:g}" if self.weight_decay else ""
+        if self.optimizer == "sgd":
+            mom = f" with{' Nesterov' if self.nesterov else ''} momentum {self.momentum:g}" if self.momentum else ""
+            return f"SGD{mom}{wd}"
+        name = {"adam": "Adam", "adamw": "AdamW"}[self.optimizer]
+        return f"{name} (betas {self.beta1:g}, {self.beta2:g}, eps {self.eps:g}{wd})"
 
     @property
     def scaled_lr(self) -> tuple[float, float]:
@@ -194,10 +253,11 @@ class Recipe:
 
     def step_bytes(self, bytes_per_weight: int = 10) -> int:
         """The weight traffic of one step: 10 B per weight with the split master (master.py: the forward reads
-        W16; the update reads and writes W16 and lo), 8 more with momentum (fp32 read and write)."""
+        W16; the update reads and writes W16 and lo), 8 more per fp32 optimiser value (read and write): 18 with
+        momentum, 26 with Adam."""
         w = self.widths
         weights = sum(a * b for a, b in zip(w, w[1:]))
-        return weights * (bytes_per_weight + (8 if self.uses_momentum else 0))
+        return weights * (bytes_per_weight + 8 * self.state_tensors)
 
 
 def argument_type(name: str, option: Option) -> Callable[[str], Any]:
@@ -224,13 +284,26 @@ def add_options(parser: argparse.ArgumentParser | Any, names: list[str] | tuple[
     for name in names:
         option = OPTIONS[name]
         default = (defaults or {}).get(name, option.default)
-        kw: dict[str, Any] = dict(default=default, help=f"{option.help} (default {default})")
+        flag = f"--{name.replace('_', '-')}"
+        if option.kind is bool:
+            parser.add_argument(flag, action="store_true", default=default, help=option.help)
+            continue
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        kw: dict[str, Any] = dict(default=default, help=option.help if default is None else
+                                  f"{option.help} (default {shown})")
+        if name in OPTIONAL_BY_OPTIMIZER:
+            kw["default"] = None  # unset unless given: Recipe resolves it, from_args rejects it where it means nothing
         if option.choices is not None:
             kw["choices"] = option.choices
         else:
             kw["type"] = argument_type(name, option)
             kw["metavar"] = option.metavar or name.upper()
-        parser.add_argument(f"--{name}", **kw)
+        if option.nargs:
+            kw["nargs"] = option.nargs
+        parser.add_argument(flag, dest=name, **kw)
+
+
+OPTIONAL_BY_OPTIMIZER = ("betas", "eps")  # parsed as None when not given, so giving them to SGD can be refused
 
 
 def run_length(batch: int, epochs: int, steps: int | None, train_rows: int = TRAIN_ROWS) -> tuple[int, int]:
@@ -241,10 +314,31 @@ def run_length(batch: int, epochs: int, steps: int | None, train_rows: int = TRA
     return total, cdiv(total, per_epoch)
 
 
+def optimizer_conflict(optimizer: str, given: dict[str, Any]) -> str | None:
+    """Why settings given (name -> value, None when not given) do not go with `optimizer`, as a usage error naming
+    the option ("argument --momentum: ..."); None when they do."""
+    only = SGD_ONLY if optimizer != "sgd" else ADAM_ONLY
+    wrong = [name for name in only if given.get(name) not in (None, False)]
+    if wrong:
+        return (f"argument --{wrong[0]}: applies to " + ("--optimizer sgd" if optimizer != "sgd" else
+                                                         "--optimizer adam and adamw") + f", not {optimizer}")
+    if given.get("nesterov") and given.get("momentum") == 0:
+        return "argument --nesterov: needs momentum > 0"
+    return None
+
+
 def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recipe:
-    """The recipe of parsed CLI arguments (options missing from `args` keep their defaults). shape: the data's
+    """The recipe of parsed CLI arguments (options missing from `args` keep their defaults; optimiser settings
+    left unset take the optimiser's). ValueError when a setting does not go with the optimiser. shape: the data's
     inputs, classes, train_rows and test_rows (default MNIST's)."""
     get = lambda name: getattr(args, name, DEFAULTS[name])  # noqa: E731
-    return Recipe(hidden=get("hidden"), layers=get("layers"), batch=get("batch"), lr=get("lr"),
-                  momentum=get("momentum"), schedule=get("schedule"), warmup_steps=get("warmup"), lr_min=0.0,
-                  total_steps=total_steps, accum=get("accum"), seed=get("seed"), **shape)
+    optimizer = get("optimizer")
+    given = {name: getattr(args, name, None) for name in SGD_ONLY + ADAM_ONLY}
+    given["momentum"] = getattr(args, "momentum", None)
+    if why := optimizer_conflict(optimizer, given):
+        raise ValueError(why)
+    betas, eps = get("betas") or DEFAULTS["betas"], get("eps") or DEFAULTS["eps"]
+    return Recipe(hidden=get("hidden"), layers=get("layers"), batch=get("batch"), optimizer=optimizer, lr=get("lr"),
+                  momentum=get("momentum"), nesterov=bool(get("nesterov")), beta1=betas[0], beta2=betas[1], eps=eps,
+                  weight_decay=get("weight_decay"), schedule=get("schedule"), warmup_steps=get("warmup"),
+                  lr_min=0.0, total_steps=total_steps, accum=get("accum"), seed=get("seed"), **shape)

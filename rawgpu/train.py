@@ -19,7 +19,8 @@ from .errors import RawgpuError, StepUnsupported
 from .data import DATASET_NAMES
 from .trainer import RunPlan, Trainer, TrainingDiverged
 
-RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "lr", "momentum", "schedule", "warmup", "accum", "seed")
+RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov", "betas", "eps",
+                  "weight_decay", "schedule", "warmup", "accum", "seed")
 
 
 def _count(low: int, high: int | None = None, what: str = "count"):
@@ -30,7 +31,7 @@ def _count(low: int, high: int | None = None, what: str = "count"):
 def build_parser() -> argparse.ArgumentParser:
     d = rc.DEFAULTS
     description = (f"{__doc__}\n\nDefault recipe (reaches >= 98% test accuracy at --hidden {d['hidden']}): batch "
-                   f"{d['batch']}, SGD with momentum {d['momentum']},\nlr {d['lr']} with a {d['schedule']} decay to 0 "
+                   f"{d['batch']}, {rc.Recipe().optimizer_text},\nlr {rc.Recipe().lr} with a {d['schedule']} decay to 0 "
                    f"over the run, {d['epochs']} epochs, {d['accum']} accumulation, seed {d['seed']}.")
     p = argparse.ArgumentParser(
         prog="python -m rawgpu.train", description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -122,7 +123,7 @@ def _run_info(trainer: Trainer, args, resumed: str) -> RunInfo:
         device_name=dev.name, compute_capability=dev.compute_capability, sm_count=dev.sm_count,
         driver_version=version, nvrtc_version="{}.{}".format(*compiler.nvrtc_version()), model=r.name,
         parameters=r.parameters, arena_bytes=session.model.arena.peak_bytes, batch=r.batch, epochs=plan.epochs,
-        total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, lr=r.lr, momentum=r.momentum,
+        total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, lr=r.lr, optimizer=r.optimizer_text,
         schedule=r.schedule, accum=r.accum, graph=not args.no_graph, steps_per_graph=trainer.steps_per_graph,
         pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step=session.step_description,
         data=(f"{data.name}: {r.train_rows} + {r.test_rows} images of {rows}x{cols}, {r.classes} classes"
@@ -189,7 +190,8 @@ def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, give
     """--resume continues the saved run as it was: an option typed with another value than the checkpoint's is a
     usage error."""
     r = ckpt.recipe
-    saved = {**{n: getattr(r, {"warmup": "warmup_steps"}.get(n, n)) for n in RECIPE_OPTIONS if n != "epochs"},
+    saved = {**{n: getattr(r, {"warmup": "warmup_steps"}.get(n, n)) for n in RECIPE_OPTIONS if n not in ("epochs", "betas")},
+             "betas": [r.beta1, r.beta2],
              "epochs": rc.cdiv(r.total_steps, r.steps_per_epoch), "steps": r.total_steps,
              "dataset": ckpt.dataset.get("name"), "step": ckpt.step_kind}
     for name in sorted(given & set(saved)):
@@ -209,7 +211,10 @@ def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: 
         parser.error("argument --warmup: a warm-up ramps up to a decaying schedule: use --schedule cosine or linear")
     if args.warmup >= plan.total_steps:
         parser.error(f"argument --warmup: {args.warmup} steps is not shorter than the run ({plan.total_steps} steps)")
-    recipe = make_recipe(args, plan, shape)
+    try:
+        recipe = make_recipe(args, plan, shape)
+    except ValueError as exc:  # a setting that does not go with the optimiser: "argument --NAME: ..."
+        parser.error(str(exc))
     check_step_option(parser, recipe, args.step)
     return recipe
 

@@ -1,11 +1,12 @@
 """Benchmarks, all timed in one run on one GPU.
 
-`python scripts/bench.py [train] [--recipe seed|default] [--batch B]`: a training recipe on MLP 784-H-H-H-10, fp16
-compute, fp32 masters, over shuffled MNIST on the GPU, for rawgpu and every importable peer (PyTorch eager, CUDA
-graph, torch.compile max-autotune; JAX jit and one fori_loop program), all from the same init, batches and
-per-step learning rates, against the weight-traffic and launch floors. seed: the reference workload (batch 32,
-plain SGD lr 0.003, 5000 steps); default: the CLI's default recipe (batch 128, SGD momentum 0.9, lr 0.05 cosine to
-0, 8 epochs). Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
+`python scripts/bench.py [train] [--recipe seed|default|adam] [--batch B] [--optimizer O]`: a training recipe on MLP
+784-H-H-H-10, fp16 compute, fp32 masters, over shuffled MNIST on the GPU, for rawgpu and every importable peer
+(PyTorch eager, CUDA graph, torch.compile max-autotune; JAX jit and one fori_loop program), all from the same init,
+batches, per-step learning rates and optimiser, against the recipe's weight-traffic and launch floors. seed: the
+reference workload (batch 32, plain SGD lr 0.003, 5000 steps); default: the CLI's default recipe (batch 128, SGD
+momentum 0.9, lr 0.05 cosine to 0, 8 epochs); adam: batch 128, Adam lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8
+epochs. Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
 
 `python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and cuBLAS.
 
@@ -45,14 +46,38 @@ from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.recipe import DEFAULTS  # noqa: E402
+from rawgpu.recipe import DEFAULTS, OPTIMIZER_DEFAULTS, Recipe  # noqa: E402
 
 HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
+OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay")
 # The recipes the benchmark offers: what each system trains (steps: the run's length unless --steps is given).
 RECIPES = {
-    "seed": dict(batch=32, lr=0.003, momentum=0.0, schedule="constant", steps=5000),
-    "default": {k: DEFAULTS[k] for k in ("batch", "lr", "momentum", "schedule", "epochs")},  # the CLI's own
+    "seed": dict(batch=32, optimizer="sgd", lr=0.003, momentum=0.0, schedule="constant", steps=5000),
+    "default": {**{k: getattr(Recipe(), k) for k in ("batch", "schedule") + OPTIMIZER_KEYS},  # the CLI's own
+                "epochs": DEFAULTS["epochs"]},
+    "adam": dict(batch=128, optimizer="adam", lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                 schedule="cosine", epochs=8),
 }
+
+
+def with_optimizer(recipe: dict, optimizer: str) -> dict:
+    """`recipe` trained with another optimiser: its lr and weight decay become that optimiser's defaults (the CLI's:
+    recipe.OPTIMIZER_DEFAULTS), its other settings keep theirs."""
+    if optimizer == recipe.get("optimizer", "sgd"):
+        return dict(recipe)
+    out = {k: v for k, v in recipe.items() if k not in OPTIMIZER_KEYS}
+    return {**out, "optimizer": optimizer, **OPTIMIZER_DEFAULTS[optimizer]}
+
+
+def rawgpu_recipe(h: int, r: dict, steps: int, seed: int) -> Recipe:
+    """The rawgpu Recipe of a benchmark recipe at width h over `steps` steps."""
+    return Recipe(hidden=h, layers=3, batch=r["batch"], schedule=r["schedule"], total_steps=steps, seed=seed,
+                  **{k: r[k] for k in OPTIMIZER_KEYS if k in r})
+
+
+def describe(r: dict) -> str:
+    """The recipe as the header line writes it."""
+    return f"batch {r['batch']}, {rawgpu_recipe(256, r, 1, 0).optimizer_text}, lr {r['lr']:g} {r['schedule']}"
 
 
 def time_graph(stream, launch_fn, launches: int, trials: int) -> float:
@@ -308,16 +333,13 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
     timed). step_kind: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
     programmatic dependent launch); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
-    the L2 the layered step's cache hints may keep per weight (None: the default); recipe: batch, lr, momentum and
+    the L2 the layered step's cache hints may keep per weight (None: the default); recipe: batch, optimiser and
     schedule (default RECIPES["seed"]'s), the schedule running over `steps`. Returns a dict with system,
     us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial parameters, for the peers) and note."""
-    from rawgpu.recipe import Recipe
     from rawgpu.session import Session
     from rawgpu.steps import StepOptions
 
-    r = {**RECIPES["seed"], **(recipe or {})}
-    recipe = Recipe(hidden=h, layers=3, batch=r["batch"], lr=r["lr"], momentum=r["momentum"], schedule=r["schedule"],
-                    total_steps=steps, seed=seed)
+    recipe = rawgpu_recipe(h, {**RECIPES["seed"], **(recipe or {})}, steps, seed)
     serial = step_kind == "serial"  # the default step, each kernel launched only when the one before has finished
     budget = {} if l2_budget is None else {"l2_budget": l2_budget}
     options = StepOptions(overlap=not serial, fused_grid=fused_grid, **budget)
@@ -373,9 +395,10 @@ def run_peer(system: str, h: int, steps: int, seed: int, data, init, recipe: dic
     from peers.common import Workload
 
     module = torch_peers if system in torch_peers.SYSTEMS else jax_peers
-    r = {**RECIPES["seed"], **(recipe or {})}
-    w = Workload(hidden=h, steps=steps, seed=seed, init=init, batch=r["batch"], lr=r["lr"], momentum=r["momentum"],
-                 schedule=r["schedule"])
+    rr = rawgpu_recipe(h, {**RECIPES["seed"], **(recipe or {})}, steps, seed)  # every setting resolved
+    w = Workload(hidden=h, steps=steps, seed=seed, init=init, batch=rr.batch, lr=rr.lr, momentum=rr.momentum,
+                 schedule=rr.schedule, optimizer=rr.optimizer, nesterov=rr.nesterov, betas=(rr.beta1, rr.beta2),
+                 eps=rr.eps, weight_decay=rr.weight_decay)
     r = module.run(system, w, data)
     return dict(system=system, us_per_step=r.us_per_step, test_accuracy=r.test_accuracy, final_loss=r.final_loss,
                 note=r.note)
@@ -450,10 +473,9 @@ def cmd_train(args) -> int:
     bw = copy_bandwidth(stream)
     cu_major, cu_minor = drv.driver_version()
     recipe = args.train_recipe
-    momentum = f"momentum {recipe['momentum']:g}" if recipe["momentum"] else "plain SGD"
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), driver CUDA {cu_major}.{cu_minor}, "
-          f"{dt.date.today()}; copy bandwidth {bw:.0f} GB/s; recipe {args.recipe}: {args.steps} steps, batch "
-          f"{recipe['batch']}, {momentum}, lr {recipe['lr']:g} {recipe['schedule']}")
+          f"{dt.date.today()}; copy bandwidth {bw:.0f} GB/s; recipe {args.recipe}: {args.steps} steps, "
+          f"{describe(recipe)}")
     peer_data = None
     if peers:
         from peers.common import mnist_arrays
@@ -480,8 +502,8 @@ def cmd_train(args) -> int:
             except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                 systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
         # bytes per parameter: an fp32 master beside the fp16 copy (12; docs/design.md), or the split master's 10
-        # (rawgpu/master.py); momentum reads and writes an fp32 velocity (8 more)
-        state_bytes = 8 if recipe["momentum"] else 0
+        # (rawgpu/master.py); each fp32 optimiser value is read and written (8 more: momentum; 16: Adam's moments)
+        state_bytes = 8 * rawgpu_recipe(h, recipe, 1, 0).state_tensors
         weight_floor = (12 + state_bytes) * ours["parameters"] / (bw * 1e9) * 1e6
         split_floor = (10 + state_bytes) * ours["parameters"] / (bw * 1e9) * 1e6
         nodes_floor = launch_floor(stream, kernels, ours["nodes"])
@@ -537,9 +559,12 @@ def main(argv=None) -> int:
     t = sub.add_parser("train", help="the reference training workload: rawgpu vs PyTorch and JAX (the default)")
     t.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN), help="hidden widths H")
     t.add_argument("--recipe", choices=tuple(RECIPES), default="seed",
-                   help="what every system trains: seed (batch 32, plain SGD lr 0.003, 5000 steps) or default (the "
-                        "CLI's default: batch 128, momentum 0.9, lr 0.05 cosine, 8 epochs) (default seed)")
+                   help="what every system trains: seed (batch 32, plain SGD lr 0.003, 5000 steps), default (the "
+                        "CLI's default: batch 128, momentum 0.9, lr 0.05 cosine, 8 epochs) or adam (batch 128, Adam "
+                        "lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8 epochs) (default seed)")
     t.add_argument("--batch", type=positive, default=None, help="the recipe's batch, overridden (<= 60000)")
+    t.add_argument("--optimizer", choices=tuple(OPTIMIZER_DEFAULTS), default=None,
+                   help="the recipe's optimiser, overridden (its lr and weight decay then the CLI's defaults for it)")
     t.add_argument("--steps", type=positive, default=None,
                    help="timed training steps per system (default: the recipe's: 5000, or its epochs' steps)")
     t.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS, metavar="PEER",
@@ -576,7 +601,7 @@ def main(argv=None) -> int:
     if args.cmd == "train":
         if args.batch is not None and args.batch > 60000:
             p.error(f"argument --batch: at most the 60000 training images, got {args.batch}")
-        recipe = dict(RECIPES[args.recipe])
+        recipe = with_optimizer(RECIPES[args.recipe], args.optimizer or RECIPES[args.recipe]["optimizer"])
         recipe["batch"] = args.batch or recipe["batch"]
         run_steps = recipe.pop("steps", None) or recipe.pop("epochs") * (60000 // recipe["batch"])
         args.steps = args.steps or run_steps

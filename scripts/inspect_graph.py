@@ -25,7 +25,7 @@ from rawgpu.train import _count, add_device_option, add_step_option, check_step_
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/inspect_graph.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    rc.add_options(p, ("hidden", "layers", "batch", "momentum", "accum"))
+    rc.add_options(p, ("hidden", "layers", "batch", "optimizer", "momentum", "weight_decay", "accum"))
     p.add_argument("--steps-per-graph", type=_count(1, 100), default=1, help="steps in the graph (default 1)")
     add_step_option(p)
     add_device_option(p)

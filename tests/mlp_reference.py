@@ -94,6 +94,54 @@ def sgd_step(
     return new_p, new_v
 
 
+def optimizer_step(params: Params, grads: Params, recipe, lr: float, state: dict[str, Params] | None, step: int
+                   ) -> tuple[Params, dict[str, Params]]:
+    """One update by the recipe's optimiser, torch.optim's arithmetic in float64: SGD (momentum, Nesterov, L2 weight
+    decay), Adam (L2) and AdamW (decoupled), with Adam's bias corrections of step `step` (from 0). state: {"m":
+    momentum or first moment, "v": second moment} per layer as (W, b), None before the first step."""
+    opt, wd = recipe.optimizer, recipe.weight_decay
+    state = state or {}
+    zeros = [(np.zeros_like(_f64(w)), np.zeros_like(_f64(b))) for w, b in params]
+    new_p, new_m, new_v = [], [], []
+    for i, ((w, b), (gw, gb)) in enumerate(zip(params, grads)):
+        out_p, out_m, out_v = [], [], []
+        for k, (p, g) in enumerate(((w, gw), (b, gb))):
+            p, g = _f64(p), _f64(g)
+            m = _f64(state.get("m", zeros)[i][k])
+            v = _f64(state.get("v", zeros)[i][k])
+            if opt == "adamw":
+                p = p * (1 - lr * wd)
+            else:
+                g = g + wd * p
+            if opt == "sgd":
+                if recipe.momentum > 0:
+                    m = recipe.momentum * m + g
+                    g = g + recipe.momentum * m if recipe.nesterov else m
+                p = p - lr * g
+            else:
+                t = step + 1
+                m = recipe.beta1 * m + (1 - recipe.beta1) * g
+                v = recipe.beta2 * v + (1 - recipe.beta2) * g * g
+                denom = np.sqrt(v / (1 - recipe.beta2 ** t)) + recipe.eps
+                p = p - lr * (m / (1 - recipe.beta1 ** t)) / denom
+            out_p.append(p), out_m.append(m), out_v.append(v)
+        new_p.append(tuple(out_p)), new_m.append(tuple(out_m)), new_v.append(tuple(out_v))
+    kept = {"m": new_m, "v": new_v} if opt != "sgd" else {"m": new_m} if recipe.momentum > 0 else {}
+    return new_p, kept
+
+
+def adam_apply(params: Params, state: dict[str, Params], recipe, lr: float, step: int) -> Params:
+    """The parameters after Adam's step of `step` (from 0) given its new moments `state` ({"m", "v"}): what the
+    optimiser does with the moments, in float64 (AdamW's decoupled decay first)."""
+    t, decay = step + 1, (1 - lr * recipe.weight_decay) if recipe.optimizer == "adamw" else 1.0
+    out = []
+    for (w, b), mw, vw in zip(params, state["m"], state["v"]):
+        out.append(tuple(_f64(p) * decay - lr / (1 - recipe.beta1 ** t) * _f64(m)
+                         / (np.sqrt(_f64(v) / (1 - recipe.beta2 ** t)) + recipe.eps)
+                         for p, m, v in zip((w, b), mw, vw)))
+    return out
+
+
 def train_steps(
     params: Params,
     batches: Iterable[tuple[np.ndarray, np.ndarray]],

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rawgpu import checkpoint as ck
-from rawgpu import evaluate, predict, train
+from rawgpu import evaluate, optimizer, predict, train
 from rawgpu.recipe import Recipe
 
 
@@ -21,16 +21,17 @@ def make(rng, recipe: Recipe, steps_done: int = 7) -> ck.Checkpoint:
         weights.append((w, rng.standard_normal(b).astype(np.float32)))
         state[f"layers.{i}.w16"] = w.astype(np.float16)
         state[f"layers.{i}.wlo"] = rng.integers(-2**15, 2**15, (a, b)).astype(np.int16)
-        if recipe.uses_momentum:
-            state[f"layers.{i}.momentum_weight"] = rng.standard_normal((a, b)).astype(np.float32)
-            state[f"layers.{i}.momentum_bias"] = rng.standard_normal(b).astype(np.float32)
+        for name in optimizer.state_names(recipe):
+            state[f"layers.{i}.{name}_weight"] = rng.standard_normal((a, b)).astype(np.float32)
+            state[f"layers.{i}.{name}_bias"] = rng.standard_normal(b).astype(np.float32)
     return ck.Checkpoint(recipe, "fused", {"name": "idx", "image_shape": [3, 4], "classes": recipe.classes}, weights,
                          state, {"steps_done": steps_done, "history": []})
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_round_trip_keeps_every_bit_and_the_metadata(rng, tmp_path, momentum):
-    recipe = Recipe(hidden=24, layers=2, batch=10, momentum=momentum, inputs=12, classes=5, train_rows=100,
+@pytest.mark.parametrize("opt", [dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.5, nesterov=True),
+                                 dict(optimizer="adam"), dict(optimizer="adamw", weight_decay=0.1)])
+def test_round_trip_keeps_every_bit_and_the_metadata(rng, tmp_path, opt):
+    recipe = Recipe(hidden=24, layers=2, batch=10, **opt, inputs=12, classes=5, train_rows=100,
                     test_rows=30, total_steps=40, lr=0.125)
     saved = make(rng, recipe)
     path = ck.save(tmp_path / "a.safetensors", saved)
@@ -41,6 +42,7 @@ def test_round_trip_keeps_every_bit_and_the_metadata(rng, tmp_path, momentum):
         np.testing.assert_array_equal(w, w2)
         np.testing.assert_array_equal(b, b2)
     assert sorted(back.state) == sorted(saved.state)
+    assert len(back.state) == 2 * len(recipe.widths[1:]) * (1 + recipe.state_tensors)
     for name, value in saved.state.items():
         np.testing.assert_array_equal(value.view(np.uint8), back.state[name].view(np.uint8))
     assert [p.name for p in tmp_path.iterdir()] == ["a.safetensors"]  # no temp file left
@@ -119,6 +121,11 @@ def test_recipe_from_dict_refuses_unknown_and_badly_typed_fields():
         Recipe.from_dict({**r.to_dict(), "hidden": "wide"})
     with pytest.raises(ValueError, match="batch must be <= the 500 training images"):
         Recipe(batch=501, train_rows=500)
+    adam = Recipe(optimizer="adamw", beta1=0.8, eps=1e-6)
+    assert Recipe.from_dict(json.loads(json.dumps(adam.to_dict()))) == adam
+    old = {k: v for k, v in Recipe().to_dict().items()  # a checkpoint written before the optimiser fields
+           if k not in ("optimizer", "nesterov", "beta1", "beta2", "eps", "weight_decay")}
+    assert Recipe.from_dict(old) == Recipe()
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -142,7 +149,8 @@ def test_resume_refuses_options_that_change_the_run(rng, tmp_path, capsys, monke
     path = ck.save(tmp_path / "r.safetensors", make(rng, recipe))
     for argv, message in ((["--hidden", "32"], "argument --hidden: 32 differs from the checkpoint's 24"),
                           (["--epochs", "9"], "argument --epochs: 9 differs from the checkpoint's 4"),
-                          (["--dataset", "mnist"], "argument --dataset: mnist differs from the checkpoint's idx")):
+                          (["--dataset", "mnist"], "argument --dataset: mnist differs from the checkpoint's idx"),
+                          (["--optimizer", "adam"], "argument --optimizer: adam differs from the checkpoint's sgd")):
         with pytest.raises(SystemExit) as info:
             train.main(["--resume", str(path), *argv])
         assert info.value.code == 2

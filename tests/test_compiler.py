@@ -48,7 +48,7 @@ def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
 
 # Every kernel the layered step launches (mlp.MLP._layered_step), which on sm_90 it launches overlapping the one
 # before: each must wait for the prior grid, and only then let its own dependent start (ptx/pdl.cuh).
-OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"], "elementwise.cu": ["bias_grad_sgd"],
+OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"], "elementwise.cu": ["bias_update"],
               "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "head.cu": ["head_step"], "gemm.cu": None,
               "gemm_tma.cu": None}  # None: all
 
@@ -310,7 +310,8 @@ def test_a_failed_build_drops_the_queued_ones(fake_builds, monkeypatch):
 def test_units_are_each_split_kernel_alone_and_every_other_source_whole():
     units = compiler.all_units()
     split = {s for s in compiler.all_sources() if contract.split_kernels(s)}
-    assert split == {"gemm.cu", "gemm_tma.cu", "cluster_step.cu"}
+    assert split == {"gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu"}
+    assert compiler.unit_of("fused_step.cu", "fused_steps_adam") == ("fused_step.cu", "fused_steps_adam")
     assert len(units) == len(set(units)) == sum(len(contract.split_kernels(s)) or 1 for s in compiler.all_sources())
     assert compiler.unit_of("gemm.cu", "gemm_stream_rr_store_f32") == ("gemm.cu", "gemm_stream_rr_store_f32")
     assert compiler.unit_of("data.cu", "gather_batch") == ("data.cu", None)
@@ -395,7 +396,9 @@ def test_every_shared_struct_is_whole_words_and_the_tables_fields_are_counted():
             (contract.CsParams, contract.CsLayer, contract.CS_HEADER_FIELDS, contract.CS_LAYER_FIELDS)]:
         assert ctypes.sizeof(layer) == 8 * layer_fields and struct.layer.offset == 8 * header_fields
         assert ctypes.sizeof(struct) % 8 == 0
-    assert (contract.FS_HEADER_FIELDS, contract.FS_LAYER_FIELDS) == (21, 12)
+    assert (contract.FS_HEADER_FIELDS, contract.FS_LAYER_FIELDS) == (29, 14)
+    assert ctypes.sizeof(contract.Optim) == 4 * contract.OPTIM_WORDS == 72
+    assert contract.Optim.lr.offset == 0  # plain-SGD kernels read the table as `const float* lr`
     assert (contract.CS_HEADER_FIELDS, contract.CS_LAYER_FIELDS) == (28, 8)
     assert [contract.fs_smem_bytes(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")] == \
         [163840, 92672, 92672, 163840, 163840]

@@ -16,7 +16,7 @@ from rawgpu.console import EpochStats, GpuReading, GpuReadings, RunInfo, Summary
 INFO = RunInfo(device_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), sm_count=132,
                driver_version="580.159.04 (CUDA 13.0)", nvrtc_version="13.0", model="784-256-256-256-10",
                parameters=335_114, arena_bytes=3 * 2**20 // 2, batch=64, epochs=10, total_steps=9370,
-               steps_per_epoch=937, lr=0.1, momentum=0.9, schedule="cosine", accum="fp32", graph=True,
+               steps_per_epoch=937, lr=0.1, optimizer="SGD with momentum 0.9", schedule="cosine", accum="fp32", graph=True,
                steps_per_graph=1, pci_bus_id="0000:19:00.0", compile_note="kernel cache: warm (12 ms)")
 STATS = EpochStats(epoch=3, epochs=10, steps=937, train_loss=0.08123, train_accuracy=0.9761, test_loss=0.0712,
                    test_accuracy=0.9785, seconds=0.0841, eval_seconds=0.0042, steps_per_s=11141.5,

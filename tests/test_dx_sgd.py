@@ -29,8 +29,8 @@ def test_pipeline_fits_the_parts_shared_memory(arch, limit_kb):
 
 
 def test_only_batch_sized_plain_sgd_fuses():
-    assert D.supported(32, False, "f32") and D.supported(1, False, "f32")
-    assert not D.supported(33, False, "f32") and not D.supported(32, True, "f32") and not D.supported(32, False, "f16")
+    assert D.supported(32, True, "f32") and D.supported(1, True, "f32")
+    assert not D.supported(33, True, "f32") and not D.supported(32, False, "f32") and not D.supported(32, True, "f16")
 
 
 @pytest.mark.parametrize("kw,msg", [(dict(B=33, IN=64, N=64), "batch rows"), (dict(B=8, IN=60, N=64), "multiple of 8"),

@@ -7,7 +7,9 @@ import functools
 import numpy as np
 import pytest
 
-from rawgpu import compiler, master
+from rawgpu import compiler, master, optimizer
+from rawgpu.contract import OPTIM_WORDS
+from rawgpu.recipe import Recipe
 from rawgpu.kernels import gemm as G
 
 # --- CPU: plan and instance table ------------------------------------------------------------------------------
@@ -54,6 +56,8 @@ def test_smem_matches_the_cuda_formula():
                                               (32, 32, "sgd", "32x128")])
 def test_config_choice(M, K, epi, expected):
     assert G.choose_config(M, K, epi, "cr" if epi == "sgd" else "rr") == expected
+    if epi == "sgd":  # Adam's epilogue: the same tiles, the staged one in its 32-row form
+        assert G.choose_config(M, K, "adam", "cr") == expected.replace("staged", "staged32")
 
 
 def test_batch_sized_gemms_stream():
@@ -136,7 +140,8 @@ def test_every_plan_fits_the_parts_shared_memory(arch, limit_kb):
             continue  # never planned there (test_bad_plans_are_refused)
         for lay in G.LAYOUTS:
             for epi in G.EPILOGUES:
-                assert cfg.smem_bytes(lay, epi, momentum=True) <= limit_kb * 1024, (name, lay, epi)
+                states = {"sgd": 1, "adam": 2}.get(epi, 0) if (name, lay, epi) in G.INSTANCES else 0
+                assert cfg.smem_bytes(lay, epi, states) <= limit_kb * 1024, (name, lay, epi)
 
 
 def test_persistent_tile_plans_a_resident_grid():
@@ -152,11 +157,16 @@ def test_persistent_tile_plans_a_resident_grid():
         G.plan_gemm(8192, 8192, 32, "cr", "sgd", config="persist")
 
 
-def test_staged_sgd_reserves_the_momentum_tile_only_with_momentum():
+def test_staged_update_reserves_one_tile_per_optimiser_state():
     plain = G.plan_gemm(8192, 8192, 32, "cr", "sgd")
-    mom = G.plan_gemm(8192, 8192, 32, "cr", "sgd", momentum=True)
+    mom = G.plan_gemm(8192, 8192, 32, "cr", "sgd", states=1)
     assert mom.smem_bytes - plain.smem_bytes == 64 * (128 + 8) * 4
-    assert G.plan_gemm(8192, 8192, 32, "cr", "store", momentum=True).momentum is False
+    adam = G.plan_gemm(8192, 8192, 32, "cr", "adam", states=2)
+    assert adam.config.name == "staged32" and adam.smem_bytes <= 99 * 1024  # fits sm_86
+    assert adam.smem_bytes == 2 * (32 * 40 + 32 * 136) * 2 + 3 * 32 * (128 + 8) * 4
+    for epi, states in (("store", 1), ("sgd", 2), ("adam", 1)):
+        with pytest.raises(ValueError, match=f"the {epi} epilogue keeps"):
+            G.plan_gemm(8192, 8192, 32, "cr", epi, states=states)
 
 
 def test_split_k_fills_the_gpu_and_never_makes_empty_splits():
@@ -239,30 +249,61 @@ def _rel(got, ref):
     return np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
 
 
+# Optimisers the update epilogue is checked with (rawgpu/optimizer.py makes their tables).
+OPTIMIZERS = {"plain": Recipe(momentum=0.0), "momentum": Recipe(momentum=0.9),
+              "nesterov": Recipe(momentum=0.9, nesterov=True, weight_decay=1e-3),
+              "adam": Recipe(optimizer="adam", weight_decay=1e-3), "adamw": Recipe(optimizer="adamw", weight_decay=0.1)}
+TABLE_STEP = 3  # Adam's bias corrections of a step past the first
+
+
+def update_reference(o, w, g, m, v):
+    """optim.cuh's update in float64 from the table `o` (contract.Optim): (w, m, v) after one step."""
+    w, g, m, v = (np.asarray(a, np.float64) for a in (w, g, m, v))
+    if o.kind == 0:
+        g = g + o.l2 * w
+        if o.beta1 > 0:
+            m = o.beta1 * m + g
+            g = g + o.beta1 * m if o.nesterov else m
+        return w - o.lr * g, m, v
+    if o.kind == 2:
+        w = w * o.decay
+    else:
+        g = g + o.l2 * w
+    m = m + o.m_rate * (g - m)
+    v = o.beta2 * v + o.v_rate * g * g
+    return w - o.step_size * m / (np.sqrt(v) * o.bias2 + o.eps), m, v
+
+
 def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store", accum="f32", splits=None,
-             mu=0.0, repeat=1, config=None, cluster=None):
-    """Build fresh random operands, run the GEMM (poisoned outputs), return (outputs, references)."""
+             opt="plain", repeat=1, config=None, cluster=None):
+    """Build fresh random operands, run the GEMM (poisoned outputs), return (outputs, references). opt: the update
+    epilogue's optimiser (OPTIMIZERS)."""
     from rawgpu.memory import Arena
 
+    recipe = OPTIMIZERS[opt]
+    states = 0
+    if epilogue == "update":  # the optimiser's own epilogue
+        epilogue, states = ("adam" if recipe.optimizer != "sgd" else "sgd"), recipe.state_tensors
     plan = G.plan_gemm(M, N, K, layout, epilogue, accum, sm_count=device.sm_count, splits=splits, config=config,
-                       arch=device.arch, momentum=bool(mu), cluster=cluster, capacity=G.cluster_capacity(kernels))
+                       arch=device.arch, states=states, cluster=cluster, capacity=G.cluster_capacity(kernels))
     a = _f16(rng, (M, K) if layout[0] == "r" else (K, M))
     b = _f16(rng, (K, N) if layout[1] == "r" else (N, K))
     a_mk = (a if layout[0] == "r" else a.T).astype(np.float64)
     b_kn = (b if layout[1] == "r" else b.T).astype(np.float64)
     acc_ref = a_mk @ b_kn
+    table = optimizer.step_values(optimizer.hyperparameters(recipe), TABLE_STEP, 0.05)
     with Arena() as arena:
         tA, tB = arena.tensor("A", a.shape, np.float16), arena.tensor("B", b.shape, np.float16)
         extra, host = {}, {}
-        if epilogue == "sgd":  # the master weights: W16 and lo (rawgpu/master.py), both read and rewritten
+        if epilogue in G.UPDATE_EPILOGUES:  # the master weights: W16 and lo (rawgpu/master.py), read and rewritten
             out = arena.tensor("Wlo", (M, N), np.int16)
             extra["w16"] = arena.tensor("W16", (M, N), np.float16)
-            extra["lr"] = arena.tensor("lr", (1,), np.float32)
+            extra["optim"] = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
             host["W32"] = rng.uniform(-1, 1, (M, N)).astype(np.float32)
             host["W16"], host["Wlo"] = master.split(host["W32"])
-            if mu:
-                extra["mom"] = arena.tensor("mom", (M, N), np.float32)
-                host["mom"] = rng.uniform(-1, 1, (M, N)).astype(np.float32)
+            for name in ("mom", "var")[:states]:  # Adam's second moment is positive, of the squared sums' size
+                extra[name] = arena.tensor(name, (M, N), np.float32)
+                host[name] = (rng.uniform(-1, 1, (M, N)) if name == "mom" else rng.uniform(0, K, (M, N))).astype(np.float32)
         else:
             out = arena.tensor("C", (M, N), np.float16)
         if epilogue in ("bias", "bias_relu"):
@@ -277,29 +318,25 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
         arena.allocate()
         tA.upload(a)
         tB.upload(b)
-        lr = 0.05
-        if "lr" in extra:
-            extra["lr"].upload(np.array([lr], np.float32))
+        if "optim" in extra:
+            extra["optim"].upload(optimizer.words(table))
         if "tickets" in extra:
             extra["tickets"].upload(np.zeros(plan.tickets, np.int32))
             extra["workspace"].fill_bytes(0xFF)
-        kernels_launch = G.gemm(kernels, plan, tA, tB, out, mu=mu, **extra)
+        kernels_launch = G.gemm(kernels, plan, tA, tB, out, **extra)
         results = []
         for _ in range(repeat):
             for name, t in [("Wlo", out), ("W16", extra.get("w16")), ("mom", extra.get("mom")),
-                            ("bias", extra.get("bias")), ("act", extra.get("act"))]:
+                            ("var", extra.get("var")), ("bias", extra.get("bias")), ("act", extra.get("act"))]:
                 if t is not None and name in host:
                     t.upload(host[name])
-            if epilogue != "sgd":
+            if epilogue not in G.UPDATE_EPILOGUES:
                 out.fill_bytes(0xFF)
             kernels_launch.run(stream)
             got = {"out": out.download()}
-            if "w16" in extra:
-                got["w16"] = extra["w16"].download()
-            if "mom" in extra:
-                got["mom"] = extra["mom"].download()
-            if "tickets" in extra:
-                got["tickets"] = extra["tickets"].download()
+            for name in ("w16", "mom", "var", "tickets"):
+                if name in extra:
+                    got[name] = extra[name].download()
             results.append(got)
     ref = {"acc": acc_ref}
     if epilogue == "bias":
@@ -311,35 +348,38 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
     elif epilogue == "store":
         ref["out"] = acc_ref
     else:
-        step = acc_ref
-        if mu:
-            step = mu * host["mom"].astype(np.float64) + acc_ref
-            ref["mom"] = step
+        zero = np.zeros_like(acc_ref)
+        w1, m1, v1 = update_reference(table, host["W32"], acc_ref, host.get("mom", zero), host.get("var", zero))
         ref["W32_before"] = host["W32"].astype(np.float64)
-        ref["step"] = step
-        ref["lr"] = lr
+        ref["W32"] = w1
+        ref.update({"mom": m1, "var": v1} if states > 1 else {"mom": m1} if states else {})
     return plan, results, ref
 
 
 def check_case(plan, got, ref):
     bound = _bound(plan.accum, plan.K)
-    if plan.epilogue == "sgd":
-        lr32 = np.float32(ref["lr"])
+    if plan.epilogue in G.UPDATE_EPILOGUES:
         # The update itself, recovered from the joined master (its change is small next to W, so compare the step).
         w = master.join(got["w16"], got["out"])
-        step = (ref["W32_before"] - w.astype(np.float64)) / float(lr32)
-        assert _rel(step, ref["step"]) <= bound, f"{plan.kernel}: update error {_rel(step, ref['step']):.2e}"
+        change, ref_change = w.astype(np.float64) - ref["W32_before"], ref["W32"] - ref["W32_before"]
+        assert _rel(change, ref_change) <= bound, f"{plan.kernel}: update error {_rel(change, ref_change):.2e}"
         # Written everywhere (the master is read and rewritten in place, so it cannot be poisoned): every weight
-        # whose step is not tiny has moved.
-        big = np.abs(ref["step"]) > 1e-3 * np.abs(ref["step"]).max()
+        # whose change is not tiny has moved.
+        big = np.abs(ref_change) > 1e-3 * np.abs(ref_change).max()
         assert (w[big] != ref["W32_before"][big].astype(np.float32)).all(), f"{plan.kernel}: weights left unwritten"
-        off = np.argwhere(w.astype(np.float16).view(np.uint16) != got["w16"].view(np.uint16))
+        # W16 is fp16 of the master, except where the master's 2^-39 grid below 2^-16 (cu/master.cuh) rounds a
+        # value to the midpoint between two fp16 subnormals (|lo| = 2^14): W16 is then fp16 of the value before
+        # that rounding, one subnormal step (2^-24) from fp16 of the joined master.
+        tie = (np.abs(w) < 2.0**-16) & (np.abs(got["out"].astype(np.int32)) == 2**14)
+        off = np.argwhere((w.astype(np.float16).view(np.uint16) != got["w16"].view(np.uint16)) & ~tie)
         assert not len(off), (f"{plan.kernel}: W16 must be fp16(master) exactly; {len(off)} differ, e.g. "
                               + "; ".join(f"({r},{c}) hi={got['w16'][r, c].view(np.uint16):#06x} lo={got['out'][r, c]} "
                                           f"master={w[r, c]!r} before={ref['W32_before'][r, c]!r}" for r, c in off[:4]))
         assert np.abs(got["out"].astype(np.int32)).max() <= 2**14, "lo out of its range: not split by master.cuh"
-        if "mom" in ref:
-            assert _rel(got["mom"], ref["mom"]) <= bound
+        for name in ("mom", "var"):
+            assert (name in ref) == (name in got), f"{plan.kernel}: {name} passed without a state to hold"
+            if name in ref:
+                assert _rel(got[name], ref[name]) <= bound, f"{plan.kernel}: {name} error {_rel(got[name], ref[name]):.2e}"
     else:
         err = _rel(got["out"], ref["out"])
         assert err <= bound, f"{plan.kernel} {plan.M}x{plan.N}x{plan.K} splits={plan.splits}: rel err {err:.2e} > {bound:.1e}"
@@ -356,7 +396,7 @@ def mlp_cases():
                 cases.append((f"fwd-h{h}-b{b}-{fin}x{fout}", b, fout, fin, "rr", "bias" if last else "bias_relu"))
                 if fin != 784:
                     cases.append((f"dx-h{h}-b{b}-{fout}x{fin}", b, fin, fout, "rc", "drelu"))
-                cases.append((f"dw-h{h}-b{b}-{fin}x{fout}", fin, fout, b, "cr", "sgd"))
+                cases.append((f"dw-h{h}-b{b}-{fin}x{fout}", fin, fout, b, "cr", "update"))
     return cases
 
 
@@ -373,8 +413,9 @@ def kernels(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,M,N,K,layout,epi", MLP_CASES, ids=[c[0] for c in MLP_CASES])
 def test_mlp_shapes_fp32_accumulation(device, stream, kernels, rng, name, M, N, K, layout, epi):
-    mu = 0.9 if (epi == "sgd" and "b32" in name) else 0.0
-    plan, (got,), ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, "f32", mu=mu)
+    """Updates with momentum at batch 32, Adam at batch 128 (the seed-sized and the default recipes' shapes)."""
+    opt = "plain" if epi != "update" else "momentum" if "b32" in name else "adam"
+    plan, (got,), ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, "f32", opt=opt)
     check_case(plan, got, ref)
 
 
@@ -390,8 +431,8 @@ def test_mlp_shapes_fp16_accumulation(device, stream, kernels, rng, name, M, N, 
 
 ODD = [("m1-n16-k8", 1, 16, 8, "rr", "bias_relu"), ("m1-n104-k784", 1, 104, 784, "rr", "bias_relu"),
        ("hidden100", 32, 104, 104, "rr", "bias_relu"), ("hidden100-dx", 32, 104, 104, "rc", "drelu"),
-       ("hidden100-dw", 104, 104, 32, "cr", "sgd"), ("n10pad16", 32, 16, 104, "rr", "bias"),
-       ("dx-to-784", 32, 784, 104, "rc", "drelu"), ("dw-784", 784, 104, 7, "cr", "sgd"),
+       ("hidden100-dw", 104, 104, 32, "cr", "update"), ("n10pad16", 32, 16, 104, "rr", "bias"),
+       ("dx-to-784", 32, 784, 104, "rc", "drelu"), ("dw-784", 784, 104, 7, "cr", "update"),
        ("m1000-k8", 1000, 24, 8, "rr", "store"), ("k1-col", 40, 24, 1, "cr", "store")]
 
 
@@ -417,7 +458,7 @@ def test_every_layout_and_config(device, stream, kernels, rng, layout, config, M
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K,layout,epi", [(32, 1024, 4096, "rr", "bias_relu"), (32, 4096, 1024, "rc", "drelu"),
                                               (128, 256, 8192, "rr", "store"), (64, 128, 2048, "cr", "store"),
-                                              (256, 256, 2048, "cr", "sgd")])
+                                              (256, 256, 2048, "cr", "update")])
 @pytest.mark.parametrize("accum", ["f32", "f16"])
 def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, kernels, rng, M, N, K, layout, epi, accum):
     seed = int(rng.integers(2**31))
@@ -431,7 +472,7 @@ def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, ke
     for got in runs[1:]:
         for key in got:
             assert np.array_equal(got[key], runs[0][key]), f"split-K result {key} differs between identical runs"
-    if epi != "sgd":
+    if epi != "update":
         assert _rel(runs[0]["out"], one["out"].astype(np.float64)) <= _bound(accum, K)
 
 
@@ -450,15 +491,18 @@ def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("epi,mu", [("sgd", 0.0), ("sgd", 0.9), ("store", 0.0)])
+@pytest.mark.parametrize("config,epi,opt", [("staged", "update", "plain"), ("staged", "update", "momentum"),
+                                            ("staged", "update", "nesterov"), ("staged", "store", "plain"),
+                                            ("staged32", "update", "adam"), ("staged32", "update", "adamw")])
 @pytest.mark.parametrize("M,N,K,splits", [(304, 136, 32, None), (72, 8, 7, None), (200, 264, 200, None),
                                           (104, 136, 256, 3)])
-def test_staged_epilogue(device, stream, kernels, rng, M, N, K, splits, epi, mu, accum):
+def test_staged_epilogue(device, stream, kernels, rng, M, N, K, splits, config, epi, opt, accum):
     """Weight-gradient tiles whose update goes through shared memory: partial tiles in M and N, K below and above
-    one k-tile, with and without momentum, and split-K (the last split fetches the weight tile after the fix-up)."""
-    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "cr", epi, accum, splits=splits, mu=mu,
-                               config="staged", repeat=2)
-    assert plan.config.staged and plan.momentum == (mu > 0)
+    one k-tile, every optimiser (no state, momentum, Adam's two moments), and split-K (the last split fetches the
+    weight and state tiles after the fix-up)."""
+    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "cr", epi, accum, splits=splits, opt=opt,
+                               config=config, repeat=2)
+    assert plan.config.staged and plan.states == (OPTIMIZERS[opt].state_tensors if epi == "update" else 0)
     for got in runs:
         check_case(plan, got, ref)
     for key in runs[0]:
@@ -483,7 +527,7 @@ def test_persistent_store(device, stream, kernels, rng, M, N, K, accum):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["staged", "outer64", "32x128"])
-def test_sgd_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, config):
+def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, config):
     """The update joins the master's halves, steps and splits again (cu/master.cuh): at lr = 0 every bit must come
     back, for weights from random bit patterns across the whole fp16 range, tiny ones included. (Inputs in the form
     split gives; -0 becomes +0 under any update, as in an fp32 master.)"""
@@ -499,14 +543,14 @@ def test_sgd_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, con
     with Arena() as arena:
         tA, tB = arena.tensor("A", (K, M), np.float16), arena.tensor("B", (K, N), np.float16)
         t_lo, t_hi = arena.tensor("lo", (M, N), np.int16), arena.tensor("hi", (M, N), np.float16)
-        lr = arena.tensor("lr", (1,), np.float32)
+        table = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
         arena.allocate()
         tA.upload(_f16(rng, (K, M)))
         tB.upload(_f16(rng, (K, N)))
         t_lo.upload(lo)
         t_hi.upload(hi)
-        lr.upload(np.zeros(1, np.float32))
-        G.gemm(kernels, plan, tA, tB, t_lo, w16=t_hi, lr=lr).run(stream)
+        table.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(Recipe(momentum=0.0)), 0, 0.0)))
+        G.gemm(kernels, plan, tA, tB, t_lo, w16=t_hi, optim=table).run(stream)
         got_hi, got_lo = t_hi.download(), t_lo.download()
     assert np.array_equal(got_hi.view(np.uint16), hi.view(np.uint16)), f"{plan.kernel}: W16 changed at lr 0"
     assert np.array_equal(got_lo, lo), f"{plan.kernel}: lo changed at lr 0"
@@ -533,7 +577,7 @@ def test_tma_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, 
 
 CLUSTER_CASES = [(32, 128, 784, "rr", "bias_relu", "stream", 5), (32, 520, 4104, "rc", "drelu", "stream", 8),
                  (17, 136, 1000, "rr", "store", "tma", 3), (32, 1000, 1160, "rc", "drelu", "tma128", 2),
-                 (40, 264, 1000, "rr", "bias", "32x128", 4), (72, 136, 600, "cr", "sgd", "64x128", 3),
+                 (40, 264, 1000, "rr", "bias", "32x128", 4), (72, 136, 600, "cr", "update", "64x128", 3),
                  (296, 136, 520, "cc", "store", "128x128", 6), (9, 8, 1032, "rr", "store", "stream", 6)]
 
 
@@ -545,14 +589,14 @@ def test_cluster_split_k_gives_the_workspace_bits(device, stream, kernels, rng, 
                                                   accum):
     """sm_90: splits that meet in a cluster's shared memory add the same partials in the same order as the workspace
     fix-up, so every output bit is the same; each is also checked against float64 and across runs. Partial tiles in M
-    and N, a ragged last split, momentum (mu 0.9 on the sgd case)."""
+    and N, a ragged last split, Adam (on the update case)."""
     if not G.has_tma(device.arch):
         pytest.skip(f"thread-block clusters need sm_90 or later; this GPU is {device.arch}")
-    seed, mu = int(rng.integers(2**31)), 0.9 if epi == "sgd" else 0.0
+    seed, opt = int(rng.integers(2**31)), "adam" if epi == "update" else "plain"
     runs = {}
     for cluster in (False, True):
         plan, got, ref = run_case(device, stream, kernels, np.random.default_rng(seed), M, N, K, layout, epi, accum,
-                                  splits=splits, mu=mu, config=config, cluster=cluster, repeat=2)
+                                  splits=splits, opt=opt, config=config, cluster=cluster, repeat=2)
         assert plan.cluster == cluster and plan.splits == splits and plan.config.name == config
         assert plan.cluster_dims == ((1, 1, splits) if cluster else (1, 1, 1))
         for g in got:
@@ -560,6 +604,6 @@ def test_cluster_split_k_gives_the_workspace_bits(device, stream, kernels, rng, 
         for key in got[0]:
             assert np.array_equal(got[0][key], got[1][key]), f"{key} differs between identical runs"
         runs[cluster] = got[0]
-    for key in ("out", "w16", "mom"):
+    for key in ("out", "w16", "mom", "var"):
         if key in runs[True]:
             assert np.array_equal(runs[True][key], runs[False][key]), f"cluster split-K changed {key}"

@@ -22,12 +22,12 @@ def test_plan_covers_the_rows_with_whole_16_row_slices():
 
 
 def test_only_sm90_batch_sized_plain_sgd_with_16_padded_classes_fuses():
-    assert H.supported(32, False, "f32", 16, "sm_90") and H.supported(1, False, "f32", 16, "sm_100")
-    assert not H.supported(32, False, "f32", 16, "sm_86")
-    assert not H.supported(33, False, "f32", 16, "sm_90")
-    assert not H.supported(32, True, "f32", 16, "sm_90")
-    assert not H.supported(32, False, "f16", 16, "sm_90")
-    assert not H.supported(32, False, "f32", 24, "sm_90")
+    assert H.supported(32, True, "f32", 16, "sm_90") and H.supported(1, True, "f32", 16, "sm_100")
+    assert not H.supported(32, True, "f32", 16, "sm_86")
+    assert not H.supported(33, True, "f32", 16, "sm_90")
+    assert not H.supported(32, False, "f32", 16, "sm_90")
+    assert not H.supported(32, True, "f16", 16, "sm_90")
+    assert not H.supported(32, True, "f32", 24, "sm_90")
 
 
 @pytest.mark.parametrize("kw,msg", [(dict(B=33, K=64), "batch rows"), (dict(B=8, K=60), "multiple of 8"),

@@ -17,6 +17,12 @@ as ||dW_gpu - dW_ref|| / ||dW_ref||:
   rounds to fp16 changes a gradient whose terms largely cancel;
 - after 10 steps, the whole trajectory from the shared init: <= 5e-2 (measured up to 7.8e-3 with fp32 and 2.0e-2
   with fp16 accumulation): a weight that rounds to a different fp16 neighbour changes every later gradient a little.
+Adam and AdamW are checked through their moments, which are linear in the gradients: the change of each moment
+against the reference by the bounds above, and the weight change against float64 arithmetic on the GPU's own new
+moments (<= 1e-5). Their weight change itself is no measure of the arithmetic: Adam moves every weight by about lr
+whatever its gradient's size, so a gradient sum that nearly cancels (|sum| below 1e-3 of its terms) changes sign
+when one activation rounds to the other fp16 neighbour, and its weight moves the other way by a full step: one step
+from the GPU's parameters measured 4-26% on that norm, against 1e-4 on the moments.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import numpy as np
 import pytest
 
 import mlp_reference as ref
+from rawgpu import optimizer
 from gpu_checks import interrupt_train
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import data as kd
@@ -44,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STEP_TOLERANCE = {"fp32": 3e-2, "fp16": 1e-1}  # one step from the GPU's own parameters
 FLOAT64_TOLERANCE = 3e-2  # one step from the shared init, pure float64 reference, beyond fp16 storage's own gap
 TRAJECTORY_TOLERANCE = 5e-2  # ten steps from the shared init
+ADAM_ARITHMETIC = 1e-5  # Adam's weight change against float64 arithmetic on the GPU's own new moments
 
 
 class FakeMNIST:
@@ -85,23 +93,29 @@ def _update_errors(got, expect, start) -> list[float]:
     return [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
 
 
-REFERENCE_CASES = [(256, 3, 32, 0.0, "fp32"), (100, 2, 50, 0.9, "fp32"), (1024, 3, 128, 0.9, "fp32")]
+PLAIN, MOMENTUM = dict(momentum=0.0), dict(momentum=0.9)
+NESTEROV = dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
+ADAM, ADAMW = dict(optimizer="adam", lr=1e-3, weight_decay=1e-4), dict(optimizer="adamw", lr=2e-3, weight_decay=0.05)
+REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), (1024, 3, 128, MOMENTUM, "fp32"),
+                   (256, 3, 128, ADAM, "fp32"), (100, 2, 64, ADAMW, "fp32"), (128, 2, 256, NESTEROV, "fp32")]
 
 
 @gpu
-@pytest.mark.parametrize("hidden,layers,batch,momentum,accum,step_kind", [
-    *[(*case, "layered") for case in REFERENCE_CASES], (128, 3, 32, 0.0, "fp16", "layered"),
+@pytest.mark.parametrize("hidden,layers,batch,opt,accum,step_kind", [
+    *[(*case, "layered") for case in REFERENCE_CASES], (128, 3, 32, PLAIN, "fp16", "layered"),
+    (2048, 2, 128, ADAM, "fp32", "layered"), (64, 2, 32, ADAMW, "fp16", "layered"),
     *[(*case, "fused") for case in REFERENCE_CASES],
-    (2048, 3, 32, 0.0, "fp32", "fused"), (64, 1, 7, 0.9, "fp32", "fused"), (520, 4, 200, 0.5, "fp32", "fused"),
-    (128, 3, 32, 0.0, "fp32", "cluster"), (100, 2, 17, 0.0, "fp32", "cluster"), (64, 1, 32, 0.0, "fp32", "cluster"),
-    (120, 4, 9, 0.0, "fp32", "cluster")])
-def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, momentum, accum,
+    (2048, 3, 32, PLAIN, "fp32", "fused"), (64, 1, 7, MOMENTUM, "fp32", "fused"),
+    (520, 4, 200, dict(momentum=0.5), "fp32", "fused"), (64, 1, 7, ADAM, "fp32", "fused"),
+    (128, 3, 32, PLAIN, "fp32", "cluster"), (100, 2, 17, PLAIN, "fp32", "cluster"), (64, 1, 32, PLAIN, "fp32", "cluster"),
+    (120, 4, 9, PLAIN, "fp32", "cluster")])
+def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, opt, accum,
                                             step_kind):
     if step_kind == "cluster" and int(device.arch.removeprefix("sm_")) < 90:
         pytest.skip(f"the cluster step needs sm_90 thread-block clusters; this GPU is {device.arch}")
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
-    recipe = Recipe(hidden=hidden, layers=layers, batch=batch, lr=0.05, momentum=momentum, schedule="constant",
+    recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
                     accum=accum, seed=int(rng.integers(1 << 30)))
     model = _model(kernels, device, stream, data, recipe, perm, step_kind)
     assert model.kind == step_kind
@@ -109,30 +123,44 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
         init = model.parameters()
         step = model.step_launches()
         scale = loss_scale(batch)
-        trajectory, trajectory_v, worst = init, None, 0.0
+        trajectory, trajectory_state, worst = init, None, 0.0
+        adam = recipe.optimizer != "sgd"
         for s in range(10):
-            before, v_before = model.parameters(), model.velocity()
+            before, state_before = model.parameters(), model.optimizer_state()
             for launch in step:
                 launch.run(stream)
-            after = model.parameters()
+            after, state_after = model.parameters(), model.optimizer_state()
             x, y = _batch(data, perm, s, batch)
             _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale)
-            expect, _ = ref.sgd_step(before, grads, recipe.lr, momentum, v_before)
-            errors = _update_errors(after, expect, before)
+            expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
+            if adam:  # the moments' change, and the weights' change as the moments make it (module docstring)
+                errors = [max(e) for e in zip(*(_update_errors(state_after[k], expect_state[k], state_before[k])
+                                                for k in ("m", "v")))]
+                applied = _update_errors(after, ref.adam_apply(before, state_after, recipe, recipe.lr, s), before)
+                assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: weight change vs its moments, per layer: {applied}"
+            else:
+                errors = _update_errors(after, expect, before)
             worst = max(worst, max(errors))
             assert max(errors) <= STEP_TOLERANCE[accum], f"step {s}, per layer: {errors}"
-            trajectory, trajectory_v = ref.sgd_step(trajectory, ref.loss_and_grads(
-                trajectory, x, y, fp16_storage=True, grad_scale=scale)[2], recipe.lr, momentum, trajectory_v)
+            trajectory, trajectory_state = ref.optimizer_step(trajectory, ref.loss_and_grads(
+                trajectory, x, y, fp16_storage=True, grad_scale=scale)[2], recipe, recipe.lr, trajectory_state, s)
             if s == 0:
-                pure, _ = ref.sgd_step(init, ref.loss_and_grads(init, x, y)[2], recipe.lr, momentum)
-                errors = _update_errors(after, pure, init)
-                storage = _update_errors(expect, pure, init)  # the fp16-storage reference's own distance
+                pure, pure_state = ref.optimizer_step(init, ref.loss_and_grads(init, x, y)[2], recipe, recipe.lr,
+                                                      None, 0)
+                if adam:
+                    zeros = [(np.zeros_like(w), np.zeros_like(b)) for w, b in init]
+                    errors = _update_errors(state_after["m"], pure_state["m"], zeros)
+                    storage = _update_errors(expect_state["m"], pure_state["m"], zeros)
+                else:
+                    errors = _update_errors(after, pure, init)
+                    storage = _update_errors(expect, pure, init)  # the fp16-storage reference's own distance
                 assert all(e <= g + FLOAT64_TOLERANCE for e, g in zip(errors, storage)), \
                     f"vs pure float64 after 1 step, per layer: {errors} (fp16 storage alone: {storage})"
         errors = _update_errors(model.parameters(), trajectory, init)
-        print(f"\n[{step_kind} {hidden}x{layers} b{batch} mu{momentum} {accum}] worst step error {worst:.2e}, "
-              f"10-step trajectory {max(errors):.2e}")
-        assert max(errors) <= TRAJECTORY_TOLERANCE, f"10-step trajectory, per layer: {errors}"
+        print(f"\n[{step_kind} {hidden}x{layers} b{batch} {recipe.optimizer_text} {accum}] worst step error "
+              f"{worst:.2e}, 10-step trajectory {max(errors):.2e}")
+        if not adam:
+            assert max(errors) <= TRAJECTORY_TOLERANCE, f"10-step trajectory, per layer: {errors}"
         assert model.step_count() == 10
         assert model.padding_is_zero()
     finally:
@@ -140,13 +168,14 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
 
 
 @gpu
-@pytest.mark.parametrize("step_kind", ["layered", "fused"])
-def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng, step_kind):
+@pytest.mark.parametrize("step_kind,opt", [("layered", MOMENTUM), ("fused", MOMENTUM), ("layered", ADAMW),
+                                           ("fused", ADAM)])
+def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng, step_kind, opt):
     from rawgpu.graph import capture
 
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
-    recipe = Recipe(hidden=256, layers=3, batch=64, lr=0.05, momentum=0.9, schedule="cosine", total_steps=100)
+    recipe = Recipe(hidden=256, layers=3, batch=64, **{"lr": 0.05, **opt}, schedule="cosine", total_steps=100)
     model = _model(kernels, device, stream, data, recipe, perm, step_kind)
     try:
         step = model.step_launches()
@@ -169,39 +198,46 @@ def test_graph_and_eager_give_identical_parameters_after_100_steps(device, strea
 
 
 @gpu
-@pytest.mark.parametrize("batch,momentum", [(32, 0.0), (64, 0.9)])
-def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stream, kernels, rng, batch, momentum):
-    """The gather writes each step's learning rate (lr_at of the counter) and the counter moves once per step: on
-    sm_90 at batch <= 32 with plain SGD the head kernel moves it (8 launches at 3 layers, no step_increment),
-    otherwise a step_increment launch does."""
+@pytest.mark.parametrize("batch,opt", [(32, PLAIN), (64, MOMENTUM), (64, ADAMW)])
+def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stream, kernels, rng, batch, opt):
+    """The gather writes each step's optimiser values (lr_at of the counter, Adam's bias corrections: optimizer.py's
+    step_values) and the counter moves once per step: on sm_90 at batch <= 32 with plain SGD the head kernel moves it
+    (8 launches at 3 layers, no step_increment), otherwise a step_increment launch does."""
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
-    recipe = Recipe(hidden=64, layers=3, batch=batch, lr=0.05, momentum=momentum, schedule="cosine", warmup_steps=3,
+    recipe = Recipe(hidden=64, layers=3, batch=batch, **{"lr": 0.05, **opt}, schedule="cosine", warmup_steps=3,
                     lr_min=0.001, total_steps=8)
     model = _model(kernels, device, stream, data, recipe, perm, "layered")
     try:
         step = model.step_launches()
         names = [launch.kernel.name for launch in step]
         short = layered_step.short_form_reason(recipe, device.arch) is None
-        assert short == (device.arch == "sm_90" and batch <= 32 and momentum == 0)
+        assert short == (device.arch == "sm_90" and batch <= 32 and recipe.plain_sgd)
         if short:
             assert len(step) == 8 and names[0] == "gather_batch" and names[4] == "head_step", names
         assert ("step_increment" in names) != short and "lr_schedule" not in names
         scale = loss_scale(batch)
+        hyper = optimizer.hyperparameters(recipe)
         for s in range(10):
-            model.lr.upload(np.array([np.nan], np.float32))
+            poisoned = optimizer.words(hyper)
+            poisoned[:4] = np.nan  # the step's values: lr, step_size, bias2, decay
+            model.optim.upload(poisoned)
             for launch in step:
                 launch.run(stream)
             assert model.step_count() == s + 1
-            expect = kd.lr_at(s, recipe.lr / scale, recipe.lr_min / scale, 8, 3, "cosine")
-            assert float(model.lr.download()[0]) == pytest.approx(expect, rel=1e-6), f"step {s}"
+            lr_scaled = kd.lr_at(s, recipe.lr / scale, recipe.lr_min / scale, 8, 3, "cosine")
+            expect = optimizer.words(optimizer.step_values(hyper, s, lr_scaled))
+            got = model.optim.download()
+            assert float(got[0]) == pytest.approx(lr_scaled, rel=1e-6), f"step {s}"
+            np.testing.assert_allclose(got, expect, rtol=1e-6, err_msg=f"step {s}")
     finally:
         model.arena.close()
 
 
 @gpu
-@pytest.mark.parametrize("hidden,batch,momentum", [(2048, 32, 0.0), (256, 64, 0.9), (1000, 128, 0.0)])
-def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden, batch, momentum):
+@pytest.mark.parametrize("hidden,batch,opt", [(2048, 32, PLAIN), (256, 64, MOMENTUM), (1000, 128, PLAIN),
+                                             (1024, 128, ADAM)])
+def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden, batch, opt):
     """The layered step with each kernel overlapping the one before (programmatic dependent launch, sm_90+) against
     the same step launched strictly one after another: 60 steps as graphs of 20, parameters equal bit for bit. A
     kernel that read its predecessor's output before griddepcontrol.wait would differ. The shapes cover the
@@ -212,7 +248,7 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
         pytest.skip(f"programmatic dependent launch needs sm_90; this GPU is {device.arch}")
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
-    recipe = Recipe(hidden=hidden, layers=3, batch=batch, lr=0.05, momentum=momentum, schedule="cosine",
+    recipe = Recipe(hidden=hidden, layers=3, batch=batch, **{"lr": 0.05, **opt}, schedule="cosine",
                     total_steps=60, seed=int(rng.integers(1 << 30)))
     results = []
     for overlap in (False, True):

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,9 @@ def run(module: str, *args: str, env: dict | None = None) -> subprocess.Complete
 
 
 @pytest.mark.parametrize("recipe, kind, expect", [
-    (DEFAULT, "fused", {("fused_step.cu", None)}),
+    (DEFAULT, "fused", {("fused_step.cu", "fused_steps")}),
+    (replace(DEFAULT, optimizer="adam", lr=1e-3), "fused", {("fused_step.cu", "fused_steps_adam")}),
+    (replace(DEFAULT, optimizer="adamw", lr=1e-3), "layered", {("gemm.cu", "gemm_staged32_cr_adam_f32")}),
     (SEED, "layered", {("dx_sgd.cu", None), ("head.cu", None)}),
     (DEFAULT, "layered", {("elementwise.cu", None)}),
     (SMALL, "cluster", {("cluster_step.cu", "cluster_steps_1")}),
@@ -44,11 +47,13 @@ def test_a_plan_names_its_units_and_only_its_own(recipe, kind, expect):
     gemms = [k for s, k in units if s in ("gemm.cu", "gemm_tma.cu")]
     assert gemms and len(gemms) < 20, "a step names a handful of GEMM instances, not all of them"
     assert not any(s == "gemm.cu" and k is None for s, k in units), "GEMM instances build one at a time"
+    adam = recipe.optimizer != "sgd"
+    assert not any(k in (("fused_steps", "gemm_staged_cr_sgd_f32") if adam else ("fused_steps_adam",)) for _, k in units)
 
 
 def test_a_single_kernel_unit_compiles_that_kernel_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
-    for source in ("gemm.cu", "gemm_tma.cu", "cluster_step.cu"):
+    for source in ("gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu"):
         kernel = contract.split_kernels(source)[-1]
         module = compiler.compile_source(source, "sm_90", kernel=kernel)
         assert set(module.resources) == {kernel}

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rawgpu import optimizer
+from rawgpu.contract import OPTIM_WORDS
 from rawgpu import recipe as rc
 from rawgpu import steps
 from rawgpu import train
@@ -17,9 +19,10 @@ from rawgpu.mlp import MLP
 from rawgpu.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = [Recipe(hidden=h, layers=layers, batch=b, momentum=mu, accum=acc)
-           for h, layers, b, mu, acc in itertools.product((8, 100, 128, 256, 512, 513, 1024, 4096), (1, 3, 9),
-                                                          (1, 32, 33, 128), (0.0, 0.9), ("fp32", "fp16"))]
+OPTIMIZERS = (dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.0, weight_decay=1e-4), dict(optimizer="adam"))
+RECIPES = [Recipe(hidden=h, layers=layers, batch=b, accum=acc, **opt)
+           for h, layers, b, opt, acc in itertools.product((8, 100, 128, 256, 512, 513, 1024, 4096), (1, 3, 9),
+                                                           (1, 32, 33, 128), OPTIMIZERS, ("fp32", "fp16"))]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
@@ -31,6 +34,8 @@ def test_every_recipe_has_a_step_on_every_arch(arch):
         assert steps.unsupported_reason(choice.kind, r, arch) is None
         if arch != "sm_90":
             assert choice.kind in ("fused", "layered"), (r, choice)
+        if not r.plain_sgd:  # the cluster step and the short form fuse plain SGD only
+            assert choice.kind != "cluster" and (choice.kind != "layered" or "short" not in choice.reason), (r, choice)
 
 
 def test_auto_says_why_it_passed_every_kind_over():
@@ -87,8 +92,9 @@ def test_the_step_option_help_is_the_choosers_own_words_in_every_cli():
 
 def test_the_parser_defaults_are_the_recipe_defaults():
     args = train.build_parser().parse_args([])
-    for name, option in rc.OPTIONS.items():
-        assert getattr(args, name) == option.default == rc.DEFAULTS[name]
+    for name, option in rc.OPTIONS.items():  # the optimiser-dependent ones stay unset: Recipe resolves them
+        assert getattr(args, name) == (None if name in rc.OPTIONAL_BY_OPTIMIZER else option.default)
+        assert option.default == rc.DEFAULTS[name]
     recipe = train.make_recipe(args, train.make_plan(args))
     assert (recipe.hidden, recipe.layers, recipe.batch, recipe.lr, recipe.momentum, recipe.schedule,
             recipe.warmup_steps, recipe.accum, recipe.seed) == (
@@ -102,7 +108,10 @@ def test_the_parser_defaults_are_the_recipe_defaults():
     (dict(batch=60001), "batch must be <= 60000"), (dict(lr=0.0), "lr must be > 0"),
     (dict(momentum=1.0), "momentum must be <= 0.999"), (dict(schedule="steep"), "schedule must be one of"),
     (dict(accum="bf16"), "accum must be one of fp32, fp16"), (dict(warmup_steps=-1), "warmup_steps must be >= 0"),
-    (dict(lr=float("nan")), "lr must be finite")])
+    (dict(lr=float("nan")), "lr must be finite"), (dict(optimizer="lion"), "optimizer must be one of sgd, adam"),
+    (dict(optimizer="adam", beta2=1.0), "beta2 must be <= 0.999999"), (dict(optimizer="adam", eps=0.0), "eps must be > 0"),
+    (dict(weight_decay=-0.1), "weight_decay must be >= 0"), (dict(nesterov=True, momentum=0.0), "nesterov needs"),
+    (dict(optimizer="adam", nesterov=True), "nesterov needs the sgd optimizer")])
 def test_the_recipe_checks_the_same_limits_as_the_cli(changes, message):
     with pytest.raises(ValueError, match=message):
         Recipe(**changes)
@@ -118,6 +127,42 @@ def test_loss_scaled_learning_rate_and_padding_are_stated_once():
     assert r.kernel_accum == "f32" and r.schedule_code == rc.SCHEDULES["cosine"]
 
 
+def test_each_optimiser_resolves_its_defaults_and_counts_its_state():
+    sgd, adam, adamw = Recipe(), Recipe(optimizer="adam"), Recipe(optimizer="adamw")
+    assert (sgd.lr, sgd.momentum, sgd.weight_decay, sgd.state_tensors) == (0.05, 0.9, 0.0, 1)
+    assert (adam.lr, adam.weight_decay, adam.state_tensors, adam.beta1, adam.beta2, adam.eps) == (1e-3, 0.0, 2, 0.9,
+                                                                                                   0.999, 1e-8)
+    assert (adamw.lr, adamw.weight_decay) == (1e-3, 0.01) and Recipe(optimizer="adam", lr=0.01).lr == 0.01
+    assert Recipe(momentum=0.0).plain_sgd and not Recipe(momentum=0.0, weight_decay=1e-4).plain_sgd
+    assert not adam.plain_sgd and not adam.uses_momentum and Recipe(momentum=0.0).state_tensors == 0
+    weights = sum(a * b for a, b in zip(adam.widths, adam.widths[1:]))
+    assert adam.step_bytes() == 26 * weights and sgd.step_bytes() == 18 * weights
+    assert sgd.optimizer_text == "SGD with momentum 0.9"
+    assert Recipe(momentum=0.5, nesterov=True, weight_decay=0.1).optimizer_text == \
+        "SGD with Nesterov momentum 0.5, weight decay 0.1"
+    assert adamw.optimizer_text == "AdamW (betas 0.9, 0.999, eps 1e-08, weight decay 0.01)"
+    assert optimizer.state_names(sgd) == ("momentum",) and optimizer.state_names(Recipe(momentum=0.0)) == ()
+    assert optimizer.state_names(adamw) == ("exp_avg", "exp_avg_sq")
+
+
+def test_the_optimiser_table_scales_what_meets_scaled_gradients():
+    """Gradients arrive times the loss scale S: SGD's lr and the L2 term are divided and multiplied by it, Adam's eps
+    is multiplied (its moments hold S m and S^2 v); AdamW's decay and the bias corrections are unscaled."""
+    s = rc.loss_scale(128)
+    o = optimizer.hyperparameters(Recipe(momentum=0.9, nesterov=True, weight_decay=1e-3))
+    assert (o.kind, o.nesterov, o.l2, o.wd) == (0, 1, pytest.approx(1e-3 * s), 0.0)
+    assert o.lr == pytest.approx(0.05 / s) and o.beta1 == pytest.approx(0.9)
+    a = optimizer.hyperparameters(Recipe(optimizer="adamw", weight_decay=0.1))
+    assert (a.kind, a.eps, a.l2, a.wd, a.scale) == (2, pytest.approx(1e-8 * s), 0.0, pytest.approx(0.1), s)
+    assert (a.m_rate, a.v_rate) == (pytest.approx(0.1), pytest.approx(0.001))
+    for step in (0, 1, 9, 999):
+        t = optimizer.step_values(a, step, 1e-3 / s)
+        assert t.step_size == pytest.approx(1e-3 / (1 - 0.9 ** (step + 1)), rel=1e-7)
+        assert t.bias2 == pytest.approx((1 - 0.999 ** (step + 1)) ** -0.5, rel=1e-7)
+        assert t.decay == pytest.approx(1 - 1e-3 * 0.1, rel=1e-7) and t.lr == pytest.approx(1e-3 / s)
+    assert optimizer.words(a).shape == (OPTIM_WORDS,) and optimizer.words(a).dtype == "float32"
+
+
 def _tables_by_name(kind: str, recipe: Recipe) -> list[str]:
     """A step's parameter table with every device address replaced by the name of the arena buffer it points to."""
     model = MLP(None, recipe, arch="sm_90", step_kind=kind)
@@ -130,11 +175,13 @@ def test_parameter_tables_point_each_field_at_its_buffer():
     words = _tables_by_name("fused", Recipe(hidden=192, layers=2, batch=48, momentum=0.9, total_steps=40))
     assert words[:12] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "row_loss",
                           "row_hit", "grid_barrier", "0x30", hex(60000 // 48), "0x3"]
-    assert words[16] == "0x1234" and len(words) == 21 + 3 * 12
-    assert words[21:33] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "act0", "act1", "grad1", "0x0",
-                            hex(784), hex(192)]
-    assert words[-12:] == ["wlo_2", "w16_2", "w16b_2", "b_2", "mw_2", "mb_2", "act2", "0x0", "grad3", "grad2",
-                           hex(192), hex(16)]
+    assert words[16] == "0x1234" and len(words) == 29 + 3 * 14  # words 20..28: the optimiser, by value
+    assert words[29:43] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "0x0", "0x0", "act0", "act1", "grad1",
+                            "0x0", hex(784), hex(192)]
+    assert words[-14:] == ["wlo_2", "w16_2", "w16b_2", "b_2", "mw_2", "mb_2", "0x0", "0x0", "act2", "0x0", "grad3",
+                           "grad2", hex(192), hex(16)]
+    words = _tables_by_name("fused", Recipe(hidden=192, layers=2, batch=48, optimizer="adam", total_steps=40))
+    assert words[29:37] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "vw_0", "vb_0"]
     words = _tables_by_name("cluster", Recipe(hidden=128, layers=3, batch=32, momentum=0.0))
     assert words[:8] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "0x1234", "0x20"]
     assert len(words) == 28 + 4 * 8 and words[28:33] == ["wlo_0", "w16_0", "b_0", hex(784), hex(128)]
@@ -160,7 +207,8 @@ def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypa
     """describe() is asked for after a run too, when the arena is gone: the count comes from the plans alone."""
     monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))  # the driver encodes these
     for r in (Recipe(hidden=256, batch=32, momentum=0.0), Recipe(), Recipe(hidden=100, layers=1, accum="fp16"),
-              Recipe(hidden=4096, batch=32, momentum=0.0, layers=5)):
+              Recipe(hidden=4096, batch=32, momentum=0.0, layers=5), Recipe(hidden=512, optimizer="adamw"),
+              Recipe(hidden=100, batch=256, momentum=0.9, nesterov=True, weight_decay=1e-4)):
         model = MLP(None, r, arch=arch, step_kind="layered")
         model.arena.base, model.arena._allocated = 1 << 40, True
         model.k = _BindingKernels(arch)

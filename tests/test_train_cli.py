@@ -46,7 +46,17 @@ FAKE_MNIST = Dataset("mnist", *[np.zeros(shape, np.uint8) for shape in ((60000, 
     (["--kernels", "cluster", "--batch", "64"],
      "argument --step: cluster cannot run this recipe: the cluster step takes batches of at most 32, got 64"),
     (["--step", "cluster", "--batch", "32"], "argument --step: cluster cannot run this recipe: the cluster step "
-                                             "runs plain SGD (momentum 0)"),
+                                             "runs plain SGD (no momentum, weight decay or Adam), not SGD with "
+                                             "momentum 0.9"),
+    (["--optimizer", "lion"], "argument --optimizer: invalid choice: 'lion'"),
+    (["--optimizer", "adam", "--momentum", "0.5"], "argument --momentum: applies to --optimizer sgd, not adam"),
+    (["--optimizer", "adamw", "--nesterov"], "argument --nesterov: applies to --optimizer sgd, not adamw"),
+    (["--betas", "0.9", "0.99"], "argument --betas: applies to --optimizer adam and adamw, not sgd"),
+    (["--optimizer", "adam", "--betas", "0.9", "1.5"], "argument --betas: must be <= 0.999999, got 1.5"),
+    (["--optimizer", "adam", "--betas", "0.9"], "argument --betas: expected 2 arguments"),
+    (["--optimizer", "adam", "--eps", "0"], "argument --eps: must be > 0, got 0"),
+    (["--weight-decay", "-1"], "argument --weight-decay: must be >= 0, got -1"),
+    (["--nesterov", "--momentum", "0"], "argument --nesterov: needs momentum > 0"),
 ])
 def test_bad_values_exit_2_with_usage_and_one_error_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -64,6 +74,7 @@ def test_help_states_the_default_recipe(capsys):
     out = capsys.readouterr().out
     assert "batch 128, SGD with momentum 0.9" in out and "8 epochs" in out and "98%" in out
     for flag in ("--hidden", "--layers", "--batch", "--epochs", "--steps", "--lr", "--momentum", "--schedule",
+                 "--optimizer", "--nesterov", "--betas", "--eps", "--weight-decay",
                  "--accum", "--seed", "--data-dir", "--no-graph", "--json", "--device", "--step", "--kernels"):
         assert flag in out
 
@@ -123,24 +134,32 @@ def test_bench_bad_out_directory_is_one_line(monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, steps, recipe", [
-    ([], 5000, dict(batch=32, lr=0.003, momentum=0.0, schedule="constant")),
-    (["--recipe", "default"], 8 * 468, dict(batch=128, lr=0.05, momentum=0.9, schedule="cosine")),
+    ([], 5000, dict(batch=32, optimizer="sgd", lr=0.003, momentum=0.0, schedule="constant")),
+    (["--recipe", "default"], 8 * 468, dict(batch=128, optimizer="sgd", lr=0.05, momentum=0.9, schedule="cosine")),
     (["--recipe", "default", "--batch", "256"], 8 * 234, dict(batch=256, lr=0.05, momentum=0.9, schedule="cosine")),
     (["--recipe", "default", "--steps", "100"], 100, dict(batch=128, lr=0.05, momentum=0.9, schedule="cosine")),
+    (["--recipe", "adam"], 8 * 468, dict(batch=128, optimizer="adam", lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                                         schedule="cosine")),
+    (["--recipe", "default", "--optimizer", "adamw"], 8 * 468, dict(batch=128, optimizer="adamw", lr=1e-3,
+                                                                    weight_decay=0.01, schedule="cosine")),
+    (["--recipe", "adam", "--optimizer", "sgd", "--batch", "64"], 8 * 937, dict(batch=64, optimizer="sgd", lr=0.05,
+                                                                                momentum=0.9)),
 ])
 def test_bench_recipes_are_the_clis(monkeypatch, argv, steps, recipe):
-    """bench.py train --recipe: seed is the reference workload, default is the CLI's default recipe, with its
-    epochs' steps unless --steps says otherwise."""
+    """bench.py train --recipe: seed is the reference workload, default is the CLI's default recipe, adam its Adam
+    twin, with its epochs' steps unless --steps says otherwise; --optimizer swaps in another optimiser with the
+    CLI's defaults for it."""
     spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     seen = {}
     monkeypatch.setattr(module, "cmd_train", lambda args: seen.update(steps=args.steps, recipe=args.train_recipe))
     module.main(["train", *argv])
-    assert seen == dict(steps=steps, recipe=recipe)
-    d = rc.DEFAULTS
-    assert {k: module.RECIPES["default"][k] for k in ("batch", "lr", "momentum", "schedule", "epochs")} == \
-        {k: d[k] for k in ("batch", "lr", "momentum", "schedule", "epochs")}
+    assert seen["steps"] == steps and {k: seen["recipe"][k] for k in recipe} == recipe
+    default, cli = module.RECIPES["default"], Recipe()
+    assert default["epochs"] == rc.DEFAULTS["epochs"]
+    assert {k: default[k] for k in module.OPTIMIZER_KEYS + ("batch", "schedule")} == \
+        {k: getattr(cli, k) for k in module.OPTIMIZER_KEYS + ("batch", "schedule")}
 
 
 def test_plan_epochs_and_steps():

@@ -2,26 +2,31 @@
 // counter, so one captured graph replays every step unchanged.
 #include "common.cuh"
 #include "step_math.cuh"
+#include "optim.cuh"
 #include "pdl.cuh"
 
 // One block per output row (grid-stride over rows). Row i is dataset row perm[(step % steps_per_epoch) *
 // batch + i]; thread c turns source bytes [16c, 16c + 16) into 16 fp16 (two 16-byte stores), so the launcher gives
 // a block at least ld_out / 16 threads. Columns in [row_bytes, ld_out) are written as zero so the GEMM can read
 // whole padded rows.
-// lr (may be null): block 0 also writes the step's learning rate there, in double, rounded once to fp32, by the
-// schedule `kind` (step_math.cuh: lr_at_step, mirrored by kernels/data.py:lr_at). The schedule rides on the gather
-// because both read the step counter first: one dependent launch per step fewer than a kernel of its own.
+// opt (may be null): block 0 also writes the step's optimiser values there (optim.cuh: optim_set_step), from the
+// learning rate of the schedule `kind` (step_math.cuh: lr_at_step_d, mirrored by kernels/data.py:lr_at). The
+// schedule rides on the gather because both read the step counter first: one dependent launch per step fewer than
+// a kernel of its own.
 // early: the counter was moved at least two launches back (the layered step moves it in the head kernel), so the
 // counter, the permutation, the labels and the pixels are all final before this kernel's wait (pdl.cuh): the chain
 // of dependent loads step -> perm -> image runs while the kernel before still ends, and only the stores (x, y and
-// lr, which that kernel may still read) wait for it.
+// the optimiser's values, which that kernel may still read) wait for it.
 extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8* __restrict__ labels,
                                         const int* __restrict__ perm, const i64* __restrict__ step, int batch,
                                         int steps_per_epoch, int row_bytes, int ld_out, half_t* __restrict__ x_out,
-                                        int* __restrict__ y_out, float* __restrict__ lr, float lr0, float lr_min,
+                                        int* __restrict__ y_out, Optim* __restrict__ opt, float lr0, float lr_min,
                                         i64 total_steps, i64 warmup_steps, int kind, int early) {
     bool waited = !early;
     if (!early) pdl_enter();
+    const bool writes_optim = opt != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
+    Optim o;
+    if (writes_optim) o = *opt;  // the hyperparameters never change: read before the wait, while the pixels load
     const i64 s = *step;
     const i64 base = (s % steps_per_epoch) * (i64)batch;
     const bool vec = (row_bytes % 16 == 0) && (((u64)images & 15) == 0);
@@ -44,12 +49,17 @@ extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8*
                 if (j0 + k < row_bytes) w[k >> 2] |= (u32)in[j0 + k] << ((k & 3) * 8);
             v = make_uint4(w[0], w[1], w[2], w[3]);
         }
-        if (!waited) {  // the kernel before may still read x, y and lr
+        if (!waited) {  // the kernel before may still read x, y and the optimiser's values
             pdl_enter();
             waited = true;
         }
-        if (lr != nullptr && i == 0 && threadIdx.x == 0)
-            *lr = lr_at_step(s, lr0, lr_min, total_steps, warmup_steps, kind);
+        if (writes_optim && i == 0) {
+            optim_set_step(o, s, lr_at_step_d(s, lr0, lr_min, total_steps, warmup_steps, kind));
+            opt->lr = o.lr;
+            opt->step_size = o.step_size;
+            opt->bias2 = o.bias2;
+            opt->decay = o.decay;
+        }
         if (threadIdx.x == 0) y_out[i] = label;
         uint4 lo, hi;
         bytes16_to_f16(v, lo, hi);

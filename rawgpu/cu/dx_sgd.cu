@@ -16,7 +16,7 @@
 //   dx's 8 warp partials meet in shared memory in warp order; with several column ranges per row band (gridDim.z)
 //   each block writes its sum to the workspace and the last to take the band's ticket adds them in range order.
 //   relu'(x) comes from the x tile already in shared memory. Every sum has a fixed order: bitwise reproducible.
-// bias != nullptr: the blocks also update the bias, b -= lr colsum(dy), with bias_grad_sgd's exact fixed-point
+// bias != nullptr: the blocks also update the bias, b -= lr colsum(dy), with bias_update's exact fixed-point
 // column sums (the same bits), so the layer's backward needs no second kernel. Chunk c of a column range is summed by
 // row band c % bands: one band doing them all would be the grid's critical path.
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient), still one pass at 8 bytes per

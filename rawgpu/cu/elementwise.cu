@@ -4,6 +4,7 @@
 #include "step_math.cuh"
 #include "pdl.cuh"
 #include "master.cuh"
+#include "optim.cuh"
 
 #ifndef EW_THREADS
 #error "elementwise.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
@@ -46,15 +47,14 @@ extern "C" __global__ void fill_f32(float* __restrict__ p, i64 n, float v) {
     GRID_STRIDE(j, n - done) p[done + j] = v;
 }
 
-// Bias gradient + SGD(momentum) update. g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed point
+// Bias gradient + the optimiser's update (optim.cuh). g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed point
 // (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
 // columns (one 16-byte load per row when ld % 8 == 0 and dy is aligned), TY threads split the rows; the TY
 // partials meet in shared memory. Grid over column tiles; blockDim.x * blockDim.y <= EW_THREADS (rawgpu/contract.py,
-// a -D option: the launcher's block).
-// mu > 0 and mom: mom = mu*mom + g, bias -= lr*mom; else bias -= lr*g.
-extern "C" __global__ void bias_grad_sgd(const half_t* __restrict__ dy, int ld, int rows, int cols,
-                                         float* __restrict__ bias, float* __restrict__ mom,
-                                         const float* __restrict__ lr, float mu) {
+// a -D option: the launcher's block). m, v: the optimiser's state (null where it keeps none).
+extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, int rows, int cols,
+                                       float* __restrict__ bias, float* __restrict__ m, float* __restrict__ v,
+                                       const Optim* __restrict__ opt) {
     __shared__ i64 part[EW_THREADS * 8];  // [TY][TX * 8]
     pdl_enter();
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
@@ -91,14 +91,11 @@ extern "C" __global__ void bias_grad_sgd(const half_t* __restrict__ dy, int ld, 
         i64 sum = 0;
         for (int y = 0; y < TY; ++y) sum += part[y * tile + t];
         const float g = (float)((double)sum * (1.0 / 16777216.0));
-        const float rate = lr[0];
-        if (mu > 0.0f && mom != nullptr) {
-            const float m = mu * mom[c] + g;
-            mom[c] = m;
-            bias[c] -= rate * m;
-        } else {
-            bias[c] -= rate * g;
-        }
+        const Optim o = *opt;
+        float mc = m != nullptr ? m[c] : 0.f, vc = v != nullptr ? v[c] : 0.f;
+        bias[c] = optim_update(bias[c], g, mc, vc, o);
+        if (m != nullptr) m[c] = mc;
+        if (v != nullptr) v[c] = vc;
     }
 }
 

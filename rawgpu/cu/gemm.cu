@@ -59,15 +59,15 @@ RG_DEVICE void load_tile(half_t* s, const half_t* g, int ld, int r0, int c0, int
 }
 
 // ---- staged epilogue (Cfg::STAGED) ----------------------------------------------------------------------------
-// The SGD update reads the master weights (W16 and lo, master.cuh) and momentum, and writes them back: 8-16 bytes
-// per output against the main loop's few. Written straight from mma fragments, each warp access touches 8 rows x
+// The update reads the master weights (W16 and lo, master.cuh) and the optimiser's state (momentum, or Adam's two
+// moments), and writes them back: 8-24 bytes per output against the main loop's few. Written straight from mma fragments, each warp access touches 8 rows x
 // 16 bytes, so the L2 sees many small requests. Staged, the weight/momentum tiles are fetched by cp.async when the
 // block starts (they depend on nothing), updated in shared memory in fragment order, and written back in 16-byte
 // pieces along rows: a warp covers 512 contiguous bytes of each.
 template <class Cfg>
 struct Staged {
     static constexpr int LD = Cfg::BN + 8;  // elements per row: 16-byte aligned rows, conflict-free pair access
-    static constexpr int FLOATS = Cfg::BM * LD;  // the momentum tile; the W16 and lo tiles take as much together
+    static constexpr int FLOATS = Cfg::BM * LD;  // a state tile; the W16 and lo tiles take as much together
 };
 
 // Copy the BM x BN tile of T at global (m0, n0) of a row-major matrix (stride ld) into s (Staged::LD elements per
@@ -189,18 +189,24 @@ RG_DEVICE void gemm(const Params& p) {
     zero_fragments(acc);
     zero_fragments(acc16);
 
-    // Staged SGD: the weight (and momentum) tile joins the first copy group. With split-K only the last split
-    // updates, so it fetches the tile after the fix-up instead.
+    // Staged update: the weight and state tiles join the first copy group. With split-K only the last split updates,
+    // so it fetches them after the fix-up instead. The state tiles follow the weight's: momentum or Adam's first
+    // moment (sV), then its second (sV2).
     half_t* sHi = sB + STAGES * TB::SIZE;
     short* sLo = reinterpret_cast<short*>(sHi + Cfg::BM * Staged<Cfg>::LD);
     float* sV = reinterpret_cast<float*>(sLo + Cfg::BM * Staged<Cfg>::LD);
+    float* sV2 = sV + Staged<Cfg>::FLOATS;  // Adam's second moment
+    constexpr bool ADAM = EPI == EPI_ADAM;
+    const bool has_mom = ADAM || p.mom != nullptr;
     auto load_update_tiles = [&]() {
         load_update_tile<Cfg>(sHi, p.w16, p.ldc, m0, n0, p.M, p.N, tid);
         load_update_tile<Cfg>(sLo, static_cast<const short*>(p.out), p.ldc, m0, n0, p.M, p.N, tid);
-        if (p.mom != nullptr) load_update_tile<Cfg>(sV, p.mom, p.ldc, m0, n0, p.M, p.N, tid);
+        if (has_mom) load_update_tile<Cfg>(sV, p.mom, p.ldc, m0, n0, p.M, p.N, tid);
+        if (ADAM) load_update_tile<Cfg>(sV2, p.var, p.ldc, m0, n0, p.M, p.N, tid);
     };
-    if (EPI == EPI_SGD && Cfg::STAGED) {
-        const u32 need = (STAGES * (TA::SIZE + TB::SIZE) * 2) + (p.mom != nullptr ? 2 : 1) * Staged<Cfg>::FLOATS * 4;
+    if (EPI_UPDATES(EPI) && Cfg::STAGED) {
+        const int states = ADAM ? 2 : has_mom;
+        const u32 need = (STAGES * (TA::SIZE + TB::SIZE) * 2) + (1 + states) * Staged<Cfg>::FLOATS * 4;
         if (dynamic_smem_bytes() < need) __trap();  // launcher/kernel mismatch
         if (gridDim.z == 1) load_update_tiles();
     }
@@ -225,7 +231,8 @@ RG_DEVICE void gemm(const Params& p) {
 
     if (ACC16) widen_fragments(acc, acc16);
 
-    const float lr = (EPI == EPI_SGD) ? *p.lr : 0.f;
+    Optim o = {};  // the optimiser with this step's values (the gather wrote them)
+    if (EPI_UPDATES(EPI)) o = *p.opt;
     const int g = lane / 4, t = lane % 4;
     // acc[i][j][2h], acc[i][j][2h + 1] hold the outputs at (tile_row(i, h), tile_col(j)) and (.., tile_col(j) + 1)
     // of this block's tile, that is (row_of(i, h), col_of(j)) and (.., col_of(j) + 1) of C.
@@ -249,7 +256,7 @@ RG_DEVICE void gemm(const Params& p) {
                 for (int h = 0; h < 2; ++h)
                     *reinterpret_cast<float2*>(part + tile_row(i, h) * LD + tile_col(j)) =
                         make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        finish_cluster_splits<EPI, BM, BN, Cfg::THREADS>(p, lr, part, m0, n0);
+        finish_cluster_splits<EPI, BM, BN, Cfg::THREADS>(p, o, part, m0, n0);
         return;
     }
 #endif
@@ -291,15 +298,15 @@ RG_DEVICE void gemm(const Params& p) {
         if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch
     }
 
-    if (Cfg::STAGED && (EPI == EPI_SGD || EPI == EPI_STORE)) {
+    if (Cfg::STAGED && (EPI_UPDATES(EPI) || EPI == EPI_STORE)) {
         constexpr int LD = Staged<Cfg>::LD;
-        if (EPI == EPI_SGD) {
+        if (EPI_UPDATES(EPI)) {
             if (gridDim.z > 1) {
                 load_update_tiles();
                 cp_async_commit();
                 cp_async_wait<0>();
             }
-            __syncthreads();  // every thread's copies of the weight / momentum tiles have landed
+            __syncthreads();  // every thread's copies of the weight and state tiles have landed
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -310,13 +317,20 @@ RG_DEVICE void gemm(const Params& p) {
                         u32* hi2 = reinterpret_cast<u32*>(sHi + at);
                         u32* lo2 = reinterpret_cast<u32*>(sLo + at);
                         float2 w = master_join2(*hi2, *lo2);
-                        float2 v = p.mom != nullptr ? *reinterpret_cast<float2*>(sV + at) : make_float2(0.f, 0.f);
-                        sgd_pair(w, v, make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]), p.mom != nullptr, p.mu, lr);
+                        float2 v = has_mom ? *reinterpret_cast<float2*>(sV + at) : make_float2(0.f, 0.f);
+                        const float2 g = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                        if (ADAM) {
+                            float2 v2 = *reinterpret_cast<float2*>(sV2 + at);
+                            optim_adam2<true>(w, g, v, v2, o);
+                            *reinterpret_cast<float2*>(sV2 + at) = v2;
+                        } else {
+                            optim_sgd2(w, g, v, o);
+                        }
                         u32 h2, l2;
                         master_split2(w, h2, l2);
                         *hi2 = h2;
                         *lo2 = l2;
-                        if (p.mom != nullptr) *reinterpret_cast<float2*>(sV + at) = v;
+                        if (has_mom) *reinterpret_cast<float2*>(sV + at) = v;
                     }
         } else {
             static_assert(BM * (BN + 8) <= STAGES * (TA::SIZE + TB::SIZE), "the fp16 tile must fit the pipeline's space");
@@ -327,8 +341,8 @@ RG_DEVICE void gemm(const Params& p) {
             return;
         }
         __syncthreads();
-        // Write back along rows, 8 weights per thread and step: W16 and lo (and the momentum). One piece at a time:
-        // 32-64 bytes each, more in flight spill on sm_80.
+        // Write back along rows, 8 weights per thread and step: W16 and lo (and the state). One piece at a time:
+        // 32-96 bytes each, more in flight spill on sm_80.
         constexpr int PER_ROW = BN / 8, CHUNKS = BM * PER_ROW;
 #pragma unroll 1
         for (int i = tid; i < CHUNKS; i += Cfg::THREADS) {
@@ -338,25 +352,29 @@ RG_DEVICE void gemm(const Params& p) {
             const i64 at = (i64)row * p.ldc + col;
             store_16(p.w16 + at, load_16(sHi + r * LD + c));
             store_16(static_cast<short*>(p.out) + at, load_16(sLo + r * LD + c));
-            if (p.mom != nullptr) {
+            if (has_mom) {
                 store_16(p.mom + at, load_16(sV + r * LD + c));
                 store_16(p.mom + at + 4, load_16(sV + r * LD + c + 4));
+            }
+            if (ADAM) {
+                store_16(p.var + at, load_16(sV2 + r * LD + c));
+                store_16(p.var + at + 4, load_16(sV2 + r * LD + c + 4));
             }
         }
         return;
     }
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
-        // Everything this row group reads (weights, momentum, saved activation, bias) is loaded before the
+        // Everything this row group reads (weights, optimiser state, saved activation, bias) is loaded before the
         // first store: stores may alias those loads in the compiler's view, so it cannot batch them itself.
-        float2 aux[NT][2], aux2[NT][2];
+        float2 aux[NT][2], aux2[NT][2], aux3[NT][2];
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row_of(i, h), col = col_of(j);
-                aux[j][h] = aux2[j][h] = make_float2(0.f, 0.f);
-                if (row < p.M && col < p.N) epilogue_inputs<EPI>(p, row, col, aux[j][h], aux2[j][h]);
+                aux[j][h] = aux2[j][h] = aux3[j][h] = make_float2(0.f, 0.f);
+                if (row < p.M && col < p.N) epilogue_inputs<EPI>(p, row, col, aux[j][h], aux2[j][h], aux3[j][h]);
             }
 #pragma unroll
         for (int j = 0; j < NT; ++j)
@@ -364,7 +382,8 @@ RG_DEVICE void gemm(const Params& p) {
             for (int h = 0; h < 2; ++h) {
                 const int row = row_of(i, h), col = col_of(j);
                 if (row < p.M && col < p.N)
-                    epilogue_pair<EPI>(p, lr, row, col, acc[i][j][2 * h], acc[i][j][2 * h + 1], aux[j][h], aux2[j][h]);
+                    epilogue_pair<EPI>(p, o, row, col, acc[i][j][2 * h], acc[i][j][2 * h + 1], aux[j][h], aux2[j][h],
+                                       aux3[j][h]);
             }
     }
 }
@@ -446,9 +465,9 @@ RG_DEVICE void gemm_persistent_store(const Params& p) {
 
 #define GEMM_PARAMS                                                                                             \
     const half_t *A, const half_t *B, void *out, int M, int N, int K, int lda, int ldb, int ldc, int k_chunk, \
-        const float *bias, const half_t *act, int ld_act, float *mom, half_t *w16, const float *lr, float mu, \
+        const float *bias, const half_t *act, int ld_act, float *mom, float *var, half_t *w16, const Optim *opt, \
         float *workspace, int *tickets
-#define GEMM_ARGS {A, B, out, M, N, K, lda, ldb, ldc, k_chunk, bias, act, ld_act, mom, w16, lr, mu, workspace, tickets}
+#define GEMM_ARGS {A, B, out, M, N, K, lda, ldb, ldc, k_chunk, bias, act, ld_act, mom, var, w16, opt, workspace, tickets}
 
 #define GEMM_INSTANCE(name, CFG, LA, LB, EPI, ACC16)                                               \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS) name(GEMM_PARAMS) {                 \

@@ -5,6 +5,7 @@
 #include "cluster.cuh"
 #include "ldmatrix.cuh"
 #include "master.cuh"
+#include "optim.cuh"
 
 enum Layout { ROW = 0, COL = 1 };
 enum Epilogue {
@@ -12,21 +13,25 @@ enum Epilogue {
     EPI_BIAS = 1,       // C16 = acc + bias
     EPI_BIAS_RELU = 2,  // C16 = relu(acc + bias)
     EPI_DRELU = 3,      // C16 = acc * (act > 0): the backward of ReLU, act being the saved forward output
-    EPI_SGD = 4,        // G = acc; [V = mu V + G;] W -= lr (V or G) on the master (W16, lo) of master.cuh, `out`
-                        // being lo. G never touches memory.
+    EPI_SGD = 4,        // G = acc; SGD's step (optim.cuh: momentum `mom`, Nesterov, L2) on the master (W16, lo) of
+                        // master.cuh, `out` being lo. G never touches memory.
+    EPI_ADAM = 5,       // the same with Adam's or AdamW's step, its moments in `mom` and `var`.
 };
 
 struct Params {
     const half_t* A; const half_t* B; void* out;
     int M, N, K, lda, ldb, ldc, k_chunk;
     const float* bias; const half_t* act; int ld_act;
-    float* mom; half_t* w16; const float* lr; float mu;
+    float* mom; float* var; half_t* w16; const Optim* opt;
     float* workspace; int* tickets;
 };
 
-// The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x` and `y`
-// were loaded beforehand: the master weights and momentum (sgd), bias (bias), or the saved activation (drelu).
-// The SGD rule for two adjacent weights w with gradient g: [v = mu v + g; step = v, else step = g;] w -= lr step.
+// The epilogues that update a weight, one per optimiser family: compiled apart, so that SGD's stays as small as it
+// was before Adam existed (a branch on the family inside a kernel made SGD's updates 8% slower at hidden 4096).
+#define EPI_UPDATES(EPI) ((EPI) == EPI_SGD || (EPI) == EPI_ADAM)
+
+// Plain SGD (or with momentum) for two adjacent weights w with gradient g: [v = mu v + g; step = v, else step = g;]
+// w -= lr step. The head kernel's update (head.cu); the GEMMs' are optim.cuh's.
 RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu, float lr) {
     if (momentum) {
         v.x = mu * v.x + g.x;
@@ -38,15 +43,16 @@ RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu,
 }
 
 // What the epilogue of pair (row, col) reads besides the sum, for epilogue_pair: the master weights (joined) and
-// momentum (sgd), the bias (bias), the saved activation (drelu); zeros otherwise.
+// the optimiser's state (sgd, adam: x, y[, z]), the bias (bias), the saved activation (drelu); zeros otherwise.
 template <int EPI>
-RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, float2& y) {
+RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, float2& y, float2& z) {
     const i64 at = (i64)row * p.ldc + col;
-    x = y = make_float2(0.f, 0.f);
-    if (EPI == EPI_SGD) {
+    x = y = z = make_float2(0.f, 0.f);
+    if (EPI_UPDATES(EPI)) {
         const short* lo = static_cast<const short*>(p.out);
         x = master_join2(*reinterpret_cast<const u32*>(p.w16 + at), *reinterpret_cast<const u32*>(lo + at));
-        if (p.mom != nullptr) y = *reinterpret_cast<const float2*>(p.mom + at);
+        if (EPI == EPI_ADAM || p.mom != nullptr) y = *reinterpret_cast<const float2*>(p.mom + at);
+        if (EPI == EPI_ADAM) z = *reinterpret_cast<const float2*>(p.var + at);
     } else if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
         x = *reinterpret_cast<const float2*>(p.bias + col);
     } else if (EPI == EPI_DRELU) {
@@ -54,12 +60,17 @@ RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, flo
     }
 }
 
+// The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x`, `y` and `z`
+// were loaded beforehand by epilogue_inputs; `o` is the optimiser (update only).
 template <int EPI>
-RG_DEVICE void epilogue_pair(const Params& p, float lr, int row, int col, float v0, float v1, float2 x, float2 y) {
+RG_DEVICE void epilogue_pair(const Params& p, const Optim& o, int row, int col, float v0, float v1, float2 x, float2 y,
+                             float2 z) {
     const i64 at = (i64)row * p.ldc + col;
-    if (EPI == EPI_SGD) {
-        sgd_pair(x, y, make_float2(v0, v1), p.mom != nullptr, p.mu, lr);
-        if (p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
+    if (EPI_UPDATES(EPI)) {
+        if (EPI == EPI_SGD) optim_sgd2(x, make_float2(v0, v1), y, o);
+        else optim_adam2<true>(x, make_float2(v0, v1), y, z, o);
+        if (EPI == EPI_ADAM || p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
+        if (EPI == EPI_ADAM) *reinterpret_cast<float2*>(p.var + at) = z;
         u32 hi2, lo2;
         master_split2(x, hi2, lo2);
         *reinterpret_cast<u32*>(p.w16 + at) = hi2;
@@ -175,7 +186,7 @@ RG_DEVICE bool sum_splits_in_order(float2 (&sum)[ITERS], float2* ws, i64 split_s
 constexpr int MAX_CLUSTER_SPLITS = GEMM_MAX_CLUSTER_SPLITS;  // the most splits the launcher puts in one cluster
 
 template <int EPI, int BM, int BN, int THREADS>
-RG_DEVICE void finish_cluster_splits(const Params& p, float lr, const float* part, int m0, int n0) {
+RG_DEVICE void finish_cluster_splits(const Params& p, const Optim& o, const float* part, int m0, int n0) {
     constexpr int LD = CLUSTER_PART_LD(BN), PER_ROW = BN / 2, PAIRS = BM * PER_ROW;
     cluster_sync();  // every split's partial tile is in its shared memory
     const int splits = (int)cluster_ctas(), rank = (int)cluster_rank();
@@ -183,8 +194,8 @@ RG_DEVICE void finish_cluster_splits(const Params& p, float lr, const float* par
     for (int i = rank * share + (int)threadIdx.x; i < end; i += THREADS) {
         const int r = i / PER_ROW, c = (i % PER_ROW) * 2, row = m0 + r, col = n0 + c;
         const bool in = row < p.M && col < p.N;
-        float2 x = make_float2(0.f, 0.f), y = x;
-        if (in) epilogue_inputs<EPI>(p, row, col, x, y);
+        float2 x = make_float2(0.f, 0.f), y = x, z = x;
+        if (in) epilogue_inputs<EPI>(p, row, col, x, y, z);
         const u32 at = shared_address(part + r * LD + c);
         float2 v[MAX_CLUSTER_SPLITS];
 #pragma unroll
@@ -197,7 +208,7 @@ RG_DEVICE void finish_cluster_splits(const Params& p, float lr, const float* par
                 sum.x += v[z].x;
                 sum.y += v[z].y;
             }
-        if (in) epilogue_pair<EPI>(p, lr, row, col, sum.x, sum.y, x, y);
+        if (in) epilogue_pair<EPI>(p, o, row, col, sum.x, sum.y, x, y, z);
     }
     cluster_sync();  // nobody leaves while another CTA may still read its part
 }

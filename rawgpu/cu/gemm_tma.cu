@@ -46,7 +46,7 @@ struct TmaConfig {
 
 template <class Cfg, int LB, int EPI, bool ACC16>
 RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Params& p, float keep_b) {
-    static_assert(EPI != EPI_SGD, "the weight update runs on gemm.cu's staged tile");
+    static_assert(!EPI_UPDATES(EPI), "the weight update runs on gemm.cu's staged tile");
 #if __CUDA_ARCH__ >= 900
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, MT = Cfg::MT, NT = Cfg::NT;
     extern __shared__ __align__(1024) u8 smem_raw[];
@@ -146,15 +146,17 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
     // lands while the warps add up their partial sums.
     // Split within a cluster, finish_cluster_splits fetches the inputs of the pairs it finishes itself: none here.
     const bool cluster_split = gridDim.z > 1 && cluster_ctas() > 1;
+    const Optim no_update = {};  // these epilogues update nothing
     constexpr int PAIRS_PER_ROW = BN / 2, PAIRS = BM * PAIRS_PER_ROW;
     constexpr int ITERS = (PAIRS + Cfg::THREADS - 1) / Cfg::THREADS;
     float2 aux[ITERS], sum[ITERS];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
         const int i = tid + it * Cfg::THREADS, row = m0 + i / PAIRS_PER_ROW, col = n0 + (i % PAIRS_PER_ROW) * 2;
-        float2 unused;
+        float2 unused, unused2;
         aux[it] = sum[it] = make_float2(0.f, 0.f);
-        if (!cluster_split && i < PAIRS && row < p.M && col < p.N) epilogue_inputs<EPI>(p, row, col, aux[it], unused);
+        if (!cluster_split && i < PAIRS && row < p.M && col < p.N)
+            epilogue_inputs<EPI>(p, row, col, aux[it], unused, unused2);
     }
     __syncthreads();  // every stage consumed: the pipeline's memory now takes the per-warp partial sums
 
@@ -183,7 +185,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
             const int i = tid + it * Cfg::THREADS;
             if (i < PAIRS) *reinterpret_cast<float2*>(part + (i / PAIRS_PER_ROW) * LD + (i % PAIRS_PER_ROW) * 2) = sum[it];
         }
-        finish_cluster_splits<EPI, BM, BN, Cfg::THREADS>(p, 0.f, part, m0, n0);
+        finish_cluster_splits<EPI, BM, BN, Cfg::THREADS>(p, no_update, part, m0, n0);
         return;
     }
     if (gridDim.z > 1) {
@@ -195,7 +197,8 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
         const int i = tid + it * Cfg::THREADS, row = m0 + i / PAIRS_PER_ROW, col = n0 + (i % PAIRS_PER_ROW) * 2;
-        if (i < PAIRS && row < p.M && col < p.N) epilogue_pair<EPI>(p, 0.f, row, col, sum[it].x, sum[it].y, aux[it], aux[it]);
+        if (i < PAIRS && row < p.M && col < p.N)
+            epilogue_pair<EPI>(p, no_update, row, col, sum[it].x, sum[it].y, aux[it], aux[it], aux[it]);
     }
 #else
     __trap();  // the tensor copy engine is sm_90+
@@ -209,8 +212,8 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
     const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K, \
         int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets, \
         float keep_b
-#define TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr, nullptr, 0.f, \
-                  workspace, tickets}
+#define TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr, nullptr, \
+                  nullptr, workspace, tickets}
 
 #define TMA_INSTANCE(name, CFG, LB, EPI, ACC16)                                       \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(TMA_PARAMS) { \

@@ -2,7 +2,7 @@
 // dh = (dlogits W^T) * relu'(h) for the layer below, and the SGD update of W (the master's two halves, master.cuh)
 // and b.
 //
-// Why: in the layered step the head was four kernels (a split-K GEMM, softmax_xent, dx_sgd, bias_grad_sgd) around a
+// Why: in the layered step the head was four kernels (a split-K GEMM, softmax_xent, dx_sgd, bias_update) around a
 // 10-column weight of only H x 16, each a dependent launch that costs its latency however little it does. Here one cluster of C
 // CTAs does all of it, and the only exchange is the partial logits, through distributed shared memory.
 //
@@ -12,7 +12,7 @@
 //   each), adds b, rounds to fp16 as the stored logits, and runs the softmax cross-entropy (step_math.cuh, 8 lanes
 //   per row). Then each CTA computes its columns of dh from the old W and updates its rows of W, with no further
 //   exchange. CTA 0 alone writes the logits, their gradient, the metrics (summed over rows in order) and b
-//   (bias_grad_sgd's exact fixed-point column sums). Every sum has a fixed order: bitwise reproducible.
+//   (bias_update's exact fixed-point column sums). Every sum has a fixed order: bitwise reproducible.
 // Needs batch <= 32, plain SGD and the classes padded to 16; kernels/head.py checks. Builds for every arch with a
 // trapping body below sm_90.
 #include "common.cuh"

@@ -22,9 +22,9 @@ RG_DEVICE void bytes16_to_f16(const uint4 v, uint4& lo, uint4& hi) {
 #error "step_math.cuh needs rawgpu/contract.py's SCHEDULE_* codes (rawgpu/compiler.py passes them)"
 #endif
 
-// lr at step s, in double, rounded once to fp32. SCHEDULE_CONSTANT: lr0. SCHEDULE_COSINE: linear warmup then cosine
-// to lr_min. SCHEDULE_LINEAR: linear warmup then linear decay to lr_min. Mirrors kernels/data.py:lr_at.
-RG_DEVICE float lr_at_step(i64 s, double lr0, double lr_min, i64 total_steps, i64 warmup_steps, int kind) {
+// lr at step s, in double. SCHEDULE_CONSTANT: lr0. SCHEDULE_COSINE: linear warmup then cosine to lr_min.
+// SCHEDULE_LINEAR: linear warmup then linear decay to lr_min. Mirrors kernels/data.py:lr_at.
+RG_DEVICE double lr_at_step_d(i64 s, double lr0, double lr_min, i64 total_steps, i64 warmup_steps, int kind) {
     double out = lr0;
     if (kind != SCHEDULE_CONSTANT) {
         if (s < warmup_steps) {
@@ -37,7 +37,12 @@ RG_DEVICE float lr_at_step(i64 s, double lr0, double lr_min, i64 total_steps, i6
                                           : lr0 + (lr_min - lr0) * t;
         }
     }
-    return (float)out;
+    return out;
+}
+
+// The same, rounded once to fp32.
+RG_DEVICE float lr_at_step(i64 s, double lr0, double lr_min, i64 total_steps, i64 warmup_steps, int kind) {
+    return (float)lr_at_step_d(s, lr0, lr_min, total_steps, warmup_steps, kind);
 }
 
 // An fp16 bit pattern as an exact integer multiple of 2^-24 (every finite fp16 is one, |x| * 2^24 < 2^40),

@@ -1,5 +1,5 @@
-"""Launchers for cu/data.cu (batch gather with the step's learning rate, step counter) and `lr_at`, the schedule's
-host twin.
+"""Launchers for cu/data.cu (batch gather with the step's optimiser values, step counter) and `lr_at`, the
+schedule's host twin.
 
 Everything reads the device step counter, so a captured training step replays unchanged every step.
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..contract import OPTIM_WORDS
 from ..recipe import SCHEDULES  # the schedule codes gather_batch takes
 from ..driver import Launch
 from ..memory import Tensor
@@ -38,11 +39,12 @@ class Schedule:
 
 
 def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step: Tensor, x_out: Tensor,
-                 y_out: Tensor, batch: int, steps_per_epoch: int, lr: Tensor | None = None,
+                 y_out: Tensor, batch: int, steps_per_epoch: int, optim: Tensor | None = None,
                  schedule: Schedule | None = None, early: bool = False) -> Launch:
     """x_out[i] = images[perm[p + i]] / 255 (fp16, padding columns zeroed), y_out[i] = its label,
     p = (step % steps_per_epoch) * batch. images uint8 [N, row_bytes], x_out fp16 [>= batch, ld_out].
-    With lr and schedule (both or neither): also lr[0] = lr_at(step, schedule), the step's learning rate.
+    With optim and schedule (both or neither): also the step's values of the optimiser table `optim` (contract.Optim
+    as OPTIM_WORDS float32; its first, lr, = lr_at(step, schedule)).
     early: read the counter, permutation and pixels before waiting for the kernel before (pdl.cuh); only when the
     counter was moved at least two launches back, as in the layered step whose head kernel moves it."""
     require(images, np.uint8, what="images")
@@ -69,15 +71,15 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
         raise ValueError(f"x_out: must start 16-byte aligned for vector stores (offset {x_out.offset})")
     if len(y_out.shape) != 1 or y_out.shape[0] < batch:
         raise ValueError(f"y_out: expected [>= {batch}], got shape {y_out.shape}")
-    if (lr is None) != (schedule is None):
-        raise ValueError("gather_batch: give lr and schedule together, or neither")
-    if lr is not None:
-        require(lr, np.float32, (1,), what="lr")
+    if (optim is None) != (schedule is None):
+        raise ValueError("gather_batch: give optim and schedule together, or neither")
+    if optim is not None:
+        require(optim, np.float32, (OPTIM_WORDS,), what="optim")
     sched = schedule.args() if schedule is not None else (0.0, 0.0, 0, 0, 0)
     threads = -(-ld_out // (16 * 32)) * 32  # a thread per 16 columns, whole warps
     return k.get(SRC, "gather_batch", "ppppiiiipppffqqii").bind(
         batch, threads, 0, images, labels, perm, step, batch, steps_per_epoch, row_bytes, ld_out, x_out, y_out,
-        lr if lr is not None else 0, *sched, int(early))
+        optim if optim is not None else 0, *sched, int(early))
 
 
 def step_increment(k: Kernels, step: Tensor) -> Launch:

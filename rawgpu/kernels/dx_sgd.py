@@ -30,10 +30,10 @@ stages = contract.dx_sgd_stages  # the pipeline depth per arch
 smem_bytes = contract.dx_sgd_smem_bytes  # the dynamic shared memory per arch
 
 
-def supported(batch: int, momentum: bool, accum: str) -> bool:
-    """Whether a layer's backward can run fused: batch-sized (<= 32 rows), plain SGD (a momentum tile would not fit
-    the pipeline), fp32 accumulation. Otherwise the dx GEMM and the dW + SGD GEMM run apart."""
-    return batch <= MAX_BATCH and not momentum and accum == "f32"
+def supported(batch: int, plain_sgd: bool, accum: str) -> bool:
+    """Whether a layer's backward can run fused: batch-sized (<= 32 rows), plain SGD (Recipe.plain_sgd: a state tile
+    would not fit the pipeline), fp32 accumulation. Otherwise the dx GEMM and the dW + update GEMM run apart."""
+    return batch <= MAX_BATCH and plain_sgd and accum == "f32"
 
 
 
@@ -90,7 +90,7 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], the master weights as wlo (int16) and W16
     [IN, N] (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first
     layer). l2: the cache policies of the weights' reads and writes (kernels/l2.py; default normal). bias [N]
-    fp32: also updated, b -= lr colsum(dy), the same bits as elementwise.bias_grad_sgd."""
+    fp32: also updated, b -= lr colsum(dy), the same bits as elementwise.bias_update."""
     p = plan
     ldx = _rows(x, p.B, p.IN, np.float16, "x")
     lddy = _rows(dy, p.B, p.N, np.float16, "dy")

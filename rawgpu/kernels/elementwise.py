@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import EW_THREADS
+from ..contract import EW_THREADS, OPTIM_WORDS
 from ..driver import Launch
 from ..memory import Tensor
 from . import Kernels, blocks_for, require
 
 SRC = "elementwise.cu"
-THREADS = EW_THREADS  # every launch's block; bias_grad_sgd's shared partials are compiled for it
+THREADS = EW_THREADS  # every launch's block; bias_update's shared partials are compiled for it
 
 
 def axpby_f32(k: Kernels, y: Tensor, x: Tensor, a: float, b: float) -> Launch:
@@ -46,11 +46,12 @@ def fill_f32(k: Kernels, t: Tensor, value: float) -> Launch:
     return k.get(SRC, "fill_f32", "pqf").bind(blocks_for(t.size, THREADS, 4), THREADS, 0, t, t.size, value)
 
 
-def bias_grad_sgd(k: Kernels, dy: Tensor, bias: Tensor, mom: Tensor | None, lr: Tensor, mu: float, rows: int) -> Launch:
-    """g = column sums of dy[:rows, :cols] (fp16 [B, ld], cols = bias size); SGD(momentum) step on the fp32 bias.
-
-    mom None or mu == 0: plain SGD. The block shape depends only on cols, so the summation order (and the
-    result's bits) is fixed for a given layer.
+def bias_update(k: Kernels, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tensor | None, optim: Tensor,
+                rows: int) -> Launch:
+    """g = column sums of dy[:rows, :cols] (fp16 [B, ld], cols = bias size); the optimiser's step (the table
+    `optim`, contract.Optim) on the fp32 bias, with its state m (momentum or Adam's first moment) and v (Adam's
+    second), each None where the optimiser keeps none. The block shape depends only on cols, so the summation order
+    (and the result's bits) is fixed for a given layer.
     """
     require(bias, np.float32, what="bias")
     if len(bias.shape) != 1:
@@ -61,19 +62,18 @@ def bias_grad_sgd(k: Kernels, dy: Tensor, bias: Tensor, mom: Tensor | None, lr: 
         raise ValueError(f"bias dy: expected shape [rows, ld >= {cols}], got {dy.shape}")
     if not 0 <= rows <= dy.shape[0]:
         raise ValueError(f"bias dy: rows={rows} is outside 0..{dy.shape[0]}")
-    if mom is not None:
-        require(mom, np.float32, bias.shape, what="bias momentum")
-    require(lr, np.float32, (1,), what="lr")
-    if mu < 0:
-        raise ValueError(f"momentum mu must be >= 0, got {mu}")
+    for state, what in ((m, "bias first moment"), (v, "bias second moment")):
+        if state is not None:
+            require(state, np.float32, bias.shape, what=what)
+    require(optim, np.float32, (OPTIM_WORDS,), what="optim")
     groups = -(-cols // 8)  # 8 columns per thread
     tx = 1
     while tx < min(groups, 8):
         tx *= 2
     ty = THREADS // tx
     grid = max(1, -(-cols // (8 * tx)))
-    return k.get(SRC, "bias_grad_sgd", "piiipppf").bind(grid, (tx, ty), 0, dy, dy.shape[1], rows, cols, bias,
-                                                         0 if mom is None else mom, lr, mu)
+    return k.get(SRC, "bias_update", "piiipppp").bind(grid, (tx, ty), 0, dy, dy.shape[1], rows, cols, bias,
+                                                       0 if m is None else m, 0 if v is None else v, optim)
 
 
 def _seed_i64(seed: int) -> int:

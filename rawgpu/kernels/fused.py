@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from ..memory import Tensor
 
 SOURCE = "fused_step.cu"
-KERNEL = "fused_steps"
+KERNEL = contract.fused_kernel_name(adam=False)  # SGD's update; kernel_name(True): Adam's
+kernel_name = contract.fused_kernel_name
 SIGNATURE = "pi"
 THREADS = contract.FS_THREADS
 MAX_LINEAR_LAYERS = contract.FS_MAX_LAYERS  # --layers 64 plus the head
@@ -44,20 +45,21 @@ def table_words(layers: int) -> int:
     return len(contract.table_bytes(contract.FsParams(), layers)) // 8
 
 
-def fused_steps(k: Kernels, table: "Tensor", n_steps: int, grid: int) -> "Launch":
-    """n_steps training steps in one cooperative launch of `grid` blocks (all resident: checked by the driver)."""
+def fused_steps(k: Kernels, table: "Tensor", n_steps: int, grid: int, adam: bool = False) -> "Launch":
+    """n_steps training steps in one cooperative launch of `grid` blocks (all resident: checked by the driver), with
+    Adam's update (adam) or SGD's."""
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    kernel = k.get(SOURCE, KERNEL, SIGNATURE)
+    kernel = k.get(SOURCE, kernel_name(adam), SIGNATURE)
     return kernel.bind(grid, THREADS, smem_bytes(k.arch), table, n_steps, cooperative=True)
 
 
-def resident_grid(k: Kernels, sm_count: int, requested: int | None = None) -> int:
+def resident_grid(k: Kernels, sm_count: int, requested: int | None = None, adam: bool = False) -> int:
     """The grid the fused step runs on: `requested` blocks or one per SM, checked to be resident all at once (the
     grid barriers need it; a cooperative launch of more would be refused by the driver)."""
     from ..errors import RawgpuError
 
-    per_sm = k.get(SOURCE, KERNEL, SIGNATURE).max_blocks_per_sm(THREADS, smem_bytes(k.arch))
+    per_sm = k.get(SOURCE, kernel_name(adam), SIGNATURE).max_blocks_per_sm(THREADS, smem_bytes(k.arch))
     if per_sm < 1:
         raise RawgpuError(f"the fused step kernel does not fit on one SM of this GPU ({smem_bytes(k.arch)} B of "
                           f"shared memory, {THREADS} threads); use --step layered")

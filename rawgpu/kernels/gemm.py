@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 
 from .. import contract
-from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM,  # noqa: F401
-                        TMA_ROLES, GemmConfig, all_kernel_names, config_for, kernel_name, stream_stages)
+from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLITS, OPTIM_WORDS,  # noqa: F401
+                        PERSIST_BLOCKS_PER_SM, TMA_ROLES, UPDATE_EPILOGUES, GemmConfig, all_kernel_names, config_for,
+                        kernel_name, stream_stages)
 from ..compiler import unit_of
 from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 # The tile configs, the compiled instances and their names live in rawgpu/contract.py, which generates gemm.cu's and
 # gemm_tma.cu's instance lists from them; they are re-exported here for the planner and its callers.
 SOURCE = contract.GEMM_SOURCE
-SIGNATURE = "pppiiiiiiippipppfpp"  # GEMM_PARAMS in gemm.cu (tests/test_compiler.py checks it against the PTX)
+SIGNATURE = "pppiiiiiiippipppppp"  # GEMM_PARAMS in gemm.cu (tests/test_compiler.py checks it against the PTX)
 TMA_SOURCE = contract.GEMM_TMA_SOURCE
 TMA_SIGNATURE = "ttpiiiiippippf"  # TMA_PARAMS in gemm_tma.cu (tests/test_compiler.py checks it against the PTX)
 MAX_SPLITS = 16
@@ -68,7 +69,7 @@ class GemmPlan:
     config: GemmConfig
     splits: int
     k_chunk: int
-    momentum: bool = False
+    states: int = 0  # fp32 optimiser values per weight an update epilogue keeps (0 or 1: SGD's momentum; 2: Adam's)
     cluster: bool = False  # the splits meet in a cluster's shared memory (sm_90), not in a workspace
     blocks: int = 0  # the persistent tile's resident grid (0 for the others: one block per tile and split)
 
@@ -96,7 +97,7 @@ class GemmPlan:
     def smem_bytes(self) -> int:
         """The config's, or in gemm.cu the partial tile a cluster split leaves there if that is more (BN + 8 floats
         a row; gemm_tma.cu's pipeline always holds it)."""
-        pipeline = self.config.smem_bytes(self.layout, self.epilogue, self.momentum)
+        pipeline = self.config.smem_bytes(self.layout, self.epilogue, self.states)
         if self.cluster and not self.config.tma:
             return max(pipeline, self.config.bm * (self.config.bn + 8) * 4)
         return pipeline
@@ -121,7 +122,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
                   sm_count: int = 132) -> str:
     """Which tile runs a shape (the measurements behind each rule: docs/perf.md and docs/history.md).
 
-    - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces, except a plain
+    - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces (its 32-row
+      form for Adam: its weight and two moment tiles of 64 rows do not fit sm_86), except a plain
       store at N <= 64 and M <= 2048, where most of its 128 columns would be padding: the 32x128 tile (faster on a
       head-sized output; at larger M it loses); and a plain store of more tiles than the persistent tile's resident
       grid, which that grid walks (with fewer tiles than blocks it loses);
@@ -129,13 +131,13 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - otherwise the smallest M tile that covers the batch."""
-    if layout == "cr" and epilogue in ("sgd", "store") and M > 64 and K <= 128:
+    if layout == "cr" and epilogue in UPDATE_EPILOGUES + ("store",) and M > 64 and K <= 128:
         if epilogue == "store" and 0 < N <= 64 and M <= 2048:
             return "32x128"
         persist = CONFIGS["persist"]
         if epilogue == "store" and cdiv(M, persist.bm) * cdiv(N, persist.bn) > PERSIST_BLOCKS_PER_SM * sm_count:
             return "persist"
-        return "staged"
+        return "staged32" if epilogue == "adam" else "staged"
     if M <= 32 and ("stream", layout, epilogue) in INSTANCES:
         if has_tma(arch) and 2 * K * N >= TMA_MIN_BYTES and ("tma", layout, epilogue) in INSTANCES:
             return "tma"
@@ -209,10 +211,11 @@ def cluster_capacity(k: Kernels) -> tuple[int, ...]:
 
 def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store", accum: str = "f32",
               sm_count: int = 132, splits: Optional[int] = None, config: Optional[str] = None,
-              arch: str = "sm_86", momentum: bool = False, cluster: Optional[bool] = None,
+              arch: str = "sm_86", states: int = 0, cluster: Optional[bool] = None,
               capacity: Optional[Sequence[int]] = None) -> GemmPlan:
     """Choose the instance, grid and split-K for C[M,N] = A[M,K] @ B[K,N]. Deterministic in its inputs.
-    arch sets the streaming pipeline's depth; momentum, whether a staged SGD epilogue holds a momentum tile;
+    arch sets the streaming pipeline's depth; states, the fp32 optimiser values per weight the update epilogue keeps
+    (sgd: 0, or 1 with momentum; adam: 2), which a staged update holds tiles of;
     cluster, how splits meet (default on sm_90: in a cluster's shared memory when every cluster is resident at once,
     by `capacity`, cluster_capacity's answer; planning_capacity's estimate if None)."""
     if layout not in LAYOUTS:
@@ -228,6 +231,9 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         if extent % 8:
             raise ValueError(f"GEMM {operand}'s contiguous dimension is {extent}: it must be a multiple of 8 "
                              "(pad it; see docs/design.md)")
+    allowed = {"sgd": (0, 1), "adam": (2,)}.get(epilogue, (0,))
+    if states not in allowed:
+        raise ValueError(f"the {epilogue} epilogue keeps {' or '.join(map(str, allowed))} optimiser states, not {states}")
     name = config or choose_config(M, K, epilogue, layout, N, arch, sm_count)
     if name not in CONFIGS:
         raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
@@ -267,8 +273,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
                          f"tile without the staged epilogue (here {arch}, {s} splits, config {name})")
     in_cluster = s > 1 and clusters_ok and tiles <= room[s] if cluster is None else bool(cluster) and s > 1
     blocks = min(tiles, PERSIST_BLOCKS_PER_SM * sm_count) if cfg.persistent else 0
-    return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, momentum and cfg.staged and epilogue == "sgd",
-                    in_cluster, blocks)
+    return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, states, in_cluster, blocks)
 
 
 def _check_matrix(t: "Tensor", rows: int, cols: int, what: str) -> int:
@@ -282,26 +287,28 @@ def _check_matrix(t: "Tensor", rows: int, cols: int, what: str) -> int:
 
 
 def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *, bias: "Tensor | None" = None,
-         act: "Tensor | None" = None, mom: "Tensor | None" = None, w16: "Tensor | None" = None,
-         lr: "Tensor | None" = None, mu: float = 0.0, workspace: "Tensor | None" = None,
+         act: "Tensor | None" = None, mom: "Tensor | None" = None, var: "Tensor | None" = None,
+         w16: "Tensor | None" = None, optim: "Tensor | None" = None, workspace: "Tensor | None" = None,
          tickets: "Tensor | None" = None, keep_b: float = 0.0) -> "Launch":
     """Bind `plan` to its operands. Row-major A is [M, lda], column-major A is stored as [K, lda] (A^T rows).
+    The update epilogues (sgd, adam): `out` is the master's low half, w16 its high half, optim the optimiser table
+    (contract.Optim), mom and var its state (as many as the plan's `states`: momentum, or Adam's two moments).
     keep_b: the L2 policy of B's reads (kernels/l2.py), taken by the tensor-copy tile; the others read normally."""
     p = plan
     lda = _check_matrix(A, p.M, p.K, "A") if p.layout[0] == "r" else _check_matrix(A, p.K, p.M, "A (column-major)")
     ldb = _check_matrix(B, p.K, p.N, "B") if p.layout[1] == "r" else _check_matrix(B, p.N, p.K, "B (column-major)")
-    if p.epilogue == "sgd":
-        require(out, np.int16, what="the master's low half (sgd output)")
-        if w16 is None or lr is None:
-            raise ValueError("the sgd epilogue needs w16 (the master's high half) and lr (device learning rate)")
+    if p.epilogue in UPDATE_EPILOGUES:
+        require(out, np.int16, what="the master's low half (update output)")
+        if w16 is None or optim is None:
+            raise ValueError("the update epilogue needs w16 (the master's high half) and optim (the optimiser table)")
         require(w16, np.float16, out.shape, "w16")
-        require(lr, np.float32, what="lr")
-        if p.config.staged and (mom is not None) != p.momentum:
-            raise ValueError(f"this plan was made with momentum={p.momentum}: pass a momentum buffer exactly then")
-        if mom is not None:
-            require(mom, np.float32, out.shape, "momentum")
-        elif mu != 0.0:
-            raise ValueError("momentum mu > 0 needs a momentum buffer")
+        require(optim, np.float32, (OPTIM_WORDS,), "optim")
+        given = [t for t in (mom, var) if t is not None]
+        if len(given) != p.states or (var is not None and mom is None):
+            raise ValueError(f"this plan was made for {p.states} optimiser states: pass mom{' and var' * (p.states > 1)}"
+                             " exactly" if p.states else "this plan was made for plain SGD: pass no mom or var")
+        for t in given:
+            require(t, np.float32, out.shape, "optimiser state")
     else:
         require(out, np.float16, what="C")
     if len(out.shape) != 2 or out.shape[0] < p.M or out.shape[1] < p.N or out.shape[1] % 8:
@@ -322,7 +329,7 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
     kernel = k.get(SOURCE, p.kernel, SIGNATURE)
     return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
                        A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
-                       ptr(bias), ptr(act), ld_act, ptr(mom), ptr(w16), ptr(lr), float(mu),
+                       ptr(bias), ptr(act), ld_act, ptr(mom), ptr(var), ptr(w16), ptr(optim),
                        ptr(workspace), ptr(tickets), cluster=p.cluster_dims)
 
 

@@ -26,11 +26,11 @@ PORTABLE_CTAS, MAX_CTAS = 8, 16
 smem_bytes = contract.head_smem_bytes  # a CTA's dynamic shared memory for kc rows of W
 
 
-def supported(batch: int, momentum: bool, accum: str, classes_padded: int, arch: str) -> bool:
+def supported(batch: int, plain_sgd: bool, accum: str, classes_padded: int, arch: str) -> bool:
     """Whether the head's step can run as one cluster: sm_90+ (clusters), batch-sized (<= 32 rows), plain SGD,
     fp32 accumulation, the classes padded to 16. Otherwise the head runs as four kernels (GEMM, softmax_xent,
-    dx_sgd, bias_grad_sgd)."""
-    return (int(arch.removeprefix("sm_")) >= 90 and batch <= ROWS and not momentum and accum == "f32"
+    dx_sgd, bias_update)."""
+    return (int(arch.removeprefix("sm_")) >= 90 and batch <= ROWS and plain_sgd and accum == "f32"
             and classes_padded == CLASSES)
 
 

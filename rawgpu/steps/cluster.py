@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..mlp import MLP
 
 SUMMARY = "one thread-block cluster keeps the whole model in shared memory (1 kernel)"
-RUNS_WHEN = (f"sm_90, batch <= {kc.ROWS}, momentum 0, fp32 accumulation, and the model fits {kc.CTAS} SMs' shared "
+RUNS_WHEN = (f"sm_90, batch <= {kc.ROWS}, plain SGD, fp32 accumulation, and the model fits {kc.CTAS} SMs' shared "
              "memory: hidden <= 128 at 3 hidden layers")
 WHEN_AUTO = "the model fits one thread-block cluster's shared memory: no launch or DRAM round trip inside a step"
 
@@ -36,8 +36,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the cluster step is built for images of {contract.CS_INPUTS} pixels, these have {recipe.inputs}"
     if recipe.batch > kc.ROWS:
         return f"the cluster step takes batches of at most {kc.ROWS}, got {recipe.batch}"
-    if recipe.uses_momentum:
-        return "the cluster step runs plain SGD (momentum 0)"
+    if not recipe.plain_sgd:
+        return f"the cluster step runs plain SGD (no momentum, weight decay or Adam), not {recipe.optimizer_text}"
     if recipe.accum != "fp32":
         return "the cluster step accumulates in fp32 only"
     try:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import contract
+from .. import contract, optimizer
 from ..kernels import dx_sgd as kb
 from ..kernels import elementwise as ke
 from ..kernels import fused as kf
@@ -32,7 +32,7 @@ MAX_HIDDEN = 1024
 
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
 PREFERRED_WHEN = (f"fp32 accumulation, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at batch <= 32 with "
-                  "momentum 0")
+                  "plain SGD")
 WHEN_AUTO = "one kernel beats a chain of latency-bound launches at this width"
 
 
@@ -49,7 +49,7 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 
 def not_preferred_reason(recipe: Recipe) -> str | None:
     """Why `auto` passes the fused step over although it could run; None when `auto` takes it."""
-    one_pass = kb.supported(recipe.batch, recipe.uses_momentum, recipe.kernel_accum)
+    one_pass = kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum)
     limit = MAX_HIDDEN_VS_ONE_PASS if one_pass else MAX_HIDDEN
     if pad8(recipe.hidden) > limit:
         how = "with its one-pass backward" if one_pass else "in 18 kernels"
@@ -71,8 +71,12 @@ class FusedStep(Step):
         self.barrier = a.tensor("grid_barrier", 1, np.int64)
         self.table = a.tensor("fused_params", kf.table_words(len(model.layers)), np.uint64)
 
+    @property
+    def adam(self) -> bool:
+        return self.model.recipe.optimizer != "sgd"
+
     def kernel_units(self) -> set:
-        return {(kf.SOURCE, None)}
+        return {(kf.SOURCE, kf.kernel_name(self.adam))}
 
     def counters(self) -> list["Tensor"]:
         return [self.barrier]
@@ -96,10 +100,10 @@ class FusedStep(Step):
         return self.w16_next if odd else [lay.w16 for lay in self.model.layers]
 
     def grid(self) -> int:
-        return kf.resident_grid(self.model.k, self.model.sm_count, self.grid_request)
+        return kf.resident_grid(self.model.k, self.model.sm_count, self.grid_request, self.adam)
 
     def launches(self, steps: int) -> list["Launch"]:
-        return [kf.fused_steps(self.model.k, self.table, steps, self.grid())]
+        return [kf.fused_steps(self.model.k, self.table, steps, self.grid(), self.adam)]
 
     def describe(self) -> str:
         return f"fused: 1 persistent kernel, {self.grid()} blocks x {kf.THREADS} threads"
@@ -117,11 +121,13 @@ class FusedStep(Step):
             correct=m.correct.ptr, row_loss=self.row_loss.ptr, row_hit=self.row_hit.ptr, barrier=self.barrier.ptr,
             batch=r.batch, steps_per_epoch=r.steps_per_epoch, layers=len(m.layers), schedule=r.schedule_code,
             total_steps=r.total_steps, warmup_steps=r.warmup_steps, classes=r.classes, profile=profile,
-            lr0=f32(lr0), lr_min=f32(lr_min), mu=f32(r.momentum), dlogit_scale=f32(loss_scale(r.batch) / r.batch))
+            lr0=f32(lr0), lr_min=f32(lr_min), dlogit_scale=f32(loss_scale(r.batch) / r.batch),
+            optim=optimizer.hyperparameters(r))
         for i, (lay, nxt) in enumerate(zip(m.layers, self.w16_next)):
             t = p.layer[i]
             t.wlo, t.w16[0], t.w16[1], t.b = lay.wlo.ptr, lay.w16.ptr, nxt.ptr, lay.b.ptr
             t.mw, t.mb = (lay.mw.ptr, lay.mb.ptr) if lay.mw else (0, 0)
+            t.vw, t.vb = (lay.vw.ptr, lay.vb.ptr) if lay.vw else (0, 0)
             t.x, t.dy = m.acts[i].ptr, m.grads[i + 1].ptr
             t.y = m.acts[i + 1].ptr if i + 1 < len(m.layers) else 0  # the last layer's output: the logits, unused
             t.dx = m.grads[i].ptr if i else 0

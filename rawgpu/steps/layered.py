@@ -1,12 +1,12 @@
 """The layered step: one kernel per layer and role (gather, GEMMs with fused epilogues, softmax, bias updates).
 
-At 3 hidden layers it is 18 kernels. Its short form, on sm_90 at batch <= 32 with plain SGD and fp32
-accumulation, is 8: each layer's backward and bias update is one pass over its weights (kernels/dx_sgd.py), the
+At 3 hidden layers it is 18 kernels, with any optimiser. Its short form, on sm_90 at batch <= 32 with plain SGD and
+fp32 accumulation, is 8: each layer's backward and bias update is one pass over its weights (kernels/dx_sgd.py), the
 head's forward, loss, backward and update one cluster kernel that also moves the step counter
 (kernels/head.py), and the gather writes the step's learning rate. On sm_90 every kernel starts while the one
 before still runs (programmatic dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints
 (kernels/l2.py). Runs every recipe on every GPU: the step for fp16 accumulation, for GPUs before sm_90 at widths
-the fused step does not take, and for momentum or large batches at large widths.
+the fused step does not take, and for momentum, Adam or large batches at large widths.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..mlp import MLP
 
 SUMMARY = "one kernel per layer and role (18 at 3 hidden layers; 8 in its short form), overlapping on sm_90"
-SHORT_WHEN = "sm_90, batch <= 32, momentum 0, fp32 accumulation"
+SHORT_WHEN = "sm_90, batch <= 32, plain SGD (no momentum or weight decay), fp32 accumulation"
 WHEN_AUTO_SHORT = (f"the short form (8 kernels at 3 hidden layers) runs here ({SHORT_WHEN}), and beats the fused "
                    "step's grid barriers from hidden 256 on")
 WHEN_AUTO = "the step that runs every recipe"
@@ -44,13 +44,13 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the layered step is not its short form here (every layer's backward one pass, the head one cluster
     kernel, overlapping launches); None when it is."""
-    mom, accum = recipe.uses_momentum, recipe.kernel_accum
+    plain, accum = recipe.plain_sgd, recipe.kernel_accum
     if not kg.has_tma(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
-    if not kb.supported(recipe.batch, mom, accum):
-        return (f"the one-pass backward takes batch <= {kb.MAX_BATCH}, momentum 0 and fp32 accumulation "
-                f"(batch {recipe.batch}, momentum {recipe.momentum:g}, {recipe.accum})")
-    if not kh.supported(recipe.batch, mom, accum, PADDED_CLASSES, arch):
+    if not kb.supported(recipe.batch, plain, accum):
+        return (f"the one-pass backward takes batch <= {kb.MAX_BATCH}, plain SGD and fp32 accumulation "
+                f"(batch {recipe.batch}, {recipe.optimizer_text}, {recipe.accum})")
+    if not kh.supported(recipe.batch, plain, accum, PADDED_CLASSES, arch):
         return "the head's one-cluster step does not take this recipe"
     return None
 
@@ -74,20 +74,20 @@ class LayeredStep(Step):
         r, arch, B = model.recipe, model.arch, model.recipe.batch
         padded = r.padded_widths
         self.overlap = overlap and kg.has_tma(arch)  # griddepcontrol: sm_90+
-        mom, accum = r.uses_momentum, r.kernel_accum
+        plain, accum = r.plain_sgd, r.kernel_accum
         plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         # the head's forward, loss, backward and update as one cluster kernel where it runs (sm_90)
-        self.head = (kh.plan_head(B, padded[-2]) if kh.supported(B, mom, accum, padded[-1], arch) else None)
+        self.head = (kh.plan_head(B, padded[-2]) if kh.supported(B, plain, accum, padded[-1], arch) else None)
         n = len(padded) - 1
         self.plans: list[LayerPlans] = []
         for i in range(n):
             pin, pout, last = padded[i], padded[i + 1], i == n - 1
-            one_pass = kb.supported(B, mom, accum) and not (last and self.head is not None)
+            one_pass = kb.supported(B, plain, accum) and not (last and self.head is not None)
             self.plans.append(LayerPlans(
                 fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_relu"),
                 dx=plan(B, pin, pout, "rc", "drelu") if i else None,
-                dw=plan(pin, pout, B, "cr", "sgd", momentum=mom),
+                dw=plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors),
                 bwd=kb.plan_dx_sgd(B, pin, pout, model.sm_count) if one_pass else None))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
                               l2_bytes, l2_budget)
@@ -118,19 +118,19 @@ class LayeredStep(Step):
         return [launch.overlapping() for launch in step] * steps if self.overlap else step * steps
 
     def _one_step(self) -> list["Launch"]:
-        """gather (+ the step's lr), forward, loss, backward with fused updates, step counter += 1."""
+        """gather (+ the step's optimiser values), forward, loss, backward with fused updates, step counter += 1."""
         m = self.model
         r, k = m.recipe, m.k
-        mu, scale = float(r.momentum), loss_scale(r.batch)
+        scale = loss_scale(r.batch)
         lr0, lr_min = r.scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
-                               lr=m.lr, schedule=schedule, early=self.head is not None)]
+                               optim=m.optim, schedule=schedule, early=self.head is not None)]
         n = len(m.layers) - (self.head is not None)  # layers with a forward GEMM
         out += m.forward(m.acts[0], m.acts[1:n + 1], [p.fwd for p in self.plans[:n]], [pol.forward for pol in self.l2[:n]])
         if self.head is not None:  # the head's forward, loss, backward and update in one launch
             lay = m.layers[n]
-            out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.lr, m.acts[-1],
+            out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.optim, m.acts[-1],
                                     m.grads[-1], m.grads[n], m.loss_sum, m.correct, r.classes, scale,
                                     step=m.counter))  # the step counter moves here
         else:
@@ -140,15 +140,15 @@ class LayeredStep(Step):
         for i in range(n - 1, -1, -1):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
             if p.bwd is not None:  # the bias too; the first layer's input needs no gradient: its update alone
-                out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, m.grads[i], m.lr, m.workspace, m.tickets,
+                out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, m.grads[i], m.optim, m.workspace, m.tickets,
                                      self.l2[i], bias=lay.b))
             else:
                 if p.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
                                        tickets=m.tickets))
-                out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, w16=lay.w16, lr=m.lr, mu=mu,
+                out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
                                    workspace=m.workspace, tickets=m.tickets))
-                out.append(ke.bias_grad_sgd(k, dy, lay.b, lay.mb, m.lr, mu, r.batch))
+                out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch))
             dy = m.grads[i]
         if self.head is None:
             out.append(kd.step_increment(k, m.counter))

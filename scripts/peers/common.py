@@ -30,13 +30,20 @@ class PeerResult:
 
 
 SCHEDULES = ("constant", "cosine", "linear")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 @dataclass
 class Workload:
-    """A benchmark recipe: MLP 784-H-H-H-10, SGD (with momentum, torch's convention: v = mu v + g; w -= lr v),
-    a learning-rate schedule over the timed steps, fp16 compute with fp32 master weights. The defaults are the
-    seed recipe (plain SGD, constant lr, batch 32)."""
+    """A benchmark recipe: MLP 784-H-H-H-10, an optimiser as torch.optim defines it, a learning-rate schedule over
+    the timed steps, fp16 compute with fp32 master weights. The defaults are the seed recipe (plain SGD, constant
+    lr, batch 32).
+
+    sgd: torch.optim.SGD (v = mu v + g; w -= lr v; nesterov: w -= lr (g + mu v)). adam: torch.optim.Adam (bias
+    corrected moments, update m_hat / (sqrt(v_hat) + eps)). weight_decay is L2 added to the gradient for both
+    (g += wd w); adamw: torch.optim.AdamW, decay decoupled (w *= 1 - lr wd before the Adam step). momentum and
+    nesterov mean something to sgd only, betas and eps to adam and adamw only; the others are ignored, so a caller
+    can pass a whole recipe's settings."""
 
     hidden: int
     steps: int = 5000
@@ -45,6 +52,11 @@ class Workload:
     seed: int = 0
     warmup_steps: int = 50
     momentum: float = 0.0
+    optimizer: str = "sgd"
+    nesterov: bool = False
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
     schedule: str = "constant"  # over the timed steps, decaying to 0 (rawgpu's lr_at, value for value)
     # Initial parameters [(W [fan_in, fan_out], b [fan_out]) float32] shared by every system, so accuracy
     # differences come from numerics, not from one lucky draw of the init; None: each framework's own init.
@@ -65,6 +77,26 @@ class Workload:
             raise ValueError(f"Workload.momentum must be in [0, 1), got {self.momentum}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"Workload.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"Workload.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.nesterov and not (self.optimizer == "sgd" and self.momentum > 0):
+            # torch.optim.SGD refuses nesterov without momentum; Adam has no such switch
+            raise ValueError(f"Workload.nesterov needs optimizer 'sgd' with momentum > 0, got optimizer "
+                             f"{self.optimizer!r} with momentum {self.momentum}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"Workload.betas must be two values in [0, 1), got {self.betas}")
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        if not self.eps > 0:
+            raise ValueError(f"Workload.eps must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"Workload.weight_decay must be >= 0, got {self.weight_decay}")
+
+    def state_bytes_per_weight(self) -> int:
+        """Bytes of optimiser state per weight, all fp32: sgd's momentum buffer (none without momentum), or adam's
+        and adamw's two moments. The per-tensor step counts are left out."""
+        if self.optimizer == "sgd":
+            return 4 if self.momentum > 0 else 0
+        return 8
 
     @property
     def index_steps(self) -> int:

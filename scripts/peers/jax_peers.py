@@ -3,8 +3,8 @@
 Parameters are fp32 masters cast to fp16 for the forward (what autocast does in torch); the loss is taken in
 fp32. The dataset, the batch order and the learning rate of every step live on the GPU and each step gathers its
 batch inside the compiled code, so the timed loop copies nothing from the host and never waits for the GPU. The
-optimiser is optax's SGD (momentum as torch counts it) where optax is importable, else the same update in
-jax.numpy.
+optimiser (SGD, Adam or AdamW, as torch.optim defines them) is built from optax's transforms where optax is
+importable, else the same update in jax.numpy.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _programs(jax, jnp, w: Workload) -> _Programs:
         logp = jax.nn.log_softmax(forward(params, x))
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
 
-    init_state, update = _optimizer(jax, jnp, w.momentum)
+    init_state, update = _optimizer(jax, jnp, w)
 
     def one_step(carry, s, arrays):
         params, state = carry
@@ -141,31 +141,62 @@ def _programs(jax, jnp, w: Workload) -> _Programs:
     return _Programs(jax.jit(step, donate_argnums=0), jax.jit(train, donate_argnums=0), jax.jit(correct), init_state)
 
 
-def _optimizer(jax, jnp, momentum: float):
-    """(init_state(params), update(params, state, grads, lr) -> (params, state)): SGD with momentum (v = mu v + g;
-    p -= lr v) as optax writes it where optax is importable, else the same arithmetic in jax.numpy."""
-    try:
-        import optax
-    except ImportError:
-        optax = None
+def _optimizer(jax, jnp, w: Workload, use_optax: bool | None = None):
+    """(init_state(params), update(params, state, grads, lr) -> (params, state)): w's optimiser with torch.optim's
+    arithmetic (see Workload), lr the step's value. Built from optax's transforms as its users chain them where
+    optax is importable (use_optax None; True insists, False takes the jax.numpy version of the same update).
+    Adam's step count lives in the state, so the jitted step and the fori_loop carry it."""
+    optax = None
+    if use_optax is not False:
+        try:
+            import optax
+        except ImportError:
+            if use_optax:
+                raise
+    tmap = jax.tree_util.tree_map
+    mu, wd, (b1, b2), eps = w.momentum, w.weight_decay, w.betas, w.eps
+    sgd = w.optimizer == "sgd"
+    l2 = wd > 0 and w.optimizer != "adamw"  # added to the gradient; adamw's decay is decoupled
+
     if optax is not None:
-        def init_state(params):
-            return optax.trace(decay=momentum).init(params) if momentum else ()
+        parts = [optax.add_decayed_weights(wd)] if l2 else []
+        if sgd:
+            parts += [optax.trace(decay=mu, nesterov=w.nesterov)] if mu else []
+        else:
+            parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+            if wd > 0 and not l2:
+                parts.append(optax.add_decayed_weights(wd))  # -lr (adam + wd w): torch's w *= 1 - lr wd, then adam
+        tx = optax.chain(*parts) if parts else optax.identity()  # plain SGD: chain() wants one at least
 
         def update(params, state, grads, lr):
-            if momentum:
-                grads, state = optax.trace(decay=momentum).update(grads, state)
-            return optax.apply_updates(params, jax.tree_util.tree_map(lambda g: -lr * g, grads)), state
-        return init_state, update
+            updates, state = tx.update(grads, state, params)
+            return optax.apply_updates(params, tmap(lambda u: -lr * u, updates)), state
+        return tx.init, update
 
     def init_state(params):
-        return jax.tree_util.tree_map(jnp.zeros_like, params) if momentum else ()
+        if sgd:
+            return tmap(jnp.zeros_like, params) if mu else ()
+        return jnp.zeros((), jnp.int32), tmap(jnp.zeros_like, params), tmap(jnp.zeros_like, params)
 
     def update(params, state, grads, lr):
-        if momentum:
-            state = jax.tree_util.tree_map(lambda v, g: momentum * v + g, state, grads)
-            grads = state
-        return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), state
+        if l2:
+            grads = tmap(lambda g, p: g + wd * p, grads, params)
+        if sgd:
+            step = grads
+            if mu:
+                state = tmap(lambda v, g: mu * v + g, state, grads)
+                step = tmap(lambda g, v: g + mu * v, grads, state) if w.nesterov else state
+        else:
+            count, m, v = state
+            t = count + 1
+            m = tmap(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
+            v = tmap(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
+            c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+            step = tmap(lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + eps), m, v)
+            if wd > 0 and not l2:
+                step = tmap(lambda u, p: u + wd * p, step, params)
+            state = (t, m, v)
+        return tmap(lambda p, u: p - lr * u, params, step), state
     return init_state, update
 
 

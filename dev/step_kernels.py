@@ -1,0 +1,67 @@
+"""Per-kernel GPU time of one training step: each launch of the step alone, repeated in a graph, then the whole step.
+
+    python dev/step_kernels.py --hidden H [H ...] [--batch B] [--optimizer sgd|adam|adamw] [--momentum MU]
+                               [--step KIND] [--repeats N]
+
+Where a step's time goes, kernel by kernel (a kernel alone does not overlap the one before it, so the parts add up
+to more than the whole). Timed as scripts/bench.py times: CUDA events around graph replays, median of trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "scripts"))
+
+import bench  # noqa: E402  (scripts/bench.py: time_graph)
+from rawgpu.data import load_mnist  # noqa: E402
+from rawgpu.recipe import Recipe  # noqa: E402
+from rawgpu.session import Session  # noqa: E402
+
+
+def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int) -> None:
+    session = Session(Recipe(hidden=hidden, total_steps=1000, **recipe_kw), step_kind=kind)
+    model, stream = session.model, session.stream
+    model.upload_data(load_mnist())
+    model.init_parameters(stream)
+    model.set_permutation(np.random.default_rng(0).permutation(60000))
+    launches = model.step_launches(1)
+    for launch in launches * 3:
+        launch.run(stream)
+    whole = bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in launches],
+                             repeats, 10)
+    print(f"H={hidden} {session.step_description}: {whole:.1f} us per step")
+    parts = []
+    for launch in launches:
+        us = bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats)], repeats, 10)
+        parts.append(us)
+        grid = "x".join(map(str, launch.grid))
+        print(f"  {launch.kernel.name:<34} grid {grid:<12} {us:8.2f} us")
+    print(f"  {'sum of the parts':<47} {sum(parts):8.2f} us")
+    session.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, nargs="+", default=[256])
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--optimizer", default=None, help="sgd, adam or adamw (default: the recipe's)")
+    p.add_argument("--momentum", type=float, default=None)
+    p.add_argument("--step", default="auto", help="the step kind (default auto)")
+    p.add_argument("--repeats", type=int, default=20, help="launches per timed graph")
+    args = p.parse_args()
+    kw = {"batch": args.batch}
+    kw.update({k: v for k, v in (("optimizer", args.optimizer), ("momentum", args.momentum)) if v is not None})
+    for h in args.hidden:
+        profile(h, kw, args.step, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
