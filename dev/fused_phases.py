@@ -79,13 +79,15 @@ def main(argv=None) -> int:
     add_profile_args(p, [128, 512, 1024])
     p.add_argument("--batch", type=at_least(1), default=32)
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0: the benchmark workload's)")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
     args = p.parse_args(argv)
     try:
         dev, stream, kernels, module, data, perm = profiling_setup(kf.SOURCE, "-DFS_PROFILE", args.data_dir)
-        profiled = module.kernel(kf.KERNEL, kf.SIGNATURE)
+        profiled = module.kernel(kf.kernel_name(args.optimizer != "sgd"), kf.SIGNATURE)
         print(f"{dev.name}: one grid barrier over {dev.sm_count} blocks: {barrier_us(module, stream, dev.sm_count):.2f} us")
         for h in args.hidden:
-            recipe = Recipe(hidden=h, batch=args.batch, lr=0.003, momentum=args.momentum, schedule="constant")
+            recipe = Recipe(hidden=h, batch=args.batch, optimizer=args.optimizer, lr=0.003,
+                            momentum=args.momentum if args.optimizer == "sgd" else None, schedule="constant")
             model = MLP(kernels, recipe, dev.sm_count, step_kind="fused").allocate()
             model.upload_data(data)
             model.init_parameters(stream)

@@ -17,12 +17,13 @@ as ||dW_gpu - dW_ref|| / ||dW_ref||:
   rounds to fp16 changes a gradient whose terms largely cancel;
 - after 10 steps, the whole trajectory from the shared init: <= 5e-2 (measured up to 7.8e-3 with fp32 and 2.0e-2
   with fp16 accumulation): a weight that rounds to a different fp16 neighbour changes every later gradient a little.
-Adam and AdamW are checked through their moments, which are linear in the gradients: the change of each moment
-against the reference by the bounds above, and the weight change against float64 arithmetic on the GPU's own new
+Adam and AdamW are checked through their moments: the change of the first (linear in the gradient) against the
+reference by the bounds above, of the second (quadratic: twice the relative error) by twice them, and the weight change against float64 arithmetic on the GPU's own new
 moments (<= 1e-5). Their weight change itself is no measure of the arithmetic: Adam moves every weight by about lr
 whatever its gradient's size, so a gradient sum that nearly cancels (|sum| below 1e-3 of its terms) changes sign
 when one activation rounds to the other fp16 neighbour, and its weight moves the other way by a full step: one step
-from the GPU's parameters measured 4-26% on that norm, against 1e-4 on the moments.
+from the GPU's parameters measured 4-26% on that norm, against up to 8.5e-4 on the moments (6.7e-2 with fp16
+accumulation).
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
             _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale)
             expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
             if adam:  # the moments' change, and the weights' change as the moments make it (module docstring)
-                errors = [max(e) for e in zip(*(_update_errors(state_after[k], expect_state[k], state_before[k])
-                                                for k in ("m", "v")))]
+                errors = [max(m, v / 2) for m, v in zip(*(_update_errors(state_after[k], expect_state[k],
+                                                                        state_before[k]) for k in ("m", "v")))]
                 applied = _update_errors(after, ref.adam_apply(before, state_after, recipe, recipe.lr, s), before)
                 assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: weight change vs its moments, per layer: {applied}"
             else:

@@ -321,7 +321,7 @@ RG_DEVICE void gemm(const Params& p) {
                         const float2 g = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                         if (ADAM) {
                             float2 v2 = *reinterpret_cast<float2*>(sV2 + at);
-                            optim_adam2<true>(w, g, v, v2, o);
+                            optim_adam2(w, g, v, v2, o);
                             *reinterpret_cast<float2*>(sV2 + at) = v2;
                         } else {
                             optim_sgd2(w, g, v, o);

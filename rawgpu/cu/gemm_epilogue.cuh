@@ -68,7 +68,7 @@ RG_DEVICE void epilogue_pair(const Params& p, const Optim& o, int row, int col, 
     const i64 at = (i64)row * p.ldc + col;
     if (EPI_UPDATES(EPI)) {
         if (EPI == EPI_SGD) optim_sgd2(x, make_float2(v0, v1), y, o);
-        else optim_adam2<true>(x, make_float2(v0, v1), y, z, o);
+        else optim_adam2(x, make_float2(v0, v1), y, z, o);
         if (EPI == EPI_ADAM || p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
         if (EPI == EPI_ADAM) *reinterpret_cast<float2*>(p.var + at) = z;
         u32 hi2, lo2;
