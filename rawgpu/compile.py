@@ -84,7 +84,7 @@ def prebuild(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if int(arch[3:].rstrip("a")) < 80:
         parser.error(f"argument --arch: rawgpu needs sm_80 or newer (mma.sync, cp.async), not {arch}")
     if args.all:
-        units, planned = compiler.all_units(), "every kernel unit"
+        units, planned = compiler.all_units(arch), "every kernel unit"
     else:
         sms = args.sms or (here[1] if here is not None and here[0] == arch else TYPICAL_SMS.get(arch, 108))
         recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])

@@ -310,6 +310,7 @@ def unit_of(source: str, kernel: str) -> Unit:
     return (source, kernel) if kernel in contract.split_kernels(source) else (source, None)
 
 
-def all_units() -> list[Unit]:
-    """Every unit a session may compile: each split kernel alone, every other source whole."""
-    return [(s, k) for s in all_sources() for k in (contract.split_kernels(s) or [None])]
+def all_units(arch: str | None = None) -> list[Unit]:
+    """Every unit a session may compile (on `arch`: the instances built for it): each split kernel alone, every
+    other source whole."""
+    return [(s, k) for s in all_sources() for k in (contract.split_kernels(s, arch) or [None])]

@@ -553,27 +553,105 @@ def _dx_sgd_facts(arch: str):
             "DX_SGD_SMEM_BYTES": dx_sgd_smem_bytes(arch)}, {}
 
 
+# ---- dx_update.cu: a layer's backward in one pass with any optimiser (kernels/dx_update.py) ----------------------
+
+DXU_BM = 64  # rows of W (input features) per block
+DXU_BN = 64  # columns of W per pipeline stage
+DXU_THREADS = 256
+DXU_BATCHES = (32, 64, 128, 256)  # the batch tiles (BB): a batch of B rows runs the smallest tile >= B
+DXU_FAMILIES = ("sgd", "adam")  # the update compiled in: SGD's rule (with momentum or without) or Adam's (AdamW)
+DXU_MAX_STAGES = 4
+
+
+def block_smem_limit(arch: str) -> int:
+    """The most dynamic shared memory one block can have: 227 KB on sm_90 and later, 163 KB on sm_80, 99 KB on
+    sm_86/87/89."""
+    return 227 * 1024 if _sm(arch) >= 90 else 163 * 1024 if _sm(arch) == 80 else 99 * 1024
+
+
+def dxu_kernel_name(batch_tile: int, family: str) -> str:
+    return f"dx_update_b{batch_tile}_{family}"
+
+
+def dxu_stage_bytes(batch_tile: int, family: str) -> int:
+    """One pipeline stage of dx_update.cu: W16 and lo (BM rows of BN + 8 halves), one fp32 state tile per state the
+    family may keep (rows of BN + 8 floats), the dy chunk (rows of BN + 8 halves)."""
+    states = 2 if family == "adam" else 1
+    return 2 * DXU_BM * (DXU_BN + 8) * 2 + states * DXU_BM * (DXU_BN + 8) * 4 + batch_tile * (DXU_BN + 8) * 2
+
+
+def dxu_stages(batch_tile: int, family: str, arch: str) -> int:
+    """The pipeline depth that fits the part's shared memory beside the x tile and the bias partials (< 2: the
+    instance is not built for this part)."""
+    fixed = batch_tile * (DXU_BM + 8) * 2 + (DXU_THREADS // DXU_BN) * DXU_BN * 8
+    room = block_smem_limit(arch) - 1024 - fixed  # 1 KB for the kernel's static shared memory (its ticket)
+    return min(DXU_MAX_STAGES, room // dxu_stage_bytes(batch_tile, family))
+
+
+def dxu_smem_bytes(batch_tile: int, family: str, arch: str) -> int:
+    """dx_update.cu's Tile<BB, ADAM>::smem(STAGES) (the kernel asserts they agree)."""
+    fixed = batch_tile * (DXU_BM + 8) * 2 + (DXU_THREADS // DXU_BN) * DXU_BN * 8
+    return dxu_stages(batch_tile, family, arch) * dxu_stage_bytes(batch_tile, family) + fixed
+
+
+def dxu_kernels(arch: str) -> list[str]:
+    """The instances built for `arch`: every batch tile and family whose pipeline is at least two stages deep."""
+    return [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES if dxu_stages(bb, f, arch) >= 2]
+
+
+def _dx_update_facts(arch: str, kernel: str | None = None):
+    defines = {"DXU_BM": DXU_BM, "DXU_BN": DXU_BN, "DXU_THREADS": DXU_THREADS}
+    made = [f"X({dxu_kernel_name(bb, f)}, {bb}, {'true' if f == 'adam' else 'false'}, {dxu_stages(bb, f, arch)}, "
+            f"{dxu_smem_bytes(bb, f, arch)})" for bb in DXU_BATCHES for f in DXU_FAMILIES
+            if dxu_stages(bb, f, arch) >= 2 and kernel in (None, dxu_kernel_name(bb, f))]
+    instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES) each.\n"
+                 f"#define DXU_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
+    return defines, {"dx_update_instances.cuh": _header("dx_update.cu", instances)}
+
+
 # ---- head.cu: the classifier head's step in one cluster (kernels/head.py) ------------------------------------
 
 HEAD_THREADS = 256
-HEAD_ROWS = 32  # batch rows
 HEAD_CLASSES = 16  # classes, padded
-# Shared memory for kc rows of W per CTA, head.cu's carve(): per row, that row of W16 and of lo (CLASSES + 8 halves
-# each) and that column of h (ROWS halves); then h's padding (8 columns), the warps' partial logits (rows of
-# CLASSES + 4 floats), the partial and summed logits, dlogits (rows of CLASSES + 8 halves), labels, loss and hits.
-HEAD_SMEM_PER_ROW = 2 * (HEAD_CLASSES + 8) * 2 + HEAD_ROWS * 2
-HEAD_SMEM_FIXED = (HEAD_ROWS * 8 * 2 + (HEAD_THREADS // 32) * HEAD_ROWS * (HEAD_CLASSES + 4) * 4
-                   + 2 * HEAD_ROWS * HEAD_CLASSES * 4 + HEAD_ROWS * (HEAD_CLASSES + 8) * 2 + 3 * HEAD_ROWS * 4)
+HEAD_BATCHES = (32, 64, 128, 256)  # batch tiles (ROWS): a batch of B rows runs the smallest tile >= B
+HEAD_FAMILIES = DXU_FAMILIES
 
 
-def head_smem_bytes(kc: int) -> int:
-    """The dynamic shared memory of a CTA holding kc rows of W (head.cu asserts its layout is this)."""
-    return HEAD_SMEM_PER_ROW * kc + HEAD_SMEM_FIXED
+def head_kernel_name(rows: int, family: str) -> str:
+    return f"head_step_b{rows}_{family}"
 
 
-def _head_facts(arch: str):
-    return {"HEAD_THREADS": HEAD_THREADS, "HEAD_ROWS": HEAD_ROWS, "HEAD_CLASSES": HEAD_CLASSES,
-            "HEAD_SMEM_PER_ROW": HEAD_SMEM_PER_ROW, "HEAD_SMEM_FIXED": HEAD_SMEM_FIXED}, {}
+def head_smem_per_row(rows: int) -> int:
+    """Shared memory per row of W a CTA holds (head.cu's carve()): that row of W16 and of lo (CLASSES + 8 halves
+    each) and that column of h (rows halves)."""
+    return 2 * (HEAD_CLASSES + 8) * 2 + rows * 2
+
+
+def head_smem_fixed(rows: int) -> int:
+    """The rest of carve(): h's padding (8 columns), the warps' partial logits (32 rows a warp, rows of CLASSES + 4
+    floats), the partial and summed logits, dlogits (rows of CLASSES + 8 halves), labels, loss and hits."""
+    return (rows * 8 * 2 + HEAD_THREADS * (HEAD_CLASSES + 4) * 4 + 2 * rows * HEAD_CLASSES * 4
+            + rows * (HEAD_CLASSES + 8) * 2 + 3 * rows * 4)
+
+
+def head_smem_bytes(rows: int, kc: int) -> int:
+    """The dynamic shared memory of a CTA of the `rows` tile holding kc rows of W (head.cu asserts its layout is
+    this)."""
+    return head_smem_per_row(rows) * kc + head_smem_fixed(rows)
+
+
+def head_kernels() -> list[str]:
+    return [head_kernel_name(rows, f) for rows in HEAD_BATCHES for f in HEAD_FAMILIES]
+
+
+def _head_facts(arch: str, kernel: str | None = None):
+    made = [f"X({head_kernel_name(rows, f)}, {rows}, {'true' if f == 'adam' else 'false'}, {head_smem_per_row(rows)}, "
+            f"{head_smem_fixed(rows)})" for rows in HEAD_BATCHES for f in HEAD_FAMILIES
+            if kernel in (None, head_kernel_name(rows, f))]
+    instances = ("// The kernels of this build: X(name, ROWS, ADAM, SMEM_PER_ROW, SMEM_FIXED) each.\n"
+                 f"#define HEAD_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
+    return {"HEAD_THREADS": HEAD_THREADS, "HEAD_CLASSES": HEAD_CLASSES}, {"head_instances.cuh": _header("head.cu",
+                                                                                                      instances)}
 
 
 # ---- loss.cu and elementwise.cu (kernels/loss.py, kernels/elementwise.py) -----------------------------------------
@@ -600,6 +678,7 @@ SOURCES = {
     "cluster_step.cu": (_schedule_facts, _cluster_facts),
     "data.cu": (_schedule_facts, _optim_facts),
     "dx_sgd.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _dx_sgd_facts),
+    "dx_update.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _dx_update_facts),
     "elementwise.cu": (_schedule_facts, _optim_facts, _elementwise_facts),
     "fused_step.cu": (_schedule_facts, _optim_facts, _fused_facts),
     GEMM_SOURCE: (_optim_facts, _epilogue_facts, _gemm_facts),
@@ -615,19 +694,24 @@ def _header(source: str, *parts: str) -> str:
             + "\n".join(parts))
 
 
-_INSTANCE_FACTS = (_cluster_facts, _fused_facts, _gemm_facts, _gemm_tma_facts)  # they list instances: built one
+_INSTANCE_FACTS = (_cluster_facts, _fused_facts, _gemm_facts, _gemm_tma_facts, _dx_update_facts, _head_facts)  # they list instances: built one
 # at a time too
 
 
-def split_kernels(source: str) -> list[str]:
+def split_kernels(source: str, arch: str | None = None) -> list[str]:
     """The kernels of a source of many template instances, each of which builds alone (a unit of compilation and
-    of the cache), so that a step compiles only what it launches; [] for a source that builds whole."""
+    of the cache), so that a step compiles only what it launches; [] for a source that builds whole. arch: only
+    those built for that GPU (dx_update.cu builds no instance whose pipeline does not fit it)."""
     if source in (GEMM_SOURCE, GEMM_TMA_SOURCE):
         return all_kernel_names(source)
     if source == "cluster_step.cu":
         return [cluster_kernel_name(t) for t in CS_TILE_COUNTS]
     if source == "fused_step.cu":
         return list(FS_KERNELS)
+    if source == "dx_update.cu":
+        return dxu_kernels(arch) if arch else [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES]
+    if source == "head.cu":
+        return head_kernels()
     return []
 
 
@@ -635,8 +719,8 @@ def build(source: str, arch: str, kernel: str | None = None) -> tuple[tuple[str,
     """What `source` is compiled with for `arch` (an 'sm_XY' name): the `-DNAME=value` options and the generated
     headers (include name -> text). A source that shares nothing gets ((), {}). kernel: one of split_kernels(source),
     built alone (the generated instance list names it only)."""
-    if kernel is not None and kernel not in split_kernels(source):
-        raise ValueError(f"{source} has no kernel {kernel} that builds alone")
+    if kernel is not None and kernel not in split_kernels(source, arch):
+        raise ValueError(f"{source} has no kernel {kernel} that builds alone for {arch}")
     defines: dict[str, int] = {}
     headers: dict[str, str] = {}
     for facts in SOURCES.get(source, ()):

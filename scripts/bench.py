@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a c
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # the peers package beside this script
 
 from rawgpu import driver as drv  # noqa: E402
-from rawgpu import master  # noqa: E402
+from rawgpu import master, optimizer  # noqa: E402
+from rawgpu.contract import OPTIM_WORDS  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.files import write_atomic  # noqa: E402
 from rawgpu.graph import capture  # noqa: E402
@@ -165,7 +166,7 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
                 kw["act"] = arena.tensor(f"act{c}", (M, N), np.float16)
             sets.append((A, B, out, kw))
         bias = arena.tensor("bias", (N,), np.float32)
-        lr = arena.tensor("lr", (1,), np.float32)
+        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
         ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
         tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
         arena.allocate()
@@ -179,10 +180,10 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
             if "act" in kw:
                 kw["act"].upload(rng.standard_normal(kw["act"].shape).astype(np.float16))
         bias.upload(rng.standard_normal(N).astype(np.float32))
-        lr.upload(np.array([1e-6], np.float32))
+        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(Recipe(momentum=0.0)), 0, 1e-6)))
         tickets.upload(np.zeros(tickets.shape, np.int32))
-        binds = [G.gemm(kernels, plan, A, B, out, bias=bias, lr=lr, workspace=ws, tickets=tickets, **kw)
-                 for A, B, out, kw in sets]
+        binds = [G.gemm(kernels, plan, A, B, out, bias=bias, optim=optim if epilogue == "sgd" else None, workspace=ws,
+                        tickets=tickets, **kw) for A, B, out, kw in sets]
         binds = [b.overlapping() for b in binds] if overlap else binds
         runs = [binds[i % n] for i in range(launches)]
         us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
@@ -332,7 +333,7 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
     timed). step_kind: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
-    programmatic dependent launch); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
+    programmatic dependent launch; "long": the layered step without its short form, one kernel per layer and role); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
     the L2 the layered step's cache hints may keep per weight (None: the default); recipe: batch, optimiser and
     schedule (default RECIPES["seed"]'s), the schedule running over `steps`. Returns a dict with system,
     us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial parameters, for the peers) and note."""
@@ -341,9 +342,11 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
 
     recipe = rawgpu_recipe(h, {**RECIPES["seed"], **(recipe or {})}, steps, seed)
     serial = step_kind == "serial"  # the default step, each kernel launched only when the one before has finished
+    long = step_kind == "long"  # the layered step as it runs where its short form does not
     budget = {} if l2_budget is None else {"l2_budget": l2_budget}
-    options = StepOptions(overlap=not serial, fused_grid=fused_grid, **budget)
-    session = Session(recipe, device_index, step_kind="auto" if serial else step_kind, options=options)
+    options = StepOptions(overlap=not serial, short=not long, fused_grid=fused_grid, **budget)
+    kind = "auto" if serial else "layered" if long else step_kind
+    session = Session(recipe, device_index, step_kind=kind, options=options)
     if session.compile_seconds:
         print(f"# H={h} {step_kind}: {session.compile_note}", flush=True)
     model, stream = session.model, session.stream
@@ -577,9 +580,11 @@ def main(argv=None) -> int:
     t.add_argument("--steps-per-launch", type=positive, default=100,
                    help="rawgpu training steps per graph launch (default 100; JAX's fori_loop peer runs all steps as "
                         "one program)")
-    t.add_argument("--rawgpu-variants", nargs="*", default=[], choices=("cluster", "fused", "layered", "serial"),
+    t.add_argument("--rawgpu-variants", nargs="*", default=[],
+                   choices=("cluster", "fused", "layered", "serial", "long"),
                    help="also time these rawgpu step implementations (rows rawgpu-cluster, rawgpu-fused, "
-                        "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch)")
+                        "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch; "
+                        "rawgpu-long: the layered step without its short form)")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)

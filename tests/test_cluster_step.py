@@ -49,13 +49,14 @@ def test_unsupported_recipes_say_why(changes, arch, reason):
 
 
 @pytest.mark.parametrize("changes,arch,kind", [
-    ({}, "sm_90", "cluster"), ({}, "sm_86", "fused"), (dict(batch=64), "sm_90", "fused"),
-    (dict(hidden=256), "sm_90", "layered"), (dict(hidden=512), "sm_90", "layered"),
-    (dict(hidden=256), "sm_86", "fused"), (dict(hidden=256, momentum=0.9), "sm_90", "fused"),
+    ({}, "sm_90", "cluster"), ({}, "sm_86", "fused"), (dict(batch=64), "sm_90", "layered"),
+    (dict(batch=512), "sm_90", "fused"), (dict(hidden=256), "sm_90", "layered"), (dict(hidden=512), "sm_90", "layered"),
+    (dict(hidden=256), "sm_86", "fused"), (dict(hidden=256, momentum=0.9), "sm_90", "layered"),
+    (dict(hidden=256, momentum=0.9, accum="fp16"), "sm_90", "layered"),
     (dict(hidden=2048), "sm_90", "layered"), (dict(hidden=2048), "sm_86", "layered")])
 def test_auto_takes_the_cluster_step_first(changes, arch, kind):
-    """cluster where it fits, else the short layered step (sm_90, batch <= 32, plain SGD), else fused up to
-    steps/fused.py's limits, else layered."""
+    """cluster where it fits, else the short layered step (sm_90, batch <= 256, fp32 accumulation), else fused up
+    to steps/fused.py's limits, else layered."""
     model = MLP(None, Recipe(**{**SMALL, **changes}), arch=arch)
     assert model.kind == kind
 

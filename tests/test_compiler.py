@@ -49,8 +49,8 @@ def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
 # Every kernel the layered step launches (mlp.MLP._layered_step), which on sm_90 it launches overlapping the one
 # before: each must wait for the prior grid, and only then let its own dependent start (ptx/pdl.cuh).
 OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"], "elementwise.cu": ["bias_update"],
-              "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "head.cu": ["head_step"], "gemm.cu": None,
-              "gemm_tma.cu": None}  # None: all
+              "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "dx_update.cu": None, "head.cu": None,
+              "gemm.cu": None, "gemm_tma.cu": None}  # None: all
 
 
 @pytest.mark.parametrize("source", sorted(OVERLAPPED))
@@ -186,10 +186,13 @@ def _ptx_kinds(entry: str) -> str:
 
 
 def _launchers():
-    from rawgpu.kernels import cluster, dx_sgd, fused, gemm, head
+    from rawgpu.kernels import cluster, dx_sgd, dx_update, fused, gemm, head
 
     yield dx_sgd.SOURCE, dx_sgd.KERNEL, dx_sgd.SIGNATURE
-    yield head.SOURCE, head.KERNEL, head.SIGNATURE
+    for kernel in contract.dxu_kernels("sm_90"):
+        yield dx_update.SOURCE, kernel, dx_update.SIGNATURE
+    for kernel in contract.head_kernels():
+        yield head.SOURCE, kernel, head.SIGNATURE
     yield fused.SOURCE, fused.KERNEL, fused.SIGNATURE
     yield cluster.SOURCE, "cluster_steps_1", cluster.SIGNATURE
     yield gemm.SOURCE, gemm.all_kernel_names(gemm.SOURCE)[0], gemm.SIGNATURE
@@ -310,7 +313,7 @@ def test_a_failed_build_drops_the_queued_ones(fake_builds, monkeypatch):
 def test_units_are_each_split_kernel_alone_and_every_other_source_whole():
     units = compiler.all_units()
     split = {s for s in compiler.all_sources() if contract.split_kernels(s)}
-    assert split == {"gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu"}
+    assert split == {"gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu", "dx_update.cu", "head.cu"}
     assert compiler.unit_of("fused_step.cu", "fused_steps_adam") == ("fused_step.cu", "fused_steps_adam")
     assert len(units) == len(set(units)) == sum(len(contract.split_kernels(s)) or 1 for s in compiler.all_sources())
     assert compiler.unit_of("gemm.cu", "gemm_stream_rr_store_f32") == ("gemm.cu", "gemm_stream_rr_store_f32")

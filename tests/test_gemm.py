@@ -12,6 +12,8 @@ from rawgpu.contract import OPTIM_WORDS
 from rawgpu.recipe import Recipe
 from rawgpu.kernels import gemm as G
 
+from optim_reference import OPTIMIZERS, TABLE_STEP, update_reference
+
 # --- CPU: plan and instance table ------------------------------------------------------------------------------
 
 
@@ -50,8 +52,9 @@ def test_smem_matches_the_cuda_formula():
 
 
 @pytest.mark.parametrize("M,K,epi,expected", [(1, 784, "bias_relu", "stream"), (32, 8192, "store", "stream"),
-                                              (33, 64, "drelu", "64x128"), (64, 64, "store", "64x128"),
-                                              (128, 256, "bias", "128x128"), (8192, 32, "sgd", "staged"),
+                                              (33, 64, "drelu", "64x128"), (64, 64, "store", "stream"),
+                                              (128, 256, "bias", "stream"), (257, 256, "bias", "128x128"),
+                                              (8192, 32, "sgd", "staged"),
                                               (784, 128, "sgd", "staged"), (784, 1024, "sgd", "128x128"),
                                               (32, 32, "sgd", "32x128")])
 def test_config_choice(M, K, epi, expected):
@@ -65,7 +68,9 @@ def test_batch_sized_gemms_stream():
         for N, K in [(8192, 8192), (2048, 2048), (8192, 784), (256, 256), (16, 8192)]:
             assert G.plan_gemm(32, N, K, layout, epi).config.name == "stream"
             assert G.plan_gemm(1, N, K, layout, epi).config.name == "stream"
-        assert G.plan_gemm(64, 8192, 8192, layout, epi).config.name != "stream"  # M > 32
+        batch_forward = layout == "rr"  # x @ W streams up to 256 rows, dy @ W^T up to 32
+        assert (G.plan_gemm(64, 8192, 8192, layout, epi).config.name == "stream") == batch_forward
+        assert G.plan_gemm(257, 8192, 8192, layout, epi).config.name != "stream"
     assert G.plan_gemm(32, 64, 64, "cc", "store").config.name == "32x128"  # no streaming instance
     assert G.plan_gemm(8192, 8192, 32, "cr", "store").config.name == "persist"  # x^T @ dy with a plain store...
     assert G.plan_gemm(2048, 2048, 32, "cr", "store", sm_count=132).config.name == "persist"  # 512 tiles, 264 blocks
@@ -84,6 +89,11 @@ def test_tma_streams_large_weights_on_sm90_only():
             assert G.plan_gemm(32, N, K, layout, epi, arch="sm_86").config.name != "tma"
         assert G.plan_gemm(32, 1024, 1024, layout, epi, arch="sm_90").config.name == "stream"  # latency-bound
         assert G.plan_gemm(64, 8192, 8192, layout, epi, arch="sm_90").config.name != "tma"  # M > 32
+    for M in (33, 128, 256):  # the forward at batch size: the copy engine from 1 MB, its 128-column tile from 6 MB
+        assert G.plan_gemm(M, 256, 784, "rr", "bias_relu", arch="sm_90").config.name == "stream"
+        assert G.plan_gemm(M, 1024, 784, "rr", "bias_relu", arch="sm_90").config.name == "tma"
+        assert G.plan_gemm(M, 4096, 784, "rr", "bias_relu", arch="sm_90").config.name == "tma128"
+        assert G.plan_gemm(M, 4096, 4096, "rc", "drelu", arch="sm_90").config.name in ("64x128", "128x128")
     assert G.plan_gemm(8192, 8192, 32, "cr", "sgd", arch="sm_90").config.name == "staged"
     assert G.has_tma("sm_90") and G.has_tma("sm_90a") and not G.has_tma("sm_89")
 
@@ -247,31 +257,6 @@ def _rel(got, ref):
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     assert np.isfinite(got).all(), "output has NaN/inf: not every element was written"
     return np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
-
-
-# Optimisers the update epilogue is checked with (rawgpu/optimizer.py makes their tables).
-OPTIMIZERS = {"plain": Recipe(momentum=0.0), "momentum": Recipe(momentum=0.9),
-              "nesterov": Recipe(momentum=0.9, nesterov=True, weight_decay=1e-3),
-              "adam": Recipe(optimizer="adam", weight_decay=1e-3), "adamw": Recipe(optimizer="adamw", weight_decay=0.1)}
-TABLE_STEP = 3  # Adam's bias corrections of a step past the first
-
-
-def update_reference(o, w, g, m, v):
-    """optim.cuh's update in float64 from the table `o` (contract.Optim): (w, m, v) after one step."""
-    w, g, m, v = (np.asarray(a, np.float64) for a in (w, g, m, v))
-    if o.kind == 0:
-        g = g + o.l2 * w
-        if o.beta1 > 0:
-            m = o.beta1 * m + g
-            g = g + o.beta1 * m if o.nesterov else m
-        return w - o.lr * g, m, v
-    if o.kind == 2:
-        w = w * o.decay
-    else:
-        g = g + o.l2 * w
-    m = m + o.m_rate * (g - m)
-    v = o.beta2 * v + o.v_rate * g * g
-    return w - o.step_size * m / (np.sqrt(v) * o.bias2 + o.eps), m, v
 
 
 def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store", accum="f32", splits=None,

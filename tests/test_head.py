@@ -5,33 +5,50 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu import master
+from rawgpu import contract, master, optimizer
+from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import head as H
+
+from optim_reference import OPTIMIZERS, check_master_update, random_state, rel, table, update_reference
 
 # --- CPU ---------------------------------------------------------------------------------------------------------
 
 
-def test_plan_covers_the_rows_with_whole_16_row_slices():
-    for K in (8, 16, 104, 1000, 1024, 2048, 2056, 4096, 8192, 16384):
-        p = H.plan_head(32, K)
-        assert p.kc % 16 == 0 and p.kc <= H.MAX_KC
-        assert (p.ctas - 1) * p.kc < K <= p.ctas * p.kc, "a CTA would hold no rows, or rows would be left over"
-        assert p.ctas <= (H.PORTABLE_CTAS if K <= 2048 else H.MAX_CTAS)
-        assert p.smem_bytes <= 227 * 1024
-    assert H.plan_head(32, 16384 + 8) is None, "past 16 x MAX_KC rows the head runs as separate kernels"
+def test_plan_covers_the_rows_with_whole_16_row_slices_that_fit():
+    for B in (1, 32, 33, 100, 128, 200, 256):
+        for K in (8, 16, 104, 1000, 1024, 2048, 2056, 4096, 8192, 16384):
+            p = H.plan_head(B, K)
+            ctas = H.PORTABLE_CTAS if K <= 2048 else H.MAX_CTAS
+            kc = -(-(-(-K // ctas)) // 16) * 16
+            if p is None:
+                assert contract.head_smem_bytes(H.batch_tile(B), kc) > H.SMEM_LIMIT, (B, K)
+                continue
+            assert p.rows >= B and p.kc % 16 == 0 and p.smem_bytes <= H.SMEM_LIMIT
+            assert (p.ctas - 1) * p.kc < K <= p.ctas * p.kc, "a CTA would hold no rows, or rows would be left over"
+            assert p.ctas <= ctas
+    assert H.plan_head(32, 16384) is not None and H.plan_head(128, 8192) is not None
+    assert H.plan_head(32, 24576) is None, "past what 16 CTAs hold the head runs as separate kernels"
+    assert H.plan_head(256, 8192) is None
 
 
-def test_only_sm90_batch_sized_plain_sgd_with_16_padded_classes_fuses():
-    assert H.supported(32, True, "f32", 16, "sm_90") and H.supported(1, True, "f32", 16, "sm_100")
-    assert not H.supported(32, True, "f32", 16, "sm_86")
-    assert not H.supported(33, True, "f32", 16, "sm_90")
-    assert not H.supported(32, False, "f32", 16, "sm_90")
-    assert not H.supported(32, True, "f16", 16, "sm_90")
-    assert not H.supported(32, True, "f32", 24, "sm_90")
+def test_the_instance_is_the_smallest_batch_tile_and_the_optimisers_family():
+    assert H.plan_head(1, 256).kernel == "head_step_b32_sgd"
+    assert H.plan_head(33, 256, "sgd").kernel == "head_step_b64_sgd"
+    assert H.plan_head(128, 256, "adam").kernel == "head_step_b128_adam"
+    assert H.plan_head(129, 256, "adamw").kernel == "head_step_b256_adam"
+    assert set(contract.head_kernels()) == set(contract.split_kernels(H.SOURCE))
 
 
-@pytest.mark.parametrize("kw,msg", [(dict(B=33, K=64), "batch rows"), (dict(B=8, K=60), "multiple of 8"),
-                                    (dict(B=8, K=64, ctas=17), "1..16 CTAs")])
+def test_only_sm90_fp32_batches_up_to_256_with_16_padded_classes_fuse():
+    assert H.unsupported_reason(32, "f32", 16, "sm_90") is None and H.unsupported_reason(256, "f32", 16, "sm_100") is None
+    assert "sm_90" in H.unsupported_reason(32, "f32", 16, "sm_86")
+    assert "batch <= 256" in H.unsupported_reason(257, "f32", 16, "sm_90")
+    assert "fp32" in H.unsupported_reason(32, "f16", 16, "sm_90")
+    assert "16 padded classes" in H.unsupported_reason(32, "f32", 24, "sm_90")
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(B=257, K=64), "batch rows"), (dict(B=0, K=64), "batch rows"),
+                                    (dict(B=8, K=60), "multiple of 8"), (dict(B=8, K=64, ctas=17), "1..16 CTAs")])
 def test_bad_plans_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
         H.plan_head(**kw)
@@ -45,7 +62,9 @@ def test_the_layered_step_uses_it_on_sm90_only():
     ours = MLP(None, r, arch="sm_90", step_kind="layered")
     assert ours.step.head is not None and ours.step.head.K == 4096
     assert MLP(None, r, arch="sm_86", step_kind="layered").step.head is None
-    assert MLP(None, Recipe(hidden=4096, batch=32, momentum=0.9), arch="sm_90", step_kind="layered").step.head is None
+    adam = MLP(None, Recipe(hidden=4096, batch=128, optimizer="adam"), arch="sm_90", step_kind="layered")
+    assert adam.step.head.kernel == "head_step_b128_adam"
+    assert MLP(None, Recipe(hidden=4096, batch=257), arch="sm_90", step_kind="layered").step.head is None
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------
@@ -64,46 +83,57 @@ def _reference_logits(h, w, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,K,ctas", [(32, 4096, None), (32, 8192, None), (7, 104, None), (32, 1000, 8), (1, 16, 2),
-                                      (17, 2056, None), (32, 256, 16), (32, 16384, None)])
-def test_against_float64(device, stream, kernels, rng, B, K, ctas):
-    """logits, metrics, d(logits), dh = (dlogits @ W16^T) * (h > 0), W -= lr h^T dlogits on the master, b -= lr
-    colsum(dlogits): odd widths, partial batches, cluster sizes; outputs poisoned first, bitwise equal across two
-    runs."""
+@pytest.mark.parametrize("B,K,ctas,opt", [
+    (32, 4096, None, "plain"), (32, 8192, None, "plain"), (7, 104, None, "plain"), (32, 1000, 8, "plain"),
+    (1, 16, 2, "plain"), (17, 2056, None, "plain"), (32, 256, 16, "plain"), (32, 16384, None, "plain"),
+    (32, 1024, None, "momentum"), (33, 256, None, "plain"), (64, 520, 4, "adamw"), (100, 1000, None, "nesterov"),
+    (128, 4096, None, "momentum"), (128, 8192, None, "adam"), (128, 256, None, "adam"), (200, 4096, None, "momentum"),
+    (256, 2048, None, "adam"), (256, 104, None, "plain")])
+def test_against_float64(device, stream, kernels, rng, B, K, ctas, opt):
+    """logits, metrics, d(logits), dh = (dlogits @ W16^T) * (h > 0), the optimiser's step on the master (W16, lo)
+    and its state with G = h^T dlogits, and on b with colsum(dlogits): odd widths, partial batches and batch tiles,
+    cluster sizes, every optimiser; outputs poisoned first, bitwise equal across two runs."""
     if int(device.arch.removeprefix("sm_")) < 90:
         pytest.skip(f"the head kernel needs thread-block clusters (sm_90+); this GPU is {device.arch}")
-    from gpu_checks import assert_same_bytes, check_master_step, run_twice
+    from gpu_checks import assert_same_bytes, run_twice
 
     from rawgpu.memory import Arena
 
     classes, scale = 10, np.float32(512.0 / B)
-    plan = H.plan_head(B, K, ctas)
+    plan = H.plan_head(B, K, OPTIMIZERS[opt].optimizer, ctas)
+    states = OPTIMIZERS[opt].state_tensors
+    o = table(opt, lr=0.01)
     h = np.maximum(rng.uniform(-1, 1, (B, K)), 0).astype(np.float16)  # a ReLU output: about half zero
     w = np.zeros((K, 16), np.float32)
     w[:, :classes] = rng.uniform(-1, 1, (K, classes)) / np.sqrt(K) * 8
     b = np.zeros(16, np.float32)
     b[:classes] = rng.uniform(-0.5, 0.5, classes)
+    mw, vw = random_state(rng, (K, 16), states, 2.0)
+    mb, vb = random_state(rng, 16, states, 2.0)
     labels = rng.integers(0, classes, B).astype(np.int32)
-    lr = np.float32(0.01)
     with Arena() as arena:
         th, ty = arena.tensor("h", (B, K), np.float16), arena.tensor("y", (B,), np.int32)
         twlo, tw16 = arena.tensor("wlo", (K, 16), np.int16), arena.tensor("w16", (K, 16), np.float16)
-        tb, tlr = arena.tensor("b", (16,), np.float32), arena.tensor("lr", (1,), np.float32)
+        tb, topt = arena.tensor("b", (16,), np.float32), arena.tensor("optim", (OPTIM_WORDS,), np.float32)
         tz, td = arena.tensor("logits", (B, 16), np.float16), arena.tensor("dlogits", (B, 16), np.float16)
         tdh = arena.tensor("dh", (B, K), np.float16)
         tloss, tcorrect = arena.tensor("loss", (1,), np.float64), arena.tensor("correct", (1,), np.int32)
+        held = [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
+        tstate = {name: arena.tensor(name, a.shape, np.float32) for name, a in held}
         arena.allocate()
         th.upload(h)
         ty.upload(labels)
-        tlr.upload(np.array([lr], np.float32))
-        launch = H.head_step(kernels, plan, th, ty, twlo, tw16, tb, tlr, tz, td, tdh, tloss, tcorrect, classes,
-                             float(scale * B))
+        topt.upload(optimizer.words(o))
+        launch = H.head_step(kernels, plan, th, ty, twlo, tw16, tb, topt, tz, td, tdh, tloss, tcorrect, classes,
+                             float(scale * B), **{n: tstate.get(n) for n in ("mw", "vw", "mb", "vb")})
         hi, lo = master.split(w)
         state = [(twlo, lo), (tw16, hi), (tb, b), (tloss, np.array([1.5])), (tcorrect, np.array([3], np.int32))]
-        runs = run_twice(launch, stream, state, [tz, td, tdh], [tz, td, tdh, twlo, tw16, tb, tloss, tcorrect])
+        state += [(tstate[name], a) for name, a in held]
+        outs = [tz, td, tdh, twlo, tw16, tb, tloss, tcorrect] + [tstate[name] for name, _ in held]
+        runs = run_twice(launch, stream, state, [tz, td, tdh], outs)
     z_ref = _reference_logits(h, w, b)
     _, loss_ref, _, _ = _reference_from_logits(z_ref, labels, classes, 1.0)
-    for z, d, dh, wlo, w16, b_new, loss, correct in runs:
+    for z, d, dh, wlo, w16, b_new, loss, correct, *got_state in runs:
         for name, out in (("logits", z), ("dlogits", d), ("dh", dh)):
             assert np.isfinite(out.astype(np.float64)).all(), f"{name} not written everywhere"
         err = np.linalg.norm(z - z_ref) / np.linalg.norm(z_ref)
@@ -119,9 +149,15 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas):
         dh_ref = (d64 @ w.astype(np.float16).astype(np.float64).T) * (h > 0)
         err = np.linalg.norm(dh - dh_ref) / np.linalg.norm(dh_ref)
         assert err <= 2e-3, f"dh rel err {err:.2e}"
-        check_master_step(w, w16, wlo, float(lr), h.astype(np.float64).T @ d64)
-        b_ref = b.astype(np.float64) - float(lr) * d64.sum(axis=0)
-        assert np.allclose(b_new, b_ref, rtol=1e-6, atol=1e-7), "bias update"
+        w_ref, mw_ref, vw_ref = update_reference(o, w, h.astype(np.float64).T @ d64, mw, vw)
+        check_master_update(w, w16, wlo, w_ref)
+        b_ref, mb_ref, vb_ref = update_reference(o, b, d64.sum(axis=0), mb, vb)
+        assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
+        got = dict(zip([name for name, _ in held], got_state))
+        if states:
+            assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
+        if states > 1:
+            assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
     assert_same_bytes(runs)
 
 

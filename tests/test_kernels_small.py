@@ -24,6 +24,8 @@ from rawgpu.kernels import loss as kl
 from rawgpu.memory import Arena, Tensor
 from rawgpu.recipe import Recipe
 
+from optim_reference import OPTIMIZERS, update_reference
+
 gpu = pytest.mark.gpu
 
 
@@ -556,29 +558,8 @@ def test_init_uniform_master_is_the_host_split_of_the_same_values(kern, device, 
         assert np.array_equal(lo.download(), lo_ref)
 
 
-BIAS_OPTIMIZERS = {"plain": Recipe(momentum=0.0), "momentum": Recipe(momentum=0.9),
-                   "nesterov_wd": Recipe(momentum=0.9, nesterov=True, weight_decay=0.01),
-                   "adam": Recipe(optimizer="adam", weight_decay=0.01), "adamw": Recipe(optimizer="adamw")}
-
-
-def _bias_reference(o, b, g, m, v):
-    """optim.cuh's update in float64 from the table o."""
-    b, g, m, v = (np.asarray(a, np.float64) for a in (b, g, m, v))
-    if o.kind == 0:
-        g = g + o.l2 * b
-        if o.beta1 > 0:
-            m = o.beta1 * m + g
-            g = g + o.beta1 * m if o.nesterov else m
-        return b - o.lr * g, m, v
-    b = b * o.decay if o.kind == 2 else b
-    g = g + o.l2 * b if o.kind == 1 else g
-    m = m + o.m_rate * (g - m)
-    v = o.beta2 * v + o.v_rate * g * g
-    return b - o.step_size * m / (np.sqrt(v) * o.bias2 + o.eps), m, v
-
-
 @gpu
-@pytest.mark.parametrize("opt", list(BIAS_OPTIMIZERS))
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
 @pytest.mark.parametrize("cols,pad", [(1, 7), (10, 6), (13, 3), (256, 0), (784, 16), (1000, 8), (4096, 8), (10, 0), (13, 0)])
 @pytest.mark.parametrize("rows", [1, 7, 32, 128, 1000])
 def test_bias_update(kern, device, stream, rng, rows, cols, pad, opt):
@@ -588,7 +569,7 @@ def test_bias_update(kern, device, stream, rng, rows, cols, pad, opt):
     dy = rng.standard_normal((rows + 1, ld)).astype(np.float16)
     g = dy[:rows, :cols].astype(np.float64).sum(axis=0)
     sentinel = np.float32(7.0)
-    recipe = BIAS_OPTIMIZERS[opt]
+    recipe = OPTIMIZERS[opt]
     states = recipe.state_tensors
     table = optimizer.step_values(optimizer.hyperparameters(recipe), 2, 0.05)
     bias0 = rng.standard_normal(cols).astype(np.float32)
@@ -619,7 +600,7 @@ def test_bias_update(kern, device, stream, rng, rows, cols, pad, opt):
     assert all(np.all(x[cols:] == sentinel) for x in got), "wrote past the end"
     got_b, got_m, got_v = (x[:cols] for x in got)
     assert np.isfinite(got_b).all()
-    ref_b, ref_m, ref_v = _bias_reference(table, bias0, g, m0, v0)
+    ref_b, ref_m, ref_v = update_reference(table, bias0, g, m0, v0)
     # b - step in fp32 can cancel (one column, fresh random data): its error is measured against the terms' size
     assert _rel_to(got_b, ref_b, np.abs(bias0) + np.abs(ref_b - bias0)) <= 1e-5
     if states:

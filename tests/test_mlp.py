@@ -71,8 +71,10 @@ def kernels(device):
     return Kernels(device.arch)
 
 
-def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kind: str = "auto", overlap: bool = True):
-    model = MLP(kernels, recipe, device.sm_count, step_kind=step_kind, options=StepOptions(overlap=overlap)).allocate()
+def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kind: str = "auto", overlap: bool = True,
+           short: bool = True):
+    options = StepOptions(overlap=overlap, short=short)
+    model = MLP(kernels, recipe, device.sm_count, step_kind=step_kind, options=options).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
     model.set_permutation(perm)
@@ -105,6 +107,9 @@ REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), 
 @pytest.mark.parametrize("hidden,layers,batch,opt,accum,step_kind", [
     *[(*case, "layered") for case in REFERENCE_CASES], (128, 3, 32, PLAIN, "fp16", "layered"),
     (2048, 2, 128, ADAM, "fp32", "layered"), (64, 2, 32, ADAMW, "fp16", "layered"),
+    (2048, 3, 128, MOMENTUM, "fp32", "layered"), (100, 3, 33, NESTEROV, "fp32", "layered"),
+    (256, 3, 200, ADAMW, "fp32", "layered"), (520, 2, 256, PLAIN, "fp32", "layered"),
+    (1024, 3, 128, MOMENTUM, "fp32", "layered-long"), (256, 3, 128, ADAM, "fp32", "layered-long"),
     *[(*case, "fused") for case in REFERENCE_CASES],
     (2048, 3, 32, PLAIN, "fp32", "fused"), (64, 1, 7, MOMENTUM, "fp32", "fused"),
     (520, 4, 200, dict(momentum=0.5), "fp32", "fused"), (64, 1, 7, ADAM, "fp32", "fused"),
@@ -118,8 +123,9 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
                     accum=accum, seed=int(rng.integers(1 << 30)))
-    model = _model(kernels, device, stream, data, recipe, perm, step_kind)
-    assert model.kind == step_kind
+    kind, short = step_kind.removesuffix("-long"), not step_kind.endswith("-long")  # -long: no short form
+    model = _model(kernels, device, stream, data, recipe, perm, kind, short=short)
+    assert model.kind == kind
     try:
         init = model.parameters()
         step = model.step_launches()
@@ -199,11 +205,11 @@ def test_graph_and_eager_give_identical_parameters_after_100_steps(device, strea
 
 
 @gpu
-@pytest.mark.parametrize("batch,opt", [(32, PLAIN), (64, MOMENTUM), (64, ADAMW)])
+@pytest.mark.parametrize("batch,opt", [(32, PLAIN), (64, MOMENTUM), (64, ADAMW), (300, MOMENTUM)])
 def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stream, kernels, rng, batch, opt):
     """The gather writes each step's optimiser values (lr_at of the counter, Adam's bias corrections: optimizer.py's
-    step_values) and the counter moves once per step: on sm_90 at batch <= 32 with plain SGD the head kernel moves it
-    (8 launches at 3 layers, no step_increment), otherwise a step_increment launch does."""
+    step_values) and the counter moves once per step: in the short form (sm_90, batch <= 256, fp32 accumulation) the
+    head kernel moves it (8 launches at 3 layers, no step_increment), otherwise a step_increment launch does."""
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=64, layers=3, batch=batch, **{"lr": 0.05, **opt}, schedule="cosine", warmup_steps=3,
@@ -213,9 +219,9 @@ def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stre
         step = model.step_launches()
         names = [launch.kernel.name for launch in step]
         short = layered_step.short_form_reason(recipe, device.arch) is None
-        assert short == (device.arch == "sm_90" and batch <= 32 and recipe.plain_sgd)
+        assert short == (device.arch == "sm_90" and batch <= 256 and recipe.accum == "fp32")
         if short:
-            assert len(step) == 8 and names[0] == "gather_batch" and names[4] == "head_step", names
+            assert len(step) == 8 and names[0] == "gather_batch" and names[4].startswith("head_step_b"), names
         assert ("step_increment" in names) != short and "lr_schedule" not in names
         scale = loss_scale(batch)
         hyper = optimizer.hyperparameters(recipe)
@@ -236,13 +242,16 @@ def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stre
 
 
 @gpu
-@pytest.mark.parametrize("hidden,batch,opt", [(2048, 32, PLAIN), (256, 64, MOMENTUM), (1000, 128, PLAIN),
-                                             (1024, 128, ADAM)])
-def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden, batch, opt):
+@pytest.mark.parametrize("hidden,batch,opt,short", [(2048, 32, PLAIN, True), (256, 64, MOMENTUM, True),
+                                                   (1000, 128, PLAIN, True), (1024, 128, ADAM, True),
+                                                   (4096, 256, ADAMW, True), (256, 64, MOMENTUM, False),
+                                                   (1024, 128, ADAM, False)])
+def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden, batch, opt, short):
     """The layered step with each kernel overlapping the one before (programmatic dependent launch, sm_90+) against
     the same step launched strictly one after another: 60 steps as graphs of 20, parameters equal bit for bit. A
     kernel that read its predecessor's output before griddepcontrol.wait would differ. The shapes cover the
-    tensor-copy forward, dx_sgd, split-K tickets and the cp.async GEMMs with momentum."""
+    tensor-copy forward, dx_sgd, dx_update with every batch tile's kind of split, the head kernel, split-K tickets
+    and (short=False) the cp.async GEMMs with momentum and Adam."""
     from rawgpu.graph import capture
 
     if int(device.arch.removeprefix("sm_")) < 90:
@@ -253,7 +262,7 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
                     total_steps=60, seed=int(rng.integers(1 << 30)))
     results = []
     for overlap in (False, True):
-        model = _model(kernels, device, stream, data, recipe, perm, "layered", overlap=overlap)
+        model = _model(kernels, device, stream, data, recipe, perm, "layered", overlap=overlap, short=short)
         try:
             assert model.step.overlap == overlap
             graph = capture(stream, run_launches(model.step_launches(20), stream))

@@ -32,9 +32,10 @@ def run(module: str, *args: str, env: dict | None = None) -> subprocess.Complete
 @pytest.mark.parametrize("recipe, kind, expect", [
     (DEFAULT, "fused", {("fused_step.cu", "fused_steps")}),
     (replace(DEFAULT, optimizer="adam", lr=1e-3), "fused", {("fused_step.cu", "fused_steps_adam")}),
-    (replace(DEFAULT, optimizer="adamw", lr=1e-3), "layered", {("gemm.cu", "gemm_staged32_cr_adam_f32")}),
-    (SEED, "layered", {("dx_sgd.cu", None), ("head.cu", None)}),
-    (DEFAULT, "layered", {("elementwise.cu", None)}),
+    (replace(DEFAULT, optimizer="adamw", lr=1e-3), "layered", {("dx_update.cu", "dx_update_b128_adam"),
+                                                               ("head.cu", "head_step_b128_adam")}),
+    (SEED, "layered", {("dx_sgd.cu", None), ("head.cu", "head_step_b32_sgd")}),
+    (DEFAULT, "layered", {("dx_update.cu", "dx_update_b128_sgd"), ("head.cu", "head_step_b128_sgd")}),
     (SMALL, "cluster", {("cluster_step.cu", "cluster_steps_1")}),
 ])
 def test_a_plan_names_its_units_and_only_its_own(recipe, kind, expect):
@@ -43,7 +44,7 @@ def test_a_plan_names_its_units_and_only_its_own(recipe, kind, expect):
     assert len(units) == len(set(units)) and set(units) <= set(compiler.all_units())
     assert {("data.cu", None), ("loss.cu", None), ("elementwise.cu", None)} <= set(units)  # every session's
     if kind != "layered":
-        assert all(s != "dx_sgd.cu" and s != "head.cu" for s, _ in units)
+        assert all(s not in ("dx_sgd.cu", "dx_update.cu", "head.cu") for s, _ in units)
     gemms = [k for s, k in units if s in ("gemm.cu", "gemm_tma.cu")]
     assert gemms and len(gemms) < 20, "a step names a handful of GEMM instances, not all of them"
     assert not any(s == "gemm.cu" and k is None for s, k in units), "GEMM instances build one at a time"
@@ -51,9 +52,16 @@ def test_a_plan_names_its_units_and_only_its_own(recipe, kind, expect):
     assert not any(k in (("fused_steps", "gemm_staged_cr_sgd_f32") if adam else ("fused_steps_adam",)) for _, k in units)
 
 
+def test_the_layered_steps_gemms_before_sm90_are_the_units_named():
+    units = set(kernel_units(replace(DEFAULT, optimizer="adamw", lr=1e-3), "sm_86", 84, "layered"))
+    assert ("gemm.cu", "gemm_staged32_cr_adam_f32") in units and not any(s == "dx_update.cu" for s, _ in units)
+    short = set(kernel_units(DEFAULT, "sm_90", 132, "layered"))
+    assert not any(k and "_cr_" in k for _, k in short), "the short form launches no dW GEMM"
+
+
 def test_a_single_kernel_unit_compiles_that_kernel_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
-    for source in ("gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu"):
+    for source in ("gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu", "dx_update.cu", "head.cu"):
         kernel = contract.split_kernels(source)[-1]
         module = compiler.compile_source(source, "sm_90", kernel=kernel)
         assert set(module.resources) == {kernel}

@@ -34,19 +34,23 @@ def test_every_recipe_has_a_step_on_every_arch(arch):
         assert steps.unsupported_reason(choice.kind, r, arch) is None
         if arch != "sm_90":
             assert choice.kind in ("fused", "layered"), (r, choice)
-        if not r.plain_sgd:  # the cluster step and the short form fuse plain SGD only
-            assert choice.kind != "cluster" and (choice.kind != "layered" or "short" not in choice.reason), (r, choice)
+        if not r.plain_sgd:  # the cluster step runs plain SGD only
+            assert choice.kind != "cluster", (r, choice)
+        short = arch == "sm_90" and r.accum == "fp32" and r.batch <= 256  # the short form runs every optimiser
+        assert short == (choice.kind == "cluster" or "short" in choice.reason), (r, choice)
 
 
 def test_auto_says_why_it_passed_every_kind_over():
-    choice = steps.choose(Recipe(hidden=2048, batch=128), "sm_90")  # momentum, wide: layered, 18 kernels
+    choice = steps.choose(Recipe(hidden=2048, batch=512), "sm_90")  # a batch past the short form, wide: 18 kernels
     assert choice.kind == "layered"
     assert list(choice.passed_over) == ["cluster", "layered (short form)", "fused"]
     assert "at most 32" in choice.passed_over["cluster"] and "hidden 2048 > 1024" in choice.passed_over["fused"]
     assert "in 18 kernels" in choice.passed_over["fused"]
-    assert steps.choose(Recipe(hidden=1024, batch=128), "sm_90").kind == "fused"
+    assert "batch <= 256" in choice.passed_over["layered (short form)"]
+    assert steps.choose(Recipe(hidden=1024, batch=512), "sm_90").kind == "fused"
     assert "hidden 1024 > 512" in steps.choose(Recipe(hidden=1024, batch=32, momentum=0.0), "sm_86").passed_over["fused"]
-    assert "momentum 0.9" in choice.passed_over["layered (short form)"]
+    for r in (Recipe(hidden=2048, batch=128), Recipe(hidden=256, optimizer="adam"), Recipe(hidden=128, batch=256)):
+        assert "short form" in steps.choose(r, "sm_90").reason
     assert choice.explain().splitlines()[0].startswith("layered: ")
     assert steps.choose(Recipe(hidden=128, batch=32, momentum=0.0), "sm_90").passed_over == {}
 
@@ -217,4 +221,7 @@ def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypa
         model.arena._allocated = False  # as after arena.close()
         assert model.step.describe().startswith(f"layered: {count} kernels")
     assert MLP(None, Recipe(hidden=256, batch=32, momentum=0.0), arch="sm_90").step.kernel_count() == 8
-    assert MLP(None, Recipe(hidden=1024), arch="sm_90", step_kind="layered").step.kernel_count() == 18
+    assert MLP(None, Recipe(hidden=1024), arch="sm_90", step_kind="layered").step.kernel_count() == 8
+    assert MLP(None, Recipe(hidden=1024, optimizer="adam"), arch="sm_90").step.kernel_count() == 8
+    assert MLP(None, Recipe(hidden=1024), arch="sm_86", step_kind="layered").step.kernel_count() == 18
+    assert MLP(None, Recipe(hidden=1024, batch=512), arch="sm_90", step_kind="layered").step.kernel_count() == 18

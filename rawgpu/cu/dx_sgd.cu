@@ -62,22 +62,6 @@ struct DxSgdParams {
     float* workspace; int* tickets;
 };
 
-// Copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) into s (row stride LD); rows >= R and
-// columns >= C are zero-filled (C is a multiple of the piece).
-template <class T, int ROWS, int COLS, int LD>
-RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid, u64 policy) {
-    constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
-#pragma unroll
-    for (int it = 0; it < (CHUNKS + dxsgd::THREADS - 1) / dxsgd::THREADS; ++it) {
-        const int i = it * dxsgd::THREADS + tid;
-        if (CHUNKS % dxsgd::THREADS == 0 || i < CHUNKS) {
-            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
-            const bool valid = r0 + r < R && c0 + c < C;
-            cp_async_16_policy(s + r * LD + c, valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g, valid, policy);
-        }
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(dxsgd::THREADS)
 dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, const float* lr_ptr, int B, int IN,
        int N, int ldx, int lddy, int ldw, int lddx, int n_chunk, float* workspace, int* tickets, float keep_read,
@@ -101,12 +85,12 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
     const u64 normal = l2_policy(0.f);
     auto load_weights = [&](int stage, int c) {
         const int n = n_begin + c * BN;
-        load_rows<half_t, BM, BN, LDW>(sW(stage), w16, ldw, i0, n, IN, n_end, tid, read_policy);
-        load_rows<short, BM, BN, LDW>(sL(stage), wlo, ldw, i0, n, IN, n_end, tid, read_policy);
+        load_rows<half_t, BM, BN, LDW, THREADS>(sW(stage), w16, ldw, i0, n, IN, n_end, tid, read_policy);
+        load_rows<short, BM, BN, LDW, THREADS>(sL(stage), wlo, ldw, i0, n, IN, n_end, tid, read_policy);
     };
     auto load_chunk = [&](int stage, int c) {
         load_weights(stage, c);
-        load_rows<half_t, BB, BN, LDY>(sY(stage), dy, lddy, 0, n_begin + c * BN, B, n_end, tid, normal);
+        load_rows<half_t, BB, BN, LDY, THREADS>(sY(stage), dy, lddy, 0, n_begin + c * BN, B, n_end, tid, normal);
     };
     // Launched overlapping the kernel before (pdl.cuh): the first chunks of the weights (this layer's own, written
     // a step ago) are fetched at once; x and dy only once that kernel has finished. All of them join chunk 0's
@@ -115,10 +99,10 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
     for (int s = 0; s < STAGES - 1; ++s)
         if (s < chunks) load_weights(s, s);
     pdl_enter();
-    load_rows<half_t, BB, BM, LDX>(sX, x, ldx, 0, i0, B, IN, tid, normal);
+    load_rows<half_t, BB, BM, LDX, THREADS>(sX, x, ldx, 0, i0, B, IN, tid, normal);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < chunks) load_rows<half_t, BB, BN, LDY>(sY(s), dy, lddy, 0, n_begin + s * BN, B, n_end, tid, normal);
+        if (s < chunks) load_rows<half_t, BB, BN, LDY, THREADS>(sY(s), dy, lddy, 0, n_begin + s * BN, B, n_end, tid, normal);
         cp_async_commit();
     }
 

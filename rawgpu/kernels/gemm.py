@@ -48,6 +48,13 @@ SPLIT_MIN_BYTES = 192 * 1024
 # The tensor-copy tile (config "tma") pays once the weight is this large; below it the cp.async streaming tile is
 # as fast or faster (docs/history.md, Version 4).
 TMA_MIN_BYTES = 4 << 20
+# The forward (x @ W) of a batch of 33..BATCH_STREAM_ROWS rows streams too, the weight read once per 32 rows (from
+# L2 after the first): the 64- and 128-row tiles, which read it once, ran 1.5-3x slower at batch 128 on an H100
+# (dev/forward_tiles.py, docs/perf.md). There the copy engine wins from TMA_MIN_BYTES_BATCH of weight, and its
+# 128-column tile, which reads x half as often, from TMA128_MIN_BYTES.
+BATCH_STREAM_ROWS = 256
+TMA_MIN_BYTES_BATCH = 1 << 20
+TMA128_MIN_BYTES = 6 << 20
 
 
 def has_tma(arch: str) -> bool:
@@ -130,6 +137,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     - M <= 32 (x @ W and dy @ W^T at batch size): a streaming tile, one block per SM with its whole share of K in
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
+    - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
+      TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_BYTES);
     - otherwise the smallest M tile that covers the batch."""
     if layout == "cr" and epilogue in UPDATE_EPILOGUES + ("store",) and M > 64 and K <= 128:
         if epilogue == "store" and 0 < N <= 64 and M <= 2048:
@@ -138,9 +147,14 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
         if epilogue == "store" and cdiv(M, persist.bm) * cdiv(N, persist.bn) > PERSIST_BLOCKS_PER_SM * sm_count:
             return "persist"
         return "staged32" if epilogue == "adam" else "staged"
-    if M <= 32 and ("stream", layout, epilogue) in INSTANCES:
-        if has_tma(arch) and 2 * K * N >= TMA_MIN_BYTES and ("tma", layout, epilogue) in INSTANCES:
-            return "tma"
+    batch_forward = 32 < M <= BATCH_STREAM_ROWS and layout == "rr"
+    if (M <= 32 or batch_forward) and ("stream", layout, epilogue) in INSTANCES:
+        weight = 2 * K * N
+        if has_tma(arch) and ("tma", layout, epilogue) in INSTANCES:
+            if batch_forward and weight >= TMA128_MIN_BYTES and ("tma128", layout, epilogue) in INSTANCES:
+                return "tma128"
+            if weight >= (TMA_MIN_BYTES_BATCH if batch_forward else TMA_MIN_BYTES):
+                return "tma"
         return "stream"
     if M <= 32:
         return "32x128"

@@ -1,6 +1,8 @@
-"""Launcher for head.cu: the classifier head's forward, loss, backward and update in one cluster launch (sm_90).
+"""Launcher for head.cu: the classifier head's forward, loss, backward and optimiser step in one cluster launch
+(sm_90).
 
-`plan_head` is plain Python (tested on CPU): how many CTAs share the head's rows, and the shared memory each needs.
+`plan_head` is plain Python (tested on CPU): the instance (batch tile, optimiser family), how many CTAs share the
+head's rows, and the shared memory each needs.
 """
 
 from __future__ import annotations
@@ -18,20 +20,30 @@ if TYPE_CHECKING:
     from ..memory import Tensor
 
 SOURCE = "head.cu"
-KERNEL = "head_step"
-SIGNATURE = "pippppppppippiiiifp"  # head_step's parameters (tests/test_compiler.py checks it against the PTX)
-THREADS, ROWS, CLASSES = contract.HEAD_THREADS, contract.HEAD_ROWS, contract.HEAD_CLASSES  # compiled into head.cu
-MAX_KC = 1024  # rows of W per CTA: 190 KB of shared memory
+SIGNATURE = "pippppppppppppippiiiifp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
+THREADS, CLASSES = contract.HEAD_THREADS, contract.HEAD_CLASSES  # compiled into head.cu
+MAX_BATCH = max(contract.HEAD_BATCHES)
 PORTABLE_CTAS, MAX_CTAS = 8, 16
-smem_bytes = contract.head_smem_bytes  # a CTA's dynamic shared memory for kc rows of W
+SMEM_LIMIT = contract.block_smem_limit("sm_90")
 
 
-def supported(batch: int, plain_sgd: bool, accum: str, classes_padded: int, arch: str) -> bool:
-    """Whether the head's step can run as one cluster: sm_90+ (clusters), batch-sized (<= 32 rows), plain SGD,
-    fp32 accumulation, the classes padded to 16. Otherwise the head runs as four kernels (GEMM, softmax_xent,
-    dx_sgd, bias_update)."""
-    return (int(arch.removeprefix("sm_")) >= 90 and batch <= ROWS and plain_sgd and accum == "f32"
-            and classes_padded == CLASSES)
+def batch_tile(batch: int) -> int | None:
+    """The smallest instance's batch rows that hold `batch`; None past the largest."""
+    return next((rows for rows in contract.HEAD_BATCHES if batch <= rows), None)
+
+
+def unsupported_reason(batch: int, accum: str, classes_padded: int, arch: str) -> str | None:
+    """Why the head's step cannot run as one cluster here; None when it can (given a width plan_head fits).
+    Otherwise the head runs as separate kernels (GEMM, softmax_xent, the backward, bias_update)."""
+    if int(arch.removeprefix("sm_").rstrip("a")) < 90:
+        return f"the head's one-cluster step needs sm_90 (thread-block clusters), this GPU is {arch}"
+    if accum != "f32":
+        return "the head's one-cluster step accumulates in fp32 only"
+    if batch_tile(batch) is None:
+        return f"the head's one-cluster step takes batch <= {MAX_BATCH}, not {batch}"
+    if classes_padded != CLASSES:
+        return f"the head's one-cluster step computes {CLASSES} padded classes, not {classes_padded}"
+    return None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -44,35 +56,49 @@ class HeadPlan:
     K: int  # the head's inputs (the top hidden width, padded to 8)
     ctas: int  # the cluster
     kc: int  # rows of W per CTA, a multiple of 16
+    family: str  # "sgd" or "adam": the instance's update
+
+    @property
+    def rows(self) -> int:
+        return batch_tile(self.B)
+
+    @property
+    def kernel(self) -> str:
+        return contract.head_kernel_name(self.rows, self.family)
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.kc)
+        return contract.head_smem_bytes(self.rows, self.kc)
 
 
-def plan_head(B: int, K: int, ctas: int | None = None) -> HeadPlan | None:
-    """CTAs: 8 (a portable cluster) up to 2048 inputs, 16 above, so each holds at most 128 (or 1024) rows; None when
-    K is too wide for 16 CTAs of MAX_KC rows."""
-    if not 1 <= B <= ROWS:
-        raise ValueError(f"the head step takes 1..{ROWS} batch rows, got {B}")
+def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None) -> HeadPlan | None:
+    """CTAs: 8 (a portable cluster) up to 2048 inputs, 16 above, so each holds at most 256 (or K / 16) rows; None
+    when K is too wide for 16 CTAs' shared memory at this batch."""
+    rows = batch_tile(B)
+    if B < 1 or rows is None:
+        raise ValueError(f"the head step takes 1..{MAX_BATCH} batch rows, got {B}")
     if K < 1 or K % 8:
         raise ValueError(f"the head's inputs must be a positive multiple of 8, got {K}")
     c = ctas if ctas is not None else (PORTABLE_CTAS if K <= 2048 else MAX_CTAS)
     if not 1 <= c <= MAX_CTAS:
         raise ValueError(f"a cluster holds 1..{MAX_CTAS} CTAs, got {c}")
     kc = _cdiv(_cdiv(K, c), 16) * 16
-    if kc > MAX_KC:
+    if contract.head_smem_bytes(rows, kc) > SMEM_LIMIT:
         return None
-    return HeadPlan(B, K, _cdiv(K, kc), kc)
+    return HeadPlan(B, K, _cdiv(K, kc), kc, "sgd" if optimizer == "sgd" else "adam")
 
 
 def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "Tensor", w16: "Tensor",
-              bias: "Tensor", lr: "Tensor", logits: "Tensor", dlogits: "Tensor", dh: "Tensor", loss_sum: "Tensor",
-              correct: "Tensor", classes: int, grad_scale: float, step: "Tensor | None" = None) -> "Launch":
+              bias: "Tensor", optim: "Tensor", logits: "Tensor", dlogits: "Tensor", dh: "Tensor", loss_sum: "Tensor",
+              correct: "Tensor", classes: int, grad_scale: float, step: "Tensor | None" = None,
+              mw: "Tensor | None" = None, vw: "Tensor | None" = None, mb: "Tensor | None" = None,
+              vb: "Tensor | None" = None) -> "Launch":
     """h [B, K] (the top hidden layer's output, also its ReLU mask); the head's master as wlo (int16) and W16
-    [K, 16] and its bias [16] (all updated); logits, dlogits [B, 16] and dh [B, K] written; loss_sum += the rows'
-    cross-entropy, correct += their hits. grad_scale: the loss scale (dlogits are d(loss)/d(z) x grad_scale / B).
-    step: a training step counter to move forward by one (the layered step's own, so it needs no extra launch)."""
+    [K, 16] and its bias [16] (all updated) with the optimiser's state mw, vw [K, 16] and mb, vb [16] (fp32; None
+    where the optimiser keeps none); optim: the optimiser table (contract.Optim); logits, dlogits [B, 16] and dh
+    [B, K] written; loss_sum += the rows' cross-entropy, correct += their hits. grad_scale: the loss scale (dlogits
+    are d(loss)/d(z) x grad_scale / B). step: a training step counter to move forward by one (the layered step's
+    own, so it needs no extra launch)."""
     p = plan
     require(h, np.float16, what="h")
     if len(h.shape) != 2 or h.shape[0] < p.B or h.shape[1] < p.K or h.shape[1] % 8:
@@ -80,7 +106,17 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
     require(wlo, np.int16, (p.K, CLASSES), "W lo")
     require(w16, np.float16, (p.K, CLASSES), "W16")
     require(bias, np.float32, (CLASSES,), "bias")
-    require(lr, np.float32, what="lr")
+    require(optim, np.float32, (contract.OPTIM_WORDS,), "optim")
+    if p.family == "adam" and (mw is None or vw is None):
+        raise ValueError("Adam's update needs both moments (mw and vw)")
+    if p.family == "sgd" and vw is not None:
+        raise ValueError("SGD keeps no second moment: vw must be None")
+    for t, shape, what in ((mw, (p.K, CLASSES), "mw"), (vw, (p.K, CLASSES), "vw"), (mb, (CLASSES,), "mb"),
+                           (vb, (CLASSES,), "vb")):
+        if t is not None:
+            require(t, np.float32, shape, what)
+    if (mb is None) != (mw is None) or (vb is None) != (vw is None):
+        raise ValueError("the bias keeps the same optimiser state as the weights")
     require(labels, np.int32, what="labels")
     for t, what in ((logits, "logits"), (dlogits, "dlogits")):
         require(t, np.float16, what=what)
@@ -97,7 +133,8 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
         raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
     if step is not None:
         require(step, np.int64, (1,), "step")
-    return k.get(SOURCE, KERNEL, SIGNATURE).bind(
-        p.ctas, THREADS, p.smem_bytes, h, h.shape[1], labels, wlo, w16, bias, lr, logits, dlogits, dh, dh.shape[1],
-        loss_sum, correct, p.B, p.K, p.kc, classes, grad_scale / p.B, step if step is not None else 0,
-        cluster=p.ctas)
+    ptr = lambda t: 0 if t is None else t  # noqa: E731
+    return k.get(SOURCE, p.kernel, SIGNATURE).bind(
+        p.ctas, THREADS, p.smem_bytes, h, h.shape[1], labels, wlo, w16, ptr(mw), ptr(vw), bias, ptr(mb), ptr(vb),
+        optim, logits, dlogits, dh, dh.shape[1], loss_sum, correct, p.B, p.K, p.kc, classes, grad_scale / p.B,
+        ptr(step), cluster=p.ctas)

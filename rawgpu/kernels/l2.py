@@ -2,8 +2,8 @@
 
 Why: at large H the step streams every weight from DRAM, yet some of those streams read bytes that were in L2 a
 moment before. The forward reads W16 of layers 1, 2, ..., the backward of the top layers (one pass over each
-weight, dx_sgd) comes right after it and reads W16 again, top down. And the backward writes W16 of the lower
-layers last, just before the next step's forward reads them. So two kinds of gaps:
+weight: dx_sgd, or dx_update with an optimiser's state) comes right after it and reads W16 again, top down. And the
+backward writes W16 of the lower layers last, just before the next step's forward reads them. So two kinds of gaps:
   A: layer l's forward -> its backward: short for the top layers (only the layers above run in between);
   B: layer l's backward writes W16 -> the next forward reads it: short for the low layers.
 Set A holds the top layers (head down) and set B the low ones (bottom up), each as many as `budget` of the L2
@@ -12,12 +12,12 @@ the gap; every other weight access of those layers is marked evict-first, so the
 push out each other, not the kept ones. At any moment the kept lines are at most one set's bytes: A's layers are
 all above B's whenever both are partial, and a forward releases B's lines as it reads them.
 
-A plan gives, per layer, one `keep` value for its forward's weight reads and three for its dx_sgd (reading both
-halves, writing W16, writing lo); ptx/l2.cuh says what a value means (> 0: that fraction kept, 0: normal, < 0:
-evict first). dx_sgd reads normally: marked evict-first they were slower. Layers whose backward is not dx_sgd read
-and write normally, and so does every layer when less than MIN_KEEP of the top one fits. The hints pay at large
-widths and change nothing where the weights stay in L2 anyway (docs/history.md, Version 10). Plain Python, tested on
-CPU.
+A plan gives, per layer, one `keep` value for its forward's weight reads and three for its one-pass backward
+(reading both halves, writing W16, writing lo and the optimiser's state); ptx/l2.cuh says what a value means (> 0:
+that fraction kept, 0: normal, < 0: evict first). The backward reads normally: marked evict-first they were slower.
+Layers whose backward is not one pass read and write normally, and so does every layer when less than MIN_KEEP of
+the top one fits. The hints pay at large widths and change nothing where the weights stay in L2 anyway
+(docs/history.md, Version 10). Plain Python, tested on CPU.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ MIN_KEEP = 0.5  # below this share of the top layer kept, the hints cost more th
 @dataclass(frozen=True)
 class LayerPolicy:
     forward: float = NORMAL  # the forward GEMM's weight (W16) reads
-    read: float = NORMAL     # dx_sgd: both halves read
-    hi: float = NORMAL       # dx_sgd: W16 written
-    lo: float = NORMAL       # dx_sgd: lo written
+    read: float = NORMAL     # the one-pass backward: both halves read
+    hi: float = NORMAL       # the one-pass backward: W16 written
+    lo: float = NORMAL       # the one-pass backward: lo (and the optimiser's state) written
 
 
 def _greedy(order: Sequence[int], sizes: Sequence[int], room: float) -> dict[int, float]:
@@ -51,7 +51,7 @@ def _greedy(order: Sequence[int], sizes: Sequence[int], room: float) -> dict[int
 
 def plan_l2(w16_bytes: Sequence[int], one_pass: Sequence[bool], l2_bytes: int,
             budget: float = DEFAULT_BUDGET) -> list[LayerPolicy]:
-    """Policies for layers with these W16 sizes, where one_pass[i] says layer i's backward is dx_sgd. budget: the
+    """Policies for layers with these W16 sizes, where one_pass[i] says layer i's backward is one pass. budget: the
     share of L2 each set may fill; 0 plans no hints at all."""
     if len(w16_bytes) != len(one_pass):
         raise ValueError("one size and one backward kind per layer")

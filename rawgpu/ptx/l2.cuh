@@ -28,6 +28,22 @@ RG_DEVICE void cp_async_16_policy(void* smem, const void* gmem, bool valid, u64 
                  :: "r"(shared_address(smem)), "l"(gmem), "r"(valid ? 16 : 0), "l"(policy));
 }
 
+// A block's THREADS copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) of g (row stride ld) into s
+// (row stride LD), with a cache policy; rows >= R and columns >= C are zero-filled (C is a multiple of the piece).
+template <class T, int ROWS, int COLS, int LD, int THREADS>
+RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid, u64 policy) {
+    constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
+#pragma unroll
+    for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
+        const int i = it * THREADS + tid;
+        if (CHUNKS % THREADS == 0 || i < CHUNKS) {
+            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
+            const bool valid = r0 + r < R && c0 + c < C;
+            cp_async_16_policy(s + r * LD + c, valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g, valid, policy);
+        }
+    }
+}
+
 // A 16-byte store with a cache policy.
 RG_DEVICE void store_16_policy(void* p, uint4 v, u64 policy) {
     asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;"

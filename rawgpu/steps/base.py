@@ -18,10 +18,12 @@ class StepOptions:
     """Settings of particular kinds, for comparisons and tests; the defaults are what training uses.
 
     overlap: layered step on sm_90+, each kernel starts while the one before still runs (programmatic dependent
-    launch). l2_bytes, l2_budget: layered step, the GPU's L2 size and the share of it one weight may keep between
+    launch). short: layered step, its short form wherever it runs (False: one kernel per layer and role, as where it
+    does not). l2_bytes, l2_budget: layered step, the GPU's L2 size and the share of it one weight may keep between
     two reads (budget 0 or no size: no cache hints). fused_grid: blocks of the fused kernel (default one per SM)."""
 
     overlap: bool = True
+    short: bool = True
     l2_bytes: int = 0
     l2_budget: float = DEFAULT_BUDGET
     fused_grid: int | None = None

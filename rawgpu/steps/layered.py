@@ -1,12 +1,13 @@
 """The layered step: one kernel per layer and role (gather, GEMMs with fused epilogues, softmax, bias updates).
 
-At 3 hidden layers it is 18 kernels, with any optimiser. Its short form, on sm_90 at batch <= 32 with plain SGD and
-fp32 accumulation, is 8: each layer's backward and bias update is one pass over its weights (kernels/dx_sgd.py), the
-head's forward, loss, backward and update one cluster kernel that also moves the step counter
-(kernels/head.py), and the gather writes the step's learning rate. On sm_90 every kernel starts while the one
-before still runs (programmatic dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints
-(kernels/l2.py). Runs every recipe on every GPU: the step for fp16 accumulation, for GPUs before sm_90 at widths
-the fused step does not take, and for momentum, Adam or large batches at large widths.
+At 3 hidden layers it is 18 kernels, with any optimiser. Its short form, on sm_90 at batch <= 256 with fp32
+accumulation, is 8: each layer's backward, optimiser step and bias update is one pass over its weights
+(kernels/dx_sgd.py at batch <= 32 with plain SGD, kernels/dx_update.py with any optimiser), the head's forward,
+loss, backward and step one cluster kernel that also moves the step counter (kernels/head.py), and the gather
+writes the step's optimiser values. On sm_90 every kernel starts while the one before still runs (programmatic
+dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints (kernels/l2.py). Runs every recipe on
+every GPU: the step for fp16 accumulation, for GPUs before sm_90 at widths the fused step does not take, and for
+batches above 256 at large widths.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import TYPE_CHECKING
 
 from ..kernels import data as kd
 from ..kernels import dx_sgd as kb
+from ..kernels import dx_update as ku
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
+from ..compiler import unit_of
 from ..recipe import PADDED_CLASSES, Recipe, loss_scale
 from .base import Step, StepOptions
 
@@ -30,9 +33,9 @@ if TYPE_CHECKING:
     from ..mlp import MLP
 
 SUMMARY = "one kernel per layer and role (18 at 3 hidden layers; 8 in its short form), overlapping on sm_90"
-SHORT_WHEN = "sm_90, batch <= 32, plain SGD (no momentum or weight decay), fp32 accumulation"
+SHORT_WHEN = "sm_90, batch <= 256, fp32 accumulation"
 WHEN_AUTO_SHORT = (f"the short form (8 kernels at 3 hidden layers) runs here ({SHORT_WHEN}), and beats the fused "
-                   "step's grid barriers from hidden 256 on")
+                   "step's grid barriers")
 WHEN_AUTO = "the step that runs every recipe"
 
 
@@ -41,18 +44,21 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     return None
 
 
+def one_pass_reason(recipe: Recipe, arch: str) -> str | None:
+    """Why a layer's backward is not one pass over its weights here (kernels/dx_sgd.py for batch <= 32 with plain
+    SGD, kernels/dx_update.py otherwise); None when it is."""
+    if kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum):
+        return None
+    return ku.unsupported_reason(recipe.batch, recipe.optimizer, recipe.kernel_accum, arch)
+
+
 def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the layered step is not its short form here (every layer's backward one pass, the head one cluster
     kernel, overlapping launches); None when it is."""
-    plain, accum = recipe.plain_sgd, recipe.kernel_accum
     if not kg.has_tma(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
-    if not kb.supported(recipe.batch, plain, accum):
-        return (f"the one-pass backward takes batch <= {kb.MAX_BATCH}, plain SGD and fp32 accumulation "
-                f"(batch {recipe.batch}, {recipe.optimizer_text}, {recipe.accum})")
-    if not kh.supported(recipe.batch, plain, accum, PADDED_CLASSES, arch):
-        return "the head's one-cluster step does not take this recipe"
-    return None
+    return (one_pass_reason(recipe, arch)
+            or kh.unsupported_reason(recipe.batch, recipe.kernel_accum, PADDED_CLASSES, arch))
 
 
 @dataclass
@@ -62,14 +68,14 @@ class LayerPlans:
     fwd: kg.GemmPlan
     dx: kg.GemmPlan | None  # None for the first layer: nothing below it needs a gradient
     dw: kg.GemmPlan
-    bwd: kb.DxSgdPlan | None  # dx and the update in one pass (replaces dx + dw)
+    bwd: kb.DxSgdPlan | ku.DxUpdatePlan | None  # dx and the update in one pass (replaces dx + dw + the bias's)
 
 
 class LayeredStep(Step):
     kind = "layered"
 
-    def __init__(self, model: "MLP", overlap: bool, l2_bytes: int, l2_budget: float):
-        """overlap, l2_bytes, l2_budget: see StepOptions."""
+    def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float):
+        """overlap, short, l2_bytes, l2_budget: see StepOptions."""
         super().__init__(model)
         r, arch, B = model.recipe, model.arch, model.recipe.batch
         padded = r.padded_widths
@@ -78,24 +84,36 @@ class LayeredStep(Step):
         plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         # the head's forward, loss, backward and update as one cluster kernel where it runs (sm_90)
-        self.head = (kh.plan_head(B, padded[-2]) if kh.supported(B, plain, accum, padded[-1], arch) else None)
+        self.head = (kh.plan_head(B, padded[-2], r.optimizer)
+                     if short and kh.unsupported_reason(B, accum, padded[-1], arch) is None else None)
+        one_pass = short and one_pass_reason(r, arch) is None
         n = len(padded) - 1
         self.plans: list[LayerPlans] = []
         for i in range(n):
             pin, pout, last = padded[i], padded[i + 1], i == n - 1
-            one_pass = kb.supported(B, plain, accum) and not (last and self.head is not None)
+            bwd = None
+            if one_pass and not (last and self.head is not None):
+                bwd = (kb.plan_dx_sgd(B, pin, pout, model.sm_count) if kb.supported(B, plain, accum)
+                       else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count))
             self.plans.append(LayerPlans(
                 fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_relu"),
                 dx=plan(B, pin, pout, "rc", "drelu") if i else None,
                 dw=plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors),
-                bwd=kb.plan_dx_sgd(B, pin, pout, model.sm_count) if one_pass else None))
+                bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
                               l2_bytes, l2_budget)
 
     def kernel_units(self) -> set:
-        units = kg.plan_units([p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw)], self.model.arch)
-        units |= {(kb.SOURCE, None)} if any(lp.bwd is not None for lp in self.plans) else set()
-        units |= {(kh.SOURCE, None)} if self.head is not None else set()
+        n = len(self.plans) - (self.head is not None)  # layers with a forward GEMM
+        gemms = [lp.fwd for lp in self.plans[:n]] + [p for lp in self.plans[:n] if lp.bwd is None for p in (lp.dx, lp.dw)]
+        units = kg.plan_units(gemms, self.model.arch)
+        for lp in self.plans:
+            if isinstance(lp.bwd, kb.DxSgdPlan):
+                units.add((kb.SOURCE, None))
+            elif lp.bwd is not None:
+                units.add(unit_of(ku.SOURCE, lp.bwd.kernel))
+        if self.head is not None:
+            units.add(unit_of(kh.SOURCE, self.head.kernel))
         return units
 
     def split_plans(self) -> list:
@@ -132,16 +150,20 @@ class LayeredStep(Step):
             lay = m.layers[n]
             out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.optim, m.acts[-1],
                                     m.grads[-1], m.grads[n], m.loss_sum, m.correct, r.classes, scale,
-                                    step=m.counter))  # the step counter moves here
+                                    step=m.counter,  # the step counter moves here
+                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb))
         else:
             out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        grad_scale=scale))
         dy = m.grads[n]
         for i in range(n - 1, -1, -1):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
-            if p.bwd is not None:  # the bias too; the first layer's input needs no gradient: its update alone
+            if isinstance(p.bwd, kb.DxSgdPlan):  # the bias too; the first layer's input needs no gradient
                 out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, m.grads[i], m.optim, m.workspace, m.tickets,
                                      self.l2[i], bias=lay.b))
+            elif p.bwd is not None:  # the same with the optimiser's state
+                out.append(ku.dx_update(k, p.bwd, x, dy, lay.wlo, lay.w16, lay.mw, lay.vw, m.grads[i], m.optim,
+                                        m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb))
             else:
                 if p.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
@@ -156,4 +178,4 @@ class LayeredStep(Step):
 
 
 def build(model: "MLP", options: StepOptions) -> LayeredStep:
-    return LayeredStep(model, options.overlap, options.l2_bytes, options.l2_budget)
+    return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget)

@@ -1,0 +1,157 @@
+"""Launcher for dx_update.cu: a layer's whole backward at batch size with any optimiser (dx with the ReLU mask, and
+the optimiser's step on the master weights W16 and lo, rawgpu/master.py, their state and the bias) in one pass over
+its weights.
+
+`plan_dx_update` is plain Python (tested on CPU): the batch tile and optimiser family (the instance), the grid
+(row bands of 64 input features, times column ranges so every SM has a block) and the workspace the column ranges'
+dx sums meet in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import contract
+from ..recipe import cdiv
+from . import Kernels, require, require_split_scratch
+from .l2 import LayerPolicy
+
+if TYPE_CHECKING:
+    from ..driver import Launch
+    from ..memory import Tensor
+
+SOURCE = "dx_update.cu"
+SIGNATURE = "ppppppppiiiiiiiippfffppp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
+BM, BN, THREADS = contract.DXU_BM, contract.DXU_BN, contract.DXU_THREADS
+MAX_BATCH = max(contract.DXU_BATCHES)
+
+
+def batch_tile(batch: int) -> int | None:
+    """The smallest instance's batch rows that hold `batch`; None past the largest."""
+    return next((bb for bb in contract.DXU_BATCHES if batch <= bb), None)
+
+
+def family(optimizer: str) -> str:
+    """The update compiled into the instance: Adam's rule for adam and adamw, SGD's otherwise."""
+    return "sgd" if optimizer == "sgd" else "adam"
+
+
+def unsupported_reason(batch: int, optimizer: str, accum: str, arch: str) -> str | None:
+    """Why a layer's backward cannot be this one pass here; None when it can. Otherwise the dx GEMM, the dW +
+    update GEMM and the bias update run apart."""
+    if accum != "f32":
+        return "the one-pass backward accumulates in fp32 only"
+    bb = batch_tile(batch)
+    if bb is None:
+        return f"the one-pass backward takes batch <= {MAX_BATCH}, not {batch}"
+    if contract.dxu_stages(bb, family(optimizer), arch) < 2:
+        return f"its {bb}-row tile with {optimizer}'s state does not fit {arch}'s shared memory twice over"
+    return None
+
+
+@dataclass(frozen=True)
+class DxUpdatePlan:
+    B: int  # batch rows
+    IN: int  # W's rows (input features; dx's columns)
+    N: int  # W's columns (output features)
+    family: str  # "sgd" or "adam": the instance's update
+    splits: int  # column ranges per row band
+    n_chunk: int  # columns per range, a multiple of BN
+    arch: str
+
+    @property
+    def batch_tile(self) -> int:
+        return batch_tile(self.B)
+
+    @property
+    def kernel(self) -> str:
+        return contract.dxu_kernel_name(self.batch_tile, self.family)
+
+    @property
+    def smem_bytes(self) -> int:
+        return contract.dxu_smem_bytes(self.batch_tile, self.family, self.arch)
+
+    @property
+    def bands(self) -> int:
+        return cdiv(self.IN, BM)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.bands, 1, self.splits
+
+    @property
+    def workspace_floats(self) -> int:
+        return self.splits * self.bands * self.batch_tile * BM if self.splits > 1 else 0
+
+    @property
+    def tickets(self) -> int:
+        return self.bands if self.splits > 1 else 0
+
+
+def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = 132,
+                   splits: int | None = None) -> DxUpdatePlan:
+    """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks
+    of BN) until the grid is about one block per SM."""
+    if why := unsupported_reason(B, optimizer, "f32", arch):
+        raise ValueError(why)
+    if B < 1:
+        raise ValueError(f"the one-pass backward takes 1..{MAX_BATCH} batch rows, got {B}")
+    if min(IN, N) < 1 or IN % 8 or N % 8:
+        raise ValueError(f"W must be a positive multiple of 8 in both dimensions, got {IN} x {N}")
+    chunks = cdiv(N, BN)
+    s = int(splits) if splits is not None else max(1, min(chunks, sm_count // cdiv(IN, BM)))
+    if not 1 <= s <= chunks:
+        raise ValueError(f"splits must be in 1..{chunks} for {N} columns, got {s}")
+    n_chunk = cdiv(chunks, s) * BN
+    return DxUpdatePlan(B, IN, N, family(optimizer), cdiv(N, n_chunk), n_chunk, arch)
+
+
+def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
+    require(t, dtype, what=what)
+    if len(t.shape) != 2 or t.shape[0] < rows or t.shape[1] < cols or t.shape[1] % 8:
+        raise ValueError(f"{what}: buffer {t.name} of shape {t.shape} cannot hold {rows} x {cols} (stride multiple of 8)")
+    return t.shape[1]
+
+
+def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor",
+              mw: "Tensor | None", vw: "Tensor | None", dx: "Tensor | None", optim: "Tensor",
+              workspace: "Tensor | None" = None, tickets: "Tensor | None" = None, l2: "LayerPolicy | None" = None,
+              bias: "Tensor | None" = None, mb: "Tensor | None" = None, vb: "Tensor | None" = None) -> "Launch":
+    """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], the master weights as wlo (int16) and W16
+    [IN, N] (rawgpu/master.py) with the optimiser's state mw (SGD's momentum or Adam's first moment) and vw (Adam's
+    second), fp32 of W's shape or None where the optimiser keeps none; all updated. dx [B, IN] written (None: the
+    update alone, e.g. for the first layer). optim: the optimiser table (contract.Optim; the gather writes the
+    step's values). l2: the weights' cache policies (kernels/l2.py; default normal). bias [N] fp32 with its state
+    mb, vb: also updated, with the same bits as elementwise.bias_update."""
+    p = plan
+    ldx = _rows(x, p.B, p.IN, np.float16, "x")
+    lddy = _rows(dy, p.B, p.N, np.float16, "dy")
+    ldw = _rows(wlo, p.IN, p.N, np.int16, "W lo")
+    require(w16, np.float16, wlo.shape, "W16")
+    if p.family == "adam" and (mw is None or vw is None):
+        raise ValueError("Adam's update needs both moments (mw and vw)")
+    if p.family == "sgd" and vw is not None:
+        raise ValueError("SGD keeps no second moment: vw must be None")
+    for t, what in ((mw, "mw"), (vw, "vw")):
+        if t is not None:
+            require(t, np.float32, wlo.shape, what)
+    lddx = 0 if dx is None else _rows(dx, p.B, p.IN, np.float16, "dx")
+    require(optim, np.float32, (contract.OPTIM_WORDS,), "optim")
+    if bias is not None:
+        for t, what in ((bias, "bias"), (mb, "mb"), (vb, "vb")):
+            if t is not None:
+                require(t, np.float32, what=what)
+                if t.size < p.N:
+                    raise ValueError(f"{what}: {t.size} values for {p.N} columns")
+        if (mb is None) != (mw is None) or (vb is None) != (vw is None):
+            raise ValueError("the bias keeps the same optimiser state as the weights")
+    if dx is not None:  # the column ranges' dx sums meet in the workspace
+        require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
+    ptr = lambda t: 0 if t is None else t  # noqa: E731
+    l2 = l2 or LayerPolicy()
+    return k.get(SOURCE, p.kernel, SIGNATURE).bind(
+        p.grid, THREADS, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
+        ldw, lddx, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb))

@@ -1,0 +1,165 @@
+"""The one-pass backward with any optimiser (dx_update.cu): the plan on CPU; dx and every optimiser's step against
+float64 on GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rawgpu import contract, master, optimizer
+from rawgpu.contract import OPTIM_WORDS
+from rawgpu.kernels import dx_update as U
+
+from optim_reference import OPTIMIZERS, check_master_update, random_state, rel, table, update_reference
+
+# --- CPU ---------------------------------------------------------------------------------------------------------
+
+
+def test_plan_fills_the_sms_with_whole_column_chunks():
+    for sms in (108, 132):
+        for B in (1, 32, 100, 128, 256):
+            for IN, N in [(8192, 8192), (4096, 4096), (1024, 1024), (8192, 16), (520, 1000), (64, 8), (784, 256)]:
+                p = U.plan_dx_update(B, IN, N, "adam", "sm_90", sm_count=sms)
+                assert p.n_chunk % U.BN == 0 and p.batch_tile >= B
+                assert (p.splits - 1) * p.n_chunk < N <= p.splits * p.n_chunk, "a column range would be empty"
+                assert p.bands * p.splits <= max(sms, p.bands)
+                assert p.workspace_floats == (p.splits * p.bands * p.batch_tile * 64 if p.splits > 1 else 0)
+    assert U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90").splits == 1
+    assert U.plan_dx_update(128, 4096, 4096, "sgd", "sm_90").splits == 2
+
+
+def test_the_instance_is_the_smallest_batch_tile_and_the_optimisers_family():
+    assert U.plan_dx_update(1, 64, 64, "sgd", "sm_90").kernel == "dx_update_b32_sgd"
+    assert U.plan_dx_update(33, 64, 64, "sgd", "sm_90").kernel == "dx_update_b64_sgd"
+    assert U.plan_dx_update(128, 64, 64, "adam", "sm_90").kernel == "dx_update_b128_adam"
+    assert U.plan_dx_update(200, 64, 64, "adamw", "sm_90").kernel == "dx_update_b256_adam"
+    assert set(contract.dxu_kernels("sm_90")) == set(contract.split_kernels(U.SOURCE))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90"])
+def test_every_instance_built_for_a_part_fits_its_shared_memory_twice_over(arch):
+    for name in contract.dxu_kernels(arch):
+        bb, family = int(name.split("_")[2][1:]), name.split("_")[3]
+        assert contract.dxu_stages(bb, family, arch) >= 2
+        assert contract.dxu_smem_bytes(bb, family, arch) + 1024 <= contract.block_smem_limit(arch)
+    assert len(contract.dxu_kernels("sm_90")) == 8, "sm_90 builds every batch tile and family"
+
+
+def test_what_runs_where():
+    assert U.unsupported_reason(256, "adam", "f32", "sm_90") is None
+    assert U.unsupported_reason(128, "sgd", "f32", "sm_80") is None
+    assert "batch <= 256" in U.unsupported_reason(257, "sgd", "f32", "sm_90")
+    assert "fp32" in U.unsupported_reason(32, "sgd", "f16", "sm_90")
+    assert "shared memory" in U.unsupported_reason(128, "adam", "f32", "sm_86")
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(B=257, IN=64, N=64), "batch <= 256"), (dict(B=8, IN=60, N=64), "multiple of 8"),
+                                    (dict(B=8, IN=64, N=256, splits=5), "splits")])
+def test_bad_plans_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        U.plan_dx_update(optimizer="sgd", arch="sm_90", **kw)
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    from rawgpu.kernels import Kernels
+
+    return Kernels(device.arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits,with_dx,opt", [
+    (128, 192, 328, None, True, "momentum"), (7, 64, 128, None, True, "adam"), (128, 520, 1000, 3, True, "adamw"),
+    (64, 1024, 16, None, True, "nesterov"), (100, 136, 2056, None, True, "momentum"), (128, 2048, 2048, None, True, "adam"),
+    (256, 4096, 1024, 1, True, "momentum"), (128, 784, 4096, None, False, "momentum"), (200, 784, 520, 3, False, "adam"),
+    (32, 1024, 1024, None, True, "adamw"), (33, 256, 256, None, True, "plain"), (256, 1000, 256, 2, True, "adam"),
+    (128, 8192, 256, None, True, "plain")])
+def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt):
+    """dx = (dy @ W16^T) * (x > 0), the optimiser's step with G = x^T dy on the master (W16, lo; rawgpu/master.py)
+    and its state, and on b with colsum(dy): partial bands, chunks and batch tiles, column ranges, the update alone
+    (no dx: the first layer), every optimiser; dx poisoned first, every weight whose step is not tiny moved (the
+    master is read and rewritten in place), bitwise equal across two runs."""
+    from gpu_checks import assert_same_bytes, run_twice
+
+    from rawgpu.memory import Arena
+
+    if U.unsupported_reason(B, OPTIMIZERS[opt].optimizer, "f32", device.arch):
+        pytest.skip(U.unsupported_reason(B, OPTIMIZERS[opt].optimizer, "f32", device.arch))
+    plan = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, splits)
+    states = OPTIMIZERS[opt].state_tensors
+    o = table(opt, lr=0.05 / 64)
+    x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
+    dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)
+    w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
+    b = rng.uniform(-1, 1, N).astype(np.float32)
+    mw, vw = random_state(rng, (IN, N), states, np.sqrt(B))
+    mb, vb = random_state(rng, N, states, np.sqrt(B))
+    held = [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
+    with Arena() as arena:
+        tx, tdy = arena.tensor("x", (B, IN), np.float16), arena.tensor("dy", (B, N), np.float16)
+        twlo, tw16 = arena.tensor("wlo", (IN, N), np.int16), arena.tensor("w16", (IN, N), np.float16)
+        tdx, topt = arena.tensor("dx", (B, IN), np.float16), arena.tensor("optim", (OPTIM_WORDS,), np.float32)
+        tb = arena.tensor("b", (N,), np.float32)
+        tstate = {name: arena.tensor(name, a.shape, np.float32) for name, a in held}
+        ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
+        tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
+        arena.allocate()
+        tx.upload(x)
+        tdy.upload(dy)
+        topt.upload(optimizer.words(o))
+        tickets.upload(np.zeros(tickets.shape, np.int32))
+        ws.fill_bytes(0xFF)
+        launch = U.dx_update(kernels, plan, tx, tdy, twlo, tw16, tstate.get("mw"), tstate.get("vw"),
+                             tdx if with_dx else None, topt, ws, tickets, bias=tb, mb=tstate.get("mb"),
+                             vb=tstate.get("vb"))
+        hi, lo = master.split(w)
+        state = [(twlo, lo), (tw16, hi), (tb, b)] + [(tstate[name], a) for name, a in held]
+        runs = run_twice(launch, stream, state, [tdx],
+                         [twlo, tw16, tdx, tickets, tb] + [tstate[name] for name, _ in held])
+    x64, dy64, w16_old = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float16).astype(np.float64)
+    ref_dx = (dy64 @ w16_old.T) * (x64 > 0)
+    w_ref, mw_ref, vw_ref = update_reference(o, w, x64.T @ dy64, mw, vw)
+    b_ref, mb_ref, vb_ref = update_reference(o, b, dy64.sum(axis=0), mb, vb)
+    for wlo, w16, dx, t, b_new, *got_state in runs:
+        if with_dx:
+            assert rel(dx, ref_dx) <= 2e-3, f"dx rel err {rel(dx, ref_dx):.2e}"
+        else:
+            assert (dx.view(np.uint16) == 0xFFFF).all(), "no dx asked for, none written"
+        assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
+        check_master_update(w, w16, wlo, w_ref)
+        got = dict(zip([name for name, _ in held], got_state))
+        if states:
+            assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
+        if states > 1:
+            assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
+        assert not t.any(), "tickets must be reset for the next launch"
+    assert_same_bytes(runs)
+
+
+@pytest.mark.gpu
+def test_lr_zero_keeps_every_master_and_state_bit_with_plain_sgd(device, stream, kernels, rng):
+    """At lr 0 plain SGD's step is w - 0 g: the master's halves come back bit for bit (the split is exact)."""
+    from rawgpu.memory import Arena
+
+    B, IN, N = 128, 256, 320
+    plan = U.plan_dx_update(B, IN, N, "sgd", device.arch, device.sm_count)
+    w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
+    w[::7] *= 1e-6  # small weights too, below 2^-16
+    hi, lo = master.split(w)
+    with Arena() as arena:
+        tx, tdy = arena.tensor("x", (B, IN), np.float16), arena.tensor("dy", (B, N), np.float16)
+        twlo, tw16 = arena.tensor("wlo", (IN, N), np.int16), arena.tensor("w16", (IN, N), np.float16)
+        topt, tb = arena.tensor("optim", (OPTIM_WORDS,), np.float32), arena.tensor("b", (N,), np.float32)
+        arena.allocate()
+        tx.upload(rng.uniform(0, 1, (B, IN)).astype(np.float16))
+        tdy.upload(rng.uniform(-1, 1, (B, N)).astype(np.float16))
+        topt.upload(optimizer.words(table("plain", lr=0.0)))
+        twlo.upload(lo)
+        tw16.upload(hi)
+        tb.upload(np.ones(N, np.float32))
+        U.dx_update(kernels, plan, tx, tdy, twlo, tw16, None, None, None, topt, bias=tb).run(stream)
+        assert np.array_equal(twlo.download(), lo) and np.array_equal(tw16.download().view(np.uint16), hi.view(np.uint16))
+        assert (tb.download() == 1.0).all()
