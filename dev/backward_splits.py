@@ -20,10 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a c
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # bench.py
 
 import bench  # noqa: E402
-from rawgpu import driver as drv  # noqa: E402
+from gemm_variants import open_gpu  # noqa: E402
 from rawgpu import master, optimizer  # noqa: E402
 from rawgpu.contract import OPTIM_WORDS  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_update as U  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
 from rawgpu.recipe import Recipe  # noqa: E402
@@ -76,8 +75,9 @@ def main(argv=None) -> int:
     p.add_argument("--launches", type=bench.positive, default=20)
     p.add_argument("--trials", type=bench.positive, default=15)
     args = p.parse_args(argv)
-    device, stream = drv.Device(0), drv.Stream()
-    kernels, rng = Kernels(device.arch), np.random.default_rng(0)
+    if (gpu := open_gpu(0, [], "backward_splits")) is None:
+        return 2
+    device, stream, kernels, rng = gpu
     bw = bench.copy_bandwidth(stream)
     per_weight = 16 if args.optimizer == "sgd" else 24
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}, {args.optimizer}; us per launch "

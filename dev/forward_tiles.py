@@ -13,14 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # bench.py
 
 import bench  # noqa: E402
-from rawgpu import driver as drv  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
+from gemm_variants import open_gpu  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
 
 
@@ -33,8 +30,9 @@ def main(argv=None) -> int:
     p.add_argument("--launches", type=bench.positive, default=20)
     p.add_argument("--trials", type=bench.positive, default=15)
     args = p.parse_args(argv)
-    device, stream = drv.Device(0), drv.Stream()
-    kernels, rng = Kernels(device.arch), np.random.default_rng(0)
+    if (gpu := open_gpu(0, args.configs, "forward_tiles")) is None:
+        return 2
+    device, stream, kernels, rng = gpu
     bw = bench.copy_bandwidth(stream)
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; forward GEMMs (bias + ReLU), us per launch")
     for h in args.sizes:
@@ -42,7 +40,7 @@ def main(argv=None) -> int:
             default = G.plan_gemm(args.batch, h, fin, "rr", "bias_relu", sm_count=device.sm_count, arch=device.arch)
             line = f"{h:>5} {args.batch}x{h}x{fin:<5} default {default.config.name:>9}:"
             for cfg in args.configs:
-                if (cfg, "rr", "bias_relu") not in G.INSTANCES or (G.CONFIGS[cfg].tma and not G.has_tma(device.arch)):
+                if (cfg, "rr", "bias_relu") not in G.INSTANCES:
                     continue
                 us, splits = bench.bench_ours(device, stream, kernels, "fwd", args.batch, h, fin, "rr", "bias_relu",
                                               args.launches, args.trials, rng, config=cfg, overlap=G.has_tma(device.arch))

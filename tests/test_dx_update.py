@@ -20,10 +20,10 @@ def test_plan_fills_the_sms_with_whole_column_chunks():
         for B in (1, 32, 100, 128, 256):
             for IN, N in [(8192, 8192), (4096, 4096), (1024, 1024), (8192, 16), (520, 1000), (64, 8), (784, 256)]:
                 p = U.plan_dx_update(B, IN, N, "adam", "sm_90", sm_count=sms)
-                assert p.n_chunk % U.BN == 0 and p.batch_tile >= B
+                assert p.n_chunk % U.BN == 0 and p.rows >= B
                 assert (p.splits - 1) * p.n_chunk < N <= p.splits * p.n_chunk, "a column range would be empty"
                 assert p.bands * p.splits <= max(sms, p.bands)
-                assert p.workspace_floats == (p.splits * p.bands * p.batch_tile * 64 if p.splits > 1 else 0)
+                assert p.workspace_floats == (p.splits * p.bands * p.rows * 64 if p.splits > 1 else 0)
     assert U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90").splits == 1
     assert U.plan_dx_update(128, 4096, 4096, "sgd", "sm_90").splits == 2
 

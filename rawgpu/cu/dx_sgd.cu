@@ -31,6 +31,7 @@
 #include "pdl.cuh"
 #include "step_math.cuh"
 #include "l2.cuh"
+#include "one_pass.cuh"
 
 // From rawgpu/contract.py, as -D options (`python -m rawgpu.contract dx_sgd.cu` prints them): the tile (DX_SGD_BM
 // rows of W, DX_SGD_BN columns per chunk, DX_SGD_BB batch rows), DX_SGD_THREADS, DX_SGD_STAGES (the pipeline depth
@@ -212,16 +213,6 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
             sum[it].y += s.y;
         }
     }
-    if (gridDim.z > 1) {
-        float2* ws = reinterpret_cast<float2*>(workspace) + (i64)blockIdx.x * PAIRS;
-        if (!sum_splits_in_order<ITERS, THREADS, PAIRS>(sum, ws, (i64)gridDim.x * PAIRS, tickets + blockIdx.x)) return;
-    }
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-        const int i = tid + it * THREADS, r = i / (BM / 2), col = (i % (BM / 2)) * 2;
-        if (r >= B || i0 + col >= IN) continue;
-        const float2 a = unpack_f16x2(*reinterpret_cast<const u32*>(sX + r * LDX + col));  // x: this layer's input
-        const float v0 = a.x > 0.f ? sum[it].x : 0.f, v1 = a.y > 0.f ? sum[it].y : 0.f;
-        *reinterpret_cast<u32*>(dx + (i64)r * lddx + i0 + col) = pack_f16x2(v0, v1);
-    }
+    static_assert(PAIRS % THREADS == 0, "whole pairs per thread");
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets);
 }

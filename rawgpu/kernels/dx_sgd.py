@@ -38,12 +38,20 @@ def supported(batch: int, plain_sgd: bool, accum: str) -> bool:
 
 
 @dataclass(frozen=True)
-class DxSgdPlan:
+class OnePassPlan:
+    """The grid of a one-pass backward over W [IN, N] (this kernel's, and dx_update's): row bands of BM input
+    features, times column ranges, whose dx sums meet in the workspace."""
+
     B: int  # batch rows
     IN: int  # W's rows (input features; dx's columns)
     N: int  # W's columns (output features)
     splits: int  # column ranges per row band
-    n_chunk: int  # columns per range, a multiple of BN
+    n_chunk: int  # columns per range, a multiple of the kernel's chunk
+
+    @property
+    def rows(self) -> int:
+        """The batch rows the kernel holds (its tile): each block's dx in the workspace."""
+        return MAX_BATCH
 
     @property
     def bands(self) -> int:
@@ -55,11 +63,29 @@ class DxSgdPlan:
 
     @property
     def workspace_floats(self) -> int:
-        return self.splits * self.bands * MAX_BATCH * BM if self.splits > 1 else 0
+        return self.splits * self.bands * self.rows * BM if self.splits > 1 else 0
 
     @property
     def tickets(self) -> int:
         return self.bands if self.splits > 1 else 0
+
+
+def column_ranges(IN: int, N: int, chunk: int, sm_count: int, splits: int | None) -> tuple[int, int]:
+    """(ranges, columns per range) of W [IN, N] in chunks of `chunk` columns: when there are fewer row bands than
+    SMs, each band's columns split into ranges of whole chunks until the grid is about one block per SM (`splits`:
+    that many instead)."""
+    if min(IN, N) < 1 or IN % 8 or N % 8:
+        raise ValueError(f"W must be a positive multiple of 8 in both dimensions, got {IN} x {N}")
+    chunks = cdiv(N, chunk)
+    s = int(splits) if splits is not None else max(1, min(chunks, sm_count // cdiv(IN, BM)))
+    if not 1 <= s <= chunks:
+        raise ValueError(f"splits must be in 1..{chunks} for {N} columns, got {s}")
+    n_chunk = cdiv(chunks, s) * chunk
+    return cdiv(N, n_chunk), n_chunk
+
+
+class DxSgdPlan(OnePassPlan):
+    """dx_sgd's grid (its tile holds MAX_BATCH rows)."""
 
 
 def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None) -> DxSgdPlan:
@@ -67,14 +93,7 @@ def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None
     of BN) until the grid is about one block per SM."""
     if not 1 <= B <= MAX_BATCH:
         raise ValueError(f"the fused backward takes 1..{MAX_BATCH} batch rows, got {B}")
-    if min(IN, N) < 1 or IN % 8 or N % 8:
-        raise ValueError(f"W must be a positive multiple of 8 in both dimensions, got {IN} x {N}")
-    chunks = cdiv(N, BN)
-    s = int(splits) if splits is not None else max(1, min(chunks, sm_count // cdiv(IN, BM)))
-    if not 1 <= s <= chunks:
-        raise ValueError(f"splits must be in 1..{chunks} for {N} columns, got {s}")
-    n_chunk = cdiv(chunks, s) * BN
-    return DxSgdPlan(B, IN, N, cdiv(N, n_chunk), n_chunk)
+    return DxSgdPlan(B, IN, N, *column_ranges(IN, N, BN, sm_count, splits))
 
 
 def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
-from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
+from .dx_sgd import BM, OnePassPlan, column_ranges
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 SOURCE = "dx_update.cu"
 SIGNATURE = "ppppppppiiiiiiiippfffppp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
-BM, BN, THREADS = contract.DXU_BM, contract.DXU_BN, contract.DXU_THREADS
+BN, THREADS = contract.DXU_BN, contract.DXU_THREADS
+assert contract.DXU_BM == BM, "the one-pass backward kernels share their row bands"
 MAX_BATCH = max(contract.DXU_BATCHES)
 
 
@@ -53,60 +54,32 @@ def unsupported_reason(batch: int, optimizer: str, accum: str, arch: str) -> str
 
 
 @dataclass(frozen=True)
-class DxUpdatePlan:
-    B: int  # batch rows
-    IN: int  # W's rows (input features; dx's columns)
-    N: int  # W's columns (output features)
-    family: str  # "sgd" or "adam": the instance's update
-    splits: int  # column ranges per row band
-    n_chunk: int  # columns per range, a multiple of BN
-    arch: str
+class DxUpdatePlan(OnePassPlan):
+    family: str = "sgd"  # "sgd" or "adam": the instance's update
+    arch: str = "sm_90"
 
     @property
-    def batch_tile(self) -> int:
+    def rows(self) -> int:
         return batch_tile(self.B)
 
     @property
     def kernel(self) -> str:
-        return contract.dxu_kernel_name(self.batch_tile, self.family)
+        return contract.dxu_kernel_name(self.rows, self.family)
 
     @property
     def smem_bytes(self) -> int:
-        return contract.dxu_smem_bytes(self.batch_tile, self.family, self.arch)
-
-    @property
-    def bands(self) -> int:
-        return cdiv(self.IN, BM)
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return self.bands, 1, self.splits
-
-    @property
-    def workspace_floats(self) -> int:
-        return self.splits * self.bands * self.batch_tile * BM if self.splits > 1 else 0
-
-    @property
-    def tickets(self) -> int:
-        return self.bands if self.splits > 1 else 0
+        return contract.dxu_smem_bytes(self.rows, self.family, self.arch)
 
 
 def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = 132,
                    splits: int | None = None) -> DxUpdatePlan:
-    """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks
-    of BN) until the grid is about one block per SM."""
-    if why := unsupported_reason(B, optimizer, "f32", arch):
-        raise ValueError(why)
+    """The instance (batch tile, optimiser family) and the grid: row bands of BM, each band's columns split into
+    ranges (whole chunks of BN) until the grid is about one block per SM (dx_sgd.column_ranges)."""
     if B < 1:
         raise ValueError(f"the one-pass backward takes 1..{MAX_BATCH} batch rows, got {B}")
-    if min(IN, N) < 1 or IN % 8 or N % 8:
-        raise ValueError(f"W must be a positive multiple of 8 in both dimensions, got {IN} x {N}")
-    chunks = cdiv(N, BN)
-    s = int(splits) if splits is not None else max(1, min(chunks, sm_count // cdiv(IN, BM)))
-    if not 1 <= s <= chunks:
-        raise ValueError(f"splits must be in 1..{chunks} for {N} columns, got {s}")
-    n_chunk = cdiv(chunks, s) * BN
-    return DxUpdatePlan(B, IN, N, family(optimizer), cdiv(N, n_chunk), n_chunk, arch)
+    if why := unsupported_reason(B, optimizer, "f32", arch):
+        raise ValueError(why)
+    return DxUpdatePlan(B, IN, N, *column_ranges(IN, N, BN, sm_count, splits), family(optimizer), arch)
 
 
 def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
