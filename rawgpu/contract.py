@@ -580,18 +580,21 @@ def dxu_stage_bytes(batch_tile: int, family: str) -> int:
     return 2 * DXU_BM * (DXU_BN + 8) * 2 + states * DXU_BM * (DXU_BN + 8) * 4 + batch_tile * (DXU_BN + 8) * 2
 
 
+def _dxu_fixed_bytes(batch_tile: int) -> int:
+    """dx_update.cu's shared memory beside the pipeline: the x tile (rows of BM + 8 halves), the bias partials."""
+    return batch_tile * (DXU_BM + 8) * 2 + (DXU_THREADS // DXU_BN) * DXU_BN * 8
+
+
 def dxu_stages(batch_tile: int, family: str, arch: str) -> int:
     """The pipeline depth that fits the part's shared memory beside the x tile and the bias partials (< 2: the
     instance is not built for this part)."""
-    fixed = batch_tile * (DXU_BM + 8) * 2 + (DXU_THREADS // DXU_BN) * DXU_BN * 8
-    room = block_smem_limit(arch) - 1024 - fixed  # 1 KB for the kernel's static shared memory (its ticket)
+    room = block_smem_limit(arch) - 1024 - _dxu_fixed_bytes(batch_tile)  # 1 KB: the kernel's static shared memory
     return min(DXU_MAX_STAGES, room // dxu_stage_bytes(batch_tile, family))
 
 
 def dxu_smem_bytes(batch_tile: int, family: str, arch: str) -> int:
     """dx_update.cu's Tile<BB, ADAM>::smem(STAGES) (the kernel asserts they agree)."""
-    fixed = batch_tile * (DXU_BM + 8) * 2 + (DXU_THREADS // DXU_BN) * DXU_BN * 8
-    return dxu_stages(batch_tile, family, arch) * dxu_stage_bytes(batch_tile, family) + fixed
+    return dxu_stages(batch_tile, family, arch) * dxu_stage_bytes(batch_tile, family) + _dxu_fixed_bytes(batch_tile)
 
 
 def dxu_kernels(arch: str) -> list[str]:
@@ -694,8 +697,8 @@ def _header(source: str, *parts: str) -> str:
             + "\n".join(parts))
 
 
-_INSTANCE_FACTS = (_cluster_facts, _fused_facts, _gemm_facts, _gemm_tma_facts, _dx_update_facts, _head_facts)  # they list instances: built one
-# at a time too
+# They list instances: built one at a time too.
+_INSTANCE_FACTS = (_cluster_facts, _fused_facts, _gemm_facts, _gemm_tma_facts, _dx_update_facts, _head_facts)
 
 
 def split_kernels(source: str, arch: str | None = None) -> list[str]:

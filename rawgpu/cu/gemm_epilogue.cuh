@@ -31,7 +31,7 @@ struct Params {
 #define EPI_UPDATES(EPI) ((EPI) == EPI_SGD || (EPI) == EPI_ADAM)
 
 // Plain SGD (or with momentum) for two adjacent weights w with gradient g: [v = mu v + g; step = v, else step = g;]
-// w -= lr step. The head kernel's update (head.cu); the GEMMs' are optim.cuh's.
+// w -= lr step. dx_sgd.cu's update (plain SGD); every other update is optim.cuh's.
 RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu, float lr) {
     if (momentum) {
         v.x = mu * v.x + g.x;

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
+from ..compiler import unit_of
 from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
 from .l2 import LayerPolicy
@@ -87,6 +88,11 @@ def column_ranges(IN: int, N: int, chunk: int, sm_count: int, splits: int | None
 class DxSgdPlan(OnePassPlan):
     """dx_sgd's grid (its tile holds MAX_BATCH rows)."""
 
+    @property
+    def unit(self):
+        """The unit of compilation it launches (compiler.unit_of): the whole small source."""
+        return unit_of(SOURCE, KERNEL)
+
 
 def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None) -> DxSgdPlan:
     """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks
@@ -96,7 +102,8 @@ def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None
     return DxSgdPlan(B, IN, N, *column_ranges(IN, N, BN, sm_count, splits))
 
 
-def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
+def matrix_stride(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
+    """The row stride of t after checking it holds a rows x cols matrix of dtype (the one-pass kernels' operands)."""
     require(t, dtype, what=what)
     if len(t.shape) != 2 or t.shape[0] < rows or t.shape[1] < cols or t.shape[1] % 8:
         raise ValueError(f"{what}: buffer {t.name} of shape {t.shape} cannot hold {rows} x {cols} (stride multiple of 8)")
@@ -111,11 +118,11 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     layer). l2: the cache policies of the weights' reads and writes (kernels/l2.py; default normal). bias [N]
     fp32: also updated, b -= lr colsum(dy), the same bits as elementwise.bias_update."""
     p = plan
-    ldx = _rows(x, p.B, p.IN, np.float16, "x")
-    lddy = _rows(dy, p.B, p.N, np.float16, "dy")
-    ldw = _rows(wlo, p.IN, p.N, np.int16, "W lo")
+    ldx = matrix_stride(x, p.B, p.IN, np.float16, "x")
+    lddy = matrix_stride(dy, p.B, p.N, np.float16, "dy")
+    ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
     require(w16, np.float16, wlo.shape, "W16")
-    lddx = 0 if dx is None else _rows(dx, p.B, p.IN, np.float16, "dx")
+    lddx = 0 if dx is None else matrix_stride(dx, p.B, p.IN, np.float16, "dx")
     require(lr, np.float32, what="lr")
     if bias is not None:
         require(bias, np.float32, what="bias")

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
+from ..compiler import unit_of
 from . import Kernels, require, require_split_scratch
-from .dx_sgd import BM, OnePassPlan, column_ranges
+from .dx_sgd import BM, OnePassPlan, column_ranges, matrix_stride
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -70,6 +71,11 @@ class DxUpdatePlan(OnePassPlan):
     def smem_bytes(self) -> int:
         return contract.dxu_smem_bytes(self.rows, self.family, self.arch)
 
+    @property
+    def unit(self):
+        """The unit of compilation it launches (compiler.unit_of): its instance alone."""
+        return unit_of(SOURCE, self.kernel)
+
 
 def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = 132,
                    splits: int | None = None) -> DxUpdatePlan:
@@ -80,13 +86,6 @@ def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count:
     if why := unsupported_reason(B, optimizer, "f32", arch):
         raise ValueError(why)
     return DxUpdatePlan(B, IN, N, *column_ranges(IN, N, BN, sm_count, splits), family(optimizer), arch)
-
-
-def _rows(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
-    require(t, dtype, what=what)
-    if len(t.shape) != 2 or t.shape[0] < rows or t.shape[1] < cols or t.shape[1] % 8:
-        raise ValueError(f"{what}: buffer {t.name} of shape {t.shape} cannot hold {rows} x {cols} (stride multiple of 8)")
-    return t.shape[1]
 
 
 def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor",
@@ -100,9 +99,9 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     step's values). l2: the weights' cache policies (kernels/l2.py; default normal). bias [N] fp32 with its state
     mb, vb: also updated, with the same bits as elementwise.bias_update."""
     p = plan
-    ldx = _rows(x, p.B, p.IN, np.float16, "x")
-    lddy = _rows(dy, p.B, p.N, np.float16, "dy")
-    ldw = _rows(wlo, p.IN, p.N, np.int16, "W lo")
+    ldx = matrix_stride(x, p.B, p.IN, np.float16, "x")
+    lddy = matrix_stride(dy, p.B, p.N, np.float16, "dy")
+    ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
     require(w16, np.float16, wlo.shape, "W16")
     if p.family == "adam" and (mw is None or vw is None):
         raise ValueError("Adam's update needs both moments (mw and vw)")
@@ -111,7 +110,7 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     for t, what in ((mw, "mw"), (vw, "vw")):
         if t is not None:
             require(t, np.float32, wlo.shape, what)
-    lddx = 0 if dx is None else _rows(dx, p.B, p.IN, np.float16, "dx")
+    lddx = 0 if dx is None else matrix_stride(dx, p.B, p.IN, np.float16, "dx")
     require(optim, np.float32, (contract.OPTIM_WORDS,), "optim")
     if bias is not None:
         for t, what in ((bias, "bias"), (mb, "mb"), (vb, "vb")):

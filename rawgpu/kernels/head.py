@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
+from ..compiler import unit_of
 from . import Kernels, require
 
 if TYPE_CHECKING:
@@ -69,6 +70,11 @@ class HeadPlan:
     @property
     def smem_bytes(self) -> int:
         return contract.head_smem_bytes(self.rows, self.kc)
+
+    @property
+    def unit(self):
+        """The unit of compilation it launches (compiler.unit_of): its instance alone."""
+        return unit_of(SOURCE, self.kernel)
 
 
 def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None) -> HeadPlan | None:

@@ -24,7 +24,6 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
-from ..compiler import unit_of
 from ..recipe import PADDED_CLASSES, Recipe, loss_scale
 from .base import Step, StepOptions
 
@@ -104,17 +103,10 @@ class LayeredStep(Step):
                               l2_bytes, l2_budget)
 
     def kernel_units(self) -> set:
-        n = len(self.plans) - (self.head is not None)  # layers with a forward GEMM
-        gemms = [lp.fwd for lp in self.plans[:n]] + [p for lp in self.plans[:n] if lp.bwd is None for p in (lp.dx, lp.dw)]
-        units = kg.plan_units(gemms, self.model.arch)
-        for lp in self.plans:
-            if isinstance(lp.bwd, kb.DxSgdPlan):
-                units.add((kb.SOURCE, None))
-            elif lp.bwd is not None:
-                units.add(unit_of(ku.SOURCE, lp.bwd.kernel))
-        if self.head is not None:
-            units.add(unit_of(kh.SOURCE, self.head.kernel))
-        return units
+        layers = self.plans[:len(self.plans) - (self.head is not None)]  # the head kernel runs the last one's
+        gemms = [lp.fwd for lp in layers] + [p for lp in layers if lp.bwd is None for p in (lp.dx, lp.dw)]
+        one_pass = {lp.bwd.unit for lp in layers if lp.bwd is not None}
+        return kg.plan_units(gemms, self.model.arch) | one_pass | ({self.head.unit} if self.head else set())
 
     def split_plans(self) -> list:
         return [p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw, lp.bwd) if p is not None]
