@@ -140,15 +140,17 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
 
 
 @pytest.mark.gpu
-def test_lr_zero_keeps_every_master_and_state_bit_with_plain_sgd(device, stream, kernels, rng):
-    """At lr 0 plain SGD's step is w - 0 g: the master's halves come back bit for bit (the split is exact)."""
+def test_lr_zero_keeps_every_master_bit_with_plain_sgd(device, stream, kernels, rng):
+    """At lr 0 plain SGD's step is w - 0 g: the master's halves come back bit for bit (the split is exact), for
+    masters in the form split gives (below 2^-16 a weight split from fp32 can tie between two fp16 subnormals, and
+    the update writes the other, equal, form: cu/master.cuh)."""
     from rawgpu.memory import Arena
 
     B, IN, N = 128, 256, 320
     plan = U.plan_dx_update(B, IN, N, "sgd", device.arch, device.sm_count)
     w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
     w[::7] *= 1e-6  # small weights too, below 2^-16
-    hi, lo = master.split(w)
+    hi, lo = master.split(master.join(*master.split(w)))
     with Arena() as arena:
         tx, tdy = arena.tensor("x", (B, IN), np.float16), arena.tensor("dy", (B, N), np.float16)
         twlo, tw16 = arena.tensor("wlo", (IN, N), np.int16), arena.tensor("w16", (IN, N), np.float16)
