@@ -2,10 +2,12 @@
 plan_dx_update's split rule should be.
 
     python dev/backward_splits.py [--sizes 256 1024 4096] [--batch 128] [--optimizer sgd|adam] [--splits 1 2 4 8]
+                                  [--sum cluster workspace]
 
 Each layer shape of a step (784 x H without dx, H x H with dx), timed as bench.py times a GEMM: a CUDA graph of
 launches over copies of the weights and state past the L2, each overlapping the one before on sm_90, the median of
-the trials; the default plan first, then each split count, with the % of copy bandwidth the weight bytes reach.
+the trials; the default plan first, then each split count, with the % of copy bandwidth the weight bytes reach;
+each line once per way the column ranges add their dx (--sum: in a cluster, through the workspace; cu/one_pass.cuh).
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from rawgpu.memory import Arena  # noqa: E402
 from rawgpu.recipe import Recipe  # noqa: E402
 
 
-def time_backward(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits, launches, trials) -> tuple[float, int]:
+def time_backward(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits, launches, trials,
+                  cluster=None) -> tuple[float, int]:
     recipe = Recipe(optimizer=opt) if opt != "sgd" else Recipe(momentum=0.9)
     states = recipe.state_tensors
-    plan = U.plan_dx_update(B, IN, N, opt, device.arch, device.sm_count, splits)
+    plan = U.plan_dx_update(B, IN, N, opt, device.arch, device.sm_count, splits,
+                            capacity=bench.G.cluster_capacity(kernels), cluster=cluster)
     n = bench.copies_for(IN * N * (8 + 8 * states), device.l2_bytes)
     with Arena() as arena:
         sets = []
@@ -72,6 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=bench.positive, default=128)
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="sgd: with momentum")
     p.add_argument("--splits", type=bench.positive, nargs="*", default=[1, 2, 4, 8])
+    p.add_argument("--sum", nargs="+", choices=("cluster", "workspace"), default=["cluster", "workspace"],
+                   help="how the column ranges add their dx (cluster: where the plan can; default both)")
     p.add_argument("--launches", type=bench.positive, default=20)
     p.add_argument("--trials", type=bench.positive, default=15)
     args = p.parse_args(argv)
@@ -83,15 +89,17 @@ def main(argv=None) -> int:
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}, {args.optimizer}; us per launch "
           f"(% of copy at {per_weight} B per weight)")
     for h in args.sizes:
-        for IN, with_dx in ((784, False), (h, True)):
+        for IN, with_dx, ways in ((784, False, ["-"]), (h, True, args.sum)):
             chunks = -(-h // U.BN)
-            line = f"{h:>5} {IN}x{h} {'dx+update' if with_dx else 'update':>9}:"
-            for s in [None] + [s for s in args.splits if s <= chunks]:
-                us, used = time_backward(device, stream, kernels, rng, args.batch, IN, h, args.optimizer, with_dx, s,
-                                         args.launches, args.trials)
-                pct = 100 * per_weight * IN * h / (us * 1e3) / bw
-                line += f"  {'default ' if s is None else ''}{used}: {us:.2f} ({pct:.0f}%)"
-            print(line, flush=True)
+            for way in ways:
+                line = f"{h:>5} {IN}x{h} {'dx+update' if with_dx else 'update':>9} {way:>9}:"
+                for s in [None] + [s for s in args.splits if s <= chunks]:
+                    cluster = False if way == "workspace" else None  # cluster: wherever the rule lets it
+                    us, used = time_backward(device, stream, kernels, rng, args.batch, IN, h, args.optimizer, with_dx,
+                                             s, args.launches, args.trials, cluster)
+                    pct = 100 * per_weight * IN * h / (us * 1e3) / bw
+                    line += f"  {'default ' if s is None else ''}{used}: {us:.2f} ({pct:.0f}%)"
+                print(line, flush=True)
     return 0
 
 

@@ -17,7 +17,7 @@ from . import steps
 from .console import RunInfo, Summary
 from .errors import RawgpuError, StepUnsupported
 from .data import DATASET_NAMES
-from .trainer import RunPlan, Trainer, TrainingDiverged
+from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged
 
 RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov", "betas", "eps",
                   "weight_decay", "schedule", "warmup", "accum", "seed")
@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_option(r)
     r.add_argument("--no-graph", action="store_true",
                    help="launch the same kernels one by one instead of one CUDA graph per step (for comparison)")
-    r.add_argument("--steps-per-graph", type=_count(1, 1000), default=1,
-                   help="training steps captured into one graph (default 1)")
+    r.add_argument("--steps-per-graph", type=_count(1, 1000), default=None,
+                   help="training steps captured into one graph (default: one progress tick's steps, "
+                        f"{MAX_AUTO_STEPS_PER_GRAPH} at most)")
     add_step_option(r)
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.no_graph and args.steps_per_graph != 1:
+    if args.no_graph and args.steps_per_graph not in (None, 1):
         parser.error("--steps-per-graph needs graphs; drop it or --no-graph")
     ckpt = None
     if args.resume:

@@ -28,6 +28,13 @@ from .recipe import DEFAULTS, Recipe, cdiv, run_length
 
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
+MAX_AUTO_STEPS_PER_GRAPH = 64  # capture stays a few milliseconds (docs/perf.md: steps per graph)
+
+
+def auto_steps_per_graph(steps_per_epoch: int) -> int:
+    """Steps per CUDA graph when the caller names none: one progress tick's worth, so each tick is one graph
+    launch and the GPU never idles between the steps of a tick (the next step's first kernel overlaps the last)."""
+    return max(1, min(MAX_AUTO_STEPS_PER_GRAPH, cdiv(steps_per_epoch, PROGRESS_TICKS)))
 
 
 class TrainingDiverged(RawgpuError):
@@ -80,16 +87,17 @@ class Trainer:
 
     def __init__(self, recipe: Recipe | None = None, *, data: Dataset | str | None = "mnist",
                  data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
-                 device: int = 0, step: str = "auto", options=None, steps_per_graph: int = 1, graphs: bool = True,
+                 device: int = 0, step: str = "auto", options=None, steps_per_graph: int | None = None,
+                 graphs: bool = True,
                  on_compile: Callable[[int, int], None] | None = None,
                  download_progress: Callable[[str, int, int | None], None] | None = None,
                  _checkpoint: ck.Checkpoint | None = None):
         """recipe: the model and optimiser (default: the CLI's default recipe); its data shape is set from `data`.
         data: a Dataset, a name in data.DATASET_NAMES (loaded from data_dir, the cache or a download), or None
         (predict only). epochs / steps: the run's length (default the recipe's total_steps, else DEFAULTS' epochs).
-        step: the step kind (steps.CHOICES). steps_per_graph: steps captured into one CUDA graph; graphs=False
-        launches the kernels one by one. on_compile(done, total): the progress of a kernel build that is not all
-        in the cache."""
+        step: the step kind (steps.CHOICES). steps_per_graph: steps captured into one CUDA graph (None:
+        auto_steps_per_graph); graphs=False launches the kernels one by one. on_compile(done, total): the progress
+        of a kernel build that is not all in the cache."""
         self._session = None
         self.closed = False
         recipe = recipe or Recipe()
@@ -108,6 +116,8 @@ class Trainer:
         self.recipe = recipe
         self.plan = RunPlan(cdiv(recipe.total_steps, recipe.steps_per_epoch), recipe.total_steps,
                             recipe.steps_per_epoch)
+        if steps_per_graph is None:
+            steps_per_graph = auto_steps_per_graph(self.plan.steps_per_epoch) if graphs else 1
         self.steps_per_graph, self.graphs = max(1, min(steps_per_graph, recipe.total_steps)), graphs
         self.history: list[EpochStats] = []
         self.train_seconds = 0.0

@@ -18,9 +18,10 @@ def test_plan_fills_the_sms_with_whole_column_chunks():
             assert p.n_chunk % D.BN == 0
             assert (p.splits - 1) * p.n_chunk < N <= p.splits * p.n_chunk, "a column range would be empty"
             assert p.bands * p.splits <= max(sms, p.bands)
-            assert p.workspace_floats == (p.splits * p.bands * 32 * 64 if p.splits > 1 else 0)
+            assert p.workspace_floats == (p.splits * p.bands * 32 * 64 if p.splits > 1 and not p.cluster else 0)
     assert D.plan_dx_sgd(32, 8192, 8192).splits == 1
     assert D.plan_dx_sgd(32, 4096, 4096).splits == 2
+    assert D.plan_dx_sgd(32, 512, 512, arch="sm_90").cluster and not D.plan_dx_sgd(32, 512, 512).cluster
 
 
 @pytest.mark.parametrize("arch,limit_kb", [("sm_80", 163), ("sm_86", 99), ("sm_89", 99), ("sm_90", 227)])
@@ -61,11 +62,36 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
     partial bands and chunks, batch below 32, column ranges, the update alone (no dx: the first layer); dx poisoned
     first, every weight whose step is not tiny moved (the master is read and rewritten in place), bitwise equal
     across two runs."""
+    check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits", [(32, 512, 512, None), (17, 520, 1000, 3), (32, 136, 2056, 8)])
+def test_column_ranges_sum_to_the_same_bits_in_a_cluster_and_in_the_workspace(device, stream, kernels, rng, B, IN,
+                                                                              N, splits):
+    """The two ways a band's column ranges add their dx (cu/one_pass.cuh): each against float64, then every output
+    byte for byte the same."""
+    from rawgpu.kernels.gemm import has_tma
+
+    if not has_tma(device.arch):
+        pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
+    seed = int(rng.integers(1 << 30))
+    runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True,
+                                  cluster=cluster) for cluster in (True, False)]
+    for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
+        if i != 3:  # the tickets, which only the workspace's sums take
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: cluster and workspace sums differ"
+
+
+def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, cluster=None):
+    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, None: the rule's way);
+    returns both runs' outputs."""
     from gpu_checks import assert_same_bytes, check_master_step, run_twice
 
     from rawgpu.memory import Arena
 
-    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits)
+    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster)
+    assert plan.splits > 1 or not cluster
     x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
     dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)
     w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
@@ -101,3 +127,4 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
         check_master_step(w, w16, wlo, float(lr), ref_step)
         assert not t.any(), "tickets must be reset for the next launch"
     assert_same_bytes(runs)
+    return runs

@@ -23,9 +23,29 @@ def test_plan_fills_the_sms_with_whole_column_chunks():
                 assert p.n_chunk % U.BN == 0 and p.rows >= B
                 assert (p.splits - 1) * p.n_chunk < N <= p.splits * p.n_chunk, "a column range would be empty"
                 assert p.bands * p.splits <= max(sms, p.bands)
-                assert p.workspace_floats == (p.splits * p.bands * p.rows * 64 if p.splits > 1 else 0)
+                assert p.workspace_floats == (p.splits * p.bands * p.rows * 64 if p.splits > 1 and not p.cluster
+                                              else 0)
     assert U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90").splits == 1
     assert U.plan_dx_update(128, 4096, 4096, "sgd", "sm_90").splits == 2
+
+
+def test_column_ranges_add_in_a_cluster_where_every_bands_cluster_is_resident():
+    from rawgpu.kernels.dx_sgd import reduce_in_cluster
+
+    cap = (0, 0, 60, 40, 30, 24, 20, 16, 14)  # clusters of s blocks resident at once
+    assert reduce_in_cluster(8, 8, "sm_90", cap, 132) and reduce_in_cluster(14, 8, "sm_90", cap, 132)
+    assert not reduce_in_cluster(16, 8, "sm_90", cap, 132), "a second wave of clusters"
+    assert not reduce_in_cluster(2, 1, "sm_90", cap, 132), "one range: nothing to add"
+    assert not reduce_in_cluster(2, 9, "sm_90", cap, 132), "past the portable cluster"
+    assert not reduce_in_cluster(2, 4, "sm_86", None, 132), "no clusters before sm_90"
+    p = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap)
+    assert p.cluster and p.splits == 8 and p.workspace_floats == p.tickets == 0
+    assert p.cluster_dims(True) == (1, 1, 8) and p.cluster_dims(False) == 1
+    w = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap, cluster=False)
+    assert not w.cluster and w.workspace_floats == 8 * 8 * 128 * 64 and w.tickets == 8 and w.cluster_dims(True) == 1
+    assert not U.plan_dx_update(128, 512, 512, "sgd", "sm_80").cluster
+    with pytest.raises(ValueError, match="cannot add their dx in a cluster"):
+        U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90", cluster=True)
 
 
 def test_the_instance_is_the_smallest_batch_tile_and_the_optimisers_family():
@@ -82,13 +102,40 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
     and its state, and on b with colsum(dy): partial bands, chunks and batch tiles, column ranges, the update alone
     (no dx: the first layer), every optimiser; dx poisoned first, every weight whose step is not tiny moved (the
     master is read and rewritten in place), bitwise equal across two runs."""
+    if U.unsupported_reason(B, OPTIMIZERS[opt].optimizer, "f32", device.arch):
+        pytest.skip(U.unsupported_reason(B, OPTIMIZERS[opt].optimizer, "f32", device.arch))
+    check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits,opt", [(128, 512, 512, None, "momentum"), (256, 1024, 1024, None, "adam"),
+                                               (64, 520, 1000, 3, "adamw"), (33, 256, 256, None, "plain"),
+                                               (128, 136, 2056, 8, "nesterov")])
+def test_column_ranges_sum_to_the_same_bits_in_a_cluster_and_in_the_workspace(device, stream, kernels, rng, B, IN,
+                                                                              N, splits, opt):
+    """The two ways a band's column ranges add their dx (cu/one_pass.cuh): each against float64, then every output
+    (dx, master, state, bias) byte for byte the same."""
+    from rawgpu.kernels.gemm import has_tma
+
+    if not has_tma(device.arch):
+        pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
+    seed = int(rng.integers(1 << 30))
+    runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True, opt,
+                                  cluster=cluster) for cluster in (True, False)]
+    for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
+        if i != 3:  # the tickets, which only the workspace's sums take
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: cluster and workspace sums differ"
+
+
+def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt, cluster=None):
+    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, None: the rule's way);
+    returns both runs' outputs."""
     from gpu_checks import assert_same_bytes, run_twice
 
     from rawgpu.memory import Arena
 
-    if U.unsupported_reason(B, OPTIMIZERS[opt].optimizer, "f32", device.arch):
-        pytest.skip(U.unsupported_reason(B, OPTIMIZERS[opt].optimizer, "f32", device.arch))
-    plan = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, splits)
+    plan = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, splits, cluster=cluster)
+    assert plan.splits > 1 or not cluster
     states = OPTIMIZERS[opt].state_tensors
     o = table(opt, lr=0.05 / 64)
     x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
@@ -137,6 +184,7 @@ def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx
             assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
         assert not t.any(), "tickets must be reset for the next launch"
     assert_same_bytes(runs)
+    return runs
 
 
 @pytest.mark.gpu

@@ -62,6 +62,16 @@ def state_of(trainer):
     return [w for pair in weights for w in pair] + [state[k] for k in sorted(state)]
 
 
+def test_auto_steps_per_graph_is_one_progress_tick_within_bounds():
+    from rawgpu.trainer import MAX_AUTO_STEPS_PER_GRAPH, PROGRESS_TICKS, auto_steps_per_graph
+
+    assert auto_steps_per_graph(60000 // 128) == 10  # the default recipe on MNIST: 468 steps, 50 ticks
+    assert auto_steps_per_graph(60000 // 32) == 38
+    assert auto_steps_per_graph(1) == 1 and auto_steps_per_graph(PROGRESS_TICKS) == 1
+    assert auto_steps_per_graph(PROGRESS_TICKS + 1) == 2
+    assert auto_steps_per_graph(10**7) == MAX_AUTO_STEPS_PER_GRAPH
+
+
 # Each kind where it runs on this GPU: the fused step (momentum), the layered step in 18 kernels (momentum, fp16
 # accumulation) and in its short form, and the cluster step (batch 32, plain SGD, sm_90).
 KINDS = [

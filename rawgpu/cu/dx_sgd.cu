@@ -14,7 +14,7 @@
 //     then W -= lr G on the joined master in shared memory, split again and written back along rows in 16-byte
 //     pieces.
 //   dx's 8 warp partials meet in shared memory in warp order; with several column ranges per row band (gridDim.z)
-//   each block writes its sum to the workspace and the last to take the band's ticket adds them in range order.
+//   the blocks' sums are added in range order, in a cluster or through the workspace (one_pass.cuh).
 //   relu'(x) comes from the x tile already in shared memory. Every sum has a fixed order: bitwise reproducible.
 // bias != nullptr: the blocks also update the bias, b -= lr colsum(dy), with bias_update's exact fixed-point
 // column sums (the same bits), so the layer's backward needs no second kernel. Chunk c of a column range is summed by
@@ -214,5 +214,6 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
         }
     }
     static_assert(PAIRS % THREADS == 0, "whole pairs per thread");
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets);
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets,
+                                           reinterpret_cast<float2*>(smem_raw));
 }

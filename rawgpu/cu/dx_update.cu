@@ -14,8 +14,8 @@
 //     G:   x^T[64 x BB] @ dy[BB x 64] on a 2 x 4 warp grid (32 x 16 per warp);
 //     then the optimiser's step on the joined master and the state in shared memory, written back along rows in
 //     16-byte pieces.
-//   With several column ranges per row band (gridDim.z), each block's dx goes to the workspace and the last to take
-//   the band's ticket adds them in range order. relu'(x) comes from the x tile in shared memory. Every sum has a
+//   With several column ranges per row band (gridDim.z), the blocks' dx are added in range order, in a cluster or
+//   through the workspace (one_pass.cuh). relu'(x) comes from the x tile in shared memory. Every sum has a
 //   fixed order (the bias sums are exact fixed-point integers): bitwise reproducible.
 // bias != nullptr: the blocks also update the bias (and its state mb, vb) by the same rule, with bias_update's
 // exact column sums (the same bits); chunk c of a column range by row band c % bands.
@@ -254,7 +254,8 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         const int i = tid + it * THREADS, r = i / (BM / 2), col = (i % (BM / 2)) * 2;
         sum[it] = *reinterpret_cast<const float2*>(red + r * RED_LD + col);
     }
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets);
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets,
+                                           reinterpret_cast<float2*>(smem_raw));
 }
 
 // x [B, IN] (the layer's input, also its ReLU mask), dy [B, N], the master W16 / lo [IN, N] and the state mw, vw

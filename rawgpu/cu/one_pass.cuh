@@ -2,25 +2,57 @@
 #pragma once
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
+#include "cluster.cuh"
+#include "ldmatrix.cuh"  // shared_address
 
-// A block's dx for its band of BM input features, as ITERS pairs per thread (pair i = threadIdx.x + it THREADS:
-// batch row i / (BM / 2), features i0 + 2 (i % (BM / 2)) + {0, 1}): with several column ranges (gridDim.z) the
-// ranges' sums meet in the workspace, added in range order by the last block to take the band's ticket (the others
-// return); then masked by relu'(x), x the band's input tile in shared memory (rows of LDX halves), and stored.
+// Pair i of a band's dx, masked by relu'(x) (x: the band's input tile in shared memory, rows of LDX halves) and
+// stored: batch row i / (BM / 2), features i0 + 2 (i % (BM / 2)) + {0, 1}.
+template <int BM, int LDX>
+RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, half_t* dx, int lddx, int B, int IN, int i0) {
+    const int r = i / (BM / 2), col = (i % (BM / 2)) * 2;
+    if (r >= B || i0 + col >= IN) return;
+    const float2 a = unpack_f16x2(*reinterpret_cast<const u32*>(sX + r * LDX + col));
+    *reinterpret_cast<u32*>(dx + (i64)r * lddx + i0 + col) = pack_f16x2(a.x > 0.f ? v.x : 0.f, a.y > 0.f ? v.y : 0.f);
+}
+
+// A block's dx for its band of BM input features, as ITERS pairs per thread (pair i = threadIdx.x + it THREADS),
+// masked and stored. With several column ranges (gridDim.z) their sums are added in range order, from 0:
+//   - launched as clusters of the band's ranges (sm_90, kernels/dx_sgd.py: reduce_in_cluster), through distributed
+//     shared memory: each block puts its sums in `scratch` (PAIRS float2, free once every thread has its sums), and
+//     block z of the cluster adds up and stores the z-th share of the pairs;
+//   - otherwise in the workspace, by the last block to take the band's ticket (the others return).
+// Both add the same values in the same order: the same bits.
 template <int ITERS, int THREADS, int BM, int LDX>
 RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, half_t* dx, int lddx, int B, int IN, int i0,
-                             float* workspace, int* tickets) {
+                             float* workspace, int* tickets, float2* scratch) {
     constexpr int PAIRS = ITERS * THREADS;
     if (gridDim.z > 1) {
+#if __CUDA_ARCH__ >= 900
+        if (cluster_ctas() == gridDim.z) {  // the cluster is the band's ranges: rank z is blockIdx.z
+            __syncthreads();  // every thread has read its sums from the memory `scratch` reuses
+#pragma unroll
+            for (int it = 0; it < ITERS; ++it) scratch[threadIdx.x + it * THREADS] = sum[it];
+            cluster_sync();
+            const int ranges = (int)gridDim.z, share = (PAIRS + ranges - 1) / ranges;
+            const int begin = (int)blockIdx.z * share, end = min(PAIRS, begin + share);
+            const u32 base = shared_address(scratch);
+            for (int i = begin + (int)threadIdx.x; i < end; i += THREADS) {
+                float2 v = make_float2(0.f, 0.f);
+                for (int z = 0; z < ranges; ++z) {
+                    const float2 p = cluster_load_f2(cluster_address(base + 8u * (u32)i, (u32)z));
+                    v.x += p.x;
+                    v.y += p.y;
+                }
+                store_dx_pair<BM, LDX>(i, v, sX, dx, lddx, B, IN, i0);
+            }
+            cluster_sync();  // the other blocks have read this one's sums before it leaves
+            return;
+        }
+#endif
         float2* ws = reinterpret_cast<float2*>(workspace) + (i64)blockIdx.x * PAIRS;
         if (!sum_splits_in_order<ITERS, THREADS, PAIRS>(sum, ws, (i64)gridDim.x * PAIRS, tickets + blockIdx.x)) return;
     }
 #pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-        const int i = threadIdx.x + it * THREADS, r = i / (BM / 2), col = (i % (BM / 2)) * 2;
-        if (r >= B || i0 + col >= IN) continue;
-        const float2 a = unpack_f16x2(*reinterpret_cast<const u32*>(sX + r * LDX + col));  // x: this layer's input
-        const float v0 = a.x > 0.f ? sum[it].x : 0.f, v1 = a.y > 0.f ? sum[it].y : 0.f;
-        *reinterpret_cast<u32*>(dx + (i64)r * lddx + i0 + col) = pack_f16x2(v0, v1);
-    }
+    for (int it = 0; it < ITERS; ++it)
+        store_dx_pair<BM, LDX>(threadIdx.x + it * THREADS, sum[it], sX, dx, lddx, B, IN, i0);
 }

@@ -2,13 +2,13 @@
 the master weights W16 and lo, rawgpu/master.py) in one pass over its weights.
 
 `plan_dx_sgd` is plain Python (tested on CPU): the grid (row bands of 64 input features, times column ranges so
-every SM has a block) and the workspace the column ranges' dx sums meet in.
+every SM has a block) and where the column ranges' dx sums meet: a cluster's shared memory or the workspace.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from .. import contract
 from ..compiler import unit_of
 from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
+from .gemm import MAX_CLUSTER_SPLITS, has_tma, planning_capacity
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -41,17 +42,19 @@ def supported(batch: int, plain_sgd: bool, accum: str) -> bool:
 @dataclass(frozen=True)
 class OnePassPlan:
     """The grid of a one-pass backward over W [IN, N] (this kernel's, and dx_update's): row bands of BM input
-    features, times column ranges, whose dx sums meet in the workspace."""
+    features, times column ranges, whose dx sums meet in a cluster's shared memory or in the workspace
+    (cu/one_pass.cuh)."""
 
     B: int  # batch rows
     IN: int  # W's rows (input features; dx's columns)
     N: int  # W's columns (output features)
     splits: int  # column ranges per row band
     n_chunk: int  # columns per range, a multiple of the kernel's chunk
+    cluster: bool = False  # each band's ranges run as one cluster and add their dx there (reduce_in_cluster)
 
     @property
     def rows(self) -> int:
-        """The batch rows the kernel holds (its tile): each block's dx in the workspace."""
+        """The batch rows the kernel holds (its tile): each block's dx partial."""
         return MAX_BATCH
 
     @property
@@ -64,11 +67,26 @@ class OnePassPlan:
 
     @property
     def workspace_floats(self) -> int:
-        return self.splits * self.bands * self.rows * BM if self.splits > 1 else 0
+        return self.splits * self.bands * self.rows * BM if self.splits > 1 and not self.cluster else 0
 
     @property
     def tickets(self) -> int:
-        return self.bands if self.splits > 1 else 0
+        return self.bands if self.splits > 1 and not self.cluster else 0
+
+    def cluster_dims(self, with_dx: bool) -> tuple[int, int, int] | int:
+        """The launch's clusters: a band's ranges, where their dx sums meet there (none without a dx to sum)."""
+        return (1, 1, self.splits) if self.cluster and with_dx else 1
+
+
+def reduce_in_cluster(bands: int, splits: int, arch: str, capacity: Sequence[int] | None, sm_count: int) -> bool:
+    """Whether a band's column ranges add their dx in a cluster's shared memory (sm_90, 2..MAX_CLUSTER_SPLITS ranges,
+    every band's cluster resident at once by `capacity`, gemm.cluster_capacity's answer, or planning_capacity's
+    estimate if None) rather than through the workspace and a ticket, which costs the band's last block a round trip
+    to L2 and a serial sum of every range (docs/perf.md)."""
+    if not has_tma(arch) or not 2 <= splits <= MAX_CLUSTER_SPLITS:
+        return False
+    capacity = capacity or planning_capacity(sm_count)
+    return splits < len(capacity) and bands <= capacity[splits]
 
 
 def column_ranges(IN: int, N: int, chunk: int, sm_count: int, splits: int | None) -> tuple[int, int]:
@@ -94,12 +112,27 @@ class DxSgdPlan(OnePassPlan):
         return unit_of(SOURCE, KERNEL)
 
 
-def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None) -> DxSgdPlan:
+def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None, arch: str = "sm_86",
+                capacity: Sequence[int] | None = None, cluster: bool | None = None) -> DxSgdPlan:
     """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks
-    of BN) until the grid is about one block per SM."""
+    of BN) until the grid is about one block per SM. cluster: whether the ranges add their dx in a cluster
+    (default: reduce_in_cluster's rule, with `arch` and `capacity`; False: through the workspace)."""
     if not 1 <= B <= MAX_BATCH:
         raise ValueError(f"the fused backward takes 1..{MAX_BATCH} batch rows, got {B}")
-    return DxSgdPlan(B, IN, N, *column_ranges(IN, N, BN, sm_count, splits))
+    ranges, n_chunk = column_ranges(IN, N, BN, sm_count, splits)
+    return DxSgdPlan(B, IN, N, ranges, n_chunk, one_pass_cluster(cdiv(IN, BM), ranges, arch, capacity, sm_count,
+                                                                 cluster))
+
+
+def one_pass_cluster(bands: int, splits: int, arch: str, capacity: Sequence[int] | None, sm_count: int,
+                     wanted: bool | None) -> bool:
+    """The planners' `cluster` argument resolved: None takes reduce_in_cluster's rule; True where it cannot run
+    is refused."""
+    can = has_tma(arch) and 2 <= splits <= MAX_CLUSTER_SPLITS
+    if wanted and not can:
+        raise ValueError(f"{splits} column ranges on {arch} cannot add their dx in a cluster "
+                         f"(sm_90, 2..{MAX_CLUSTER_SPLITS} ranges)")
+    return reduce_in_cluster(bands, splits, arch, capacity, sm_count) if wanted is None else bool(wanted)
 
 
 def matrix_stride(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
@@ -128,10 +161,10 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
         require(bias, np.float32, what="bias")
         if bias.size < p.N:
             raise ValueError(f"bias: {bias.size} values for {p.N} columns")
-    if dx is not None:  # the column ranges' dx sums meet in the workspace
+    if dx is not None and not p.cluster:  # the column ranges' dx sums meet in the workspace
         require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
     ptr = lambda t: 0 if t is None else t  # noqa: E731
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
         p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, ptr(dx), lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
-        p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias))
+        p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), cluster=p.cluster_dims(dx is not None))

@@ -3,21 +3,22 @@ the optimiser's step on the master weights W16 and lo, rawgpu/master.py, their s
 its weights.
 
 `plan_dx_update` is plain Python (tested on CPU): the batch tile and optimiser family (the instance), the grid
-(row bands of 64 input features, times column ranges so every SM has a block) and the workspace the column ranges'
-dx sums meet in.
+(row bands of 64 input features, times column ranges so every SM has a block) and where the column ranges' dx sums
+meet: a cluster's shared memory or the workspace.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .. import contract
 from ..compiler import unit_of
 from . import Kernels, require, require_split_scratch
-from .dx_sgd import BM, OnePassPlan, column_ranges, matrix_stride
+from ..recipe import cdiv
+from .dx_sgd import BM, OnePassPlan, column_ranges, matrix_stride, one_pass_cluster
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -78,14 +79,19 @@ class DxUpdatePlan(OnePassPlan):
 
 
 def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = 132,
-                   splits: int | None = None) -> DxUpdatePlan:
+                   splits: int | None = None, capacity: Sequence[int] | None = None,
+                   cluster: bool | None = None) -> DxUpdatePlan:
     """The instance (batch tile, optimiser family) and the grid: row bands of BM, each band's columns split into
-    ranges (whole chunks of BN) until the grid is about one block per SM (dx_sgd.column_ranges)."""
+    ranges (whole chunks of BN) until the grid is about one block per SM (dx_sgd.column_ranges), their dx sums
+    meeting in a cluster where dx_sgd.reduce_in_cluster says so (cluster=False: in the workspace)."""
     if B < 1:
         raise ValueError(f"the one-pass backward takes 1..{MAX_BATCH} batch rows, got {B}")
     if why := unsupported_reason(B, optimizer, "f32", arch):
         raise ValueError(why)
-    return DxUpdatePlan(B, IN, N, *column_ranges(IN, N, BN, sm_count, splits), family(optimizer), arch)
+    ranges, n_chunk = column_ranges(IN, N, BN, sm_count, splits)
+    return DxUpdatePlan(B, IN, N, ranges, n_chunk,
+                        one_pass_cluster(cdiv(IN, BM), ranges, arch, capacity, sm_count, cluster),
+                        family=family(optimizer), arch=arch)
 
 
 def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor",
@@ -120,10 +126,11 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
                     raise ValueError(f"{what}: {t.size} values for {p.N} columns")
         if (mb is None) != (mw is None) or (vb is None) != (vw is None):
             raise ValueError("the bias keeps the same optimiser state as the weights")
-    if dx is not None:  # the column ranges' dx sums meet in the workspace
+    if dx is not None and not p.cluster:  # the column ranges' dx sums meet in the workspace
         require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
     ptr = lambda t: 0 if t is None else t  # noqa: E731
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, p.kernel, SIGNATURE).bind(
         p.grid, THREADS, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
-        ldw, lddx, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb))
+        ldw, lddx, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb),
+        cluster=p.cluster_dims(dx is not None))
