@@ -618,6 +618,7 @@ HEAD_THREADS = 256
 HEAD_CLASSES = 16  # classes, padded
 HEAD_BATCHES = (32, 64, 128, 256)  # batch tiles (ROWS): a batch of B rows runs the smallest tile >= B
 HEAD_FAMILIES = DXU_FAMILIES
+HEAD_MAX_CTAS = 16  # the largest cluster (sm_90's non-portable limit): the partial logits a CTA adds up
 
 
 def head_kernel_name(rows: int, family: str) -> str:
@@ -653,8 +654,8 @@ def _head_facts(arch: str, kernel: str | None = None):
             if kernel in (None, head_kernel_name(rows, f))]
     instances = ("// The kernels of this build: X(name, ROWS, ADAM, SMEM_PER_ROW, SMEM_FIXED) each.\n"
                  f"#define HEAD_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
-    return {"HEAD_THREADS": HEAD_THREADS, "HEAD_CLASSES": HEAD_CLASSES}, {"head_instances.cuh": _header("head.cu",
-                                                                                                      instances)}
+    return ({"HEAD_THREADS": HEAD_THREADS, "HEAD_CLASSES": HEAD_CLASSES, "HEAD_MAX_CTAS": HEAD_MAX_CTAS},
+            {"head_instances.cuh": _header("head.cu", instances)})
 
 
 # ---- loss.cu and elementwise.cu (kernels/loss.py, kernels/elementwise.py) -----------------------------------------

@@ -196,6 +196,7 @@ RG_DEVICE void finish_cluster_splits(const Params& p, const Optim& o, const floa
         const bool in = row < p.M && col < p.N;
         float2 x = make_float2(0.f, 0.f), y = x, z = x;
         if (in) epilogue_inputs<EPI>(p, row, col, x, y, z);
+        // cluster_sum_f2 (cluster.cuh) written out: through the helper, gemm_outer64 spills (tests/test_compiler.py)
         const u32 at = shared_address(part + r * LD + c);
         float2 v[MAX_CLUSTER_SPLITS];
 #pragma unroll

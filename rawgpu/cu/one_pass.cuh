@@ -36,15 +36,8 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, half_t* dx,
             const int ranges = (int)gridDim.z, share = (PAIRS + ranges - 1) / ranges;
             const int begin = (int)blockIdx.z * share, end = min(PAIRS, begin + share);
             const u32 base = shared_address(scratch);
-            for (int i = begin + (int)threadIdx.x; i < end; i += THREADS) {
-                float2 v = make_float2(0.f, 0.f);
-                for (int z = 0; z < ranges; ++z) {
-                    const float2 p = cluster_load_f2(cluster_address(base + 8u * (u32)i, (u32)z));
-                    v.x += p.x;
-                    v.y += p.y;
-                }
-                store_dx_pair<BM, LDX>(i, v, sX, dx, lddx, B, IN, i0);
-            }
+            for (int i = begin + (int)threadIdx.x; i < end; i += THREADS)
+                store_dx_pair<BM, LDX>(i, cluster_sum_f2<MAX_CLUSTER_SPLITS>(base + 8u * (u32)i, ranges), sX, dx, lddx, B, IN, i0);
             cluster_sync();  // the other blocks have read this one's sums before it leaves
             return;
         }

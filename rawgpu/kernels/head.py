@@ -24,7 +24,7 @@ SOURCE = "head.cu"
 SIGNATURE = "pippppppppppppippiiiifp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
 THREADS, CLASSES = contract.HEAD_THREADS, contract.HEAD_CLASSES  # compiled into head.cu
 MAX_BATCH = max(contract.HEAD_BATCHES)
-PORTABLE_CTAS, MAX_CTAS = 8, 16
+PORTABLE_CTAS, MAX_CTAS = 8, contract.HEAD_MAX_CTAS
 SMEM_LIMIT = contract.block_smem_limit("sm_90")
 
 

@@ -39,6 +39,24 @@ RG_DEVICE float2 cluster_load_f2(u32 address) {
     return v;
 }
 
+// The sum, from 0 in rank order, of the float2 at this CTA's shared address `local` in cluster ranks 0 .. n - 1
+// (n <= N). Every load is issued before the first add, so the n round trips overlap instead of queueing.
+template <int N>
+RG_DEVICE float2 cluster_sum_f2(u32 local, int n) {
+    float2 v[N];
+#pragma unroll
+    for (int z = 0; z < N; ++z)
+        if (z < n) v[z] = cluster_load_f2(cluster_address(local, (u32)z));
+    float2 sum = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int z = 0; z < N; ++z)
+        if (z < n) {
+            sum.x += v[z].x;
+            sum.y += v[z].y;
+        }
+    return sum;
+}
+
 // Stores that count their bytes on the receiving CTA's mbarrier (st.async; `bar` is a cluster address in the same
 // CTA as `address`). The receiver waits on its own barrier for the bytes it expects (cluster_wait_phase); the
 // sender waits for nothing: no release fence drains its stores, as before a barrier.cluster.arrive.release.
