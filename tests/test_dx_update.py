@@ -46,6 +46,15 @@ def test_column_ranges_add_in_a_cluster_where_every_bands_cluster_is_resident():
     assert not U.plan_dx_update(128, 512, 512, "sgd", "sm_80").cluster
     with pytest.raises(ValueError, match="cannot add their dx in a cluster"):
         U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90", cluster=True)
+    h100 = (0, 0, 66, 39, 30, 22, 17, 15, 15)  # what the driver said on an H100
+    p = U.plan_dx_update(128, 1024, 1024, "sgd", "sm_90", capacity=h100)
+    assert (p.splits, p.n_chunk, p.cluster) == (6, 192, True), "16 bands of 8 ranges do not fit: 6 ranges of 3 chunks"
+    p = U.plan_dx_update(128, 2048, 2048, "sgd", "sm_90", capacity=h100)
+    assert (p.splits, p.cluster) == (4, False), "ranges of 8 chunks are not traded for a cluster"
+    assert U.plan_dx_update(128, 1024, 1024, "sgd", "sm_90", splits=8, capacity=h100).splits == 8, "asked for"
+    assert U.plan_dx_update(32, 1024, 1024, "sgd", "sm_90", capacity=h100).splits == 8, "small tiles keep theirs"
+    p = U.plan_dx_update(128, 784, 1024, "sgd", "sm_90", capacity=h100, dx=False)
+    assert not p.cluster and p.splits == 8, "the update alone adds no dx"
 
 
 def test_the_instance_is_the_smallest_batch_tile_and_the_optimisers_family():

@@ -113,26 +113,49 @@ class DxSgdPlan(OnePassPlan):
 
 
 def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None, arch: str = "sm_86",
-                capacity: Sequence[int] | None = None, cluster: bool | None = None) -> DxSgdPlan:
+                capacity: Sequence[int] | None = None, cluster: bool | None = None, dx: bool = True) -> DxSgdPlan:
     """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks
-    of BN) until the grid is about one block per SM. cluster: whether the ranges add their dx in a cluster
-    (default: reduce_in_cluster's rule, with `arch` and `capacity`; False: through the workspace)."""
+    of BN) until the grid is about one block per SM; their dx sums meet as one_pass_grid says (dx=False: the update
+    alone, nothing to add)."""
     if not 1 <= B <= MAX_BATCH:
         raise ValueError(f"the fused backward takes 1..{MAX_BATCH} batch rows, got {B}")
-    ranges, n_chunk = column_ranges(IN, N, BN, sm_count, splits)
-    return DxSgdPlan(B, IN, N, ranges, n_chunk, one_pass_cluster(cdiv(IN, BM), ranges, arch, capacity, sm_count,
-                                                                 cluster))
+    return DxSgdPlan(B, IN, N, *one_pass_grid(IN, N, BN, sm_count, splits, arch, capacity, cluster if dx else False,
+                                              MAX_BATCH))
 
 
-def one_pass_cluster(bands: int, splits: int, arch: str, capacity: Sequence[int] | None, sm_count: int,
-                     wanted: bool | None) -> bool:
-    """The planners' `cluster` argument resolved: None takes reduce_in_cluster's rule; True where it cannot run
-    is refused."""
-    can = has_tma(arch) and 2 <= splits <= MAX_CLUSTER_SPLITS
-    if wanted and not can:
-        raise ValueError(f"{splits} column ranges on {arch} cannot add their dx in a cluster "
-                         f"(sm_90, 2..{MAX_CLUSTER_SPLITS} ranges)")
-    return reduce_in_cluster(bands, splits, arch, capacity, sm_count) if wanted is None else bool(wanted)
+# At batch tiles of TRADE_MIN_ROWS or more, a band's ranges of at most MAX_TRADED_CHUNKS chunks are latency-bound:
+# fewer, longer ranges whose dx sums meet in a cluster beat more of them through the workspace (1024 x 1024 at batch
+# 128: 6 ranges 17.7 us, 8 ranges 19.0); longer ranges are bandwidth-bound and lose (2048 x 2048: 3 ranges 42.5 us,
+# 4 through the workspace 36.3). At batch 32 the trade made the seed recipe's 1024 step 1 us slower, so smaller
+# tiles keep their ranges. dev/backward_splits.py, docs/perf.md.
+MAX_TRADED_CHUNKS = 3
+TRADE_MIN_ROWS = 128
+
+
+def one_pass_grid(IN: int, N: int, chunk: int, sm_count: int, splits: int | None, arch: str,
+                  capacity: Sequence[int] | None, cluster: bool | None, rows: int) -> tuple[int, int, bool]:
+    """(ranges, columns per range, whether they add their dx in a cluster) for both one-pass planners and a batch
+    tile of `rows`: the ranges column_ranges gives (or `splits`), in a cluster where reduce_in_cluster says so;
+    where those ranges' clusters do not all fit, at TRADE_MIN_ROWS rows or more, fewer ranges of at most
+    MAX_TRADED_CHUNKS chunks whose clusters do. cluster=False: through the workspace; True: in a cluster (refused
+    where it cannot run)."""
+    ranges, n_chunk = column_ranges(IN, N, chunk, sm_count, splits)
+    bands = cdiv(IN, BM)
+    if cluster is not None:
+        if cluster and not (has_tma(arch) and 2 <= ranges <= MAX_CLUSTER_SPLITS):
+            raise ValueError(f"{ranges} column ranges on {arch} cannot add their dx in a cluster "
+                             f"(sm_90, 2..{MAX_CLUSTER_SPLITS} ranges)")
+        return ranges, n_chunk, cluster
+    if reduce_in_cluster(bands, ranges, arch, capacity, sm_count):
+        return ranges, n_chunk, True
+    if splits is None and rows >= TRADE_MIN_ROWS and has_tma(arch):
+        for fewer in range(min(ranges, MAX_CLUSTER_SPLITS + 1) - 1, 1, -1):
+            r, nc = column_ranges(IN, N, chunk, sm_count, fewer)
+            if nc > MAX_TRADED_CHUNKS * chunk:
+                break
+            if r < ranges and reduce_in_cluster(bands, r, arch, capacity, sm_count):
+                return r, nc, True
+    return ranges, n_chunk, False
 
 
 def matrix_stride(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:

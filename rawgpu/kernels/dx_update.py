@@ -17,8 +17,7 @@ import numpy as np
 from .. import contract
 from ..compiler import unit_of
 from . import Kernels, require, require_split_scratch
-from ..recipe import cdiv
-from .dx_sgd import BM, OnePassPlan, column_ranges, matrix_stride, one_pass_cluster
+from .dx_sgd import BM, OnePassPlan, matrix_stride, one_pass_grid
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -80,17 +79,16 @@ class DxUpdatePlan(OnePassPlan):
 
 def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = 132,
                    splits: int | None = None, capacity: Sequence[int] | None = None,
-                   cluster: bool | None = None) -> DxUpdatePlan:
+                   cluster: bool | None = None, dx: bool = True) -> DxUpdatePlan:
     """The instance (batch tile, optimiser family) and the grid: row bands of BM, each band's columns split into
     ranges (whole chunks of BN) until the grid is about one block per SM (dx_sgd.column_ranges), their dx sums
-    meeting in a cluster where dx_sgd.reduce_in_cluster says so (cluster=False: in the workspace)."""
+    meeting as dx_sgd.one_pass_grid says (dx=False: the update alone, nothing to add)."""
     if B < 1:
         raise ValueError(f"the one-pass backward takes 1..{MAX_BATCH} batch rows, got {B}")
     if why := unsupported_reason(B, optimizer, "f32", arch):
         raise ValueError(why)
-    ranges, n_chunk = column_ranges(IN, N, BN, sm_count, splits)
-    return DxUpdatePlan(B, IN, N, ranges, n_chunk,
-                        one_pass_cluster(cdiv(IN, BM), ranges, arch, capacity, sm_count, cluster),
+    return DxUpdatePlan(B, IN, N, *one_pass_grid(IN, N, BN, sm_count, splits, arch, capacity, cluster if dx else False,
+                                                 batch_tile(B)),
                         family=family(optimizer), arch=arch)
 
 

@@ -92,10 +92,10 @@ class LayeredStep(Step):
             pin, pout, last = padded[i], padded[i + 1], i == n - 1
             bwd = None
             if one_pass and not (last and self.head is not None):
-                cap = model.cluster_capacity
-                bwd = (kb.plan_dx_sgd(B, pin, pout, model.sm_count, arch=arch, capacity=cap)
+                cap, dx = model.cluster_capacity, i > 0  # the first layer's input needs no gradient
+                bwd = (kb.plan_dx_sgd(B, pin, pout, model.sm_count, arch=arch, capacity=cap, dx=dx)
                        if kb.supported(B, plain, accum)
-                       else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap))
+                       else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
             self.plans.append(LayerPlans(
                 fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_relu"),
                 dx=plan(B, pin, pout, "rc", "drelu") if i else None,
