@@ -91,6 +91,25 @@ def test_binding_scan_allows_the_rest(source):
     assert binding_uses(source) == []
 
 
+def nccl_uses(source: str) -> list[int]:
+    """Lines that import NCCL's bindings (the `nccl` package of nccl4py)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [node.lineno for a in node.names if a.name.split(".")[0] == "nccl"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "nccl":
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_nccl_module_touches_nccls_bindings():
+    offenders = [f"{p.relative_to(ROOT)}:{line}" for p in _python_files(*SCANNED_DIRS)
+                 if p.relative_to(ROOT) != Path("rawgpu/nccl.py") for line in nccl_uses(p.read_text())]
+    assert not offenders, "only rawgpu/nccl.py may import nccl4py; call it instead:\n  " + "\n  ".join(offenders)
+    assert nccl_uses("from nccl.bindings import nccl") and nccl_uses("import nccl.core")
+    assert nccl_uses("from . import nccl") == [], "rawgpu's own module is not the binding"
+
+
 # --- no module-level import cycle inside rawgpu -------------------------------------------------------------------
 
 def module_names(root: Path, package: str) -> dict[str, Path]:
