@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("run")
     add_device_option(r)
     r.add_argument("--no-graph", action="store_true",
-                   help="launch the same kernels one by one instead of one CUDA graph per step (for comparison)")
+                   help="launch the same kernels one by one instead of replaying CUDA graphs (for comparison)")
     r.add_argument("--steps-per-graph", type=_count(1, 1000), default=None,
                    help="training steps captured into one graph (default: one progress tick's steps, "
                         f"{MAX_AUTO_STEPS_PER_GRAPH} at most)")
