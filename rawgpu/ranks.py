@@ -1,0 +1,92 @@
+"""One process per GPU: start the ranks, hand them one communicator id, collect what each returns.
+
+A rank is a fresh process ('spawn': no CUDA state carried over from the parent) that runs
+`work(rank, ranks, unique_id, *args)`, a module-level function, on GPU `rank`, and sends back its picklable result.
+If a rank fails, or dies without a word, the others are stopped and the error names the rank; Ctrl-C stops every
+rank. NVLink multicast stays off in every rank's environment (rawgpu/nccl.py says why).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import traceback
+from typing import Any, Callable
+
+from .errors import RawgpuError
+
+POLL_SECONDS = 0.2  # how often the parent looks for a rank that died without reporting
+STOP_SECONDS = 5.0  # how long a stopped rank gets to exit before it is killed
+
+
+class RankError(RawgpuError):
+    """A rank failed; the message names it and says what it raised (its traceback is in .details)."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
+def _rank_main(results: Any, work: Callable[..., Any], rank: int, ranks: int, unique_id: bytes,
+               args: tuple) -> None:
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    try:
+        results.put((rank, True, work(rank, ranks, unique_id, *args), ""))
+    except KeyboardInterrupt:
+        results.put((rank, False, "interrupted", ""))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent, named
+        what = str(exc) if isinstance(exc, RawgpuError) else f"{type(exc).__name__}: {exc}"
+        results.put((rank, False, what, traceback.format_exc()))
+
+
+def run_ranks(work: Callable[..., Any], ranks: int, *args: Any, unique_id: bytes | None = None) -> list[Any]:
+    """work(rank, ranks, unique_id, *args) in `ranks` processes; their results in rank order. unique_id: the
+    communicator's id every rank is given (default: a fresh one from NCCL)."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    if unique_id is None:
+        from . import nccl
+
+        unique_id = nccl.new_unique_id()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(results, work, r, ranks, unique_id, args), daemon=True,
+                         name=f"rawgpu-rank-{r}") for r in range(ranks)]
+    done: dict[int, Any] = {}
+    finished = False
+    try:
+        for p in procs:
+            p.start()
+        while len(done) < ranks:
+            try:
+                rank, ok, payload, details = results.get(timeout=POLL_SECONDS)
+            except queue_module.Empty:
+                for r, p in enumerate(procs):
+                    if r not in done and p.exitcode is not None and results.empty():
+                        raise RankError(f"rank {r} of {ranks} exited with code {p.exitcode} before reporting")
+                continue
+            if not ok:
+                raise RankError(f"rank {rank} of {ranks}: {payload}", details)
+            done[rank] = payload
+        finished = True
+    finally:
+        _stop(procs, finished)
+        results.close()
+    return [done[r] for r in range(ranks)]
+
+
+def _stop(procs: list, finished: bool) -> None:
+    """Let ranks that have all reported exit on their own (finished); otherwise ask every live rank to stop. Kill
+    what is left after STOP_SECONDS."""
+    for p in procs:
+        if finished and p.pid is not None:
+            p.join(STOP_SECONDS)
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is not None:
+            p.join(STOP_SECONDS)
+            if p.is_alive():
+                p.kill()
+                p.join()
