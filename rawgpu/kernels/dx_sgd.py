@@ -124,10 +124,8 @@ def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None
 
 
 # At batch tiles of TRADE_MIN_ROWS or more, a band's ranges of at most MAX_TRADED_CHUNKS chunks are latency-bound:
-# fewer, longer ranges whose dx sums meet in a cluster beat more of them through the workspace (1024 x 1024 at batch
-# 128: 6 ranges 17.7 us, 8 ranges 19.0); longer ranges are bandwidth-bound and lose (2048 x 2048: 3 ranges 42.5 us,
-# 4 through the workspace 36.3). At batch 32 the trade made the seed recipe's 1024 step 1 us slower, so smaller
-# tiles keep their ranges. dev/backward_splits.py, docs/perf.md.
+# fewer, longer ranges whose dx sums meet in a cluster beat more of them through the workspace; longer ranges are
+# bandwidth-bound and lose, and so does the batch-32 tile (dev/backward_splits.py; the numbers: docs/perf.md).
 MAX_TRADED_CHUNKS = 3
 TRADE_MIN_ROWS = 128
 
