@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .recipe import cdiv, pad8
 
 SPLITS = ("columns", "rows", "whole")
@@ -64,6 +66,39 @@ class TensorParallelPlan:
 
     def weights_per_rank(self) -> int:
         return sum(s.fan_in * s.fan_out for s in self.shards)
+
+
+def shard(plan: TensorParallelPlan, layer: int, rank: int, w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rank `rank`'s part of layer `layer`'s whole weight w [fan_in, fan_out] (in the plan's padded widths) and bias
+    b: every rank initialises the whole model from the seed and keeps its part, so N GPUs start where one does."""
+    s = plan.shards[layer]
+    if w.shape != (plan.widths[layer], plan.widths[layer + 1]) or b.shape != (plan.widths[layer + 1],):
+        raise ValueError(f"layer {layer}: weight {w.shape} and bias {b.shape} are not the plan's "
+                         f"{plan.widths[layer]} x {plan.widths[layer + 1]}")
+    if s.split == "columns":
+        cols = slice(rank * s.fan_out, (rank + 1) * s.fan_out)
+        return w[:, cols].copy(), b[cols].copy()
+    if s.split == "rows":
+        return w[rank * s.fan_in:(rank + 1) * s.fan_in].copy(), b.copy()
+    return w.copy(), b.copy()
+
+
+def gather(plan: TensorParallelPlan, layer: int, ws: list[np.ndarray], bs: list[np.ndarray]) -> tuple[np.ndarray,
+                                                                                                        np.ndarray]:
+    """Layer `layer`'s whole weight and bias from every rank's part (shard's inverse; what a checkpoint holds). The
+    bias of a layer that is not column-split is the same on every rank, which it checks."""
+    s = plan.shards[layer]
+    if len(ws) != plan.ranks or len(bs) != plan.ranks:
+        raise ValueError(f"layer {layer}: {len(ws)} weights and {len(bs)} biases for {plan.ranks} ranks")
+    if s.split == "columns":
+        return np.concatenate(ws, axis=1), np.concatenate(bs)
+    if any(not np.array_equal(v, bs[0]) for v in bs):
+        raise ValueError(f"layer {layer}: the ranks' copies of its bias differ")
+    if s.split == "rows":
+        return np.concatenate(ws, axis=0), bs[0].copy()
+    if any(not np.array_equal(v, ws[0]) for v in ws):
+        raise ValueError(f"layer {layer}: the ranks' copies of its weight differ")
+    return ws[0].copy(), bs[0].copy()
 
 
 def shard_width(width: int, ranks: int) -> int:

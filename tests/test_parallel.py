@@ -33,6 +33,22 @@ def test_the_choice_moves_fewer_bytes_and_says_so():
     assert P.choose([784, 256, 16], batch=128, ranks=1).kind == "one GPU"
 
 
+def test_shards_gather_back_to_the_whole_layer_and_replicas_must_agree(rng):
+    plan = P.plan_tensor_parallel([20, 30, 30, 30, 5], batch=4, ranks=3)
+    for i, s in enumerate(plan.shards):
+        w = rng.standard_normal((plan.widths[i], plan.widths[i + 1]))
+        b = rng.standard_normal(plan.widths[i + 1])
+        parts = [P.shard(plan, i, r, w, b) for r in range(3)]
+        assert all(p[0].shape == (s.fan_in, s.fan_out) for p in parts)
+        got_w, got_b = P.gather(plan, i, [p[0] for p in parts], [p[1] for p in parts])
+        assert np.array_equal(got_w, w) and np.array_equal(got_b, b)
+        if not s.sharded_bias:
+            with pytest.raises(ValueError, match="copies of its bias differ"):
+                P.gather(plan, i, [p[0] for p in parts], [parts[0][1], parts[1][1] + 1, parts[2][1]])
+    with pytest.raises(ValueError, match="not the plan's"):
+        P.shard(plan, 0, 0, np.zeros((20, 30)), np.zeros(30))
+
+
 @pytest.mark.parametrize("kw,msg", [(dict(widths=[784, 10], batch=8, ranks=2), "has none"),
                                     (dict(widths=[784, 64, 10], batch=8, ranks=0), "ranks must be")])
 def test_bad_plans_are_refused(kw, msg):
@@ -68,19 +84,9 @@ def full_step(x, y, W, b, lr):
 def sharded_step(plan, x, y, W, b, lr):
     """The step as the ranks run it: rank r holds its shards only; `sum(...)` over ranks is an all-reduce."""
     R = plan.ranks
-
-    def part(i, r, what):
-        s = plan.shards[i]
-        if s.split == "columns":
-            cols = slice(r * s.fan_out, (r + 1) * s.fan_out)
-            return W[i][:, cols] if what == "w" else b[i][cols]
-        if s.split == "rows":
-            rows = slice(r * s.fan_in, (r + 1) * s.fan_in)
-            return W[i][rows, :] if what == "w" else b[i]
-        return W[i] if what == "w" else b[i]
-
-    Ws = [[part(i, r, "w").copy() for r in range(R)] for i in range(len(W))]
-    bs = [[part(i, r, "b").copy() for r in range(R)] for i in range(len(W))]
+    parts = [[P.shard(plan, i, r, W[i], b[i]) for r in range(R)] for i in range(len(W))]
+    Ws = [[w for w, _ in layer] for layer in parts]
+    bs = [[v for _, v in layer] for layer in parts]
     last = len(W) - 1
     inputs = [[x] * R]  # inputs[i][r]: what layer i reads on rank r
     for i, s in enumerate(plan.shards):
@@ -107,19 +113,8 @@ def sharded_step(plan, x, y, W, b, lr):
             Ws[i][r] -= lr * a[r].T @ dy[r]
             bs[i][r] -= lr * dy[r].sum(axis=0)
         dy = dx
-    gathered_W, gathered_b = [], []
-    for i, s in enumerate(plan.shards):
-        if s.split == "columns":
-            gathered_W.append(np.concatenate(Ws[i], axis=1))
-            gathered_b.append(np.concatenate(bs[i]))
-        elif s.split == "rows":
-            gathered_W.append(np.concatenate(Ws[i], axis=0))
-            gathered_b.append(bs[i][0])
-        else:
-            gathered_W.append(Ws[i][0])
-            gathered_b.append(bs[i][0])
-        assert all(np.array_equal(v, gathered_b[-1]) for v in bs[i]) or s.sharded_bias, "replicas updated alike"
-    return gathered_W, gathered_b
+    gathered = [P.gather(plan, i, Ws[i], bs[i]) for i in range(len(W))]  # checks the replicas agree
+    return [w for w, _ in gathered], [v for _, v in gathered]
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
