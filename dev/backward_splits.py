@@ -35,7 +35,7 @@ def time_backward(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits, 
     recipe = Recipe(optimizer=opt) if opt != "sgd" else Recipe(momentum=0.9)
     states = recipe.state_tensors
     plan = U.plan_dx_update(B, IN, N, opt, device.arch, device.sm_count, splits,
-                            capacity=bench.G.cluster_capacity(kernels), cluster=cluster)
+                            capacity=bench.G.cluster_capacity(kernels), cluster=cluster, dx=with_dx)
     n = bench.copies_for(IN * N * (8 + 8 * states), device.l2_bytes)
     with Arena() as arena:
         sets = []

@@ -28,7 +28,7 @@ from .recipe import DEFAULTS, Recipe, cdiv, run_length
 
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
-MAX_AUTO_STEPS_PER_GRAPH = 64  # capture stays a few milliseconds (docs/perf.md: steps per graph)
+MAX_AUTO_STEPS_PER_GRAPH = 64  # bounds the graph's nodes, so its capture stays short (docs/history.md, Version 14)
 
 
 def auto_steps_per_graph(steps_per_epoch: int) -> int:

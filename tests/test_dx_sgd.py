@@ -90,7 +90,7 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
 
     from rawgpu.memory import Arena
 
-    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster)
+    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster, dx=with_dx)
     assert plan.splits > 1 or not cluster
     x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
     dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)

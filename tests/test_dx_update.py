@@ -40,9 +40,9 @@ def test_column_ranges_add_in_a_cluster_where_every_bands_cluster_is_resident():
     assert not reduce_in_cluster(2, 4, "sm_86", None, 132), "no clusters before sm_90"
     p = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap)
     assert p.cluster and p.splits == 8 and p.workspace_floats == p.tickets == 0
-    assert p.cluster_dims(True) == (1, 1, 8) and p.cluster_dims(False) == 1
+    assert p.cluster_dims == (1, 1, 8)
     w = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap, cluster=False)
-    assert not w.cluster and w.workspace_floats == 8 * 8 * 128 * 64 and w.tickets == 8 and w.cluster_dims(True) == 1
+    assert not w.cluster and w.workspace_floats == 8 * 8 * 128 * 64 and w.tickets == 8 and w.cluster_dims == (1, 1, 1)
     assert not U.plan_dx_update(128, 512, 512, "sgd", "sm_80").cluster
     with pytest.raises(ValueError, match="cannot add their dx in a cluster"):
         U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90", cluster=True)
@@ -54,7 +54,7 @@ def test_column_ranges_add_in_a_cluster_where_every_bands_cluster_is_resident():
     assert U.plan_dx_update(128, 1024, 1024, "sgd", "sm_90", splits=8, capacity=h100).splits == 8, "asked for"
     assert U.plan_dx_update(32, 1024, 1024, "sgd", "sm_90", capacity=h100).splits == 8, "small tiles keep theirs"
     p = U.plan_dx_update(128, 784, 1024, "sgd", "sm_90", capacity=h100, dx=False)
-    assert not p.cluster and p.splits == 8, "the update alone adds no dx"
+    assert not p.cluster and p.splits == 8 and p.cluster_dims == (1, 1, 1), "the update alone adds no dx"
 
 
 def test_the_instance_is_the_smallest_batch_tile_and_the_optimisers_family():
@@ -143,7 +143,8 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
 
     from rawgpu.memory import Arena
 
-    plan = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, splits, cluster=cluster)
+    plan = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, splits, cluster=cluster,
+                            dx=with_dx)
     assert plan.splits > 1 or not cluster
     states = OPTIMIZERS[opt].state_tensors
     o = table(opt, lr=0.05 / 64)

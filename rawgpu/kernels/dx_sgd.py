@@ -73,9 +73,11 @@ class OnePassPlan:
     def tickets(self) -> int:
         return self.bands if self.splits > 1 and not self.cluster else 0
 
-    def cluster_dims(self, with_dx: bool) -> tuple[int, int, int] | int:
-        """The launch's clusters: a band's ranges, where their dx sums meet there (none without a dx to sum)."""
-        return (1, 1, self.splits) if self.cluster and with_dx else 1
+    @property
+    def cluster_dims(self) -> tuple[int, int, int]:
+        """The launch's clusters: a band's ranges, where their dx sums meet there (the planners plan none for the
+        update alone, dx=False)."""
+        return (1, 1, self.splits if self.cluster else 1)
 
 
 def reduce_in_cluster(bands: int, splits: int, arch: str, capacity: Sequence[int] | None, sm_count: int) -> bool:
@@ -188,4 +190,4 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
         p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, ptr(dx), lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
-        p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), cluster=p.cluster_dims(dx is not None))
+        p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), cluster=p.cluster_dims)

@@ -131,4 +131,4 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     return k.get(SOURCE, p.kernel, SIGNATURE).bind(
         p.grid, THREADS, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
         ldw, lddx, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb),
-        cluster=p.cluster_dims(dx is not None))
+        cluster=p.cluster_dims)
