@@ -1,10 +1,10 @@
 """The forward GEMMs of a training step (x @ W + b, ReLU) at one batch size, with every tile config that has the
 instance: which tile streams a batch of B rows past a weight fastest.
 
-    python dev/forward_tiles.py [--sizes 256 1024 4096] [--batch 128] [--configs 128x128 64x128 ...]
+    python dev/forward_tiles.py [--sizes 256 1024 4096] [--batch 128] [--configs 128x128 64x128 ...] [--splits 2 4]
 
 Timed as bench.py gemm times (scripts/bench.py bench_ours: a CUDA graph of launches over operand copies past the L2,
-each launch overlapping the one before on sm_90, the median of the trials), split-K as the plan chooses it.
+each launch overlapping the one before on sm_90, the median of the trials), split-K as the plan chooses it (or each of --splits, in a cluster where every cluster is resident).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=bench.positive, default=128)
     p.add_argument("--configs", nargs="+", default=["128x128", "64x128", "32x128", "32x128k64", "stream", "tma",
                                                      "tma128"], choices=sorted(G.CONFIGS))
+    p.add_argument("--splits", type=bench.positive, nargs="+", default=[None], help="split-K counts to try")
     p.add_argument("--launches", type=bench.positive, default=20)
     p.add_argument("--trials", type=bench.positive, default=15)
     args = p.parse_args(argv)
@@ -42,9 +43,11 @@ def main(argv=None) -> int:
             for cfg in args.configs:
                 if (cfg, "rr", "bias_relu") not in G.INSTANCES:
                     continue
-                us, splits = bench.bench_ours(device, stream, kernels, "fwd", args.batch, h, fin, "rr", "bias_relu",
-                                              args.launches, args.trials, rng, config=cfg, overlap=G.has_tma(device.arch))
-                line += f"  {cfg}/{splits} {us:.2f}"
+                for split in args.splits:
+                    us, splits = bench.bench_ours(device, stream, kernels, "fwd", args.batch, h, fin, "rr", "bias_relu",
+                                                  args.launches, args.trials, rng, config=cfg, split=split,
+                                                  overlap=G.has_tma(device.arch))
+                    line += f"  {cfg}/{splits} {us:.2f}"
             print(line, flush=True)
     return 0
 

@@ -333,7 +333,8 @@ STREAM_CONFIG = "stream"  # the config whose pipeline depth is stream_stages(arc
 @dataclass(frozen=True)
 class GemmConfig:
     """One CTA tile shape: a `Config<BM, BN, BK, WM, WN, STAGES[, STAGED]>` of gemm.cu, or with `tma`, a
-    `TmaConfig<BN, STAGES>` of gemm_tma.cu (BM 32, BK 64, 4 consumer warps: the template's own)."""
+    `TmaConfig<BM, BN, STAGES>` of gemm_tma.cu (BK 64 and 4 consumer warps: the template's own; they split K at
+    BM 32, the rows above)."""
 
     name: str
     bm: int
@@ -400,6 +401,9 @@ CONFIGS = {c.name: c for c in (
                note="64 columns per block: 128 blocks stream an 8192-wide weight without split-K"),
     GemmConfig("tma128", 32, 128, 64, 1, 4, 10, tma=True, note="128 columns: half the re-reads of A, split-K to fill "
                                                                "the SMs"),
+    GemmConfig("tma128x64", 128, 64, 64, 4, 1, 8, tma=True, note="a batch of up to 128 rows reads each weight tile "
+                                                                 "once"),
+    GemmConfig("tma128x128", 128, 128, 64, 4, 1, 6, tma=True, note="the same, 128 columns: half the reads of A"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd", "adam")
@@ -419,7 +423,8 @@ INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") fo
                                                                     ("rc", "drelu")]]
                       + [("staged", "cr", e) for e in ("sgd", "store")] + [("staged32", "cr", "adam")]
                       + [("persist", "cr", "store")]
-                      + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES])
+                      + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
+                      + [(c, "rr", epi) for c in ("tma128x64", "tma128x128") for epi in ("store", "bias_relu")])
 
 
 def config_for(name: str, arch: str) -> GemmConfig:
@@ -499,7 +504,7 @@ def _gemm_tma_header(kernel: str | None = None) -> str:
     that one kernel alone."""
     lines = []
     for c in (c for c in CONFIGS.values() if c.source == GEMM_TMA_SOURCE):
-        lines.append(f"typedef TmaConfig<{c.bn}, {c.stages}> {c.c_name};  // {c.note}")
+        lines.append(f"typedef TmaConfig<{c.bm}, {c.bn}, {c.stages}> {c.c_name};  // {c.note}")
         lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::CONSUMERS == "
                      f'{c.warps_m * c.warps_n} && {c.c_name}::THREADS == {c.threads}, "{c.name}: its shape in '
                      'rawgpu/contract.py");')

@@ -89,10 +89,18 @@ def test_tma_streams_large_weights_on_sm90_only():
             assert G.plan_gemm(32, N, K, layout, epi, arch="sm_86").config.name != "tma"
         assert G.plan_gemm(32, 1024, 1024, layout, epi, arch="sm_90").config.name == "stream"  # latency-bound
         assert G.plan_gemm(64, 8192, 8192, layout, epi, arch="sm_90").config.name != "tma"  # M > 32
-    for M in (33, 128, 256):  # the forward at batch size: the copy engine from 1 MB, its 128-column tile from 6 MB
+    # the forward at batch size: the copy engine from 1 MB, its 128-column tile on 4096 columns, its 128-row tile from
+    # 12 MB, one block per SM
+    for M in (33, 128, 256):
         assert G.plan_gemm(M, 256, 784, "rr", "bias_relu", arch="sm_90").config.name == "stream"
         assert G.plan_gemm(M, 1024, 784, "rr", "bias_relu", arch="sm_90").config.name == "tma"
+        assert G.plan_gemm(M, 2048, 2048, "rr", "bias_relu", arch="sm_90").config.name == "tma"
         assert G.plan_gemm(M, 4096, 784, "rr", "bias_relu", arch="sm_90").config.name == "tma128"
+        for N, K, splits in [(8192, 784, 1), (4096, 4096, 2), (8192, 8192, 1)]:
+            p = G.plan_gemm(M, N, K, "rr", "bias_relu", arch="sm_90", capacity=H100_CLUSTERS)
+            assert p.config.name == G.ROW_TILE and p.config.bm == 128
+            assert p.splits == (1 if M > 128 else splits)  # two row tiles fill the SMs unsplit
+            assert M > 128 or p.grid[0] * p.grid[1] * p.grid[2] <= 132
         assert G.plan_gemm(M, 4096, 4096, "rc", "drelu", arch="sm_90").config.name in ("64x128", "128x128")
     assert G.plan_gemm(8192, 8192, 32, "cr", "sgd", arch="sm_90").config.name == "staged"
     assert G.has_tma("sm_90") and G.has_tma("sm_90a") and not G.has_tma("sm_89")
@@ -560,10 +568,34 @@ def test_tma_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, 
     assert np.array_equal(runs[0]["out"], runs[1]["out"]), "results differ between identical runs"
 
 
+ROW_TILE_CASES = [(128, 256, 784, None), (100, 136, 1000, 3), (256, 520, 4104, 4), (33, 64, 64, None),
+                  (128, 1000, 1160, 2), (200, 72, 200, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["tma128x64", "tma128x128"])
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+@pytest.mark.parametrize("epi", ["store", "bias_relu"])
+@pytest.mark.parametrize("M,N,K,splits", ROW_TILE_CASES)
+def test_tma_row_tiles(device, stream, kernels, rng, M, N, K, splits, epi, accum, config):
+    """The tensor-copy tiles of 128 rows (sm_90), whose warps split the rows: partial tiles in M, N and K, two row
+    tiles (256 rows), K shorter than the pipeline, more k-tiles than stages, split-K through the workspace (the
+    cluster's is below), bitwise equal across runs."""
+    if not G.has_tma(device.arch):
+        pytest.skip(f"the tensor copy engine needs sm_90 or later; this GPU is {device.arch}")
+    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "rr", epi, accum, splits=splits,
+                               config=config, cluster=False, repeat=2)
+    assert plan.config.name == config and plan.splits == (splits or plan.splits) and not plan.cluster
+    for got in runs:
+        check_case(plan, got, ref)
+    assert np.array_equal(runs[0]["out"], runs[1]["out"]), "results differ between identical runs"
+
+
 CLUSTER_CASES = [(32, 128, 784, "rr", "bias_relu", "stream", 5), (32, 520, 4104, "rc", "drelu", "stream", 8),
                  (17, 136, 1000, "rr", "store", "tma", 3), (32, 1000, 1160, "rc", "drelu", "tma128", 2),
                  (40, 264, 1000, "rr", "bias", "32x128", 4), (72, 136, 600, "cr", "update", "64x128", 3),
-                 (296, 136, 520, "cc", "store", "128x128", 6), (9, 8, 1032, "rr", "store", "stream", 6)]
+                 (296, 136, 520, "cc", "store", "128x128", 6), (9, 8, 1032, "rr", "store", "stream", 6),
+                 (128, 264, 4096, "rr", "bias_relu", "tma128x128", 4), (100, 136, 1000, "rr", "store", "tma128x64", 8)]
 
 
 @pytest.mark.gpu

@@ -140,19 +140,26 @@ RG_DEVICE void store_fragments(float* s, int ld, const float (&acc)[M][N][4]) {
 // (split z's pair i at ws[z * split_stride + i]), and the last split to take the tile's ticket returns true with
 // `sum` = all splits' sums added in split order (each split's loads issued together), whatever order the splits
 // finished in. The others return false. The ticket is left at zero for the next launch (graph replays included).
+// The ticket itself: after every thread of the block wrote its split's sums, whether this block is the tile's last
+// split to finish (it then sees every split's sums).
+RG_DEVICE bool last_to_take(int* ticket) {
+    __shared__ int taken;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) taken = atomicAdd(ticket, 1);
+    __syncthreads();
+    if (taken != (int)gridDim.z - 1) return false;
+    __threadfence();
+    return true;
+}
+
 template <int ITERS, int THREADS, int PAIRS>
 RG_DEVICE bool sum_splits_in_order(float2 (&sum)[ITERS], float2* ws, i64 split_stride, int* ticket) {
-    __shared__ int taken;
     const int tid = threadIdx.x;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
         if (tid + it * THREADS < PAIRS) ws[blockIdx.z * split_stride + tid + it * THREADS] = sum[it];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) taken = atomicAdd(ticket, 1);
-    __syncthreads();
-    if (taken != (int)gridDim.z - 1) return false;
-    __threadfence();
+    if (!last_to_take(ticket)) return false;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) sum[it] = make_float2(0.f, 0.f);
     for (int z = 0; z < (int)gridDim.z; ++z) {

@@ -48,13 +48,16 @@ SPLIT_MIN_BYTES = 192 * 1024
 # The tensor-copy tile (config "tma") pays once the weight is this large; below it the cp.async streaming tile is
 # as fast or faster (docs/history.md, Version 4).
 TMA_MIN_BYTES = 4 << 20
-# The forward (x @ W) of a batch of 33..BATCH_STREAM_ROWS rows streams too, the weight read once per 32 rows (from
-# L2 after the first): the 64- and 128-row tiles, which read it once, ran 1.5-3x slower at batch 128 on an H100
-# (dev/forward_tiles.py, docs/perf.md). There the copy engine wins from TMA_MIN_BYTES_BATCH of weight, and its
-# 128-column tile, which reads x half as often, from TMA128_MIN_BYTES.
+# The forward (x @ W) of a batch of 33..BATCH_STREAM_ROWS rows streams too (dev/forward_tiles.py, docs/perf.md): up
+# to ROW_TILE_MIN_BYTES of weight the 32-row tiles, which read the weight once per 32 rows (from L2 after the first),
+# beat every tile of more rows; the copy engine's from TMA_MIN_BYTES_BATCH, its 128-column form (which reads x half as
+# often) on TMA128_MIN_COLUMNS or more. From ROW_TILE_MIN_BYTES the copy engine's 128-row tile, which reads each
+# weight tile once, wins: the four reads of a weight through L2 cost more than the DRAM stream.
 BATCH_STREAM_ROWS = 256
 TMA_MIN_BYTES_BATCH = 1 << 20
-TMA128_MIN_BYTES = 6 << 20
+TMA128_MIN_COLUMNS = 4096
+ROW_TILE_MIN_BYTES = 12 << 20
+ROW_TILE = "tma128x64"
 
 
 def has_tma(arch: str) -> bool:
@@ -138,7 +141,7 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
-      TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_BYTES);
+      TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES);
     - otherwise the smallest M tile that covers the batch."""
     if layout == "cr" and epilogue in UPDATE_EPILOGUES + ("store",) and M > 64 and K <= 128:
         if epilogue == "store" and 0 < N <= 64 and M <= 2048:
@@ -151,7 +154,9 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     if (M <= 32 or batch_forward) and ("stream", layout, epilogue) in INSTANCES:
         weight = 2 * K * N
         if has_tma(arch) and ("tma", layout, epilogue) in INSTANCES:
-            if batch_forward and weight >= TMA128_MIN_BYTES and ("tma128", layout, epilogue) in INSTANCES:
+            if batch_forward and weight >= ROW_TILE_MIN_BYTES and (ROW_TILE, layout, epilogue) in INSTANCES:
+                return ROW_TILE
+            if batch_forward and weight >= TMA_MIN_BYTES_BATCH and N >= TMA128_MIN_COLUMNS:
                 return "tma128"
             if weight >= (TMA_MIN_BYTES_BATCH if batch_forward else TMA_MIN_BYTES):
                 return "tma"
@@ -265,6 +270,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         s = int(splits)
     elif cfg.persistent:
         s = 1
+    elif cfg.tma and cfg.bm > 32:
+        s = stream_splits(tiles, k_tiles, sm_count)  # the row tiles: one block per SM (dev/forward_tiles.py)
     elif (name == "stream" or cfg.tma) and clusters:
         # the tensor-copy tile streams best unsplit from a quarter of the SMs on (docs/perf.md)
         s = cluster_splits(tiles, k_tiles, room) if name == "stream" or 8 * tiles <= sm_count else 1
