@@ -562,8 +562,10 @@ def _dx_sgd_facts(arch: str):
 
 DXU_BM = 64  # rows of W (input features) per block
 DXU_BN = 64  # columns of W per pipeline stage
-DXU_THREADS = 256
 DXU_BATCHES = (32, 64, 128, 256)  # the batch tiles (BB): a batch of B rows runs the smallest tile >= B
+# Warps per block by batch tile: 16 where the warp grids allow it (dx: 8 features per warp and 32-row group, so BB >= 64)
+# and the registers fit (at 256 rows 16 warps spill); more warps hide more of each chunk's latency (docs/perf.md).
+DXU_WARPS = {32: 8, 64: 16, 128: 16, 256: 8}
 DXU_FAMILIES = ("sgd", "adam")  # the update compiled in: SGD's rule (with momentum or without) or Adam's (AdamW)
 DXU_MAX_STAGES = 4
 
@@ -586,8 +588,9 @@ def dxu_stage_bytes(batch_tile: int, family: str) -> int:
 
 
 def _dxu_fixed_bytes(batch_tile: int) -> int:
-    """dx_update.cu's shared memory beside the pipeline: the x tile (rows of BM + 8 halves), the bias partials."""
-    return batch_tile * (DXU_BM + 8) * 2 + (DXU_THREADS // DXU_BN) * DXU_BN * 8
+    """dx_update.cu's shared memory beside the pipeline: the x tile (rows of BM + 8 halves), the bias partials (one
+    64-bit sum per thread)."""
+    return batch_tile * (DXU_BM + 8) * 2 + 32 * DXU_WARPS[batch_tile] * 8
 
 
 def dxu_stages(batch_tile: int, family: str, arch: str) -> int:
@@ -598,7 +601,7 @@ def dxu_stages(batch_tile: int, family: str, arch: str) -> int:
 
 
 def dxu_smem_bytes(batch_tile: int, family: str, arch: str) -> int:
-    """dx_update.cu's Tile<BB, ADAM>::smem(STAGES) (the kernel asserts they agree)."""
+    """dx_update.cu's Tile<BB, ADAM, THREADS>::smem(STAGES) (the kernel asserts they agree)."""
     return dxu_stages(batch_tile, family, arch) * dxu_stage_bytes(batch_tile, family) + _dxu_fixed_bytes(batch_tile)
 
 
@@ -608,11 +611,11 @@ def dxu_kernels(arch: str) -> list[str]:
 
 
 def _dx_update_facts(arch: str, kernel: str | None = None):
-    defines = {"DXU_BM": DXU_BM, "DXU_BN": DXU_BN, "DXU_THREADS": DXU_THREADS}
+    defines = {"DXU_BM": DXU_BM, "DXU_BN": DXU_BN}
     made = [f"X({dxu_kernel_name(bb, f)}, {bb}, {'true' if f == 'adam' else 'false'}, {dxu_stages(bb, f, arch)}, "
-            f"{dxu_smem_bytes(bb, f, arch)})" for bb in DXU_BATCHES for f in DXU_FAMILIES
+            f"{dxu_smem_bytes(bb, f, arch)}, {DXU_WARPS[bb]})" for bb in DXU_BATCHES for f in DXU_FAMILIES
             if dxu_stages(bb, f, arch) >= 2 and kernel in (None, dxu_kernel_name(bb, f))]
-    instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES) each.\n"
+    instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES, WARPS) each.\n"
                  f"#define DXU_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
     return defines, {"dx_update_instances.cuh": _header("dx_update.cu", instances)}
 

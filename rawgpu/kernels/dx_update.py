@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 SOURCE = "dx_update.cu"
 SIGNATURE = "ppppppppiiiiiiiippfffppp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
-BN, THREADS = contract.DXU_BN, contract.DXU_THREADS
+BN = contract.DXU_BN
 assert contract.DXU_BM == BM, "the one-pass backward kernels share their row bands"
 MAX_BATCH = max(contract.DXU_BATCHES)
 
@@ -62,6 +62,10 @@ class DxUpdatePlan(OnePassPlan):
     @property
     def rows(self) -> int:
         return batch_tile(self.B)
+
+    @property
+    def threads(self) -> int:
+        return 32 * contract.DXU_WARPS[self.rows]
 
     @property
     def kernel(self) -> str:
@@ -129,6 +133,6 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     ptr = lambda t: 0 if t is None else t  # noqa: E731
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, p.kernel, SIGNATURE).bind(
-        p.grid, THREADS, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
+        p.grid, p.threads, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
         ldw, lddx, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb),
         cluster=p.cluster_dims)
