@@ -403,7 +403,6 @@ CONFIGS = {c.name: c for c in (
                                                                "the SMs"),
     GemmConfig("tma128x64", 128, 64, 64, 4, 1, 8, tma=True, note="a batch of up to 128 rows reads each weight tile "
                                                                  "once"),
-    GemmConfig("tma128x128", 128, 128, 64, 4, 1, 6, tma=True, note="the same, 128 columns: half the reads of A"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd", "adam")
@@ -424,7 +423,7 @@ INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") fo
                       + [("staged", "cr", e) for e in ("sgd", "store")] + [("staged32", "cr", "adam")]
                       + [("persist", "cr", "store")]
                       + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
-                      + [(c, "rr", epi) for c in ("tma128x64", "tma128x128") for epi in ("store", "bias_relu")])
+                      + [("tma128x64", "rr", epi) for epi in ("store", "bias_relu")])
 
 
 def config_for(name: str, arch: str) -> GemmConfig:

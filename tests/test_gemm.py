@@ -573,19 +573,18 @@ ROW_TILE_CASES = [(128, 256, 784, None), (100, 136, 1000, 3), (256, 520, 4104, 4
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["tma128x64", "tma128x128"])
 @pytest.mark.parametrize("accum", ["f32", "f16"])
 @pytest.mark.parametrize("epi", ["store", "bias_relu"])
 @pytest.mark.parametrize("M,N,K,splits", ROW_TILE_CASES)
-def test_tma_row_tiles(device, stream, kernels, rng, M, N, K, splits, epi, accum, config):
-    """The tensor-copy tiles of 128 rows (sm_90), whose warps split the rows: partial tiles in M, N and K, two row
+def test_tma_row_tiles(device, stream, kernels, rng, M, N, K, splits, epi, accum):
+    """The tensor-copy tile of 128 rows (sm_90), whose warps split the rows: partial tiles in M, N and K, two row
     tiles (256 rows), K shorter than the pipeline, more k-tiles than stages, split-K through the workspace (the
     cluster's is below), bitwise equal across runs."""
     if not G.has_tma(device.arch):
         pytest.skip(f"the tensor copy engine needs sm_90 or later; this GPU is {device.arch}")
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "rr", epi, accum, splits=splits,
-                               config=config, cluster=False, repeat=2)
-    assert plan.config.name == config and plan.splits == (splits or plan.splits) and not plan.cluster
+                               config=G.ROW_TILE, cluster=False, repeat=2)
+    assert plan.config.name == G.ROW_TILE and plan.splits == (splits or plan.splits) and not plan.cluster
     for got in runs:
         check_case(plan, got, ref)
     assert np.array_equal(runs[0]["out"], runs[1]["out"]), "results differ between identical runs"
@@ -595,7 +594,7 @@ CLUSTER_CASES = [(32, 128, 784, "rr", "bias_relu", "stream", 5), (32, 520, 4104,
                  (17, 136, 1000, "rr", "store", "tma", 3), (32, 1000, 1160, "rc", "drelu", "tma128", 2),
                  (40, 264, 1000, "rr", "bias", "32x128", 4), (72, 136, 600, "cr", "update", "64x128", 3),
                  (296, 136, 520, "cc", "store", "128x128", 6), (9, 8, 1032, "rr", "store", "stream", 6),
-                 (128, 264, 4096, "rr", "bias_relu", "tma128x128", 4), (100, 136, 1000, "rr", "store", "tma128x64", 8)]
+                 (128, 264, 4096, "rr", "bias_relu", "tma128x64", 4), (100, 136, 1000, "rr", "store", "tma128x64", 8)]
 
 
 @pytest.mark.gpu
