@@ -4,7 +4,8 @@ instance: which tile streams a batch of B rows past a weight fastest.
     python dev/forward_tiles.py [--sizes 256 1024 4096] [--batch 128] [--configs 128x128 64x128 ...] [--splits 2 4]
 
 Timed as bench.py gemm times (scripts/bench.py bench_ours: a CUDA graph of launches over operand copies past the L2,
-each launch overlapping the one before on sm_90, the median of the trials), split-K as the plan chooses it (or each of --splits, in a cluster where every cluster is resident).
+each launch overlapping the one before on sm_90, the median of the trials), split-K as the plan chooses it (or each
+of --splits, in a cluster where every cluster is resident).
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ struct TmaConfig {
     static_assert(SLABS * BM * RED_LD * 4 <= STAGES * STAGE_BYTES, "the partial tiles reuse the pipeline");
 };
 
-// The end of a row-warp tile, whose sums sit in `tile` (BM rows of RED_LD floats, all CTAs' threads past the last
-// fragment store): straight into the epilogue; split-K in a cluster through finish_cluster_splits, the tile being
+// The end of a row-warp tile, whose sums sit in `tile` (BM rows of RED_LD floats; every thread has stored its
+// fragments, no barrier since): straight into the epilogue; split-K in a cluster through finish_cluster_splits, the tile being
 // the part it reads; split-K through the workspace as sum_splits_in_order does it (the same pair order, so the same
 // bits), a pair at a time in place of its per-thread registers, which a 128-row tile would need too many of.
 template <class Cfg, int EPI>
@@ -217,7 +217,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
         constexpr int PAIRS_PER_ROW = BN / 2, PAIRS = BM * PAIRS_PER_ROW;
         constexpr int ITERS = (PAIRS + Cfg::THREADS - 1) / Cfg::THREADS;
         float2 aux[ITERS], sum[ITERS];
-    #pragma unroll
+#pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int i = tid + it * Cfg::THREADS, row = m0 + i / PAIRS_PER_ROW, col = n0 + (i % PAIRS_PER_ROW) * 2;
             float2 unused, unused2;
@@ -231,11 +231,11 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
         if (ACC16) widen_fragments(acc, acc16);
         if (warp < Cfg::CONSUMERS) store_fragments(red + warp * BM * Cfg::RED_LD, Cfg::RED_LD, acc);
         __syncthreads();
-    #pragma unroll
+#pragma unroll
         for (int it = 0; it < ITERS; ++it) {  // warp order: the same bits whichever warp finished first
             const int i = tid + it * Cfg::THREADS;
             if (i >= PAIRS) continue;
-    #pragma unroll
+#pragma unroll
             for (int w = 0; w < Cfg::CONSUMERS; ++w) {
                 const float2 x = *reinterpret_cast<const float2*>(red + (w * BM + i / PAIRS_PER_ROW) * Cfg::RED_LD + (i % PAIRS_PER_ROW) * 2);
                 sum[it].x += x.x;
@@ -247,7 +247,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
             constexpr int LD = CLUSTER_PART_LD(BN);
             static_assert((Cfg::CONSUMERS + 1) * BM * LD * 4 <= STAGES * Cfg::STAGE_BYTES, "the part fits the pipeline");
             float* part = red + Cfg::CONSUMERS * BM * Cfg::RED_LD;
-    #pragma unroll
+#pragma unroll
             for (int it = 0; it < ITERS; ++it) {
                 const int i = tid + it * Cfg::THREADS;
                 if (i < PAIRS) *reinterpret_cast<float2*>(part + (i / PAIRS_PER_ROW) * LD + (i % PAIRS_PER_ROW) * 2) = sum[it];
@@ -261,7 +261,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
             if (!sum_splits_in_order<ITERS, Cfg::THREADS, PAIRS>(sum, ws, (i64)gridDim.x * gridDim.y * PAIRS, p.tickets + tile))
                 return;
         }
-    #pragma unroll
+#pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int i = tid + it * Cfg::THREADS, row = m0 + i / PAIRS_PER_ROW, col = n0 + (i % PAIRS_PER_ROW) * 2;
             if (i < PAIRS && row < p.M && col < p.N)

@@ -156,7 +156,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
         if has_tma(arch) and ("tma", layout, epilogue) in INSTANCES:
             if batch_forward and weight >= ROW_TILE_MIN_BYTES and (ROW_TILE, layout, epilogue) in INSTANCES:
                 return ROW_TILE
-            if batch_forward and weight >= TMA_MIN_BYTES_BATCH and N >= TMA128_MIN_COLUMNS:
+            if (batch_forward and weight >= TMA_MIN_BYTES_BATCH and N >= TMA128_MIN_COLUMNS
+                    and ("tma128", layout, epilogue) in INSTANCES):
                 return "tma128"
             if weight >= (TMA_MIN_BYTES_BATCH if batch_forward else TMA_MIN_BYTES):
                 return "tma"
