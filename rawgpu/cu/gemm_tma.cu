@@ -54,9 +54,10 @@ struct TmaConfig {
 };
 
 // The end of a row-warp tile, whose sums sit in `tile` (BM rows of RED_LD floats; every thread has stored its
-// fragments, no barrier since): straight into the epilogue; split-K in a cluster through finish_cluster_splits, the tile being
-// the part it reads; split-K through the workspace as sum_splits_in_order does it (the same pair order, so the same
-// bits), a pair at a time in place of its per-thread registers, which a 128-row tile would need too many of.
+// fragments, no barrier since): straight into the epilogue; split-K in a cluster through finish_cluster_splits, the
+// tile being the part it reads; split-K through the workspace as sum_splits_in_order does it (the same pair order,
+// so the same bits), a pair at a time in place of its per-thread registers, which a 128-row tile would need too many
+// of.
 template <class Cfg, int EPI>
 RG_DEVICE void finish_row_tile(const Params& p, const float* tile, int m0, int n0) {
 #if __CUDA_ARCH__ >= 900
