@@ -1,10 +1,12 @@
 """Per-kernel GPU time of one training step: each launch of the step alone, repeated in a graph, then the whole step.
 
     python dev/step_kernels.py --hidden H [H ...] [--batch B] [--optimizer sgd|adam|adamw] [--momentum MU]
-                               [--step KIND] [--repeats N]
+                               [--step KIND] [--repeats N] [--drop]
 
 Where a step's time goes, kernel by kernel (a kernel alone does not overlap the one before it, so the parts add up
-to more than the whole). Timed as scripts/bench.py times: CUDA events around graph replays, median of trials.
+to more than the whole). --drop also times the step without each launch in turn: what that launch adds to the
+step's critical path, i.e. what fusing it into a neighbour could save at most (the numbers, not the results, count).
+Timed as scripts/bench.py times: CUDA events around graph replays, median of trials.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from rawgpu.recipe import Recipe  # noqa: E402
 from rawgpu.session import Session  # noqa: E402
 
 
-def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int) -> None:
+def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool) -> None:
     session = Session(Recipe(hidden=hidden, total_steps=1000, **recipe_kw), step_kind=kind)
     model, stream = session.model, session.stream
     model.upload_data(load_mnist())
@@ -44,6 +46,12 @@ def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int) -> None:
         grid = "x".join(map(str, launch.grid))
         print(f"  {launch.kernel.name:<34} grid {grid:<12} {us:8.2f} us")
     print(f"  {'sum of the parts':<47} {sum(parts):8.2f} us")
+    if drop:
+        for i, skipped in enumerate(launches):
+            rest = launches[:i] + launches[i + 1:]
+            us = bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in rest],
+                                  repeats, 10)
+            print(f"  without {skipped.kernel.name:<34} {us:8.2f} us per step ({whole - us:+.2f} us)")
     session.close()
 
 
@@ -55,11 +63,12 @@ def main() -> int:
     p.add_argument("--momentum", type=float, default=None)
     p.add_argument("--step", default="auto", help="the step kind (default auto)")
     p.add_argument("--repeats", type=int, default=20, help="launches per timed graph")
+    p.add_argument("--drop", action="store_true", help="also time the step without each launch in turn")
     args = p.parse_args()
     kw = {"batch": args.batch}
     kw.update({k: v for k, v in (("optimizer", args.optimizer), ("momentum", args.momentum)) if v is not None})
     for h in args.hidden:
-        profile(h, kw, args.step, args.repeats)
+        profile(h, kw, args.step, args.repeats, args.drop)
     return 0
 
 

@@ -639,9 +639,10 @@ def head_smem_per_row(rows: int) -> int:
 
 
 def head_smem_fixed(rows: int) -> int:
-    """The rest of carve(): h's padding (8 columns), the warps' partial logits (32 rows a warp, rows of CLASSES + 4
-    floats), the partial and summed logits, dlogits (rows of CLASSES + 8 halves), labels, loss and hits."""
-    return (rows * 8 * 2 + HEAD_THREADS * (HEAD_CLASSES + 4) * 4 + 2 * rows * HEAD_CLASSES * 4
+    """The rest of carve(): two mbarriers, h's padding (8 columns), the warps' partial logits (32 rows a warp, rows
+    of CLASSES + 4 floats), the received partial logits (at most 2 x rows), dlogits (rows of CLASSES + 8 halves),
+    labels, loss and hits."""
+    return (16 + rows * 8 * 2 + HEAD_THREADS * (HEAD_CLASSES + 4) * 4 + 2 * rows * HEAD_CLASSES * 4
             + rows * (HEAD_CLASSES + 8) * 2 + 3 * rows * 4)
 
 

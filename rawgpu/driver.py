@@ -392,6 +392,11 @@ class Module:
             raise TypeError(f"kernel {name} was declared with signature {k.signature}, not {signature}")
         return k
 
+    def global_address(self, name: str) -> tuple[int, int]:
+        """A __device__ variable's address and size (the profiling builds' stamp buffers, dev/)."""
+        ptr, nbytes = check(_cu().cuModuleGetGlobal(self.handle, name.encode()), f"cuModuleGetGlobal({name})")
+        return int(ptr), int(nbytes)
+
     def close(self) -> None:
         if self.handle is not None:
             call(_cu().cuModuleUnload, self.handle)

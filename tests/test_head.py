@@ -24,7 +24,10 @@ def test_plan_covers_the_rows_with_whole_16_row_slices_that_fit():
                 assert contract.head_smem_bytes(H.batch_tile(B), kc) > H.SMEM_LIMIT, (B, K)
                 continue
             assert p.rows >= B and p.kc % 16 == 0 and p.smem_bytes <= H.SMEM_LIMIT
-            assert (p.ctas - 1) * p.kc < K <= p.ctas * p.kc, "a CTA would hold no rows, or rows would be left over"
+            if K > 16:
+                assert (p.ctas - 1) * p.kc < K <= p.ctas * p.kc, "a CTA would hold no rows, or rows would be left over"
+            else:
+                assert (p.ctas, p.kc) == (H.MIN_CTAS, 16), "a cluster launch, its second CTA without rows"
             assert p.ctas <= ctas
     assert H.plan_head(32, 16384) is not None and H.plan_head(128, 8192) is not None
     assert H.plan_head(32, 24576) is None, "past what 16 CTAs hold the head runs as separate kernels"

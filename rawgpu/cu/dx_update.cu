@@ -61,6 +61,26 @@ struct Tile {
 };
 }  // namespace dxu
 
+// dev/kernel_phases.py builds with -DDXU_PROFILE: thread 0 of block (0, 0, 0) stamps its SM clock at every DXU_MARK
+// (the %globaltimer at the first and last too, for the clock rate), into a buffer the script reads back.
+#ifdef DXU_PROFILE
+#define DXU_MARKS 16
+__device__ unsigned long long dxu_profile[DXU_MARKS + 2];
+#define DXU_MARK(i)                                                                                             \
+    do {                                                                                                        \
+        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {                        \
+            dxu_profile[i] = clock64();                                                                         \
+            if ((i) == 0 || (i) == DXU_MARKS - 1) {                                                             \
+                unsigned long long now;                                                                         \
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                                         \
+                dxu_profile[DXU_MARKS + ((i) != 0)] = now;                                                      \
+            }                                                                                                   \
+        }                                                                                                       \
+    } while (0)
+#else
+#define DXU_MARK(i)
+#endif
+
 template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS>
 RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
                               half_t* dx, const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx,
@@ -89,6 +109,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     const int n_begin = blockIdx.z * n_chunk, n_end = min(N, n_begin + n_chunk);
     const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
     const bool has_m = ADAM || mw != nullptr;
+    DXU_MARK(0);
 
     // L2 policies (l2.cuh, planned by kernels/l2.py): reading both halves, writing each back; the state is
     // written like lo (evict first where hints are planned).
@@ -110,7 +131,9 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s)
         if (s < chunks) load_weights(s, s);
+    DXU_MARK(1);
     pdl_enter();
+    DXU_MARK(2);
     load_rows<half_t, BB, BM, LDX, THREADS>(sX, x, ldx, 0, i0, B, IN, tid, normal);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -139,6 +162,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             load_dy(next % STAGES, next);
         }
         cp_async_commit();
+        if (c == 0) DXU_MARK(3);
         half_t* w = sW(c % STAGES);
         short* wl = sL(c % STAGES);
         float* ms = sM(c % STAGES);
@@ -170,6 +194,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
                 }
             }
         }
+        if (c == 0) DXU_MARK(4);
         // G = x^T @ dy for this warp's GR x 16 of the chunk, the batch in k16 steps
         float gacc[GMT][2][4];
         zero_fragments(gacc);
@@ -188,6 +213,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             }
         }
         __syncthreads();  // every warp has read the old weights; the bias partials are in
+        if (c == 0) DXU_MARK(5);
         if (bias_here && tid < BN && n + tid < n_end) {
             i64 sum = 0;
 #pragma unroll
@@ -224,6 +250,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
                     master_split2(wv, hi2, lo2);
                 }
         __syncthreads();
+        if (c == 0) DXU_MARK(6);
         // Write back along rows: W16 and lo 8 weights (16 bytes) per piece, the state 4.
 #pragma unroll 2
         for (int i = tid; i < BM * BN / 8; i += THREADS) {
@@ -244,8 +271,12 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             }
         }
     }
+    DXU_MARK(7);
     cp_async_wait<0>();
-    if (dx == nullptr) return;
+    if (dx == nullptr) {
+        DXU_MARK(15);
+        return;
+    }
     __syncthreads();  // the pipeline's memory now takes the block's dx
 
     float* red = reinterpret_cast<float*>(smem_raw);  // [BB][RED_LD]
@@ -259,8 +290,10 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         const int i = tid + it * THREADS, r = i / (BM / 2), col = (i % (BM / 2)) * 2;
         sum[it] = *reinterpret_cast<const float2*>(red + r * RED_LD + col);
     }
+    DXU_MARK(8);
     store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets,
                                            reinterpret_cast<float2*>(smem_raw));
+    DXU_MARK(15);
 }
 
 // x [B, IN] (the layer's input, also its ReLU mask), dy [B, N], the master W16 / lo [IN, N] and the state mw, vw

@@ -25,6 +25,7 @@ SIGNATURE = "pippppppppppppippiiiifp"  # the kernels' parameters (tests/test_com
 THREADS, CLASSES = contract.HEAD_THREADS, contract.HEAD_CLASSES  # compiled into head.cu
 MAX_BATCH = max(contract.HEAD_BATCHES)
 PORTABLE_CTAS, MAX_CTAS = 8, contract.HEAD_MAX_CTAS
+MIN_CTAS = 2  # the kernel's exchange (st.async) needs a cluster launch, and a launch of one CTA is none
 SMEM_LIMIT = contract.block_smem_limit("sm_90")
 
 
@@ -78,8 +79,9 @@ class HeadPlan:
 
 
 def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None) -> HeadPlan | None:
-    """CTAs: 8 (a portable cluster) up to 2048 inputs, 16 above, so each holds at most 256 (or K / 16) rows; None
-    when K is too wide for 16 CTAs' shared memory at this batch."""
+    """CTAs: 8 (a portable cluster) up to 2048 inputs, 16 above, so each holds at most 256 (or K / 16) rows, and at
+    least MIN_CTAS (at K <= 16 the second holds none); None when K is too wide for 16 CTAs' shared memory at this
+    batch."""
     rows = batch_tile(B)
     if B < 1 or rows is None:
         raise ValueError(f"the head step takes 1..{MAX_BATCH} batch rows, got {B}")
@@ -91,7 +93,7 @@ def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None) -
     kc = _cdiv(_cdiv(K, c), 16) * 16
     if contract.head_smem_bytes(rows, kc) > SMEM_LIMIT:
         return None
-    return HeadPlan(B, K, _cdiv(K, kc), kc, "sgd" if optimizer == "sgd" else "adam")
+    return HeadPlan(B, K, max(MIN_CTAS, _cdiv(K, kc)), kc, "sgd" if optimizer == "sgd" else "adam")
 
 
 def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "Tensor", w16: "Tensor",

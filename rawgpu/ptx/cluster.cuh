@@ -65,6 +65,11 @@ RG_DEVICE void cluster_store_async_16(u32 address, uint4 v, u32 bar) {
                  :: "r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar) : "memory");
 }
 
+RG_DEVICE void cluster_store_async_u32(u32 address, u32 v, u32 bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" :: "r"(address), "r"(v),
+                 "r"(bar) : "memory");
+}
+
 RG_DEVICE void cluster_store_async_f2(u32 address, float a, float b, u32 bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];"
                  :: "r"(address), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(bar) : "memory");
