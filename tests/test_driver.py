@@ -344,3 +344,13 @@ def test_large_dynamic_shared_memory_is_opted_in(device):
 
     got = driver.check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k.func))
     assert got == want
+
+
+def test_a_modules_global_comes_back_with_its_size_or_a_named_error(fake_binding):
+    fake = fake_binding(cuModuleLoadData=_ok("module"), cuModuleGetGlobal=_ok(0xDEF00, 144))
+    module = driver.Module(b"cubin")
+    assert module.global_address("head_profile") == (0xDEF00, 144)
+    assert fake.calls[-1] == ("cuModuleGetGlobal", ("module", b"head_profile"))
+    fake.results["cuModuleGetGlobal"] = _err("CUDA_ERROR_NOT_FOUND", None, None)
+    with pytest.raises(CudaError, match=r"cuModuleGetGlobal\(missing\) failed: CUDA_ERROR_NOT_FOUND"):
+        module.global_address("missing")

@@ -79,7 +79,7 @@ RG_DEVICE Smem carve(u8* s, int kc) {
 }
 }  // namespace head
 
-// dev/head_phases.py builds with -DHEAD_PROFILE: thread 0 of CTA 0 stamps its SM clock at every HEAD_MARK (the
+// dev/kernel_phases.py builds with -DHEAD_PROFILE: thread 0 of CTA 0 stamps its SM clock at every HEAD_MARK (the
 // %globaltimer at the first and last too, for the clock rate), into a buffer the script reads back.
 #ifdef HEAD_PROFILE
 #define HEAD_MARKS 16

@@ -88,8 +88,3 @@ RG_DEVICE void cluster_wait_phase(u32 bar, u32 parity) {
         "  @!done bra WAIT_%=;\n"
         "}" :: "r"(bar), "r"(parity) : "memory");
 }
-
-// cluster_sync in two halves, for a CTA that only has to outlive the others' reads of its shared memory: arrive
-// once done with the others' memory, do the remaining local work, wait before leaving.
-RG_DEVICE void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-RG_DEVICE void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
