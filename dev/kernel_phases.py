@@ -36,7 +36,7 @@ KERNELS = {  # source, define, stamp buffer, marks in the order they are passed
                    4: "chunk 0: bias partials, dx", 5: "chunk 0: G", 6: "chunk 0: update", 7: "chunks written back",
                    8: "dx partials", 15: "dx summed and stored"}),
 }
-SLOTS = 16  # HEAD_MARKS, DXU_MARKS
+SLOTS = 16  # RG_PROFILE_MARKS (rawgpu/ptx/profile.cuh)
 
 
 def profile(kernel: str, hidden: int, recipe_kw: dict, steps: int, which: int) -> None:
