@@ -1,8 +1,8 @@
-"""The one-pass backward with an optimiser (kernels/dx_update.py) alone, at every column-range count: what
-plan_dx_update's split rule should be.
+"""The one-pass backward with an optimiser (kernels/dx_update.py; --optimizer plain: kernels/dx_sgd.py, batch <= 32)
+alone, at every column-range count: what plan_dx_update's (plan_dx_sgd's) split rule should be.
 
-    python dev/backward_splits.py [--sizes 256 1024 4096] [--batch 128] [--optimizer sgd|adam] [--splits 1 2 4 8]
-                                  [--sum cluster workspace]
+    python dev/backward_splits.py [--sizes 256 1024 4096] [--batch 128] [--optimizer sgd|adam|plain] [--splits 1 2 4 8]
+                                  [--sum cluster workspace] [--roles 1 2]
 
 Each layer shape of a step (784 x H without dx, H x H with dx), timed as bench.py times a GEMM: a CUDA graph of
 launches over copies of the weights and state past the L2, each overlapping the one before on sm_90, the median of
@@ -31,11 +31,12 @@ from rawgpu.recipe import Recipe  # noqa: E402
 
 
 def time_backward(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits, launches, trials,
-                  cluster=None) -> tuple[float, int]:
+                  cluster=None, roles=None) -> tuple[float, int]:
     recipe = Recipe(optimizer=opt) if opt != "sgd" else Recipe(momentum=0.9)
     states = recipe.state_tensors
     plan = U.plan_dx_update(B, IN, N, opt, device.arch, device.sm_count, splits,
-                            capacity=bench.G.cluster_capacity(kernels), cluster=cluster, dx=with_dx)
+                            capacity=bench.G.cluster_capacity(kernels), cluster=cluster, dx=with_dx,
+                            roles=roles if with_dx else None)
     n = bench.copies_for(IN * N * (8 + 8 * states), device.l2_bytes)
     with Arena() as arena:
         sets = []
@@ -74,10 +75,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=bench.positive, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--batch", type=bench.positive, default=128)
-    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="sgd: with momentum")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "plain"), default="sgd",
+                   help="sgd: with momentum; plain: SGD without state, the batch-32 kernel (kernels/dx_sgd.py)")
     p.add_argument("--splits", type=bench.positive, nargs="*", default=[1, 2, 4, 8])
     p.add_argument("--sum", nargs="+", choices=("cluster", "workspace"), default=["cluster", "workspace"],
                    help="how the column ranges add their dx (cluster: where the plan can; default both)")
+    p.add_argument("--roles", type=int, nargs="+", choices=(1, 2), default=[None],
+                   help="dx_update: 1 block per piece for dx and the update, or 2 (blocks of their own); default: "
+                        "the plan's")
     p.add_argument("--launches", type=bench.positive, default=20)
     p.add_argument("--trials", type=bench.positive, default=15)
     args = p.parse_args(argv)
@@ -85,18 +90,24 @@ def main(argv=None) -> int:
         return 2
     device, stream, kernels, rng = gpu
     bw = bench.copy_bandwidth(stream)
-    per_weight = 16 if args.optimizer == "sgd" else 24
+    per_weight = {"plain": 8, "sgd": 16, "adam": 24}[args.optimizer]
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}, {args.optimizer}; us per launch "
           f"(% of copy at {per_weight} B per weight)")
     for h in args.sizes:
         for IN, with_dx, ways in ((784, False, ["-"]), (h, True, args.sum)):
-            chunks = -(-h // U.BN)
-            for way in ways:
-                line = f"{h:>5} {IN}x{h} {'dx+update' if with_dx else 'update':>9} {way:>9}:"
+            chunks = -(-h // (bench.D.BN if args.optimizer == "plain" else U.BN))
+            for way, roles in ((w, r) for w in ways for r in (args.roles if with_dx else [None])):
+                line = f"{h:>5} {IN}x{h} {'dx+update' if with_dx else 'update':>9} {way:>9}"
+                line += f" roles {roles}:" if roles else ":"
                 for s in [None] + [s for s in args.splits if s <= chunks]:
                     cluster = False if way == "workspace" else None  # cluster: wherever the rule lets it
-                    us, used = time_backward(device, stream, kernels, rng, args.batch, IN, h, args.optimizer, with_dx,
-                                             s, args.launches, args.trials, cluster)
+                    if args.optimizer == "plain":
+                        us, used = bench.bench_dx_sgd(device, stream, kernels, args.batch, IN, h, args.launches,
+                                                      args.trials, rng, overlap=True, with_dx=with_dx, splits=s,
+                                                      cluster=cluster if with_dx else None)
+                    else:
+                        us, used = time_backward(device, stream, kernels, rng, args.batch, IN, h, args.optimizer,
+                                                 with_dx, s, args.launches, args.trials, cluster, roles)
                     pct = 100 * per_weight * IN * h / (us * 1e3) / bw
                     line += f"  {'default ' if s is None else ''}{used}: {us:.2f} ({pct:.0f}%)"
                 print(line, flush=True)

@@ -38,23 +38,44 @@ def test_column_ranges_add_in_a_cluster_where_every_bands_cluster_is_resident():
     assert not reduce_in_cluster(2, 1, "sm_90", cap, 132), "one range: nothing to add"
     assert not reduce_in_cluster(2, 9, "sm_90", cap, 132), "past the portable cluster"
     assert not reduce_in_cluster(2, 4, "sm_86", None, 132), "no clusters before sm_90"
-    p = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap)
+    p = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap, roles=1)  # one pass (roles: below)
     assert p.cluster and p.splits == 8 and p.workspace_floats == p.tickets == 0
     assert p.cluster_dims == (1, 1, 8)
-    w = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap, cluster=False)
+    w = U.plan_dx_update(128, 512, 512, "sgd", "sm_90", capacity=cap, cluster=False, roles=1)
     assert not w.cluster and w.workspace_floats == 8 * 8 * 128 * 64 and w.tickets == 8 and w.cluster_dims == (1, 1, 1)
     assert not U.plan_dx_update(128, 512, 512, "sgd", "sm_80").cluster
     with pytest.raises(ValueError, match="cannot add their dx in a cluster"):
         U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90", cluster=True)
     h100 = (0, 0, 66, 39, 30, 22, 17, 15, 15)  # what the driver said on an H100
-    p = U.plan_dx_update(128, 1024, 1024, "sgd", "sm_90", capacity=h100)
+    p = U.plan_dx_update(128, 1024, 1024, "sgd", "sm_90", capacity=h100, roles=1)
     assert (p.splits, p.n_chunk, p.cluster) == (6, 192, True), "16 bands of 8 ranges do not fit: 6 ranges of 3 chunks"
     p = U.plan_dx_update(128, 2048, 2048, "sgd", "sm_90", capacity=h100)
     assert (p.splits, p.cluster) == (4, False), "ranges of 8 chunks are not traded for a cluster"
     assert U.plan_dx_update(128, 1024, 1024, "sgd", "sm_90", splits=8, capacity=h100).splits == 8, "asked for"
-    assert U.plan_dx_update(32, 1024, 1024, "sgd", "sm_90", capacity=h100).splits == 8, "small tiles keep theirs"
+    assert U.plan_dx_update(32, 1024, 1024, "sgd", "sm_90", capacity=h100, roles=1).splits == 8, "small tiles keep theirs"
     p = U.plan_dx_update(128, 784, 1024, "sgd", "sm_90", capacity=h100, dx=False)
     assert not p.cluster and p.splits == 8 and p.cluster_dims == (1, 1, 1), "the update alone adds no dx"
+
+
+def test_dx_and_the_update_run_apart_on_layers_of_up_to_a_million_weights():
+    h100 = (0, 0, 66, 39, 30, 22, 17, 15, 15)
+    plan = lambda *a, **kw: U.plan_dx_update(*a, "sm_90", capacity=h100, **kw)  # noqa: E731
+    p = plan(128, 256, 256, "sgd")
+    assert (p.roles, p.grid, p.cluster, p.cluster_dims) == (2, (4, 2, 4), True, (1, 1, 4))
+    assert plan(128, 128, 128, "adam").grid == (2, 2, 2)
+    p = plan(128, 512, 512, "sgd")
+    assert (p.grid, p.n_chunk, p.cluster) == ((8, 2, 4), 128, True), "4 ranges of 2 chunks; 16 clusters of 4 fit"
+    p = plan(128, 1024, 1024, "adam")
+    assert (p.grid, p.cluster) == ((16, 2, 4), False), "32 clusters of 4 do not fit: the workspace"
+    assert p.workspace_floats == 4 * 16 * 128 * 64 and p.tickets == 16
+    assert plan(128, 2048, 2048, "sgd").roles == 1, "4M weights: one pass"
+    assert plan(128, 8192, 128, "sgd").roles == 1, "128 bands: the doubled grid does not fit"
+    assert plan(128, 784, 256, "sgd", dx=False).roles == 1, "no dx: one part"
+    assert U.plan_dx_update(32, 256, 256, "sgd", "sm_86").grid == (4, 2, 4), "no clusters before sm_90"
+    assert plan(128, 256, 256, "sgd", roles=1).grid == (4, 1, 4)
+    assert plan(128, 512, 512, "sgd", roles=2, splits=8).grid == (8, 2, 8)
+    with pytest.raises(ValueError, match="roles must be 1, or 2 with dx"):
+        plan(128, 784, 256, "sgd", dx=False, roles=2)
 
 
 def test_the_instance_is_the_smallest_batch_tile_and_the_optimisers_family():
@@ -136,16 +157,40 @@ def test_column_ranges_sum_to_the_same_bits_in_a_cluster_and_in_the_workspace(de
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: cluster and workspace sums differ"
 
 
-def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt, cluster=None):
-    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, None: the rule's way);
-    returns both runs' outputs."""
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits,opt,cluster", [(128, 256, 256, None, "momentum", None),
+                                                       (7, 192, 328, None, "adam", None),
+                                                       (128, 512, 512, 4, "adamw", False),
+                                                       (256, 136, 1000, 3, "nesterov", True),
+                                                       (33, 1024, 128, None, "plain", None)])
+def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, stream, kernels, rng, B, IN, N, splits,
+                                                                      opt, cluster):
+    """Roles (grid y = 2: dx blocks beside update blocks) against one block doing both: each against float64, then
+    every output (dx, master, state, bias, tickets) byte for byte the same."""
+    from rawgpu.kernels.gemm import has_tma
+
+    if cluster and not has_tma(device.arch):
+        pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
+    if splits is None:  # both ways over the same column ranges (other ranges group dx's sums otherwise)
+        splits = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, roles=2).splits
+    seed = int(rng.integers(1 << 30))
+    runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True, opt,
+                                  cluster=cluster, roles=roles) for roles in (1, 2)]
+    for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
+
+
+def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt, cluster=None, roles=None):
+    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, roles: dx and the update in
+    one block or apart; None: the rules' way); returns both runs' outputs."""
     from gpu_checks import assert_same_bytes, run_twice
 
     from rawgpu.memory import Arena
 
     plan = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, splits, cluster=cluster,
-                            dx=with_dx)
+                            dx=with_dx, roles=roles)
     assert plan.splits > 1 or not cluster
+    assert roles is None or plan.roles == roles
     states = OPTIMIZERS[opt].state_tensors
     o = table(opt, lr=0.05 / 64)
     x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero

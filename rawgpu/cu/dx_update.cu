@@ -21,6 +21,9 @@
 // bias != nullptr: the blocks also update the bias (and its state mb, vb) by the same rule, with bias_update's
 // exact column sums (the same bits); chunk c of a column range by row band c % bands.
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient).
+// gridDim.y == 2 (kernels/dx_update.py: DxUpdatePlan.roles): the blocks at y = 0 compute dx alone and those at
+// y = 1 the update alone, side by side, each reading what its part needs: the kernel takes the longer of the two
+// chains instead of their sum. The same sums in the same order: the same bits as one block doing both.
 // Instances (rawgpu/contract.py: DXU_*): per batch tile BB (32, 64, 128, 256) and optimiser family (SGD's rule, with
 // the momentum mw or without it when mw is null; Adam's, mw and vw both given), each with its pipeline depth.
 #include "common.cuh"
@@ -100,6 +103,8 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     const int n_begin = blockIdx.z * n_chunk, n_end = min(N, n_begin + n_chunk);
     const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
     const bool has_m = ADAM || mw != nullptr;
+    const bool do_dx = dx != nullptr && (gridDim.y == 1 || blockIdx.y == 0);  // uniform in the block
+    const bool do_update = gridDim.y == 1 || blockIdx.y == 1;
     DXU_MARK(0);
 
     // L2 policies (l2.cuh, planned by kernels/l2.py): reading both halves, writing each back; the state is
@@ -109,6 +114,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     auto load_weights = [&](int s, int c) {
         const int n = n_begin + c * BN;
         load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16, ldw, i0, n, IN, n_end, tid, read_policy);
+        if (!do_update) return;
         load_rows<short, BM, BN, LDW, THREADS>(sL(s), wlo, ldw, i0, n, IN, n_end, tid, read_policy);
         if (has_m) load_rows<float, BM, BN, LDS, THREADS>(sM(s), mw, ldw, i0, n, IN, n_end, tid, normal);
         if (ADAM) load_rows<float, BM, BN, LDS, THREADS>(sV(s), vw, ldw, i0, n, IN, n_end, tid, normal);
@@ -160,7 +166,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         float* vs = sV(c % STAGES);
         const half_t* y = sY(c % STAGES);
         const int n = n_begin + c * BN;
-        const bool bias_here = bias != nullptr && c % (int)gridDim.x == (int)blockIdx.x;  // uniform in the block
+        const bool bias_here = do_update && bias != nullptr && c % (int)gridDim.x == (int)blockIdx.x;  // uniform
         if (bias_here) {  // column tid % BN, every BIAS_PARTS-th row: exact integers, so any grouping gives the same sum
             const int col = tid % BN;
             i64 sum = 0;
@@ -169,7 +175,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         }
 
         // dx += dy[:, chunk] @ W[rows, chunk]^T with the old weights (before this chunk's update)
-        if (dx != nullptr) {
+        if (do_dx) {
 #pragma unroll
             for (int ks = 0; ks < BN / 16; ++ks) {
                 u32 fa[2][4];
@@ -186,6 +192,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             }
         }
         if (c == 0) DXU_MARK(4);
+        if (!do_update) continue;  // the next chunk's top barrier keeps its stage until every warp has read it
         // G = x^T @ dy for this warp's GR x 16 of the chunk, the batch in k16 steps
         float gacc[GMT][2][4];
         zero_fragments(gacc);
@@ -264,7 +271,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     }
     DXU_MARK(7);
     cp_async_wait<0>();
-    if (dx == nullptr) {
+    if (!do_dx) {
         DXU_MARK(15);
         return;
     }
