@@ -13,11 +13,11 @@ from rawgpu.kernels import dx_sgd as D
 
 def test_plan_fills_the_sms_with_whole_column_chunks():
     for sms in (46, 108, 132):
-        for IN, N in [(8192, 8192), (4096, 4096), (2048, 2048), (8192, 16), (520, 1000), (64, 8)]:
+        for IN, N in [(8192, 8192), (4096, 4096), (2048, 2048), (1024, 1024), (8192, 16), (520, 1000), (64, 8)]:
             p = D.plan_dx_sgd(32, IN, N, sm_count=sms)
             assert p.n_chunk % D.BN == 0
             assert (p.splits - 1) * p.n_chunk < N <= p.splits * p.n_chunk, "a column range would be empty"
-            assert p.bands * p.splits <= max(sms, p.bands)
+            assert p.roles * p.bands * p.splits <= max(sms, p.bands), "one block per SM at most, both parts counted"
             assert p.workspace_floats == (p.splits * p.bands * 32 * 64 if p.splits > 1 and not p.cluster else 0)
     assert D.plan_dx_sgd(32, 8192, 8192).splits == 1
     assert D.plan_dx_sgd(32, 4096, 4096).splits == 2

@@ -22,7 +22,7 @@ def test_plan_fills_the_sms_with_whole_column_chunks():
                 p = U.plan_dx_update(B, IN, N, "adam", "sm_90", sm_count=sms)
                 assert p.n_chunk % U.BN == 0 and p.rows >= B
                 assert (p.splits - 1) * p.n_chunk < N <= p.splits * p.n_chunk, "a column range would be empty"
-                assert p.bands * p.splits <= max(sms, p.bands)
+                assert p.roles * p.bands * p.splits <= max(sms, p.bands), "one block per SM, both parts counted"
                 assert p.workspace_floats == (p.splits * p.bands * p.rows * 64 if p.splits > 1 and not p.cluster
                                               else 0)
     assert U.plan_dx_update(128, 8192, 8192, "sgd", "sm_90").splits == 1
