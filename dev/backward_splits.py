@@ -25,9 +25,10 @@ import bench  # noqa: E402
 from gemm_variants import open_gpu  # noqa: E402
 from rawgpu import master, optimizer  # noqa: E402
 from rawgpu.contract import OPTIM_WORDS  # noqa: E402
+from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import dx_update as U  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.recipe import Recipe  # noqa: E402
+from rawgpu.recipe import Recipe, cdiv  # noqa: E402
 
 
 def time_backward(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits, launches, trials,
@@ -85,6 +86,10 @@ def main(argv=None) -> int:
     p.add_argument("--launches", type=bench.positive, default=20)
     p.add_argument("--trials", type=bench.positive, default=15)
     args = p.parse_args(argv)
+    if args.optimizer == "plain" and args.batch > D.MAX_BATCH:
+        p.error(f"--optimizer plain runs the batch-{D.MAX_BATCH} kernel: --batch must be <= {D.MAX_BATCH}")
+    if any(h % 8 for h in args.sizes):
+        p.error("--sizes must be multiples of 8")
     if (gpu := open_gpu(0, [], "backward_splits")) is None:
         return 2
     device, stream, kernels, rng = gpu
@@ -94,7 +99,7 @@ def main(argv=None) -> int:
           f"(% of copy at {per_weight} B per weight)")
     for h in args.sizes:
         for IN, with_dx, ways in ((784, False, ["-"]), (h, True, args.sum)):
-            chunks = -(-h // (bench.D.BN if args.optimizer == "plain" else U.BN))
+            chunks = cdiv(h, D.BN if args.optimizer == "plain" else U.BN)
             for way, roles in ((w, r) for w in ways for r in (args.roles if with_dx else [None])):
                 line = f"{h:>5} {IN}x{h} {'dx+update' if with_dx else 'update':>9} {way:>9}"
                 line += f" roles {roles}:" if roles else ":"
