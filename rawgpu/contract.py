@@ -405,25 +405,29 @@ CONFIGS = {c.name: c for c in (
                                                                  "once"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
-EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd", "adam")
+EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd", "adam", "store32")
 UPDATE_EPILOGUES = ("sgd", "adam")  # the weight update fused into x^T @ dy, one per optimiser family (EPI_SGD, EPI_ADAM)
 ACCUMULATORS = ("f32", "f16")
 TMA_ROLES = [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")]
 # (layout, epilogue) pairs every general tile compiles
 _ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
                    ("rr", "bias"), ("rr", "bias_relu"), ("rc", "drelu"), ("cr", "sgd"), ("cr", "adam")]
-# (config, layout, epilogue) triples compiled, each for f32 and f16 accumulation
-INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") for lay, epi in _ROLE_INSTANCES]
-                      + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
-                      + [("32x128k64", lay, epi) for lay, epi in [("rr", "store"), ("rc", "store"),
-                                                                  ("rr", "bias_relu"), ("rc", "drelu")]]
-                      + [(STREAM_CONFIG, lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias"),
-                                                                    ("rr", "bias_relu"), ("rc", "store"),
-                                                                    ("rc", "drelu")]]
-                      + [("staged", "cr", e) for e in ("sgd", "store")] + [("staged32", "cr", "adam")]
-                      + [("persist", "cr", "store")]
-                      + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
-                      + [("tma128x64", "rr", epi) for epi in ("store", "bias_relu")])
+# (config, layout, epilogue) triples compiled, each for f32 and f16 accumulation (and store32's, below)
+_BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") for lay, epi in _ROLE_INSTANCES]
+                             + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
+                             + [("32x128k64", lay, epi) for lay, epi in [("rr", "store"), ("rc", "store"),
+                                                                         ("rr", "bias_relu"), ("rc", "drelu")]]
+                             + [(STREAM_CONFIG, lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias"),
+                                                                           ("rr", "bias_relu"), ("rc", "store"),
+                                                                           ("rc", "drelu")]]
+                             + [("staged", "cr", e) for e in ("sgd", "store")] + [("staged32", "cr", "adam")]
+                             + [("persist", "cr", "store")]
+                             + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
+                             + [("tma128x64", "rr", epi) for epi in ("store", "bias_relu")])
+# store32, the fp32 partial sum of a tensor-parallel layer (rawgpu/parallel.py), on every tile that stores x @ W or
+# dy @ W^T: the planner gives it the tile it gives "store" (kernels/gemm.py: choose_config)
+INSTANCES = _BASE_INSTANCES | {(c, lay, "store32") for c, lay, epi in _BASE_INSTANCES
+                               if epi == "store" and lay in ("rr", "rc")}
 
 
 def config_for(name: str, arch: str) -> GemmConfig:
@@ -691,7 +695,7 @@ SOURCES = {
     "data.cu": (_schedule_facts, _optim_facts),
     "dx_sgd.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _dx_sgd_facts),
     "dx_update.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _dx_update_facts),
-    "elementwise.cu": (_schedule_facts, _optim_facts, _elementwise_facts),
+    "elementwise.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _elementwise_facts),
     "fused_step.cu": (_schedule_facts, _optim_facts, _fused_facts),
     GEMM_SOURCE: (_optim_facts, _epilogue_facts, _gemm_facts),
     GEMM_TMA_SOURCE: (_optim_facts, _epilogue_facts, _gemm_tma_facts),

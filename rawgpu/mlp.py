@@ -72,8 +72,8 @@ class MLP:
         self.eval_batch = self._eval_batch(r)
         EB = self.eval_batch
         self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)  # whole chunks of EB rows, then the rest
-        widths = r.widths
-        self.padded = padded = r.padded_widths
+        widths, padded = self.layer_widths()
+        self.padded = padded
         # dataset and input pipeline
         self.images = a.tensor("train_images", (r.train_rows, r.inputs), np.uint8)
         self.labels = a.tensor("train_labels", r.train_rows, np.uint8)
@@ -117,16 +117,14 @@ class MLP:
                 a.tensor(f"mb_{i}", pout, np.float32) if states else None,
                 a.tensor(f"vw_{i}", (pin, pout), np.float32) if states > 1 else None,
                 a.tensor(f"vb_{i}", pout, np.float32) if states > 1 else None,
-                eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", "bias_relu" if i < len(widths) - 2 else "bias",
-                                      accum=r.kernel_accum, sm_count=sm_count, arch=self.arch,
-                                      capacity=self.cluster_capacity)))
+                eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", self.forward_epilogue(i), accum=r.kernel_accum,
+                                      sm_count=sm_count, arch=self.arch, capacity=self.cluster_capacity)))
             if self.eval_tail:
-                self.tail_fwd.append(kg.plan_gemm(self.eval_tail, pout, pin, "rr",
-                                                  "bias_relu" if i < len(widths) - 2 else "bias",
+                self.tail_fwd.append(kg.plan_gemm(self.eval_tail, pout, pin, "rr", self.forward_epilogue(i),
                                                   accum=r.kernel_accum, sm_count=sm_count, arch=self.arch,
                                                   capacity=self.cluster_capacity))
         # the step kind plans its own buffers
-        self.step = steps.build(self.choice.kind, self, options)
+        self.step = self.build_step(options)
         # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
         plans = self.eval_plans + self.tail_fwd + self.step.split_plans()
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
@@ -138,6 +136,20 @@ class MLP:
         initialisation and copies, the loss and metrics)."""
         every = {(source, None) for source in (kd.SRC, ke.SRC, kl.SRC)}
         return every | kg.plan_units(self.eval_plans + self.tail_fwd, self.arch) | self.step.kernel_units()
+
+    # --- what a model on several GPUs (sharded.py) changes ------------------------------------------------------
+
+    def layer_widths(self) -> tuple[list[int], list[int]]:
+        """The layers' true widths (inputs, hidden ..., classes) and the padded ones the buffers hold."""
+        return self.recipe.widths, self.recipe.padded_widths
+
+    def forward_epilogue(self, i: int) -> str:
+        """Layer i's forward GEMM epilogue: bias and ReLU, the head's bias alone."""
+        return "bias_relu" if i < len(self.padded) - 2 else "bias"
+
+    def build_step(self, options: StepOptions | None) -> steps.Step:
+        """The chosen step kind's object (it plans its buffers in the arena)."""
+        return steps.build(self.choice.kind, self, options)
 
     @property
     def eval_plans(self) -> list[kg.GemmPlan]:
@@ -194,18 +206,22 @@ class MLP:
         """PyTorch's nn.Linear default (Kaiming-uniform, a = sqrt(5)): W and b ~ U(+-1/sqrt(fan_in)), from
         the seed, W as its master halves; then whatever copies the step kind keeps of them; the optimiser's table
         set and its state, the counters and tickets zeroed."""
-        for i, lay in enumerate(self.layers):
-            bound = 1.0 / math.sqrt(lay.fan_in)
-            true_shape = (lay.fan_in, lay.fan_out)
-            if lay.w16.shape == true_shape:
-                ke.init_uniform_master(self.k, lay.w16, lay.wlo, bound, self._seed(i, 0)).run(stream)
-            else:
-                self._set_master(lay, self._padded_uniform(lay.w16.shape, true_shape, bound, self._seed(i, 0)))
-            self._init_uniform(lay.b, (lay.fan_out,), bound, self._seed(i, 1), stream)
+        self.set_initial_weights(stream)
         self.step.parameters_set(stream)
         self.optim.upload(optimizer.words(optimizer.hyperparameters(self.recipe)))
         for t in self._counters() + [t for lay in self.layers for t in self._state_tensors(lay).values()]:
             t.fill_bytes(0)
+
+    def set_initial_weights(self, stream: Stream) -> None:
+        """Every layer's W (as its master halves) and b from the seed, layer i's W from seed (i, 0), b from (i, 1)."""
+        for i, lay in enumerate(self.layers):
+            bound = 1.0 / math.sqrt(lay.fan_in)
+            true_shape = (lay.fan_in, lay.fan_out)
+            if lay.w16.shape == true_shape:
+                ke.init_uniform_master(self.k, lay.w16, lay.wlo, bound, self.seed_of(i, 0)).run(stream)
+            else:
+                self._set_master(lay, self._padded_uniform(lay.w16.shape, true_shape, bound, self.seed_of(i, 0)))
+            self._init_uniform(lay.b, (lay.fan_out,), bound, self.seed_of(i, 1), stream)
 
     def _state_tensors(self, lay: Layer) -> dict[str, Tensor]:
         """A layer's optimiser state by its checkpoint name (state(): names as torch.optim calls them)."""
@@ -256,7 +272,8 @@ class MLP:
         self.loss_sum.upload(np.array([loss_sum], np.float64))
         self.correct.upload(np.array([correct], np.int32))
 
-    def _seed(self, layer: int, which: int) -> int:
+    def seed_of(self, layer: int, which: int) -> int:
+        """The seed of layer `layer`'s weights (which 0) or bias (1)."""
         return (self.recipe.seed * 1_000_003 + layer * 2 + which) & (2**64 - 1)
 
     def _init_uniform(self, t: Tensor, true_shape: tuple[int, ...], bound: float, seed: int, stream: Stream) -> None:

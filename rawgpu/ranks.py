@@ -1,7 +1,8 @@
 """One process per GPU: start the ranks, hand them one communicator id, collect what each returns.
 
 A rank is a fresh process ('spawn': no CUDA state carried over from the parent) that runs
-`work(rank, ranks, unique_id, *args)`, a module-level function, on GPU `rank`, and sends back its picklable result.
+`work(rank, ranks, unique_id, *args)`, a module-level function, on GPU `rank`, and sends back its picklable result;
+`gather_to_root` brings every rank's value to rank 0 on the way (a checkpoint's parts).
 If a rank fails, or dies without a word, the others are stopped and the error names the rank; Ctrl-C stops every
 rank. NVLink multicast stays off in every rank's environment (rawgpu/nccl.py says why).
 """
@@ -12,12 +13,22 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import RawgpuError
 
 POLL_SECONDS = 0.2  # how often the parent looks for a rank that died without reporting
 STOP_SECONDS = 5.0  # how long a stopped rank gets to exit before it is killed
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One process's place among the ranks: `rank` of `ranks`, on GPU `rank`, joining the communicator unique_id."""
+
+    ranks: int
+    rank: int
+    unique_id: bytes
 
 
 class RankError(RawgpuError):
@@ -28,9 +39,41 @@ class RankError(RawgpuError):
         self.details = details
 
 
-def _rank_main(results: Any, work: Callable[..., Any], rank: int, ranks: int, unique_id: bytes,
+_to_root: Any = None  # in a rank's process: the queue gather_to_root sends rank 0 the other ranks' values through
+_sent = 0  # gather_to_root calls made by this rank
+_early: dict[tuple[int, int], Any] = {}  # rank 0: values of a later gather that came before this one's
+
+
+def gather_to_root(value: Any, rank: Rank) -> list[Any] | None:
+    """Every rank calls this at the same point of its run with a picklable value: rank 0 gets all of them in rank
+    order, the others None (they do not wait). One rank alone gets [value]."""
+    global _sent
+    if rank.ranks == 1:
+        return [value]
+    if _to_root is None:
+        raise RankError("gather_to_root works in the processes run_ranks starts")
+    seq, _sent = _sent, _sent + 1
+    if rank.rank:
+        _to_root.put((seq, rank.rank, value))
+        return None
+    got = {0: value}
+    for r in range(1, rank.ranks):
+        if (seq, r) in _early:
+            got[r] = _early.pop((seq, r))
+    while len(got) < rank.ranks:
+        s, r, v = _to_root.get()
+        if s == seq:
+            got[r] = v
+        else:
+            _early[(s, r)] = v
+    return [got[r] for r in range(rank.ranks)]
+
+
+def _rank_main(results: Any, to_root: Any, work: Callable[..., Any], rank: int, ranks: int, unique_id: bytes,
                args: tuple) -> None:
+    global _to_root
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    _to_root = to_root
     try:
         results.put((rank, True, work(rank, ranks, unique_id, *args), ""))
     except KeyboardInterrupt:
@@ -50,8 +93,8 @@ def run_ranks(work: Callable[..., Any], ranks: int, *args: Any, unique_id: bytes
 
         unique_id = nccl.new_unique_id()
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(results, work, r, ranks, unique_id, args), daemon=True,
+    results, to_root = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(results, to_root, work, r, ranks, unique_id, args), daemon=True,
                          name=f"rawgpu-rank-{r}") for r in range(ranks)]
     done: dict[int, Any] = {}
     finished = False
@@ -73,6 +116,7 @@ def run_ranks(work: Callable[..., Any], ranks: int, *args: Any, unique_id: bytes
     finally:
         _stop(procs, finished)
         results.close()
+        to_root.close()
     return [done[r] for r in range(ranks)]
 
 

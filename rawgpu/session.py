@@ -15,15 +15,19 @@ from .errors import NoDeviceError
 from .graph import Graph, capture
 from .kernels import Kernels
 from .mlp import MLP, run_launches
+from .ranks import Rank
 from .recipe import Recipe
+from .sharded import REASON as TENSOR_REASON
+from .sharded import ShardedMLP
 from .steps import StepOptions
 
 
 def kernel_units(recipe: Recipe, arch: str, sm_count: int, step_kind: str | steps.Choice = "auto",
-                 options: StepOptions | None = None) -> list[compiler.Unit]:
+                 options: StepOptions | None = None, ranks: int = 0) -> list[compiler.Unit]:
     """The units of compilation a session of `recipe` on a GPU of `arch` and `sm_count` SMs launches, from the plan
-    alone (no GPU: the prebuild uses it too)."""
-    model = MLP(None, recipe, sm_count, step_kind=step_kind, arch=arch, options=options)
+    alone (no GPU: the prebuild uses it too). ranks: the GPUs of a tensor-parallel model (0: one GPU's model)."""
+    model = (ShardedMLP(None, recipe, ranks, 0, None, sm_count, arch, options) if ranks
+             else MLP(None, recipe, sm_count, step_kind=step_kind, arch=arch, options=options))
     return sorted(model.kernel_units(), key=lambda u: (u[0], u[1] or ""))
 
 
@@ -31,36 +35,50 @@ class Session:
     """Device, compiled kernels and the planned, allocated model."""
 
     def __init__(self, recipe: Recipe, device_index: int = 0, on_compile: Callable[[int, int], None] | None = None,
-                 step_kind: str = "auto", options: StepOptions | None = None):
+                 step_kind: str = "auto", options: StepOptions | None = None, rank: Rank | None = None):
         """step_kind: one of steps.CHOICES; a named kind that cannot run here raises StepUnsupported before any
         compile. options: settings of particular step kinds (comparisons, tests). on_compile(done, total): the
-        progress of a build that is not all in the cache (units of compilation built, asked for)."""
+        progress of a build that is not all in the cache (units of compilation built, asked for). rank: this
+        process's rank of a model split over several GPUs (sharded.py), on GPU rank.rank; step_kind is then
+        "auto" (the tensor-parallel step)."""
         if step_kind not in steps.CHOICES:  # a bad value fails before any GPU work
             raise ValueError(f"step kind must be one of {', '.join(steps.CHOICES)}, got {step_kind!r}")
-        self.device = Device(device_index)
+        if rank is not None and step_kind != "auto":
+            raise ValueError(f"a model on several GPUs runs the tensor-parallel step, not {step_kind}")
+        self.group = None
+        self.device = Device(rank.rank if rank is not None else device_index)
         arch = self.device.arch
         if self.device.compute_capability < (8, 0):
             raise NoDeviceError(f"{self.device.name} is {arch}: rawgpu needs sm_80 or newer (mma.sync, cp.async)")
         if arch not in compiler.supported_archs():
             raise NoDeviceError(f"{self.device.name} is {arch}; this NVRTC builds for "
                                 f"{', '.join(compiler.supported_archs())} (rawgpu needs sm_80 or newer)")
-        self.choice = steps.choose(recipe, arch, step_kind)
+        self.choice = steps.choose(recipe, arch, step_kind) if rank is None else steps.Choice("tensor", TENSOR_REASON)
         options = options or StepOptions()
         if options.l2_bytes == 0:  # the layered step's cache hints are planned for this GPU's L2
             options = replace(options, l2_bytes=self.device.l2_bytes)
         # The units this session launches, from the plan (no GPU needed), start building at once; a unit the plan
         # did not foresee is built when asked for. Only a build that is not all cached shows progress.
-        units = kernel_units(recipe, arch, self.device.sm_count, self.choice, options)
+        units = kernel_units(recipe, arch, self.device.sm_count, self.choice, options, rank.ranks if rank else 0)
         cold = [u for u in units if not compiler.is_cached(u[0], arch, kernel=u[1])]
         self.kernels = Kernels(arch, on_progress=on_compile if cold else None)
         t = time.perf_counter()
         self.kernels.prefetch(units)
         try:
-            self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice,
-                             options=options).allocate()
+            if rank is None:
+                self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice, options=options)
+            else:
+                from . import nccl
+
+                self.group = nccl.Communicator(rank.ranks, rank.rank, rank.unique_id)
+                self.model = ShardedMLP(self.kernels, recipe, rank.ranks, rank.rank, self.group,
+                                        self.device.sm_count, options=options)
+            self.model.allocate()
             self.step = self.model.step_launches()
         except BaseException:  # out of memory, Ctrl-C: builds not yet begun are dropped
             self.kernels.close()
+            if self.group is not None:
+                self.group.close()
             raise
         self.kernels.wait()
         self.compile_seconds = time.perf_counter() - t if cold else 0.0
@@ -89,6 +107,8 @@ class Session:
     def close(self) -> None:
         """Free the arena, the stream and the device's context (graphs captured from it belong to the caller)."""
         context_synchronize()  # nothing queued may still use the memory
+        if self.group is not None:
+            self.group.close()
         self.model.arena.close()
         self.stream.close()
         self.device.close()

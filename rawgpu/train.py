@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training steps captured into one graph (default: one progress tick's steps, "
                         f"{MAX_AUTO_STEPS_PER_GRAPH} at most)")
     add_step_option(r)
+    r.add_argument("--gpus", type=_count(1, 64, what="GPUs"), default=1,
+                   help="split the model over GPUs 0..N-1 of this machine, one process each (tensor parallel: each "
+                        "GPU holds a slice of every layer; needs rawgpu[multi]); default 1")
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
                         "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")
@@ -141,13 +144,16 @@ def summarize(trainer: Trainer, wall_seconds: float, interrupted: bool) -> Summa
                    time_to_98=reached, interrupted=interrupted, compile_seconds=trainer.session.compile_seconds)
 
 
-def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: float, ckpt=None) -> int:
-    """Open the GPU, build the trainer (fresh, or from the checkpoint to resume), run it, report, save, plot."""
+def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: float, ckpt=None,
+          rank=None) -> int:
+    """Open the GPU, build the trainer (fresh, or from the checkpoint to resume), run it, report, save, plot.
+    rank: this process's ranks.Rank when the model is split over several GPUs (rank 0 reports, saves and plots)."""
     from .steps import StepOptions
 
     options = StepOptions(overlap=not args.no_overlap)
     common = dict(device=args.device, options=options, steps_per_graph=args.steps_per_graph,
-                  graphs=not args.no_graph, on_compile=console.compiling)
+                  graphs=not args.no_graph, on_compile=console.compiling, rank=rank)
+    root, alone = rank is None or rank.rank == 0, rank is None or rank.ranks == 1
     if ckpt is not None:
         trainer = Trainer.load(ckpt, data=data, **common)
         resumed = f"from {args.resume} at step {trainer.steps_done} of {trainer.plan.total_steps}"
@@ -164,9 +170,11 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
         except TrainingDiverged as exc:
             error = str(exc)
         console.finish(summarize(trainer, time.perf_counter() - t_start, interrupted))
-        if args.save and not error:
+        if args.save and not error and (alone or not interrupted):
             console.message(f"checkpoint: {args.save} (step {trainer.steps_done})")
-        if args.plot and trainer.history:
+        elif args.save and interrupted:
+            console.message(f"interrupted on several GPUs: no save; {args.save} keeps the last one (--save-every)")
+        if args.plot and trainer.history and root:
             from .plot import write_plot
 
             h = trainer.history
@@ -174,9 +182,36 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
                        title=f"{data.name} {trainer.recipe.name}")
             console.message(f"plot: {args.plot}")
     if error:
-        print(f"rawgpu: error: {error}", file=sys.stderr)
+        if root:
+            print(f"rawgpu: error: {error}", file=sys.stderr)
         return 1
     return 130 if interrupted else 0
+
+
+def train_on_gpus(args: argparse.Namespace, data, recipe: rc.Recipe, t_start: float, ckpt=None) -> int:
+    """--gpus N: a process per GPU (ranks.py), each training its slice of the model; rank 0 shows the run."""
+    from . import nccl
+    from .ranks import run_ranks
+
+    try:
+        return run_ranks(_train_rank, args.gpus, args, data, recipe, t_start, ckpt, unique_id=nccl.new_unique_id())[0]
+    except KeyboardInterrupt:
+        print("rawgpu: interrupted: every GPU's process stopped"
+              + (f"; {args.save} keeps the last checkpoint saved" if args.save else ""), file=sys.stderr)
+        return 130
+
+
+def _train_rank(rank: int, ranks: int, unique_id: bytes, args, data, recipe, t_start: float, ckpt) -> int:
+    import io
+
+    from .console import Console, make_console
+    from .ranks import Rank
+
+    console = make_console("json" if args.json else "auto") if rank == 0 else Console(io.StringIO())
+    try:
+        return train(args, data, recipe, console, t_start, ckpt, Rank(ranks, rank, unique_id))
+    finally:
+        console.close()
 
 
 def explicit_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
@@ -244,6 +279,21 @@ def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error("argument --plot: needs matplotlib: pip install 'rawgpu[plot]'")
 
 
+def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--gpus N > 1: the options it cannot go with, and NCCL, before the data and the GPUs."""
+    if args.gpus == 1:
+        return
+    if args.step != "auto":
+        parser.error(f"argument --gpus: a model on {args.gpus} GPUs runs the tensor-parallel step, not --step "
+                     f"{args.step}")
+    if args.device:
+        parser.error(f"argument --gpus: the run takes GPUs 0..{args.gpus - 1}; drop --device")
+    from . import nccl
+
+    if (why := nccl.available()) is not None:
+        parser.error(f"argument --gpus: {why}")
+
+
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     parser = build_parser()
@@ -264,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         args.save = args.save or args.resume
     args.dataset = args.dataset or "mnist"
     check_paths(parser, args)
+    check_gpus(parser, args)
     from .data import known_shape, load_dataset
 
     recipe = None
@@ -287,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.device >= count:
             parser.error(f"argument --device: no GPU with index {args.device}; this machine has {count} "
                          f"(0..{count - 1})" if count else "argument --device: this machine has no CUDA GPU")
+        if args.gpus > count:
+            parser.error(f"argument --gpus: {args.gpus} GPUs asked for, this machine has {count}")
+        if args.gpus > 1:
+            console.close()  # rank 0 shows the run from its own process
+            return train_on_gpus(args, data, recipe, t_start, ckpt)
         return train(args, data, recipe, console, t_start, ckpt)
     except StepUnsupported as exc:  # the step kind asked for, on this GPU's arch: a usage error too
         console.close()

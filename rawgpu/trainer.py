@@ -24,7 +24,10 @@ from . import checkpoint as ck
 from .console import EpochStats
 from .data import DATASET_NAMES, Dataset, load_dataset
 from .errors import RawgpuError
+from .ranks import Rank, gather_to_root
 from .recipe import DEFAULTS, Recipe, cdiv, run_length
+from .sharded import join_parameters, join_state
+from .steps import CHOICES
 
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
@@ -88,7 +91,7 @@ class Trainer:
     def __init__(self, recipe: Recipe | None = None, *, data: Dataset | str | None = "mnist",
                  data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
                  device: int = 0, step: str = "auto", options=None, steps_per_graph: int | None = None,
-                 graphs: bool = True,
+                 graphs: bool = True, rank: Rank | None = None,
                  on_compile: Callable[[int, int], None] | None = None,
                  download_progress: Callable[[str, int, int | None], None] | None = None,
                  _checkpoint: ck.Checkpoint | None = None):
@@ -96,8 +99,9 @@ class Trainer:
         data: a Dataset, a name in data.DATASET_NAMES (loaded from data_dir, the cache or a download), or None
         (predict only). epochs / steps: the run's length (default the recipe's total_steps, else DEFAULTS' epochs).
         step: the step kind (steps.CHOICES). steps_per_graph: steps captured into one CUDA graph (None:
-        auto_steps_per_graph); graphs=False launches the kernels one by one. on_compile(done, total): the progress
-        of a kernel build that is not all in the cache."""
+        auto_steps_per_graph); graphs=False launches the kernels one by one. rank: this process's part of a model
+        split over several GPUs (ranks.Rank; every rank makes the same calls, rank 0 alone writes checkpoints).
+        on_compile(done, total): the progress of a kernel build that is not all in the cache."""
         self._session = None
         self.closed = False
         recipe = recipe or Recipe()
@@ -123,8 +127,9 @@ class Trainer:
         self.train_seconds = 0.0
         self._epoch_metrics = (0.0, 0)  # a resumed epoch's loss sum and hits before it was saved
         self._image_shape = tuple(data.image_shape) if data is not None else None
+        self.rank = rank
         if _checkpoint is not None:
-            step = _checkpoint.step_kind
+            step = _checkpoint.step_kind if _checkpoint.step_kind in CHOICES and rank is None else "auto"
             self.history = [EpochStats(**h) for h in _checkpoint.progress.get("history", [])]
             self.train_seconds = float(_checkpoint.progress.get("train_seconds", 0.0))
             self._epoch_metrics = (float(_checkpoint.progress.get("epoch_loss_sum", 0.0)),
@@ -132,7 +137,7 @@ class Trainer:
             self._image_shape = self._image_shape or tuple(_checkpoint.dataset.get("image_shape") or ()) or None
         from .session import Session
 
-        self._session = Session(recipe, device, on_compile=on_compile, step_kind=step, options=options)
+        self._session = Session(recipe, device, on_compile=on_compile, step_kind=step, options=options, rank=rank)
         self.model, self.stream = self._session.model, self._session.stream
         if data is not None:
             self.model.upload_data(data)
@@ -306,6 +311,8 @@ class Trainer:
                 if not keep_going:
                     break
         except KeyboardInterrupt:
+            if self.rank is not None and self.rank.ranks > 1:  # the other ranks' steps may never come: no save
+                raise
             stream.synchronize()  # the queued steps finish: parameters stop at a step boundary
             self.steps_done = m.step_count()
             if save_to is not None:
@@ -332,7 +339,7 @@ class Trainer:
     def _save_if_finite(self, path) -> None:
         """A save during the run: skipped when a weight is NaN or infinite, so the last good checkpoint stays."""
         ckpt = self.checkpoint()
-        if all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in ckpt.weights):
+        if ckpt is not None and all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in ckpt.weights):
             ck.save(path, ckpt)
 
     # --- evaluation and prediction -------------------------------------------------------------------------------
@@ -366,11 +373,18 @@ class Trainer:
 
     # --- saving ---------------------------------------------------------------------------------------------------
 
-    def checkpoint(self) -> ck.Checkpoint:
-        """The model and the run's state now (synchronises)."""
+    def checkpoint(self) -> ck.Checkpoint | None:
+        """The model and the run's state now (synchronises). On several GPUs every rank must call it: rank 0 gets
+        the whole model, joined from every rank's part, the others None."""
         self._check_open()
         self.stream.synchronize()
         weights, state = self.model.state()
+        if self.rank is not None:
+            parts = gather_to_root((weights, state), self.rank)
+            if parts is None:
+                return None
+            plan = self.model.plan
+            weights, state = join_parameters(plan, [p[0] for p in parts]), join_state(plan, [p[1] for p in parts])
         progress = {"steps_done": self.steps_done, "epoch_loss_sum": self._epoch_metrics[0],
                     "epoch_correct": self._epoch_metrics[1], "train_seconds": self.train_seconds,
                     "history": [dataclasses.asdict(h) for h in self.history]}
@@ -378,8 +392,10 @@ class Trainer:
                              weights, state, progress)
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint atomically; it loads with `Trainer.load` and with the standard safetensors loaders."""
-        return ck.save(path, self.checkpoint())
+        """Write a checkpoint atomically; it loads with `Trainer.load` and with the standard safetensors loaders.
+        On several GPUs every rank calls it and rank 0 writes the whole model."""
+        ckpt = self.checkpoint()
+        return ck.save(path, ckpt) if ckpt is not None else Path(path)
 
     # --- the rest -----------------------------------------------------------------------------------------------
 
@@ -392,7 +408,7 @@ class Trainer:
         return self.steps_done >= self.plan.total_steps
 
     def parameters(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each layer's fp32 master (W [fan_in, fan_out], b)."""
+        """Each layer's fp32 master (W [fan_in, fan_out], b); on several GPUs this rank's part (sharded.py)."""
         self._check_open()
         return self.model.parameters()
 

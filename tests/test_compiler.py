@@ -48,7 +48,8 @@ def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
 
 # Every kernel the layered step launches (mlp.MLP._layered_step), which on sm_90 it launches overlapping the one
 # before: each must wait for the prior grid, and only then let its own dependent start (ptx/pdl.cuh).
-OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"], "elementwise.cu": ["bias_update"],
+OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"],
+              "elementwise.cu": ["bias_update", "finish_sum_bias", "finish_sum_bias_relu", "finish_sum_drelu"],
               "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "dx_update.cu": None, "head.cu": None,
               "gemm.cu": None, "gemm_tma.cu": None}  # None: all
 
@@ -63,6 +64,21 @@ def test_every_overlapped_kernel_waits_for_the_prior_grid_first(source, whole_bu
         wait, trigger = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
         assert 0 < wait < trigger, f"{name}: griddepcontrol.wait must come before launch_dependents ({wait}, {trigger})"
     assert "griddepcontrol" not in "".join(compiler.ptx_of(source, "sm_86").values()), "sm_86 has no such instruction"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_store32_never_rounds_to_fp16(arch, whole_builds):
+    """store32 leaves the sum in fp32 on every path (the pair epilogue, split-K through the workspace or a cluster):
+    its kernels hold no fp32 -> fp16 conversion, where their fp16 twins (store) do, and they write fp32 pairs."""
+    to_fp16 = re.compile(r"cvt\.rn\.f16(x2)?\.f32")
+    sources = [contract.GEMM_SOURCE] + ([contract.GEMM_TMA_SOURCE] if arch == "sm_90" else [])  # tma: a trap below
+    for source in sources:
+        entries = compiler.ptx_of(source, arch)
+        names = [n for n in entries if "_store32_" in n]
+        assert names, source
+        for name in names:
+            assert not to_fp16.search(entries[name]) and "st.global.v2.f32" in entries[name], f"{name} on {arch}"
+            assert to_fp16.search(entries[name.replace("_store32_", "_store_")]), name
 
 
 def test_ptxas_report_is_parsed():
@@ -197,6 +213,8 @@ def _launchers():
     yield cluster.SOURCE, "cluster_steps_1", cluster.SIGNATURE
     yield gemm.SOURCE, gemm.all_kernel_names(gemm.SOURCE)[0], gemm.SIGNATURE
     yield gemm.TMA_SOURCE, gemm.all_kernel_names(gemm.TMA_SOURCE)[0], gemm.TMA_SIGNATURE
+    yield gemm.SOURCE, gemm.kernel_name("stream", "rr", "store32", "f32"), gemm.SIGNATURE  # out is fp32: still a pointer
+    yield gemm.TMA_SOURCE, gemm.kernel_name("tma128x64", "rr", "store32", "f16"), gemm.TMA_SIGNATURE
 
 
 @pytest.mark.parametrize("source,kernel,signature", list(_launchers()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -225,6 +226,88 @@ def test_splits_meet_in_a_cluster_on_sm90_only():
     assert big.cluster and big.smem_bytes == max(big.config.smem_bytes("cc"), 128 * 136 * 4)
 
 
+STORE32_SHAPES = [(1, 256, 784), (32, 256, 256), (32, 1024, 4096), (32, 4096, 1024), (32, 4096, 4096),
+                  (32, 8192, 8192), (64, 1024, 1024), (100, 264, 1000), (128, 256, 1024), (128, 1024, 1024),
+                  (128, 4096, 784), (128, 4096, 4096), (256, 1024, 4096), (256, 4096, 4096), (257, 1024, 1024),
+                  (2048, 1024, 1024)]
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+@pytest.mark.parametrize("layout", ["rr", "rc"])
+def test_store32_is_planned_as_store(arch, layout):
+    """A tensor-parallel GEMM's fp32 partial sum runs the tile, splits and cluster a plain store of that shape gets:
+    at batch 128 and 256 on sm_90 the tensor-copy tiles."""
+    chosen = set()
+    for M, N, K in STORE32_SHAPES:
+        store = G.plan_gemm(M, N, K, layout, "store", arch=arch, capacity=H100_CLUSTERS)
+        fp32 = G.plan_gemm(M, N, K, layout, "store32", arch=arch, capacity=H100_CLUSTERS)
+        assert G.choose_config(M, K, "store32", layout, N, arch) == store.config.name
+        assert fp32.kernel == store.kernel.replace("_store_", "_store32_"), (M, N, K)
+        assert replace(fp32, epilogue="store") == store, (M, N, K)
+        chosen.add(fp32.config.name)
+    assert chosen == {("sm_86", "rr"): {"stream", "128x128"}, ("sm_86", "rc"): {"stream", "64x128", "128x128"},
+                      ("sm_90", "rr"): {"stream", "tma", "tma128", G.ROW_TILE, "128x128"},
+                      ("sm_90", "rc"): {"stream", "tma", "64x128", "128x128"}}[arch, layout]
+    if arch == "sm_90" and layout == "rr":  # batch 128: the tensor-copy tiles, split or not
+        assert G.plan_gemm(128, 4096, 4096, "rr", "store32", arch=arch).config.name == G.ROW_TILE
+        assert G.plan_gemm(128, 1024, 1024, "rr", "store32", arch=arch).config.name == "tma"
+        assert G.plan_gemm(128, 4096, 784, "rr", "store32", arch=arch).config.name == "tma128"
+
+
+def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store():
+    store = {(c, lay) for c, lay, e in G.INSTANCES if e == "store" and lay in ("rr", "rc")}
+    assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32"} == store
+    assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE}
+    for layout in ("cr", "cc"):
+        with pytest.raises(ValueError, match="no compiled GEMM instance"):
+            G.plan_gemm(8192, 8192, 32, layout, "store32")
+
+
+class _NoKernels:
+    def get(self, *args):
+        raise AssertionError("gemm() must refuse bad arguments before it looks a kernel up")
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def get(self, source, name, signature):
+        calls = self.calls
+
+        class _K:
+            def bind(self, grid, block, smem, *args, cluster=None):
+                calls.append((source, name, signature, args))
+
+        return _K()
+
+
+def test_store32_binds_an_fp32_output_and_refuses_others():
+    from rawgpu.memory import Arena
+
+    a = Arena()  # planned, never allocated: no GPU needed
+    M, N, K = 32, 264, 1000
+    A, B = a.tensor("A", (M, K), np.float16), a.tensor("B", (K, N), np.float16)
+    Bt = a.tensor("Bt", (N, K), np.float16)
+    plan = G.plan_gemm(M, N, K, "rr", "store32", config="32x128", splits=1)
+    k = _Recorder()
+    out = a.tensor("C32", (M, N), np.float32)
+    G.gemm(k, plan, A, B, out)
+    wide = a.tensor("D", (40, 272), np.float32)  # more rows and columns than the product: ldc is its row
+    G.gemm(k, G.plan_gemm(M, N, K, "rc", "store32", config="64x128", splits=1), A, Bt, wide)
+    (_, name, sig, args), (_, name_rc, _, args_rc) = k.calls
+    assert name == "gemm_32x128_rr_store32_f32" and name_rc == "gemm_64x128_rc_store32_f32"
+    assert len(args) == len(sig) and args[2] is out and args[8] == N and args_rc[8] == 272  # ldc: floats a row
+    no = _NoKernels()
+    with pytest.raises(TypeError, match=r"C \(store32: an fp32 partial sum\): expected dtype float32, got float16"):
+        G.gemm(no, plan, A, B, a.tensor("C16", (M, N), np.float16))
+    with pytest.raises(TypeError, match="C: expected dtype float16, got float32"):  # and the fp16 store keeps fp16
+        G.gemm(no, G.plan_gemm(M, N, K, "rr", "store", config="32x128"), A, B, out)
+    for shape in [(M, N + 4), (M - 1, N), (M, N - 8), (M * N,)]:
+        with pytest.raises(ValueError, match=r"cannot hold 32 x 264 \(stride multiple of 8\)"):
+            G.gemm(no, plan, A, B, a.tensor(f"bad{shape}", shape, np.float32))
+
+
 def test_plan_is_deterministic():
     a = G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
     assert a == G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
@@ -255,10 +338,13 @@ def _f16(rng, shape, scale=1.0):
     return (rng.uniform(-1, 1, shape) * scale).astype(np.float16)
 
 
-def _bound(accum: str, K: int) -> float:
-    """fp32 accumulation: 2e-3 (the fp16 output rounding dominates). fp16 accumulation rounds the running sum
-    once per k16 step, a random walk of sqrt(K / 16) roundings of 2^-11 relative."""
-    return 2e-3 if accum == "f32" else max(2e-3, 1e-3 * np.sqrt(K / 16))
+def _bound(accum: str, K: int, epilogue: str = "store") -> float:
+    """fp32 accumulation: 2e-3 (the fp16 output rounding dominates); into store32's fp32 output, 1e-4, half of what
+    rounding to fp16 alone costs (about 2e-4). fp16 accumulation rounds the running sum once per k16 step, a random
+    walk of sqrt(K / 16) roundings of 2^-11 relative."""
+    if accum == "f32":
+        return 1e-4 if epilogue == "store32" else 2e-3
+    return max(2e-3, 1e-3 * np.sqrt(K / 16))
 
 
 def _rel(got, ref):
@@ -298,7 +384,7 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
                 extra[name] = arena.tensor(name, (M, N), np.float32)
                 host[name] = (rng.uniform(-1, 1, (M, N)) if name == "mom" else rng.uniform(0, K, (M, N))).astype(np.float32)
         else:
-            out = arena.tensor("C", (M, N), np.float16)
+            out = arena.tensor("C", (M, N), np.float32 if epilogue == "store32" else np.float16)
         if epilogue in ("bias", "bias_relu"):
             extra["bias"] = arena.tensor("bias", (N,), np.float32)
             host["bias"] = rng.uniform(-2, 2, N).astype(np.float32)
@@ -338,7 +424,7 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
         ref["out"] = np.maximum(acc_ref + host["bias"], 0)
     elif epilogue == "drelu":
         ref["out"] = acc_ref * (host["act"] > 0)
-    elif epilogue == "store":
+    elif epilogue in ("store", "store32"):
         ref["out"] = acc_ref
     else:
         zero = np.zeros_like(acc_ref)
@@ -350,7 +436,7 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
 
 
 def check_case(plan, got, ref):
-    bound = _bound(plan.accum, plan.K)
+    bound = _bound(plan.accum, plan.K, plan.epilogue)
     if plan.epilogue in G.UPDATE_EPILOGUES:
         # The update itself, recovered from the joined master (its change is small next to W, so compare the step).
         w = master.join(got["w16"], got["out"])
@@ -376,6 +462,9 @@ def check_case(plan, got, ref):
     else:
         err = _rel(got["out"], ref["out"])
         assert err <= bound, f"{plan.kernel} {plan.M}x{plan.N}x{plan.K} splits={plan.splits}: rel err {err:.2e} > {bound:.1e}"
+        if plan.epilogue == "store32" and plan.accum == "f32":  # fp32 sums are almost never fp16 values
+            halves = np.mean(got["out"] == got["out"].astype(np.float16).astype(np.float32))
+            assert halves < 0.5, f"{plan.kernel}: {halves:.0%} of the outputs are fp16 values: rounded on the way"
     if "tickets" in got:
         assert not got["tickets"].any(), "split-K tickets must be reset for the next launch"
 
@@ -390,6 +479,13 @@ def mlp_cases():
                 if fin != 784:
                     cases.append((f"dx-h{h}-b{b}-{fout}x{fin}", b, fin, fout, "rc", "drelu"))
                 cases.append((f"dw-h{h}-b{b}-{fin}x{fout}", fin, fout, b, "cr", "update"))
+    # a tensor-parallel layer's fp32 partial sums (store32), x @ W and dy @ W^T of a hidden layer's shard at batch 32,
+    # 128 and 256: the planner's tiles for a plain store (on sm_90 the tensor-copy ones from batch 128 on)
+    for h in (256, 1024, 4096):
+        for b in (32, 128, 256):
+            for fin in (784, h):
+                cases.append((f"tp-fwd-h{h}-b{b}-{fin}x{h}", b, h, fin, "rr", "store32"))
+            cases.append((f"tp-dx-h{h}-b{b}-{h}x{h}", b, h, h, "rc", "store32"))
     return cases
 
 
@@ -426,7 +522,9 @@ ODD = [("m1-n16-k8", 1, 16, 8, "rr", "bias_relu"), ("m1-n104-k784", 1, 104, 784,
        ("hidden100", 32, 104, 104, "rr", "bias_relu"), ("hidden100-dx", 32, 104, 104, "rc", "drelu"),
        ("hidden100-dw", 104, 104, 32, "cr", "update"), ("n10pad16", 32, 16, 104, "rr", "bias"),
        ("dx-to-784", 32, 784, 104, "rc", "drelu"), ("dw-784", 784, 104, 7, "cr", "update"),
-       ("m1000-k8", 1000, 24, 8, "rr", "store"), ("k1-col", 40, 24, 1, "cr", "store")]
+       ("m1000-k8", 1000, 24, 8, "rr", "store"), ("k1-col", 40, 24, 1, "cr", "store"),
+       ("tp-m1", 1, 72, 200, "rr", "store32"), ("tp-fwd-odd", 100, 264, 1000, "rr", "store32"),
+       ("tp-dx-odd", 33, 136, 200, "rc", "store32")]
 
 
 @pytest.mark.gpu
@@ -437,13 +535,17 @@ def test_odd_shapes(device, stream, kernels, rng, name, M, N, K, layout, epi, ac
     check_case(plan, got, ref)
 
 
+LAYOUT_CASES = [(config, M, lay, epi)
+                for config, M in [("32x128", 17), ("64x128", 50), ("128x128", 300), ("32x128k64", 17)]
+                for lay in G.LAYOUTS for epi in ("store", "store32") if (config, lay, epi) in G.INSTANCES]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("layout", G.LAYOUTS)
-@pytest.mark.parametrize("config,M", [("32x128", 17), ("64x128", 50), ("128x128", 300)])
-def test_every_layout_and_config(device, stream, kernels, rng, layout, config, M, accum):
+@pytest.mark.parametrize("config,M,layout,epi", LAYOUT_CASES)
+def test_every_layout_and_config(device, stream, kernels, rng, layout, config, M, epi, accum):
     M = M if layout[0] == "r" else -(-M // 8) * 8  # column-major A: M is its contiguous dimension
-    plan, (got,), ref = run_case(device, stream, kernels, rng, M, 136, 200, layout, "store", accum, config=config)
+    plan, (got,), ref = run_case(device, stream, kernels, rng, M, 136, 200, layout, epi, accum, config=config)
     assert plan.config.name == config
     check_case(plan, got, ref)
 
@@ -451,7 +553,8 @@ def test_every_layout_and_config(device, stream, kernels, rng, layout, config, M
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K,layout,epi", [(32, 1024, 4096, "rr", "bias_relu"), (32, 4096, 1024, "rc", "drelu"),
                                               (128, 256, 8192, "rr", "store"), (64, 128, 2048, "cr", "store"),
-                                              (256, 256, 2048, "cr", "update")])
+                                              (256, 256, 2048, "cr", "update"), (128, 256, 8192, "rr", "store32"),
+                                              (32, 4096, 1024, "rc", "store32")])
 @pytest.mark.parametrize("accum", ["f32", "f16"])
 def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, kernels, rng, M, N, K, layout, epi, accum):
     seed = int(rng.integers(2**31))
@@ -466,12 +569,13 @@ def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, ke
         for key in got:
             assert np.array_equal(got[key], runs[0][key]), f"split-K result {key} differs between identical runs"
     if epi != "update":
-        assert _rel(runs[0]["out"], one["out"].astype(np.float64)) <= _bound(accum, K)
+        assert _rel(runs[0]["out"], one["out"].astype(np.float64)) <= _bound(accum, K, epi)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")])
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias"), ("rr", "bias_relu"), ("rc", "store"),
+                                        ("rc", "drelu"), ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K,splits", [(1, 72, 200, None), (17, 136, 1000, None), (32, 520, 4104, 3),
                                           (32, 64, 64, None)])
 def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, accum):
@@ -552,7 +656,8 @@ def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["tma", "tma128"])
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")])
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu"),
+                                        ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K,splits", [(1, 72, 200, None), (17, 136, 1000, None), (32, 520, 4104, 3),
                                           (32, 64, 64, None), (9, 8, 1032, 2), (32, 1000, 1160, None)])
 def test_tma_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, accum, config):
@@ -574,7 +679,7 @@ ROW_TILE_CASES = [(128, 256, 784, None), (100, 136, 1000, 3), (256, 520, 4104, 4
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("epi", ["store", "bias_relu"])
+@pytest.mark.parametrize("epi", ["store", "bias_relu", "store32"])
 @pytest.mark.parametrize("M,N,K,splits", ROW_TILE_CASES)
 def test_tma_row_tiles(device, stream, kernels, rng, M, N, K, splits, epi, accum):
     """The tensor-copy tile of 128 rows (sm_90), whose warps split the rows: partial tiles in M, N and K, two row
@@ -594,7 +699,10 @@ CLUSTER_CASES = [(32, 128, 784, "rr", "bias_relu", "stream", 5), (32, 520, 4104,
                  (17, 136, 1000, "rr", "store", "tma", 3), (32, 1000, 1160, "rc", "drelu", "tma128", 2),
                  (40, 264, 1000, "rr", "bias", "32x128", 4), (72, 136, 600, "cr", "update", "64x128", 3),
                  (296, 136, 520, "cc", "store", "128x128", 6), (9, 8, 1032, "rr", "store", "stream", 6),
-                 (128, 264, 4096, "rr", "bias_relu", "tma128x64", 4), (100, 136, 1000, "rr", "store", "tma128x64", 8)]
+                 (128, 264, 4096, "rr", "bias_relu", "tma128x64", 4), (100, 136, 1000, "rr", "store", "tma128x64", 8),
+                 (17, 136, 1000, "rr", "store32", "tma", 3), (32, 520, 4104, "rc", "store32", "stream", 8),
+                 (32, 1000, 1160, "rc", "store32", "tma128", 2), (40, 264, 1000, "rr", "store32", "32x128", 4),
+                 (296, 136, 520, "rc", "store32", "128x128", 6), (100, 136, 1000, "rr", "store32", "tma128x64", 8)]
 
 
 @pytest.mark.gpu
@@ -623,3 +731,58 @@ def test_cluster_split_k_gives_the_workspace_bits(device, stream, kernels, rng, 
     for key in ("out", "w16", "mom", "var"):
         if key in runs[True]:
             assert np.array_equal(runs[True][key], runs[False][key]), f"cluster split-K changed {key}"
+
+
+FINISH_CASES = [(32, 1024, 4096, "rr"), (128, 1024, 1024, "rr"), (128, 4096, 4096, "rr"), (256, 4096, 784, "rr"),
+                (100, 264, 1000, "rr"), (1, 256, 784, "rr"), (32, 4096, 1024, "rc"), (128, 1024, 1024, "rc"),
+                (33, 136, 200, "rc"), (32, 520, 4104, "rc")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accum", ["f32", "f16"])
+@pytest.mark.parametrize("M,N,K,layout", FINISH_CASES)
+def test_store32_then_finish_sum_gives_the_fused_epilogues_bits(device, stream, kernels, rng, M, N, K, layout, accum):
+    """One GPU's partial sum is the whole sum: store32 then finish_sum (bias_relu after x @ W, drelu after dy @ W^T)
+    gives every bit of the GEMM with that epilogue, on the same plan (tile, splits, cluster: split-K cases included);
+    the sum and the result also against float64, every output poisoned first."""
+    from rawgpu.kernels import elementwise as ke
+    from rawgpu.memory import Arena
+
+    epi = "bias_relu" if layout == "rr" else "drelu"
+    fused = G.plan_gemm(M, N, K, layout, epi, accum, sm_count=device.sm_count, arch=device.arch,
+                        capacity=G.cluster_capacity(kernels))
+    plan = G.plan_gemm(M, N, K, layout, "store32", accum, sm_count=device.sm_count, splits=fused.splits,
+                       config=fused.config.name, arch=device.arch, cluster=fused.cluster)
+    assert replace(plan, epilogue=epi) == fused
+    a, b = _f16(rng, (M, K)), _f16(rng, (K, N) if layout == "rr" else (N, K))
+    bias = rng.uniform(-2, 2, N).astype(np.float32)
+    act = np.maximum(_f16(rng, (M, N)), 0).astype(np.float16)  # a ReLU output: about half zero
+    with Arena() as arena:
+        tA, tB = arena.tensor("A", a.shape, np.float16), arena.tensor("B", b.shape, np.float16)
+        t_fused, t_fin = arena.tensor("fused", (M, N), np.float16), arena.tensor("finished", (M, N), np.float16)
+        t_sum = arena.tensor("sum", (M, N), np.float32)
+        extra = {"bias": arena.tensor("bias", (N,), np.float32)} if epi == "bias_relu" else \
+            {"act": arena.tensor("act", (M, N), np.float16)}
+        scratch = {}
+        if plan.splits > 1 and not plan.cluster:
+            scratch = {"workspace": arena.tensor("ws", (plan.workspace_floats,), np.float32),
+                       "tickets": arena.tensor("tickets", (plan.tickets,), np.int32)}
+        arena.allocate()
+        tA.upload(a)
+        tB.upload(b)
+        extra["bias" if epi == "bias_relu" else "act"].upload(bias if epi == "bias_relu" else act)
+        if scratch:
+            scratch["tickets"].upload(np.zeros(plan.tickets, np.int32))
+        for t in (t_fused, t_fin, t_sum):
+            t.fill_bytes(0xFF)
+        G.gemm(kernels, fused, tA, tB, t_fused, **extra, **scratch).run(stream)
+        G.gemm(kernels, plan, tA, tB, t_sum, **scratch).run(stream)
+        ke.finish_sum(kernels, t_sum, t_fin, M, epi, **extra).run(stream)
+        want, got, total = t_fused.download(), t_fin.download(), t_sum.download()
+    acc = a.astype(np.float64) @ (b if layout == "rr" else b.T).astype(np.float64)
+    ref = np.maximum(acc + bias, 0) if epi == "bias_relu" else acc * (act > 0)
+    assert _rel(total, acc) <= _bound(accum, K, "store32")
+    assert _rel(got, ref) <= _bound(accum, K)
+    diff = np.argwhere(got.view(np.uint16) != want.view(np.uint16))
+    assert not len(diff), (f"{plan.kernel} + finish_sum differs from {fused.kernel} at {len(diff)} outputs, e.g. "
+                           + "; ".join(f"({r},{c}) {got[r, c]!r} vs {want[r, c]!r}" for r, c in diff[:4]))

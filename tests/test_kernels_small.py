@@ -83,6 +83,8 @@ def _plan():
         wlo=a.tensor("wlo", (784, 256), np.int16),
         w16=a.tensor("w16", (784, 256), np.float16), bias=a.tensor("bias", 256, np.float32),
         mom=a.tensor("mom", 256, np.float32), dy=a.tensor("dy", (10, 264), np.float16),
+        total=a.tensor("total", (10, 264), np.float32), act=a.tensor("act", (10, 264), np.float16),
+        bias264=a.tensor("bias264", 264, np.float32),
     )
     return t
 
@@ -105,13 +107,16 @@ def _valid_calls(k, t):
     ke.bias_update(k, t["dy"], t["bias"], None, None, t["optim"], 3)
     ke.init_uniform(k, t["w32"], 0.05, 2**64 - 1)
     ke.init_uniform_master(k, t["w16"], t["wlo"], 0.05, 7)
+    ke.finish_sum(k, t["total"], t["dy"], 10, "bias", bias=t["bias264"])
+    ke.finish_sum(k, t["total"], t["dy"], 3, "bias_relu", bias=t["bias264"])
+    ke.finish_sum(k, t["total"], t["dy"], 0, "drelu", act=t["act"])
 
 
 def test_launchers_match_the_kernel_sources():
     sigs = _kernel_signatures()
     k = _Recorder()
     _valid_calls(k, _plan())
-    assert len(k.calls) == 16
+    assert len(k.calls) == 19
     for source, name, signature, grid, block, smem, args in k.calls:
         assert name in sigs and name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
         assert signature == sigs[name], f"{name}: launcher says {signature}, the kernel takes {sigs[name]}"
@@ -124,7 +129,8 @@ def test_launchers_match_the_kernel_sources():
         assert block[0] * block[1] * block[2] <= 1024 and smem <= driver.STATIC_SHARED_LIMIT
     names = {c[1] for c in k.calls}
     assert names >= {"gather_batch", "step_increment", "set_i64", "softmax_xent", "zero_metrics",
-                     "copy_f16_if_odd", "fill_f32", "bias_update", "init_uniform", "init_uniform_master"}
+                     "copy_f16_if_odd", "fill_f32", "bias_update", "init_uniform", "init_uniform_master",
+                     "finish_sum_bias", "finish_sum_bias_relu", "finish_sum_drelu"}
 
 
 def test_softmax_xent_is_one_block_and_eval_passes_null():
@@ -204,6 +210,57 @@ def test_launchers_refuse_bad_buffers_before_compiling():
         ke.bias_update(k, t["dy"], t["bias"], None, None, a.tensor("lr1", 1, np.float32), 10)
     with pytest.raises(TypeError, match="init target"):
         ke.init_uniform(k, t["w16"], 0.1, 0)
+
+
+@pytest.mark.parametrize("rows,cols", [(0, 8), (1, 8), (10, 264), (1000, 4096), (3, 65536)])
+def test_finish_sum_covers_every_piece_of_8_columns(rows, cols):
+    a, k = Arena(), _Recorder()
+    total, out = a.tensor("total", (rows + 1, cols), np.float32), a.tensor("out", (rows + 1, cols), np.float16)
+    act = a.tensor("act", (rows + 1, cols), np.float16)
+    ke.finish_sum(k, total, out, rows, "drelu", act=act)
+    (_, name, _, grid, block, _, args), = k.calls
+    assert name == "finish_sum_drelu" and args == (total, out, rows, cols, 0, act)  # no bias: null
+    assert block == (ke.THREADS, 1, 1) and grid[0] * block[0] * 8 >= rows * cols  # a thread per 8 columns
+    assert grid[0] == 1 or (grid[0] - 1) * block[0] * 8 < rows * cols
+
+
+def test_finish_sum_refuses_bad_arguments_in_one_line():
+    a, k = Arena(), _NoKernels()
+    total, out = a.tensor("total", (10, 264), np.float32), a.tensor("out", (10, 264), np.float16)
+    bias, act = a.tensor("bias", 264, np.float32), a.tensor("act", (10, 264), np.float16)
+    halves = a.tensor("halves", 11 * 264, np.float16)
+    floats = a.tensor("floats", 272, np.float32)
+    bad = [
+        (dict(epilogue="relu"), ValueError, "finish_sum: epilogue must be one of"),
+        (dict(epilogue="store"), ValueError, "finish_sum: epilogue must be one of"),
+        (dict(total=a.tensor("t16", (10, 264), np.float16)), TypeError, "finish_sum total: expected dtype float32"),
+        (dict(total=a.tensor("t1", 2640, np.float32), out=a.tensor("o1", 2640, np.float16)), ValueError,
+         "cols a multiple of 8"),
+        (dict(total=a.tensor("t2", (10, 260), np.float32), out=a.tensor("o2", (10, 260), np.float16)), ValueError,
+         "cols a multiple of 8"),
+        (dict(out=a.tensor("o3", (10, 264), np.float32)), TypeError, "finish_sum out: expected dtype float16"),
+        (dict(out=a.tensor("o4", (11, 264), np.float16)), ValueError, "finish_sum out: expected shape \\(10, 264\\)"),
+        (dict(rows=11), ValueError, "rows=11 is outside 0..10"),
+        (dict(rows=-1), ValueError, "rows=-1 is outside 0..10"),
+        (dict(bias=None), ValueError, "bias_relu takes a bias and no act"),
+        (dict(act=act), ValueError, "bias_relu takes a bias and no act"),
+        (dict(epilogue="bias", bias=None), ValueError, "bias takes a bias and no act"),
+        (dict(bias=a.tensor("b16", 264, np.float16)), TypeError, "finish_sum bias: expected dtype float32"),
+        (dict(bias=a.tensor("b256", 256, np.float32)), ValueError, "finish_sum bias: 256 values, 264 needed"),
+        (dict(epilogue="drelu"), ValueError, "drelu takes act .* and no bias"),  # a bias, no act
+        (dict(epilogue="drelu", bias=None), ValueError, "drelu takes act"),
+        (dict(epilogue="drelu", bias=None, act=a.tensor("a2", (10, 256), np.float16)), ValueError,
+         "finish_sum act: expected shape"),
+        (dict(epilogue="drelu", bias=None, act=a.tensor("a3", (10, 264), np.float32)), TypeError,
+         "finish_sum act: expected dtype float16"),
+        (dict(out=halves.view((10, 264), offset_bytes=8)), ValueError, "halves must start 16-byte aligned"),
+        (dict(bias=floats.view((264,), offset_bytes=4)), ValueError, "floats must start 16-byte aligned"),
+    ]
+    base = dict(total=total, out=out, rows=10, epilogue="bias_relu", bias=bias, act=None)
+    for change, error, message in bad:
+        with pytest.raises(error, match=message) as info:
+            ke.finish_sum(k, **{**base, **change})
+        assert "\n" not in str(info.value)
 
 
 # --- CPU: host references -------------------------------------------------------------------------------------
@@ -629,3 +686,48 @@ def test_bias_update_many_rows(kern, device, stream, rng):
         ke.bias_update(kern, t_dy, bias, None, None, t_opt, rows).run(stream)
         got = bias.download()
     assert _rel(-got, g) <= 1e-5
+
+
+@gpu
+@pytest.mark.parametrize("epilogue", ke.FINISH_EPILOGUES)
+@pytest.mark.parametrize("R,C,rows", [(1, 8, 1), (7, 24, 5), (32, 1024, 32), (130, 4096, 128), (1000, 136, 999),
+                                      (256, 264, 200), (64, 264, 0)])
+def test_finish_sum(kern, device, stream, rng, R, C, rows, epilogue):
+    """A store32 GEMM's summed output finished: against float64, and bit for bit the GEMM epilogue's arithmetic (an
+    fp32 add, ReLU, round to nearest fp16: numpy's float32 ops give the same); out poisoned first, rows from `rows`
+    on left alone, columns of the bias past C unread."""
+    total = (rng.standard_normal((R, C)) * 8).astype(np.float32)
+    bias = rng.uniform(-4, 4, C + 8).astype(np.float32)  # more values than columns: the first C count
+    act = rng.standard_normal((R, C)).astype(np.float16)  # negative, positive and (below) zeros of both signs
+    act[::3, ::5] = 0.0
+    act[1::4, 2::7] = -0.0
+    with Arena() as arena:
+        t_total, t_out = arena.tensor("total", (R, C), np.float32), arena.tensor("out", (R, C), np.float16)
+        t_bias, t_act = arena.tensor("bias", C + 8, np.float32), arena.tensor("act", (R, C), np.float16)
+        arena.allocate()
+        t_total.upload(total), t_bias.upload(bias), t_act.upload(act)
+        t_out.fill_bytes(0xFF)
+        device.synchronize()
+        extra = {"act": t_act} if epilogue == "drelu" else {"bias": t_bias}
+        launch = ke.finish_sum(kern, t_total, t_out, rows, epilogue, **extra)
+        launch.run(stream)
+        got = t_out.download()
+        t_out.fill_bytes(0xFF)
+        device.synchronize()
+        launch.run(stream)
+        again = t_out.download()
+    assert np.all(got[rows:].view(np.uint16) == 0xFFFF), "wrote rows from `rows` on"
+    assert np.array_equal(_bits(again), _bits(got)), "not bitwise repeatable"
+    got, t, a = got[:rows], total[:rows], act[:rows]
+    if epilogue == "drelu":
+        ref = np.where(a > 0, t.astype(np.float64), 0.0)
+        exact = np.where(a > 0, t, np.float32(0)).astype(np.float16)
+    else:
+        ref = t.astype(np.float64) + bias[:C]
+        exact = t + bias[:C]  # float32, as the kernel adds
+        if epilogue == "bias_relu":
+            ref, exact = np.maximum(ref, 0.0), np.maximum(exact, np.float32(0))
+        exact = exact.astype(np.float16)
+    assert np.isfinite(got).all()
+    assert _rel(got, ref) <= 1e-3  # rounding to fp16: about 2e-4
+    assert np.array_equal(got.view(np.uint16), exact.view(np.uint16)), "not the GEMM epilogue's rounding"

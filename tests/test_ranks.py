@@ -9,13 +9,23 @@ import time
 import pytest
 
 from rawgpu.errors import RawgpuError
-from rawgpu.ranks import RankError, run_ranks
+from rawgpu.ranks import Rank, RankError, gather_to_root, run_ranks
 
 UID = bytes(range(128))
 
 
 def report(rank, ranks, unique_id, scale):
     return rank * scale, ranks, unique_id, os.environ.get("NCCL_NVLS_ENABLE"), os.getpid()
+
+
+def gather_three_times(rank, ranks, unique_id):
+    """Rank 2 sends its second value before rank 0 has asked for the first: each gather still gets its own."""
+    me = Rank(ranks, rank, unique_id)
+    if rank == 2:
+        return [gather_to_root((0, rank), me), gather_to_root((1, rank), me), gather_to_root((2, rank), me)]
+    if rank == 0:
+        time.sleep(0.5)
+    return [gather_to_root((seq, rank), me) for seq in range(3)]
 
 
 def fail_on_one(rank, ranks, unique_id):
@@ -40,6 +50,15 @@ def test_each_rank_runs_in_its_own_process_with_the_same_id_and_nvlink_multicast
     assert [o[0] for o in out] == [0, 10, 20] and {o[1] for o in out} == {3}
     assert all(o[2] == UID for o in out) and {o[3] for o in out} == {"0"}
     assert len({o[4] for o in out} | {os.getpid()}) == 4, "a process per rank"
+
+
+def test_gather_to_root_brings_every_ranks_value_to_rank_0_in_order():
+    out = run_ranks(gather_three_times, 3, unique_id=UID)
+    assert out[0] == [[(seq, r) for r in range(3)] for seq in range(3)]
+    assert out[1] == out[2] == [None] * 3
+    assert gather_to_root("alone", Rank(1, 0, UID)) == ["alone"]
+    with pytest.raises(RankError, match="run_ranks"):
+        gather_to_root("x", Rank(2, 0, UID))
 
 
 def test_a_failing_rank_is_named_and_the_others_are_stopped():

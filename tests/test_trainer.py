@@ -52,7 +52,8 @@ def write_idx(directory: Path, data: Dataset) -> Path:
 
 
 def cli(module: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYTHONPATH": path, **(env or {})}  # keeps wheels installed beside the tree (nccl4py)
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=ROOT)
 

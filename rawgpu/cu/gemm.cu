@@ -298,7 +298,7 @@ RG_DEVICE void gemm(const Params& p) {
         if (tid == 0) p.tickets[tile] = 0;  // ready for the next launch
     }
 
-    if (Cfg::STAGED && (EPI_UPDATES(EPI) || EPI == EPI_STORE)) {
+    if (Cfg::STAGED && (EPI_UPDATES(EPI) || EPI == EPI_STORE)) {  // the fp16 store only: store32 writes per pair
         constexpr int LD = Staged<Cfg>::LD;
         if (EPI_UPDATES(EPI)) {
             if (gridDim.z > 1) {

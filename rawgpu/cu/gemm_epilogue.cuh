@@ -16,6 +16,7 @@ enum Epilogue {
     EPI_SGD = 4,        // G = acc; SGD's step (optim.cuh: momentum `mom`, Nesterov, L2) on the master (W16, lo) of
                         // master.cuh, `out` being lo. G never touches memory.
     EPI_ADAM = 5,       // the same with Adam's or AdamW's step, its moments in `mom` and `var`.
+    EPI_STORE32 = 6,    // C32 = acc: a partial sum other GPUs add to (rawgpu/parallel.py)
 };
 
 struct Params {
@@ -60,23 +61,11 @@ RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, flo
     }
 }
 
-// The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x`, `y` and `z`
-// were loaded beforehand by epilogue_inputs; `o` is the optimiser (update only).
+// The fp16 epilogues (store, bias, bias_relu, drelu) on two adjacent sums: the fp16 pair to write. x is the bias pair
+// (bias, bias_relu) or the saved activation's (drelu). Also elementwise.cu's finish_sum, which runs it on store32's
+// sums once the GPUs have added them up: with one partial sum, the bits this GEMM epilogue gives.
 template <int EPI>
-RG_DEVICE void epilogue_pair(const Params& p, const Optim& o, int row, int col, float v0, float v1, float2 x, float2 y,
-                             float2 z) {
-    const i64 at = (i64)row * p.ldc + col;
-    if (EPI_UPDATES(EPI)) {
-        if (EPI == EPI_SGD) optim_sgd2(x, make_float2(v0, v1), y, o);
-        else optim_adam2(x, make_float2(v0, v1), y, z, o);
-        if (EPI == EPI_ADAM || p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
-        if (EPI == EPI_ADAM) *reinterpret_cast<float2*>(p.var + at) = z;
-        u32 hi2, lo2;
-        master_split2(x, hi2, lo2);
-        *reinterpret_cast<u32*>(p.w16 + at) = hi2;
-        *reinterpret_cast<u32*>(static_cast<short*>(p.out) + at) = lo2;
-        return;
-    }
+RG_DEVICE u32 fp16_epilogue2(float v0, float v1, float2 x) {
     if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
         v0 += x.x;
         v1 += x.y;
@@ -89,7 +78,32 @@ RG_DEVICE void epilogue_pair(const Params& p, const Optim& o, int row, int col, 
         v0 = x.x > 0.f ? v0 : 0.f;
         v1 = x.y > 0.f ? v1 : 0.f;
     }
-    *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = pack_f16x2(v0, v1);
+    return pack_f16x2(v0, v1);
+}
+
+// The epilogue for two horizontally adjacent outputs (row, col) and (row, col + 1); col is even. `x`, `y` and `z`
+// were loaded beforehand by epilogue_inputs; `o` is the optimiser (update only). Every GEMM output is written here
+// but those of gemm.cu's staged and persistent tiles, which have no store32 instance: the one place store32 writes.
+template <int EPI>
+RG_DEVICE void epilogue_pair(const Params& p, const Optim& o, int row, int col, float v0, float v1, float2 x, float2 y,
+                             float2 z) {
+    const i64 at = (i64)row * p.ldc + col;
+    if (EPI == EPI_STORE32) {  // the sum as it is: the epilogue runs after the all-reduce (elementwise.cu: finish_sum)
+        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + at) = make_float2(v0, v1);
+        return;
+    }
+    if (EPI_UPDATES(EPI)) {
+        if (EPI == EPI_SGD) optim_sgd2(x, make_float2(v0, v1), y, o);
+        else optim_adam2(x, make_float2(v0, v1), y, z, o);
+        if (EPI == EPI_ADAM || p.mom != nullptr) *reinterpret_cast<float2*>(p.mom + at) = y;
+        if (EPI == EPI_ADAM) *reinterpret_cast<float2*>(p.var + at) = z;
+        u32 hi2, lo2;
+        master_split2(x, hi2, lo2);
+        *reinterpret_cast<u32*>(p.w16 + at) = hi2;
+        *reinterpret_cast<u32*>(static_cast<short*>(p.out) + at) = lo2;
+        return;
+    }
+    *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = fp16_epilogue2<EPI>(v0, v1, x);
 }
 
 // Zero a warp's mma accumulators (fp32: 4 per 16x8 tile; fp16: 2 packed registers).

@@ -1,4 +1,4 @@
-"""Launchers for cu/elementwise.cu: casts, fills, init, counters and the bias update.
+"""Launchers for cu/elementwise.cu: casts, fills, init, counters, the bias update and the epilogue of summed GEMMs.
 
 Each checks its tensors (so a wrong buffer fails here, by name) and returns a bound Launch.
 """
@@ -74,6 +74,43 @@ def bias_update(k: Kernels, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tenso
     grid = max(1, -(-cols // (8 * tx)))
     return k.get(SRC, "bias_update", "piiipppp").bind(grid, (tx, ty), 0, dy, dy.shape[1], rows, cols, bias,
                                                        0 if m is None else m, 0 if v is None else v, optim)
+
+
+FINISH_EPILOGUES = ("bias", "bias_relu", "drelu")  # the GEMM epilogues finish_sum runs (finish_sum_<epilogue>)
+
+
+def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str, bias: Tensor | None = None,
+               act: Tensor | None = None) -> Launch:
+    """out[:rows] = the GEMM epilogue `epilogue` on total[:rows], a store32 GEMM's fp32 sums after the GPUs added
+    them up (rawgpu/parallel.py): fp16(total + bias) (bias), fp16(relu(total + bias)) (bias_relu), fp16(total) where
+    the saved forward output act > 0, else 0 (drelu). total fp32 and out fp16 [R, C], C a multiple of 8; bias fp32 of
+    C values at least; act fp16 [R, C]. Rows from `rows` on are left alone. It rounds as the GEMM's epilogue does
+    (gemm_epilogue.cuh: fp16_epilogue2): with one partial sum, the bits of the GEMM with that epilogue."""
+    if epilogue not in FINISH_EPILOGUES:
+        raise ValueError(f"finish_sum: epilogue must be one of {FINISH_EPILOGUES}, got {epilogue!r}")
+    require(total, np.float32, what="finish_sum total")
+    if len(total.shape) != 2 or total.shape[1] % 8:
+        raise ValueError(f"finish_sum total: expected [rows, cols] with cols a multiple of 8, got {total.shape}")
+    require(out, np.float16, total.shape, what="finish_sum out")
+    R, C = total.shape
+    if not 0 <= rows <= R:
+        raise ValueError(f"finish_sum: rows={rows} is outside 0..{R}")
+    if epilogue == "drelu":
+        if bias is not None or act is None:
+            raise ValueError("finish_sum: drelu takes act (the saved forward output) and no bias")
+        require(act, np.float16, total.shape, what="finish_sum act")
+    else:
+        if bias is None or act is not None:
+            raise ValueError(f"finish_sum: {epilogue} takes a bias and no act")
+        require(bias, np.float32, what="finish_sum bias")
+        if bias.size < C:
+            raise ValueError(f"finish_sum bias: {bias.size} values, {C} needed")
+    for t in (total, out, bias, act):
+        if t is not None and t.offset % 16:
+            raise ValueError(f"finish_sum: {t.name} must start 16-byte aligned for vector access (offset {t.offset})")
+    return k.get(SRC, f"finish_sum_{epilogue}", "ppiipp").bind(blocks_for(rows * (C // 8), THREADS), THREADS, 0,
+                                                               total, out, rows, C, 0 if bias is None else bias,
+                                                               0 if act is None else act)
 
 
 def _seed_i64(seed: int) -> int:

@@ -142,7 +142,10 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES);
-    - otherwise the smallest M tile that covers the batch."""
+    - otherwise the smallest M tile that covers the batch.
+    store32 (an fp32 partial sum) runs the tile "store" would: the same shape streams the same bytes."""
+    if epilogue == "store32":
+        epilogue = "store"
     if layout == "cr" and epilogue in UPDATE_EPILOGUES + ("store",) and M > 64 and K <= 128:
         if epilogue == "store" and 0 < N <= 64 and M <= 2048:
             return "32x128"
@@ -315,6 +318,7 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
     """Bind `plan` to its operands. Row-major A is [M, lda], column-major A is stored as [K, lda] (A^T rows).
     The update epilogues (sgd, adam): `out` is the master's low half, w16 its high half, optim the optimiser table
     (contract.Optim), mom and var its state (as many as the plan's `states`: momentum, or Adam's two moments).
+    store32: `out` is fp32, the others' fp16.
     keep_b: the L2 policy of B's reads (kernels/l2.py), taken by the tensor-copy tile; the others read normally."""
     p = plan
     lda = _check_matrix(A, p.M, p.K, "A") if p.layout[0] == "r" else _check_matrix(A, p.K, p.M, "A (column-major)")
@@ -331,6 +335,8 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
                              " exactly" if p.states else "this plan was made for plain SGD: pass no mom or var")
         for t in given:
             require(t, np.float32, out.shape, "optimiser state")
+    elif p.epilogue == "store32":
+        require(out, np.float32, what="C (store32: an fp32 partial sum)")
     else:
         require(out, np.float16, what="C")
     if len(out.shape) != 2 or out.shape[0] < p.M or out.shape[1] < p.N or out.shape[1] % 8:

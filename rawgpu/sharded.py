@@ -1,0 +1,171 @@
+"""One rank's part of a model split over several GPUs by tensor parallelism (the split itself: parallel.py).
+
+`ShardedMLP` is the one-GPU model (mlp.py) over this rank's slice of every layer: at 3 hidden layers of H over N
+ranks its layers are 784 -> H/N -> H -> H/N -> classes. Where a layer's output, or its input's gradient, is a partial
+sum over the ranks, the GEMM writes it in fp32 (epilogue store32), the group sums it across the ranks, and
+kernels/elementwise.finish_sum does what the GEMM's epilogue would have done: the bias and the ReLU forward, the
+ReLU's mask backward. So with one rank every bit is the one-GPU layered step's (its long form).
+
+Every rank draws the whole model from the seed on the host and keeps its part, so N GPUs start where one does;
+`parameters()` and `state()` give the rank's part with the padding cut off, which `join_parameters` (parallel.gather)
+puts back together. The group is anything with `all_reduce(send, recv, count)` returning a launch: nccl.Communicator
+on several GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import parallel, steps
+from .driver import Launch, Stream
+from .kernels import Kernels
+from .kernels import elementwise as ke
+from .kernels import gemm as kg
+from .kernels import l2 as kl2
+from .memory import Tensor
+from .mlp import MLP
+from .recipe import PADDED_CLASSES, Recipe
+from .steps import StepOptions
+
+if TYPE_CHECKING:
+    from .kernels.gemm import GemmPlan
+
+REASON = "tensor parallel: each rank holds a slice of every layer (parallel.py)"
+
+
+class ShardedMLP(MLP):
+    """Rank `rank` of `plan.ranks`: plan (no GPU needed) -> allocate() -> upload_data() + init_parameters()."""
+
+    def __init__(self, kernels: Kernels | None, recipe: Recipe, ranks: int, rank: int, group: Any,
+                 sm_count: int = 132, arch: str | None = None, options: StepOptions | None = None):
+        """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only."""
+        self.plan = parallel.plan_tensor_parallel(recipe.widths, recipe.batch, ranks)
+        if not 0 <= rank < ranks:
+            raise ValueError(f"rank must be in 0..{ranks - 1}, got {rank}")
+        self.rank, self.group = rank, group
+        super().__init__(kernels, recipe, sm_count, step_kind=steps.Choice("tensor", REASON), arch=arch,
+                         options=options)
+        # the evaluation's partial sums, one buffer per shape of output they are finished into
+        self.eval_sums = {shape: self.arena.tensor(f"eval_sum_{shape[1]}", shape, np.float32)
+                          for shape in {out.shape for i, out in enumerate(self._eval_outs()) if self.reduces(i)}}
+
+    # --- the shapes ---------------------------------------------------------------------------------------------
+
+    def layer_widths(self) -> tuple[list[int], list[int]]:
+        """This rank's chain: a column-split layer's true width is the real columns of its slice (the padding of the
+        whole layer sits at the end of the last slices)."""
+        plan, r = self.plan, self.recipe
+        padded = [plan.widths[0]] + [s.fan_out for s in plan.shards[:-1]] + [PADDED_CLASSES]
+        true = [r.inputs]
+        for i, s in enumerate(plan.shards):
+            whole = r.widths[i + 1]
+            true.append(min(max(whole - self.rank * s.fan_out, 0), s.fan_out) if s.split == "columns" else whole)
+        return true, padded
+
+    def reduces(self, i: int) -> bool:
+        """Layer i's forward output is a partial sum over the ranks."""
+        return self.plan.shards[i].reduce_output
+
+    def forward_epilogue(self, i: int) -> str:
+        return "store32" if self.reduces(i) else super().forward_epilogue(i)
+
+    def build_step(self, options: StepOptions | None) -> steps.Step:
+        from .steps import tensor
+
+        return tensor.build(self, options or StepOptions())
+
+    def _eval_outs(self) -> list[Tensor]:
+        return [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
+
+    # --- the forward, shared by the training step and the evaluation ---------------------------------------------
+
+    def layer_forward(self, i: int, x: Tensor, out: Tensor, plan: "GemmPlan", total: Tensor | None,
+                      keep: float = kl2.NORMAL) -> list[Launch]:
+        """Layer i from x into out (fp16): the GEMM with its epilogue, or, where the output is a partial sum, the
+        GEMM into `total` (fp32, out's shape), the sum over the ranks and the epilogue after it."""
+        lay = self.layers[i]
+        if not self.reduces(i):
+            return [kg.gemm(self.k, plan, x, lay.w16, out, bias=lay.b, workspace=self.workspace,
+                            tickets=self.tickets, keep_b=keep)]
+        count = plan.M * total.shape[1]
+        return [kg.gemm(self.k, plan, x, lay.w16, total, workspace=self.workspace, tickets=self.tickets, keep_b=keep),
+                self.group.all_reduce(total, total, count),
+                ke.finish_sum(self.k, total, out, plan.M, super().forward_epilogue(i), bias=lay.b)]
+
+    def forward(self, x: Tensor, outs: list[Tensor], plans: list["GemmPlan"],
+                keep: list[float] | None = None) -> list[Launch]:
+        """The evaluation's forward (the training step's is steps/tensor.py's, through layer_forward too)."""
+        launches, inp = [], x
+        for i, (out, plan) in enumerate(zip(outs, plans)):
+            launches += self.layer_forward(i, inp, out, plan, self.eval_sums.get(out.shape))
+            inp = out
+        return launches
+
+    # --- the parameters -------------------------------------------------------------------------------------------
+
+    def set_initial_weights(self, stream: Stream) -> None:
+        """The whole model from the seed, as one GPU draws it (same bits), of which this rank keeps its part."""
+        r, plan = self.recipe, self.plan
+        for i, (lay, s) in enumerate(zip(self.layers, plan.shards)):
+            fan_in, fan_out = r.widths[i], r.widths[i + 1]
+            bound = 1.0 / math.sqrt(fan_in)
+            w = self._padded_uniform((plan.widths[i], plan.widths[i + 1]), (fan_in, fan_out), bound,
+                                     self.seed_of(i, 0))
+            b = self._padded_uniform((plan.widths[i + 1],), (fan_out,), bound, self.seed_of(i, 1))
+            w_part, b_part = parallel.shard(plan, i, self.rank, w, b)
+            full_w = np.zeros(lay.w16.shape, np.float32)
+            full_w[:w_part.shape[0], :w_part.shape[1]] = w_part
+            full_b = np.zeros(lay.b.shape, np.float32)
+            full_b[:b_part.shape[0]] = b_part
+            self._set_master(lay, full_w)
+            lay.b.upload(full_b)
+
+    def set_state(self, biases: list[np.ndarray], state: dict[str, np.ndarray], steps_done: int,
+                  stream: Stream) -> None:
+        """Continue a run from the whole model's state (a checkpoint's, as one GPU's state() gives it): this rank's
+        part of every entry."""
+        mine = {key: self._part(int(key.split(".")[1]), v) for key, v in state.items()}
+        super().set_state([self._part(i, b) for i, b in enumerate(biases)], mine, steps_done, stream)
+
+    def _part(self, i: int, whole: np.ndarray) -> np.ndarray:
+        """This rank's part of layer i's whole weight-shaped (2-D) or bias-shaped (1-D) array, without padding:
+        parallel.shard's slices, cut to the true widths."""
+        s, lay, r = self.plan.shards[i], self.layers[i], self.rank
+        if whole.ndim == 1:
+            return whole[r * s.fan_out:][:lay.fan_out] if s.split == "columns" else whole
+        if s.split == "columns":
+            return whole[:, r * s.fan_out:][:, :lay.fan_out]
+        return whole[r * s.fan_in:][:lay.fan_in] if s.split == "rows" else whole
+
+def join_parameters(plan: parallel.TensorParallelPlan,
+                    parts: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The whole model's (W, b) per layer from every rank's parameters() (padding cut off, rank order)."""
+    return [parallel.gather(plan, i, [p[i][0] for p in parts], [p[i][1] for p in parts])
+            for i in range(len(plan.shards))]
+
+
+def join_state(plan: parallel.TensorParallelPlan, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The whole model's state() entries from every rank's (rank order): weights and their optimiser state joined
+    as their layer is split, the biases' state as its bias."""
+    out = {}
+    for key in parts[0]:
+        layer = int(key.split(".")[1])
+        split = plan.shards[layer].split
+        values = [p[key] for p in parts]
+        if values[0].ndim == 1:  # a bias's state: sliced only where the layer is split by columns
+            out[key] = np.concatenate(values) if split == "columns" else _same(values, key)
+        elif split == "whole":
+            out[key] = _same(values, key)
+        else:
+            out[key] = np.concatenate(values, axis=1 if split == "columns" else 0)
+    return out
+
+
+def _same(values: list[np.ndarray], key: str) -> np.ndarray:
+    if any(not np.array_equal(v, values[0]) for v in values):
+        raise ValueError(f"{key}: the ranks' copies differ")
+    return values[0]
+

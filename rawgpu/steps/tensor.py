@@ -1,0 +1,112 @@
+"""The tensor-parallel step: one rank's part of a training step over a model split across GPUs (sharded.py).
+
+The layered step's long form over the rank's slices (one kernel per layer and role), with the ranks' sums where the
+split puts them: after each row-split layer's forward GEMM (its output) and after each column-split layer's input
+gradient (parallel.py: one all-reduce per pair of layers each way). The collectives are launches like the kernels, so
+the CUDA graph of a step holds them. Only built for a model on several GPUs (`ShardedMLP`), never by steps.choose.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..kernels import data as kd
+from ..kernels import elementwise as ke
+from ..kernels import gemm as kg
+from ..kernels import loss as kl
+from ..recipe import loss_scale
+from .base import Step, StepOptions
+
+if TYPE_CHECKING:
+    from ..driver import Launch
+    from ..sharded import ShardedMLP
+
+
+@dataclass
+class ShardPlans:
+    """One layer's GEMMs on this rank."""
+
+    fwd: kg.GemmPlan
+    dx: kg.GemmPlan | None  # None for the first layer
+    dw: kg.GemmPlan
+
+
+class TensorStep(Step):
+    kind = "tensor"
+
+    def __init__(self, model: "ShardedMLP", overlap: bool):
+        super().__init__(model)
+        r, arch, B, padded = model.recipe, model.arch, model.recipe.batch, model.padded
+        self.overlap = overlap and kg.has_tma(arch)  # griddepcontrol: sm_90+
+        plan = functools.partial(kg.plan_gemm, accum=r.kernel_accum, sm_count=model.sm_count, arch=arch,
+                                 capacity=model.cluster_capacity)
+        self.plans = []
+        for i, shard in enumerate(model.plan.shards):
+            pin, pout = padded[i], padded[i + 1]
+            self.plans.append(ShardPlans(
+                fwd=plan(B, pout, pin, "rr", model.forward_epilogue(i)),
+                dx=plan(B, pin, pout, "rc", "store32" if shard.reduce_input_grad else "drelu") if i else None,
+                dw=plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors)))
+        # the partial sums: a forward output's into its activation's shape, an input gradient's into its gradient's
+        shapes = {model.acts[i + 1].shape for i, s in enumerate(model.plan.shards) if s.reduce_output}
+        shapes |= {model.grads[i].shape for i, s in enumerate(model.plan.shards) if s.reduce_input_grad}
+        self.sums = {shape: model.arena.tensor(f"partial_sum_{shape[1]}", shape, np.float32) for shape in shapes}
+
+    def kernel_units(self) -> set:
+        return kg.plan_units([p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw)], self.model.arch)
+
+    def split_plans(self) -> list:
+        return [p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw) if p is not None]
+
+    def kernel_count(self) -> int:
+        """Kernels per step: gather, per layer its forward, dW with the update and the bias's update, its input
+        gradient but the first layer's, an epilogue after each sum over the ranks; the loss and the counter."""
+        sums = len(self.model.plan.collectives())
+        return 1 + 3 * len(self.plans) + sum(p.dx is not None for p in self.plans) + sums + 2
+
+    def describe(self) -> str:
+        plan = self.model.plan
+        gpus = f"{plan.ranks} GPU{'s' if plan.ranks > 1 else ''}"
+        return (f"tensor parallel over {gpus}: {self.kernel_count()} kernels and {len(plan.collectives())} "
+                "all-reduces per step")
+
+    def launches(self, steps: int) -> list["Launch"]:
+        step = self._one_step()
+        return [launch.overlapping() for launch in step] * steps if self.overlap else step * steps
+
+    def _one_step(self) -> list["Launch"]:
+        """gather (+ the step's optimiser values), forward, loss, backward with fused updates, step counter += 1."""
+        m = self.model
+        r, k, B = m.recipe, m.k, m.recipe.batch
+        lr0, lr_min = r.scaled_lr
+        schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
+        out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, B, r.steps_per_epoch,
+                               optim=m.optim, schedule=schedule)]
+        for i, p in enumerate(self.plans):
+            out += m.layer_forward(i, m.acts[i], m.acts[i + 1], p.fwd, self.sums.get(m.acts[i + 1].shape))
+        out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, B, r.classes,
+                                   grad_scale=loss_scale(B)))
+        for i in range(len(self.plans) - 1, -1, -1):
+            lay, p, x, dy = m.layers[i], self.plans[i], m.acts[i], m.grads[i + 1]
+            if p.dx is not None:  # reads W16 before this layer's update rewrites it
+                if m.plan.shards[i].reduce_input_grad:  # a partial sum: summed over the ranks, then ReLU's mask
+                    total = self.sums[m.grads[i].shape]
+                    out += [kg.gemm(k, p.dx, dy, lay.w16, total, workspace=m.workspace, tickets=m.tickets),
+                            m.group.all_reduce(total, total, B * total.shape[1]),
+                            ke.finish_sum(k, total, m.grads[i], B, "drelu", act=x)]
+                else:
+                    out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
+                                       tickets=m.tickets))
+            out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
+                               workspace=m.workspace, tickets=m.tickets))
+            out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, B))
+        out.append(kd.step_increment(k, m.counter))
+        return out
+
+
+def build(model: "ShardedMLP", options: StepOptions) -> TensorStep:
+    return TensorStep(model, options.overlap)

@@ -1,0 +1,308 @@
+"""The tensor-parallel model (rawgpu/sharded.py, steps/tensor.py): the shapes each rank holds (CPU), and on one GPU
+every rank of a 1-, 2- or 3-way split run side by side, their all-reduces done in lockstep on the host: one rank is
+the one-GPU long-form step bit for bit, several ranks together train as one GPU does (float64 reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mlp_reference as ref
+from rawgpu import parallel
+from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
+from rawgpu.sharded import ShardedMLP, join_parameters, join_state
+from test_mlp import FakeMNIST, _batch, _rel
+
+gpu = pytest.mark.gpu
+STEP_TOLERANCE = 3e-2  # one step from the ranks' own parameters, as tests/test_mlp.py allows one GPU
+ADAM_ARITHMETIC = 1e-5
+
+
+# --- CPU: the shapes ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hidden,layers,ranks", [(256, 3, 1), (256, 3, 2), (100, 3, 3), (520, 2, 4), (64, 1, 2)])
+def test_each_rank_holds_a_chain_of_slices_that_add_up_to_the_model(hidden, layers, ranks):
+    recipe = Recipe(hidden=hidden, layers=layers, batch=128)
+    models = [ShardedMLP(None, recipe, ranks, r, None, arch="sm_90") for r in range(ranks)]
+    for m in models:
+        assert [lay.w16.shape for lay in m.layers] == list(zip(m.padded, m.padded[1:]))
+        assert m.padded[0] == 784 and m.padded[-1] == 16
+        assert m.step.kind == "tensor" and "tensor parallel" in m.step.describe()
+    for i, s in enumerate(models[0].plan.shards):  # the true columns (or rows) of the ranks add up to the layer
+        true = [(m.layers[i].fan_in, m.layers[i].fan_out) for m in models]
+        if s.split == "columns":
+            assert sum(t[1] for t in true) == recipe.widths[i + 1] and {t[0] for t in true} == {recipe.widths[i]}
+        elif s.split == "rows":
+            assert sum(t[0] for t in true) == recipe.widths[i] and {t[1] for t in true} == {recipe.widths[i + 1]}
+        else:
+            assert set(true) == {(recipe.widths[i], recipe.widths[i + 1])}
+
+
+def test_the_forward_writes_fp32_where_the_ranks_sum():
+    m = ShardedMLP(None, Recipe(hidden=256, layers=3, batch=128), 2, 0, None, arch="sm_90")
+    assert [lay.eval_fwd.epilogue for lay in m.layers] == ["bias_relu", "store32", "bias_relu", "store32"]
+    assert [p.fwd.epilogue for p in m.step.plans] == ["bias_relu", "store32", "bias_relu", "store32"]
+    assert [p.dx and p.dx.epilogue for p in m.step.plans] == [None, "drelu", "store32", "drelu"]
+    assert m.step.kernel_count() == 1 + 4 * 3 + 3 + 3 + 2
+
+
+def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
+    recipe = Recipe(hidden=100, layers=3, batch=32)
+    widths = recipe.widths
+    plan = parallel.plan_tensor_parallel(widths, 32, 3)
+    whole = [(rng.standard_normal((a, b)), rng.standard_normal(b)) for a, b in zip(widths, widths[1:])]
+    parts, states = [], []
+    for rank in range(3):
+        m = ShardedMLP(None, recipe, 3, rank, None)
+        mine, state = [], {}
+        for i, ((w, b), lay) in enumerate(zip(whole, m.layers)):
+            wp = np.zeros((plan.widths[i], plan.widths[i + 1]))
+            wp[:w.shape[0], :w.shape[1]] = w
+            bp = np.zeros(plan.widths[i + 1])
+            bp[:len(b)] = b
+            ws, bs = parallel.shard(plan, i, rank, wp, bp)
+            mine.append((ws[:lay.fan_in, :lay.fan_out], bs[:lay.fan_out]))
+            state[f"layers.{i}.momentum_weight"], state[f"layers.{i}.momentum_bias"] = mine[-1]
+        parts.append(mine)
+        states.append(state)
+    for (w, b), (jw, jb) in zip(whole, join_parameters(plan, parts)):
+        assert np.array_equal(w, jw) and np.array_equal(b, jb)
+    joined = join_state(plan, states)
+    for i, (w, b) in enumerate(whole):
+        assert np.array_equal(joined[f"layers.{i}.momentum_weight"], w)
+        assert np.array_equal(joined[f"layers.{i}.momentum_bias"], b)
+    states[1]["layers.1.momentum_bias"] = states[1]["layers.1.momentum_bias"] + 1  # a whole bias that differs
+    with pytest.raises(ValueError, match="differ"):
+        join_state(plan, states)
+
+
+def test_a_bad_rank_is_refused():
+    with pytest.raises(ValueError, match="rank must be in 0..1"):
+        ShardedMLP(None, Recipe(), 2, 2, None)
+
+
+# --- GPU: the ranks side by side on one GPU ----------------------------------------------------------------------
+
+
+class HostSum:
+    """A stand-in for one all-reduce of nccl.Communicator: the lockstep runner sums the ranks' buffers on the host,
+    in fp32 and rank order."""
+
+    def __init__(self, send, recv, count):
+        self.send, self.recv, self.count = send, recv, count
+
+    def run(self, stream):
+        raise AssertionError("a HostSum runs only in lockstep with the other ranks'")
+
+    def overlapping(self):
+        return self
+
+
+class HostGroup:
+    def all_reduce(self, send, recv, count):
+        return HostSum(send, recv, count)
+
+
+def run_lockstep(step_lists, stream):
+    """Every rank's launches in turn; at each all-reduce (at the same place in every list) the ranks' sums."""
+    for items in zip(*step_lists):
+        if isinstance(items[0], HostSum):
+            assert all(isinstance(x, HostSum) and x.count == items[0].count for x in items)
+            stream.synchronize()
+            total = np.zeros(items[0].count, np.float32)
+            for x in items:
+                total += x.send.download().reshape(-1)[:x.count]
+            for x in items:
+                out = x.recv.download()
+                out.reshape(-1)[:x.count] = total
+                x.recv.upload(out)
+        else:
+            for launch in items:
+                launch.run(stream)
+    stream.synchronize()
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    from rawgpu.kernels import Kernels
+
+    return Kernels(device.arch)
+
+
+def _ranks(kernels, device, stream, recipe, ranks, data, perm):
+    models = []
+    try:
+        for rank in range(ranks):
+            m = ShardedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count).allocate()
+            models.append(m)
+            m.upload_data(data)
+            m.init_parameters(stream)
+            m.set_permutation(perm)
+    except BaseException:
+        for m in models:
+            m.arena.close()
+        raise
+    return models
+
+
+MOMENTUM = dict(momentum=0.9)
+ADAM = dict(optimizer="adam", lr=1e-3, weight_decay=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("hidden,layers,batch,opt", [(256, 3, 128, MOMENTUM), (100, 2, 32, ADAM)])
+def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, rng, hidden, layers, batch, opt):
+    """With one rank each sum is its only part: store32 + finish_sum must give the fused epilogue's bits, so three
+    steps and an evaluation match the layered step's long form byte for byte (outputs start poisoned)."""
+    from rawgpu.mlp import MLP
+    from rawgpu.steps import StepOptions
+
+    data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
+    recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, seed=int(rng.integers(1 << 30)))
+    [sharded] = _ranks(kernels, device, stream, recipe, 1, data, perm)
+    one = MLP(kernels, recipe, device.sm_count, step_kind="layered", options=StepOptions(short=False)).allocate()
+    try:
+        one.upload_data(data)
+        one.init_parameters(stream)
+        one.set_permutation(perm)
+        for t in sharded.acts[1:] + sharded.grads[1:] + list(sharded.step.sums.values()):
+            t.fill_bytes(0xFF)
+        run_lockstep([sharded.step_launches(3)], stream)
+        for launch in one.step_launches(3):
+            launch.run(stream)
+        run_lockstep([sharded.eval_launches()], stream)
+        for launch in one.eval_launches():
+            launch.run(stream)
+        stream.synchronize()
+        got, want = sharded.state(), one.state()
+        for (w, b), (ow, ob) in zip(got[0], want[0]):
+            assert w.tobytes() == ow.tobytes() and b.tobytes() == ob.tobytes()
+        assert got[1].keys() == want[1].keys()
+        for key in got[1]:
+            assert got[1][key].tobytes() == want[1][key].tobytes(), key
+        assert sharded.train_metrics() == one.train_metrics() and sharded.eval_metrics() == one.eval_metrics()
+        assert sharded.step_count() == 3
+    finally:
+        sharded.arena.close()
+        one.arena.close()
+
+
+@gpu
+@pytest.mark.parametrize("hidden,layers,batch,ranks,opt", [(256, 3, 128, 2, MOMENTUM), (100, 3, 32, 3, ADAM),
+                                                           (520, 2, 64, 4, MOMENTUM), (64, 1, 128, 2, ADAM)])
+def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, layers, batch, ranks, opt):
+    """N ranks start from the one-GPU model's very bits; each of 5 steps, joined, is the float64 reference's step
+    from the same parameters within one GPU's bounds; every rank reports the same loss and test accuracy."""
+    from rawgpu.mlp import MLP
+
+    data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
+    recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
+                    seed=int(rng.integers(1 << 30)))
+    models = _ranks(kernels, device, stream, recipe, ranks, data, perm)
+    plan = models[0].plan
+    try:
+        one = MLP(kernels, recipe, device.sm_count, step_kind="layered").allocate()
+        try:
+            one.init_parameters(stream)
+            for (w, b), (ow, ob) in zip(join_parameters(plan, [m.parameters() for m in models]), one.parameters()):
+                assert w.tobytes() == ow.tobytes() and b.tobytes() == ob.tobytes()
+        finally:
+            one.arena.close()
+        steps = [m.step_launches() for m in models]
+        adam = recipe.optimizer != "sgd"
+        for s in range(5):
+            before = join_parameters(plan, [m.parameters() for m in models])
+            state_before = _joined_optimizer_state(plan, models)
+            run_lockstep(steps, stream)
+            after = join_parameters(plan, [m.parameters() for m in models])
+            x, y = _batch(data, perm, s, batch)
+            _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=loss_scale(batch))
+            expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
+            if adam:
+                state_after = _joined_optimizer_state(plan, models)
+                errors = [_rel(m - m0, e - m0) for (m, _), (e, _), (m0, _) in
+                          zip(state_after["m"], expect_state["m"], state_before["m"])]
+                applied = [_rel(w - w0, e - w0) for (w, _), (e, _), (w0, _) in
+                           zip(after, ref.adam_apply(before, state_after, recipe, recipe.lr, s), before)]
+                assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: {applied}"
+            else:
+                errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0))
+                          for (w, b), (ew, eb), (w0, b0) in zip(after, expect, before)]
+            assert max(errors) <= STEP_TOLERANCE, f"step {s}, per layer: {errors}"
+        run_lockstep([m.eval_launches() for m in models], stream)
+        metrics = {(m.train_metrics(), m.eval_metrics()) for m in models}
+        assert len(metrics) == 1, metrics
+        logits = ref.forward(join_parameters(plan, [m.parameters() for m in models]),
+                             data.test_images.reshape(TEST_ROWS, -1) / 255.0)[-1]
+        accuracy = float((logits.argmax(1) == data.test_labels).mean())
+        assert abs(models[0].eval_metrics()[1] - accuracy) <= 0.005
+        assert all(m.step_count() == 5 and m.padding_is_zero() for m in models)
+    finally:
+        for m in models:
+            m.arena.close()
+
+
+def _joined_optimizer_state(plan, models):
+    """optimizer_state() of the whole model, from the ranks' parts."""
+    parts = [m.optimizer_state() for m in models]
+    return {key: join_parameters(plan, [p[key] for p in parts]) for key in parts[0]}
+
+
+# --- the product: the CLI's checks (CPU), and one rank through NCCL in the step's CUDA graph (GPU) -------------------
+
+
+def test_gpus_options_that_do_not_go_together_are_usage_errors():
+    from test_trainer import cli
+
+    for args, msg in [(["--gpus", "2", "--step", "fused"], "runs the tensor-parallel step, not --step fused"),
+                      (["--gpus", "2", "--device", "1"], "takes GPUs 0..1; drop --device"),
+                      (["--gpus", "0"], "must be >= 1")]:
+        out = cli("rawgpu.train", *args, "--steps", "5")
+        assert out.returncode == 2 and msg in out.stderr.strip().splitlines()[-1], out.stderr
+
+
+@gpu
+def test_more_gpus_than_the_machine_has_is_one_line(device, rng, tmp_path):
+    from rawgpu import driver, nccl
+    from test_trainer import cli, synthetic, write_idx
+
+    if (why := nccl.available()) is not None:
+        pytest.skip(why)
+    n = driver.device_count() + 1
+    data = write_idx(tmp_path / "d", synthetic(rng, 600, 100))
+    out = cli("rawgpu.train", "--gpus", str(n), "--dataset", "idx", "--data-dir", str(data), "--steps", "5")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].endswith(f"{n} GPUs asked for, this machine has {n - 1}")
+
+
+@gpu
+def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(device, rng, tmp_path):
+    """A Trainer of rank 0 of 1: its all-reduces are NCCL's, captured in the step graphs; the run ends with the
+    one-GPU long form's bits, and its checkpoint loads on one GPU's own step with the same parameters and accuracy."""
+    from rawgpu import Trainer, nccl
+    from rawgpu.ranks import Rank
+    from rawgpu.steps import StepOptions
+    from test_trainer import state_of, synthetic
+
+    if (why := nccl.available()) is not None:
+        pytest.skip(why)
+    data = synthetic(rng, 3000, 500)
+    recipe = Recipe(hidden=256, batch=64, momentum=0.9, lr=0.05, seed=int(rng.integers(1 << 30)))
+    total, path = 2 * (3000 // 64) - 3, tmp_path / "tp.safetensors"
+    with Trainer(recipe, data=data, steps=total, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id())) as tp:
+        assert tp.model.kind == "tensor" and "tensor parallel over 1 GPU" in tp.session.step_description
+        tp.fit(save_to=path)
+        got, history = state_of(tp), tp.history
+    with Trainer(recipe, data=data, steps=total, steps_per_graph=4, step="layered",
+                 options=StepOptions(short=False)) as one:
+        one.fit()
+        expect, params = state_of(one), one.parameters()
+        assert [h.test_accuracy for h in history] == [h.test_accuracy for h in one.history]
+    for g, e in zip(got, expect):
+        np.testing.assert_array_equal(g.view(np.uint8), e.view(np.uint8))
+    with Trainer.load(path, data=data) as loaded:
+        assert loaded.model.kind != "tensor" and loaded.done
+        for (w, b), (ew, eb) in zip(loaded.parameters(), params):
+            assert w.tobytes() == ew.tobytes() and b.tobytes() == eb.tobytes()
+        assert loaded.evaluate().accuracy == history[-1].test_accuracy
