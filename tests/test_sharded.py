@@ -11,6 +11,7 @@ import mlp_reference as ref
 from rawgpu import parallel
 from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
 from rawgpu.sharded import ShardedMLP, join_parameters, join_state
+from rawgpu.steps import StepOptions
 from test_mlp import FakeMNIST, _batch, _rel
 
 gpu = pytest.mark.gpu
@@ -39,12 +40,21 @@ def test_each_rank_holds_a_chain_of_slices_that_add_up_to_the_model(hidden, laye
             assert set(true) == {(recipe.widths[i], recipe.widths[i + 1])}
 
 
-def test_the_forward_writes_fp32_where_the_ranks_sum():
-    m = ShardedMLP(None, Recipe(hidden=256, layers=3, batch=128), 2, 0, None, arch="sm_90")
+@pytest.mark.parametrize("arch,short", [("sm_90", True), ("sm_90", False), ("sm_86", True)])
+def test_the_gemms_write_fp32_where_the_ranks_sum(arch, short):
+    """The forward of the row-split layers and the input gradient of the column-split one below the top: a GEMM of
+    its own in fp32, also where the short form's one pass (sm_90) writes the other layers' dx in fp16."""
+    m = ShardedMLP(None, Recipe(hidden=256, layers=3, batch=128), 2, 0, None, arch=arch,
+                   options=StepOptions(short=short))
     assert [lay.eval_fwd.epilogue for lay in m.layers] == ["bias_relu", "store32", "bias_relu", "store32"]
     assert [p.fwd.epilogue for p in m.step.plans] == ["bias_relu", "store32", "bias_relu", "store32"]
-    assert [p.dx and p.dx.epilogue for p in m.step.plans] == [None, "drelu", "store32", "drelu"]
-    assert m.step.kernel_count() == 1 + 4 * 3 + 3 + 3 + 2
+    one_pass = short and arch == "sm_90"
+    assert [p.dx and p.dx.epilogue for p in m.step.plans] == ([None, None, "store32", None] if one_pass
+                                                              else [None, "drelu", "store32", "drelu"])
+    assert all((p.bwd is not None) == one_pass and (p.dw is None) == one_pass for p in m.step.plans)
+    # gather, 4 forwards, the backward (3 input gradients and 4 updates, or 4 one passes and 1 dx GEMM), 3
+    # epilogues after the sums, the loss and the counter
+    assert m.step.kernel_count() == 1 + 4 + (5 if one_pass else 3 + 8) + 3 + 2
 
 
 def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
@@ -130,11 +140,12 @@ def kernels(device):
     return Kernels(device.arch)
 
 
-def _ranks(kernels, device, stream, recipe, ranks, data, perm):
+def _ranks(kernels, device, stream, recipe, ranks, data, perm, short=True):
     models = []
     try:
         for rank in range(ranks):
-            m = ShardedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count).allocate()
+            m = ShardedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count,
+                           options=StepOptions(short=short)).allocate()
             models.append(m)
             m.upload_data(data)
             m.init_parameters(stream)
@@ -154,13 +165,13 @@ ADAM = dict(optimizer="adam", lr=1e-3, weight_decay=1e-4)
 @pytest.mark.parametrize("hidden,layers,batch,opt", [(256, 3, 128, MOMENTUM), (100, 2, 32, ADAM)])
 def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, rng, hidden, layers, batch, opt):
     """With one rank each sum is its only part: store32 + finish_sum must give the fused epilogue's bits, so three
-    steps and an evaluation match the layered step's long form byte for byte (outputs start poisoned)."""
+    steps and an evaluation of the long form match the layered step's long form byte for byte (outputs start
+    poisoned)."""
     from rawgpu.mlp import MLP
-    from rawgpu.steps import StepOptions
 
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, seed=int(rng.integers(1 << 30)))
-    [sharded] = _ranks(kernels, device, stream, recipe, 1, data, perm)
+    [sharded] = _ranks(kernels, device, stream, recipe, 1, data, perm, short=False)
     one = MLP(kernels, recipe, device.sm_count, step_kind="layered", options=StepOptions(short=False)).allocate()
     try:
         one.upload_data(data)
@@ -189,17 +200,19 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
 
 
 @gpu
-@pytest.mark.parametrize("hidden,layers,batch,ranks,opt", [(256, 3, 128, 2, MOMENTUM), (100, 3, 32, 3, ADAM),
-                                                           (520, 2, 64, 4, MOMENTUM), (64, 1, 128, 2, ADAM)])
-def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, layers, batch, ranks, opt):
+@pytest.mark.parametrize("hidden,layers,batch,ranks,opt,short", [
+    (256, 3, 128, 2, MOMENTUM, True), (256, 3, 128, 2, MOMENTUM, False), (100, 3, 32, 3, ADAM, True),
+    (520, 2, 64, 4, MOMENTUM, True), (64, 1, 128, 2, ADAM, True), (1024, 3, 32, 2, dict(momentum=0.0), True)])
+def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, layers, batch, ranks, opt, short):
     """N ranks start from the one-GPU model's very bits; each of 5 steps, joined, is the float64 reference's step
-    from the same parameters within one GPU's bounds; every rank reports the same loss and test accuracy."""
+    from the same parameters within one GPU's bounds; every rank reports the same loss and test accuracy. short:
+    the one-pass backward where it runs (sm_90), else the long form."""
     from rawgpu.mlp import MLP
 
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
                     seed=int(rng.integers(1 << 30)))
-    models = _ranks(kernels, device, stream, recipe, ranks, data, perm)
+    models = _ranks(kernels, device, stream, recipe, ranks, data, perm, short)
     plan = models[0].plan
     try:
         one = MLP(kernels, recipe, device.sm_count, step_kind="layered").allocate()
@@ -282,7 +295,6 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
     one-GPU long form's bits, and its checkpoint loads on one GPU's own step with the same parameters and accuracy."""
     from rawgpu import Trainer, nccl
     from rawgpu.ranks import Rank
-    from rawgpu.steps import StepOptions
     from test_trainer import state_of, synthetic
 
     if (why := nccl.available()) is not None:
@@ -290,7 +302,8 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
     data = synthetic(rng, 3000, 500)
     recipe = Recipe(hidden=256, batch=64, momentum=0.9, lr=0.05, seed=int(rng.integers(1 << 30)))
     total, path = 2 * (3000 // 64) - 3, tmp_path / "tp.safetensors"
-    with Trainer(recipe, data=data, steps=total, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id())) as tp:
+    with Trainer(recipe, data=data, steps=total, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id()),
+                 options=StepOptions(short=False)) as tp:
         assert tp.model.kind == "tensor" and "tensor parallel over 1 GPU" in tp.session.step_description
         tp.fit(save_to=path)
         got, history = state_of(tp), tp.history

@@ -1,8 +1,12 @@
 """The tensor-parallel step: one rank's part of a training step over a model split across GPUs (sharded.py).
 
-The layered step's long form over the rank's slices (one kernel per layer and role), with the ranks' sums where the
-split puts them: after each row-split layer's forward GEMM (its output) and after each column-split layer's input
-gradient (parallel.py: one all-reduce per pair of layers each way). The collectives are launches like the kernels, so
+The layered step over the rank's slices, with the ranks' sums where the split puts them: after each row-split layer's
+forward GEMM (its output) and after each column-split layer's input gradient (parallel.py: one all-reduce per pair of
+layers each way). Where the layered step's short form runs (layered.one_pass_reason), each layer's backward is its
+one pass over the weights and their state; a column-split layer's input gradient, a partial sum, is then a GEMM of
+its own in fp32 before the pass rewrites the weights. The head stays a GEMM, the loss and the update apart: its
+logits are a sum over the ranks. Elsewhere (and with StepOptions(short=False)) it is the long form, one kernel per
+layer and role. The collectives are launches like the kernels, so
 the CUDA graph of a step holds them. Only built for a model on several GPUs (`ShardedMLP`), never by steps.choose.
 """
 
@@ -15,10 +19,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..kernels import data as kd
+from ..kernels import dx_sgd as kb
+from ..kernels import dx_update as ku
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
+from ..kernels import l2 as kl2
 from ..kernels import loss as kl
 from ..recipe import loss_scale
+from . import layered
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -28,45 +36,62 @@ if TYPE_CHECKING:
 
 @dataclass
 class ShardPlans:
-    """One layer's GEMMs on this rank."""
+    """One layer's launches on this rank: its forward GEMM, and its backward as the layered step runs it (dx and
+    dW GEMMs, or one pass over the weights), with the input gradient as a GEMM of its own where it is summed over
+    the ranks (the one pass writes fp16)."""
 
     fwd: kg.GemmPlan
-    dx: kg.GemmPlan | None  # None for the first layer
-    dw: kg.GemmPlan
+    dx: kg.GemmPlan | None  # None for the first layer, and where the one pass writes dx
+    dw: kg.GemmPlan | None  # None where the one pass updates
+    bwd: kb.DxSgdPlan | ku.DxUpdatePlan | None
 
 
 class TensorStep(Step):
     kind = "tensor"
 
-    def __init__(self, model: "ShardedMLP", overlap: bool):
+    def __init__(self, model: "ShardedMLP", options: StepOptions):
         super().__init__(model)
         r, arch, B, padded = model.recipe, model.arch, model.recipe.batch, model.padded
-        self.overlap = overlap and kg.has_tma(arch)  # griddepcontrol: sm_90+
+        self.overlap = options.overlap and kg.has_tma(arch)  # griddepcontrol: sm_90+
         plan = functools.partial(kg.plan_gemm, accum=r.kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
+        one_pass = options.short and layered.one_pass_reason(r, arch) is None and kg.has_tma(arch)
         self.plans = []
         for i, shard in enumerate(model.plan.shards):
-            pin, pout = padded[i], padded[i + 1]
+            pin, pout, reduced = padded[i], padded[i + 1], shard.reduce_input_grad
+            bwd = None
+            if one_pass:
+                cap, dx = model.cluster_capacity, i > 0 and not reduced
+                bwd = (kb.plan_dx_sgd(B, pin, pout, model.sm_count, arch=arch, capacity=cap, dx=dx)
+                       if kb.supported(B, r.plain_sgd, r.kernel_accum)
+                       else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
             self.plans.append(ShardPlans(
                 fwd=plan(B, pout, pin, "rr", model.forward_epilogue(i)),
-                dx=plan(B, pin, pout, "rc", "store32" if shard.reduce_input_grad else "drelu") if i else None,
-                dw=plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors)))
+                dx=(plan(B, pin, pout, "rc", "store32" if reduced else "drelu")
+                    if i and (bwd is None or reduced) else None),
+                dw=(plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors)
+                    if bwd is None else None),
+                bwd=bwd))
+        self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
+                              options.l2_bytes, options.l2_budget)
         # the partial sums: a forward output's into its activation's shape, an input gradient's into its gradient's
         shapes = {model.acts[i + 1].shape for i, s in enumerate(model.plan.shards) if s.reduce_output}
         shapes |= {model.grads[i].shape for i, s in enumerate(model.plan.shards) if s.reduce_input_grad}
         self.sums = {shape: model.arena.tensor(f"partial_sum_{shape[1]}", shape, np.float32) for shape in shapes}
 
     def kernel_units(self) -> set:
-        return kg.plan_units([p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw)], self.model.arch)
+        gemms = kg.plan_units([p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw)], self.model.arch)
+        return gemms | {lp.bwd.unit for lp in self.plans if lp.bwd is not None}
 
     def split_plans(self) -> list:
-        return [p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw) if p is not None]
+        return [p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw, lp.bwd) if p is not None]
 
     def kernel_count(self) -> int:
-        """Kernels per step: gather, per layer its forward, dW with the update and the bias's update, its input
-        gradient but the first layer's, an epilogue after each sum over the ranks; the loss and the counter."""
-        sums = len(self.model.plan.collectives())
-        return 1 + 3 * len(self.plans) + sum(p.dx is not None for p in self.plans) + sums + 2
+        """Kernels per step: gather, per layer its forward, its input gradient (a GEMM of its own or in the one
+        pass) and its update (one pass, or dW with the update and the bias's), an epilogue after each sum over the
+        ranks; the loss and the counter."""
+        backward = sum((p.dx is not None) + (1 if p.bwd is not None else 2) for p in self.plans)
+        return 1 + len(self.plans) + backward + len(self.model.plan.collectives()) + 2
 
     def describe(self) -> str:
         plan = self.model.plan
@@ -87,26 +112,37 @@ class TensorStep(Step):
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, B, r.steps_per_epoch,
                                optim=m.optim, schedule=schedule)]
         for i, p in enumerate(self.plans):
-            out += m.layer_forward(i, m.acts[i], m.acts[i + 1], p.fwd, self.sums.get(m.acts[i + 1].shape))
+            out += m.layer_forward(i, m.acts[i], m.acts[i + 1], p.fwd, self.sums.get(m.acts[i + 1].shape),
+                                   self.l2[i].forward)
         out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, B, r.classes,
                                    grad_scale=loss_scale(B)))
         for i in range(len(self.plans) - 1, -1, -1):
             lay, p, x, dy = m.layers[i], self.plans[i], m.acts[i], m.grads[i + 1]
+            summed = []  # a partial input gradient's sum over the ranks and ReLU's mask, after the update
             if p.dx is not None:  # reads W16 before this layer's update rewrites it
-                if m.plan.shards[i].reduce_input_grad:  # a partial sum: summed over the ranks, then ReLU's mask
+                if m.plan.shards[i].reduce_input_grad:
                     total = self.sums[m.grads[i].shape]
-                    out += [kg.gemm(k, p.dx, dy, lay.w16, total, workspace=m.workspace, tickets=m.tickets),
-                            m.group.all_reduce(total, total, B * total.shape[1]),
-                            ke.finish_sum(k, total, m.grads[i], B, "drelu", act=x)]
+                    out.append(kg.gemm(k, p.dx, dy, lay.w16, total, workspace=m.workspace, tickets=m.tickets))
+                    summed = [m.group.all_reduce(total, total, B * total.shape[1]),
+                              ke.finish_sum(k, total, m.grads[i], B, "drelu", act=x)]
                 else:
                     out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
                                        tickets=m.tickets))
-            out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
-                               workspace=m.workspace, tickets=m.tickets))
-            out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, B))
+            dx = m.grads[i] if i and p.dx is None else None  # the one pass writes it (planned so: dx=...)
+            if isinstance(p.bwd, kb.DxSgdPlan):
+                out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, dx, m.optim, m.workspace, m.tickets,
+                                     self.l2[i], bias=lay.b))
+            elif p.bwd is not None:
+                out.append(ku.dx_update(k, p.bwd, x, dy, lay.wlo, lay.w16, lay.mw, lay.vw, dx, m.optim,
+                                        m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb))
+            else:
+                out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
+                                   workspace=m.workspace, tickets=m.tickets))
+                out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, B))
+            out += summed
         out.append(kd.step_increment(k, m.counter))
         return out
 
 
 def build(model: "ShardedMLP", options: StepOptions) -> TensorStep:
-    return TensorStep(model, options.overlap)
+    return TensorStep(model, options)

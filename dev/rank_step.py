@@ -1,0 +1,93 @@
+"""One rank's part of a tensor-parallel step, timed on one GPU with its all-reduces left out, beside the one-GPU step.
+
+    python dev/rank_step.py [--hidden 4096 8192 16384] [--ranks 1 2 4 8] [--recipe seed default adam] [--long]
+
+What a rank of an N-GPU run computes (its slice of every layer, sharded.py) is timed here alone: the all-reduces
+are replaced by nothing, so the figure is the step of an N-GPU run without its collectives, a floor for it, not a
+measurement of several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Parameters
+are left at zero (the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times:
+CUDA events around replays of a graph of steps, median of trials. --long: the tensor-parallel step's long form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "scripts"))
+
+import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, time_graph)
+from rawgpu import optimizer  # noqa: E402
+from rawgpu.kernels import Kernels  # noqa: E402
+from rawgpu.mlp import MLP  # noqa: E402
+from rawgpu.sharded import ShardedMLP  # noqa: E402
+from rawgpu.steps import StepOptions  # noqa: E402
+
+
+class Nothing:
+    """An all-reduce that does nothing (what this tool leaves out)."""
+
+    def run(self, stream) -> None:
+        pass
+
+    def overlapping(self) -> "Nothing":
+        return self
+
+
+class NoSums:
+    def all_reduce(self, send, recv, count) -> Nothing:
+        return Nothing()
+
+
+def step_us(model, stream, steps: int, trials: int) -> float:
+    model.optim.upload(optimizer.words(optimizer.hyperparameters(model.recipe)))
+    model.set_permutation(np.arange(60000))
+    launches = model.step_launches(steps)
+    return bench.time_graph(stream, lambda: [launch.run(stream) for launch in launches], steps, trials)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--recipe", nargs="+", choices=tuple(bench.RECIPES), default=["seed", "default"])
+    p.add_argument("--long", action="store_true", help="the tensor-parallel step's long form")
+    p.add_argument("--steps", type=int, default=20, help="steps per graph")
+    p.add_argument("--trials", type=int, default=10)
+    args = p.parse_args()
+    from rawgpu.driver import Device, Stream
+
+    device = Device(0)
+    kernels, stream = Kernels(device.arch), Stream()
+    options = StepOptions(short=not args.long, l2_bytes=device.l2_bytes)
+    print(f"# {device.name} ({device.arch}); one rank's step without its all-reduces, us per step, median of "
+          f"{args.trials} x {args.steps} steps")
+    print(f"{'recipe':>8} {'H':>6} {'one GPU':>9} " + " ".join(f"{f'{n} ranks':>16}" for n in args.ranks))
+    for name in args.recipe:
+        r = bench.RECIPES[name]
+        for h in args.hidden:
+            recipe = bench.rawgpu_recipe(h, r, 1000, 0)
+            one = MLP(kernels, recipe, device.sm_count, options=options).allocate()
+            try:
+                base = step_us(one, stream, args.steps, args.trials)
+            finally:
+                one.arena.close()
+            cells = []
+            for n in args.ranks:
+                m = ShardedMLP(kernels, recipe, n, 0, NoSums(), device.sm_count, options=options).allocate()
+                try:
+                    t = step_us(m, stream, args.steps, args.trials)
+                finally:
+                    m.arena.close()
+                cells.append(f"{t:9.1f} ({base / t:4.2f}x)")
+            print(f"{name:>8} {h:>6} {base:9.1f} " + " ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
