@@ -352,7 +352,22 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     session = Session(recipe, device_index, step_kind=kind, options=options)
     if session.compile_seconds:
         print(f"# H={h} {step_kind}: {session.compile_note}", flush=True)
-    model, stream = session.model, session.stream
+    us, accuracy, nodes, init, k = timed_run(session, steps, seed, data, warmup, steps_per_launch)
+    session.model.arena.close()
+    how = session.step_description + (f", {k} steps per launch" if k > 1 else "")
+    name = "rawgpu" if step_kind == "auto" else f"rawgpu-{step_kind}"
+    name += "" if l2_budget is None else f"-l2={l2_budget:g}"
+    return dict(system=name, us_per_step=us, test_accuracy=accuracy, nodes=nodes,
+                step_kind=session.model.kind,
+                parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
+
+
+def timed_run(session, steps: int, seed: int, data, warmup: int, steps_per_launch: int) -> tuple:
+    """The session's model trained as the benchmark times it: warm up (graph capture, first launches),
+    re-initialise, then `steps` steps, `steps_per_launch` per graph launch, the GPU time summed over epochs (the
+    per-epoch shuffle upload is not timed); then the test set. Returns (us per step, test accuracy, graph nodes per
+    step, the initial parameters, steps per launch)."""
+    model, stream, recipe = session.model, session.stream, session.model.recipe
     model.upload_data(data)
     spe = recipe.steps_per_epoch
     graph = session.capture_step(1)
@@ -387,13 +402,103 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     graph.close()
     if multi:
         multi.close()
-    model.arena.close()
-    how = session.step_description + (f", {k} steps per launch" if k > 1 else "")
-    name = "rawgpu" if step_kind == "auto" else f"rawgpu-{step_kind}"
-    name += "" if l2_budget is None else f"-l2={l2_budget:g}"
-    return dict(system=name, us_per_step=total_ms * 1e3 / steps, test_accuracy=accuracy, nodes=nodes,
-                step_kind=session.model.kind,
-                parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
+    return total_ms * 1e3 / steps, accuracy, nodes, init, k
+
+
+class _Nothing:
+    """An all-reduce left out: the step of a rank without its collectives (bench_rank)."""
+
+    def run(self, stream) -> None:
+        pass
+
+    def overlapping(self) -> "_Nothing":
+        return self
+
+
+class NoSums:
+    def all_reduce(self, send, recv, count) -> _Nothing:
+        return _Nothing()
+
+
+def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed: int, data, recipe: dict,
+               steps_per_launch: int = 100, warmup: int = 50) -> dict:
+    """One rank of the recipe's model split over `ranks` GPUs (a process of ranks.run_ranks, or called alone with
+    ranks 1): the run timed as bench_rawgpu times it, and the same rank's step with its all-reduces left out, timed
+    in a graph of steps_per_launch steps (the difference is the step's time in its collectives, waits included)."""
+    from rawgpu.ranks import Rank
+    from rawgpu.session import Session
+    from rawgpu.sharded import ShardedMLP
+    from rawgpu.steps import StepOptions
+
+    recipe = rawgpu_recipe(h, {**RECIPES["seed"], **recipe}, steps, seed)
+    session = Session(recipe, rank=Rank(ranks, rank, unique_id))
+    try:
+        us, accuracy, nodes, _, k = timed_run(session, steps, seed, data, warmup, steps_per_launch)
+        alone = ShardedMLP(session.kernels, recipe, ranks, rank, NoSums(), session.device.sm_count,
+                           options=StepOptions(l2_bytes=session.device.l2_bytes)).allocate()
+        try:
+            alone.optim.upload(optimizer.words(optimizer.hyperparameters(recipe)))
+            alone.set_permutation(np.arange(60000))
+            launches = alone.step_launches(k)
+            stream = session.stream
+            without = time_graph(stream, lambda: [launch.run(stream) for launch in launches], k, 10)
+        finally:
+            alone.arena.close()
+        return dict(rank=rank, us_per_step=us, us_without_sums=without, test_accuracy=accuracy, nodes=nodes,
+                    note=session.step_description)
+    finally:
+        session.close()
+
+
+def cmd_train_gpus(args) -> int:
+    """--gpus: rawgpu alone on one GPU and split over N of them, each H: us/step, speed-up, time in the sums."""
+    from rawgpu.data import load_mnist
+
+    device = drv.Device(args.device)
+    count = drv.device_count()
+    if max(args.gpus) > count:
+        print(f"bench: error: argument --gpus: {max(args.gpus)} GPUs asked for, this machine has {count}",
+              file=sys.stderr)
+        return 2
+    if max(args.gpus) > 1:
+        from rawgpu import nccl
+
+        if (why := nccl.available()) is not None:
+            print(f"bench: error: argument --gpus: {why}", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mnist, recipe = load_mnist(args.data_dir), args.train_recipe
+    cu_major, cu_minor = drv.driver_version()
+    print(f"# {count} x {device.name} ({device.arch}), driver CUDA {cu_major}.{cu_minor}, {dt.date.today()}; recipe "
+          f"{args.recipe}: {args.steps} steps, {describe(recipe)}; tensor parallel, one process per GPU")
+    print(f"{'H':>5} {'GPUs':>5} {'us/step':>9} {'vs 1 GPU':>9} {'in sums':>14} {'test acc':>8}")
+    rows = []
+    for h in args.sizes:
+        one = bench_rawgpu(h, args.steps, args.seed, mnist, args.device, steps_per_launch=args.steps_per_launch,
+                           recipe=recipe)
+        one.pop("init")
+        row = dict(hidden=h, one_gpu=one, split=[])
+        print(f"{h:>5} {1:>5} {one['us_per_step']:>9.1f} {'1.00x':>9} {'-':>14} "
+              f"{100 * one['test_accuracy']:>7.2f}%", flush=True)
+        for n in sorted(set(args.gpus) - {1}):
+            from rawgpu import nccl
+            from rawgpu.ranks import run_ranks
+
+            ranks = run_ranks(bench_rank, n, h, args.steps, args.seed, mnist, recipe, args.steps_per_launch,
+                              unique_id=nccl.new_unique_id())
+            us = max(r["us_per_step"] for r in ranks)  # the ranks wait for each other: the slowest is the step
+            sums = us - max(r["us_without_sums"] for r in ranks)
+            row["split"].append(dict(gpus=n, us_per_step=us, speedup=one["us_per_step"] / us, us_in_sums=sums,
+                                     test_accuracy=ranks[0]["test_accuracy"], ranks=ranks))
+            print(f"{h:>5} {n:>5} {us:>9.1f} {one['us_per_step'] / us:>8.2f}x {sums:>7.1f} ({100 * sums / us:3.0f}%) "
+                  f"{100 * ranks[0]['test_accuracy']:>7.2f}%", flush=True)
+        rows.append(row)
+    results = dict(device=device.name, gpus=count, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
+                   date=str(dt.date.today()), recipe=args.recipe, steps=args.steps, **recipe, rows=rows)
+    write_atomic(out / "bench_train_gpus.json", json.dumps(results, indent=1).encode())
+    print(f"# wrote {out / 'bench_train_gpus.json'}")
+    return 0
 
 
 def run_peer(system: str, h: int, steps: int, seed: int, data, init, recipe: dict | None = None) -> dict:
@@ -455,6 +560,9 @@ def plot(results: dict, path: Path) -> str:
 
 def cmd_train(args) -> int:
     from rawgpu.data import load_mnist
+
+    if args.gpus:
+        return cmd_train_gpus(args)
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -588,6 +696,10 @@ def main(argv=None) -> int:
                    help="also time these rawgpu step implementations (rows rawgpu-cluster, rawgpu-fused, "
                         "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch; "
                         "rawgpu-long: the layered step without its short form)")
+    t.add_argument("--gpus", type=positive, nargs="+", default=None, metavar="N",
+                   help="rawgpu alone, on one GPU and split over N GPUs of this machine (tensor parallel, one process "
+                        "per GPU; needs rawgpu[multi]): us/step, speed-up over one GPU, time in the all-reduces; no "
+                        "peers")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)

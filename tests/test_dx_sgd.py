@@ -1,4 +1,5 @@
-"""The fused backward (dx_sgd.cu): the plan on CPU; dx and the update against float64 on GPU."""
+"""The fused backward (dx_sgd.cu): the plan and the launcher's checks on CPU; dx (fp16 masked, or fp32 raw sums)
+and the update against float64 on GPU."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from rawgpu import master
 from rawgpu.kernels import dx_sgd as D
+from rawgpu.memory import Arena
 
 # --- CPU ---------------------------------------------------------------------------------------------------------
 
@@ -52,6 +54,58 @@ def test_only_batch_sized_plain_sgd_fuses():
 def test_bad_plans_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
         D.plan_dx_sgd(**kw)
+
+
+class Bound:
+    """Stands in for Kernels on the CPU: each launch is (signature, arguments) as the launcher would bind them;
+    nothing compiled."""
+
+    arch = "sm_90"
+
+    def get(self, source, name, signature):
+        return type("K", (), {"bind": lambda _, grid, block, smem, *args, **kw: (signature, args)})()
+
+
+def check_dx_operand(launch, dx_at: int, lddx_at: int) -> None:
+    """A one-pass launcher's dx, with launch(dx) -> (signature, args) binding one layer's launch around it (dx at
+    argument dx_at, lddx and the kernel's dx_f32 flag at lddx_at and after): fp16 stored masked (flag 0), fp32 the
+    raw sums (flag 1), the stride in elements either way; other dtypes, a stride not a multiple of 8, too few rows
+    and a start that breaks the pair stores refused in one line."""
+    from rawgpu import driver
+
+    a = Arena()
+    dx = lambda shape, dtype: a.tensor(f"dx{len(a.slots)}", shape, dtype)  # noqa: E731
+    for dtype, flag in ((np.float16, 0), (np.float32, 1)):
+        for shape in ((32, 520), (40, 528)):
+            t = dx(shape, dtype)
+            signature, args = launch(t)
+            assert len(signature) == len(args) and signature[lddx_at:lddx_at + 2] == "ii"
+            assert args[dx_at] is t and (args[lddx_at], args[lddx_at + 1]) == (shape[1], flag)
+            for i, (kind, arg) in enumerate(zip(signature, args)):
+                if kind != "p":
+                    driver._convert(kind, arg, i)
+    _, args = launch(None)
+    assert (args[dx_at], args[lddx_at], args[lddx_at + 1]) == (0, 0, 0), "no dx: null, no stride, no flag"
+    with pytest.raises(TypeError, match=r"^dx: expected dtype float16 \(masked\) or float32 \(raw partial sums\), "
+                                        r"got int16$"):
+        launch(dx((32, 520), np.int16))
+    with pytest.raises(TypeError, match="got float64"):
+        launch(dx((32, 520), np.float64))
+    with pytest.raises(ValueError, match="stride multiple of 8"):
+        launch(dx((32, 524), np.float32))
+    with pytest.raises(ValueError, match="cannot hold 32 x 520"):
+        launch(dx((31, 520), np.float32))
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        launch(dx((33 * 520,), np.float32).view((32, 520), offset_bytes=4))
+
+
+def test_dx_is_fp16_masked_or_fp32_raw_sums():
+    a, k = Arena(), Bound()
+    x, dy = a.tensor("x", (32, 520), np.float16), a.tensor("dy", (32, 1000), np.float16)
+    wlo, w16 = a.tensor("wlo", (520, 1000), np.int16), a.tensor("w16", (520, 1000), np.float16)
+    lr, ws, tickets = a.tensor("lr", 1, np.float32), a.tensor("ws", 1 << 20, np.float32), a.tensor("t", 64, np.int32)
+    plan = D.plan_dx_sgd(32, 520, 1000, splits=3, arch="sm_90", cluster=False, roles=1)
+    check_dx_operand(lambda dx: D.dx_sgd(k, plan, x, dy, wlo, w16, dx, lr, ws, tickets), 4, 12)
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------
@@ -112,12 +166,31 @@ def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, str
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
 
 
-def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, cluster=None, roles=None):
-    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, roles: dx and the update in
-    one block or apart; None: the rules' way); returns both runs' outputs."""
-    from gpu_checks import assert_same_bytes, check_master_step, run_twice
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits,cluster,roles", [(32, 8192, 1024, 1, None, 1), (7, 64, 128, None, None, 1),
+                                                         (32, 520, 1000, 3, False, 1), (17, 512, 512, None, True, 1),
+                                                         (32, 136, 2056, 6, True, 1), (32, 256, 256, None, None, 2),
+                                                         (32, 1024, 1024, 4, False, 2)])
+def test_fp32_dx_is_the_raw_sums_of_the_fp16_dx(device, stream, kernels, rng, B, IN, N, splits, cluster, roles):
+    """dx as fp32 partial sums (a column-split layer's, rawgpu/sharded.py): one range, several added through the
+    workspace or in a cluster, dx and the update in one block or apart, a partial last band (IN 520, 136) and batch:
+    check_raw_dx against float64 and against the fp16 dx of the same launch."""
+    from rawgpu.kernels.gemm import has_tma
 
-    from rawgpu.memory import Arena
+    if cluster and not has_tma(device.arch):
+        pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
+    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster, roles=roles)
+    assert plan.roles == roles and cluster in (None, plan.cluster) and splits in (None, plan.splits)
+    check_against_float64(device, stream, kernels, rng, B, IN, N, splits, True, cluster=cluster, roles=roles,
+                          raw_dx=True)
+
+
+def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, cluster=None, roles=None,
+                          raw_dx=False):
+    """test_against_float64's checks for one plan (cluster: how the ranges add their dx, roles: dx and the update in
+    one block or apart; None: the rules' way; raw_dx: the same launch with fp32 dx too, check_raw_dx); returns both
+    runs' outputs."""
+    from gpu_checks import assert_same_bytes, check_master_step, run_twice
 
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster, dx=with_dx, roles=roles)
     assert plan.splits > 1 or not cluster
@@ -132,6 +205,7 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
         twlo, tw16 = arena.tensor("wlo", (IN, N), np.int16), arena.tensor("w16", (IN, N), np.float16)
         tdx, tlr = arena.tensor("dx", (B, IN), np.float16), arena.tensor("lr", (1,), np.float32)
         tb = arena.tensor("b", (N,), np.float32)
+        tdx32 = arena.tensor("dx32", (B + 1, IN + 8), np.float32)  # a row and 8 columns to spare: none written
         ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
         tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
         arena.allocate()
@@ -142,9 +216,14 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
         ws.fill_bytes(0xFF)
         launch = D.dx_sgd(kernels, plan, tx, tdy, twlo, tw16, tdx if with_dx else None, tlr, ws, tickets, bias=tb)
         hi, lo = master.split(w)
-        runs = run_twice(launch, stream, [(twlo, lo), (tw16, hi), (tb, b)], [tdx], [twlo, tw16, tdx, tickets, tb])
+        state, outputs = [(twlo, lo), (tw16, hi), (tb, b)], [twlo, tw16, tdx, tickets, tb]
+        runs = run_twice(launch, stream, state, [tdx], outputs)
+        if raw_dx:  # the same layer from the same state, dx as fp32 sums
+            launch = D.dx_sgd(kernels, plan, tx, tdy, twlo, tw16, tdx32, tlr, ws, tickets, bias=tb)
+            raw = run_twice(launch, stream, state, [tdx32], [tdx32 if t is tdx else t for t in outputs])
     x64, dy64, w16_old = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float16).astype(np.float64)
-    ref_dx = (dy64 @ w16_old.T) * (x64 > 0)
+    ref_sum = dy64 @ w16_old.T
+    ref_dx = ref_sum * (x64 > 0)
     ref_step = x64.T @ dy64
     for wlo, w16, dx, t, b_new in runs:
         if with_dx:
@@ -157,4 +236,35 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
         check_master_step(w, w16, wlo, float(lr), ref_step)
         assert not t.any(), "tickets must be reset for the next launch"
     assert_same_bytes(runs)
+    if raw_dx:
+        assert with_dx, "raw sums of a dx the launch computes"
+        check_raw_dx(runs, raw, x, ref_sum, 2)
     return runs
+
+
+def check_raw_dx(runs, raw, x, ref_sum, at):
+    """A one-pass launch with fp32 dx (`raw`: run_twice's outputs, dx at index `at` in a buffer a row and 8 columns
+    larger) against the same launch with fp16 dx from the same state (`runs`): the fp32 dx is the raw sums
+    dy @ W16^T (ref_sum, float64) within a store32 GEMM's bound and not rounded on the way, written nowhere past
+    [B, IN]; masked by x > 0 and rounded to fp16 on the host (numpy: to nearest even, as pack_f16x2), what
+    finish_sum's drelu makes of the GPUs' total, it is the fp16 dx bit for bit; every other output (master, state,
+    bias, tickets) is byte for byte the same; and the fp32 runs repeat to the bit."""
+    from gpu_checks import assert_same_bytes
+    from optim_reference import rel
+
+    B, IN = x.shape
+    assert_same_bytes(raw)
+    full = raw[0][at]
+    assert (full[B:].view(np.uint32) == 0xFFFFFFFF).all() and (full[:, IN:].view(np.uint32) == 0xFFFFFFFF).all(), \
+        "fp32 dx written past [B, IN]"
+    dx32 = full[:B, :IN]
+    err = rel(dx32, ref_sum)
+    assert err <= 1e-4, f"fp32 dx rel err {err:.2e}"
+    halves = np.mean(dx32 == dx32.astype(np.float16).astype(np.float32))
+    assert halves < 0.5, f"{halves:.0%} of the fp32 dx are fp16 values: rounded on the way"
+    finished = np.where(x > 0, dx32, np.float32(0)).astype(np.float16)
+    off = finished.view(np.uint16) != runs[0][at].view(np.uint16)
+    assert not off.any(), f"{int(off.sum())} of the fp32 dx, masked and rounded, differ from the fp16 dx"
+    for i, (a, b) in enumerate(zip(runs[0], raw[0])):
+        if i != at:
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: fp32 and fp16 dx runs differ"

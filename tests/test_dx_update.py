@@ -1,5 +1,5 @@
-"""The one-pass backward with any optimiser (dx_update.cu): the plan on CPU; dx and every optimiser's step against
-float64 on GPU."""
+"""The one-pass backward with any optimiser (dx_update.cu): the plan and the launcher's checks on CPU; dx (fp16
+masked, or fp32 raw sums) and every optimiser's step against float64 on GPU."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import dx_update as U
 
 from optim_reference import OPTIMIZERS, check_master_update, random_state, rel, table, update_reference
+from test_dx_sgd import Bound, check_dx_operand, check_raw_dx
 
 # --- CPU ---------------------------------------------------------------------------------------------------------
 
@@ -110,6 +111,19 @@ def test_bad_plans_are_refused(kw, msg):
         U.plan_dx_update(optimizer="sgd", arch="sm_90", **kw)
 
 
+def test_dx_is_fp16_masked_or_fp32_raw_sums():
+    from rawgpu.memory import Arena
+
+    a, k = Arena(), Bound()
+    x, dy = a.tensor("x", (32, 520), np.float16), a.tensor("dy", (32, 1000), np.float16)
+    wlo, w16 = a.tensor("wlo", (520, 1000), np.int16), a.tensor("w16", (520, 1000), np.float16)
+    mw, vw = a.tensor("mw", (520, 1000), np.float32), a.tensor("vw", (520, 1000), np.float32)
+    optim, ws = a.tensor("optim", OPTIM_WORDS, np.float32), a.tensor("ws", 1 << 20, np.float32)
+    tickets = a.tensor("t", 64, np.int32)
+    plan = U.plan_dx_update(32, 520, 1000, "adam", "sm_90", splits=3, cluster=False, roles=1)
+    check_dx_operand(lambda dx: U.dx_update(k, plan, x, dy, wlo, w16, mw, vw, dx, optim, ws, tickets), 6, 14)
+
+
 # --- GPU ---------------------------------------------------------------------------------------------------------
 
 
@@ -181,9 +195,36 @@ def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, str
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
 
 
-def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt, cluster=None, roles=None):
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,splits,opt,cluster,roles", [
+    (256, 4096, 1024, 1, "momentum", None, 1), (7, 192, 328, None, "adam", None, 1),
+    (128, 520, 1000, 3, "adamw", False, 1), (32, 520, 1000, 3, "plain", True, 1),
+    (256, 1024, 1024, 4, "adam", True, 1), (128, 136, 2056, 7, "nesterov", False, 1),
+    (128, 256, 256, None, "momentum", None, 2), (256, 520, 1000, 4, "adamw", False, 2),
+    (32, 512, 512, 4, "plain", True, 2)])
+def test_fp32_dx_is_the_raw_sums_of_the_fp16_dx(device, stream, kernels, rng, B, IN, N, splits, opt, cluster, roles):
+    """dx as fp32 partial sums (a column-split layer's, rawgpu/sharded.py) at batch tiles 32, 128 and 256 with
+    every optimiser family: one range, several added through the workspace or in a cluster, dx and the update in
+    one block or apart, a partial last band (IN 520, 136) and batch: check_raw_dx (test_dx_sgd.py) against float64
+    and against the fp16 dx of the same launch."""
+    from rawgpu.kernels.gemm import has_tma
+
+    optim_name = OPTIMIZERS[opt].optimizer
+    if why := U.unsupported_reason(B, optim_name, "f32", device.arch):
+        pytest.skip(why)
+    if cluster and not has_tma(device.arch):
+        pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
+    plan = U.plan_dx_update(B, IN, N, optim_name, device.arch, device.sm_count, splits, cluster=cluster, roles=roles)
+    assert plan.roles == roles and cluster in (None, plan.cluster) and splits in (None, plan.splits)
+    check_against_float64(device, stream, kernels, rng, B, IN, N, splits, True, opt, cluster=cluster, roles=roles,
+                          raw_dx=True)
+
+
+def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt, cluster=None, roles=None,
+                          raw_dx=False):
     """test_against_float64's checks for one plan (cluster: how the ranges add their dx, roles: dx and the update in
-    one block or apart; None: the rules' way); returns both runs' outputs."""
+    one block or apart; None: the rules' way; raw_dx: the same launch with fp32 dx too, check_raw_dx); returns both
+    runs' outputs."""
     from gpu_checks import assert_same_bytes, run_twice
 
     from rawgpu.memory import Arena
@@ -206,6 +247,7 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
         twlo, tw16 = arena.tensor("wlo", (IN, N), np.int16), arena.tensor("w16", (IN, N), np.float16)
         tdx, topt = arena.tensor("dx", (B, IN), np.float16), arena.tensor("optim", (OPTIM_WORDS,), np.float32)
         tb = arena.tensor("b", (N,), np.float32)
+        tdx32 = arena.tensor("dx32", (B + 1, IN + 8), np.float32)  # a row and 8 columns to spare: none written
         tstate = {name: arena.tensor(name, a.shape, np.float32) for name, a in held}
         ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
         tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
@@ -215,15 +257,18 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
         topt.upload(optimizer.words(o))
         tickets.upload(np.zeros(tickets.shape, np.int32))
         ws.fill_bytes(0xFF)
-        launch = U.dx_update(kernels, plan, tx, tdy, twlo, tw16, tstate.get("mw"), tstate.get("vw"),
-                             tdx if with_dx else None, topt, ws, tickets, bias=tb, mb=tstate.get("mb"),
-                             vb=tstate.get("vb"))
+        launch = lambda dx: U.dx_update(kernels, plan, tx, tdy, twlo, tw16, tstate.get("mw"),  # noqa: E731
+                                        tstate.get("vw"), dx, topt, ws, tickets, bias=tb, mb=tstate.get("mb"),
+                                        vb=tstate.get("vb"))
         hi, lo = master.split(w)
         state = [(twlo, lo), (tw16, hi), (tb, b)] + [(tstate[name], a) for name, a in held]
-        runs = run_twice(launch, stream, state, [tdx],
-                         [twlo, tw16, tdx, tickets, tb] + [tstate[name] for name, _ in held])
+        outputs = [twlo, tw16, tdx, tickets, tb] + [tstate[name] for name, _ in held]
+        runs = run_twice(launch(tdx if with_dx else None), stream, state, [tdx], outputs)
+        if raw_dx:  # the same layer from the same state, dx as fp32 sums
+            raw = run_twice(launch(tdx32), stream, state, [tdx32], [tdx32 if t is tdx else t for t in outputs])
     x64, dy64, w16_old = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float16).astype(np.float64)
-    ref_dx = (dy64 @ w16_old.T) * (x64 > 0)
+    ref_sum = dy64 @ w16_old.T
+    ref_dx = ref_sum * (x64 > 0)
     w_ref, mw_ref, vw_ref = update_reference(o, w, x64.T @ dy64, mw, vw)
     b_ref, mb_ref, vb_ref = update_reference(o, b, dy64.sum(axis=0), mb, vb)
     for wlo, w16, dx, t, b_new, *got_state in runs:
@@ -240,6 +285,9 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
             assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
         assert not t.any(), "tickets must be reset for the next launch"
     assert_same_bytes(runs)
+    if raw_dx:
+        assert with_dx, "raw sums of a dx the launch computes"
+        check_raw_dx(runs, raw, x, ref_sum, 2)
     return runs
 
 

@@ -42,19 +42,19 @@ def test_each_rank_holds_a_chain_of_slices_that_add_up_to_the_model(hidden, laye
 
 @pytest.mark.parametrize("arch,short", [("sm_90", True), ("sm_90", False), ("sm_86", True)])
 def test_the_gemms_write_fp32_where_the_ranks_sum(arch, short):
-    """The forward of the row-split layers and the input gradient of the column-split one below the top: a GEMM of
-    its own in fp32, also where the short form's one pass (sm_90) writes the other layers' dx in fp16."""
+    """The forward of the row-split layers and the input gradient of the column-split one below the top are
+    written in fp32: by the GEMM (store32), or by the short form's one pass (sm_90), which writes every dx."""
     m = ShardedMLP(None, Recipe(hidden=256, layers=3, batch=128), 2, 0, None, arch=arch,
                    options=StepOptions(short=short))
     assert [lay.eval_fwd.epilogue for lay in m.layers] == ["bias_relu", "store32", "bias_relu", "store32"]
     assert [p.fwd.epilogue for p in m.step.plans] == ["bias_relu", "store32", "bias_relu", "store32"]
     one_pass = short and arch == "sm_90"
-    assert [p.dx and p.dx.epilogue for p in m.step.plans] == ([None, None, "store32", None] if one_pass
+    assert [p.dx and p.dx.epilogue for p in m.step.plans] == ([None] * 4 if one_pass
                                                               else [None, "drelu", "store32", "drelu"])
     assert all((p.bwd is not None) == one_pass and (p.dw is None) == one_pass for p in m.step.plans)
-    # gather, 4 forwards, the backward (3 input gradients and 4 updates, or 4 one passes and 1 dx GEMM), 3
-    # epilogues after the sums, the loss and the counter
-    assert m.step.kernel_count() == 1 + 4 + (5 if one_pass else 3 + 8) + 3 + 2
+    # gather, 4 forwards, the backward (4 one passes, or 3 input gradients and 4 updates), 3 epilogues after the
+    # sums, the loss and the counter
+    assert m.step.kernel_count() == 1 + 4 + (4 if one_pass else 3 + 8) + 3 + 2
 
 
 def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
@@ -319,3 +319,72 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
         for (w, b), (ew, eb) in zip(loaded.parameters(), params):
             assert w.tobytes() == ew.tobytes() and b.tobytes() == eb.tobytes()
         assert loaded.evaluate().accuracy == history[-1].test_accuracy
+    # and the other way: a one-GPU checkpoint from inside an epoch, resumed as a rank, ends where one GPU does
+    mid = tmp_path / "mid.safetensors"
+    with Trainer(recipe, data=data, steps=total, step="layered", options=StepOptions(short=False)) as first:
+        first.fit(stop_at=3000 // 64 + 11, save_to=mid)
+    with Trainer.load(mid, data=data, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id()),
+                      options=StepOptions(short=False)) as resumed:
+        assert resumed.model.kind == "tensor"
+        resumed.fit()
+        for g, e in zip(state_of(resumed), expect):
+            np.testing.assert_array_equal(g.view(np.uint8), e.view(np.uint8))
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench", Path(__file__).resolve().parents[1] / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@gpu
+def test_bench_refuses_more_gpus_than_the_machine_has_in_one_line(device, capsys):
+    from rawgpu import driver
+
+    n = driver.device_count() + 1
+    assert _bench().main(["train", "--gpus", "1", str(n), "--sizes", "256", "--steps", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench: error: argument --gpus: {n} GPUs asked for, this machine has {n - 1}"]
+
+
+@gpu
+def test_bench_times_a_rank_through_nccl_with_and_without_its_sums(device, rng):
+    """What `bench.py train --gpus N` runs in each process, here as the one rank of one: the timed run trains (test
+    accuracy above chance) and both timings come back."""
+    from rawgpu import nccl
+
+    if (why := nccl.available()) is not None:
+        pytest.skip(why)
+    bench = _bench()
+    out = bench.bench_rank(0, 1, nccl.new_unique_id(), 256, 300, 0, FakeMNIST(rng), bench.RECIPES["default"],
+                           steps_per_launch=10, warmup=5)
+    assert out["rank"] == 0 and "tensor parallel over 1 GPU" in out["note"]
+    assert 0 < out["us_per_step"] < 1e5 and 0 < out["us_without_sums"] < 1e5
+    assert out["test_accuracy"] > 0.15
+
+
+@gpu
+def test_what_each_cli_rank_runs_trains_reports_and_saves(device, rng, tmp_path, capsys):
+    """`--gpus N` runs train._train_rank in each process; as the one rank of one it trains, prints its JSON epochs
+    (rank 0 reports) and writes the checkpoint, which loads."""
+    import json
+    import time
+
+    from rawgpu import checkpoint, nccl, train
+    from test_trainer import synthetic
+
+    if (why := nccl.available()) is not None:
+        pytest.skip(why)
+    data, path = synthetic(rng, 3000, 500), tmp_path / "cli.safetensors"
+    parser = train.build_parser()
+    args = parser.parse_args(["--hidden", "128", "--epochs", "2", "--json", "--save", str(path)])
+    recipe = train.check_run(parser, args, dict(inputs=784, classes=10, train_rows=3000, test_rows=500))
+    assert train._train_rank(0, 1, nccl.new_unique_id(), args, data, recipe, time.perf_counter(), None) == 0
+    epochs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["test_accuracy"] > 0.5
+    ckpt = checkpoint.load(path)
+    assert ckpt.recipe.hidden == 128 and ckpt.step_kind == "tensor" and ckpt.steps_done == 2 * (3000 // 128)

@@ -1,5 +1,6 @@
-// One pass over a layer's weights for its whole backward at batch size: dx = (dy @ W^T) * relu'(x), and the SGD
-// update W -= lr * x^T @ dy of the master weights (W16, lo), master.cuh.
+// One pass over a layer's weights for its whole backward at batch size: dx = (dy @ W^T) * relu'(x) (or, for a
+// column-split layer, dy @ W^T as fp32 partial sums: one_pass.cuh), and the SGD update W -= lr * x^T @ dy of the
+// master weights (W16, lo), master.cuh.
 //
 // Why: at batch 32 both backward GEMMs are weight streams. Run apart, dx reads W16 (2 bytes per weight) and the
 // update reads and writes W16 and lo (8 bytes). But the update fetches W16 anyway, so dx is computed from the same
@@ -65,10 +66,11 @@ struct DxSgdParams {
     float* workspace; int* tickets;
 };
 
+// dx: fp16, masked, or with dx_f32 fp32, the raw sums (one_pass.cuh: store_dx_pair).
 extern "C" __global__ void __launch_bounds__(dxsgd::THREADS)
-dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, const float* lr_ptr, int B, int IN,
-       int N, int ldx, int lddy, int ldw, int lddx, int n_chunk, float* workspace, int* tickets, float keep_read,
-       float keep_hi, float keep_lo, float* bias) {
+dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, const float* lr_ptr, int B, int IN,
+       int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk, float* workspace, int* tickets,
+       float keep_read, float keep_hi, float keep_lo, float* bias) {
     using namespace dxsgd;
     extern __shared__ __align__(128) u8 smem_raw[];
     if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
@@ -219,6 +221,6 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, half_t* dx, c
         }
     }
     static_assert(PAIRS % THREADS == 0, "whole pairs per thread");
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets,
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
                                            reinterpret_cast<float2*>(smem_raw));
 }

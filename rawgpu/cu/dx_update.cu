@@ -1,6 +1,7 @@
 // One pass over a layer's weights for its whole backward at batch size, with any optimiser: dx = (dy @ W^T) *
-// relu'(x), and the optimiser's step (optim.cuh: SGD with momentum, Nesterov or weight decay; Adam; AdamW) on the
-// master weights (W16, lo: master.cuh), their state and the bias.
+// relu'(x) (or, for a column-split layer, dy @ W^T as fp32 partial sums: one_pass.cuh), and the optimiser's step
+// (optim.cuh: SGD with momentum, Nesterov or weight decay; Adam; AdamW) on the master weights (W16, lo:
+// master.cuh), their state and the bias.
 //
 // Why: dx_sgd.cu does this for batch <= 32 and plain SGD. Larger batches and optimiser state do not fit its tile
 // (one batch-sized dx partial per warp, two 128-column weight tiles per stage), so the recipes people run (batch
@@ -77,9 +78,9 @@ __device__ unsigned long long dxu_profile[RG_PROFILE_MARKS + 2];
 
 template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS>
 RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
-                              half_t* dx, const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx,
-                              int n_chunk, float* workspace, int* tickets, float keep_read, float keep_hi,
-                              float keep_lo, float* bias, float* mb, float* vb) {
+                              void* dx, const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx,
+                              int dx_f32, int n_chunk, float* workspace, int* tickets, float keep_read,
+                              float keep_hi, float keep_lo, float* bias, float* mb, float* vb) {
     using namespace dxu;
     constexpr int THREADS = 32 * WARPS, BIAS_PARTS = THREADS / BN;
     using T = Tile<BB, ADAM, THREADS>;
@@ -289,23 +290,24 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         sum[it] = *reinterpret_cast<const float2*>(red + r * RED_LD + col);
     }
     DXU_MARK(8);
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, B, IN, i0, workspace, tickets,
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
                                            reinterpret_cast<float2*>(smem_raw));
     DXU_MARK(15);
 }
 
 // x [B, IN] (the layer's input, also its ReLU mask), dy [B, N], the master W16 / lo [IN, N] and the state mw, vw
-// (same shape, ld ldw; nullptr where the optimiser keeps none), dx [B, IN] or nullptr, opt: the optimiser table
-// (this step's values written by the gather), n_chunk: columns per range (gridDim.z ranges), workspace and tickets:
-// the ranges' dx sums; keep_*: L2 policies; bias [N] with its state mb, vb (nullptr: no bias update).
+// (same shape, ld ldw; nullptr where the optimiser keeps none), dx [B, IN] or nullptr: fp16, masked, or with dx_f32
+// fp32, the raw sums (one_pass.cuh: store_dx_pair); opt: the optimiser table (this step's values written by the
+// gather), n_chunk: columns per range (gridDim.z ranges), workspace and tickets: the ranges' dx sums; keep_*: L2
+// policies; bias [N] with its state mb, vb (nullptr: no bias update).
 #define DXU_KERNEL(name, BB, ADAM, STAGES, SMEM, WARPS)                                                             \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, 1)                                                    \
-    name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, half_t* dx,             \
-         const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int n_chunk,               \
+    name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, void* dx,               \
+         const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk,   \
          float* workspace, int* tickets, float keep_read, float keep_hi, float keep_lo, float* bias, float* mb,   \
          float* vb) {                                                                                              \
         dx_update_body<BB, ADAM, STAGES, SMEM, WARPS>(x, dy, wlo, w16, mw, vw, dx, opt, B, IN, N, ldx, lddy, ldw,  \
-                                                      lddx, n_chunk, workspace, tickets, keep_read, keep_hi,      \
-                                                      keep_lo, bias, mb, vb);                                     \
+                                                      lddx, dx_f32, n_chunk, workspace, tickets, keep_read,       \
+                                                      keep_hi, keep_lo, bias, mb, vb);                            \
     }
 DXU_FOR_EACH_KERNEL(DXU_KERNEL)  // generated: the instances this build makes (rawgpu/contract.py: dx_update_kernels)

@@ -5,26 +5,34 @@
 #include "cluster.cuh"
 #include "ldmatrix.cuh"  // shared_address
 
-// Pair i of a band's dx, masked by relu'(x) (x: the band's input tile in shared memory, rows of LDX halves) and
-// stored: batch row i / (BM / 2), features i0 + 2 (i % (BM / 2)) + {0, 1}.
+// Pair i of a band's dx: batch row i / (BM / 2), features i0 + 2 (i % (BM / 2)) + {0, 1}. fp16 (dx_f32 false):
+// masked by relu'(x) (x: the band's input tile in shared memory, rows of LDX halves) and rounded. fp32: the raw sum
+// (lddx in floats), a partial sum other GPUs add to; elementwise.cu's finish_sum_drelu masks and rounds their total
+// by the same fp16_epilogue2 (rawgpu/sharded.py). The flag is the launch's: a uniform branch, at the store only.
 template <int BM, int LDX>
-RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, half_t* dx, int lddx, int B, int IN, int i0) {
+RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, void* dx, int lddx, bool dx_f32, int B, int IN,
+                             int i0) {
     const int r = i / (BM / 2), col = (i % (BM / 2)) * 2;
     if (r >= B || i0 + col >= IN) return;
+    if (dx_f32) {
+        *reinterpret_cast<float2*>(static_cast<float*>(dx) + (i64)r * lddx + i0 + col) = v;
+        return;
+    }
     const float2 a = unpack_f16x2(*reinterpret_cast<const u32*>(sX + r * LDX + col));
-    *reinterpret_cast<u32*>(dx + (i64)r * lddx + i0 + col) = pack_f16x2(a.x > 0.f ? v.x : 0.f, a.y > 0.f ? v.y : 0.f);
+    *reinterpret_cast<u32*>(static_cast<half_t*>(dx) + (i64)r * lddx + i0 + col) =
+        fp16_epilogue2<EPI_DRELU>(v.x, v.y, a);
 }
 
 // A block's dx for its band of BM input features, as ITERS pairs per thread (pair i = threadIdx.x + it THREADS),
-// masked and stored. With several column ranges (gridDim.z) their sums are added in range order, from 0:
+// stored (store_dx_pair). With several column ranges (gridDim.z) their sums are added in range order, from 0:
 //   - launched as clusters of the band's ranges (sm_90, kernels/dx_sgd.py: reduce_in_cluster), through distributed
 //     shared memory: each block puts its sums in `scratch` (PAIRS float2, free once every thread has its sums), and
 //     block z of the cluster adds up and stores the z-th share of the pairs;
 //   - otherwise in the workspace, by the last block to take the band's ticket (the others return).
 // Both add the same values in the same order: the same bits.
 template <int ITERS, int THREADS, int BM, int LDX>
-RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, half_t* dx, int lddx, int B, int IN, int i0,
-                             float* workspace, int* tickets, float2* scratch) {
+RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, void* dx, int lddx, bool dx_f32, int B, int IN,
+                             int i0, float* workspace, int* tickets, float2* scratch) {
     constexpr int PAIRS = ITERS * THREADS;
     if (gridDim.z > 1) {
 #if __CUDA_ARCH__ >= 900
@@ -37,7 +45,8 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, half_t* dx,
             const int begin = (int)blockIdx.z * share, end = min(PAIRS, begin + share);
             const u32 base = shared_address(scratch);
             for (int i = begin + (int)threadIdx.x; i < end; i += THREADS)
-                store_dx_pair<BM, LDX>(i, cluster_sum_f2<MAX_CLUSTER_SPLITS>(base + 8u * (u32)i, ranges), sX, dx, lddx, B, IN, i0);
+                store_dx_pair<BM, LDX>(i, cluster_sum_f2<MAX_CLUSTER_SPLITS>(base + 8u * (u32)i, ranges), sX, dx, lddx,
+                                       dx_f32, B, IN, i0);
             cluster_sync();  // the other blocks have read this one's sums before it leaves
             return;
         }
@@ -47,5 +56,5 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, half_t* dx,
     }
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
-        store_dx_pair<BM, LDX>(threadIdx.x + it * THREADS, sum[it], sX, dx, lddx, B, IN, i0);
+        store_dx_pair<BM, LDX>(threadIdx.x + it * THREADS, sum[it], sX, dx, lddx, dx_f32, B, IN, i0);
 }

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 SOURCE = "dx_sgd.cu"
 KERNEL = "dx_sgd"
-SIGNATURE = "ppppppiiiiiiiippfffp"  # dx_sgd's parameters (tests/test_compiler.py checks it against the PTX)
+SIGNATURE = "ppppppiiiiiiiiippfffp"  # dx_sgd's parameters (tests/test_compiler.py checks it against the PTX)
 # The kernel's tile and block, compiled in from rawgpu/contract.py
 BM, BN, MAX_BATCH, THREADS = contract.DX_SGD_BM, contract.DX_SGD_BN, contract.DX_SGD_MAX_BATCH, contract.DX_SGD_THREADS
 stages = contract.dx_sgd_stages  # the pipeline depth per arch
@@ -195,6 +195,19 @@ def one_pass_grid(IN: int, N: int, chunk: int, sm_count: int, splits: int | None
     return ranges, n_chunk, False
 
 
+def dx_operand(dx: "Tensor | None", rows: int, cols: int) -> tuple[int, int]:
+    """(row stride, the kernels' dx_f32 flag) of the one-pass kernels' dx: fp16, masked by relu'(x), or fp32, the
+    raw sums (cu/one_pass.cuh: store_dx_pair); (0, 0) for none."""
+    if dx is None:
+        return 0, 0
+    if dx.dtype not in (np.float16, np.float32):
+        raise TypeError(f"dx: expected dtype float16 (masked) or float32 (raw partial sums), got {dx.dtype}")
+    if dx.offset % (2 * dx.dtype.itemsize):
+        raise ValueError(f"dx: {dx.name} must start {2 * dx.dtype.itemsize}-byte aligned for pair stores "
+                         f"(offset {dx.offset})")
+    return matrix_stride(dx, rows, cols, dx.dtype, "dx"), int(dx.dtype == np.float32)
+
+
 def matrix_stride(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
     """The row stride of t after checking it holds a rows x cols matrix of dtype (the one-pass kernels' operands)."""
     require(t, dtype, what=what)
@@ -208,14 +221,16 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
            l2: "LayerPolicy | None" = None, bias: "Tensor | None" = None) -> "Launch":
     """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], the master weights as wlo (int16) and W16
     [IN, N] (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first
-    layer). l2: the cache policies of the weights' reads and writes (kernels/l2.py; default normal). bias [N]
-    fp32: also updated, b -= lr colsum(dy), the same bits as elementwise.bias_update."""
+    layer): fp16, masked by relu'(x); fp32: the raw sums, unmasked: a partial sum other GPUs add to
+    (rawgpu/sharded.py; elementwise.finish_sum's drelu masks and rounds their total the same way). l2: the cache
+    policies of the weights' reads and writes (kernels/l2.py; default normal). bias [N] fp32: also updated,
+    b -= lr colsum(dy), the same bits as elementwise.bias_update."""
     p = plan
     ldx = matrix_stride(x, p.B, p.IN, np.float16, "x")
     lddy = matrix_stride(dy, p.B, p.N, np.float16, "dy")
     ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
     require(w16, np.float16, wlo.shape, "W16")
-    lddx = 0 if dx is None else matrix_stride(dx, p.B, p.IN, np.float16, "dx")
+    lddx, dx_f32 = dx_operand(dx, p.B, p.IN)
     require(lr, np.float32, what="lr")
     if bias is not None:
         require(bias, np.float32, what="bias")
@@ -227,4 +242,4 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
         p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, ptr(dx), lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
-        p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), cluster=p.cluster_dims)
+        dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), cluster=p.cluster_dims)

@@ -18,7 +18,7 @@ import numpy as np
 from .. import contract
 from ..compiler import unit_of
 from . import Kernels, require, require_split_scratch
-from .dx_sgd import BM, OnePassPlan, matrix_stride, one_pass_layout
+from .dx_sgd import BM, OnePassPlan, dx_operand, matrix_stride, one_pass_layout
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..memory import Tensor
 
 SOURCE = "dx_update.cu"
-SIGNATURE = "ppppppppiiiiiiiippfffppp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
+SIGNATURE = "ppppppppiiiiiiiiippfffppp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
 BN = contract.DXU_BN
 assert contract.DXU_BM == BM, "the one-pass backward kernels share their row bands"
 MAX_BATCH = max(contract.DXU_BATCHES)
@@ -104,9 +104,11 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], the master weights as wlo (int16) and W16
     [IN, N] (rawgpu/master.py) with the optimiser's state mw (SGD's momentum or Adam's first moment) and vw (Adam's
     second), fp32 of W's shape or None where the optimiser keeps none; all updated. dx [B, IN] written (None: the
-    update alone, e.g. for the first layer). optim: the optimiser table (contract.Optim; the gather writes the
-    step's values). l2: the weights' cache policies (kernels/l2.py; default normal). bias [N] fp32 with its state
-    mb, vb: also updated, with the same bits as elementwise.bias_update."""
+    update alone, e.g. for the first layer): fp16, masked by relu'(x); fp32: the raw sums, unmasked: a partial sum
+    other GPUs add to (rawgpu/sharded.py; elementwise.finish_sum's drelu masks and rounds their total the same
+    way). optim: the optimiser table (contract.Optim; the gather writes the step's values). l2: the weights' cache
+    policies (kernels/l2.py; default normal). bias [N] fp32 with its state mb, vb: also updated, with the same bits
+    as elementwise.bias_update."""
     p = plan
     ldx = matrix_stride(x, p.B, p.IN, np.float16, "x")
     lddy = matrix_stride(dy, p.B, p.N, np.float16, "dy")
@@ -119,7 +121,7 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     for t, what in ((mw, "mw"), (vw, "vw")):
         if t is not None:
             require(t, np.float32, wlo.shape, what)
-    lddx = 0 if dx is None else matrix_stride(dx, p.B, p.IN, np.float16, "dx")
+    lddx, dx_f32 = dx_operand(dx, p.B, p.IN)
     require(optim, np.float32, (contract.OPTIM_WORDS,), "optim")
     if bias is not None:
         for t, what in ((bias, "bias"), (mb, "mb"), (vb, "vb")):
@@ -135,5 +137,5 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, p.kernel, SIGNATURE).bind(
         p.grid, p.threads, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
-        ldw, lddx, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb),
+        ldw, lddx, dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb),
         cluster=p.cluster_dims)

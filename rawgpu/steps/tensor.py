@@ -3,9 +3,8 @@
 The layered step over the rank's slices, with the ranks' sums where the split puts them: after each row-split layer's
 forward GEMM (its output) and after each column-split layer's input gradient (parallel.py: one all-reduce per pair of
 layers each way). Where the layered step's short form runs (layered.one_pass_reason), each layer's backward is its
-one pass over the weights and their state; a column-split layer's input gradient, a partial sum, is then a GEMM of
-its own in fp32 before the pass rewrites the weights. The head stays a GEMM, the loss and the update apart: its
-logits are a sum over the ranks. Elsewhere (and with StepOptions(short=False)) it is the long form, one kernel per
+one pass over the weights and their state, writing a column-split layer's input gradient, a partial sum, as raw fp32
+sums. The head stays a GEMM, the loss and its backward apart: its logits are a sum over the ranks. Elsewhere (and with StepOptions(short=False)) it is the long form, one kernel per
 layer and role. The collectives are launches like the kernels, so
 the CUDA graph of a step holds them. Only built for a model on several GPUs (`ShardedMLP`), never by steps.choose.
 """
@@ -37,8 +36,7 @@ if TYPE_CHECKING:
 @dataclass
 class ShardPlans:
     """One layer's launches on this rank: its forward GEMM, and its backward as the layered step runs it (dx and
-    dW GEMMs, or one pass over the weights), with the input gradient as a GEMM of its own where it is summed over
-    the ranks (the one pass writes fp16)."""
+    dW GEMMs, or one pass over the weights)."""
 
     fwd: kg.GemmPlan
     dx: kg.GemmPlan | None  # None for the first layer, and where the one pass writes dx
@@ -61,14 +59,13 @@ class TensorStep(Step):
             pin, pout, reduced = padded[i], padded[i + 1], shard.reduce_input_grad
             bwd = None
             if one_pass:
-                cap, dx = model.cluster_capacity, i > 0 and not reduced
+                cap, dx = model.cluster_capacity, i > 0
                 bwd = (kb.plan_dx_sgd(B, pin, pout, model.sm_count, arch=arch, capacity=cap, dx=dx)
                        if kb.supported(B, r.plain_sgd, r.kernel_accum)
                        else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
             self.plans.append(ShardPlans(
                 fwd=plan(B, pout, pin, "rr", model.forward_epilogue(i)),
-                dx=(plan(B, pin, pout, "rc", "store32" if reduced else "drelu")
-                    if i and (bwd is None or reduced) else None),
+                dx=plan(B, pin, pout, "rc", "store32" if reduced else "drelu") if i and bwd is None else None,
                 dw=(plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors)
                     if bwd is None else None),
                 bwd=bwd))
@@ -118,18 +115,15 @@ class TensorStep(Step):
                                    grad_scale=loss_scale(B)))
         for i in range(len(self.plans) - 1, -1, -1):
             lay, p, x, dy = m.layers[i], self.plans[i], m.acts[i], m.grads[i + 1]
-            summed = []  # a partial input gradient's sum over the ranks and ReLU's mask, after the update
+            # dx: fp16 with ReLU's mask, or, where it is a partial sum, the raw fp32 sums, then their sum over the
+            # ranks and the mask (after the update, so the ranks' skew meets the collective last)
+            reduced = m.plan.shards[i].reduce_input_grad
+            total = self.sums[m.grads[i].shape] if reduced else None
+            dx = (total if reduced else m.grads[i]) if i else None
             if p.dx is not None:  # reads W16 before this layer's update rewrites it
-                if m.plan.shards[i].reduce_input_grad:
-                    total = self.sums[m.grads[i].shape]
-                    out.append(kg.gemm(k, p.dx, dy, lay.w16, total, workspace=m.workspace, tickets=m.tickets))
-                    summed = [m.group.all_reduce(total, total, B * total.shape[1]),
-                              ke.finish_sum(k, total, m.grads[i], B, "drelu", act=x)]
-                else:
-                    out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
-                                       tickets=m.tickets))
-            dx = m.grads[i] if i and p.dx is None else None  # the one pass writes it (planned so: dx=...)
-            if isinstance(p.bwd, kb.DxSgdPlan):
+                out.append(kg.gemm(k, p.dx, dy, lay.w16, dx, act=None if reduced else x, workspace=m.workspace,
+                                   tickets=m.tickets))
+            if isinstance(p.bwd, kb.DxSgdPlan):  # dx in the same pass
                 out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, dx, m.optim, m.workspace, m.tickets,
                                      self.l2[i], bias=lay.b))
             elif p.bwd is not None:
@@ -139,7 +133,9 @@ class TensorStep(Step):
                 out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
                                    workspace=m.workspace, tickets=m.tickets))
                 out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, B))
-            out += summed
+            if reduced:
+                out += [m.group.all_reduce(total, total, B * total.shape[1]),
+                        ke.finish_sum(k, total, m.grads[i], B, "drelu", act=x)]
         out.append(kd.step_increment(k, m.counter))
         return out
 
