@@ -21,27 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "scripts"))
 
-import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, time_graph)
+import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, time_graph, NoSums)
 from rawgpu import optimizer  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.mlp import MLP  # noqa: E402
 from rawgpu.sharded import ShardedMLP  # noqa: E402
 from rawgpu.steps import StepOptions  # noqa: E402
-
-
-class Nothing:
-    """An all-reduce that does nothing (what this tool leaves out)."""
-
-    def run(self, stream) -> None:
-        pass
-
-    def overlapping(self) -> "Nothing":
-        return self
-
-
-class NoSums:
-    def all_reduce(self, send, recv, count) -> Nothing:
-        return Nothing()
 
 
 def step_us(model, stream, steps: int, trials: int) -> float:
@@ -79,7 +64,7 @@ def main() -> int:
                 one.arena.close()
             cells = []
             for n in args.ranks:
-                m = ShardedMLP(kernels, recipe, n, 0, NoSums(), device.sm_count, options=options).allocate()
+                m = ShardedMLP(kernels, recipe, n, 0, bench.NoSums(), device.sm_count, options=options).allocate()
                 try:
                     t = step_us(m, stream, args.steps, args.trials)
                 finally:
