@@ -59,10 +59,7 @@ class ShardedMLP(MLP):
         whole layer sits at the end of the last slices)."""
         plan, r = self.plan, self.recipe
         padded = [plan.widths[0]] + [s.fan_out for s in plan.shards[:-1]] + [PADDED_CLASSES]
-        true = [r.inputs]
-        for i, s in enumerate(plan.shards):
-            whole = r.widths[i + 1]
-            true.append(min(max(whole - self.rank * s.fan_out, 0), s.fan_out) if s.split == "columns" else whole)
+        true = [r.inputs] + [len(self._slice(i, r.widths[i + 1], 1)) for i in range(len(plan.shards))]
         return true, padded
 
     def reduces(self, i: int) -> bool:
@@ -107,21 +104,29 @@ class ShardedMLP(MLP):
     # --- the parameters -------------------------------------------------------------------------------------------
 
     def set_initial_weights(self, stream: Stream) -> None:
-        """The whole model from the seed, as one GPU draws it (same bits), of which this rank keeps its part."""
-        r, plan = self.recipe, self.plan
-        for i, (lay, s) in enumerate(zip(self.layers, plan.shards)):
+        """This rank's part of the model one GPU draws from the seed (the same bits: init_uniform's values at the
+        part's own indices in the whole layer, so no rank ever holds a whole layer)."""
+        r = self.recipe
+        for i, lay in enumerate(self.layers):
             fan_in, fan_out = r.widths[i], r.widths[i + 1]
             bound = 1.0 / math.sqrt(fan_in)
-            w = self._padded_uniform((plan.widths[i], plan.widths[i + 1]), (fan_in, fan_out), bound,
-                                     self.seed_of(i, 0))
-            b = self._padded_uniform((plan.widths[i + 1],), (fan_out,), bound, self.seed_of(i, 1))
-            w_part, b_part = parallel.shard(plan, i, self.rank, w, b)
-            full_w = np.zeros(lay.w16.shape, np.float32)
-            full_w[:w_part.shape[0], :w_part.shape[1]] = w_part
-            full_b = np.zeros(lay.b.shape, np.float32)
-            full_b[:b_part.shape[0]] = b_part
-            self._set_master(lay, full_w)
-            lay.b.upload(full_b)
+            rows, cols = self._slice(i, fan_in, 0), self._slice(i, fan_out, 1)
+            w = np.zeros(lay.w16.shape, np.float32)
+            w[:len(rows), :len(cols)] = ke.init_uniform_at(rows[:, None] * fan_out + cols[None, :], bound,
+                                                             self.seed_of(i, 0))
+            b = np.zeros(lay.b.shape, np.float32)
+            b[:len(cols)] = ke.init_uniform_at(cols, bound, self.seed_of(i, 1))
+            self._set_master(lay, w)
+            lay.b.upload(b)
+
+    def _slice(self, i: int, whole: int, axis: int) -> np.ndarray:
+        """The indices in the whole layer i of this rank's rows (axis 0) or columns (axis 1), padding left out."""
+        s = self.plan.shards[i]
+        split = {0: "rows", 1: "columns"}[axis]
+        if s.split != split:
+            return np.arange(whole, dtype=np.uint64)
+        share = s.fan_in if axis == 0 else s.fan_out
+        return np.arange(self.rank * share, min(whole, (self.rank + 1) * share), dtype=np.uint64)
 
     def set_state(self, biases: list[np.ndarray], state: dict[str, np.ndarray], steps_done: int,
                   stream: Stream) -> None:
@@ -131,14 +136,11 @@ class ShardedMLP(MLP):
         super().set_state([self._part(i, b) for i, b in enumerate(biases)], mine, steps_done, stream)
 
     def _part(self, i: int, whole: np.ndarray) -> np.ndarray:
-        """This rank's part of layer i's whole weight-shaped (2-D) or bias-shaped (1-D) array, without padding:
-        parallel.shard's slices, cut to the true widths."""
-        s, lay, r = self.plan.shards[i], self.layers[i], self.rank
+        """This rank's part of layer i's whole weight-shaped (2-D) or bias-shaped (1-D) array, padding left out."""
+        cols = self._slice(i, whole.shape[-1], 1).astype(np.intp)
         if whole.ndim == 1:
-            return whole[r * s.fan_out:][:lay.fan_out] if s.split == "columns" else whole
-        if s.split == "columns":
-            return whole[:, r * s.fan_out:][:, :lay.fan_out]
-        return whole[r * s.fan_in:][:lay.fan_in] if s.split == "rows" else whole
+            return whole[cols]
+        return whole[self._slice(i, whole.shape[0], 0).astype(np.intp)][:, cols]
 
 def join_parameters(plan: parallel.TensorParallelPlan,
                     parts: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -309,6 +309,9 @@ def test_init_uniform_reference_statistics():
     big = ke.init_uniform_reference(1000, bound, 2**64 - 1)
     assert np.isfinite(big).all() and not np.array_equal(big, ke.init_uniform_reference(1000, bound, 0))
     assert np.array_equal(ke.init_uniform_reference(100, 2 * bound, 7), 2 * ke.init_uniform_reference(100, bound, 7))
+    rows, cols = np.arange(3, 40, dtype=np.uint64), np.arange(100, 164, dtype=np.uint64)  # a slice of a 1024-wide W
+    index = rows[:, None] * 1024 + cols[None, :]
+    assert np.array_equal(ke.init_uniform_at(index, bound, 1234), w[index.astype(np.intp)]), "values at indices"
 
 
 # --- GPU ------------------------------------------------------------------------------------------------------

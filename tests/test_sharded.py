@@ -73,6 +73,7 @@ def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
             bp[:len(b)] = b
             ws, bs = parallel.shard(plan, i, rank, wp, bp)
             mine.append((ws[:lay.fan_in, :lay.fan_out], bs[:lay.fan_out]))
+            assert np.array_equal(m._part(i, w), mine[-1][0]) and np.array_equal(m._part(i, b), mine[-1][1])
             state[f"layers.{i}.momentum_weight"], state[f"layers.{i}.momentum_bias"] = mine[-1]
         parts.append(mine)
         states.append(state)

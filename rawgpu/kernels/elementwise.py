@@ -146,8 +146,13 @@ def _mix64(z: np.ndarray) -> np.ndarray:
 
 def init_uniform_reference(n: int, bound: float, seed: int) -> np.ndarray:
     """The exact float32 values init_uniform writes, computed on the host (tests compare bit for bit)."""
+    return init_uniform_at(np.arange(n, dtype=np.uint64), bound, seed)
+
+
+def init_uniform_at(index: np.ndarray, bound: float, seed: int) -> np.ndarray:
+    """init_uniform's values at these flat indices only (any shape): a slice of a layer without the rest of it."""
     with np.errstate(over="ignore"):
         key = _mix64(np.array([int(seed) & (2**64 - 1)], np.uint64))[0]
-        z = _mix64(key + np.arange(n, dtype=np.uint64) * _GOLDEN)
+        z = _mix64(key + np.asarray(index, dtype=np.uint64) * _GOLDEN)
     t = ((z >> np.uint64(40)).astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(1.0 / 8388608.0)
     return t * np.float32(bound)
