@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from . import compiler, steps
+from . import compiler, sharded, steps
 from .driver import Device, Launch, Stream, context_synchronize
 from .errors import NoDeviceError
 from .graph import Graph, capture
@@ -17,7 +17,6 @@ from .kernels import Kernels
 from .mlp import MLP, run_launches
 from .ranks import Rank
 from .recipe import Recipe
-from .sharded import REASON as TENSOR_REASON
 from .sharded import ShardedMLP
 from .steps import StepOptions
 
@@ -53,7 +52,7 @@ class Session:
         if arch not in compiler.supported_archs():
             raise NoDeviceError(f"{self.device.name} is {arch}; this NVRTC builds for "
                                 f"{', '.join(compiler.supported_archs())} (rawgpu needs sm_80 or newer)")
-        self.choice = steps.choose(recipe, arch, step_kind) if rank is None else steps.Choice("tensor", TENSOR_REASON)
+        self.choice = steps.choose(recipe, arch, step_kind) if rank is None else sharded.choice(recipe, rank.ranks)
         options = options or StepOptions()
         if options.l2_bytes == 0:  # the layered step's cache hints are planned for this GPU's L2
             options = replace(options, l2_bytes=self.device.l2_bytes)

@@ -33,7 +33,15 @@ from .steps import StepOptions
 if TYPE_CHECKING:
     from .kernels.gemm import GemmPlan
 
-REASON = "tensor parallel: each rank holds a slice of every layer (parallel.py)"
+
+
+def choice(recipe: Recipe, ranks: int) -> steps.Choice:
+    """The step of a rank, with parallel.choose's reason; where data parallelism would move fewer bytes it says so
+    (only tensor parallelism is built)."""
+    pick = parallel.choose(recipe.widths, recipe.batch, ranks)
+    why = (pick.reason if pick.kind != "data"
+           else f"data parallelism would move less ({pick.reason}), but only tensor parallelism is built")
+    return steps.Choice("tensor", why)
 
 
 class ShardedMLP(MLP):
@@ -46,8 +54,7 @@ class ShardedMLP(MLP):
         if not 0 <= rank < ranks:
             raise ValueError(f"rank must be in 0..{ranks - 1}, got {rank}")
         self.rank, self.group = rank, group
-        super().__init__(kernels, recipe, sm_count, step_kind=steps.Choice("tensor", REASON), arch=arch,
-                         options=options)
+        super().__init__(kernels, recipe, sm_count, step_kind=choice(recipe, ranks), arch=arch, options=options)
         # the evaluation's partial sums, one buffer per shape of output they are finished into
         self.eval_sums = {shape: self.arena.tensor(f"eval_sum_{shape[1]}", shape, np.float32)
                           for shape in {out.shape for i, out in enumerate(self._eval_outs()) if self.reduces(i)}}

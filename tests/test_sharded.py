@@ -30,6 +30,7 @@ def test_each_rank_holds_a_chain_of_slices_that_add_up_to_the_model(hidden, laye
         assert [lay.w16.shape for lay in m.layers] == list(zip(m.padded, m.padded[1:]))
         assert m.padded[0] == 784 and m.padded[-1] == 16
         assert m.step.kind == "tensor" and "tensor parallel" in m.step.describe()
+        assert m.choice.reason in m.step.describe() and m.choice.kind == "tensor"
     for i, s in enumerate(models[0].plan.shards):  # the true columns (or rows) of the ranks add up to the layer
         true = [(m.layers[i].fan_in, m.layers[i].fan_out) for m in models]
         if s.split == "columns":
@@ -86,6 +87,14 @@ def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
     states[1]["layers.1.momentum_bias"] = states[1]["layers.1.momentum_bias"] + 1  # a whole bias that differs
     with pytest.raises(ValueError, match="differ"):
         join_state(plan, states)
+
+
+def test_the_step_says_why_and_where_data_parallelism_would_move_less():
+    small_batch = ShardedMLP(None, Recipe(hidden=256, batch=128), 2, 0, None, arch="sm_90")
+    assert "3 all-reduces of activations move 0.27 MB per rank and step" in small_batch.step.describe()
+    large_batch = ShardedMLP(None, Recipe(hidden=256, batch=4096), 2, 0, None, arch="sm_90")
+    assert "data parallelism would move less" in large_batch.step.describe()
+    assert "only tensor parallelism is built" in large_batch.choice.reason
 
 
 def test_a_bad_rank_is_refused():

@@ -94,7 +94,7 @@ class TensorStep(Step):
         plan = self.model.plan
         gpus = f"{plan.ranks} GPU{'s' if plan.ranks > 1 else ''}"
         return (f"tensor parallel over {gpus}: {self.kernel_count()} kernels and {len(plan.collectives())} "
-                "all-reduces per step")
+                f"all-reduces per step ({self.model.choice.reason})")
 
     def launches(self, steps: int) -> list["Launch"]:
         step = self._one_step()
