@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training steps captured into one graph (default: one progress tick's steps, "
                         f"{MAX_AUTO_STEPS_PER_GRAPH} at most)")
     add_step_option(r)
-    r.add_argument("--gpus", type=_count(1, 64, what="GPUs"), default=1,
+    r.add_argument("--gpus", type=_count(1, 64, what="GPUs"), default=1, metavar="N",
                    help="split the model over GPUs 0..N-1 of this machine, one process each (tensor parallel: each "
                         "GPU holds a slice of every layer; needs rawgpu[multi]); default 1")
     r.add_argument("--no-overlap", action="store_true",
