@@ -15,35 +15,25 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "scripts"))
 
-import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, time_graph, NoSums)
-from rawgpu import optimizer  # noqa: E402
+import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, step_alone_us, NoSums)
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.mlp import MLP  # noqa: E402
 from rawgpu.sharded import ShardedMLP  # noqa: E402
 from rawgpu.steps import StepOptions  # noqa: E402
 
 
-def step_us(model, stream, steps: int, trials: int) -> float:
-    model.optim.upload(optimizer.words(optimizer.hyperparameters(model.recipe)))
-    model.set_permutation(np.arange(60000))
-    launches = model.step_launches(steps)
-    return bench.time_graph(stream, lambda: [launch.run(stream) for launch in launches], steps, trials)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192, 16384])
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--hidden", type=bench.positive, nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--ranks", type=bench.positive, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--recipe", nargs="+", choices=tuple(bench.RECIPES), default=["seed", "default"])
     p.add_argument("--long", action="store_true", help="the tensor-parallel step's long form")
-    p.add_argument("--steps", type=int, default=20, help="steps per graph")
-    p.add_argument("--trials", type=int, default=10)
+    p.add_argument("--steps", type=bench.positive, default=20, help="steps per graph")
+    p.add_argument("--trials", type=bench.positive, default=10)
     args = p.parse_args()
     from rawgpu.driver import Device, Stream
 
@@ -59,14 +49,14 @@ def main() -> int:
             recipe = bench.rawgpu_recipe(h, r, 1000, 0)
             one = MLP(kernels, recipe, device.sm_count, options=options).allocate()
             try:
-                base = step_us(one, stream, args.steps, args.trials)
+                base = bench.step_alone_us(one, stream, args.steps, args.trials)
             finally:
                 one.arena.close()
             cells = []
             for n in args.ranks:
                 m = ShardedMLP(kernels, recipe, n, 0, bench.NoSums(), device.sm_count, options=options).allocate()
                 try:
-                    t = step_us(m, stream, args.steps, args.trials)
+                    t = bench.step_alone_us(m, stream, args.steps, args.trials)
                 finally:
                     m.arena.close()
                 cells.append(f"{t:9.1f} ({base / t:4.2f}x)")

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from .kernels.gemm import GemmPlan
 
 
-
 def choice(recipe: Recipe, ranks: int) -> steps.Choice:
     """The step of a rank, with parallel.choose's reason; where data parallelism would move fewer bytes it says so
     (only tensor parallelism is built)."""

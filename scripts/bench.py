@@ -420,6 +420,15 @@ class NoSums:
         return _Nothing()
 
 
+def step_alone_us(model, stream, steps: int, trials: int) -> float:
+    """Median us per step of a freshly allocated model's step, `steps` to a graph (zero parameters: the time does not
+    depend on the values), without data, evaluation or re-initialisation."""
+    model.optim.upload(optimizer.words(optimizer.hyperparameters(model.recipe)))
+    model.set_permutation(np.arange(model.recipe.train_rows))
+    launches = model.step_launches(steps)
+    return time_graph(stream, lambda: [launch.run(stream) for launch in launches], steps, trials)
+
+
 def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed: int, data, recipe: dict,
                steps_per_launch: int = 100, warmup: int = 50) -> dict:
     """One rank of the recipe's model split over `ranks` GPUs (a process of ranks.run_ranks, or called alone with
@@ -437,11 +446,7 @@ def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed
         alone = ShardedMLP(session.kernels, recipe, ranks, rank, NoSums(), session.device.sm_count,
                            options=StepOptions(l2_bytes=session.device.l2_bytes)).allocate()
         try:
-            alone.optim.upload(optimizer.words(optimizer.hyperparameters(recipe)))
-            alone.set_permutation(np.arange(60000))
-            launches = alone.step_launches(k)
-            stream = session.stream
-            without = time_graph(stream, lambda: [launch.run(stream) for launch in launches], k, 10)
+            without = step_alone_us(alone, session.stream, k, 10)
         finally:
             alone.arena.close()
         return dict(rank=rank, us_per_step=us, us_without_sums=without, test_accuracy=accuracy, nodes=nodes,
@@ -460,9 +465,10 @@ def cmd_train_gpus(args) -> int:
         print(f"bench: error: argument --gpus: {max(args.gpus)} GPUs asked for, this machine has {count}",
               file=sys.stderr)
         return 2
-    if max(args.gpus) > 1:
-        from rawgpu import nccl
+    from rawgpu import nccl
+    from rawgpu.ranks import run_ranks
 
+    if max(args.gpus) > 1:
         if (why := nccl.available()) is not None:
             print(f"bench: error: argument --gpus: {why}", file=sys.stderr)
             return 2
@@ -482,9 +488,6 @@ def cmd_train_gpus(args) -> int:
         print(f"{h:>5} {1:>5} {one['us_per_step']:>9.1f} {'1.00x':>9} {'-':>14} "
               f"{100 * one['test_accuracy']:>7.2f}%", flush=True)
         for n in sorted(set(args.gpus) - {1}):
-            from rawgpu import nccl
-            from rawgpu.ranks import run_ranks
-
             ranks = run_ranks(bench_rank, n, h, args.steps, args.seed, mnist, recipe, args.steps_per_launch,
                               unique_id=nccl.new_unique_id())
             us = max(r["us_per_step"] for r in ranks)  # the ranks wait for each other: the slowest is the step
