@@ -1,12 +1,14 @@
-"""One rank's part of a tensor-parallel step, timed on one GPU with its all-reduces left out, beside the one-GPU step.
+"""One rank's part of a step on several GPUs, timed on one GPU with its all-reduces left out, beside the one-GPU step.
 
     python dev/rank_step.py [--hidden 4096 8192 16384] [--ranks 1 2 4 8] [--recipe seed default adam] [--long]
+                            [--parallel tensor|data] [--batch B]
 
-What a rank of an N-GPU run computes (its slice of every layer, sharded.py) is timed here alone: the all-reduces
-are replaced by nothing, so the figure is the step of an N-GPU run without its collectives, a floor for it, not a
-measurement of several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Parameters
-are left at zero (the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times:
-CUDA events around replays of a graph of steps, median of trials. --long: the tensor-parallel step's long form.
+What a rank of an N-GPU run computes (its slice of every layer, sharded.py; or, with --parallel data, the whole model
+over its 1/N of the batch, replicated.py) is timed here alone: the all-reduces are replaced by nothing, so the figure
+is the step of an N-GPU run without its collectives, a floor for it, not a measurement of several GPUs. Rank 0's
+slices are the widest (the others' are the same size or padding). Parameters are left at zero (the arena starts
+zeroed; the timing does not depend on the values). Timed as scripts/bench.py times: CUDA events around replays of a
+graph of steps, median of trials. --long: the tensor-parallel step's long form. --batch: the recipe's batch instead.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ sys.path.insert(1, str(ROOT / "scripts"))
 import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, step_alone_us, NoSums)
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.mlp import MLP  # noqa: E402
-from rawgpu.sharded import ShardedMLP  # noqa: E402
+from rawgpu.session import rank_choice, rank_model  # noqa: E402
 from rawgpu.steps import StepOptions  # noqa: E402
 
 
@@ -32,6 +34,8 @@ def main() -> int:
     p.add_argument("--ranks", type=bench.positive, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--recipe", nargs="+", choices=tuple(bench.RECIPES), default=["seed", "default"])
     p.add_argument("--long", action="store_true", help="the tensor-parallel step's long form")
+    p.add_argument("--parallel", choices=("tensor", "data"), default="tensor")
+    p.add_argument("--batch", type=bench.positive, default=None)
     p.add_argument("--steps", type=bench.positive, default=20, help="steps per graph")
     p.add_argument("--trials", type=bench.positive, default=10)
     args = p.parse_args()
@@ -40,13 +44,13 @@ def main() -> int:
     device = Device(0)
     kernels, stream = Kernels(device.arch), Stream()
     options = StepOptions(short=not args.long, l2_bytes=device.l2_bytes)
-    print(f"# {device.name} ({device.arch}); one rank's step without its all-reduces, us per step, median of "
-          f"{args.trials} x {args.steps} steps")
+    print(f"# {device.name} ({device.arch}); one rank's step ({args.parallel} parallel) without its all-reduces, us "
+          f"per step, median of {args.trials} x {args.steps} steps")
     print(f"{'recipe':>8} {'H':>6} {'one GPU':>9} " + " ".join(f"{f'{n} ranks':>16}" for n in args.ranks))
     for name in args.recipe:
         r = bench.RECIPES[name]
         for h in args.hidden:
-            recipe = bench.rawgpu_recipe(h, r, 1000, 0)
+            recipe = bench.rawgpu_recipe(h, {**r, "batch": args.batch or r["batch"]}, 1000, 0)
             one = MLP(kernels, recipe, device.sm_count, options=options).allocate()
             try:
                 base = bench.step_alone_us(one, stream, args.steps, args.trials)
@@ -54,7 +58,9 @@ def main() -> int:
                 one.arena.close()
             cells = []
             for n in args.ranks:
-                m = ShardedMLP(kernels, recipe, n, 0, bench.NoSums(), device.sm_count, options=options).allocate()
+                choice = rank_choice(recipe, n, args.parallel)
+                m = rank_model(kernels, recipe, n, 0, bench.NoSums(), device.sm_count, None, options,
+                               choice).allocate()
                 try:
                     t = bench.step_alone_us(m, stream, args.steps, args.trials)
                 finally:

@@ -424,10 +424,12 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("persist", "cr", "store")]
                              + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
                              + [("tma128x64", "rr", epi) for epi in ("store", "bias_relu")])
-# store32, the fp32 partial sum of a tensor-parallel layer (rawgpu/parallel.py), on every tile that stores x @ W or
-# dy @ W^T: the planner gives it the tile it gives "store" (kernels/gemm.py: choose_config)
-INSTANCES = _BASE_INSTANCES | {(c, lay, "store32") for c, lay, epi in _BASE_INSTANCES
-                               if epi == "store" and lay in ("rr", "rc")}
+# store32, an fp32 sum other GPUs add to (rawgpu/parallel.py): a tensor-parallel layer's partial sum on every tile
+# that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
+# every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)
+INSTANCES = (_BASE_INSTANCES
+             | {(c, lay, "store32") for c, lay, epi in _BASE_INSTANCES if epi == "store" and lay in ("rr", "rc")}
+             | {(c, "cr", "store32") for c in ("32x128", "64x128", "128x128", "staged", "staged32")})
 
 
 def config_for(name: str, arch: str) -> GemmConfig:

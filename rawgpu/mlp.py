@@ -68,7 +68,7 @@ class MLP:
         self.cluster_capacity = kg.cluster_capacity(kernels) if kernels is not None else None
         r = recipe
         self.arena = a = Arena()
-        B = r.batch
+        B = self.rows = self.step_rows()
         self.eval_batch = self._eval_batch(r)
         EB = self.eval_batch
         self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)  # whole chunks of EB rows, then the rest
@@ -137,7 +137,11 @@ class MLP:
         every = {(source, None) for source in (kd.SRC, ke.SRC, kl.SRC)}
         return every | kg.plan_units(self.eval_plans + self.tail_fwd, self.arch) | self.step.kernel_units()
 
-    # --- what a model on several GPUs (sharded.py) changes ------------------------------------------------------
+    # --- what a model on several GPUs (sharded.py, replicated.py) changes -----------------------------------------
+
+    def step_rows(self) -> int:
+        """The rows of a step's batch this GPU holds (its buffers' and its training permutation's)."""
+        return self.recipe.batch
 
     def layer_widths(self) -> tuple[list[int], list[int]]:
         """The layers' true widths (inputs, hidden ..., classes) and the padded ones the buffers hold."""
@@ -370,8 +374,9 @@ class MLP:
 
     # --- reading back ------------------------------------------------------------------------------------------
 
-    def train_metrics(self) -> tuple[float, int]:
-        """(loss sum, correct count) accumulated since the last zero_metrics."""
+    def train_metrics(self, stream: Stream | None = None) -> tuple[float, int]:
+        """(loss sum, correct count) accumulated since the last zero_metrics. stream: where a model on several GPUs
+        sums them over the ranks (replicated.py); one GPU's need none."""
         return float(self.loss_sum.download()[0]), int(self.correct.download()[0])
 
     def eval_metrics(self) -> tuple[float, float]:

@@ -134,19 +134,34 @@ class ParallelChoice:
     reason: str
 
 
-def choose(widths: list[int], batch: int, ranks: int) -> ParallelChoice:
-    """How `ranks` GPUs share the model, with the reason: the split that moves fewer bytes per step."""
-    if ranks == 1:
+MODES = ("auto", "tensor", "data")  # how the ranks share the model: `choose` decides, or the caller names one
+
+
+def data_parallel_reason(batch: int, ranks: int) -> str | None:
+    """Why data parallelism cannot split this batch over the ranks; None when it can."""
+    return f"the batch of {batch} does not split over {ranks} ranks" if batch % ranks else None
+
+
+def choose(widths: list[int], batch: int, ranks: int, wanted: str = "auto") -> ParallelChoice:
+    """How `ranks` GPUs share the model, with the reason: `auto` takes the split that moves fewer bytes per step
+    (tensor where the batch does not split); a named mode is taken where it can run (ValueError otherwise)."""
+    if wanted not in MODES:
+        raise ValueError(f"parallel mode must be one of {', '.join(MODES)}, got {wanted!r}")
+    if wanted == "data" and (why := data_parallel_reason(batch, ranks)):
+        raise ValueError(f"data parallelism cannot run here: {why}")
+    if ranks == 1 and wanted == "auto":
         return ParallelChoice("one GPU", "one rank")
     tp = plan_tensor_parallel(widths, batch, ranks)
     params = sum(a * b + b for a, b in zip(widths, widths[1:]))
     dp = int(2 * (ranks - 1) * params * GRADIENT_BYTES / ranks)
     mb = lambda b: f"{b / 1e6:.2f} MB"  # noqa: E731
-    if batch % ranks or tp.wire_bytes() <= dp:
-        why = (f"{len(tp.collectives())} all-reduces of activations move {mb(tp.wire_bytes())} per rank and step, "
-               f"the gradients would move {mb(dp)}")
-        if batch % ranks:
-            why += f"; the batch of {batch} does not split over {ranks} ranks"
-        return ParallelChoice("tensor", why)
-    return ParallelChoice("data", f"the gradients move {mb(dp)} per rank and step, the activations would move "
-                                  f"{mb(tp.wire_bytes())}")
+    tensor_moves = (f"{len(tp.collectives())} all-reduces of activations move {mb(tp.wire_bytes())} per rank and "
+                    f"step, the gradients would move {mb(dp)}")
+    data_moves = f"the gradients move {mb(dp)} per rank and step, the activations would move {mb(tp.wire_bytes())}"
+    if wanted != "auto":
+        return ParallelChoice(wanted, "asked for by name: " + (tensor_moves if wanted == "tensor" else data_moves))
+    if why := data_parallel_reason(batch, ranks):
+        return ParallelChoice("tensor", f"{tensor_moves}; {why}")
+    if tp.wire_bytes() <= dp:
+        return ParallelChoice("tensor", tensor_moves)
+    return ParallelChoice("data", data_moves)

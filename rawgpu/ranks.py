@@ -24,11 +24,13 @@ STOP_SECONDS = 5.0  # how long a stopped rank gets to exit before it is killed
 
 @dataclass(frozen=True)
 class Rank:
-    """One process's place among the ranks: `rank` of `ranks`, on GPU `rank`, joining the communicator unique_id."""
+    """One process's place among the ranks: `rank` of `ranks`, on GPU `rank`, joining the communicator unique_id;
+    mode: how the ranks share the model (parallel.MODES: `auto` lets parallel.choose decide)."""
 
     ranks: int
     rank: int
     unique_id: bytes
+    mode: str = "auto"
 
 
 class RankError(RawgpuError):

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from . import compiler, sharded, steps
+from . import compiler, parallel, steps
 from .driver import Device, Launch, Stream, context_synchronize
 from .errors import NoDeviceError
 from .graph import Graph, capture
@@ -17,6 +17,7 @@ from .kernels import Kernels
 from .mlp import MLP, run_launches
 from .ranks import Rank
 from .recipe import Recipe
+from .replicated import ReplicatedMLP
 from .sharded import ShardedMLP
 from .steps import StepOptions
 
@@ -24,10 +25,26 @@ from .steps import StepOptions
 def kernel_units(recipe: Recipe, arch: str, sm_count: int, step_kind: str | steps.Choice = "auto",
                  options: StepOptions | None = None, ranks: int = 0) -> list[compiler.Unit]:
     """The units of compilation a session of `recipe` on a GPU of `arch` and `sm_count` SMs launches, from the plan
-    alone (no GPU: the prebuild uses it too). ranks: the GPUs of a tensor-parallel model (0: one GPU's model)."""
-    model = (ShardedMLP(None, recipe, ranks, 0, None, sm_count, arch, options) if ranks
+    alone (no GPU: the prebuild uses it too). ranks: the GPUs of a model on several (0: one GPU's model), step_kind
+    then rank_choice's."""
+    model = (rank_model(None, recipe, ranks, 0, None, sm_count, arch, options,
+                        step_kind if isinstance(step_kind, steps.Choice) else rank_choice(recipe, ranks)) if ranks
              else MLP(None, recipe, sm_count, step_kind=step_kind, arch=arch, options=options))
     return sorted(model.kernel_units(), key=lambda u: (u[0], u[1] or ""))
+
+
+def rank_choice(recipe: Recipe, ranks: int, mode: str = "auto") -> steps.Choice:
+    """How the ranks of a model on `ranks` GPUs share it (parallel.choose; mode: parallel.MODES), as the step it
+    runs: "data" (replicated.py) or "tensor" (sharded.py, also for one rank)."""
+    pick = parallel.choose(recipe.widths, recipe.batch, ranks, mode)
+    return steps.Choice("data" if pick.kind == "data" else "tensor", pick.reason)
+
+
+def rank_model(kernels: Kernels | None, recipe: Recipe, ranks: int, rank: int, group, sm_count: int,
+               arch: str | None, options: StepOptions | None, choice: steps.Choice) -> MLP:
+    """Rank `rank`'s model of the split `choice` names (rank_choice)."""
+    cls = ReplicatedMLP if choice.kind == "data" else ShardedMLP
+    return cls(kernels, recipe, ranks, rank, group, sm_count, arch, options, reason=choice.reason)
 
 
 class Session:
@@ -38,12 +55,12 @@ class Session:
         """step_kind: one of steps.CHOICES; a named kind that cannot run here raises StepUnsupported before any
         compile. options: settings of particular step kinds (comparisons, tests). on_compile(done, total): the
         progress of a build that is not all in the cache (units of compilation built, asked for). rank: this
-        process's rank of a model split over several GPUs (sharded.py), on GPU rank.rank; step_kind is then
-        "auto" (the tensor-parallel step)."""
+        process's rank of a model on several GPUs (rank_choice: sharded.py or replicated.py), on GPU rank.rank;
+        step_kind is then "auto"."""
         if step_kind not in steps.CHOICES:  # a bad value fails before any GPU work
             raise ValueError(f"step kind must be one of {', '.join(steps.CHOICES)}, got {step_kind!r}")
         if rank is not None and step_kind != "auto":
-            raise ValueError(f"a model on several GPUs runs the tensor-parallel step, not {step_kind}")
+            raise ValueError(f"a model on several GPUs runs the tensor- or data-parallel step, not {step_kind}")
         self.group = None
         self.device = Device(rank.rank if rank is not None else device_index)
         arch = self.device.arch
@@ -52,7 +69,8 @@ class Session:
         if arch not in compiler.supported_archs():
             raise NoDeviceError(f"{self.device.name} is {arch}; this NVRTC builds for "
                                 f"{', '.join(compiler.supported_archs())} (rawgpu needs sm_80 or newer)")
-        self.choice = steps.choose(recipe, arch, step_kind) if rank is None else sharded.choice(recipe, rank.ranks)
+        self.choice = (steps.choose(recipe, arch, step_kind) if rank is None
+                       else rank_choice(recipe, rank.ranks, rank.mode))
         options = options or StepOptions()
         if options.l2_bytes == 0:  # the layered step's cache hints are planned for this GPU's L2
             options = replace(options, l2_bytes=self.device.l2_bytes)
@@ -70,8 +88,8 @@ class Session:
                 from . import nccl
 
                 self.group = nccl.Communicator(rank.ranks, rank.rank, rank.unique_id)
-                self.model = ShardedMLP(self.kernels, recipe, rank.ranks, rank.rank, self.group,
-                                        self.device.sm_count, options=options)
+                self.model = rank_model(self.kernels, recipe, rank.ranks, rank.rank, self.group,
+                                        self.device.sm_count, None, options, self.choice)
             self.model.allocate()
             self.step = self.model.step_launches()
         except BaseException:  # out of memory, Ctrl-C: builds not yet begun are dropped

@@ -34,26 +34,21 @@ if TYPE_CHECKING:
     from .kernels.gemm import GemmPlan
 
 
-def choice(recipe: Recipe, ranks: int) -> steps.Choice:
-    """The step of a rank, with parallel.choose's reason; where data parallelism would move fewer bytes it says so
-    (only tensor parallelism is built)."""
-    pick = parallel.choose(recipe.widths, recipe.batch, ranks)
-    why = (pick.reason if pick.kind != "data"
-           else f"data parallelism would move less ({pick.reason}), but only tensor parallelism is built")
-    return steps.Choice("tensor", why)
-
-
 class ShardedMLP(MLP):
     """Rank `rank` of `plan.ranks`: plan (no GPU needed) -> allocate() -> upload_data() + init_parameters()."""
 
     def __init__(self, kernels: Kernels | None, recipe: Recipe, ranks: int, rank: int, group: Any,
-                 sm_count: int = 132, arch: str | None = None, options: StepOptions | None = None):
-        """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only."""
+                 sm_count: int = 132, arch: str | None = None, options: StepOptions | None = None,
+                 reason: str | None = None):
+        """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only. reason: why
+        tensor parallelism runs (parallel.choose's), for the step's description."""
         self.plan = parallel.plan_tensor_parallel(recipe.widths, recipe.batch, ranks)
         if not 0 <= rank < ranks:
             raise ValueError(f"rank must be in 0..{ranks - 1}, got {rank}")
         self.rank, self.group = rank, group
-        super().__init__(kernels, recipe, sm_count, step_kind=choice(recipe, ranks), arch=arch, options=options)
+        reason = reason or parallel.choose(recipe.widths, recipe.batch, ranks, "tensor").reason
+        super().__init__(kernels, recipe, sm_count, step_kind=steps.Choice("tensor", reason), arch=arch,
+                         options=options)
         # the evaluation's partial sums, one buffer per shape of output they are finished into
         self.eval_sums = {shape: self.arena.tensor(f"eval_sum_{shape[1]}", shape, np.float32)
                           for shape in {out.shape for i, out in enumerate(self._eval_outs()) if self.reduces(i)}}
@@ -147,6 +142,11 @@ class ShardedMLP(MLP):
         if whole.ndim == 1:
             return whole[cols]
         return whole[self._slice(i, whole.shape[0], 0).astype(np.intp)][:, cols]
+
+    def join(self, parts: list[tuple[list, dict[str, np.ndarray]]]) -> tuple[list, dict[str, np.ndarray]]:
+        """The whole model's (parameters(), state()) from every rank's, in rank order."""
+        return (join_parameters(self.plan, [p[0] for p in parts]), join_state(self.plan, [p[1] for p in parts]))
+
 
 def join_parameters(plan: parallel.TensorParallelPlan,
                     parts: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[tuple[np.ndarray, np.ndarray]]:

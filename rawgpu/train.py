@@ -16,6 +16,7 @@ from . import recipe as rc
 from . import steps
 from .console import RunInfo, Summary
 from .errors import RawgpuError, StepUnsupported
+from .parallel import MODES, data_parallel_reason
 from .data import DATASET_NAMES
 from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged
 
@@ -68,8 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{MAX_AUTO_STEPS_PER_GRAPH} at most)")
     add_step_option(r)
     r.add_argument("--gpus", type=_count(1, 64, what="GPUs"), default=1, metavar="N",
-                   help="split the model over GPUs 0..N-1 of this machine, one process each (tensor parallel: each "
-                        "GPU holds a slice of every layer; needs rawgpu[multi]); default 1")
+                   help="train on GPUs 0..N-1 of this machine, one process each, split as --parallel says (needs "
+                        "rawgpu[multi]); default 1")
+    r.add_argument("--parallel", choices=MODES, default="auto",
+                   help="with --gpus: tensor (each GPU a slice of every layer; the activations are summed), data (each "
+                        "GPU the whole model and 1/N of every batch; the gradients are summed) or auto (default: the "
+                        "one that moves fewer bytes per step)")
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
                         "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")
@@ -189,7 +194,7 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
 
 
 def train_on_gpus(args: argparse.Namespace, data, recipe: rc.Recipe, t_start: float, ckpt=None) -> int:
-    """--gpus N: a process per GPU (ranks.py), each training its slice of the model; rank 0 shows the run."""
+    """--gpus N: a process per GPU (ranks.py), each training its part of the run; rank 0 shows it."""
     from . import nccl
     from .ranks import run_ranks
 
@@ -209,7 +214,7 @@ def _train_rank(rank: int, ranks: int, unique_id: bytes, args, data, recipe, t_s
 
     console = make_console("json" if args.json else "auto") if rank == 0 else Console(io.StringIO())
     try:
-        return train(args, data, recipe, console, t_start, ckpt, Rank(ranks, rank, unique_id))
+        return train(args, data, recipe, console, t_start, ckpt, Rank(ranks, rank, unique_id, args.parallel))
     finally:
         console.close()
 
@@ -282,16 +287,24 @@ def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--gpus N > 1: the options it cannot go with, and NCCL, before the data and the GPUs."""
     if args.gpus == 1:
+        if args.parallel != "auto":
+            parser.error("argument --parallel: splits a model over several GPUs; add --gpus N")
         return
     if args.step != "auto":
-        parser.error(f"argument --gpus: a model on {args.gpus} GPUs runs the tensor-parallel step, not --step "
-                     f"{args.step}")
+        parser.error(f"argument --gpus: a model on {args.gpus} GPUs runs the tensor- or data-parallel step, not "
+                     f"--step {args.step}")
     if args.device:
         parser.error(f"argument --gpus: the run takes GPUs 0..{args.gpus - 1}; drop --device")
     from . import nccl
 
     if (why := nccl.available()) is not None:
         parser.error(f"argument --gpus: {why}")
+
+
+def check_parallel(parser: argparse.ArgumentParser, args: argparse.Namespace, recipe: rc.Recipe) -> None:
+    """--parallel data: the run's batch must split over the GPUs."""
+    if args.gpus > 1 and args.parallel == "data" and (why := data_parallel_reason(recipe.batch, args.gpus)):
+        parser.error(f"argument --parallel: {why}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rawgpu: error: {exc}", file=sys.stderr)
             return 1
         check_resume(parser, args, explicit_options(parser, argv), ckpt)
+        check_parallel(parser, args, ckpt.recipe)
         args.dataset = args.dataset or ckpt.dataset.get("name")
         args.save = args.save or args.resume
     args.dataset = args.dataset or "mnist"
@@ -320,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = None
     if ckpt is None and (shape := known_shape(args.dataset)) is not None:
         recipe = check_run(parser, args, shape)  # the named sets' shape is known: no need to read them first
+        check_parallel(parser, args, recipe)
     from .console import make_console
 
     console = make_console("json" if args.json else "auto")
@@ -331,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if ckpt is None and recipe is None:
             recipe = check_run(parser, args, dict(inputs=data.inputs, classes=data.classes,
                                                   train_rows=len(data.train_labels), test_rows=len(data.test_labels)))
+            check_parallel(parser, args, recipe)
         from . import driver
 
         driver.init()

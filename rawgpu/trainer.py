@@ -26,7 +26,6 @@ from .data import DATASET_NAMES, Dataset, load_dataset
 from .errors import RawgpuError
 from .ranks import Rank, gather_to_root
 from .recipe import DEFAULTS, Recipe, cdiv, run_length
-from .sharded import join_parameters, join_state
 from .steps import CHOICES
 
 PROGRESS_TICKS = 50  # progress events per epoch
@@ -285,7 +284,7 @@ class Trainer:
                         progress.epoch_progress(at)
                 # An epoch with a mid-epoch save also counts the idle GPU time of that save.
                 seconds, eval_seconds = start.elapsed_ms(end) / 1e3, end.elapsed_ms(eval_end) / 1e3
-                loss_sum, correct = m.train_metrics()
+                loss_sum, correct = m.train_metrics(stream)
                 test_loss, test_acc = m.eval_metrics()
                 ran = n - started
                 self.train_seconds += seconds
@@ -330,7 +329,7 @@ class Trainer:
         `path` (None: don't); skipped when the loss or the weights are not finite, so the last good checkpoint
         stays."""
         self.stream.synchronize()
-        loss_sum, correct = self.model.train_metrics()
+        loss_sum, correct = self.model.train_metrics(self.stream)
         if math.isfinite(loss_sum):
             self._epoch_metrics = (loss_sum, correct)
             if path is not None:
@@ -383,8 +382,7 @@ class Trainer:
             parts = gather_to_root((weights, state), self.rank)
             if parts is None:
                 return None
-            plan = self.model.plan
-            weights, state = join_parameters(plan, [p[0] for p in parts]), join_state(plan, [p[1] for p in parts])
+            weights, state = self.model.join(parts)
         progress = {"steps_done": self.steps_done, "epoch_loss_sum": self._epoch_metrics[0],
                     "epoch_correct": self._epoch_metrics[1], "train_seconds": self.train_seconds,
                     "history": [dataclasses.asdict(h) for h in self.history]}

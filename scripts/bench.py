@@ -47,6 +47,7 @@ from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
+from rawgpu.parallel import MODES, data_parallel_reason  # noqa: E402
 from rawgpu.recipe import DEFAULTS, OPTIMIZER_DEFAULTS, Recipe  # noqa: E402
 
 HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -430,27 +431,27 @@ def step_alone_us(model, stream, steps: int, trials: int) -> float:
 
 
 def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed: int, data, recipe: dict,
-               steps_per_launch: int = 100, warmup: int = 50) -> dict:
-    """One rank of the recipe's model split over `ranks` GPUs (a process of ranks.run_ranks, or called alone with
-    ranks 1): the run timed as bench_rawgpu times it, and the same rank's step with its all-reduces left out, timed
-    in a graph of steps_per_launch steps (the difference is the step's time in its collectives, waits included)."""
+               steps_per_launch: int = 100, warmup: int = 50, mode: str = "auto") -> dict:
+    """One rank of the recipe's model on `ranks` GPUs, split as `mode` says (parallel.MODES; a process of
+    ranks.run_ranks, or called alone with ranks 1): the run timed as bench_rawgpu times it, and the same rank's step
+    with its all-reduces left out, timed in a graph of steps_per_launch steps (the difference is the step's time in
+    its collectives, waits included)."""
     from rawgpu.ranks import Rank
-    from rawgpu.session import Session
-    from rawgpu.sharded import ShardedMLP
+    from rawgpu.session import Session, rank_model
     from rawgpu.steps import StepOptions
 
     recipe = rawgpu_recipe(h, {**RECIPES["seed"], **recipe}, steps, seed)
-    session = Session(recipe, rank=Rank(ranks, rank, unique_id))
+    session = Session(recipe, rank=Rank(ranks, rank, unique_id, mode))
     try:
         us, accuracy, nodes, _, k = timed_run(session, steps, seed, data, warmup, steps_per_launch)
-        alone = ShardedMLP(session.kernels, recipe, ranks, rank, NoSums(), session.device.sm_count,
-                           options=StepOptions(l2_bytes=session.device.l2_bytes)).allocate()
+        alone = rank_model(session.kernels, recipe, ranks, rank, NoSums(), session.device.sm_count, None,
+                           StepOptions(l2_bytes=session.device.l2_bytes), session.choice).allocate()
         try:
             without = step_alone_us(alone, session.stream, k, 10)
         finally:
             alone.arena.close()
         return dict(rank=rank, us_per_step=us, us_without_sums=without, test_accuracy=accuracy, nodes=nodes,
-                    note=session.step_description)
+                    split=session.choice.kind, note=session.step_description)
     finally:
         session.close()
 
@@ -459,6 +460,11 @@ def cmd_train_gpus(args) -> int:
     """--gpus: rawgpu alone on one GPU and split over N of them, each H: us/step, speed-up, time in the sums."""
     from rawgpu.data import load_mnist
 
+    batch = args.train_recipe["batch"]
+    if args.parallel == "data" and (why := next(filter(None, (data_parallel_reason(batch, n) for n in args.gpus)),
+                                                None)):
+        print(f"bench: error: argument --parallel: {why}", file=sys.stderr)
+        return 2
     device = drv.Device(args.device)
     count = drv.device_count()
     if max(args.gpus) > count:
@@ -477,24 +483,25 @@ def cmd_train_gpus(args) -> int:
     mnist, recipe = load_mnist(args.data_dir), args.train_recipe
     cu_major, cu_minor = drv.driver_version()
     print(f"# {count} x {device.name} ({device.arch}), driver CUDA {cu_major}.{cu_minor}, {dt.date.today()}; recipe "
-          f"{args.recipe}: {args.steps} steps, {describe(recipe)}; tensor parallel, one process per GPU")
-    print(f"{'H':>5} {'GPUs':>5} {'us/step':>9} {'vs 1 GPU':>9} {'in sums':>14} {'test acc':>8}")
+          f"{args.recipe}: {args.steps} steps, {describe(recipe)}; --parallel {args.parallel}, one process per GPU")
+    print(f"{'H':>5} {'GPUs':>5} {'split':>6} {'us/step':>9} {'vs 1 GPU':>9} {'in sums':>14} {'test acc':>8}")
     rows = []
     for h in args.sizes:
         one = bench_rawgpu(h, args.steps, args.seed, mnist, args.device, steps_per_launch=args.steps_per_launch,
                            recipe=recipe)
         one.pop("init")
         row = dict(hidden=h, one_gpu=one, split=[])
-        print(f"{h:>5} {1:>5} {one['us_per_step']:>9.1f} {'1.00x':>9} {'-':>14} "
+        print(f"{h:>5} {1:>5} {'-':>6} {one['us_per_step']:>9.1f} {'1.00x':>9} {'-':>14} "
               f"{100 * one['test_accuracy']:>7.2f}%", flush=True)
         for n in sorted(set(args.gpus) - {1}):
-            ranks = run_ranks(bench_rank, n, h, args.steps, args.seed, mnist, recipe, args.steps_per_launch,
-                              unique_id=nccl.new_unique_id())
+            ranks = run_ranks(bench_rank, n, h, args.steps, args.seed, mnist, recipe, args.steps_per_launch, 50,
+                              args.parallel, unique_id=nccl.new_unique_id())
             us = max(r["us_per_step"] for r in ranks)  # the ranks wait for each other: the slowest is the step
             sums = us - max(r["us_without_sums"] for r in ranks)
-            row["split"].append(dict(gpus=n, us_per_step=us, speedup=one["us_per_step"] / us, us_in_sums=sums,
+            row["split"].append(dict(gpus=n, parallel=ranks[0]["split"], us_per_step=us,
+                                     speedup=one["us_per_step"] / us, us_in_sums=sums,
                                      test_accuracy=ranks[0]["test_accuracy"], ranks=ranks))
-            print(f"{h:>5} {n:>5} {us:>9.1f} {one['us_per_step'] / us:>8.2f}x {sums:>7.1f} ({100 * sums / us:3.0f}%) "
+            print(f"{h:>5} {n:>5} {ranks[0]['split']:>6} {us:>9.1f} {one['us_per_step'] / us:>8.2f}x {sums:>7.1f} ({100 * sums / us:3.0f}%) "
                   f"{100 * ranks[0]['test_accuracy']:>7.2f}%", flush=True)
         rows.append(row)
     results = dict(device=device.name, gpus=count, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
@@ -700,9 +707,11 @@ def main(argv=None) -> int:
                         "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch; "
                         "rawgpu-long: the layered step without its short form)")
     t.add_argument("--gpus", type=positive, nargs="+", default=None, metavar="N",
-                   help="rawgpu alone, on one GPU and split over N GPUs of this machine (tensor parallel, one process "
-                        "per GPU; needs rawgpu[multi]): us/step, speed-up over one GPU, time in the all-reduces; no "
-                        "peers")
+                   help="rawgpu alone, on one GPU and on N GPUs of this machine (split as --parallel says, one "
+                        "process per GPU; needs rawgpu[multi]): us/step, speed-up over one GPU, time in the "
+                        "all-reduces; no peers")
+    t.add_argument("--parallel", choices=MODES, default="auto",
+                   help="with --gpus: how the GPUs share the model, as rawgpu.train's --parallel (default auto)")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)

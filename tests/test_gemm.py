@@ -254,13 +254,25 @@ def test_store32_is_planned_as_store(arch, layout):
         assert G.plan_gemm(128, 4096, 784, "rr", "store32", arch=arch).config.name == "tma128"
 
 
-def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store():
+def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_updated():
     store = {(c, lay) for c, lay, e in G.INSTANCES if e == "store" and lay in ("rr", "rc")}
-    assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32"} == store
+    assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32" and lay != "cr"} == store
     assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE}
-    for layout in ("cr", "cc"):
-        with pytest.raises(ValueError, match="no compiled GEMM instance"):
-            G.plan_gemm(8192, 8192, 32, layout, "store32")
+    assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {"32x128", "64x128", "128x128",
+                                                                                    "staged", "staged32"}
+    with pytest.raises(ValueError, match="no compiled GEMM instance"):
+        G.plan_gemm(8192, 8192, 32, "cc", "store32")
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+def test_a_weight_gradient_in_fp32_runs_the_tile_and_splits_of_one_gpus_update(arch):
+    """Data parallelism's weight gradient (cr, store32) is planned as the SGD update of that shape, so with one GPU
+    its sums are the fused update's."""
+    for M, N, K in [(784, 256, 32), (256, 16, 128), (4096, 4096, 64), (784, 1024, 512), (64, 256, 128),
+                    (1024, 1024, 2048)]:
+        update = G.plan_gemm(M, N, K, "cr", "sgd", arch=arch, states=1, capacity=H100_CLUSTERS)
+        fp32 = G.plan_gemm(M, N, K, "cr", "store32", arch=arch, capacity=H100_CLUSTERS)
+        assert (fp32.config, fp32.splits, fp32.cluster) == (update.config, update.splits, update.cluster), (M, N, K)
 
 
 class _NoKernels:
@@ -590,13 +602,14 @@ def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout,
 @pytest.mark.parametrize("accum", ["f32", "f16"])
 @pytest.mark.parametrize("config,epi,opt", [("staged", "update", "plain"), ("staged", "update", "momentum"),
                                             ("staged", "update", "nesterov"), ("staged", "store", "plain"),
-                                            ("staged32", "update", "adam"), ("staged32", "update", "adamw")])
+                                            ("staged32", "update", "adam"), ("staged32", "update", "adamw"),
+                                            ("staged", "store32", "plain"), ("staged32", "store32", "plain")])
 @pytest.mark.parametrize("M,N,K,splits", [(304, 136, 32, None), (72, 8, 7, None), (200, 264, 200, None),
                                           (104, 136, 256, 3)])
 def test_staged_epilogue(device, stream, kernels, rng, M, N, K, splits, config, epi, opt, accum):
     """Weight-gradient tiles whose update goes through shared memory: partial tiles in M and N, K below and above
     one k-tile, every optimiser (no state, momentum, Adam's two moments), and split-K (the last split fetches the
-    weight and state tiles after the fix-up)."""
+    weight and state tiles after the fix-up); and the fp32 gradient data parallelism sums (store32), per pair."""
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "cr", epi, accum, splits=splits, opt=opt,
                                config=config, repeat=2)
     assert plan.config.staged and plan.states == (OPTIMIZERS[opt].state_tensors if epi == "update" else 0)

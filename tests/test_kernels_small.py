@@ -84,7 +84,8 @@ def _plan():
         w16=a.tensor("w16", (784, 256), np.float16), bias=a.tensor("bias", 256, np.float32),
         mom=a.tensor("mom", 256, np.float32), dy=a.tensor("dy", (10, 264), np.float16),
         total=a.tensor("total", (10, 264), np.float32), act=a.tensor("act", (10, 264), np.float16),
-        bias264=a.tensor("bias264", 264, np.float32),
+        bias264=a.tensor("bias264", 264, np.float32), grad264=a.tensor("grad264", 264, np.float32),
+        g32=a.tensor("g32", (784, 256), np.float32),
     )
     return t
 
@@ -110,13 +111,17 @@ def _valid_calls(k, t):
     ke.finish_sum(k, t["total"], t["dy"], 10, "bias", bias=t["bias264"])
     ke.finish_sum(k, t["total"], t["dy"], 3, "bias_relu", bias=t["bias264"])
     ke.finish_sum(k, t["total"], t["dy"], 0, "drelu", act=t["act"])
+    ke.bias_grad(k, t["dy"], t["grad264"], 10)
+    ke.apply_update(k, t["g32"], t["bias"], t["w16"], t["wlo"], None, None, t["bias"], None, None, t["optim"], "sgd")
+    ke.apply_update(k, t["g32"], t["bias"], t["w16"], t["wlo"], t["w32"], t["w32"], t["bias"], t["mom"], t["mom"],
+                    t["optim"], "adam")
 
 
 def test_launchers_match_the_kernel_sources():
     sigs = _kernel_signatures()
     k = _Recorder()
     _valid_calls(k, _plan())
-    assert len(k.calls) == 19
+    assert len(k.calls) == 22
     for source, name, signature, grid, block, smem, args in k.calls:
         assert name in sigs and name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
         assert signature == sigs[name], f"{name}: launcher says {signature}, the kernel takes {sigs[name]}"
@@ -130,7 +135,8 @@ def test_launchers_match_the_kernel_sources():
     names = {c[1] for c in k.calls}
     assert names >= {"gather_batch", "step_increment", "set_i64", "softmax_xent", "zero_metrics",
                      "copy_f16_if_odd", "fill_f32", "bias_update", "init_uniform", "init_uniform_master",
-                     "finish_sum_bias", "finish_sum_bias_relu", "finish_sum_drelu"}
+                     "finish_sum_bias", "finish_sum_bias_relu", "finish_sum_drelu", "apply_update_sgd",
+                     "apply_update_adam"}
 
 
 def test_softmax_xent_is_one_block_and_eval_passes_null():

@@ -89,12 +89,30 @@ def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
         join_state(plan, states)
 
 
-def test_the_step_says_why_and_where_data_parallelism_would_move_less():
-    small_batch = ShardedMLP(None, Recipe(hidden=256, batch=128), 2, 0, None, arch="sm_90")
+def test_the_ranks_split_moves_fewer_bytes_and_the_step_says_why():
+    """session.rank_choice (parallel.choose) picks the split; the rank's model and step are that split's, and the
+    step's description carries the reason."""
+    from rawgpu.replicated import ReplicatedMLP
+    from rawgpu.session import rank_choice, rank_model
+
+    def model(batch, ranks, mode="auto"):
+        recipe = Recipe(hidden=256, batch=batch)
+        return rank_model(None, recipe, ranks, 0, None, 132, "sm_90", None, rank_choice(recipe, ranks, mode))
+
+    small_batch = model(128, 2)
+    assert isinstance(small_batch, ShardedMLP) and small_batch.kind == "tensor"
     assert "3 all-reduces of activations move 0.27 MB per rank and step" in small_batch.step.describe()
-    large_batch = ShardedMLP(None, Recipe(hidden=256, batch=4096), 2, 0, None, arch="sm_90")
-    assert "data parallelism would move less" in large_batch.step.describe()
-    assert "only tensor parallelism is built" in large_batch.choice.reason
+    large_batch = model(4096, 2)
+    assert isinstance(large_batch, ReplicatedMLP) and large_batch.kind == "data"
+    assert "the gradients move 1.34 MB per rank and step" in large_batch.step.describe()
+    assert model(4096, 3).kind == "tensor" and "does not split over 3 ranks" in model(4096, 3).step.describe()
+    assert model(1, 1).kind == "tensor" and "(one rank)" in model(1, 1).step.describe()
+    assert model(4096, 2, "tensor").kind == "tensor" and model(128, 2, "data").kind == "data"
+    assert "asked for by name" in model(128, 2, "data").step.describe()
+    with pytest.raises(ValueError, match="data parallelism cannot run here: the batch of 100 does not split over 3"):
+        model(100, 3, "data")
+    with pytest.raises(ValueError, match="parallel mode must be one of auto, tensor, data"):
+        model(128, 2, "pipeline")
 
 
 def test_a_bad_rank_is_refused():
@@ -107,7 +125,7 @@ def test_a_bad_rank_is_refused():
 
 class HostSum:
     """A stand-in for one all-reduce of nccl.Communicator: the lockstep runner sums the ranks' buffers on the host,
-    in fp32 and rank order."""
+    in their dtype and rank order."""
 
     def __init__(self, send, recv, count):
         self.send, self.recv, self.count = send, recv, count
@@ -130,7 +148,7 @@ def run_lockstep(step_lists, stream):
         if isinstance(items[0], HostSum):
             assert all(isinstance(x, HostSum) and x.count == items[0].count for x in items)
             stream.synchronize()
-            total = np.zeros(items[0].count, np.float32)
+            total = np.zeros(items[0].count, items[0].send.dtype)
             for x in items:
                 total += x.send.download().reshape(-1)[:x.count]
             for x in items:
@@ -278,7 +296,8 @@ def _joined_optimizer_state(plan, models):
 def test_gpus_options_that_do_not_go_together_are_usage_errors():
     from test_trainer import cli
 
-    for args, msg in [(["--gpus", "2", "--step", "fused"], "runs the tensor-parallel step, not --step fused"),
+    for args, msg in [(["--gpus", "2", "--step", "fused"], "runs the tensor- or data-parallel step, not --step fused"),
+                      (["--parallel", "data"], "argument --parallel: splits a model over several GPUs; add --gpus N"),
                       (["--gpus", "2", "--device", "1"], "takes GPUs 0..1; drop --device"),
                       (["--gpus", "0"], "must be >= 1")]:
         out = cli("rawgpu.train", *args, "--steps", "5")

@@ -48,14 +48,23 @@ extern "C" __global__ void fill_f32(float* __restrict__ p, i64 n, float v) {
     GRID_STRIDE(j, n - done) p[done + j] = v;
 }
 
+// Bias c's step (optim.cuh) for gradient g, its state m, v where the optimiser keeps it (else null).
+RG_DEVICE void bias_step(int c, float g, float* bias, float* m, float* v, const Optim& o) {
+    float mc = m != nullptr ? m[c] : 0.f, vc = v != nullptr ? v[c] : 0.f;
+    bias[c] = optim_update(bias[c], g, mc, vc, o);
+    if (m != nullptr) m[c] = mc;
+    if (v != nullptr) v[c] = vc;
+}
+
 // Bias gradient + the optimiser's update (optim.cuh). g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed point
 // (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
 // columns (one 16-byte load per row when ld % 8 == 0 and dy is aligned), TY threads split the rows; the TY
 // partials meet in shared memory. Grid over column tiles; blockDim.x * blockDim.y <= EW_THREADS (rawgpu/contract.py,
-// a -D option: the launcher's block). m, v: the optimiser's state (null where it keeps none).
+// a -D option: the launcher's block). m, v: the optimiser's state (null where it keeps none). grad: where g goes
+// instead of the update (data parallelism adds it up over the GPUs first: apply_update); null to update.
 extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, int rows, int cols,
                                        float* __restrict__ bias, float* __restrict__ m, float* __restrict__ v,
-                                       const Optim* __restrict__ opt) {
+                                       const Optim* __restrict__ opt, float* __restrict__ grad) {
     __shared__ i64 part[EW_THREADS * 8];  // [TY][TX * 8]
     pdl_enter();
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
@@ -92,12 +101,53 @@ extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, in
         i64 sum = 0;
         for (int y = 0; y < TY; ++y) sum += part[y * tile + t];
         const float g = (float)((double)sum * (1.0 / 16777216.0));
-        const Optim o = *opt;
-        float mc = m != nullptr ? m[c] : 0.f, vc = v != nullptr ? v[c] : 0.f;
-        bias[c] = optim_update(bias[c], g, mc, vc, o);
-        if (m != nullptr) m[c] = mc;
-        if (v != nullptr) v[c] = vc;
+        if (grad != nullptr) grad[c] = g;
+        else bias_step(c, g, bias, m, v, *opt);
     }
+}
+
+// The weights' and the bias's step of one layer from gradients summed over the GPUs (data parallelism: the weight
+// gradient from a store32 GEMM, the bias's from bias_update's grad): the weights through the GEMM's own update
+// epilogue (gemm_epilogue.cuh: epilogue_inputs, epilogue_pair), the bias through bias_step, so with one GPU the bits
+// of the fused updates. g: rows x cols fp32 (cols even), the master (w16, lo) and state (mom, var) of that shape;
+// gb, bias, mb, vb: cols. A thread per pair of weights, then per bias.
+template <int EPI>
+RG_DEVICE void apply_update(const float* __restrict__ g, const float* __restrict__ gb, half_t* w16, short* lo,
+                            float* mom, float* var, float* bias, float* mb, float* vb, const Optim* __restrict__ opt,
+                            int rows, int cols) {
+    pdl_enter();  // the gradients are the all-reduce's
+    Params p{};
+    p.out = lo;
+    p.w16 = w16;
+    p.mom = mom;
+    p.var = var;
+    p.ldc = cols;
+    const Optim o = *opt;
+    const i64 pairs = (i64)rows * (cols / 2);
+    GRID_STRIDE(i, pairs + cols) {
+        if (i < pairs) {
+            const int row = (int)(i / (cols / 2)), col = (int)(i % (cols / 2)) * 2;
+            const float2 s = *reinterpret_cast<const float2*>(g + (i64)row * cols + col);
+            float2 x, y, z;
+            epilogue_inputs<EPI>(p, row, col, x, y, z);
+            epilogue_pair<EPI>(p, o, row, col, s.x, s.y, x, y, z);
+        } else {
+            const int c = (int)(i - pairs);
+            bias_step(c, gb[c], bias, mb, vb, o);
+        }
+    }
+}
+
+// apply_update per optimiser family (kernels/elementwise.py picks apply_update_<family>).
+extern "C" __global__ void apply_update_sgd(const float* __restrict__ g, const float* __restrict__ gb, half_t* w16,
+                                            short* lo, float* mom, float* var, float* bias, float* mb, float* vb,
+                                            const Optim* __restrict__ opt, int rows, int cols) {
+    apply_update<EPI_SGD>(g, gb, w16, lo, mom, var, bias, mb, vb, opt, rows, cols);
+}
+extern "C" __global__ void apply_update_adam(const float* __restrict__ g, const float* __restrict__ gb, half_t* w16,
+                                             short* lo, float* mom, float* var, float* bias, float* mb, float* vb,
+                                             const Optim* __restrict__ opt, int rows, int cols) {
+    apply_update<EPI_ADAM>(g, gb, w16, lo, mom, var, bias, mb, vb, opt, rows, cols);
 }
 
 // A tensor-parallel layer's GEMM epilogue, run once the GPUs have added up its store32 partial sums (the all-reduce,

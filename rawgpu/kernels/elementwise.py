@@ -1,4 +1,5 @@
-"""Launchers for cu/elementwise.cu: casts, fills, init, counters, the bias update and the epilogue of summed GEMMs.
+"""Launchers for cu/elementwise.cu: casts, fills, init, counters, the bias update, and what finishes sums over GPUs
+(the epilogue of summed GEMMs, the update from summed gradients).
 
 Each checks its tensors (so a wrong buffer fails here, by name) and returns a bound Launch.
 """
@@ -56,24 +57,72 @@ def bias_update(k: Kernels, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tenso
     require(bias, np.float32, what="bias")
     if len(bias.shape) != 1:
         raise ValueError(f"bias: expected a 1-D tensor, got shape {bias.shape}")
-    cols = bias.shape[0]
+    for state, what in ((m, "bias first moment"), (v, "bias second moment")):
+        if state is not None:
+            require(state, np.float32, bias.shape, what=what)
+    require(optim, np.float32, (OPTIM_WORDS,), what="optim")
+    return _bias_sums(k, dy, bias.shape[0], rows, bias, m, v, optim, None)
+
+
+def bias_grad(k: Kernels, dy: Tensor, grad: Tensor, rows: int) -> Launch:
+    """grad = column sums of dy[:rows, :cols] (cols = grad's size) as bias_update sums them, without the update: data
+    parallelism adds them up over the GPUs first (apply_update)."""
+    require(grad, np.float32, what="bias gradient")
+    if len(grad.shape) != 1:
+        raise ValueError(f"bias gradient: expected a 1-D tensor, got shape {grad.shape}")
+    return _bias_sums(k, dy, grad.shape[0], rows, None, None, None, None, grad)
+
+
+def _bias_sums(k: Kernels, dy: Tensor, cols: int, rows: int, bias: Tensor | None, m: Tensor | None,
+               v: Tensor | None, optim: Tensor | None, grad: Tensor | None) -> Launch:
     require(dy, np.float16, what="bias dy")
     if len(dy.shape) != 2 or dy.shape[1] < cols:
         raise ValueError(f"bias dy: expected shape [rows, ld >= {cols}], got {dy.shape}")
     if not 0 <= rows <= dy.shape[0]:
         raise ValueError(f"bias dy: rows={rows} is outside 0..{dy.shape[0]}")
-    for state, what in ((m, "bias first moment"), (v, "bias second moment")):
-        if state is not None:
-            require(state, np.float32, bias.shape, what=what)
-    require(optim, np.float32, (OPTIM_WORDS,), what="optim")
     groups = -(-cols // 8)  # 8 columns per thread
     tx = 1
     while tx < min(groups, 8):
         tx *= 2
     ty = THREADS // tx
     grid = max(1, -(-cols // (8 * tx)))
-    return k.get(SRC, "bias_update", "piiipppp").bind(grid, (tx, ty), 0, dy, dy.shape[1], rows, cols, bias,
-                                                       0 if m is None else m, 0 if v is None else v, optim)
+    return k.get(SRC, "bias_update", "piiippppp").bind(grid, (tx, ty), 0, dy, dy.shape[1], rows, cols,
+                                                        *(0 if t is None else t for t in (bias, m, v, optim, grad)))
+
+
+def apply_update(k: Kernels, g: Tensor, gb: Tensor, w16: Tensor, wlo: Tensor, mw: Tensor | None, vw: Tensor | None,
+                 bias: Tensor, mb: Tensor | None, vb: Tensor | None, optim: Tensor, family: str) -> Launch:
+    """One layer's optimiser step from its gradients g (fp32, the weights' shape [rows, cols], cols even) and gb
+    (fp32 [cols]), summed over the GPUs (data parallelism): the master weights (w16, wlo) and their state (mw: momentum
+    or Adam's first moment, vw: Adam's second; None where the optimiser keeps none) by the GEMM's own update
+    epilogue, the bias and its state (mb, vb) as bias_update does it: with one GPU, the bits of the fused updates.
+    family: "sgd" or "adam" (the GEMM epilogue's, contract.UPDATE_EPILOGUES)."""
+    if family not in ("sgd", "adam"):
+        raise ValueError(f"apply_update: family must be 'sgd' or 'adam', got {family!r}")
+    require(g, np.float32, what="weight gradient")
+    if len(g.shape) != 2 or g.shape[1] % 2:
+        raise ValueError(f"weight gradient: expected [rows, cols] with cols even, got {g.shape}")
+    rows, cols = g.shape
+    require(w16, np.float16, g.shape, what="w16")
+    require(wlo, np.int16, g.shape, what="wlo")
+    require(gb, np.float32, (cols,), what="bias gradient")
+    require(bias, np.float32, (cols,), what="bias")
+    adam = family == "adam"
+    for t, shape, what, needed in ((mw, g.shape, "first moment", adam), (vw, g.shape, "second moment", adam),
+                                   (mb, (cols,), "bias first moment", adam), (vb, (cols,), "bias second moment", adam)):
+        if t is not None:
+            require(t, np.float32, shape, what=what)
+        elif needed:
+            raise ValueError(f"apply_update: Adam needs the {what}")
+    if (mw is None) != (mb is None) or (not adam and vw is not None):
+        raise ValueError("apply_update: the weights and the bias keep the same optimiser state")
+    for t in (g, w16, wlo, mw, vw):
+        if t is not None and t.offset % 8:
+            raise ValueError(f"apply_update: {t.name} must start 8-byte aligned for pair access (offset {t.offset})")
+    require(optim, np.float32, (OPTIM_WORDS,), what="optim")
+    return k.get(SRC, f"apply_update_{family}", "ppppppppppii").bind(
+        blocks_for(rows * cols // 2 + cols, THREADS), THREADS, 0, g, gb, w16, wlo,
+        *(0 if t is None else t for t in (mw, vw)), bias, *(0 if t is None else t for t in (mb, vb)), optim, rows, cols)
 
 
 FINISH_EPILOGUES = ("bias", "bias_relu", "drelu")  # the GEMM epilogues finish_sum runs (finish_sum_<epilogue>)

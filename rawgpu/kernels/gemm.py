@@ -143,9 +143,10 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES);
     - otherwise the smallest M tile that covers the batch.
-    store32 (an fp32 partial sum) runs the tile "store" would: the same shape streams the same bytes."""
+    store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
+    a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit."""
     if epilogue == "store32":
-        epilogue = "store"
+        epilogue = "sgd" if layout == "cr" else "store"
     if layout == "cr" and epilogue in UPDATE_EPILOGUES + ("store",) and M > 64 and K <= 128:
         if epilogue == "store" and 0 < N <= 64 and M <= 2048:
             return "32x128"

@@ -17,9 +17,11 @@ EVAL_THREADS = XENT_MAX_THREADS
 
 
 def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
-                 correct: Tensor, batch: int, classes: int = 10, grad_scale: float = 1.0) -> Launch:
+                 correct: Tensor, batch: int, classes: int = 10, grad_scale: float = 1.0,
+                 mean_over: int | None = None) -> Launch:
     """loss_sum += sum of per-row cross-entropy, correct += argmax hits;
-    dlogits = (softmax - onehot) * grad_scale / batch (grad_scale: a loss scale that keeps fp16 gradients normal).
+    dlogits = (softmax - onehot) * grad_scale / mean_over (grad_scale: a loss scale that keeps fp16 gradients
+    normal; mean_over: the rows of the loss's mean, default batch; more where other GPUs hold the rest of the batch).
 
     logits fp16 [>= batch, ld >= classes]; dlogits None for evaluation (metrics only), else the logits' shape
     (its padding columns are written as zero). loss_sum float64 [1] and correct int32 [1] accumulate.
@@ -34,14 +36,17 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
         raise ValueError(f"labels: expected [>= {batch}], got shape {labels.shape}")
     if dlogits is not None:
         require(dlogits, np.float16, logits.shape, what="dlogits")
+    mean_over = batch if mean_over is None else mean_over
+    if mean_over < batch:
+        raise ValueError(f"mean_over ({mean_over}) must be at least the batch ({batch})")
     if not (grad_scale > 0 and np.isfinite(grad_scale)):
         raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
     threads = THREADS if batch <= 256 else EVAL_THREADS
     return k.get(SRC, "softmax_xent", "pipiifppp").bind(1, threads, 0, logits, logits.shape[1], labels, batch, classes,
-                                                        grad_scale / batch, 0 if dlogits is None else dlogits, loss_sum,
-                                                        correct)
+                                                        grad_scale / mean_over, 0 if dlogits is None else dlogits,
+                                                        loss_sum, correct)
 
 
 def zero_metrics(k: Kernels, loss_sum: Tensor, correct: Tensor) -> Launch:

@@ -4,7 +4,8 @@ A step kind is how a training step runs on the GPU (the model's buffers and nume
   cluster   one thread-block cluster keeps the whole model in shared memory (steps/cluster.py)
   layered   one kernel per layer and role, each overlapping the one before on sm_90 (steps/layered.py)
   fused     the whole step in one persistent cooperative kernel (steps/fused.py)
-(tensor.py is one rank's step of a model split over several GPUs: sharded.py builds it, `choose` never does.)
+(tensor.py and data.py are one rank's step of a model on several GPUs: sharded.py and replicated.py build them,
+`choose` never does.)
 Each module owns its buffers, its parameter table, its launches, its support rule
 `unsupported_reason(recipe, arch)` and how the fp32 masters are read back; `Step` is what they share.
 `choose(recipe, arch, wanted)` is the only place that decides which kind runs, and says why.
