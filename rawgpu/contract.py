@@ -674,7 +674,7 @@ def _head_facts(arch: str, kernel: str | None = None):
 
 # ---- loss.cu and elementwise.cu (kernels/loss.py, kernels/elementwise.py) -----------------------------------------
 
-XENT_MAX_THREADS = 1024  # softmax_xent's largest block (evaluation batches): its per-warp sums are sized for it
+XENT_MAX_THREADS = 256  # softmax_xent's block: its per-warp sums are sized for it
 
 
 def _loss_facts(arch: str):

@@ -105,6 +105,10 @@ class MLP:
         self.eval_logits = a.tensor("eval_logits", (EB, padded[-1]), np.float16)
         self.eval_y = a.tensor("eval_y", EB, np.int32)
         self.tail_fwd: list[kg.GemmPlan] = []  # the last, shorter chunk's forward plans
+        # sums over blocks that meet exactly (ptx/exact_sum.cuh: the loss over many rows, a bias's row ranges): a word
+        # per column of the widest layer and a ticket per column tile; every launch leaves them zero
+        self.exact_sums = a.tensor("exact_sums", max(2, max(padded)), np.int64)
+        self.exact_tickets = a.tensor("exact_tickets", max(1, cdiv(max(padded), 8)), np.int32)
         # parameters and optimiser state
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
@@ -234,7 +238,8 @@ class MLP:
                 for part, t in zip(("weight", "bias"), pair)}
 
     def _counters(self) -> list[Tensor]:
-        return [self.counter, self.zero_counter, self.workspace, self.tickets] + self.step.counters()
+        return ([self.counter, self.zero_counter, self.workspace, self.tickets, self.exact_sums, self.exact_tickets]
+                + self.step.counters())
 
     def state(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
         """(parameters(), the exact device state), padding cut off: per layer the master halves as the step holds
@@ -332,14 +337,16 @@ class MLP:
                                        self.eval_x, self.eval_y, EB, chunks))
             out += self._eval_forward(self.eval_plans)
             out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
-                                       self.eval_correct, EB, classes))
+                                       self.eval_correct, EB, classes, scratch=self.exact_sums,
+                                       ticket=self.exact_tickets))
             out.append(kd.step_increment(k, self.eval_counter))
         if self.eval_tail:
             out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.tail_perm, self.zero_counter,
                                        self.eval_x, self.eval_y, self.eval_tail, 1))
             out += self._eval_forward(self.tail_fwd)
             out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
-                                       self.eval_correct, self.eval_tail, classes))
+                                       self.eval_correct, self.eval_tail, classes, scratch=self.exact_sums,
+                                       ticket=self.exact_tickets))
         return out
 
     def _eval_forward(self, plans: list[kg.GemmPlan]) -> list[Launch]:

@@ -85,7 +85,9 @@ def _plan():
         mom=a.tensor("mom", 256, np.float32), dy=a.tensor("dy", (10, 264), np.float16),
         total=a.tensor("total", (10, 264), np.float32), act=a.tensor("act", (10, 264), np.float16),
         bias264=a.tensor("bias264", 264, np.float32), grad264=a.tensor("grad264", 264, np.float32),
-        g32=a.tensor("g32", (784, 256), np.float32),
+        g32=a.tensor("g32", (784, 256), np.float32), big_logits=a.tensor("big_logits", (4096, 16), np.float16),
+        big_y=a.tensor("big_y", 4096, np.int32), big_dy=a.tensor("big_dy", (4096, 264), np.float16),
+        sums=a.tensor("sums", 264, np.int64), sum_tickets=a.tensor("sum_tickets", 33, np.int32),
     )
     return t
 
@@ -112,6 +114,9 @@ def _valid_calls(k, t):
     ke.finish_sum(k, t["total"], t["dy"], 3, "bias_relu", bias=t["bias264"])
     ke.finish_sum(k, t["total"], t["dy"], 0, "drelu", act=t["act"])
     ke.bias_grad(k, t["dy"], t["grad264"], 10)
+    kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
+                    ticket=t["sum_tickets"])
+    ke.bias_update(k, t["big_dy"], t["bias264"], None, None, t["optim"], 4096, t["sums"], t["sum_tickets"])
     ke.apply_update(k, t["g32"], t["bias"], t["w16"], t["wlo"], None, None, t["bias"], None, None, t["optim"], "sgd")
     ke.apply_update(k, t["g32"], t["bias"], t["w16"], t["wlo"], t["w32"], t["w32"], t["bias"], t["mom"], t["mom"],
                     t["optim"], "adam")
@@ -121,7 +126,7 @@ def test_launchers_match_the_kernel_sources():
     sigs = _kernel_signatures()
     k = _Recorder()
     _valid_calls(k, _plan())
-    assert len(k.calls) == 22
+    assert len(k.calls) == 24
     for source, name, signature, grid, block, smem, args in k.calls:
         assert name in sigs and name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
         assert signature == sigs[name], f"{name}: launcher says {signature}, the kernel takes {sigs[name]}"
@@ -206,6 +211,13 @@ def test_launchers_refuse_bad_buffers_before_compiling():
         ke.copy_f16_if_odd(k, t["w16"], t["w16"], t["optim"])
     with pytest.raises(ValueError, match="init target \\(lo\\)"):
         ke.init_uniform_master(k, t["w16"], a.tensor("lo2", (256, 784), np.int16), 0.1, 0)
+    with pytest.raises(ValueError, match="softmax_xent over 257 rows: its blocks' sums need the exact-sum scratch"):
+        kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 257)
+    with pytest.raises(ValueError, match="bias sums over 4096 rows: needs 264 scratch words and 5 tickets, got 100"):
+        ke.bias_update(k, t["big_dy"], t["bias264"], None, None, t["optim"], 4096, t["sums"].view((100,)),
+                       t["sum_tickets"])
+    with pytest.raises(TypeError, match="exact-sum scratch"):
+        ke.bias_update(k, t["big_dy"], t["bias264"], None, None, t["optim"], 4096, t["grad264"], t["sum_tickets"])
     with pytest.raises(TypeError, match="bias dy"):
         ke.bias_update(k, a.tensor("dy32", (10, 264), np.float32), t["bias"], None, None, t["optim"], 10)
     with pytest.raises(ValueError, match="bias dy"):  # 10 rows only
@@ -473,8 +485,10 @@ def _xent_reference(logits: np.ndarray, labels: np.ndarray, classes: int):
 
 @gpu
 @pytest.mark.parametrize("classes,ld", [(10, 16), (10, 10), (13, 24), (40, 48)])
-@pytest.mark.parametrize("batch", [1, 7, 32, 128, 1000])
+@pytest.mark.parametrize("batch", [1, 7, 32, 128, 256, 257, 1000, 4096])
 def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
+    """Loss, hits and dlogits against float64; one block up to 256 rows, above it blocks of 64 rows whose sums meet
+    exactly (the scratch and ticket left zero); metrics accumulate over launches; bitwise repeatable."""
     logits = (rng.standard_normal((batch + 2, ld)) * 3).astype(np.float16)
     labels = rng.integers(0, classes, size=batch).astype(np.int32)
     if batch >= 2:  # an exact tie: the first max (column 3) is the prediction, so label 7 is a miss
@@ -486,12 +500,15 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
         t_z, t_lab = arena.tensor("z", logits.shape, np.float16), arena.tensor("lab", batch, np.int32)
         t_d = arena.tensor("d", logits.shape, np.float16)
         t_loss, t_corr = arena.tensor("loss", 1, np.float64), arena.tensor("corr", 1, np.int32)
+        sums, tickets = arena.tensor("sums", 2, np.int64), arena.tensor("tickets", 1, np.int32)
         arena.allocate()
+        arena.zero()
         t_z.upload(logits), t_lab.upload(labels)
         t_d.fill_bytes(0xFF), t_loss.fill_bytes(0xFF), t_corr.fill_bytes(0xFF)
         device.synchronize()
         zero = kl.zero_metrics(kern, t_loss, t_corr)
-        train = kl.softmax_xent(kern, t_z, t_lab, t_d, t_loss, t_corr, batch, classes)
+        train = kl.softmax_xent(kern, t_z, t_lab, t_d, t_loss, t_corr, batch, classes, scratch=sums, ticket=tickets)
+        assert kl.xent_blocks(batch) == (1 if batch <= 256 else -(-batch // 64))
         zero.run(stream)
         train.run(stream)
         d1, loss1, corr1 = t_d.download(), t_loss.download(), t_corr.download()
@@ -503,6 +520,7 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
         assert _rel(d1[:batch, :classes], d_ref) <= 1e-3
         assert np.all(d1[:batch, classes:].view(np.uint16) == 0), "padding columns must be zero"
         assert np.all(d1[batch:].view(np.uint16) == 0xFFFF), "wrote past the batch"
+        assert not sums.download().any() and not tickets.download().any(), "the exact-sum buffers must end at zero"
 
         # the metrics accumulate over launches; zero_metrics resets them
         train.run(stream)
@@ -520,7 +538,8 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
         t_d.fill_bytes(0xFF)
         device.synchronize()
         zero.run(stream)
-        kl.softmax_xent(kern, t_z, t_lab, None, t_loss, t_corr, batch, classes).run(stream)
+        kl.softmax_xent(kern, t_z, t_lab, None, t_loss, t_corr, batch, classes, scratch=sums,
+                        ticket=tickets).run(stream)
         assert np.all(t_d.download().view(np.uint16) == 0xFFFF), "evaluation must not write dlogits"
         assert _bits(t_loss.download()).tobytes() == _bits(loss1).tobytes() and t_corr.download()[0] == corr1[0]
 
@@ -644,7 +663,9 @@ def test_bias_update(kern, device, stream, rng, rows, cols, pad, opt):
     with Arena() as arena:
         t_dy, t_opt = arena.tensor("dy", dy.shape, np.float16), arena.tensor("optim", OPTIM_WORDS, np.float32)
         bufs = [arena.tensor(n, cols + 8, np.float32) for n in ("b", "m", "v")]
+        sums, tickets = arena.tensor("sums", cols, np.int64), arena.tensor("tickets", cols, np.int32)
         arena.allocate()
+        arena.zero()
         t_dy.upload(dy), t_opt.upload(optimizer.words(table))
         tail = np.full(8, sentinel, np.float32)
 
@@ -656,13 +677,14 @@ def test_bias_update(kern, device, stream, rng, rows, cols, pad, opt):
         reset()
         views = [buf.view((cols,)) for buf in bufs]
         launch = ke.bias_update(kern, t_dy, views[0], views[1] if states else None, views[2] if states > 1 else None,
-                                t_opt, rows)
+                                t_opt, rows, sums, tickets)
         launch.run(stream)
         got = [buf.download() for buf in bufs]
         reset()
         launch.run(stream)
         for buf, first in zip(bufs, got):
             assert np.array_equal(_bits(buf.download()), _bits(first)), "not bitwise repeatable"
+        assert not sums.download().any() and not tickets.download().any(), "the exact-sum buffers must end at zero"
     assert all(np.all(x[cols:] == sentinel) for x in got), "wrote past the end"
     got_b, got_m, got_v = (x[:cols] for x in got)
     assert np.isfinite(got_b).all()
@@ -681,20 +703,23 @@ def test_bias_update(kern, device, stream, rng, rows, cols, pad, opt):
 
 @gpu
 def test_bias_update_many_rows(kern, device, stream, rng):
-    """60000 rows (the whole training set at once), few columns: the long fp32 sums stay accurate."""
+    """60000 rows (the whole training set at once), few columns: 235 row ranges whose exact sums give the float64
+    sum rounded once, bit for bit."""
     rows, cols, ld = 60000, 10, 16
     dy = (rng.standard_normal((rows, ld)) * 0.01).astype(np.float16)
     g = dy[:, :cols].astype(np.float64).sum(axis=0)
     with Arena() as arena:
         t_dy, t_opt, bias = (arena.tensor("dy", dy.shape, np.float16), arena.tensor("optim", OPTIM_WORDS, np.float32),
                              arena.tensor("b", cols, np.float32))
+        sums, tickets = arena.tensor("sums", cols, np.int64), arena.tensor("tickets", 2, np.int32)
         arena.allocate()
+        arena.zero()
         plain = optimizer.step_values(optimizer.hyperparameters(Recipe(momentum=0.0)), 0, 1.0)
         t_dy.upload(dy), t_opt.upload(optimizer.words(plain)), bias.upload(np.zeros(cols, np.float32))
         device.synchronize()
-        ke.bias_update(kern, t_dy, bias, None, None, t_opt, rows).run(stream)
+        ke.bias_update(kern, t_dy, bias, None, None, t_opt, rows, sums, tickets).run(stream)
         got = bias.download()
-    assert _rel(-got, g) <= 1e-5
+    assert (-got).tobytes() == g.astype(np.float32).tobytes()
 
 
 @gpu

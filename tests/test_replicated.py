@@ -162,11 +162,13 @@ def test_bias_grad_is_the_exact_column_sum_rounded_once(kernels, device, stream,
     want = dy[:rows, :cols].astype(np.float64).sum(axis=0).astype(np.float32)
     with Arena() as arena:
         t_dy, out = arena.tensor("dy", dy.shape, np.float16), arena.tensor("g", cols + 8, np.float32)
+        sums, tickets = arena.tensor("sums", cols, np.int64), arena.tensor("tickets", cols, np.int32)
         arena.allocate()
+        arena.zero()
         t_dy.upload(dy)
         out.fill_bytes(0xFF)
         device.synchronize()
-        ke.bias_grad(kernels, t_dy, out.view((cols,)), rows).run(stream)
+        ke.bias_grad(kernels, t_dy, out.view((cols,)), rows, sums, tickets).run(stream)
         got = out.download()
     assert got[:cols].tobytes() == want.tobytes()
     assert np.isnan(got[cols:]).all(), "wrote past the end"

@@ -48,6 +48,9 @@ def test_auto_says_why_it_passed_every_kind_over():
     assert "in 18 kernels" in choice.passed_over["fused"]
     assert "batch <= 256" in choice.passed_over["layered (short form)"]
     assert steps.choose(Recipe(hidden=1024, batch=512), "sm_90").kind == "fused"
+    for arch in ("sm_86", "sm_90"):  # above batch 512 the layered step's GEMM tiles win at every width
+        large = steps.choose(Recipe(hidden=128, batch=1024), arch)
+        assert large.kind == "layered" and "batch 1024 > 512" in large.passed_over["fused"]
     assert "hidden 1024 > 512" in steps.choose(Recipe(hidden=1024, batch=32, momentum=0.0), "sm_86").passed_over["fused"]
     for r in (Recipe(hidden=2048, batch=128), Recipe(hidden=256, optimizer="adam"), Recipe(hidden=128, batch=256)):
         assert "short form" in steps.choose(r, "sm_90").reason

@@ -6,6 +6,7 @@
 #include "master.cuh"
 #include "optim.cuh"
 #include "gemm_epilogue.cuh"
+#include "exact_sum.cuh"
 
 #ifndef EW_THREADS
 #error "elementwise.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
@@ -56,26 +57,31 @@ RG_DEVICE void bias_step(int c, float g, float* bias, float* m, float* v, const 
     if (v != nullptr) v[c] = vc;
 }
 
-// Bias gradient + the optimiser's update (optim.cuh). g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed point
-// (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
+// Bias gradient + the optimiser's update (optim.cuh). g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed
+// point (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
 // columns (one 16-byte load per row when ld % 8 == 0 and dy is aligned), TY threads split the rows; the TY
-// partials meet in shared memory. Grid over column tiles; blockDim.x * blockDim.y <= EW_THREADS (rawgpu/contract.py,
-// a -D option: the launcher's block). m, v: the optimiser's state (null where it keeps none). grad: where g goes
-// instead of the update (data parallelism adds it up over the GPUs first: apply_update); null to update.
+// partials meet in shared memory. Grid: column tiles x row ranges of split_rows rows; the ranges' sums meet in
+// `scratch` (int64 per column, zero) and the last range of a tile (its `tickets` entry) finishes it, leaving both
+// zero (exact_sum.cuh: integers, so the same bits in any order and for any split). blockDim.x * blockDim.y <=
+// EW_THREADS (rawgpu/contract.py, a -D option: the launcher's block). m, v: the optimiser's state (null where it
+// keeps none). grad: where g goes instead of the update (data parallelism adds it up over the GPUs first:
+// apply_update); null to update.
 extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, int rows, int cols,
                                        float* __restrict__ bias, float* __restrict__ m, float* __restrict__ v,
-                                       const Optim* __restrict__ opt, float* __restrict__ grad) {
+                                       const Optim* __restrict__ opt, float* __restrict__ grad, int split_rows,
+                                       i64* scratch, int* tickets) {
     __shared__ i64 part[EW_THREADS * 8];  // [TY][TX * 8]
     pdl_enter();
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
     const int tile = TX * 8;
     const int c0 = blockIdx.x * tile + tx * 8;
+    const int r0 = blockIdx.y * split_rows, r1 = min(rows, r0 + split_rows);
     const bool vec = (ld % 8 == 0) && ew_aligned16(dy);
     i64 acc[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[k] = 0;
     if (c0 < cols) {
-        for (int r = ty; r < rows; r += TY) {
+        for (int r = r0 + ty; r < r1; r += TY) {
             const half_t* row = dy + (i64)r * ld + c0;
             if (vec) {  // c0 % 8 == 0 and c0 < cols <= ld: the 8 columns lie inside the row
                 const uint4 v = load_16(row);
@@ -95,14 +101,25 @@ extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, in
 #pragma unroll
     for (int k = 0; k < 8; ++k) part[ty * tile + tx * 8 + k] = acc[k];
     __syncthreads();
-    for (int t = ty * TX + tx; t < tile; t += TX * TY) {  // one thread per column of the tile finishes it
+    auto finish = [&](int c, i64 sum) {
+        const float g = (float)((double)sum * (1.0 / 16777216.0));
+        if (grad != nullptr) grad[c] = g;
+        else bias_step(c, g, bias, m, v, *opt);
+    };
+    const bool split = gridDim.y > 1;
+    for (int t = ty * TX + tx; t < tile; t += TX * TY) {  // one thread per column of the tile sums its rows
         const int c = blockIdx.x * tile + t;
         if (c >= cols) break;
         i64 sum = 0;
         for (int y = 0; y < TY; ++y) sum += part[y * tile + t];
-        const float g = (float)((double)sum * (1.0 / 16777216.0));
-        if (grad != nullptr) grad[c] = g;
-        else bias_step(c, g, bias, m, v, *opt);
+        if (split) exact_add(scratch + c, sum);
+        else finish(c, sum);
+    }
+    if (!split || !last_of_blocks(tickets + blockIdx.x, gridDim.y)) return;
+    for (int t = ty * TX + tx; t < tile; t += TX * TY) {  // the tile's last row range finishes it
+        const int c = blockIdx.x * tile + t;
+        if (c >= cols) break;
+        finish(c, exact_take(scratch + c));
     }
 }
 

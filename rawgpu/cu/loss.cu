@@ -1,7 +1,9 @@
-// Softmax cross-entropy: loss, accuracy and the logits gradient in one pass. One block on purpose: the
-// metrics are summed in a fixed order and added without atomics, so every run gives the same bits.
+// Softmax cross-entropy: loss, accuracy and the logits gradient in one pass. Every run gives the same bits: a batch
+// that fits one block sums its metrics in a fixed order there; a larger one is dealt out in blocks of block_rows rows,
+// whose sums meet exactly (exact_sum.cuh: the loss in 2^-32 fixed point).
 #include "common.cuh"
 #include "pdl.cuh"
+#include "exact_sum.cuh"
 
 // XENT_MAX_WARPS: the warps of the largest block the launcher gives (rawgpu/contract.py: XENT_MAX_THREADS), a -D
 // option.
@@ -9,21 +11,23 @@
 #error "loss.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
 #endif
 
-// A warp per row (rows strided by the warp count), fp32 math. Per row: m = max z, loss = log(sum exp(z - m))
-// + m - z[label], prediction = the first index of the max. dlogits[r, c] = (softmax_c - [c == label]) * inv_batch
+// A warp per row (the block's rows strided by its warp count), fp32 math. Per row: m = max z, loss = log(sum exp(z -
+// m)) + m - z[label], prediction = the first index of the max. dlogits[r, c] = (softmax_c - [c == label]) * inv_batch
 // for c < classes, 0 for the padding columns up to ld; dlogits == nullptr: evaluation, metrics only.
 // Then *loss_sum += sum of losses and *correct += hits (read-modify-write by one thread: they accumulate over
-// launches until zero_metrics).
+// launches until zero_metrics). Block b takes rows [b block_rows, (b + 1) block_rows); with more than one block,
+// scratch (2 int64, zero) and ticket (zero) carry the blocks' sums to the last, which leaves them zero.
 extern "C" __global__ void softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ labels,
                                         int batch, int classes, float inv_batch, half_t* __restrict__ dlogits,
-                                        double* loss_sum, int* correct) {
+                                        double* loss_sum, int* correct, int block_rows, i64* scratch, int* ticket) {
     __shared__ double s_loss[XENT_MAX_WARPS];
     __shared__ int s_hits[XENT_MAX_WARPS];
     pdl_enter();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int first = blockIdx.x * block_rows, end = min(batch, first + block_rows);
     double loss_acc = 0.0;  // lane 0's running sum, rows in ascending order
     int hits = 0;
-    for (int r = warp; r < batch; r += warps) {
+    for (int r = first + warp; r < end; r += warps) {
         const half_t* z = logits + (i64)r * ld;
         const int label = labels[r];
         float best = -__int_as_float(0x7f800000);
@@ -63,10 +67,23 @@ extern "C" __global__ void softmax_xent(const half_t* __restrict__ logits, int l
     }
     if (lane == 0) s_loss[warp] = loss_acc, s_hits[warp] = hits;
     __syncthreads();
+    double total = 0.0;
+    int total_hits = 0;
     if (threadIdx.x == 0) {
-        double total = 0.0;
-        int total_hits = 0;
         for (int w = 0; w < warps; ++w) total += s_loss[w], total_hits += s_hits[w];
+        if (gridDim.x > 1) {
+            exact_add(scratch, isfinite(total) ? __double2ll_rn(total * 4294967296.0) : 0);
+            exact_add(scratch + 1, total_hits);
+            if (!isfinite(total)) *loss_sum = total;  // a NaN or infinite loss (a bad label, divergence) stays so
+        }
+    }
+    if (gridDim.x > 1) {
+        if (!last_of_blocks(ticket, gridDim.x)) return;
+        if (threadIdx.x != 0) return;
+        total = (double)exact_take(scratch) * (1.0 / 4294967296.0);
+        total_hits = (int)exact_take(scratch + 1);
+    }
+    if (threadIdx.x == 0) {
         *loss_sum += total;
         *correct += total_hits;
     }

@@ -142,6 +142,20 @@ def require(t: "Tensor", dtype, shape: tuple[int, ...] | None = None, what: str 
         raise ValueError(f"{label}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def require_exact_sums(scratch: "Tensor | None", ticket: "Tensor | None", words: int, tickets: int, what: str) -> None:
+    """A launch whose blocks' integer sums meet exactly (ptx/exact_sum.cuh) needs an int64 scratch of `words` and an
+    int32 ticket array of `tickets`, both zero (the model's exact-sum buffers, which every such launch leaves zero)."""
+    import numpy as np
+
+    if scratch is None or ticket is None:
+        raise ValueError(f"{what}: its blocks' sums need the exact-sum scratch and tickets")
+    require(scratch, np.int64, what=f"{what}: exact-sum scratch")
+    require(ticket, np.int32, what=f"{what}: exact-sum tickets")
+    if scratch.size < words or ticket.size < tickets:
+        raise ValueError(f"{what}: needs {words} scratch words and {tickets} tickets, got {scratch.size} and "
+                         f"{ticket.size}")
+
+
 def require_split_scratch(splits: int, workspace: "Tensor | None", tickets: "Tensor | None", floats: int,
                           count: int, what: str) -> None:
     """A launch whose output tiles are summed over `splits` blocks needs the fp32 workspace and int32 tickets the

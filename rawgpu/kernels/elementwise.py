@@ -11,7 +11,7 @@ import numpy as np
 from ..contract import EW_THREADS, OPTIM_WORDS
 from ..driver import Launch
 from ..memory import Tensor
-from . import Kernels, blocks_for, require
+from . import Kernels, blocks_for, require, require_exact_sums
 
 SRC = "elementwise.cu"
 THREADS = EW_THREADS  # every launch's block; bias_update's shared partials are compiled for it
@@ -47,12 +47,17 @@ def fill_f32(k: Kernels, t: Tensor, value: float) -> Launch:
     return k.get(SRC, "fill_f32", "pqf").bind(blocks_for(t.size, THREADS, 4), THREADS, 0, t, t.size, value)
 
 
+BIAS_SPLIT_ROWS = 256  # rows per block of bias_update above this many: the row ranges' sums meet exactly
+
+
 def bias_update(k: Kernels, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tensor | None, optim: Tensor,
-                rows: int) -> Launch:
+                rows: int, scratch: Tensor | None = None, tickets: Tensor | None = None) -> Launch:
     """g = column sums of dy[:rows, :cols] (fp16 [B, ld], cols = bias size); the optimiser's step (the table
     `optim`, contract.Optim) on the fp32 bias, with its state m (momentum or Adam's first moment) and v (Adam's
-    second), each None where the optimiser keeps none. The block shape depends only on cols, so the summation order
-    (and the result's bits) is fixed for a given layer.
+    second), each None where the optimiser keeps none. The sums are exact (fixed point), so the result's bits depend
+    on nothing but the data. Above BIAS_SPLIT_ROWS rows, ranges of rows run in blocks of their own and meet through
+    scratch (int64, a word per column) and tickets (int32, one per column tile), both zero and left zero (the model's
+    exact-sum buffers).
     """
     require(bias, np.float32, what="bias")
     if len(bias.shape) != 1:
@@ -61,33 +66,45 @@ def bias_update(k: Kernels, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tenso
         if state is not None:
             require(state, np.float32, bias.shape, what=what)
     require(optim, np.float32, (OPTIM_WORDS,), what="optim")
-    return _bias_sums(k, dy, bias.shape[0], rows, bias, m, v, optim, None)
+    return _bias_sums(k, dy, bias.shape[0], rows, bias, m, v, optim, None, scratch, tickets)
 
 
-def bias_grad(k: Kernels, dy: Tensor, grad: Tensor, rows: int) -> Launch:
+def bias_grad(k: Kernels, dy: Tensor, grad: Tensor, rows: int, scratch: Tensor | None = None,
+              tickets: Tensor | None = None) -> Launch:
     """grad = column sums of dy[:rows, :cols] (cols = grad's size) as bias_update sums them, without the update: data
     parallelism adds them up over the GPUs first (apply_update)."""
     require(grad, np.float32, what="bias gradient")
     if len(grad.shape) != 1:
         raise ValueError(f"bias gradient: expected a 1-D tensor, got shape {grad.shape}")
-    return _bias_sums(k, dy, grad.shape[0], rows, None, None, None, None, grad)
+    return _bias_sums(k, dy, grad.shape[0], rows, None, None, None, None, grad, scratch, tickets)
+
+
+def bias_blocks(cols: int, rows: int) -> tuple[int, int, int]:
+    """bias_update's block columns (tx), column tiles and row ranges for a layer: the block shape depends only on
+    cols; above BIAS_SPLIT_ROWS rows the row ranges need the exact-sum buffers (a word per column, a ticket per
+    tile)."""
+    groups = -(-cols // 8)  # 8 columns per thread
+    tx = 1
+    while tx < min(groups, 8):
+        tx *= 2
+    return tx, max(1, -(-cols // (8 * tx))), max(1, -(-rows // BIAS_SPLIT_ROWS))
 
 
 def _bias_sums(k: Kernels, dy: Tensor, cols: int, rows: int, bias: Tensor | None, m: Tensor | None,
-               v: Tensor | None, optim: Tensor | None, grad: Tensor | None) -> Launch:
+               v: Tensor | None, optim: Tensor | None, grad: Tensor | None, scratch: Tensor | None,
+               tickets: Tensor | None) -> Launch:
     require(dy, np.float16, what="bias dy")
     if len(dy.shape) != 2 or dy.shape[1] < cols:
         raise ValueError(f"bias dy: expected shape [rows, ld >= {cols}], got {dy.shape}")
     if not 0 <= rows <= dy.shape[0]:
         raise ValueError(f"bias dy: rows={rows} is outside 0..{dy.shape[0]}")
-    groups = -(-cols // 8)  # 8 columns per thread
-    tx = 1
-    while tx < min(groups, 8):
-        tx *= 2
-    ty = THREADS // tx
-    grid = max(1, -(-cols // (8 * tx)))
-    return k.get(SRC, "bias_update", "piiippppp").bind(grid, (tx, ty), 0, dy, dy.shape[1], rows, cols,
-                                                        *(0 if t is None else t for t in (bias, m, v, optim, grad)))
+    tx, tiles, ranges = bias_blocks(cols, rows)
+    if ranges > 1:
+        require_exact_sums(scratch, tickets, cols, tiles, f"bias sums over {rows} rows")
+    return k.get(SRC, "bias_update", "piiipppppipp").bind(
+        (tiles, ranges), (tx, THREADS // tx), 0, dy, dy.shape[1], rows, cols,
+        *(0 if t is None else t for t in (bias, m, v, optim, grad)), BIAS_SPLIT_ROWS,
+        *((scratch, tickets) if ranges > 1 else (0, 0)))
 
 
 def apply_update(k: Kernels, g: Tensor, gb: Tensor, w16: Tensor, wlo: Tensor, mw: Tensor | None, vw: Tensor | None,

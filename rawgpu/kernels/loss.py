@@ -7,24 +7,30 @@ import numpy as np
 from ..contract import XENT_MAX_THREADS
 from ..driver import Launch
 from ..memory import Tensor
-from . import Kernels, require
+from . import Kernels, require, require_exact_sums
 
 SRC = "loss.cu"
-THREADS = 256  # one block, a warp per row: small enough for 10 classes, and its sum order never changes
-# large evaluation batches: more warps in the one block (the order still depends only on batch); softmax_xent's
-# per-warp sums are compiled for this many
-EVAL_THREADS = XENT_MAX_THREADS
+THREADS = XENT_MAX_THREADS  # a warp per row: small enough for 10 classes; softmax_xent's per-warp sums are sized for it
+ONE_BLOCK_ROWS = 256  # up to here one block takes the whole batch (the short steps' batches)
+BLOCK_ROWS = 64  # above, each block takes this many rows (8 per warp), and their sums meet exactly
+
+
+def xent_blocks(batch: int) -> int:
+    """softmax_xent's blocks for a batch: above one, the launch needs an exact-sum scratch and ticket."""
+    return 1 if batch <= ONE_BLOCK_ROWS else -(-batch // BLOCK_ROWS)
 
 
 def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
                  correct: Tensor, batch: int, classes: int = 10, grad_scale: float = 1.0,
-                 mean_over: int | None = None) -> Launch:
+                 mean_over: int | None = None, scratch: Tensor | None = None, ticket: Tensor | None = None) -> Launch:
     """loss_sum += sum of per-row cross-entropy, correct += argmax hits;
     dlogits = (softmax - onehot) * grad_scale / mean_over (grad_scale: a loss scale that keeps fp16 gradients
     normal; mean_over: the rows of the loss's mean, default batch; more where other GPUs hold the rest of the batch).
 
     logits fp16 [>= batch, ld >= classes]; dlogits None for evaluation (metrics only), else the logits' shape
-    (its padding columns are written as zero). loss_sum float64 [1] and correct int32 [1] accumulate.
+    (its padding columns are written as zero). loss_sum float64 [1] and correct int32 [1] accumulate. Above
+    ONE_BLOCK_ROWS rows the blocks' sums meet through scratch (int64 [>= 2]) and ticket (int32 [>= 1]), both zero, which
+    the launch leaves zero (the model's exact-sum buffers).
     """
     require(logits, np.float16, what="logits")
     if len(logits.shape) != 2 or logits.shape[0] < batch or logits.shape[1] < classes:
@@ -43,10 +49,13 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
         raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
-    threads = THREADS if batch <= 256 else EVAL_THREADS
-    return k.get(SRC, "softmax_xent", "pipiifppp").bind(1, threads, 0, logits, logits.shape[1], labels, batch, classes,
-                                                        grad_scale / mean_over, 0 if dlogits is None else dlogits,
-                                                        loss_sum, correct)
+    blocks = xent_blocks(batch)
+    if blocks > 1:
+        require_exact_sums(scratch, ticket, 2, 1, f"softmax_xent over {batch} rows")
+    return k.get(SRC, "softmax_xent", "pipiifpppipp").bind(
+        blocks, THREADS, 0, logits, logits.shape[1], labels, batch, classes, grad_scale / mean_over,
+        0 if dlogits is None else dlogits, loss_sum, correct, batch if blocks == 1 else BLOCK_ROWS,
+        0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
 
 
 def zero_metrics(k: Kernels, loss_sum: Tensor, correct: Tensor) -> Launch:

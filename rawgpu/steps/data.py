@@ -88,14 +88,15 @@ class DataStep(Step):
                                optim=m.optim, schedule=schedule)]
         out += m.forward(m.acts[0], m.acts[1:], self.fwd)
         out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, rows, r.classes,
-                                   grad_scale=loss_scale(r.batch), mean_over=r.batch))
+                                   grad_scale=loss_scale(r.batch), mean_over=r.batch, scratch=m.exact_sums,
+                                   ticket=m.exact_tickets))
         for i in range(len(m.layers) - 1, -1, -1):
             lay, x, dy = m.layers[i], m.acts[i], m.grads[i + 1]
             if self.dx[i] is not None:
                 out.append(kg.gemm(k, self.dx[i], dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
                                    tickets=m.tickets))
             out.append(kg.gemm(k, self.dw[i], x, dy, self.grad_w[i], workspace=m.workspace, tickets=m.tickets))
-            out.append(ke.bias_grad(k, dy, self.grad_b[i], rows))
+            out.append(ke.bias_grad(k, dy, self.grad_b[i], rows, m.exact_sums, m.exact_tickets))
         out.append(m.group.all_reduce(self.gradients, self.gradients, self.gradients.size))
         for i, lay in enumerate(m.layers):
             out.append(ke.apply_update(k, self.grad_w[i], self.grad_b[i], lay.w16, lay.wlo, lay.mw, lay.vw, lay.b,

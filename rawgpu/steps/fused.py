@@ -29,10 +29,13 @@ if TYPE_CHECKING:
 # the fused step's 32x32 blocks stream the weights slower (docs/perf.md).
 MAX_HIDDEN_VS_ONE_PASS = 512
 MAX_HIDDEN = 1024
+# The largest batch `auto` gives it: above, the layered step's GEMM tiles beat its per-block row loops at every width
+# (batch 1024: 0.93-0.96x its time at hidden 128-512, 0.81x at 1024; docs/perf.md: Batches above 256).
+MAX_BATCH = 512
 
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
-PREFERRED_WHEN = (f"fp32 accumulation, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at batch <= 32 with "
-                  "plain SGD")
+PREFERRED_WHEN = (f"fp32 accumulation, batch <= {MAX_BATCH}, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at "
+                  "batch <= 32 with plain SGD")
 WHEN_AUTO = "one kernel beats a chain of latency-bound launches at this width"
 
 
@@ -49,6 +52,9 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 
 def not_preferred_reason(recipe: Recipe) -> str | None:
     """Why `auto` passes the fused step over although it could run; None when `auto` takes it."""
+    if recipe.batch > MAX_BATCH:
+        return (f"batch {recipe.batch} > {MAX_BATCH}: the layered step's GEMM tiles run batches this large faster than "
+                "the fused step's per-block rows")
     one_pass = kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum)
     limit = MAX_HIDDEN_VS_ONE_PASS if one_pass else MAX_HIDDEN
     if pad8(recipe.hidden) > limit:

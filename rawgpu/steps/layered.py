@@ -148,7 +148,7 @@ class LayeredStep(Step):
                                     mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb))
         else:
             out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
-                                       grad_scale=scale))
+                                       grad_scale=scale, scratch=m.exact_sums, ticket=m.exact_tickets))
         dy = m.grads[n]
         for i in range(n - 1, -1, -1):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
@@ -164,7 +164,8 @@ class LayeredStep(Step):
                                        tickets=m.tickets))
                 out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
                                    workspace=m.workspace, tickets=m.tickets))
-                out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch))
+                out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch, m.exact_sums,
+                                          m.exact_tickets))
             dy = m.grads[i]
         if self.head is None:
             out.append(kd.step_increment(k, m.counter))

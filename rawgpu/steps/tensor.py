@@ -112,7 +112,7 @@ class TensorStep(Step):
             out += m.layer_forward(i, m.acts[i], m.acts[i + 1], p.fwd, self.sums.get(m.acts[i + 1].shape),
                                    self.l2[i].forward)
         out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, B, r.classes,
-                                   grad_scale=loss_scale(B)))
+                                   grad_scale=loss_scale(B), scratch=m.exact_sums, ticket=m.exact_tickets))
         for i in range(len(self.plans) - 1, -1, -1):
             lay, p, x, dy = m.layers[i], self.plans[i], m.acts[i], m.grads[i + 1]
             # dx: fp16 with ReLU's mask, or, where it is a partial sum, the raw fp32 sums, then their sum over the
@@ -132,7 +132,7 @@ class TensorStep(Step):
             else:
                 out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
                                    workspace=m.workspace, tickets=m.tickets))
-                out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, B))
+                out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, B, m.exact_sums, m.exact_tickets))
             if reduced:
                 out += [m.group.all_reduce(total, total, B * total.shape[1]),
                         ke.finish_sum(k, total, m.grads[i], B, "drelu", act=x)]

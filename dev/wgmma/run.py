@@ -1,0 +1,141 @@
+"""Experiment: Hopper's warpgroup MMA (wgmma, sm_90a) against gemm.cu's mma.sync tiles and cuBLAS at large M.
+
+    python dev/wgmma/run.py [--shapes 4096x1024x1024 ...] [--kernels wg_rc_128 ...] [--trials 20]
+
+Builds gemm_wgmma.cu for sm_90a with NVRTC, checks every kernel against float64 on random inputs (C poisoned first),
+then times each (CUDA events around a graph of 20 launches, median of trials) beside rawgpu's planned GEMM of that
+shape and layout (a plain fp16 store) and torch.matmul (cuBLAS). Shapes are MxNxK; "rc" kernels compute A @ Bt^T
+(dy @ W^T), "rr" ones A @ B (x @ W). Not part of the product (dev/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rawgpu import compiler, driver  # noqa: E402
+from rawgpu.graph import capture  # noqa: E402
+from rawgpu.kernels import Kernels  # noqa: E402
+from rawgpu.kernels import gemm as G  # noqa: E402
+from rawgpu.memory import Arena  # noqa: E402
+
+KERNELS = ("wg_rc_128", "wg_rc_256", "wg_rr_128", "wg_rr_128_swap", "wg_rr_256", "wg_rr_256_swap")
+SHARED = {128: 6 * (128 * 64 * 2 + 128 * 64 * 2) + 1024, 256: 4 * (128 * 64 * 2 + 256 * 64 * 2) + 1024}
+
+
+def build() -> driver.Module:
+    from cuda.bindings import nvrtc
+
+    src = (Path(__file__).parent / "gemm_wgmma.cu").read_bytes()
+    prog = compiler._check(nvrtc.nvrtcCreateProgram(src, b"gemm_wgmma.cu", 0, [], []), "nvrtcCreateProgram")
+    opts = [o.encode() for o in (*compiler.BASE_OPTIONS, "-arch=sm_90a", f"-I{compiler.INCLUDE_DIR}",
+                                 f"-I{compiler.SOURCE_DIR}")]
+    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+    size = compiler._check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+    log = b" " * size
+    compiler._check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+    text = log.rstrip(b"\0 ").decode(errors="replace")
+    if int(err) != 0:
+        raise SystemExit(f"NVRTC failed:\n{text}")
+    report = compiler.parse_ptxas_report(text)
+    for name, r in sorted(report.items()):
+        print(f"# {name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}, stack {r.stack_frame}")
+    cubin = compiler._program_output(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+    nvrtc.nvrtcDestroyProgram(prog)
+    return driver.Module(cubin)
+
+
+def time_launches(stream, issue, launches: int, trials: int) -> float:
+    graph = capture(stream, lambda: [issue() for _ in range(launches)])
+    graph.upload(stream)
+    start, end, times = driver.Event(), driver.Event(), []
+    graph.launch(stream)
+    for _ in range(trials):
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_ms(end) * 1e3 / launches)
+    return statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=["4096x1024x1024", "4096x1024x784", "1024x256x256",
+                                                   "4096x4096x4096", "128x4096x4096"])
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    p.add_argument("--trials", type=int, default=20)
+    args = p.parse_args()
+    device = driver.Device(0)
+    module, kernels, stream = build(), Kernels(device.arch), driver.Stream()
+    rng = np.random.default_rng(0)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    print(f"# {device.name}; us per launch (TFLOP/s), median of {args.trials} x 20; err: rel. to float64")
+    for shape in args.shapes:
+        M, N, K = (int(x) for x in shape.split("x"))
+        a = (rng.standard_normal((M, K)) / np.sqrt(K)).astype(np.float16)
+        b = rng.standard_normal((K, N)).astype(np.float16)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        flops = 2 * M * N * K
+        plans = {layout: G.plan_gemm(M, N, K, layout, "store", sm_count=device.sm_count, arch=device.arch)
+                 for layout in ("rr", "rc")}
+        with Arena() as arena:
+            tA, tB, tBt = (arena.tensor("A", (M, K), np.float16), arena.tensor("B", (K, N), np.float16),
+                           arena.tensor("Bt", (N, K), np.float16))
+            tC = arena.tensor("C", (M, N), np.float16)
+            ws = arena.tensor("ws", max(1, max(q.workspace_floats for q in plans.values())), np.float32)
+            tickets = arena.tensor("tickets", max(1, max(q.tickets for q in plans.values())), np.int32)
+            arena.allocate()
+            arena.zero()
+            tA.upload(a), tB.upload(b), tBt.upload(np.ascontiguousarray(b.T))
+            cells = []
+            for name in args.kernels:
+                bn, rowb = (256 if "256" in name else 128), "_rr_" in name
+                kern = module.kernel(name, "ttpiii")
+                kern.ensure_shared(SHARED[bn])
+                map_a = driver.tensor_map_2d(tA.ptr, K, M, K * 2, 64, 128)
+                map_b = (driver.tensor_map_2d(tB.ptr, N, K, N * 2, 64, 64) if rowb
+                         else driver.tensor_map_2d(tBt.ptr, K, N, K * 2, 64, bn))
+                launch = kern.bind((-(-M // 128), -(-N // bn), 1), 384, SHARED[bn], map_a, map_b, tC, M, N, K)
+                tC.fill_bytes(0xFF)
+                launch.run(stream)
+                stream.synchronize()
+                got = tC.download().astype(np.float64)
+                err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) if np.isfinite(got).all() else float("nan")
+                us = time_launches(stream, lambda: launch.run(stream), 20, args.trials)
+                cells.append(f"{name} {us:8.2f} ({flops / us / 1e6:5.0f}) err {err:.1e}")
+            for layout, bt in (("rr", tB), ("rc", tBt)):
+                plan = plans[layout]
+                launch = G.gemm(kernels, plan, tA, bt, tC, workspace=ws, tickets=tickets)
+                us = time_launches(stream, lambda: launch.run(stream), 20, args.trials)
+                cells.append(f"rawgpu {layout} {plan.config.name}/{plan.splits} {us:8.2f} ({flops / us / 1e6:5.0f})")
+            if torch is not None:
+                ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+                ts = torch.cuda.current_stream()
+                times = []
+                for _ in range(args.trials):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record(ts)
+                    for _ in range(20):
+                        torch.matmul(ta, tb)
+                    e1.record(ts)
+                    e1.synchronize()
+                    times.append(e0.elapsed_time(e1) * 1e3 / 20)
+                us = statistics.median(times[1:])
+                cells.append(f"cuBLAS {us:8.2f} ({flops / us / 1e6:5.0f})")
+        print(f"{shape}:\n  " + "\n  ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
