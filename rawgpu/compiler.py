@@ -141,7 +141,8 @@ def cache_key(source: str, arch: str, options: tuple[str, ...], texts: dict[str,
         h.update(name.encode() + b"\0" + hashlib.sha256(texts[name]).digest())
     for name in sorted(headers):
         h.update(f"generated/{name}".encode() + b"\0" + hashlib.sha256(headers[name].encode()).digest())
-    h.update(repr((source, kernel, arch, BASE_OPTIONS, tuple(defines), options, nvrtc_version())).encode())
+    h.update(repr((source, kernel, contract.nvrtc_arch(source, arch), BASE_OPTIONS, tuple(defines), options,
+                   nvrtc_version())).encode())
     return h.hexdigest()[:32]
 
 
@@ -181,8 +182,8 @@ def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...],
                                            [text.encode() for text in headers.values()],
                                            [name.encode() for name in headers]), "nvrtcCreateProgram")
     try:
-        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={arch}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}",
-                                     *defines, *options)]
+        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={contract.nvrtc_arch(source, arch)}", f"-I{INCLUDE_DIR}",
+                                     f"-I{SOURCE_DIR}", *defines, *options)]
         result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = b" " * size

@@ -321,6 +321,7 @@ def _cluster_facts(arch: str, kernel: str | None = None):
 
 GEMM_SOURCE = "gemm.cu"
 GEMM_TMA_SOURCE = "gemm_tma.cu"
+GEMM_WGMMA_SOURCE = "gemm_wgmma.cu"
 # On sm_90 the splits of a tile can meet in one thread-block cluster (gemm_epilogue.cuh: finish_cluster_splits): up
 # to the portable cluster size.
 MAX_CLUSTER_SPLITS = 8
@@ -346,15 +347,18 @@ class GemmConfig:
     staged: bool = False  # the epilogue goes through shared memory (Config<..., STAGED_> in gemm.cu)
     tma: bool = False  # fed by the sm_90 tensor copy engine (TmaConfig in gemm_tma.cu): one more warp, the producer
     persistent: bool = False  # a resident grid walks the tiles (gemm_persistent_store in gemm.cu)
+    wgmma: bool = False  # Hopper's warpgroup MMA (WgConfig in gemm_wgmma.cu, sm_90a): three warpgroups, one producing
     note: str = field(default="", compare=False, repr=False)  # why the tile exists (a comment in the header)
 
     @property
     def threads(self) -> int:
+        if self.wgmma:
+            return 128 * (self.warps_m * self.warps_n + 1)  # its warps_m x warps_n are consumer warpgroups
         return 32 * (self.warps_m * self.warps_n + self.tma)
 
     @property
     def source(self) -> str:
-        return GEMM_TMA_SOURCE if self.tma else GEMM_SOURCE
+        return GEMM_WGMMA_SOURCE if self.wgmma else GEMM_TMA_SOURCE if self.tma else GEMM_SOURCE
 
     @property
     def c_name(self) -> str:
@@ -403,6 +407,10 @@ CONFIGS = {c.name: c for c in (
                                                                "the SMs"),
     GemmConfig("tma128x64", 128, 64, 64, 4, 1, 8, tma=True, note="a batch of up to 128 rows reads each weight tile "
                                                                  "once"),
+    GemmConfig("wg128", 128, 128, 64, 2, 1, 6, tma=True, wgmma=True,  # warps_m: 2 consumer warpgroups of 64 rows
+               note="batches above 256 on sm_90a: warpgroup MMA, 128 columns"),
+    GemmConfig("wg256", 128, 256, 64, 2, 1, 4, tma=True, wgmma=True,
+               note="the same, 256 columns: half the re-reads of A where the tiles still fill the GPU"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd", "adam", "store32")
@@ -423,7 +431,8 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("staged", "cr", e) for e in ("sgd", "store")] + [("staged32", "cr", "adam")]
                              + [("persist", "cr", "store")]
                              + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
-                             + [("tma128x64", "rr", epi) for epi in ("store", "bias_relu")])
+                             + [("tma128x64", "rr", epi) for epi in ("store", "bias_relu")]
+                             + [(c, lay, epi) for c in ("wg128", "wg256") for lay, epi in TMA_ROLES])
 # store32, an fp32 sum other GPUs add to (rawgpu/parallel.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)
@@ -524,6 +533,32 @@ def _gemm_tma_header(kernel: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gemm_wgmma_header(kernel: str | None = None) -> str:
+    """gemm_wgmma.cu's WgConfig typedefs (with asserts that the template's fixed shape is the table's) and instances:
+    WG_ACCS (gemm_wgmma.cu's macro) per (config, layout, epilogue), A always row-major; with `kernel`, that one
+    kernel alone."""
+    lines = []
+    for c in (c for c in CONFIGS.values() if c.source == GEMM_WGMMA_SOURCE):
+        lines.append(f"typedef WgConfig<{c.bn}, {c.stages}> {c.c_name};  // {c.note}")
+        lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::THREADS == "
+                     f'{c.threads}, "{c.name}: its shape in rawgpu/contract.py");')
+    lines.append("")
+    for c, lay, epi in _instances_of(GEMM_WGMMA_SOURCE):
+        if lay[0] != "r":
+            raise ValueError(f"the warpgroup-MMA tile reads a row-major A, not layout {lay}")
+        name = instance_name(c.name, lay, epi)
+        line = _one_kernel(name, f"WG_ACCS({name}, {c.c_name}, {_C_LAYOUT[lay[1]]}, EPI_{epi.upper()})", kernel)
+        if line is not None:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def nvrtc_arch(source: str, arch: str) -> str:
+    """The architecture NVRTC builds `source` for on a GPU of `arch`: gemm_wgmma.cu's warpgroup MMA needs sm_90's
+    arch-specific features (sm_90a; the cubin loads on sm_90 parts only, the only ones with wgmma)."""
+    return "sm_90a" if source == GEMM_WGMMA_SOURCE and arch == "sm_90" else arch
+
+
 def _epilogue_facts(arch: str):  # gemm_epilogue.cuh
     return {"GEMM_MAX_CLUSTER_SPLITS": MAX_CLUSTER_SPLITS}, {}
 
@@ -535,6 +570,10 @@ def _gemm_facts(arch: str, kernel: str | None = None):
 
 def _gemm_tma_facts(arch: str, kernel: str | None = None):
     return {}, {"gemm_tma_instances.cuh": _header(GEMM_TMA_SOURCE, _gemm_tma_header(kernel))}
+
+
+def _gemm_wgmma_facts(arch: str, kernel: str | None = None):
+    return {}, {"gemm_wgmma_instances.cuh": _header(GEMM_WGMMA_SOURCE, _gemm_wgmma_header(kernel))}
 
 
 # ---- dx_sgd.cu: a layer's backward in one pass (kernels/dx_sgd.py) --------------------------------------------
@@ -701,6 +740,7 @@ SOURCES = {
     "fused_step.cu": (_schedule_facts, _optim_facts, _fused_facts),
     GEMM_SOURCE: (_optim_facts, _epilogue_facts, _gemm_facts),
     GEMM_TMA_SOURCE: (_optim_facts, _epilogue_facts, _gemm_tma_facts),
+    GEMM_WGMMA_SOURCE: (_optim_facts, _epilogue_facts, _gemm_wgmma_facts),
     "head.cu": (_schedule_facts, _optim_facts, _epilogue_facts, _head_facts),
     "loss.cu": (_loss_facts,),
 }
@@ -713,14 +753,15 @@ def _header(source: str, *parts: str) -> str:
 
 
 # They list instances: built one at a time too.
-_INSTANCE_FACTS = (_cluster_facts, _fused_facts, _gemm_facts, _gemm_tma_facts, _dx_update_facts, _head_facts)
+_INSTANCE_FACTS = (_cluster_facts, _fused_facts, _gemm_facts, _gemm_tma_facts, _gemm_wgmma_facts, _dx_update_facts,
+                   _head_facts)
 
 
 def split_kernels(source: str, arch: str | None = None) -> list[str]:
     """The kernels of a source of many template instances, each of which builds alone (a unit of compilation and
     of the cache), so that a step compiles only what it launches; [] for a source that builds whole. arch: only
     those built for that GPU (dx_update.cu builds no instance whose pipeline does not fit it)."""
-    if source in (GEMM_SOURCE, GEMM_TMA_SOURCE):
+    if source in (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE):
         return all_kernel_names(source)
     if source == "cluster_step.cu":
         return [cluster_kernel_name(t) for t in CS_TILE_COUNTS]

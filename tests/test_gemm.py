@@ -246,8 +246,8 @@ def test_store32_is_planned_as_store(arch, layout):
         assert replace(fp32, epilogue="store") == store, (M, N, K)
         chosen.add(fp32.config.name)
     assert chosen == {("sm_86", "rr"): {"stream", "128x128"}, ("sm_86", "rc"): {"stream", "64x128", "128x128"},
-                      ("sm_90", "rr"): {"stream", "tma", "tma128", G.ROW_TILE, "128x128"},
-                      ("sm_90", "rc"): {"stream", "tma", "64x128", "128x128"}}[arch, layout]
+                      ("sm_90", "rr"): {"stream", "tma", "tma128", G.ROW_TILE, "wg128"},
+                      ("sm_90", "rc"): {"stream", "tma", "64x128", "128x128", "wg128"}}[arch, layout]
     if arch == "sm_90" and layout == "rr":  # batch 128: the tensor-copy tiles, split or not
         assert G.plan_gemm(128, 4096, 4096, "rr", "store32", arch=arch).config.name == G.ROW_TILE
         assert G.plan_gemm(128, 1024, 1024, "rr", "store32", arch=arch).config.name == "tma"
@@ -257,7 +257,8 @@ def test_store32_is_planned_as_store(arch, layout):
 def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_updated():
     store = {(c, lay) for c, lay, e in G.INSTANCES if e == "store" and lay in ("rr", "rc")}
     assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32" and lay != "cr"} == store
-    assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE}
+    assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE,
+                                     "wg128", "wg256"}
     assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {"32x128", "64x128", "128x128",
                                                                                     "staged", "staged32"}
     with pytest.raises(ValueError, match="no compiled GEMM instance"):
@@ -273,6 +274,28 @@ def test_a_weight_gradient_in_fp32_runs_the_tile_and_splits_of_one_gpus_update(a
         update = G.plan_gemm(M, N, K, "cr", "sgd", arch=arch, states=1, capacity=H100_CLUSTERS)
         fp32 = G.plan_gemm(M, N, K, "cr", "store32", arch=arch, capacity=H100_CLUSTERS)
         assert (fp32.config, fp32.splits, fp32.cluster) == (update.config, update.splits, update.cluster), (M, N, K)
+
+
+def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
+    """x @ W and dy @ W^T of more than 256 rows run on the sm_90a warpgroup-MMA tiles (256 columns where those still
+    fill half the SMs), never split, with fp32 accumulation, N >= 128 and K >= 64; elsewhere the tiles before."""
+    for layout, epi in (("rr", "bias_relu"), ("rc", "drelu"), ("rr", "store32"), ("rc", "store")):
+        p = G.plan_gemm(4096, 1024, 1024, layout, epi, arch="sm_90")
+        assert (p.config.name, p.splits, p.config.threads, p.source) == ("wg256", 1, 384, "gemm_wgmma.cu"), layout
+        assert p.smem_bytes == 4 * (128 + 256) * 64 * 2 + 1024
+    assert G.plan_gemm(1024, 256, 256, "rr", "store", arch="sm_90").config.name == "wg128"  # 8 x 1 wide tiles: few
+    assert G.plan_gemm(257, 1024, 1024, "rc", "drelu", arch="sm_90").config.name == "wg128"
+    for args, kw in [((256, 1024, 1024, "rr", "store"), {}),  # a batch the streaming tiles take
+                     ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
+                     ((4096, 16, 1024, "rr", "bias"), {}), ((4096, 1024, 16, "rc", "drelu"), {}),
+                     ((4096, 104, 1024, "rr", "bias_relu"), {}), ((4096, 1024, 4096, "cr", "sgd"), {"states": 1})]:
+        assert not G.plan_gemm(*args, arch="sm_90", **kw).config.wgmma, (args, kw)
+    for arch in ("sm_86", "sm_80", "sm_100"):
+        assert G.plan_gemm(4096, 1024, 1024, "rr", "bias_relu", arch=arch).config.name == "128x128"
+    with pytest.raises(ValueError, match="needs the warpgroup MMA of sm_90, not sm_100"):
+        G.plan_gemm(4096, 1024, 1024, "rr", "store", config="wg128", arch="sm_100")
+    with pytest.raises(ValueError, match="takes no split-K"):
+        G.plan_gemm(4096, 1024, 1024, "rr", "store", config="wg128", arch="sm_90", splits=2)
 
 
 class _NoKernels:
@@ -596,6 +619,24 @@ def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout,
                                  config="stream")
     assert plan.config.stages == G.stream_stages(device.arch)
     check_case(plan, got, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["wg128", "wg256"])
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu"),
+                                        ("rr", "store32"), ("rc", "store32")])
+@pytest.mark.parametrize("M,N,K", [(300, 136, 200), (257, 264, 784), (1024, 1024, 1024), (4096, 512, 64)])
+def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi, config):
+    """The sm_90a tiles against float64: partial tiles in M, N (below and above the tile's columns) and K (a k-tile
+    the copy engine zero-fills), every epilogue they take; bitwise repeatable. sm_90 only."""
+    if not G.has_wgmma(device.arch):
+        pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
+    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, "f32", config=config, repeat=2)
+    assert plan.config.name == config and plan.splits == 1
+    for got in runs:
+        check_case(plan, got, ref)
+    for key in runs[0]:
+        assert np.array_equal(runs[0][key], runs[1][key]), f"{key} differs between identical runs"
 
 
 @pytest.mark.gpu

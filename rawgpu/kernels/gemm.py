@@ -58,11 +58,21 @@ TMA_MIN_BYTES_BATCH = 1 << 20
 TMA128_MIN_COLUMNS = 4096
 ROW_TILE_MIN_BYTES = 12 << 20
 ROW_TILE = "tma128x64"
+# Above BATCH_STREAM_ROWS rows x @ W and dy @ W^T are arithmetic: on sm_90 the warpgroup-MMA tiles run them 2.5x as
+# fast as the 128 x 128 mma.sync tile (dev/wgmma/run.py, docs/perf.md), once N fills their 128 columns; the
+# 256-column form reads A half as often and wins while its tiles still number half the SMs or more.
+WGMMA_MIN_N = 128
+WGMMA_WIDE_SHARE = 0.5
 
 
 def has_tma(arch: str) -> bool:
     """Whether the part has the tensor copy engine (sm_90 and later)."""
     return int(arch.removeprefix("sm_").rstrip("a")) >= 90
+
+
+def has_wgmma(arch: str) -> bool:
+    """Whether the part has Hopper's warpgroup MMA (sm_90 alone: an arch-specific feature, contract.nvrtc_arch)."""
+    return arch.rstrip("a") == "sm_90"
 
 
 
@@ -129,7 +139,7 @@ class GemmPlan:
 
 
 def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86",
-                  sm_count: int = 132) -> str:
+                  sm_count: int = 132, accum: str = "f32") -> str:
     """Which tile runs a shape (the measurements behind each rule: docs/perf.md and docs/history.md).
 
     - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces (its 32-row
@@ -142,6 +152,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES);
+    - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
+      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles;
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
     a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit."""
@@ -166,6 +178,9 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
             if weight >= (TMA_MIN_BYTES_BATCH if batch_forward else TMA_MIN_BYTES):
                 return "tma"
         return "stream"
+    if (M > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32" and N >= WGMMA_MIN_N and K >= 64
+            and ("wg128", layout, epilogue) in INSTANCES):
+        return "wg256" if cdiv(M, 128) * cdiv(N, 256) >= WGMMA_WIDE_SHARE * sm_count else "wg128"
     if M <= 32:
         return "32x128"
     if M <= 64:
@@ -258,7 +273,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     allowed = {"sgd": (0, 1), "adam": (2,)}.get(epilogue, (0,))
     if states not in allowed:
         raise ValueError(f"the {epilogue} epilogue keeps {' or '.join(map(str, allowed))} optimiser states, not {states}")
-    name = config or choose_config(M, K, epilogue, layout, N, arch, sm_count)
+    name = config or choose_config(M, K, epilogue, layout, N, arch, sm_count, accum)
     if name not in CONFIGS:
         raise ValueError(f"unknown GEMM config {name!r}; known: {sorted(CONFIGS)}")
     if (name, layout, epilogue) not in INSTANCES:
@@ -271,9 +286,11 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     bytes_per_k_tile = (cfg.bm + cfg.bn) * cfg.bk * 2
     room = tuple(capacity) if capacity else planning_capacity(sm_count)
     clusters = has_tma(arch) and cluster is not False and not cfg.staged
+    if cfg.wgmma and not has_wgmma(arch):
+        raise ValueError(f"GEMM config {name} needs the warpgroup MMA of sm_90, not {arch}")
     if splits is not None:
         s = int(splits)
-    elif cfg.persistent:
+    elif cfg.persistent or cfg.wgmma:
         s = 1
     elif cfg.tma and cfg.bm > 32:
         s = stream_splits(tiles, k_tiles, sm_count)  # the row tiles: one block per SM (dev/forward_tiles.py)
@@ -289,8 +306,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile)
     if not 1 <= s <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
-    if cfg.persistent and s != 1:
-        raise ValueError(f"GEMM config {name} walks whole tiles: it takes no split-K (asked for {s} splits)")
+    if (cfg.persistent or cfg.wgmma) and s != 1:
+        raise ValueError(f"GEMM config {name} runs whole tiles: it takes no split-K (asked for {s} splits)")
     k_chunk = cdiv(k_tiles, s) * cfg.bk
     s = cdiv(K, k_chunk)  # no empty splits
     clusters_ok = has_tma(arch) and s <= MAX_CLUSTER_SPLITS and not cfg.staged
@@ -375,6 +392,6 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
     else:                   # [N, K]: BN rows of 64 k
         map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
-    kernel = k.get(TMA_SOURCE, p.kernel, TMA_SIGNATURE)
+    kernel = k.get(p.source, p.kernel, TMA_SIGNATURE)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
                        p.k_chunk, bias, act, ld_act, workspace, tickets, float(keep_b), cluster=p.cluster_dims)
