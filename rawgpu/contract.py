@@ -512,6 +512,20 @@ def _gemm_header(kernel: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _row_a_instances(source: str, accs: str, kernel: str | None) -> list[str]:
+    """The instance lines of a source fed by the tensor copy engine, whose A is always row-major: the macro `accs`
+    (name, config, B's layout, epilogue) per (config, layout, epilogue); with `kernel`, that one kernel alone."""
+    lines = []
+    for c, lay, epi in _instances_of(source):
+        if lay[0] != "r":
+            raise ValueError(f"{source}'s tiles read a row-major A, not layout {lay}")
+        name = instance_name(c.name, lay, epi)
+        line = _one_kernel(name, f"{accs}({name}, {c.c_name}, {_C_LAYOUT[lay[1]]}, EPI_{epi.upper()})", kernel)
+        if line is not None:
+            lines.append(line)
+    return lines
+
+
 def _gemm_tma_header(kernel: str | None = None) -> str:
     """gemm_tma.cu's TmaConfig typedefs (with asserts that the template's fixed shape is the table's) and
     instances: TMA_ACCS (gemm_tma.cu's macro) per (config, layout, epilogue), A always row-major; with `kernel`,
@@ -522,15 +536,7 @@ def _gemm_tma_header(kernel: str | None = None) -> str:
         lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::CONSUMERS == "
                      f'{c.warps_m * c.warps_n} && {c.c_name}::THREADS == {c.threads}, "{c.name}: its shape in '
                      'rawgpu/contract.py");')
-    lines.append("")
-    for c, lay, epi in _instances_of(GEMM_TMA_SOURCE):
-        if lay[0] != "r":
-            raise ValueError(f"the tensor-copy tile reads a row-major A, not layout {lay}")
-        name = instance_name(c.name, lay, epi)
-        line = _one_kernel(name, f"TMA_ACCS({name}, {c.c_name}, {_C_LAYOUT[lay[1]]}, EPI_{epi.upper()})", kernel)
-        if line is not None:
-            lines.append(line)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + _row_a_instances(GEMM_TMA_SOURCE, "TMA_ACCS", kernel)) + "\n"
 
 
 def _gemm_wgmma_header(kernel: str | None = None) -> str:
@@ -542,15 +548,7 @@ def _gemm_wgmma_header(kernel: str | None = None) -> str:
         lines.append(f"typedef WgConfig<{c.bn}, {c.stages}> {c.c_name};  // {c.note}")
         lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::THREADS == "
                      f'{c.threads}, "{c.name}: its shape in rawgpu/contract.py");')
-    lines.append("")
-    for c, lay, epi in _instances_of(GEMM_WGMMA_SOURCE):
-        if lay[0] != "r":
-            raise ValueError(f"the warpgroup-MMA tile reads a row-major A, not layout {lay}")
-        name = instance_name(c.name, lay, epi)
-        line = _one_kernel(name, f"WG_ACCS({name}, {c.c_name}, {_C_LAYOUT[lay[1]]}, EPI_{epi.upper()})", kernel)
-        if line is not None:
-            lines.append(line)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + _row_a_instances(GEMM_WGMMA_SOURCE, "WG_ACCS", kernel)) + "\n"
 
 
 def nvrtc_arch(source: str, arch: str) -> str:

@@ -14,11 +14,11 @@ from rawgpu import master
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import elementwise as ke
 from rawgpu.memory import Arena
-from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
+from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
 from rawgpu.replicated import ReplicatedMLP
 from rawgpu.steps import StepOptions
-from test_mlp import FakeMNIST, _batch, _rel
-from test_sharded import ADAM, MOMENTUM, STEP_TOLERANCE, HostGroup, run_lockstep
+from test_mlp import FakeMNIST
+from test_sharded import ADAM, MOMENTUM, HostGroup, assert_same_bits, check_reference_step, run_lockstep
 
 gpu = pytest.mark.gpu
 
@@ -271,13 +271,7 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
         for launch in one.eval_launches():
             launch.run(stream)
         stream.synchronize()
-        got, want = rep.state(), one.state()
-        for (w, b), (ow, ob) in zip(got[0], want[0]):
-            assert w.tobytes() == ow.tobytes() and b.tobytes() == ob.tobytes()
-        assert got[1].keys() == want[1].keys()
-        for key in got[1]:
-            assert got[1][key].tobytes() == want[1][key].tobytes(), key
-        assert rep.train_metrics() == one.train_metrics() and rep.eval_metrics() == one.eval_metrics()
+        assert_same_bits(rep, one)
         assert rep.step_count() == 3
     finally:
         rep.arena.close()
@@ -304,7 +298,6 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
         one.init_parameters(stream)
         one.set_permutation(perm)
         steps = [m.step_launches() for m in models]
-        adam = recipe.optimizer != "sgd"
         for s in range(5):
             before = models[0].parameters()
             state_before = models[0].optimizer_state()
@@ -313,20 +306,7 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
             for m in models[1:]:
                 assert all(w.tobytes() == w0.tobytes() and b.tobytes() == b0.tobytes()
                            for (w, b), (w0, b0) in zip(m.parameters(), after)), f"step {s}: the copies parted"
-            x, y = _batch(data, perm, s, batch)
-            _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=loss_scale(batch))
-            expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
-            if adam:
-                state_after = models[0].optimizer_state()
-                errors = [_rel(m - m0, e - m0) for (m, _), (e, _), (m0, _) in
-                          zip(state_after["m"], expect_state["m"], state_before["m"])]
-                applied = [_rel(w - w0, e - w0) for (w, _), (e, _), (w0, _) in
-                           zip(after, ref.adam_apply(before, state_after, recipe, recipe.lr, s), before)]
-                assert max(applied) <= 1e-5, f"step {s}: {applied}"
-            else:
-                errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0))
-                          for (w, b), (ew, eb), (w0, b0) in zip(after, expect, before)]
-            assert max(errors) <= STEP_TOLERANCE, f"step {s}, per layer: {errors}"
+            check_reference_step(recipe, data, perm, s, before, state_before, after, models[0].optimizer_state)
         for launch in one.step_launches(5):
             launch.run(stream)
         run_lockstep([m.eval_launches() + m.metrics_launches() for m in models], stream)

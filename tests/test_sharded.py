@@ -214,13 +214,7 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
         for launch in one.eval_launches():
             launch.run(stream)
         stream.synchronize()
-        got, want = sharded.state(), one.state()
-        for (w, b), (ow, ob) in zip(got[0], want[0]):
-            assert w.tobytes() == ow.tobytes() and b.tobytes() == ob.tobytes()
-        assert got[1].keys() == want[1].keys()
-        for key in got[1]:
-            assert got[1][key].tobytes() == want[1][key].tobytes(), key
-        assert sharded.train_metrics() == one.train_metrics() and sharded.eval_metrics() == one.eval_metrics()
+        assert_same_bits(sharded, one)
         assert sharded.step_count() == 3
     finally:
         sharded.arena.close()
@@ -251,26 +245,13 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
         finally:
             one.arena.close()
         steps = [m.step_launches() for m in models]
-        adam = recipe.optimizer != "sgd"
         for s in range(5):
             before = join_parameters(plan, [m.parameters() for m in models])
             state_before = _joined_optimizer_state(plan, models)
             run_lockstep(steps, stream)
-            after = join_parameters(plan, [m.parameters() for m in models])
-            x, y = _batch(data, perm, s, batch)
-            _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=loss_scale(batch))
-            expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
-            if adam:
-                state_after = _joined_optimizer_state(plan, models)
-                errors = [_rel(m - m0, e - m0) for (m, _), (e, _), (m0, _) in
-                          zip(state_after["m"], expect_state["m"], state_before["m"])]
-                applied = [_rel(w - w0, e - w0) for (w, _), (e, _), (w0, _) in
-                           zip(after, ref.adam_apply(before, state_after, recipe, recipe.lr, s), before)]
-                assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: {applied}"
-            else:
-                errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0))
-                          for (w, b), (ew, eb), (w0, b0) in zip(after, expect, before)]
-            assert max(errors) <= STEP_TOLERANCE, f"step {s}, per layer: {errors}"
+            check_reference_step(recipe, data, perm, s, before, state_before,
+                                 join_parameters(plan, [m.parameters() for m in models]),
+                                 lambda: _joined_optimizer_state(plan, models))
         run_lockstep([m.eval_launches() for m in models], stream)
         metrics = {(m.train_metrics(), m.eval_metrics()) for m in models}
         assert len(metrics) == 1, metrics
@@ -282,6 +263,37 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
     finally:
         for m in models:
             m.arena.close()
+
+
+def check_reference_step(recipe, data, perm, s, before, state_before, after, state_after) -> None:
+    """Step s took the parameters `before` (and the optimiser state `state_before`) to `after`: against the float64
+    reference's step from the same parameters over the whole batch, within one GPU's bounds; with Adam, its first
+    moment and, from the state the step left (`state_after()`), the update it applied."""
+    x, y = _batch(data, perm, s, recipe.batch)
+    _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=loss_scale(recipe.batch))
+    expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
+    if recipe.optimizer != "sgd":
+        moments = state_after()
+        errors = [_rel(m - m0, e - m0) for (m, _), (e, _), (m0, _) in
+                  zip(moments["m"], expect_state["m"], state_before["m"])]
+        applied = [_rel(w - w0, e - w0) for (w, _), (e, _), (w0, _) in
+                   zip(after, ref.adam_apply(before, moments, recipe, recipe.lr, s), before)]
+        assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: {applied}"
+    else:
+        errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0))
+                  for (w, b), (ew, eb), (w0, b0) in zip(after, expect, before)]
+    assert max(errors) <= STEP_TOLERANCE, f"step {s}, per layer: {errors}"
+
+
+def assert_same_bits(model, one) -> None:
+    """Two models' parameters, exact state (state()) and metrics are the same bits."""
+    got, want = model.state(), one.state()
+    for (w, b), (ow, ob) in zip(got[0], want[0]):
+        assert w.tobytes() == ow.tobytes() and b.tobytes() == ob.tobytes()
+    assert got[1].keys() == want[1].keys()
+    for key in got[1]:
+        assert got[1][key].tobytes() == want[1][key].tobytes(), key
+    assert model.train_metrics() == one.train_metrics() and model.eval_metrics() == one.eval_metrics()
 
 
 def _joined_optimizer_state(plan, models):

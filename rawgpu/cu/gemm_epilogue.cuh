@@ -27,6 +27,15 @@ struct Params {
     float* workspace; int* tickets;
 };
 
+// The parameters of the kernels fed by the tensor copy engine (gemm_tma.cu, gemm_wgmma.cu: kernels/gemm.py binds
+// both alike, TMA_SIGNATURE) and the Params they make of them: the maps take A's and B's places.
+#define GEMM_TMA_PARAMS                                                                                              \
+    const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K,  \
+        int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets,      \
+        float keep_b
+#define GEMM_TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr,      \
+                       nullptr, nullptr, workspace, tickets}
+
 // The epilogues that update a weight, one per optimiser family: compiled apart, so that SGD's stays as small as it
 // was before Adam existed (a branch on the family inside a kernel made SGD's updates 8% slower at hidden 4096).
 #define EPI_UPDATES(EPI) ((EPI) == EPI_SGD || (EPI) == EPI_ADAM)

@@ -277,17 +277,10 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, as in gemm.cu --------------------
 // The TmaConfig typedefs and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated into
 // gemm_tma_instances.cuh.
-#define TMA_PARAMS                                                                                                \
-    const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K, \
-        int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets, \
-        float keep_b
-#define TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr, nullptr, \
-                  nullptr, workspace, tickets}
-
-#define TMA_INSTANCE(name, CFG, LB, EPI, ACC16)                                       \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(TMA_PARAMS) { \
-        const Params p = TMA_ARGS;                                                     \
-        gemm_tma<CFG, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                       \
+#define TMA_INSTANCE(name, CFG, LB, EPI, ACC16)                                            \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(GEMM_TMA_PARAMS) {  \
+        const Params p = GEMM_TMA_ARGS;                                                    \
+        gemm_tma<CFG, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                            \
     }
 
 #define TMA_ACCS(name, CFG, LB, EPI)             \

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SOURCE = contract.GEMM_SOURCE
 SIGNATURE = "pppiiiiiiippipppppp"  # GEMM_PARAMS in gemm.cu (tests/test_compiler.py checks it against the PTX)
 TMA_SOURCE = contract.GEMM_TMA_SOURCE
-TMA_SIGNATURE = "ttpiiiiippippf"  # TMA_PARAMS in gemm_tma.cu (tests/test_compiler.py checks it against the PTX)
+TMA_SIGNATURE = "ttpiiiiippippf"  # GEMM_TMA_PARAMS in gemm_epilogue.cuh (tests/test_compiler.py checks the PTX)
 MAX_SPLITS = 16
 # How many clusters of s one-block-per-SM CTAs fit the GPU at once is set by its GPCs, not its SM count (fewer than
 # SMs / s where a GPC's SMs are not a multiple of s): `cluster_capacity` asks the driver. Without a GPU, plans assume this share of
