@@ -7,7 +7,7 @@ loss, backward and step one cluster kernel that also moves the step counter (ker
 writes the step's optimiser values. On sm_90 every kernel starts while the one before still runs (programmatic
 dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints (kernels/l2.py). Runs every recipe on
 every GPU: the step for fp16 accumulation, for GPUs before sm_90 at widths the fused step does not take, and for
-batches above 256 at large widths.
+batches above 512 (above 256 at large widths).
 """
 
 from __future__ import annotations
