@@ -1,0 +1,104 @@
+"""Several GPUs for real: a process per GPU, NCCL between them, every split (tensor and data parallel). These need a
+machine with 2 GPUs or more and NCCL (rawgpu[multi]); elsewhere each skips, saying which it lacks. On one GPU the
+same code is checked by tests/test_sharded.py and tests/test_replicated.py (the ranks side by side, their sums on
+the host, and one rank through NCCL)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rawgpu.recipe import Recipe
+
+pytestmark = pytest.mark.gpu
+SPLITS = ("tensor", "data")
+
+
+def _need_gpus(n: int) -> None:
+    from rawgpu import driver, nccl
+
+    if (why := nccl.available()) is not None:
+        pytest.skip(why)
+    if (count := driver.device_count()) < n:
+        pytest.skip(f"needs {n} GPUs, this machine has {count}")
+
+
+def _train_rank(rank, ranks, unique_id, recipe, data, steps, mode):
+    """One rank's run (a process of ranks.run_ranks): rank 0 returns the whole model and the history."""
+    from rawgpu import Trainer
+    from rawgpu.ranks import Rank
+
+    with Trainer(recipe, data=data, steps=steps, rank=Rank(ranks, rank, unique_id, mode)) as t:
+        t.fit()
+        ckpt = t.checkpoint()  # every rank takes part; rank 0 gets the joined model
+        return (t.model.kind, [h.test_accuracy for h in t.history],
+                None if ckpt is None else [(w.copy(), b.copy()) for w, b in ckpt.weights])
+
+
+@pytest.mark.parametrize("mode", SPLITS)
+def test_two_gpus_train_as_one_does(device, rng, mode):
+    """Two processes on two GPUs, each split: they start from the one-GPU model and after 20 steps their joined
+    parameters have moved as one GPU's long-form step moved them (the sums over the GPUs round in another order:
+    within 2% of the change), to the same test accuracy within a point."""
+    from rawgpu import Trainer
+    from rawgpu.ranks import run_ranks
+    from rawgpu.steps import StepOptions
+    from test_trainer import synthetic
+
+    _need_gpus(2)
+    data = synthetic(rng, 3000, 500)
+    recipe = Recipe(hidden=256, batch=128, momentum=0.9, lr=0.05, seed=int(rng.integers(1 << 30)))
+    kind, history, weights = run_ranks(_train_rank, 2, recipe, data, 20, mode)[0]
+    assert kind == mode
+    with Trainer(recipe, data=data, steps=20, step="layered", options=StepOptions(short=False)) as one:
+        init = [(w.copy(), b.copy()) for w, b in one.parameters()]
+        one.fit()
+        expect, accuracy = one.parameters(), one.history[-1].test_accuracy
+    for (w, b), (ew, eb), (w0, b0) in zip(weights, expect, init):
+        for got, want, start in ((w, ew, w0), (b, eb, b0)):
+            change = np.linalg.norm(want.astype(np.float64) - start)
+            assert np.linalg.norm(got.astype(np.float64) - want) <= 0.02 * change
+    assert abs(history[-1] - accuracy) <= 0.01
+
+
+@pytest.mark.parametrize("mode", SPLITS)
+def test_the_cli_trains_on_two_gpus_and_saves_a_one_gpu_checkpoint(device, rng, tmp_path, mode):
+    """`python -m rawgpu.train --gpus 2 --parallel MODE`: rank 0 reports every epoch, the checkpoint is the one-GPU
+    format and loads on one GPU to the accuracy the run reported."""
+    from rawgpu import Trainer, checkpoint
+    from test_trainer import cli, synthetic, write_idx
+
+    _need_gpus(2)
+    data = synthetic(rng, 3000, 500)
+    path = tmp_path / f"{mode}.safetensors"
+    out = cli("rawgpu.train", "--gpus", "2", "--parallel", mode, "--dataset", "idx", "--data-dir",
+              str(write_idx(tmp_path / "data", data)), "--hidden", "256", "--epochs", "2", "--json", "--save", str(path))
+    assert out.returncode == 0, out.stderr
+    epochs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["test_accuracy"] > 0.5
+    assert checkpoint.load(path).step_kind == mode
+    with Trainer.load(path, data=data) as loaded:
+        assert abs(loaded.evaluate().accuracy - epochs[-1]["test_accuracy"]) <= 0.002
+
+
+def test_the_benchmark_times_every_split_on_two_gpus(device, tmp_path):
+    """`bench.py train --gpus 1 2`: a row per width and GPU count with its time and the time in the sums."""
+    from test_sharded import _bench
+
+    _need_gpus(2)
+    from rawgpu.data import load_mnist
+
+    try:
+        load_mnist(download=False)
+    except Exception as exc:  # noqa: BLE001 - the benchmark trains on MNIST
+        pytest.skip(f"MNIST is not here: {exc}")
+    for mode in SPLITS:
+        out = tmp_path / mode
+        assert _bench().main(["train", "--gpus", "1", "2", "--parallel", mode, "--sizes", "256", "--steps", "200",
+                              "--recipe", "default", "--out", str(out)]) == 0
+        [row] = json.loads((out / "bench_train_gpus.json").read_text())["rows"]
+        [split] = row["split"]
+        assert split["gpus"] == 2 and split["parallel"] == mode and split["us_per_step"] > 0
+        assert split["test_accuracy"] > 0.5
