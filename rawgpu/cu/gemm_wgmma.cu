@@ -1,9 +1,9 @@
 // Large-M GEMM on sm_90a: C = A @ B on Hopper's warpgroup MMA (wgmma), fed by the tensor copy engine.
 //
 // Why a third GEMM: above batch 256 the forward (x @ W) and dx (dy @ W^T) GEMMs are arithmetic, and gemm.cu's
-// mma.sync tiles run them at 130-165 TFLOP/s on an H100 where wgmma, which reads both operands straight from the
-// swizzled shared tiles the copy engine writes and runs asynchronously, reaches cuBLAS's 350-420 (docs/perf.md:
-// Batches above 256).
+// mma.sync tiles run them well below the tensor cores' rate, where wgmma, which reads both operands straight from
+// the swizzled shared tiles the copy engine writes and runs asynchronously, reaches cuBLAS's (docs/perf.md: Batches
+// above 256).
 //
 //   Block: three warpgroups. Warpgroup 0 produces (one thread issues every copy: the 128 x 64 A tile and B's 64 k
 //   rows, as gemm_tma.cu loads them, 128-byte swizzled), warpgroups 1 and 2 each multiply 64 rows of the 128-row

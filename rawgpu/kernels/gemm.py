@@ -58,9 +58,9 @@ TMA_MIN_BYTES_BATCH = 1 << 20
 TMA128_MIN_COLUMNS = 4096
 ROW_TILE_MIN_BYTES = 12 << 20
 ROW_TILE = "tma128x64"
-# Above BATCH_STREAM_ROWS rows x @ W and dy @ W^T are arithmetic: on sm_90 the warpgroup-MMA tiles run them 2.5x as
-# fast as the 128 x 128 mma.sync tile (dev/wgmma/run.py, docs/perf.md), once N fills their 128 columns; the
-# 256-column form reads A half as often and wins while its tiles still number half the SMs or more.
+# Above BATCH_STREAM_ROWS rows x @ W and dy @ W^T are arithmetic: on sm_90 the warpgroup-MMA tiles run them faster
+# than every mma.sync tile (docs/perf.md: Batches above 256), once N fills their 128 columns; the 256-column form reads
+# A half as often and wins while its tiles still number half the SMs or more.
 WGMMA_MIN_N = 128
 WGMMA_WIDE_SHARE = 0.5
 

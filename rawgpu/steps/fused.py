@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 MAX_HIDDEN_VS_ONE_PASS = 512
 MAX_HIDDEN = 1024
 # The largest batch `auto` gives it: above, the layered step's GEMM tiles beat its per-block row loops at every width
-# (batch 1024: 0.93-0.96x its time at hidden 128-512, 0.81x at 1024; docs/perf.md: Batches above 256).
+# (docs/perf.md: Batches above 256).
 MAX_BATCH = 512
 
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
