@@ -18,7 +18,8 @@ from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
 from rawgpu.replicated import ReplicatedMLP
 from rawgpu.steps import StepOptions
 from test_mlp import FakeMNIST
-from test_sharded import ADAM, MOMENTUM, HostGroup, assert_same_bits, check_reference_step, run_lockstep
+from test_sharded import (ADAM, MOMENTUM, HostGroup, assert_three_steps_are_the_long_forms, check_reference_step,
+                          run_lockstep)
 
 gpu = pytest.mark.gpu
 
@@ -252,30 +253,15 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
     """With one rank the sums are one GPU's: the store32 weight gradients on the update's tiles, bias_grad and
     apply_update give the fused updates' bits, so three steps and an evaluation match the layered step's long form
     byte for byte (gradients and activations poisoned first)."""
-    from rawgpu.mlp import MLP
-
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, seed=int(rng.integers(1 << 30)))
     [rep] = _ranks(kernels, device, stream, recipe, 1, data, perm)
-    one = MLP(kernels, recipe, device.sm_count, step_kind="layered", options=StepOptions(short=False)).allocate()
     try:
-        one.upload_data(data)
-        one.init_parameters(stream)
-        one.set_permutation(perm)
-        for t in rep.acts[1:] + rep.grads[1:] + [rep.step.gradients]:
-            t.fill_bytes(0xFF)
-        run_lockstep([rep.step_launches(3)], stream)
-        for launch in one.step_launches(3):
-            launch.run(stream)
-        run_lockstep([rep.eval_launches() + rep.metrics_launches()], stream)
-        for launch in one.eval_launches():
-            launch.run(stream)
-        stream.synchronize()
-        assert_same_bits(rep, one)
-        assert rep.step_count() == 3
+        assert_three_steps_are_the_long_forms(rep, kernels, device, stream, data, perm,
+                                              rep.acts[1:] + rep.grads[1:] + [rep.step.gradients],
+                                              rep.metrics_launches())
     finally:
         rep.arena.close()
-        one.arena.close()
 
 
 @gpu

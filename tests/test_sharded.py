@@ -195,30 +195,14 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
     """With one rank each sum is its only part: store32 + finish_sum must give the fused epilogue's bits, so three
     steps and an evaluation of the long form match the layered step's long form byte for byte (outputs start
     poisoned)."""
-    from rawgpu.mlp import MLP
-
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, seed=int(rng.integers(1 << 30)))
     [sharded] = _ranks(kernels, device, stream, recipe, 1, data, perm, short=False)
-    one = MLP(kernels, recipe, device.sm_count, step_kind="layered", options=StepOptions(short=False)).allocate()
     try:
-        one.upload_data(data)
-        one.init_parameters(stream)
-        one.set_permutation(perm)
-        for t in sharded.acts[1:] + sharded.grads[1:] + list(sharded.step.sums.values()):
-            t.fill_bytes(0xFF)
-        run_lockstep([sharded.step_launches(3)], stream)
-        for launch in one.step_launches(3):
-            launch.run(stream)
-        run_lockstep([sharded.eval_launches()], stream)
-        for launch in one.eval_launches():
-            launch.run(stream)
-        stream.synchronize()
-        assert_same_bits(sharded, one)
-        assert sharded.step_count() == 3
+        assert_three_steps_are_the_long_forms(sharded, kernels, device, stream, data, perm,
+                                              sharded.acts[1:] + sharded.grads[1:] + list(sharded.step.sums.values()))
     finally:
         sharded.arena.close()
-        one.arena.close()
 
 
 @gpu
@@ -283,6 +267,32 @@ def check_reference_step(recipe, data, perm, s, before, state_before, after, sta
         errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0))
                   for (w, b), (ew, eb), (w0, b0) in zip(after, expect, before)]
     assert max(errors) <= STEP_TOLERANCE, f"step {s}, per layer: {errors}"
+
+
+def assert_three_steps_are_the_long_forms(model, kernels, device, stream, data, perm, poisoned, after_eval=()):
+    """One rank's model (its sums in lockstep, on its own) trains 3 steps and evaluates as the one-GPU layered
+    step's long form does, from the same seed and order, to the same bits; `poisoned` tensors start as NaN.
+    after_eval: launches that end the evaluation on several GPUs (a replicated model's metric sums)."""
+    from rawgpu.mlp import MLP
+
+    one = MLP(kernels, model.recipe, device.sm_count, step_kind="layered", options=StepOptions(short=False)).allocate()
+    try:
+        one.upload_data(data)
+        one.init_parameters(stream)
+        one.set_permutation(perm)
+        for t in poisoned:
+            t.fill_bytes(0xFF)
+        run_lockstep([model.step_launches(3)], stream)
+        for launch in one.step_launches(3):
+            launch.run(stream)
+        run_lockstep([model.eval_launches() + list(after_eval)], stream)
+        for launch in one.eval_launches():
+            launch.run(stream)
+        stream.synchronize()
+        assert_same_bits(model, one)
+        assert model.step_count() == 3
+    finally:
+        one.arena.close()
 
 
 def assert_same_bits(model, one) -> None:

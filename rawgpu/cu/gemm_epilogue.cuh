@@ -35,6 +35,12 @@ struct Params {
         float keep_b
 #define GEMM_TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr,      \
                        nullptr, nullptr, workspace, tickets}
+// One such kernel: extern "C" name(GEMM_TMA_PARAMS), running the device function FN<CFG, LB, EPI, ACC16>.
+#define GEMM_TMA_INSTANCE(name, FN, CFG, LB, EPI, ACC16)                                  \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(GEMM_TMA_PARAMS) { \
+        const Params p = GEMM_TMA_ARGS;                                                   \
+        FN<CFG, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                                 \
+    }
 
 // The epilogues that update a weight, one per optimiser family: compiled apart, so that SGD's stays as small as it
 // was before Adam existed (a branch on the family inside a kernel made SGD's updates 8% slower at hidden 4096).

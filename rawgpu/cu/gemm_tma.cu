@@ -277,11 +277,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, as in gemm.cu --------------------
 // The TmaConfig typedefs and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated into
 // gemm_tma_instances.cuh.
-#define TMA_INSTANCE(name, CFG, LB, EPI, ACC16)                                            \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(GEMM_TMA_PARAMS) {  \
-        const Params p = GEMM_TMA_ARGS;                                                    \
-        gemm_tma<CFG, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                            \
-    }
+#define TMA_INSTANCE(name, CFG, LB, EPI, ACC16) GEMM_TMA_INSTANCE(name, gemm_tma, CFG, LB, EPI, ACC16)
 
 #define TMA_ACCS(name, CFG, LB, EPI)             \
     TMA_INSTANCE(name##_f32, CFG, LB, EPI, false) \

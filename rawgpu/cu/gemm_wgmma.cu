@@ -130,11 +130,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, with gemm_tma.cu's parameters -------
 // The WgConfig typedefs and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated into
 // gemm_wgmma_instances.cuh.
-#define WG_INSTANCE(name, CFG, LB, EPI, ACC16)                                             \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(GEMM_TMA_PARAMS) {  \
-        const Params p = GEMM_TMA_ARGS;                                                    \
-        gemm_wgmma<CFG, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                          \
-    }
+#define WG_INSTANCE(name, CFG, LB, EPI, ACC16) GEMM_TMA_INSTANCE(name, gemm_wgmma, CFG, LB, EPI, ACC16)
 
 #define WG_ACCS(name, CFG, LB, EPI)             \
     WG_INSTANCE(name##_f32, CFG, LB, EPI, false) \

@@ -75,3 +75,24 @@ class Step:
         """Each layer's fp16 working copy, the high half of its master (master.py), after `steps_done` steps.
         Kinds that keep one copy ignore the count; None: the count does not matter or is read when needed."""
         return [lay.w16 for lay in self.model.layers]
+
+
+class ChainStep(Step):
+    """A step that is a chain of kernels (the layered step, and the steps of a rank on several GPUs): `steps` copies
+    of one step's launches, each launch starting while the one before still runs where the GPU can (programmatic
+    dependent launch, sm_90+) and the options allow."""
+
+    def __init__(self, model: "MLP", overlap: bool):
+        super().__init__(model)
+        from ..kernels.gemm import has_tma
+
+        self.overlap = overlap and has_tma(model.arch)  # griddepcontrol: sm_90+
+
+    def launches(self, steps: int) -> list["Launch"]:
+        step = self._one_step()
+        return [launch.overlapping() for launch in step] * steps if self.overlap else step * steps
+
+    def _one_step(self) -> list["Launch"]:
+        """One training step's launches, in order."""
+        raise NotImplementedError
+

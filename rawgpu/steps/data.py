@@ -21,20 +21,19 @@ from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import loss as kl
 from ..recipe import loss_scale
-from .base import Step, StepOptions
+from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch
     from ..replicated import ReplicatedMLP
 
 
-class DataStep(Step):
+class DataStep(ChainStep):
     kind = "data"
 
     def __init__(self, model: "ReplicatedMLP", options: StepOptions):
-        super().__init__(model)
+        super().__init__(model, options.overlap)
         r, arch, rows, padded = model.recipe, model.arch, model.rows, model.padded
-        self.overlap = options.overlap and kg.has_tma(arch)  # griddepcontrol: sm_90+
         self.family = "adam" if r.optimizer != "sgd" else "sgd"
         plan = functools.partial(kg.plan_gemm, accum=r.kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
@@ -72,10 +71,6 @@ class DataStep(Step):
         gpus = f"{m.ranks} GPU{'s' if m.ranks > 1 else ''}"
         return (f"data parallel over {gpus}: {m.rows} of the batch's {m.recipe.batch} rows each, {self.kernel_count()} "
                 f"kernels and one all-reduce of {self.gradients.size} gradients per step ({m.choice.reason})")
-
-    def launches(self, steps: int) -> list["Launch"]:
-        step = self._one_step()
-        return [launch.overlapping() for launch in step] * steps if self.overlap else step * steps
 
     def _one_step(self) -> list["Launch"]:
         """gather (+ the step's optimiser values), forward, loss, gradients, their sum over the ranks, the updates,

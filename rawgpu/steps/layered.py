@@ -25,7 +25,7 @@ from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
 from ..recipe import PADDED_CLASSES, Recipe, loss_scale
-from .base import Step, StepOptions
+from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch
@@ -70,15 +70,14 @@ class LayerPlans:
     bwd: kb.DxSgdPlan | ku.DxUpdatePlan | None  # dx and the update in one pass (replaces dx + dw + the bias's)
 
 
-class LayeredStep(Step):
+class LayeredStep(ChainStep):
     kind = "layered"
 
     def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float):
         """overlap, short, l2_bytes, l2_budget: see StepOptions."""
-        super().__init__(model)
+        super().__init__(model, overlap)
         r, arch, B = model.recipe, model.arch, model.recipe.batch
         padded = r.padded_widths
-        self.overlap = overlap and kg.has_tma(arch)  # griddepcontrol: sm_90+
         plain, accum = r.plain_sgd, r.kernel_accum
         plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
@@ -124,10 +123,6 @@ class LayeredStep(Step):
     def describe(self) -> str:
         how = ", each overlapping the one before (programmatic dependent launch)" if self.overlap else ""
         return f"layered: {self.kernel_count()} kernels{how}"
-
-    def launches(self, steps: int) -> list["Launch"]:
-        step = self._one_step()
-        return [launch.overlapping() for launch in step] * steps if self.overlap else step * steps
 
     def _one_step(self) -> list["Launch"]:
         """gather (+ the step's optimiser values), forward, loss, backward with fused updates, step counter += 1."""

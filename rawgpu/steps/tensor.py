@@ -26,7 +26,7 @@ from ..kernels import l2 as kl2
 from ..kernels import loss as kl
 from ..recipe import loss_scale
 from . import layered
-from .base import Step, StepOptions
+from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch
@@ -44,13 +44,12 @@ class ShardPlans:
     bwd: kb.DxSgdPlan | ku.DxUpdatePlan | None
 
 
-class TensorStep(Step):
+class TensorStep(ChainStep):
     kind = "tensor"
 
     def __init__(self, model: "ShardedMLP", options: StepOptions):
-        super().__init__(model)
+        super().__init__(model, options.overlap)
         r, arch, B, padded = model.recipe, model.arch, model.recipe.batch, model.padded
-        self.overlap = options.overlap and kg.has_tma(arch)  # griddepcontrol: sm_90+
         plan = functools.partial(kg.plan_gemm, accum=r.kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         one_pass = options.short and layered.one_pass_reason(r, arch) is None and kg.has_tma(arch)
@@ -95,10 +94,6 @@ class TensorStep(Step):
         gpus = f"{plan.ranks} GPU{'s' if plan.ranks > 1 else ''}"
         return (f"tensor parallel over {gpus}: {self.kernel_count()} kernels and {len(plan.collectives())} "
                 f"all-reduces per step ({self.model.choice.reason})")
-
-    def launches(self, steps: int) -> list["Launch"]:
-        step = self._one_step()
-        return [launch.overlapping() for launch in step] * steps if self.overlap else step * steps
 
     def _one_step(self) -> list["Launch"]:
         """gather (+ the step's optimiser values), forward, loss, backward with fused updates, step counter += 1."""
