@@ -19,7 +19,7 @@ from rawgpu.replicated import ReplicatedMLP
 from rawgpu.steps import StepOptions
 from test_mlp import FakeMNIST
 from test_sharded import (ADAM, MOMENTUM, HostGroup, assert_three_steps_are_the_long_forms, check_reference_step,
-                          run_lockstep)
+                          ranks_side_by_side, run_lockstep)
 
 gpu = pytest.mark.gpu
 
@@ -231,19 +231,8 @@ def test_apply_update_against_float64(kernels, device, stream, rng, rows, cols, 
 
 
 def _ranks(kernels, device, stream, recipe, ranks, data, perm):
-    models = []
-    try:
-        for rank in range(ranks):
-            m = ReplicatedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count).allocate()
-            models.append(m)
-            m.upload_data(data)
-            m.init_parameters(stream)
-            m.set_permutation(perm)
-    except BaseException:
-        for m in models:
-            m.arena.close()
-        raise
-    return models
+    return ranks_side_by_side(lambda rank: ReplicatedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count),
+                              ranks, stream, data, perm)
 
 
 @gpu

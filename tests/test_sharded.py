@@ -168,12 +168,13 @@ def kernels(device):
     return Kernels(device.arch)
 
 
-def _ranks(kernels, device, stream, recipe, ranks, data, perm, short=True):
+def ranks_side_by_side(make, ranks, stream, data, perm):
+    """`ranks` models, make(rank) each, allocated with the data, their initial parameters and the epoch's order (all
+    closed again if one fails)."""
     models = []
     try:
         for rank in range(ranks):
-            m = ShardedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count,
-                           options=StepOptions(short=short)).allocate()
+            m = make(rank).allocate()
             models.append(m)
             m.upload_data(data)
             m.init_parameters(stream)
@@ -183,6 +184,11 @@ def _ranks(kernels, device, stream, recipe, ranks, data, perm, short=True):
             m.arena.close()
         raise
     return models
+
+
+def _ranks(kernels, device, stream, recipe, ranks, data, perm, short=True):
+    return ranks_side_by_side(lambda rank: ShardedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count,
+                                                      options=StepOptions(short=short)), ranks, stream, data, perm)
 
 
 MOMENTUM = dict(momentum=0.9)
