@@ -221,15 +221,18 @@ class MLP:
             t.fill_bytes(0)
 
     def set_initial_weights(self, stream: Stream) -> None:
-        """Every layer's W (as its master halves) and b from the seed, layer i's W from seed (i, 0), b from (i, 1)."""
+        """Every layer's W (as its master halves) and b drawn from the seed on the device, layer i's W from seed
+        (i, 0), b from (i, 1), at their places in the whole layer (init_windows)."""
         for i, lay in enumerate(self.layers):
-            bound = 1.0 / math.sqrt(lay.fan_in)
-            true_shape = (lay.fan_in, lay.fan_out)
-            if lay.w16.shape == true_shape:
-                ke.init_uniform_master(self.k, lay.w16, lay.wlo, bound, self.seed_of(i, 0)).run(stream)
-            else:
-                self._set_master(lay, self._padded_uniform(lay.w16.shape, true_shape, bound, self.seed_of(i, 0)))
-            self._init_uniform(lay.b, (lay.fan_out,), bound, self.seed_of(i, 1), stream)
+            bound = 1.0 / math.sqrt(self.recipe.widths[i])
+            w, b = self.init_windows(i)
+            ke.init_uniform_master(self.k, lay.w16, lay.wlo, bound, self.seed_of(i, 0), w).run(stream)
+            ke.init_uniform(self.k, lay.b, bound, self.seed_of(i, 1), b).run(stream)
+
+    def init_windows(self, i: int) -> tuple[ke.Window, ke.Window]:
+        """Where layer i's W and b sit in the whole layer the seed draws: on one GPU, all of it (padding zero)."""
+        lay = self.layers[i]
+        return ke.Window((lay.fan_in, lay.fan_out)), ke.Window((1, lay.fan_out))
 
     def _state_tensors(self, lay: Layer) -> dict[str, Tensor]:
         """A layer's optimiser state by its checkpoint name (state(): names as torch.optim calls them)."""
@@ -284,20 +287,6 @@ class MLP:
     def seed_of(self, layer: int, which: int) -> int:
         """The seed of layer `layer`'s weights (which 0) or bias (1)."""
         return (self.recipe.seed * 1_000_003 + layer * 2 + which) & (2**64 - 1)
-
-    def _init_uniform(self, t: Tensor, true_shape: tuple[int, ...], bound: float, seed: int, stream: Stream) -> None:
-        """Unpadded tensors are filled on the device; padded ones on the host (same bits) with zero padding."""
-        if tuple(t.shape) == true_shape:
-            ke.init_uniform(self.k, t, bound, seed).run(stream)
-            return
-        t.upload(self._padded_uniform(t.shape, true_shape, bound, seed))
-
-    @staticmethod
-    def _padded_uniform(shape: tuple[int, ...], true_shape: tuple[int, ...], bound: float, seed: int) -> np.ndarray:
-        values = ke.init_uniform_reference(math.prod(true_shape), bound, seed).reshape(true_shape)
-        full = np.zeros(shape, np.float32)
-        full[tuple(slice(0, n) for n in true_shape)] = values
-        return full
 
     def _set_master(self, lay: Layer, w: np.ndarray) -> None:
         hi, lo = master.split(w)

@@ -121,6 +121,15 @@ class Session:
     def capture_eval(self) -> Graph:
         return self._capture(self.model.eval_launches())
 
+    def sync_ranks(self) -> None:
+        """On several GPUs: return once every rank has come here with nothing else queued, so the work queued next
+        starts on every GPU together and one rank's timing does not count another's late start. (A max over the
+        ranks of the step counter, which every rank holds the same, changes nothing.) Alone: nothing."""
+        if self.group is not None:
+            counter = self.model.counter
+            self.group.all_reduce(counter, counter, 1, op="max").run(self.stream)
+            self.stream.synchronize()
+
     def close(self) -> None:
         """Free the arena, the stream and the device's context (graphs captured from it belong to the caller)."""
         context_synchronize()  # nothing queued may still use the memory

@@ -6,7 +6,7 @@ sum over the ranks, the GEMM writes it in fp32 (epilogue store32), the group sum
 kernels/elementwise.finish_sum does what the GEMM's epilogue would have done: the bias and the ReLU forward, the
 ReLU's mask backward. So with one rank every bit is the one-GPU layered step's (its long form).
 
-Every rank draws the whole model from the seed on the host and keeps its part, so N GPUs start where one does;
+Every rank draws its part of the model from the seed (the values one GPU draws there), so N GPUs start where one does;
 `parameters()` and `state()` give the rank's part with the padding cut off, which `join_parameters` (parallel.gather)
 puts back together. The group is anything with `all_reduce(send, recv, count)` returning a launch: nccl.Communicator
 on several GPUs.
@@ -14,7 +14,6 @@ on several GPUs.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -104,21 +103,14 @@ class ShardedMLP(MLP):
 
     # --- the parameters -------------------------------------------------------------------------------------------
 
-    def set_initial_weights(self, stream: Stream) -> None:
-        """This rank's part of the model one GPU draws from the seed (the same bits: init_uniform's values at the
-        part's own indices in the whole layer, so no rank ever holds a whole layer)."""
-        r = self.recipe
-        for i, lay in enumerate(self.layers):
-            fan_in, fan_out = r.widths[i], r.widths[i + 1]
-            bound = 1.0 / math.sqrt(fan_in)
-            rows, cols = self._slice(i, fan_in, 0), self._slice(i, fan_out, 1)
-            w = np.zeros(lay.w16.shape, np.float32)
-            w[:len(rows), :len(cols)] = ke.init_uniform_at(rows[:, None] * fan_out + cols[None, :], bound,
-                                                             self.seed_of(i, 0))
-            b = np.zeros(lay.b.shape, np.float32)
-            b[:len(cols)] = ke.init_uniform_at(cols, bound, self.seed_of(i, 1))
-            self._set_master(lay, w)
-            lay.b.upload(b)
+    def init_windows(self, i: int) -> tuple[ke.Window, ke.Window]:
+        """This rank's part of layer i: the whole layer's values at the part's own indices, drawn on this GPU, so N
+        GPUs start where one does and no rank ever holds a whole layer."""
+        fan_out = self.recipe.widths[i + 1]
+        rows, cols = self._slice(i, self.recipe.widths[i], 0), self._slice(i, fan_out, 1)
+        row0, col0 = (int(ix[0]) if len(ix) else 0 for ix in (rows, cols))
+        return (ke.Window((len(rows), len(cols)), (row0, col0), fan_out),
+                ke.Window((1, len(cols)), (0, col0), fan_out))
 
     def _slice(self, i: int, whole: int, axis: int) -> np.ndarray:
         """The indices in the whole layer i of this rank's rows (axis 0) or columns (axis 1), padding left out."""

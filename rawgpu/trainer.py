@@ -251,6 +251,7 @@ class Trainer:
                     progress.epoch_begin(epoch + 1, plan.epochs, n)
                 start, end, eval_end = events[0], events[1], events[2]
                 ticks = events[3:]
+                self._session.sync_ranks()
                 start.record(stream)
                 # Progress: an event every n/PROGRESS_TICKS steps; the host waits for the oldest when it is
                 # MAX_AHEAD ticks in front, so the GPU always has queued work and Ctrl-C acts within a few ticks.

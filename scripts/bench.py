@@ -386,6 +386,7 @@ def timed_run(session, steps: int, seed: int, data, warmup: int, steps_per_launc
     while done < steps:
         model.set_permutation(rng.permutation(60000))
         n = min(spe, steps - done)
+        session.sync_ranks()
         start.record(stream)
         for _ in range(n // k if multi else 0):
             multi.launch(stream)

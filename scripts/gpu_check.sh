@@ -26,12 +26,16 @@ grep "kernels:\|trained\|whole process" "$OUT/cold_start.log"
 /usr/bin/time -f "whole process: %e s wall" python3 -m rawgpu.train 2>&1 | tee "$OUT/train_default.log"
 python3 scripts/inspect_graph.py --out "$OUT/step.dot" --format none 2>&1 | tee "$OUT/inspect_graph.log"
 python3 scripts/bench.py ${BENCH_ARGS:-train --quick --out $OUT} 2>"$OUT/bench_stderr.log" | tee "$OUT/bench.log"
-# On a machine with several GPUs (and NCCL): the model split over them, each way, beside one GPU.
+# On a machine with several GPUs (and NCCL): the seed and default recipes at large widths, split as `auto` splits
+# them (tensor parallel there), then a small model at a large batch (data parallel), each beside one GPU.
 gpus=$(python3 -c "from rawgpu import driver, nccl; print(driver.device_count() if nccl.available() is None else 1)")
 if [ "${gpus:-1}" -gt 1 ]; then
-    for mode in tensor data; do
-        python3 scripts/bench.py train --gpus 1 2 $( [ "$gpus" -ge 8 ] && echo 8 ) --parallel $mode --recipe default \
-            --sizes 256 4096 --steps 1000 --out "$OUT/gpus_$mode" 2>>"$OUT/bench_stderr.log" | tee -a "$OUT/bench_gpus.log"
+    counts="1 2 $( [ "$gpus" -ge 4 ] && echo 4 ) $( [ "$gpus" -ge 8 ] && echo 8 )"
+    for recipe in seed default; do
+        python3 scripts/bench.py train --gpus $counts --recipe $recipe --sizes 4096 8192 16384 --steps 1000 \
+            --out "$OUT/gpus_$recipe" 2>>"$OUT/bench_stderr.log" | tee -a "$OUT/bench_gpus.log"
     done
+    python3 scripts/bench.py train --gpus $counts --recipe default --batch 4096 --sizes 256 1024 --steps 300 \
+        --out "$OUT/gpus_batch4096" 2>>"$OUT/bench_stderr.log" | tee -a "$OUT/bench_gpus.log"
 fi
 exit $status

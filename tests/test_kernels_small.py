@@ -621,7 +621,8 @@ def test_init_uniform_is_bit_exact_and_grid_independent(kern, device, stream, n,
         assert np.all(got[n:].view(np.uint32) == 0xFFFFFFFF)
         w.fill_bytes(0xFF)
         device.synchronize()
-        kern.get("elementwise.cu", "init_uniform", "pqfq").bind(3, 32, 0, w, n, bound, launch.args.values[3].value).run(stream)
+        args = [v.value for v in launch.args.values[1:]]
+        kern.get("elementwise.cu", "init_uniform", "pqqqqqqfq").bind(3, 32, 0, w, *args).run(stream)
         assert np.array_equal(w.download().view(np.uint32), ref.view(np.uint32)), "depends on the grid"
 
 
@@ -641,6 +642,53 @@ def test_init_uniform_master_is_the_host_split_of_the_same_values(kern, device, 
         ke.init_uniform_master(kern, hi, lo, bound, seed).run(stream)
         assert np.array_equal(hi.download().view(np.uint16), hi_ref.view(np.uint16))
         assert np.array_equal(lo.download(), lo_ref)
+
+
+WINDOWS = [  # target shape, window: a whole layer, padded, one GPU's column or row slice of a layer, a bias slice
+    ((784, 256), ke.Window((784, 256))),
+    ((104, 16), ke.Window((100, 10))),
+    ((784, 136), ke.Window((784, 130), (0, 130), 260)),
+    ((56, 4096), ke.Window((50, 4096), (4050, 0), 4096)),
+    ((264,), ke.Window((1, 259), (0, 1000), 4096)),
+    ((8, 16), ke.Window((0, 0))),
+]
+
+
+@gpu
+@pytest.mark.parametrize("shape,window", WINDOWS)
+def test_init_uniform_window_draws_the_whole_layers_values(kern, device, stream, shape, window):
+    """A window of a layer (padding, one rank's slice) holds, bit for bit, the values the whole layer holds at the
+    same places, and zero padding: both init kernels, poisoned first; the master split as master.py's."""
+    bound, seed = 1 / math.sqrt(784), 99
+    ref = ke.init_uniform_window_reference(shape, window, bound, seed)
+    whole_cols = window.whole_cols or window.true_shape[1]
+    (r0, c0), (rows, cols) = window.origin, window.true_shape
+    if rows and cols:
+        whole = ke.init_uniform_reference((r0 + rows) * whole_cols, bound, seed).reshape(-1, whole_cols)
+        assert np.array_equal(ref.reshape(-1, shape[-1])[:rows, :cols], whole[r0:r0 + rows, c0:c0 + cols])
+    assert not ref.reshape(-1, shape[-1])[rows:].any() and not ref.reshape(-1, shape[-1])[:, cols:].any()
+    with Arena() as arena:
+        w, hi, lo = (arena.tensor(name, shape, dt) for name, dt in
+                     (("w", np.float32), ("hi", np.float16), ("lo", np.int16)))
+        arena.allocate()
+        for t in (w, hi, lo):
+            t.fill_bytes(0x7F)
+        device.synchronize()
+        ke.init_uniform(kern, w, bound, seed, window).run(stream)
+        ke.init_uniform_master(kern, hi, lo, bound, seed, window).run(stream)
+        hi_ref, lo_ref = master.split(ref)
+        assert np.array_equal(w.download().view(np.uint32), ref.view(np.uint32))
+        assert np.array_equal(hi.download().view(np.uint16), hi_ref.view(np.uint16))
+        assert np.array_equal(lo.download(), lo_ref)
+
+
+def test_init_window_must_fit_its_target():
+    a = Arena()
+    t = a.tensor("w", (8, 16), np.float32)
+    assert ke.Window((8, 10), (3, 5), 40).args(t) == (8, 16, 8, 10, 125, 40)
+    assert ke.Window.whole((264,)).args(a.tensor("b", 264, np.float32)) == (1, 264, 1, 264, 0, 264)
+    with pytest.raises(ValueError, match=r"init window of \(9, 16\) values does not fit the \(8, 16\) target"):
+        ke.Window((9, 16)).args(t)
 
 
 @gpu

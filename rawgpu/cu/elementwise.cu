@@ -233,20 +233,30 @@ RG_DEVICE float ew_uniform(u64 key, i64 i, float bound) {
     return (float)((int)(z >> 40) - (1 << 23)) * (1.0f / 8388608.0f) * bound;
 }
 
-// w[i] = ew_uniform (the biases).
-extern "C" __global__ void init_uniform(float* __restrict__ w, i64 n, float bound, u64 seed) {
+// A window [rows, cols] of a whole layer of ew_uniform values: element (r, c) is the whole layer's flat index
+// first + r * stride + c, and 0 where r >= true_rows or c >= true_cols (the padding). A layer, its padded copy and
+// one GPU's slice of it on several GPUs (sharded.py) draw the same bits without the host (the biases: rows = 1).
+RG_DEVICE float ew_window(u64 key, i64 i, i64 cols, i64 true_rows, i64 true_cols, i64 first, i64 stride,
+                          float bound) {
+    const i64 r = i / cols, c = i - r * cols;
+    return r < true_rows && c < true_cols ? ew_uniform(key, first + r * stride + c, bound) : 0.0f;
+}
+
+extern "C" __global__ void init_uniform(float* __restrict__ w, i64 rows, i64 cols, i64 true_rows, i64 true_cols,
+                                        i64 first, i64 stride, float bound, u64 seed) {
     const u64 key = ew_mix64(seed);
-    GRID_STRIDE(i, n) w[i] = ew_uniform(key, i, bound);
+    GRID_STRIDE(i, rows * cols) w[i] = ew_window(key, i, cols, true_rows, true_cols, first, stride, bound);
 }
 
 // The master weights (hi, lo) of master.cuh from the same values.
-extern "C" __global__ void init_uniform_master(half_t* __restrict__ hi, short* __restrict__ lo, i64 n, float bound,
+extern "C" __global__ void init_uniform_master(half_t* __restrict__ hi, short* __restrict__ lo, i64 rows, i64 cols,
+                                               i64 true_rows, i64 true_cols, i64 first, i64 stride, float bound,
                                                u64 seed) {
     const u64 key = ew_mix64(seed);
-    GRID_STRIDE(i, n) {
+    GRID_STRIDE(i, rows * cols) {
         u32 h;
         int l;
-        master_split(ew_uniform(key, i, bound), h, l);
+        master_split(ew_window(key, i, cols, true_rows, true_cols, first, stride, bound), h, l);
         hi[i] = (half_t)h;
         lo[i] = (short)l;
     }

@@ -6,6 +6,8 @@ Each checks its tensors (so a wrong buffer fails here, by name) and returns a bo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..contract import EW_THREADS, OPTIM_WORDS
@@ -185,19 +187,50 @@ def _seed_i64(seed: int) -> int:
     return s - 2**64 if s >= 2**63 else s
 
 
-def init_uniform(k: Kernels, w: Tensor, bound: float, seed: int) -> Launch:
-    """w = uniform(-bound, bound) from a hash of (seed, index): reproducible for a seed, on any grid."""
+@dataclass(frozen=True)
+class Window:
+    """Where a tensor sits in the whole layer init_uniform draws: its element (r, c) is the layer's (row0 + r,
+    col0 + c), of a layer `whole_cols` wide; past `true_shape` it is padding (zero). A bias is one row."""
+
+    true_shape: tuple[int, int]
+    origin: tuple[int, int] = (0, 0)
+    whole_cols: int | None = None  # default: true_shape's columns (the tensor is the whole layer)
+
+    @classmethod
+    def whole(cls, shape: tuple[int, ...]) -> "Window":
+        return cls(_as_rows(shape))
+
+    def args(self, t: Tensor) -> tuple[int, ...]:
+        """The kernel's rows, cols, true_rows, true_cols, first, stride for tensor t."""
+        rows, cols = _as_rows(t.shape)
+        true_rows, true_cols = self.true_shape
+        if not (0 <= true_rows <= rows and 0 <= true_cols <= cols):
+            raise ValueError(f"init window of {self.true_shape} values does not fit the {t.shape} target")
+        stride = true_cols if self.whole_cols is None else self.whole_cols
+        return rows, cols, true_rows, true_cols, self.origin[0] * stride + self.origin[1], stride
+
+
+def _as_rows(shape: tuple[int, ...]) -> tuple[int, int]:
+    return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+
+
+def init_uniform(k: Kernels, w: Tensor, bound: float, seed: int, window: Window | None = None) -> Launch:
+    """w = uniform(-bound, bound) from a hash of (seed, index in the whole layer): reproducible for a seed, on any
+    grid, for any window of the layer (padding zero)."""
     require(w, np.float32, what="init target")
-    return k.get(SRC, "init_uniform", "pqfq").bind(blocks_for(w.size, THREADS, 4), THREADS, 0, w, w.size, bound,
-                                                   _seed_i64(seed))
+    window = window or Window.whole(w.shape)
+    return k.get(SRC, "init_uniform", "pqqqqqqfq").bind(blocks_for(w.size, THREADS, 4), THREADS, 0, w,
+                                                        *window.args(w), bound, _seed_i64(seed))
 
 
-def init_uniform_master(k: Kernels, hi: Tensor, lo: Tensor, bound: float, seed: int) -> Launch:
+def init_uniform_master(k: Kernels, hi: Tensor, lo: Tensor, bound: float, seed: int,
+                        window: Window | None = None) -> Launch:
     """The master weights (hi fp16, lo int16; rawgpu/master.py) of init_uniform's values."""
     require(hi, np.float16, what="init target (hi)")
     require(lo, np.int16, hi.shape, what="init target (lo)")
-    return k.get(SRC, "init_uniform_master", "ppqfq").bind(blocks_for(hi.size, THREADS, 4), THREADS, 0, hi, lo,
-                                                           hi.size, bound, _seed_i64(seed))
+    window = window or Window.whole(hi.shape)
+    return k.get(SRC, "init_uniform_master", "ppqqqqqqfq").bind(blocks_for(hi.size, THREADS, 4), THREADS, 0, hi,
+                                                                lo, *window.args(hi), bound, _seed_i64(seed))
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -213,6 +246,18 @@ def _mix64(z: np.ndarray) -> np.ndarray:
 def init_uniform_reference(n: int, bound: float, seed: int) -> np.ndarray:
     """The exact float32 values init_uniform writes, computed on the host (tests compare bit for bit)."""
     return init_uniform_at(np.arange(n, dtype=np.uint64), bound, seed)
+
+
+def init_uniform_window_reference(shape: tuple[int, ...], window: Window, bound: float, seed: int) -> np.ndarray:
+    """The exact float32 tensor init_uniform writes into a target of `shape` through `window` (tests)."""
+    rows, cols = _as_rows(shape)
+    true_rows, true_cols = window.true_shape
+    stride = true_cols if window.whole_cols is None else window.whole_cols
+    r, c = np.arange(true_rows, dtype=np.uint64), np.arange(true_cols, dtype=np.uint64)
+    first = np.uint64(window.origin[0] * stride + window.origin[1])
+    out = np.zeros((rows, cols), np.float32)
+    out[:true_rows, :true_cols] = init_uniform_at(first + r[:, None] * np.uint64(stride) + c[None, :], bound, seed)
+    return out.reshape(shape)
 
 
 def init_uniform_at(index: np.ndarray, bound: float, seed: int) -> np.ndarray:

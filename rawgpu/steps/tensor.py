@@ -4,9 +4,10 @@ The layered step over the rank's slices, with the ranks' sums where the split pu
 forward GEMM (its output) and after each column-split layer's input gradient (parallel.py: one all-reduce per pair of
 layers each way). Where the layered step's short form runs (layered.one_pass_reason), each layer's backward is its
 one pass over the weights and their state, writing a column-split layer's input gradient, a partial sum, as raw fp32
-sums. The head stays a GEMM, the loss and its backward apart: its logits are a sum over the ranks. Elsewhere (and with StepOptions(short=False)) it is the long form, one kernel per
-layer and role. The collectives are launches like the kernels, so
-the CUDA graph of a step holds them. Only built for a model on several GPUs (`ShardedMLP`), never by steps.choose.
+sums. The head stays a GEMM, the loss and its backward apart: its logits are a sum over the ranks. Elsewhere (and
+with StepOptions(short=False)) it is the long form, one kernel per layer and role. The collectives are launches like
+the kernels, so the CUDA graph of a step holds them. Only built for a model on several GPUs (`ShardedMLP`), never by
+steps.choose.
 """
 
 from __future__ import annotations
