@@ -64,7 +64,19 @@ def stream(device):
 
 @pytest.fixture
 def rng(request):
-    """Fresh random inputs every run; the seed is printed on failure so a bad case can be replayed."""
-    seed = int(np.random.SeedSequence().entropy % (2**32))
+    """Fresh random inputs every run; a failing test's report names the seed, and RAWGPU_TEST_SEED=N replays it."""
+    seed = int(os.environ.get("RAWGPU_TEST_SEED") or np.random.SeedSequence().entropy % (2**32))
     request.node.user_properties.append(("seed", seed))
     return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that drew fresh inputs says from which seed, so the case can be run again."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, value in item.user_properties:
+            if name == "seed":
+                report.sections.append(("rng", f"inputs drawn from seed {value}: RAWGPU_TEST_SEED={value} "
+                                               f"python -m pytest '{item.nodeid}'"))
