@@ -8,18 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import mlp_reference as ref
 from optim_reference import OPTIMIZERS, check_master_update, random_state, rel, table, update_reference
 from rawgpu import master
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import elementwise as ke
 from rawgpu.memory import Arena
-from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
+from rawgpu.recipe import TRAIN_ROWS, Recipe
 from rawgpu.replicated import ReplicatedMLP
 from rawgpu.steps import StepOptions
 from test_mlp import FakeMNIST
-from test_sharded import (ADAM, MOMENTUM, HostGroup, assert_three_steps_are_the_long_forms, check_reference_step,
-                          ranks_side_by_side, run_lockstep)
+from test_sharded import (ADAM, MOMENTUM, HostGroup, assert_evaluated_as_reference, assert_three_steps_are_the_long_forms,
+                          check_reference_step, ranks_side_by_side, run_lockstep)
 
 gpu = pytest.mark.gpu
 
@@ -290,10 +289,7 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
             got_loss, got_correct = m.train_metrics()
             assert abs(got_loss - loss) <= 1e-3 * loss and abs(got_correct - correct) <= 2
         assert len({m.eval_metrics() for m in models}) == 1
-        logits = ref.forward(models[0].parameters(), data.test_images.reshape(TEST_ROWS, -1) / 255.0)[-1]
-        accuracy = float((logits.argmax(1) == data.test_labels).mean())
-        assert abs(models[0].eval_metrics()[1] - accuracy) <= 0.005
-        assert all(m.step_count() == 5 and m.padding_is_zero() for m in models)
+        assert_evaluated_as_reference(models[0].parameters(), models, data, 5)
     finally:
         for m in models:
             m.arena.close()

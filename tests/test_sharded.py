@@ -245,14 +245,19 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
         run_lockstep([m.eval_launches() for m in models], stream)
         metrics = {(m.train_metrics(), m.eval_metrics()) for m in models}
         assert len(metrics) == 1, metrics
-        logits = ref.forward(join_parameters(plan, [m.parameters() for m in models]),
-                             data.test_images.reshape(TEST_ROWS, -1) / 255.0)[-1]
-        accuracy = float((logits.argmax(1) == data.test_labels).mean())
-        assert abs(models[0].eval_metrics()[1] - accuracy) <= 0.005
-        assert all(m.step_count() == 5 and m.padding_is_zero() for m in models)
+        assert_evaluated_as_reference(join_parameters(plan, [m.parameters() for m in models]), models, data, 5)
     finally:
         for m in models:
             m.arena.close()
+
+
+def assert_evaluated_as_reference(parameters, models, data, steps: int) -> None:
+    """The ranks' evaluation: rank 0's test accuracy is the float64 forward's of the whole model `parameters`, and
+    every rank ran `steps` steps with its padding still zero."""
+    logits = ref.forward(parameters, data.test_images.reshape(TEST_ROWS, -1) / 255.0)[-1]
+    accuracy = float((logits.argmax(1) == data.test_labels).mean())
+    assert abs(models[0].eval_metrics()[1] - accuracy) <= 0.005
+    assert all(m.step_count() == steps and m.padding_is_zero() for m in models)
 
 
 def check_reference_step(recipe, data, perm, s, before, state_before, after, state_after) -> None:

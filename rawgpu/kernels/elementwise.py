@@ -200,12 +200,12 @@ class Window:
     def whole(cls, shape: tuple[int, ...]) -> "Window":
         return cls(_as_rows(shape))
 
-    def args(self, t: Tensor) -> tuple[int, ...]:
-        """The kernel's rows, cols, true_rows, true_cols, first, stride for tensor t."""
-        rows, cols = _as_rows(t.shape)
+    def args(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The kernel's rows, cols, true_rows, true_cols, first, stride for a target of this shape."""
+        rows, cols = _as_rows(shape)
         true_rows, true_cols = self.true_shape
         if not (0 <= true_rows <= rows and 0 <= true_cols <= cols):
-            raise ValueError(f"init window of {self.true_shape} values does not fit the {t.shape} target")
+            raise ValueError(f"init window of {self.true_shape} values does not fit the {tuple(shape)} target")
         stride = true_cols if self.whole_cols is None else self.whole_cols
         return rows, cols, true_rows, true_cols, self.origin[0] * stride + self.origin[1], stride
 
@@ -220,7 +220,7 @@ def init_uniform(k: Kernels, w: Tensor, bound: float, seed: int, window: Window 
     require(w, np.float32, what="init target")
     window = window or Window.whole(w.shape)
     return k.get(SRC, "init_uniform", "pqqqqqqfq").bind(blocks_for(w.size, THREADS, 4), THREADS, 0, w,
-                                                        *window.args(w), bound, _seed_i64(seed))
+                                                        *window.args(w.shape), bound, _seed_i64(seed))
 
 
 def init_uniform_master(k: Kernels, hi: Tensor, lo: Tensor, bound: float, seed: int,
@@ -230,7 +230,7 @@ def init_uniform_master(k: Kernels, hi: Tensor, lo: Tensor, bound: float, seed: 
     require(lo, np.int16, hi.shape, what="init target (lo)")
     window = window or Window.whole(hi.shape)
     return k.get(SRC, "init_uniform_master", "ppqqqqqqfq").bind(blocks_for(hi.size, THREADS, 4), THREADS, 0, hi,
-                                                                lo, *window.args(hi), bound, _seed_i64(seed))
+                                                                lo, *window.args(hi.shape), bound, _seed_i64(seed))
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -250,13 +250,11 @@ def init_uniform_reference(n: int, bound: float, seed: int) -> np.ndarray:
 
 def init_uniform_window_reference(shape: tuple[int, ...], window: Window, bound: float, seed: int) -> np.ndarray:
     """The exact float32 tensor init_uniform writes into a target of `shape` through `window` (tests)."""
-    rows, cols = _as_rows(shape)
-    true_rows, true_cols = window.true_shape
-    stride = true_cols if window.whole_cols is None else window.whole_cols
+    rows, cols, true_rows, true_cols, first, stride = window.args(shape)
     r, c = np.arange(true_rows, dtype=np.uint64), np.arange(true_cols, dtype=np.uint64)
-    first = np.uint64(window.origin[0] * stride + window.origin[1])
     out = np.zeros((rows, cols), np.float32)
-    out[:true_rows, :true_cols] = init_uniform_at(first + r[:, None] * np.uint64(stride) + c[None, :], bound, seed)
+    out[:true_rows, :true_cols] = init_uniform_at(np.uint64(first) + r[:, None] * np.uint64(stride) + c[None, :],
+                                                  bound, seed)
     return out.reshape(shape)
 
 
