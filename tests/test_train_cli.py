@@ -9,6 +9,7 @@ import pytest
 
 import numpy as np
 
+from rawgpu import compiler
 from rawgpu import recipe as rc
 from rawgpu import train
 from rawgpu.data import Dataset
@@ -253,3 +254,16 @@ def test_main_hands_training_the_data_and_recipe_it_checked(monkeypatch):
     assert train.main(["--batch", "32", "--steps", "5000", "--hidden", "100", "--json"]) == 0
     assert seen["data"] is FAKE_MNIST and seen["ckpt"] is None
     assert seen["recipe"] == Recipe(hidden=100, batch=32, total_steps=5000)
+
+
+def test_persistent_phase_experiment_builds_for_sm_90():
+    """dev/persistent/phase_chain.cu (docs/perf.md's experiment) still compiles: an experiment that rots cannot be
+    rerun to check its numbers."""
+    spec = importlib.util.spec_from_file_location("persistent_run", ROOT / "dev" / "persistent" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cubin, log = module.build("sm_90")
+    assert cubin[:4] == b"\x7fELF"
+    report = compiler.parse_ptxas_report(log)
+    assert sorted(report) == ["phase_chain_n1", "phase_chain_n2", "phase_chain_n4"]
+    assert all(r.spill_stores == 0 and r.spill_loads == 0 for r in report.values())
