@@ -173,17 +173,30 @@ def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...],
                    generated: Generated | None = None) -> CompiledModule:
     """The cubin, its ptxas report and the PTX on the way. generated: contract.build's (defines, headers) for this
     source and arch (default: asked for now)."""
-    nvrtc = _nvrtc()
     path = SOURCE_DIR / source
     if not path.is_file():
         raise CompileError(f"no kernel source {path}")
     defines, headers = contract.build(source, arch) if generated is None else generated  # headers: included by name
-    prog = _check(nvrtc.nvrtcCreateProgram(path.read_bytes(), source.encode(), len(headers),
-                                           [text.encode() for text in headers.values()],
-                                           [name.encode() for name in headers]), "nvrtcCreateProgram")
+    opts = (*BASE_OPTIONS, f"-arch={contract.nvrtc_arch(source, arch)}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}",
+            *defines, *options)
+    return _run_nvrtc(source, path.read_bytes(), headers, opts, arch)
+
+
+def compile_file(path: Path, arch: str, options: tuple[str, ...] = ()) -> CompiledModule:
+    """Build a kernel source outside rawgpu/cu (an experiment in dev/) for `arch` as it is, with our PTX headers on
+    the include path and no contract defines; never cached."""
+    opts = (*BASE_OPTIONS, f"-arch={arch}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}", *options)
+    return _run_nvrtc(path.name, Path(path).read_bytes(), {}, opts, arch)
+
+
+def _run_nvrtc(name: str, text: bytes, headers: dict[str, str], options: tuple[str, ...],
+               arch: str) -> CompiledModule:
+    nvrtc = _nvrtc()
+    prog = _check(nvrtc.nvrtcCreateProgram(text, name.encode(), len(headers),
+                                           [h.encode() for h in headers.values()],
+                                           [n.encode() for n in headers]), "nvrtcCreateProgram")
     try:
-        opts = [o.encode() for o in (*BASE_OPTIONS, f"-arch={contract.nvrtc_arch(source, arch)}", f"-I{INCLUDE_DIR}",
-                                     f"-I{SOURCE_DIR}", *defines, *options)]
+        opts = [o.encode() for o in options]
         result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = b" " * size
@@ -191,12 +204,12 @@ def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...],
         log = buf.rstrip(b"\0 ").decode(errors="replace")
         err = result[0] if isinstance(result, tuple) else result
         if int(err) != 0:
-            raise CompileError(f"NVRTC could not compile {source} for {arch} ({getattr(err, 'name', err)}):\n{log.strip()}")
-        text = _program_output(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0 ").decode()
+            raise CompileError(f"NVRTC could not compile {name} for {arch} ({getattr(err, 'name', err)}):\n{log.strip()}")
+        ptx = _program_output(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0 ").decode()
         cubin = _program_output(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return CompiledModule(source, arch, cubin, parse_ptxas_report(log), log, ptx=text)
+    return CompiledModule(name, arch, cubin, parse_ptxas_report(log), log, ptx=ptx)
 
 
 def _program_output(nvrtc, prog, get_size, get) -> bytes:

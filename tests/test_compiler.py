@@ -179,6 +179,19 @@ def test_compile_error_carries_the_nvrtc_log_and_source_line(cache, tmp_path, mo
     assert "broken.cu(2)" in msg and "undefined_name" in msg and "sm_86" in msg
 
 
+def test_a_source_outside_the_package_builds_with_our_headers_and_fails_with_its_log(tmp_path):
+    """compile_file: what dev/ experiments build with (the PTX headers on the include path, no contract defines)."""
+    good = tmp_path / "exp.cu"
+    good.write_text('#include "common.cuh"\nextern "C" __global__ void k(half_t* x) { x[0] = f32_to_f16(1.f); }\n')
+    module = compiler.compile_file(good, "sm_90")
+    assert module.cubin[:4] == b"\x7fELF" and list(module.resources) == ["k"] and not module.cached
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void k(float* x) {\n    x[0] = undefined_name;\n}\n')
+    with pytest.raises(CompileError) as info:
+        compiler.compile_file(bad, "sm_86")
+    assert "bad.cu(2)" in str(info.value) and "undefined_name" in str(info.value) and "sm_86" in str(info.value)
+
+
 @pytest.mark.parametrize("arch,expected", [("sm_86", "sm_86"), ("86", "sm_86"), ((9, 0), "sm_90"), ("SM_80", "sm_80")])
 def test_arch_names_are_normalized(arch, expected):
     assert compiler.normalize_arch(arch) == expected

@@ -29,21 +29,9 @@ ROWS, THREADS = 128, 256
 
 
 def build(arch: str) -> tuple[bytes, str]:
-    from cuda.bindings import nvrtc
-
-    src = (Path(__file__).parent / "phase_chain.cu").read_bytes()
-    prog = compiler._check(nvrtc.nvrtcCreateProgram(src, b"phase_chain.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [o.encode() for o in (*compiler.BASE_OPTIONS, f"-arch={arch}", f"-I{compiler.INCLUDE_DIR}")]
-    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-    size = compiler._check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    log = b" " * size
-    compiler._check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
-    text = log.rstrip(b"\0 ").decode(errors="replace")
-    if int(err) != 0:
-        raise SystemExit(f"NVRTC failed:\n{text}")
-    cubin = compiler._program_output(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
-    nvrtc.nvrtcDestroyProgram(prog)
-    return cubin, text
+    """phase_chain.cu's cubin for `arch` and ptxas's report."""
+    module = compiler.compile_file(Path(__file__).parent / "phase_chain.cu", arch)
+    return module.cubin, module.log
 
 
 def reference(x: np.ndarray, w: np.ndarray, layers: int) -> np.ndarray:

@@ -31,25 +31,10 @@ SHARED = {128: 6 * (128 * 64 * 2 + 128 * 64 * 2) + 1024, 256: 4 * (128 * 64 * 2 
 
 
 def build() -> driver.Module:
-    from cuda.bindings import nvrtc
-
-    src = (Path(__file__).parent / "gemm_wgmma.cu").read_bytes()
-    prog = compiler._check(nvrtc.nvrtcCreateProgram(src, b"gemm_wgmma.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [o.encode() for o in (*compiler.BASE_OPTIONS, "-arch=sm_90a", f"-I{compiler.INCLUDE_DIR}",
-                                 f"-I{compiler.SOURCE_DIR}")]
-    err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
-    size = compiler._check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    log = b" " * size
-    compiler._check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
-    text = log.rstrip(b"\0 ").decode(errors="replace")
-    if int(err) != 0:
-        raise SystemExit(f"NVRTC failed:\n{text}")
-    report = compiler.parse_ptxas_report(text)
-    for name, r in sorted(report.items()):
+    module = compiler.compile_file(Path(__file__).parent / "gemm_wgmma.cu", "sm_90a")
+    for name, r in sorted(module.resources.items()):
         print(f"# {name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}, stack {r.stack_frame}")
-    cubin = compiler._program_output(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
-    nvrtc.nvrtcDestroyProgram(prog)
-    return driver.Module(cubin)
+    return driver.Module(module.cubin)
 
 
 def time_launches(stream, issue, launches: int, trials: int) -> float:
