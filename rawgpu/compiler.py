@@ -185,8 +185,11 @@ def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...],
 def compile_file(path: Path, arch: str, options: tuple[str, ...] = ()) -> CompiledModule:
     """Build a kernel source outside rawgpu/cu (an experiment in dev/) for `arch` as it is, with our PTX headers on
     the include path and no contract defines; never cached."""
+    path = Path(path)
+    if not path.is_file():
+        raise CompileError(f"no kernel source {path}")
     opts = (*BASE_OPTIONS, f"-arch={arch}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}", *options)
-    return _run_nvrtc(path.name, Path(path).read_bytes(), {}, opts, arch)
+    return _run_nvrtc(path.name, path.read_bytes(), {}, opts, arch)
 
 
 def _run_nvrtc(name: str, text: bytes, headers: dict[str, str], options: tuple[str, ...],

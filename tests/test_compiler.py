@@ -190,6 +190,8 @@ def test_a_source_outside_the_package_builds_with_our_headers_and_fails_with_its
     with pytest.raises(CompileError) as info:
         compiler.compile_file(bad, "sm_86")
     assert "bad.cu(2)" in str(info.value) and "undefined_name" in str(info.value) and "sm_86" in str(info.value)
+    with pytest.raises(CompileError, match="no kernel source"):
+        compiler.compile_file(tmp_path / "missing.cu", "sm_90")
 
 
 @pytest.mark.parametrize("arch,expected", [("sm_86", "sm_86"), ("86", "sm_86"), ((9, 0), "sm_90"), ("SM_80", "sm_80")])

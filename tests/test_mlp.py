@@ -6,21 +6,20 @@ master weights). The reference is float64, with fp16 rounding applied where the 
 (mlp_reference, fp16_storage=True). Compared: the parameter change dW = W_after - W_before, per layer,
 as ||dW_gpu - dW_ref|| / ||dW_ref||:
 - every one of 10 steps, the reference started from the GPU's own parameters (and momentum): <= 3e-2, 2.5e-1 with
-  --accum fp16 (fp16 sums over K up to 784). Measured over 7 seeded runs: usually < 1e-4 (fp32; summation order),
-  up to 1.3e-2 at hidden 256. With fp16 accumulation, over 100 seeds each (H100, 2026-11-25): 128x3 batch 32 SGD
-  median 2.0e-2, max 5.6e-2; 64x2 batch 32 AdamW median 1.1e-2, p99 9.6e-2, max 1.4e-1 (1e-1, the bound before,
-  failed 1 seed in 100 and 1 in 40: a continuous tail, not a cluster near 1); Adam fp32 256x3 batch 128 max 1.2e-2.
-  The outliers come late in the 10 steps: an activation that rounds to the other fp16 neighbour (summation order)
-  moves a gradient sum whose terms largely cancel once the model fits its batch. A wrong index or a missing term
-  gives errors near 1 (seen: 0.998);
+  --accum fp16 (fp16 sums over K up to 784). Measured over 7 seeded runs: usually < 1e-4 (fp32; summation order), up
+  to 1.3e-2 at hidden 256. The fp16-accumulation bounds come from the tail over 100 seeds per case
+  (`dev/error_tails.py`; the figures in docs/design.md, Numerics): a continuous tail, not a cluster near 1, which a
+  bound set from a few seeds cut at random. The outliers come late in the 10 steps: an activation that rounds to the
+  other fp16 neighbour (summation order) moves a gradient sum whose terms largely cancel once the model fits its
+  batch. A wrong index or a missing term gives errors near 1 (seen: 0.998);
 - after 1 step from the shared init, against the pure float64 step (no fp16 anywhere): <= 3e-2 beyond what fp16
   storage alone moves the reference by. A fixed bound failed at random: the GPU's distance reached 4.5e-2 (cluster
   step, 120x4, batch 9) while it matched the fp16-storage reference, and that reference's own distance reached
   8.8e-2 at batch 9 in 150 CPU seeds (17% over 3e-2; median 6e-4): with few rows, a relu'(h) that flips when h
   rounds to fp16 changes a gradient whose terms largely cancel;
 - after 10 steps, the whole trajectory from the shared init: <= 5e-2, 1e-1 with fp16 accumulation (measured up to
-  7.8e-3 with fp32; with fp16 accumulation 6.1e-2 in 1 of 100 seeds, 128x3 batch 32 SGD, the rest below 5e-2): a
-  weight that rounds to a different fp16 neighbour changes every later gradient a little.
+  7.8e-3 with fp32; fp16 accumulation: docs/design.md): a weight that rounds to a different fp16 neighbour changes
+  every later gradient a little.
 Adam and AdamW are checked through their moments: the change of the first (linear in the gradient) against the
 reference by the bounds above, of the second (quadratic: twice the relative error) by twice them, and the weight change against float64 arithmetic on the GPU's own new
 moments (<= 1e-5). Their weight change itself is no measure of the arithmetic: Adam moves every weight by about lr

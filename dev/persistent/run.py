@@ -44,10 +44,11 @@ def reference(x: np.ndarray, w: np.ndarray, layers: int) -> np.ndarray:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[256, 512])
-    p.add_argument("--columns", type=int, nargs="+", default=[8, 16])
+    p.add_argument("--columns", type=int, nargs="+", default=[8, 16], choices=[8, 16, 32],
+                   help="columns per CTA (phase_chain.cu's instances)")
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--modes", type=int, nargs="+", default=[0],
+    p.add_argument("--modes", type=int, nargs="+", default=[0], choices=range(8),
                    help="phase_chain.cu's mode bits: 1 one arrival per CTA, 2 no input copy, 4 no mma")
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--compile-only", action="store_true", help="build for sm_90 and print ptxas's report")
@@ -72,7 +73,8 @@ def main() -> int:
             shared = (ROWS + n) * (H + 8) * 2
             kern.ensure_shared(shared)
             for chunks in args.chunks:
-                if H % (32 * chunks) or chunks > 4:  # the kernel waits on at most 4 copy groups
+                if H % (32 * chunks) or chunks > 4:  # k steps of 32 per chunk; at most 4 copy groups
+                    print(f"H {H} chunks {chunks}: needs H a multiple of 32 x chunks and chunks <= 4; skipped")
                     continue
                 with Arena() as arena:
                     tx, tw = arena.tensor("x", (ROWS, H), np.float16), arena.tensor("w", (H, H), np.float16)
