@@ -9,7 +9,7 @@ import pytest
 
 import numpy as np
 
-from rawgpu import compiler
+from rawgpu import compiler, contract
 from rawgpu import recipe as rc
 from rawgpu import train
 from rawgpu.data import Dataset
@@ -267,3 +267,16 @@ def test_persistent_phase_experiment_builds_for_sm_90():
     report = compiler.parse_ptxas_report(log)
     assert sorted(report) == ["phase_chain_n1", "phase_chain_n2", "phase_chain_n4"]
     assert all(r.spill_stores == 0 and r.spill_loads == 0 for r in report.values())
+
+
+@pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 32, 63])
+def test_backward_limits_experiment_builds_for_sm_90(mask, tmp_path, monkeypatch):
+    """dev/backward/ (docs/perf.md's experiment on the one-pass backward's limits): the stream reference and
+    dx_update.cu with each part taken out still compile, without spills."""
+    monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
+    kernel = contract.dxu_kernel_name(128, "sgd")
+    built = compiler.compile_source("dx_update.cu", "sm_90", (f"-DDXU_ABLATE={mask}",), kernel=kernel)
+    assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
+    if mask == 63:
+        stream = compiler.compile_file(ROOT / "dev" / "backward" / "stream.cu", "sm_90")
+        assert len(stream.resources) == 6 and all(r.spill_stores == 0 for r in stream.resources.values())

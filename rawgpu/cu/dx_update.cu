@@ -75,6 +75,13 @@ __device__ unsigned long long dxu_profile[RG_PROFILE_MARKS + 2];
 #else
 #define DXU_MARK(i)
 #endif
+// dev/backward/limits.py builds with -DDXU_ABLATE=bits to time the kernel with parts taken out (its results are then
+// wrong): 1 the dx products, 2 the G products, 4 the optimiser's arithmetic, 8 the write-back, 16 the loads of the
+// weights and their state; 32 reads and writes each 64 x 64 chunk of the weights and state as one contiguous piece,
+// as if they were stored tile by tile (IN and N multiples of 64).
+#ifndef DXU_ABLATE
+#define DXU_ABLATE 0
+#endif
 
 template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS>
 RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
@@ -114,6 +121,16 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     const u64 normal = l2_policy(0.f);
     auto load_weights = [&](int s, int c) {
         const int n = n_begin + c * BN;
+        if (DXU_ABLATE & 16) return;
+        if (DXU_ABLATE & 32) {
+            const i64 tile = ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN;
+            load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16 + tile, BN, 0, 0, BM, BN, tid, read_policy);
+            if (!do_update) return;
+            load_rows<short, BM, BN, LDW, THREADS>(sL(s), wlo + tile, BN, 0, 0, BM, BN, tid, read_policy);
+            if (has_m) load_rows<float, BM, BN, LDS, THREADS>(sM(s), mw + tile, BN, 0, 0, BM, BN, tid, normal);
+            if (ADAM) load_rows<float, BM, BN, LDS, THREADS>(sV(s), vw + tile, BN, 0, 0, BM, BN, tid, normal);
+            return;
+        }
         load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16, ldw, i0, n, IN, n_end, tid, read_policy);
         if (!do_update) return;
         load_rows<short, BM, BN, LDW, THREADS>(sL(s), wlo, ldw, i0, n, IN, n_end, tid, read_policy);
@@ -176,7 +193,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         }
 
         // dx += dy[:, chunk] @ W[rows, chunk]^T with the old weights (before this chunk's update)
-        if (do_dx) {
+        if (do_dx && !(DXU_ABLATE & 1)) {
 #pragma unroll
             for (int ks = 0; ks < BN / 16; ++ks) {
                 u32 fa[2][4];
@@ -198,7 +215,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         float gacc[GMT][2][4];
         zero_fragments(gacc);
 #pragma unroll 4
-        for (int kk = 0; kk < BB / 16; ++kk) {
+        for (int kk = 0; kk < (DXU_ABLATE & 2 ? 0 : BB / 16); ++kk) {
             u32 fx[GMT][4], r[4];
 #pragma unroll
             for (int mt = 0; mt < GMT; ++mt)
@@ -224,7 +241,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             if (vb != nullptr) vb[col] = vc;
         }
 #pragma unroll
-        for (int mt = 0; mt < GMT; ++mt)
+        for (int mt = 0; mt < (DXU_ABLATE & 4 ? 0 : GMT); ++mt)
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -252,19 +269,21 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         if (c == 0) DXU_MARK(6);
         // Write back along rows: W16 and lo 8 weights (16 bytes) per piece, the state 4.
 #pragma unroll 2
-        for (int i = tid; i < BM * BN / 8; i += THREADS) {
+        for (int i = tid; i < (DXU_ABLATE & 8 ? 0 : BM * BN / 8); i += THREADS) {
             const int r = i / (BN / 8), col = (i % (BN / 8)) * 8;
             if (i0 + r >= IN || n + col >= n_end) continue;
-            const i64 at = (i64)(i0 + r) * ldw + n + col;
+            const i64 at = DXU_ABLATE & 32 ? ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN + r * BN + col
+                                           : (i64)(i0 + r) * ldw + n + col;
             store_16_policy(w16 + at, load_16(w + r * LDW + col), hi_policy);
             store_16_policy(wlo + at, load_16(wl + r * LDW + col), lo_policy);
         }
-        if (has_m) {
+        if (has_m && !(DXU_ABLATE & 8)) {
 #pragma unroll 4
             for (int i = tid; i < BM * BN / 4; i += THREADS) {
                 const int r = i / (BN / 4), col = (i % (BN / 4)) * 4;
                 if (i0 + r >= IN || n + col >= n_end) continue;
-                const i64 at = (i64)(i0 + r) * ldw + n + col;
+                const i64 at = DXU_ABLATE & 32 ? ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN + r * BN + col
+                                               : (i64)(i0 + r) * ldw + n + col;
                 store_16_policy(mw + at, load_16(ms + r * LDS + col), lo_policy);
                 if (ADAM) store_16_policy(vw + at, load_16(vs + r * LDS + col), lo_policy);
             }

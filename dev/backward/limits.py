@@ -1,0 +1,131 @@
+"""What limits the one-pass backward with an optimiser (cu/dx_update.cu) at large H: the kernel timed with parts of
+its chunk loop taken out, each a build of dx_update.cu with -DDXU_ABLATE=bits (its results are then wrong):
+
+    1 the dx products   2 the G products   4 the optimiser's arithmetic   8 the write-back
+    16 the loads of the weights and their state
+    32 each 64 x 64 chunk of the weights and state read and written as one contiguous piece (as if stored tile by
+       tile: the same bytes in 8-16 KB pieces instead of 64 rows of 128-256 bytes)
+
+    python dev/backward/limits.py [--sizes 4096] [--batch 128] [--optimizer sgd adam] [--masks 0 3 7 24]
+                                  [--max-stages N]
+
+Each line is one layer shape (H x H with dx, the plan's column ranges and roles) timed as dev/backward_splits.py
+times it, once per mask: us per launch and the % of copy bandwidth the full kernel's weight bytes would reach in
+that time. If taking the tensor-core work out (3) brings the kernel to the copy rate, moving it onto Hopper's
+asynchronous warpgroup MMA can; if the loads and write-back alone (7) stay below it, its memory path is the limit.
+--stream first times stream.cu: the same bytes per weight read and written in place as a plain grid-stride stream
+(1, 2 and 4 pieces of each array in flight per thread), the most any structure of the kernel could reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # rawgpu, from a checkout
+sys.path.insert(1, str(ROOT / "scripts"))  # bench.py
+sys.path.insert(2, str(ROOT / "dev"))  # backward_splits.py, gemm_variants.py
+
+import bench  # noqa: E402
+from backward_splits import time_backward  # noqa: E402
+from gemm_variants import open_gpu  # noqa: E402
+from rawgpu import contract, driver  # noqa: E402
+from rawgpu.compiler import compile_file, compile_source  # noqa: E402
+from rawgpu.kernels import Kernels  # noqa: E402
+from rawgpu.kernels import dx_update as U  # noqa: E402
+from rawgpu.memory import Arena  # noqa: E402
+
+PARTS = {1: "dx", 2: "G", 4: "update", 8: "write-back", 16: "weight loads"}
+TILED = 32
+
+
+class AblatedKernels(Kernels):
+    """The package's kernels, with dx_update.cu built with -DDXU_ABLATE=mask (the option is part of the cache key:
+    the package's own builds stay as they are)."""
+
+    def __init__(self, arch: str, mask: int):
+        super().__init__(arch)
+        self.mask = mask
+
+    def _build(self, unit):
+        if unit[0] != U.SOURCE or self.mask == 0:
+            return super()._build(unit)
+        return compile_source(unit[0], self.arch, (f"-DDXU_ABLATE={self.mask}",), kernel=unit[1])
+
+
+def time_stream(device, stream, opt: str, h: int, launches: int, trials: int) -> list[tuple[int, float]]:
+    """(pieces in flight per thread, us per launch) of stream.cu over an h x h layer's master and state."""
+    states = 2 if opt == "adam" else 1
+    module = driver.Module(compile_file(Path(__file__).parent / "stream.cu", device.arch).cubin)
+    n = h * h
+    out = []
+    with Arena() as arena:
+        w16, lo = arena.tensor("w16", n, np.float16), arena.tensor("lo", n, np.int16)
+        m, v = arena.tensor("m", n, np.float32), arena.tensor("v", n if states == 2 else 8, np.float32)
+        arena.allocate()
+        arena.zero()
+        for unroll in (1, 2, 4):
+            kernel = module.kernel(f"stream_s{states}_u{unroll}", "ppppq")
+            launch = kernel.bind(4 * device.sm_count, 512, 0, w16, lo, m, v, n)
+            out.append((unroll, bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(launches)],
+                                                 launches, trials)))
+    module.close()
+    return out
+
+
+def describe(mask: int) -> str:
+    parts = [name for bit, name in PARTS.items() if mask & bit]
+    return ("tiled, " if mask & TILED else "") + ("no " + ", ".join(parts) if parts else "whole")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=bench.positive, nargs="+", default=[4096])
+    p.add_argument("--batch", type=bench.positive, default=128)
+    p.add_argument("--optimizer", choices=("sgd", "adam"), nargs="+", default=["sgd", "adam"])
+    p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 7, 8, 24, 31],
+                   help="DXU_ABLATE bit sets, 0..63 (0: the whole kernel)")
+    p.add_argument("--stream", action="store_true", help="also time the plain stream of the same bytes (stream.cu)")
+    p.add_argument("--max-stages", type=bench.positive, default=None,
+                   help="cap the pipeline's depth below what fits (contract.DXU_MAX_STAGES, for this run only)")
+    p.add_argument("--launches", type=bench.positive, default=20)
+    p.add_argument("--trials", type=bench.positive, default=15)
+    args = p.parse_args(argv)
+    if any(not 0 <= m < 64 for m in args.masks):
+        p.error("--masks are bit sets of 1, 2, 4, 8, 16 and 32 (0..63)")
+    if any(h % 64 for h in args.sizes):
+        p.error("--sizes must be multiples of 64")
+    if args.max_stages is not None:
+        if args.max_stages < 2:
+            p.error("--max-stages must be at least 2 (the kernel is a pipeline)")
+        contract.DXU_MAX_STAGES = args.max_stages  # the build and the plan both read it
+    if (gpu := open_gpu(0, [], "backward_limits")) is None:
+        return 2
+    device, stream, _, rng = gpu
+    bw = bench.copy_bandwidth(stream)
+    print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; pipeline stages at most "
+          f"{contract.DXU_MAX_STAGES}; us per launch (% of copy at the whole kernel's bytes per weight)")
+    for opt in args.optimizer:
+        per_weight = {"sgd": 16, "adam": 24}[opt]
+        for h in args.sizes:
+            if args.stream:
+                for unroll, us in time_stream(device, stream, opt, h, args.launches, args.trials):
+                    pct = 100 * per_weight * h * h / (us * 1e3) / bw
+                    print(f"{opt:>4} {h:>5} x {h:<5} plain stream, {unroll} pieces in flight per thread "
+                          f"{us:8.2f} us ({pct:3.0f}%)", flush=True)
+            for mask in args.masks:
+                us, splits = time_backward(device, stream, AblatedKernels(device.arch, mask), rng, args.batch, h, h,
+                                           opt, True, None, args.launches, args.trials)
+                pct = 100 * per_weight * h * h / (us * 1e3) / bw
+                stages = contract.dxu_stages(U.batch_tile(args.batch), opt, device.arch)
+                print(f"{opt:>4} {h:>5} x {h:<5} ranges {splits} stages {stages}  mask {mask:>2} {describe(mask):<40} "
+                      f"{us:8.2f} us ({pct:3.0f}%)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
