@@ -97,6 +97,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if any(not 0 <= m < 64 for m in args.masks):
         p.error("--masks are bit sets of 1, 2, 4, 8, 16 and 32 (0..63)")
+    if args.batch > U.MAX_BATCH:
+        p.error(f"--batch must be <= {U.MAX_BATCH} (the one-pass backward's largest batch tile)")
     if any(h % 64 for h in args.sizes):
         p.error("--sizes must be multiples of 64")
     if args.max_stages is not None:

@@ -119,11 +119,17 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     // written like lo (evict first where hints are planned).
     const u64 read_policy = l2_policy(keep_read), hi_policy = l2_policy(keep_hi), lo_policy = l2_policy(keep_lo);
     const u64 normal = l2_policy(0.f);
+    // DXU_ABLATE & 32: where chunk (band, column n) would start if the weights were stored tile by tile
+    auto tile_at = [&](int n) { return ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN; };
+    // where the block's weight (row r, column col) of the chunk at column n is stored
+    auto weight_at = [&](int r, int col, int n) {
+        return DXU_ABLATE & 32 ? tile_at(n) + r * BN + col : (i64)(i0 + r) * ldw + n + col;
+    };
     auto load_weights = [&](int s, int c) {
         const int n = n_begin + c * BN;
         if (DXU_ABLATE & 16) return;
         if (DXU_ABLATE & 32) {
-            const i64 tile = ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN;
+            const i64 tile = tile_at(n);
             load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16 + tile, BN, 0, 0, BM, BN, tid, read_policy);
             if (!do_update) return;
             load_rows<short, BM, BN, LDW, THREADS>(sL(s), wlo + tile, BN, 0, 0, BM, BN, tid, read_policy);
@@ -272,8 +278,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         for (int i = tid; i < (DXU_ABLATE & 8 ? 0 : BM * BN / 8); i += THREADS) {
             const int r = i / (BN / 8), col = (i % (BN / 8)) * 8;
             if (i0 + r >= IN || n + col >= n_end) continue;
-            const i64 at = DXU_ABLATE & 32 ? ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN + r * BN + col
-                                           : (i64)(i0 + r) * ldw + n + col;
+            const i64 at = weight_at(r, col, n);
             store_16_policy(w16 + at, load_16(w + r * LDW + col), hi_policy);
             store_16_policy(wlo + at, load_16(wl + r * LDW + col), lo_policy);
         }
@@ -282,8 +287,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             for (int i = tid; i < BM * BN / 4; i += THREADS) {
                 const int r = i / (BN / 4), col = (i % (BN / 4)) * 4;
                 if (i0 + r >= IN || n + col >= n_end) continue;
-                const i64 at = DXU_ABLATE & 32 ? ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN + r * BN + col
-                                               : (i64)(i0 + r) * ldw + n + col;
+                const i64 at = weight_at(r, col, n);
                 store_16_policy(mw + at, load_16(ms + r * LDS + col), lo_policy);
                 if (ADAM) store_16_policy(vw + at, load_16(vs + r * LDS + col), lo_policy);
             }
