@@ -56,11 +56,7 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
 def open_gpu(device_index: int, variants: list[str], prog: str):
     """(device, stream, kernels, rng) for timing GEMMs, or None after a one-line error when a variant cannot run on
     this GPU (the dev scripts' shared set-up)."""
-    try:
-        device = drv.Device(device_index)
-    except RawgpuError as exc:  # no driver, no such device: one line, as for a variant that cannot run
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return None
+    device = drv.Device(device_index)
     if why := variants_error(variants, device.arch):
         print(f"{prog}: error: {why}", file=sys.stderr)
         return None

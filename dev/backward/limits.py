@@ -35,6 +35,7 @@ from backward_splits import time_backward  # noqa: E402
 from gemm_variants import open_gpu  # noqa: E402
 from rawgpu import contract, driver  # noqa: E402
 from rawgpu.compiler import compile_file, compile_source  # noqa: E402
+from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_update as U  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
@@ -105,6 +106,14 @@ def main(argv=None) -> int:
         if args.max_stages < 2:
             p.error("--max-stages must be at least 2 (the kernel is a pipeline)")
         contract.DXU_MAX_STAGES = args.max_stages  # the build and the plan both read it
+    try:
+        return run(args)
+    except RawgpuError as exc:  # no GPU, out of memory, a build that fails: one line
+        print(f"backward_limits: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args) -> int:
     if (gpu := open_gpu(0, [], "backward_limits")) is None:
         return 2
     device, stream, _, rng = gpu
