@@ -74,6 +74,9 @@ def gather_to_root(value: Any, rank: Rank) -> list[Any] | None:
 def _rank_main(results: Any, to_root: Any, work: Callable[..., Any], rank: int, ranks: int, unique_id: bytes,
                args: tuple) -> None:
     global _to_root
+    # SIGINT is left as the launcher set it ('spawn' carries an ignored SIGINT into the rank; a handler comes back
+    # as Python's default): a foreground run's Ctrl-C reaches every rank, and a run started with SIGINT ignored (a
+    # background job of a script) ignores it in every process alike, not in the parent alone.
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     _to_root = to_root
     try:

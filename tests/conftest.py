@@ -1,9 +1,12 @@
-"""Shared fixtures: the `gpu` marker skips with the driver's own reason when no GPU is usable."""
+"""Shared fixtures: the `gpu` marker skips with the driver's own reason when no GPU is usable; under pytest-xdist a
+`gpu_exclusive` test has the GPU to itself."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +36,35 @@ def pytest_runtest_setup(item):
     """A `gpu` test without a GPU skips before any of its fixtures is set up."""
     if item.get_closest_marker("gpu"):
         skip_without_gpu()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist the workers share one GPU: a `gpu_exclusive` test runs with no other GPU test beside it,
+    from its first fixture's set-up to its last one's teardown (the fixtures allocate too)."""
+    with _gpu_turn(item):
+        yield
+
+
+@contextlib.contextmanager
+def _gpu_turn(item):
+    """A file lock in the run's temporary folder, which its local workers share: exclusive for a `gpu_exclusive`
+    test, shared for every other GPU test. Without xdist there is one process, and nothing to take."""
+    basetemp = item.config.option.basetemp
+    if not hasattr(item.config, "workerinput") or not basetemp or not item.get_closest_marker("gpu"):
+        yield
+        return
+    import fcntl  # POSIX only: imported where xdist's workers need it, and nowhere else
+
+    folder = Path(basetemp).parent
+    exclusive = item.get_closest_marker("gpu_exclusive") is not None
+    # Every test passes the gate on its way in, and an exclusive one holds it while it waits: no new GPU test starts
+    # behind it, so it waits for the running ones only, not for a moment when none happens to run.
+    with open(folder / "gpu-gate.lock", "a") as gate, open(folder / "gpu.lock", "a") as turn:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(turn, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # closing the files lets go of the lock
 
 
 @pytest.fixture(scope="session", autouse=True)

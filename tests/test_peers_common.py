@@ -144,6 +144,9 @@ RECIPES = [dict(), dict(momentum=0.9), dict(momentum=0.9, nesterov=True, weight_
 def test_jax_optimizer_is_torchs(fields, use_optax):
     """Three jitted steps of the JAX peer's update, lr changing per step, against torch's formulas in float64."""
     jax = pytest.importorskip("jax", reason="jax is not installed: the JAX peer's optimiser cannot be tested")
+    # A CPU test: on a GPU, JAX would take most of the GPU's memory up front and keep it until this process ends,
+    # and the GPU tests beside it (pytest-xdist's other workers) would run out of memory.
+    jax.config.update("jax_platforms", "cpu")
     if use_optax:
         pytest.importorskip("optax", reason="optax is not installed: only the jax.numpy optimiser can be tested")
     import jax.numpy as jnp

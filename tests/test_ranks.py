@@ -84,8 +84,9 @@ def test_bad_rank_counts_are_refused():
 
 
 def sleep_and_say(rank, ranks, unique_id, folder):
-    with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+    with open(os.path.join(folder, f"new{rank}"), "w") as f:
         f.write(str(os.getpid()))
+    os.replace(os.path.join(folder, f"new{rank}"), os.path.join(folder, f"rank{rank}"))  # never read half-written
     time.sleep(60)
 
 
@@ -94,25 +95,37 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, test_ranks; from rawgpu.ranks import run_ranks\n"
+    # A foreground run gets Ctrl-C; pytest itself may run with SIGINT ignored (`pytest &` from a script), which the
+    # child would inherit, so the child puts Python's own handler back, as an interactive start has it.
+    code = ("import signal, sys, test_ranks; from rawgpu.ranks import run_ranks\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "try:\n    run_ranks(test_ranks.sleep_and_say, 2, sys.argv[1], unique_id=bytes(128))\n"
             "except KeyboardInterrupt:\n    sys.exit(130)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
                                                          os.path.dirname(os.path.dirname(__file__))])}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env)
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.glob("rank*"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("rank*"))]
-    assert len(pids) == 2, "both ranks started"
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=20) == 130
-    for pid in pids:
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
+    # Its own process group: whatever fails below, the child, its ranks and multiprocessing's resource tracker
+    # are killed together in the finally clause, and nothing outlives the test.
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("rank*"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        else:
-            pytest.fail(f"rank process {pid} still runs after Ctrl-C")
+        pids = [int(p.read_text()) for p in sorted(tmp_path.glob("rank*"))]
+        assert len(pids) == 2, "both ranks started"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        for pid in pids:
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail(f"rank process {pid} still runs after Ctrl-C")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
