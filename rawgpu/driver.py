@@ -11,11 +11,13 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+import time
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-from .errors import CudaError, NoDeviceError, OutOfMemoryError
+from .errors import CudaError, GpuHangError, NoDeviceError, OutOfMemoryError
 
 STATIC_SHARED_LIMIT = 48 * 1024  # beyond this a kernel must opt in to dynamic shared memory
 
@@ -200,9 +202,15 @@ class Stream:
     def __init__(self):
         cu = _cu()
         self.handle = call(cu.cuStreamCreate, cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        _streams.add(self)
 
-    def synchronize(self) -> None:
-        call(_cu().cuStreamSynchronize, self.handle)
+    def synchronize(self, what: str = "the work queued on a stream") -> None:
+        """Wait until the queued work has finished, under the watchdog (`wait_until`)."""
+        wait_until(self.query, what)
+
+    def query(self) -> bool:
+        """Whether everything queued on the stream has finished; never blocks."""
+        return _finished(_cu().cuStreamQuery(self.handle), "cuStreamQuery")
 
     def close(self) -> None:
         if self.handle is not None:
@@ -220,8 +228,13 @@ class Event:
         call(_cu().cuEventRecord, self.handle, stream.handle)
         return self
 
-    def synchronize(self) -> None:
-        call(_cu().cuEventSynchronize, self.handle)
+    def synchronize(self, what: str = "the work before an event") -> None:
+        """Wait until the work before the event's last record has finished, under the watchdog (`wait_until`)."""
+        wait_until(self.query, what)
+
+    def query(self) -> bool:
+        """Whether the work before the event's last record has finished; never blocks."""
+        return _finished(_cu().cuEventQuery(self.handle), "cuEventQuery")
 
     def elapsed_ms(self, end: "Event") -> float:
         end.synchronize()
@@ -233,13 +246,80 @@ class Event:
             self.handle = None
 
 
+# --- waiting for the GPU ------------------------------------------------------------------------------------
+# The host never blocks inside the driver: a blocking synchronize cannot be interrupted, so a GPU that never
+# finishes would leave a process that neither Ctrl-C nor SIGTERM ends. Every wait polls a query and sleeps between
+# polls (a signal's handler runs during the sleep), and a wait that outlasts the watchdog gives the GPU up: from
+# then on every wait fails at once, and closing frees nothing (the process's exit hands the context back).
+
+WATCHDOG_SECONDS = 30.0  # no GPU work rawgpu queues takes this long unless the GPU has stopped
+_watchdog = WATCHDOG_SECONDS
+_given_up: str | None = None
+_streams: "weakref.WeakSet[Stream]" = weakref.WeakSet()
+
+
+def set_watchdog(seconds: float) -> None:
+    """How long a wait for the GPU may last before the GPU is given up (GpuHangError)."""
+    global _watchdog
+    if not seconds > 0:
+        raise ValueError(f"the watchdog needs a positive number of seconds, got {seconds}")
+    _watchdog = float(seconds)
+
+
+def give_up_gpu(reason: str) -> None:
+    """Stop waiting for this process's GPU work: every later wait raises GpuHangError(reason) at once."""
+    global _given_up
+    _given_up = _given_up or reason
+
+
+def gpu_given_up() -> str | None:
+    """Why this process stopped waiting for its GPU work, or None."""
+    return _given_up
+
+
+def wait_until(done: Callable[[], bool], what: str, timeout: float | None = None) -> bool:
+    """Poll `done()` until it is true. timeout None: the watchdog's limit, past which the GPU is given up and
+    GpuHangError names `what`; a number: return False after that many seconds instead (the caller decides)."""
+    if _given_up:
+        raise GpuHangError(_given_up)
+    if done():
+        return True
+    limit = _watchdog if timeout is None else timeout
+    start, pause = time.monotonic(), 20e-6
+    while not done():
+        if time.monotonic() - start > limit:
+            if timeout is not None:
+                return False
+            give_up_gpu(f"the GPU has not finished {what} in {limit:g} s: it has stopped (a fault in the driver or "
+                        "the GPU) or is far slower than expected; rawgpu stopped waiting for it")
+            raise GpuHangError(_given_up)
+        time.sleep(pause)  # signals act here: Ctrl-C or SIGTERM ends even a wait for a GPU that never finishes
+        pause = min(2 * pause, 1e-3)
+    return True
+
+
+def _finished(result: Any, call_name: str) -> bool:
+    """A query's answer: CUDA_SUCCESS is done, CUDA_ERROR_NOT_READY is not yet, anything else is an error."""
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) == int(_cu().CUresult.CUDA_ERROR_NOT_READY):
+        return False
+    check((err,), call_name)
+    return True
+
+
 # --- memory and copies ----------------------------------------------------------------------------------------
 # Plain driver calls on the current context. None of them waits for kernels on our non-blocking streams: callers
 # that need that ordering (memory.Tensor does) call context_synchronize() around them.
 
-def context_synchronize() -> None:
-    """Wait until every stream of the current context has finished its queued work."""
+def context_synchronize(timeout: float | None = None) -> bool:
+    """Wait until every stream of the current context has finished its queued work: each of our streams is polled
+    (`wait_until`, same timeout rule), then the context's own synchronize covers the copies and memsets of the
+    default stream, which are short."""
+    for stream in list(_streams):
+        if stream.handle is not None and not wait_until(stream.query, "the work queued on a stream", timeout):
+            return False
     call(_cu().cuCtxSynchronize)
+    return True
 
 
 def mem_info() -> tuple[int, int]:

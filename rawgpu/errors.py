@@ -1,6 +1,8 @@
 """Every error rawgpu raises on purpose derives from RawgpuError, so the CLI can print one line and exit."""
 
+import signal
 import sys
+import threading
 from typing import Callable
 
 
@@ -18,6 +20,10 @@ class CudaError(RawgpuError):
     def __init__(self, call: str, name: str, description: str = ""):
         self.call, self.name, self.description = call, name, description
         super().__init__(f"{call} failed: {name}" + (f" ({description})" if description else ""))
+
+
+class GpuHangError(RawgpuError):
+    """Work queued on the GPU did not finish within the watchdog's limit (driver.wait_until)."""
 
 
 class CompileError(RawgpuError):
@@ -40,14 +46,35 @@ class StepUnsupported(RawgpuError, ValueError):
     """A step kind asked for by name cannot run this recipe on this GPU; the message says why."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt: the process stops the same way (a run at a step
+    boundary, saving what Ctrl-C saves) instead of dying mid-step, and exits 143."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop this process as Ctrl-C does (Terminated). Only the main thread may set handlers."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def interrupt_status(exc: KeyboardInterrupt) -> int:
+    """The exit status of a process stopped by a signal: 128 + its number, as shells report it."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+
 def run_cli(work: Callable[[], int]) -> int:
     """A CLI's work after its arguments are parsed: a RawgpuError becomes one line on stderr and exit 1, Ctrl-C
-    exit 130."""
+    exit 130, SIGTERM exit 143."""
+    stop_on_sigterm()
     try:
         return work()
     except RawgpuError as exc:
         print(f"rawgpu: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("rawgpu: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("rawgpu: interrupted" if not isinstance(exc, Terminated) else "rawgpu: terminated", file=sys.stderr)
+        return interrupt_status(exc)

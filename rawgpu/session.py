@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Callable
 
 from . import compiler, parallel, steps
-from .driver import Device, Launch, Stream, context_synchronize
+from .driver import Device, Launch, Stream, context_synchronize, give_up_gpu, gpu_given_up
 from .errors import NoDeviceError
 from .graph import Graph, capture
 from .kernels import Kernels
@@ -130,8 +130,28 @@ class Session:
             self.group.all_reduce(counter, counter, 1, op="max").run(self.stream)
             self.stream.synchronize()
 
+    def settle(self, seconds: float) -> bool:
+        """After Ctrl-C or SIGTERM: wait at most `seconds` for the queued work. True once it has finished; False
+        when it has not, and then this process gives its GPU work up (driver.give_up_gpu), so nothing after waits
+        for it and the process can end at once."""
+        if self.gpu_given_up():
+            return False
+        if context_synchronize(seconds):
+            return True
+        give_up_gpu(f"the GPU had not finished its queued work {seconds:g} s after the interrupt")
+        return False
+
+    @staticmethod
+    def gpu_given_up() -> bool:
+        """Whether this process stopped waiting for its GPU work (driver.give_up_gpu): then nothing is freed."""
+        return gpu_given_up() is not None
+
     def close(self) -> None:
-        """Free the arena, the stream and the device's context (graphs captured from it belong to the caller)."""
+        """Free the arena, the stream and the device's context (graphs captured from it belong to the caller).
+        When this process has given its GPU work up (driver.give_up_gpu), nothing is freed: freeing waits for that
+        work, and the process's exit hands everything back to the driver."""
+        if self.gpu_given_up():
+            return
         context_synchronize()  # nothing queued may still use the memory
         if self.group is not None:
             self.group.close()

@@ -15,7 +15,8 @@ from pathlib import Path
 from . import recipe as rc
 from . import steps
 from .console import RunInfo, Summary
-from .errors import RawgpuError, StepUnsupported
+from .driver import WATCHDOG_SECONDS, set_watchdog
+from .errors import RawgpuError, StepUnsupported, interrupt_status, stop_on_sigterm
 from .parallel import MODES, data_parallel_reason
 from .data import DATASET_NAMES
 from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"over the run, {d['epochs']} epochs, {d['accum']} accumulation, seed {d['seed']}.")
     p = argparse.ArgumentParser(
         prog="python -m rawgpu.train", description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 done, 1 runtime error (no GPU, out of memory, data), 2 bad arguments, 130 Ctrl-C.")
+        epilog="Exit status: 0 done, 1 runtime error (no GPU, out of memory, data, a GPU that stopped), 2 bad "
+               "arguments, 130 Ctrl-C, 143 SIGTERM (both stop at a step boundary and save as --save says).")
     rc.add_options(p.add_argument_group("model"), RECIPE_OPTIONS[:2])
     o = p.add_argument_group("optimisation")
     rc.add_options(o, RECIPE_OPTIONS[2:4])
@@ -78,8 +80,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
                         "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")
+    r.add_argument("--watchdog", type=_seconds, default=WATCHDOG_SECONDS, metavar="S",
+                   help="give the GPU up when work it was given has not finished after S seconds: one line, exit 1 "
+                        f"(a stopped GPU or driver; default {WATCHDOG_SECONDS:g})")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     return p
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def add_device_option(parser) -> None:
@@ -156,9 +172,10 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
     from .steps import StepOptions
 
     options = StepOptions(overlap=not args.no_overlap)
+    set_watchdog(args.watchdog)
     common = dict(device=args.device, options=options, steps_per_graph=args.steps_per_graph,
                   graphs=not args.no_graph, on_compile=console.compiling, rank=rank)
-    root, alone = rank is None or rank.rank == 0, rank is None or rank.ranks == 1
+    root = rank is None or rank.rank == 0
     if ckpt is not None:
         trainer = Trainer.load(ckpt, data=data, **common)
         resumed = f"from {args.resume} at step {trainer.steps_done} of {trainer.plan.total_steps}"
@@ -167,18 +184,16 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
         resumed = ""
     with trainer:
         console.start(_run_info(trainer, args, resumed))
-        interrupted, error = False, None
+        interrupted, error = None, None
         try:
             trainer.fit(console.epoch_end, progress=console, save_to=args.save, save_every=args.save_every)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (errors.Terminated)
+            interrupted = exc
         except TrainingDiverged as exc:
             error = str(exc)
-        console.finish(summarize(trainer, time.perf_counter() - t_start, interrupted))
-        if args.save and not error and (alone or not interrupted):
-            console.message(f"checkpoint: {args.save} (step {trainer.steps_done})")
-        elif args.save and interrupted:
-            console.message(f"interrupted on several GPUs: no save; {args.save} keeps the last one (--save-every)")
+        console.finish(summarize(trainer, time.perf_counter() - t_start, interrupted is not None))
+        if args.save and not error:
+            console.message(save_note(trainer, args.save))
         if args.plot and trainer.history and root:
             from .plot import write_plot
 
@@ -190,7 +205,19 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
         if root:
             print(f"rawgpu: error: {error}", file=sys.stderr)
         return 1
-    return 130 if interrupted else 0
+    return interrupt_status(interrupted) if interrupted else 0
+
+
+def save_note(trainer: Trainer, path: str) -> str:
+    """What the run's checkpoint file holds once the run has ended or stopped."""
+    if trainer.saved is not None and trainer.saved[1] == trainer.steps_done:
+        return f"checkpoint: {path} (step {trainer.steps_done})"
+    why = ("interrupted on several GPUs" if trainer.rank is not None and trainer.rank.ranks > 1 else
+           "the GPU had not reached a step boundary after the interrupt" if trainer.session.gpu_given_up() else
+           "a weight was not finite")
+    kept = (f"{path} keeps step {trainer.saved[1]}" if trainer.saved is not None else
+            f"{path} keeps the checkpoint it had" if Path(path).exists() else "no checkpoint was written")
+    return f"{why}: nothing saved when it stopped; {kept}"
 
 
 def train_on_gpus(args: argparse.Namespace, data, recipe: rc.Recipe, t_start: float, ckpt=None) -> int:
@@ -200,10 +227,10 @@ def train_on_gpus(args: argparse.Namespace, data, recipe: rc.Recipe, t_start: fl
 
     try:
         return run_ranks(_train_rank, args.gpus, args, data, recipe, t_start, ckpt, unique_id=nccl.new_unique_id())[0]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("rawgpu: interrupted: every GPU's process stopped"
               + (f"; {args.save} keeps the last checkpoint saved" if args.save else ""), file=sys.stderr)
-        return 130
+        return interrupt_status(exc)
 
 
 def _train_rank(rank: int, ranks: int, unique_id: bytes, args, data, recipe, t_start: float, ckpt) -> int:
@@ -309,6 +336,7 @@ def check_parallel(parser: argparse.ArgumentParser, args: argparse.Namespace, re
 
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
+    stop_on_sigterm()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.no_graph and args.steps_per_graph not in (None, 1):
@@ -368,10 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         console.close()
         print(f"rawgpu: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         console.close()
         print("rawgpu: interrupted before training started", file=sys.stderr)
-        return 130
+        return interrupt_status(exc)
     finally:
         console.close()
 

@@ -31,6 +31,9 @@ from .steps import CHOICES
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
 MAX_AUTO_STEPS_PER_GRAPH = 64  # bounds the graph's nodes, so its capture stays short (docs/history.md, Version 14)
+# After Ctrl-C or SIGTERM the queued steps get this many seconds to finish, so the run saves at a step boundary; a
+# GPU that has not finished by then is given up (nothing saved), and the process still ends at once.
+INTERRUPT_GRACE = 1.0
 
 
 def auto_steps_per_graph(steps_per_epoch: int) -> int:
@@ -123,6 +126,7 @@ class Trainer:
             steps_per_graph = auto_steps_per_graph(self.plan.steps_per_epoch) if graphs else 1
         self.steps_per_graph, self.graphs = max(1, min(steps_per_graph, recipe.total_steps)), graphs
         self.history: list[EpochStats] = []
+        self.saved: tuple[Path, int] | None = None  # the last checkpoint this trainer wrote, and its step
         self.train_seconds = 0.0
         self._epoch_metrics = (0.0, 0)  # a resumed epoch's loss sum and hits before it was saved
         self._image_shape = tuple(data.image_shape) if data is not None else None
@@ -210,38 +214,39 @@ class Trainer:
         from .driver import Event
         from .kernels.data import lr_at
 
-        step_graph = self._graph("step1") if self.graphs else None
-        k = self.steps_per_graph
-        multi_graph = self._graph(f"step{k}") if self.graphs and k > 1 else None
-        eval_graph = self._graph("eval")
-        launches = None if self.graphs else m.step_launches()
         events = [Event() for _ in range(MAX_AHEAD + 3)]
-        flops, traffic = r.step_flops(), r.step_bytes()
-        rng = np.random.default_rng(r.seed)
-        first_epoch = self.steps_done // plan.steps_per_epoch
-        for _ in range(first_epoch):  # the data order of the epochs already run: replayed, not stored
-            rng.permutation(r.train_rows)
+        try:  # the graphs' capture too: an interrupt there stops at a step boundary as well
+            step_graph = self._graph("step1") if self.graphs else None
+            k = self.steps_per_graph
+            multi_graph = self._graph(f"step{k}") if self.graphs and k > 1 else None
+            eval_graph = self._graph("eval")
+            launches = None if self.graphs else m.step_launches()
+            flops, traffic = r.step_flops(), r.step_bytes()
+            rng = np.random.default_rng(r.seed)
+            first_epoch = self.steps_done // plan.steps_per_epoch
+            for _ in range(first_epoch):  # the data order of the epochs already run: replayed, not stored
+                rng.permutation(r.train_rows)
 
-        def run_steps(n: int) -> None:
-            done = 0
-            while done < n:
-                if multi_graph is not None and n - done >= k:
-                    multi_graph.launch(stream)
-                    done += k
-                elif step_graph is not None:
-                    step_graph.launch(stream)
-                    done += 1
-                else:
-                    for launch in launches:
-                        launch.run(stream)
-                    done += 1
+            def run_steps(n: int) -> None:
+                done = 0
+                while done < n:
+                    if multi_graph is not None and n - done >= k:
+                        multi_graph.launch(stream)
+                        done += k
+                    elif step_graph is not None:
+                        step_graph.launch(stream)
+                        done += 1
+                    else:
+                        for launch in launches:
+                            launch.run(stream)
+                        done += 1
 
-        try:
             for epoch in range(first_epoch, plan.epochs):
                 if epoch * plan.steps_per_epoch >= stop:
                     break
                 n = plan.steps_in(epoch)
                 started = self.steps_done - epoch * plan.steps_per_epoch  # > 0: resuming inside this epoch
+                stream.synchronize(f"the work queued before step {self.steps_done + 1}")  # names the wait it is
                 m.set_permutation(rng.permutation(r.train_rows))
                 if started:
                     m.set_train_metrics(*self._epoch_metrics)
@@ -266,7 +271,7 @@ class Trainer:
                     self.steps_done = epoch * plan.steps_per_epoch + launched
                     if not free:
                         ev, at = pending.pop(0)
-                        ev.synchronize()
+                        ev.synchronize(f"step {epoch * plan.steps_per_epoch + at}")
                         if progress is not None:
                             progress.epoch_progress(at)
                         free.append(ev)
@@ -280,7 +285,7 @@ class Trainer:
                 eval_graph.launch(stream)
                 eval_end.record(stream)
                 for ev, at in pending:
-                    ev.synchronize()
+                    ev.synchronize(f"step {epoch * plan.steps_per_epoch + at}")
                     if progress is not None:
                         progress.epoch_progress(at)
                 # An epoch with a mid-epoch save also counts the idle GPU time of that save.
@@ -313,7 +318,8 @@ class Trainer:
         except KeyboardInterrupt:
             if self.rank is not None and self.rank.ranks > 1:  # the other ranks' steps may never come: no save
                 raise
-            stream.synchronize()  # the queued steps finish: parameters stop at a step boundary
+            if not self._session.settle(INTERRUPT_GRACE):  # the GPU never reached a step boundary: no save
+                raise
             self.steps_done = m.step_count()
             if save_to is not None:
                 self._save_mid_epoch(save_to)
@@ -340,7 +346,7 @@ class Trainer:
         """A save during the run: skipped when a weight is NaN or infinite, so the last good checkpoint stays."""
         ckpt = self.checkpoint()
         if ckpt is not None and all(np.isfinite(w).all() and np.isfinite(b).all() for w, b in ckpt.weights):
-            ck.save(path, ckpt)
+            self.saved = (ck.save(path, ckpt), self.steps_done)
 
     # --- evaluation and prediction -------------------------------------------------------------------------------
 
@@ -394,7 +400,10 @@ class Trainer:
         """Write a checkpoint atomically; it loads with `Trainer.load` and with the standard safetensors loaders.
         On several GPUs every rank calls it and rank 0 writes the whole model."""
         ckpt = self.checkpoint()
-        return ck.save(path, ckpt) if ckpt is not None else Path(path)
+        if ckpt is None:
+            return Path(path)
+        self.saved = (ck.save(path, ckpt), self.steps_done)
+        return self.saved[0]
 
     # --- the rest -----------------------------------------------------------------------------------------------
 
@@ -422,10 +431,12 @@ class Trainer:
             raise RawgpuError("this trainer is closed")
 
     def close(self) -> None:
-        """Free the graphs and the GPU memory (idempotent)."""
+        """Free the graphs and the GPU memory (idempotent; nothing, once the GPU was given up: Session.close)."""
         if self.closed:
             return
         self.closed = True
+        if self._session is not None and self._session.gpu_given_up():
+            return
         for g in self._graphs.values():
             g.close()
         self._graphs.clear()
@@ -435,7 +446,9 @@ class Trainer:
     def __enter__(self) -> "Trainer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and not self.closed:
+            self._session.settle(INTERRUPT_GRACE)  # a GPU that never finishes must not hold up the exit
         self.close()
 
 

@@ -49,19 +49,45 @@ def check_master_step(w: np.ndarray, w16: np.ndarray, wlo: np.ndarray, lr: float
         "W16 must be fp16(master) exactly"
 
 
-def interrupt_train(args: list[str], when: str, root: Path) -> tuple[int, str, str]:
-    """Run `python -m rawgpu.train args`, send SIGINT once a stdout line starts with `when` (training is under
-    way), and return (exit status, stdout after that line, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "rawgpu.train", *args], cwd=root,
-                            env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def interrupt_train(args: list[str], when: str, root: Path, sig: int = signal.SIGINT,
+                    command: list[str] | None = None) -> tuple[int, str, str, float]:
+    """Run `python -m rawgpu.train args` (or `command` + args), send `sig` once a stdout line starts with `when`
+    (training is under way), and return (exit status, stdout after that line, stderr, seconds from the signal to
+    the exit). The child starts with the default SIGINT handler whatever this process ignores, and is killed if it
+    outlives a minute."""
+    command = command or [sys.executable, "-m", "rawgpu.train"]
+    proc = subprocess.Popen([*command, *args], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line, deadline = "", time.monotonic() + 120
         while time.monotonic() < deadline and not line.startswith(when):
             line = proc.stdout.readline().strip()
             assert line or proc.poll() is None, proc.stderr.read()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        seconds = time.monotonic() - sent
+        out, err = proc.communicate(timeout=10)
     finally:
         proc.kill()
-    return proc.returncode, out, err
+    return proc.returncode, out, err, seconds
+
+
+class LateDxKernels:
+    """Kernels whose builds start every dx block of the one-pass backward late (cu/one_pass.cuh: APART_LATE_DX_NS),
+    as a block switched out with its context, or held up behind another kernel's blocks, would start: with dx and the
+    update apart, the update blocks must still wait for their partner before overwriting the weights it reads."""
+
+    LATE_NS = 200_000
+
+    def __init__(self, arch: str):
+        self.arch, self._modules = arch, []
+
+    def get(self, source: str, name: str, signature: str):
+        from rawgpu import compiler, driver
+
+        unit = compiler.unit_of(source, name)  # one instance of a many-instance source, or the whole small source
+        built = compiler.compile_source(unit[0], self.arch, (f"-DAPART_LATE_DX_NS={self.LATE_NS}",), kernel=unit[1])
+        self._modules.append(driver.Module(built.cubin))
+        return self._modules[-1].kernel(name, signature)

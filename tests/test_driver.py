@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
+import time
+import weakref
 
 import numpy as np
 import pytest
 
 from rawgpu import driver
 from rawgpu.compiler import compile_source
-from rawgpu.errors import CudaError, NoDeviceError, OutOfMemoryError
+from rawgpu.errors import CudaError, GpuHangError, NoDeviceError, OutOfMemoryError
 from rawgpu.memory import Arena
 
 
@@ -198,7 +202,7 @@ def test_mem_alloc_maps_out_of_memory_and_names_other_errors(fake_binding):
     assert not isinstance(info.value, OutOfMemoryError)
 
 
-def test_checked_wrappers_name_the_driver_call(fake_binding):
+def test_checked_wrappers_name_the_driver_call(fake_binding, watchdog):
     fake_binding(cuCtxSynchronize=_err("CUDA_ERROR_LAUNCH_FAILED"), cuMemsetD8=_err("CUDA_ERROR_INVALID_VALUE"),
                  cuMemGetInfo=_ok(3, 4))
     assert driver.mem_info() == (3, 4)
@@ -354,3 +358,84 @@ def test_a_modules_global_comes_back_with_its_size_or_a_named_error(fake_binding
     fake.results["cuModuleGetGlobal"] = _err("CUDA_ERROR_NOT_FOUND", None, None)
     with pytest.raises(CudaError, match=r"cuModuleGetGlobal\(missing\) failed: CUDA_ERROR_NOT_FOUND"):
         module.global_address("missing")
+
+
+@pytest.fixture
+def watchdog(monkeypatch):
+    """A fresh waiting state (nothing given up, no stream to wait for) that the test may change."""
+    monkeypatch.setattr(driver, "_given_up", None)
+    monkeypatch.setattr(driver, "_watchdog", driver.WATCHDOG_SECONDS)
+    monkeypatch.setattr(driver, "_streams", weakref.WeakSet())  # a real stream of a GPU test is not the fake's
+    return driver
+
+
+def test_waits_poll_until_done_or_the_caller_s_timeout(watchdog):
+    answers = iter([False, False, True])
+    assert watchdog.wait_until(lambda: next(answers), "step 3") is True
+    start = time.monotonic()
+    assert watchdog.wait_until(lambda: False, "step 3", timeout=0.05) is False  # the caller decides: not given up
+    assert 0.05 <= time.monotonic() - start < 1.0
+    assert watchdog.gpu_given_up() is None
+
+
+def test_the_watchdog_gives_the_gpu_up_and_every_later_wait_fails_at_once(watchdog):
+    watchdog.set_watchdog(0.05)
+    with pytest.raises(GpuHangError, match=r"^the GPU has not finished step 7 in 0.05 s: it has stopped"):
+        watchdog.wait_until(lambda: False, "step 7")
+    start = time.monotonic()
+    with pytest.raises(GpuHangError, match="step 7"):  # the first reason stays
+        watchdog.wait_until(lambda: True, "step 8")
+    assert time.monotonic() - start < 0.01
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            watchdog.set_watchdog(bad)
+
+
+def test_a_signal_ends_a_wait_for_a_gpu_that_never_finishes(watchdog):
+    """The wait sleeps between polls, so a signal's handler runs inside it (a blocking synchronize would hold it)."""
+    def alarm(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            watchdog.wait_until(lambda: False, "step 1")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - start < 0.5
+
+
+def test_queries_read_not_ready_as_unfinished_and_name_other_errors(fake_binding, watchdog):
+    fake_binding(cuStreamQuery=_err("CUDA_ERROR_NOT_READY"), cuEventQuery=_ok(), cuCtxSynchronize=_ok(),
+                 cuStreamCreate=_ok(0x5))
+    stream = driver.Stream()
+    assert stream.query() is False
+    assert driver.context_synchronize(timeout=0.02) is False  # our stream is still busy
+    event = driver.Event.__new__(driver.Event)
+    event.handle = 0x6
+    assert event.query() is True
+    fake_binding(cuStreamQuery=_err("CUDA_ERROR_LAUNCH_FAILED"))
+    with pytest.raises(CudaError, match="cuStreamQuery failed: CUDA_ERROR_LAUNCH_FAILED"):
+        stream.query()
+    stream.handle = None  # a closed stream is not waited for
+    fake_binding(cuCtxSynchronize=_ok())
+    assert driver.context_synchronize() is True
+
+
+def test_sigterm_stops_like_ctrl_c_and_exits_143():
+    from rawgpu.errors import Terminated, interrupt_status, run_cli
+
+    assert interrupt_status(KeyboardInterrupt()) == 130 and interrupt_status(Terminated()) == 143
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        def work():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises inside the sleep
+            return 0
+
+        assert run_cli(work) == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -27,6 +27,8 @@ FAKE_MNIST = Dataset("mnist", *[np.zeros(shape, np.uint8) for shape in ((60000, 
     (["--hidden", "-5"], "argument --hidden: must be >= 1, got -5"),
     (["--hidden", "wide"], "argument --hidden: expected an integer, got 'wide'"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["--watchdog", "0"], "argument --watchdog: must be a positive number of seconds, got '0'"),
+    (["--watchdog", "inf"], "argument --watchdog: must be a positive number of seconds, got 'inf'"),
     (["--batch", "60001"], "argument --batch: must be <= 60000, got 60001"),
     (["--lr", "0"], "argument --lr: must be > 0, got 0"),
     (["--lr", "-0.001"], "argument --lr: must be > 0, got -0.001"),
@@ -280,3 +282,22 @@ def test_backward_limits_experiment_builds_for_sm_90(mask, tmp_path, monkeypatch
     if mask == 63:
         stream = compiler.compile_file(ROOT / "dev" / "backward" / "stream.cu", "sm_90")
         assert len(stream.resources) == 6 and all(r.spill_stores == 0 for r in stream.resources.values())
+
+
+def test_the_save_note_says_what_the_checkpoint_file_holds(tmp_path):
+    from types import SimpleNamespace
+
+    def trainer(saved, done, given_up=False, ranks=1):
+        session = SimpleNamespace(gpu_given_up=lambda: given_up)
+        return SimpleNamespace(saved=saved, steps_done=done, session=session,
+                               rank=SimpleNamespace(ranks=ranks) if ranks > 1 else None)
+
+    path = str(tmp_path / "run.safetensors")
+    assert train.save_note(trainer((path, 40), 40), path) == f"checkpoint: {path} (step 40)"
+    assert train.save_note(trainer(None, 40, given_up=True), path) == (
+        "the GPU had not reached a step boundary after the interrupt: nothing saved when it stopped; "
+        "no checkpoint was written")
+    assert train.save_note(trainer((path, 30), 40, given_up=True), path).endswith(f"; {path} keeps step 30")
+    (tmp_path / "run.safetensors").write_bytes(b"x")
+    assert train.save_note(trainer(None, 40, ranks=2), path) == (
+        f"interrupted on several GPUs: nothing saved when it stopped; {path} keeps the checkpoint it had")

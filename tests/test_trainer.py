@@ -9,6 +9,7 @@ import json
 import os
 import re
 import struct
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -232,7 +233,9 @@ def _json_epochs(text: str) -> list[dict]:
 
 
 @gpu
-def test_ctrl_c_saves_and_resume_finishes_bit_identical_to_the_uninterrupted_run(device, rng, tmp_path):
+@pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl_c", "sigterm"])
+def test_a_signal_saves_within_2_s_and_resume_finishes_bit_identical_to_the_uninterrupted_run(sig, status, device, rng,
+                                                                                               tmp_path):
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
@@ -241,8 +244,9 @@ def test_ctrl_c_saves_and_resume_finishes_bit_identical_to_the_uninterrupted_run
     full = cli("rawgpu.train", *common, "--save", str(tmp_path / "full.safetensors"))
     assert full.returncode == 0, full.stderr
     part = tmp_path / "part.safetensors"
-    status, out, err = interrupt_train([*common, "--save", str(part)], "{", ROOT)  # after the first epoch
-    assert status == 130, err
+    got, out, err, seconds = interrupt_train([*common, "--save", str(part)], "{", ROOT, sig)  # after the first epoch
+    assert got == status, err
+    assert seconds < 2.0, f"the run took {seconds:.2f} s to stop and save"
     assert "Traceback" not in err
     with safe_open(str(part), "np") as f:
         saved_at = json.loads(f.metadata()["progress"])["steps_done"]
