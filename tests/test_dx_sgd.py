@@ -23,20 +23,26 @@ def test_plan_fills_the_sms_with_whole_column_chunks():
             assert p.workspace_floats == (p.splits * p.bands * 32 * 64 if p.splits > 1 and not p.cluster else 0)
     assert D.plan_dx_sgd(32, 8192, 8192).splits == 1
     assert D.plan_dx_sgd(32, 4096, 4096).splits == 2
-    assert D.plan_dx_sgd(32, 512, 512, arch="sm_90").cluster and not D.plan_dx_sgd(32, 512, 512).cluster
+    assert D.plan_dx_sgd(32, 512, 512, arch="sm_90", roles=1).cluster and not D.plan_dx_sgd(32, 512, 512).cluster
 
 
 def test_dx_and_the_update_run_apart_on_layers_of_up_to_a_million_weights():
     h100 = (0, 0, 66, 39, 30, 22, 17, 15, 15)
     p = D.plan_dx_sgd(32, 256, 256, arch="sm_90", capacity=h100)
-    assert (p.roles, p.grid, p.cluster, p.cluster_dims) == (2, (4, 2, 2), True, (1, 1, 2))
+    assert (p.roles, p.grid, p.cluster, p.cluster_dims) == (2, (4, 2, 2), False, (1, 2, 1)), "pairs; the workspace"
     p = D.plan_dx_sgd(32, 1024, 1024, arch="sm_90", capacity=h100)
-    assert (p.grid, p.cluster) == ((16, 2, 4), False), "32 clusters of 4 do not fit: the workspace"
+    assert (p.grid, p.cluster, p.cluster_dims) == ((16, 2, 4), False, (1, 2, 1))
+    assert D.plan_dx_sgd(32, 256, 256, arch="sm_86").roles == 1, "no clusters to pair the parts before sm_90"
     assert D.plan_dx_sgd(32, 2048, 2048, arch="sm_90", capacity=h100).roles == 1, "4M weights: one pass"
     assert D.plan_dx_sgd(32, 784, 256, arch="sm_90", capacity=h100, dx=False).roles == 1, "no dx: one part"
     assert D.plan_dx_sgd(32, 256, 256, arch="sm_90", capacity=h100, roles=1).grid == (4, 1, 2)
     with pytest.raises(ValueError, match="roles must be 1, or 2 with dx"):
         D.plan_dx_sgd(32, 784, 256, dx=False, roles=2)
+    with pytest.raises(ValueError, match="pair their blocks in clusters: sm_90, not sm_86"):
+        D.plan_dx_sgd(32, 256, 256, arch="sm_86", roles=2)
+    assert D.plan_dx_sgd(32, 256, 256, arch="sm_90", cluster=True).roles == 1, "range clusters asked for: one pass"
+    with pytest.raises(ValueError, match="through the workspace: their clusters are pairs"):
+        D.plan_dx_sgd(32, 256, 256, arch="sm_90", roles=2, cluster=True)
 
 
 @pytest.mark.parametrize("arch,limit_kb", [("sm_80", 163), ("sm_86", 99), ("sm_89", 99), ("sm_90", 227)])
@@ -144,7 +150,7 @@ def test_column_ranges_sum_to_the_same_bits_in_a_cluster_and_in_the_workspace(de
         pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
     seed = int(rng.integers(1 << 30))
     runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True,
-                                  cluster=cluster) for cluster in (True, False)]
+                                  cluster=cluster, roles=1) for cluster in (True, False)]
     for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
         if i != 3:  # the tickets, which only the workspace's sums take
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: cluster and workspace sums differ"
@@ -164,6 +170,25 @@ def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, str
     for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
         if i != 3:  # the tickets, which only the workspace's sums take (apart, fewer clusters fit: the workspace)
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N", [(32, 256, 256), (17, 1024, 1024)])
+def test_a_late_dx_block_still_reads_the_old_weights(device, stream, kernels, rng, B, IN, N):
+    """dx and the update apart with every dx block started 200 us late (gpu_checks.LateDxKernels): its update
+    partner waits for it, so every output is byte for byte that of one block doing both."""
+    from gpu_checks import LateDxKernels
+    from rawgpu.kernels.gemm import has_tma
+
+    if not has_tma(device.arch):
+        pytest.skip(f"dx and the update run apart on sm_90 only; this GPU is {device.arch}")
+    splits = D.plan_dx_sgd(B, IN, N, device.sm_count, arch=device.arch, roles=2).splits
+    seed = int(rng.integers(1 << 30))
+    runs = [check_against_float64(device, stream, k, np.random.default_rng(seed), B, IN, N, splits, True, roles=roles)
+            for k, roles in ((kernels, 1), (LateDxKernels(device.arch), 2))]
+    for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
+        if i != 3:  # the tickets
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: a late dx block changed it"
 
 
 @pytest.mark.gpu

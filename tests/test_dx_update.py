@@ -62,17 +62,17 @@ def test_dx_and_the_update_run_apart_on_layers_of_up_to_a_million_weights():
     h100 = (0, 0, 66, 39, 30, 22, 17, 15, 15)
     plan = lambda *a, **kw: U.plan_dx_update(*a, "sm_90", capacity=h100, **kw)  # noqa: E731
     p = plan(128, 256, 256, "sgd")
-    assert (p.roles, p.grid, p.cluster, p.cluster_dims) == (2, (4, 2, 4), True, (1, 1, 4))
+    assert (p.roles, p.grid, p.cluster, p.cluster_dims) == (2, (4, 2, 4), False, (1, 2, 1)), "pairs; the workspace"
     assert plan(128, 128, 128, "adam").grid == (2, 2, 2)
     p = plan(128, 512, 512, "sgd")
-    assert (p.grid, p.n_chunk, p.cluster) == ((8, 2, 4), 128, True), "4 ranges of 2 chunks; 16 clusters of 4 fit"
+    assert (p.grid, p.n_chunk, p.cluster) == ((8, 2, 4), 128, False), "4 ranges of 2 chunks"
     p = plan(128, 1024, 1024, "adam")
-    assert (p.grid, p.cluster) == ((16, 2, 4), False), "32 clusters of 4 do not fit: the workspace"
+    assert (p.grid, p.cluster, p.cluster_dims) == ((16, 2, 4), False, (1, 2, 1))
     assert p.workspace_floats == 4 * 16 * 128 * 64 and p.tickets == 16
     assert plan(128, 2048, 2048, "sgd").roles == 1, "4M weights: one pass"
     assert plan(128, 8192, 128, "sgd").roles == 1, "128 bands: the doubled grid does not fit"
     assert plan(128, 784, 256, "sgd", dx=False).roles == 1, "no dx: one part"
-    assert U.plan_dx_update(32, 256, 256, "sgd", "sm_86").grid == (4, 2, 4), "no clusters before sm_90"
+    assert U.plan_dx_update(32, 256, 256, "sgd", "sm_86").grid == (4, 1, 4), "no clusters to pair the parts"
     assert plan(128, 256, 256, "sgd", roles=1).grid == (4, 1, 4)
     assert plan(128, 512, 512, "sgd", roles=2, splits=8).grid == (8, 2, 8)
     with pytest.raises(ValueError, match="roles must be 1, or 2 with dx"):
@@ -165,7 +165,7 @@ def test_column_ranges_sum_to_the_same_bits_in_a_cluster_and_in_the_workspace(de
         pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
     seed = int(rng.integers(1 << 30))
     runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True, opt,
-                                  cluster=cluster) for cluster in (True, False)]
+                                  cluster=cluster, roles=1) for cluster in (True, False)]
     for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
         if i != 3:  # the tickets, which only the workspace's sums take
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: cluster and workspace sums differ"
@@ -189,10 +189,30 @@ def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, str
         splits = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, roles=2).splits
     seed = int(rng.integers(1 << 30))
     runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True, opt,
-                                  cluster=cluster, roles=roles) for roles in (1, 2)]
+                                  cluster=cluster if roles == 1 else None, roles=roles) for roles in (1, 2)]
     for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
         if i != 3:  # the tickets, which only the workspace's sums take (apart, fewer clusters fit: the workspace)
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: roles 1 and 2 differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,IN,N,opt", [(128, 256, 256, "momentum"), (128, 1024, 1024, "adam"), (32, 512, 512, "plain"),
+                                        (256, 520, 1000, "adamw")])
+def test_a_late_dx_block_still_reads_the_old_weights(device, stream, kernels, rng, B, IN, N, opt):
+    """dx and the update apart with every dx block started 200 us late (gpu_checks.LateDxKernels): its update
+    partner waits for it, so every output is byte for byte that of one block doing both."""
+    from gpu_checks import LateDxKernels
+    from rawgpu.kernels.gemm import has_tma
+
+    if not has_tma(device.arch):
+        pytest.skip(f"dx and the update run apart on sm_90 only; this GPU is {device.arch}")
+    splits = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, roles=2).splits
+    seed = int(rng.integers(1 << 30))
+    runs = [check_against_float64(device, stream, k, np.random.default_rng(seed), B, IN, N, splits, True, opt,
+                                  roles=roles) for k, roles in ((kernels, 1), (LateDxKernels(device.arch), 2))]
+    for i, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
+        if i != 3:  # the tickets
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i}: a late dx block changed it"
 
 
 @pytest.mark.gpu
@@ -201,7 +221,7 @@ def test_dx_and_the_update_in_blocks_of_their_own_give_the_same_bits(device, str
     (128, 520, 1000, 3, "adamw", False, 1), (32, 520, 1000, 3, "plain", True, 1),
     (256, 1024, 1024, 4, "adam", True, 1), (128, 136, 2056, 7, "nesterov", False, 1),
     (128, 256, 256, None, "momentum", None, 2), (256, 520, 1000, 4, "adamw", False, 2),
-    (32, 512, 512, 4, "plain", True, 2)])
+    (32, 512, 512, 4, "plain", None, 2)])
 def test_fp32_dx_is_the_raw_sums_of_the_fp16_dx(device, stream, kernels, rng, B, IN, N, splits, opt, cluster, roles):
     """dx as fp32 partial sums (a column-split layer's, rawgpu/sharded.py) at batch tiles 32, 128 and 256 with
     every optimiser family: one range, several added through the workspace or in a cluster, dx and the update in

@@ -23,7 +23,8 @@
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient), still one pass at 8 bytes per
 // weight where the dW + SGD GEMM's staged tile needs two waves of blocks.
 // gridDim.y == 2 (kernels/dx_sgd.py: OnePassPlan.roles): the blocks at y = 0 compute dx alone and those at y = 1 the
-// update alone, side by side (as in dx_update.cu): the same sums in the same order.
+// update alone, side by side, each pair a cluster whose update waits for the dx block to hold a chunk before
+// overwriting it (as in dx_update.cu; one_pass.cuh: apart_*): the same sums in the same order.
 // Needs batch <= 32 and plain SGD (no momentum: its tile would not fit the pipeline); kernels/dx_sgd.py checks.
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
@@ -86,6 +87,8 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
     const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
     const bool do_dx = dx != nullptr && (gridDim.y == 1 || blockIdx.y == 0);  // uniform in the block
     const bool do_update = gridDim.y == 1 || blockIdx.y == 1;
+    __shared__ u32 apart_held;  // dx and the update apart: the chunks the dx block holds (one_pass.cuh)
+    apart_begin(&apart_held);
 
     // L2 policies (l2.cuh, planned by kernels/l2.py): for reading both halves, and for writing each back.
     const u64 read_policy = l2_policy(keep_read), hi_policy = l2_policy(keep_hi), lo_policy = l2_policy(keep_lo);
@@ -122,6 +125,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
     for (int c = 0; c < chunks; ++c) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
+        apart_report(&apart_held, c);
         if (c == 0 && do_update) {
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
@@ -188,6 +192,7 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
                     sgd_pair(v, unused, make_float2(gacc[mt][j][2 * h], gacc[mt][j][2 * h + 1]), false, 0.f, lr);
                     master_split2(v, hi2, lo2);
                 }
+        apart_wait(&apart_held, c);  // the old weights of chunk c are no longer read elsewhere
         __syncthreads();
         // Write back along rows: 8 weights (16 bytes of W16, 16 of lo) per thread and step.
         const int n = n_begin + c * BN;

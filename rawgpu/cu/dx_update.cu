@@ -24,7 +24,8 @@
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient).
 // gridDim.y == 2 (kernels/dx_sgd.py: OnePassPlan.roles): the blocks at y = 0 compute dx alone and those at
 // y = 1 the update alone, side by side, each reading what its part needs: the kernel takes the longer of the two
-// chains instead of their sum. The same sums in the same order: the same bits as one block doing both.
+// chains instead of their sum. The same sums in the same order: the same bits as one block doing both. Each pair is
+// a cluster, and the update waits for the dx block to hold a chunk before overwriting it (one_pass.cuh: apart_*).
 // Instances (rawgpu/contract.py: DXU_*): per batch tile BB (32, 64, 128, 256) and optimiser family (SGD's rule, with
 // the momentum mw or without it when mw is null; Adam's, mw and vw both given), each with its pipeline depth.
 #include "common.cuh"
@@ -113,6 +114,8 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     const bool has_m = ADAM || mw != nullptr;
     const bool do_dx = dx != nullptr && (gridDim.y == 1 || blockIdx.y == 0);  // uniform in the block
     const bool do_update = gridDim.y == 1 || blockIdx.y == 1;
+    __shared__ u32 apart_held;  // dx and the update apart: the chunks the dx block holds (one_pass.cuh)
+    apart_begin(&apart_held);
     DXU_MARK(0);
 
     // L2 policies (l2.cuh, planned by kernels/l2.py): reading both halves, writing each back; the state is
@@ -177,6 +180,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     for (int c = 0; c < chunks; ++c) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
+        apart_report(&apart_held, c);
         const int next = c + STAGES - 1;
         if (next < chunks) {
             load_weights(next % STAGES, next);
@@ -271,6 +275,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
                     }
                     master_split2(wv, hi2, lo2);
                 }
+        apart_wait(&apart_held, c);  // the old weights of chunk c are no longer read elsewhere
         __syncthreads();
         if (c == 0) DXU_MARK(6);
         // Write back along rows: W16 and lo 8 weights (16 bytes) per piece, the state 4.

@@ -36,7 +36,7 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, void* dx, i
     constexpr int PAIRS = ITERS * THREADS;
     if (gridDim.z > 1) {
 #if __CUDA_ARCH__ >= 900
-        if (cluster_ctas() == gridDim.z) {  // the cluster is the band's ranges: rank z is blockIdx.z
+        if (gridDim.y == 1 && cluster_ctas() == gridDim.z) {  // the cluster is the band's ranges: rank z is blockIdx.z
             __syncthreads();  // every thread has read its sums from the memory `scratch` reuses
 #pragma unroll
             for (int it = 0; it < ITERS; ++it) scratch[threadIdx.x + it * THREADS] = sum[it];
@@ -57,4 +57,52 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, void* dx, i
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
         store_dx_pair<BM, LDX>(threadIdx.x + it * THREADS, sum[it], sX, dx, lddx, dx_f32, B, IN, i0);
+}
+
+// dx and the update apart (gridDim.y == 2, kernels/dx_sgd.py: apart): the block at y = 0 reads the old W16 for dx
+// while the block at y = 1 writes the new W16, chunk by chunk, over the same rows and columns. The two are one
+// cluster, so both are resident together; the dx block reports each chunk it holds in shared memory, and the
+// update block writes a chunk back only once its partner holds it. Without this a dx block that runs late (its
+// context switched out and back, another kernel's blocks in the way) reads weights already updated. `held` is a __shared__ counter of the kernel's, in the update block: the chunks its partner holds.
+#ifndef APART_LATE_DX_NS
+#define APART_LATE_DX_NS 0  // the tests' builds start every dx block this many ns late (tests/test_dx_update.py)
+#endif
+RG_DEVICE void apart_begin(u32* held) {
+    if (gridDim.y != 2) return;
+#if __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) *held = 0;
+    cluster_sync();  // the counter is 0 before the partner's first report
+    if (APART_LATE_DX_NS > 0 && blockIdx.y == 0) {
+        u64 start, now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+        do {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        } while (now - start < (u64)APART_LATE_DX_NS);
+    }
+#else
+    __trap();  // no clusters to pair the two: the planners keep dx and the update in one block here
+#endif
+}
+
+// The dx block, once chunk c of W16 has landed in its shared memory for every thread (after that barrier).
+RG_DEVICE void apart_report(u32* held, int c) {
+#if __CUDA_ARCH__ >= 900
+    if (gridDim.y == 2 && blockIdx.y == 0 && threadIdx.x == 0) {
+        const u32 remote = cluster_address(shared_address(held), 1);  // the update block: rank 1 of the pair
+        asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"((u32)c + 1) : "memory");
+    }
+#endif
+}
+
+// The update block, before it writes chunk c back: thread 0 waits until the partner holds chunk c; the caller's
+// next barrier holds the other threads. The partner never waits for this block, so the wait ends.
+RG_DEVICE void apart_wait(const u32* held, int c) {
+#if __CUDA_ARCH__ >= 900
+    if (gridDim.y == 2 && blockIdx.y == 1 && threadIdx.x == 0) {
+        u32 got;
+        do {
+            asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];" : "=r"(got) : "r"(shared_address(held)) : "memory");
+        } while (got < (u32)c + 1);
+    }
+#endif
 }

@@ -79,8 +79,9 @@ class OnePassPlan:
     @property
     def cluster_dims(self) -> tuple[int, int, int]:
         """The launch's clusters: a band's ranges, where their dx sums meet there (the planners plan none for the
-        update alone, dx=False)."""
-        return (1, 1, self.splits if self.cluster else 1)
+        update alone, dx=False); with dx and the update apart, each dx block and its update block (one_pass.cuh:
+        apart_*)."""
+        return (1, self.roles, self.splits if self.cluster else 1)
 
 
 def reduce_in_cluster(bands: int, splits: int, arch: str, capacity: Sequence[int] | None, sm_count: int) -> bool:
@@ -133,14 +134,16 @@ def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None
 # twice from L2: up to APART_MAX_WEIGHTS weights (1024 x 1024; from 2048 x 2048 the second read comes from DRAM and
 # two passes lose), each part's blocks over at most APART_MAX_RANGES column ranges (past that the ranges' dx sums cost
 # more than shorter ranges save), the doubled grid one block per SM at most (the measurements: docs/perf.md,
-# dev/backward_splits.py --roles).
+# dev/backward_splits.py --roles). Each dx block and its update block are one cluster, so that the update can wait
+# for the dx block to hold the old weights before it overwrites them (cu/one_pass.cuh: apart_*): sm_90 only. The
+# ranges' dx sums then go through the workspace (clusters of the ranges' pairs measured slower: docs/perf.md).
 APART_MAX_WEIGHTS = 1 << 20
 APART_MAX_RANGES = 4
 
 
-def apart(IN: int, N: int, dx: bool, sm_count: int) -> bool:
+def apart(IN: int, N: int, dx: bool, sm_count: int, arch: str) -> bool:
     """Whether dx and the update run in blocks of their own (above)."""
-    return dx and IN * N <= APART_MAX_WEIGHTS and 2 * cdiv(IN, BM) <= sm_count
+    return dx and has_tma(arch) and IN * N <= APART_MAX_WEIGHTS and 2 * cdiv(IN, BM) <= sm_count
 
 
 def one_pass_layout(IN: int, N: int, chunk: int, sm_count: int, splits: int | None, arch: str,
@@ -151,15 +154,18 @@ def one_pass_layout(IN: int, N: int, chunk: int, sm_count: int, splits: int | No
     each part over the ranges that keep the doubled grid within one block per SM (at most APART_MAX_RANGES), adding
     dx in a cluster where the doubled grid's clusters all fit at once."""
     if roles is None:
-        roles = 2 if apart(IN, N, dx, sm_count) else 1
+        roles = 2 if apart(IN, N, dx, sm_count, arch) and not cluster else 1  # range clusters asked for: one pass
     elif roles not in (1, 2) or (roles == 2 and not dx):
         raise ValueError(f"roles must be 1, or 2 with dx (dx and the update apart), got {roles}")
+    elif roles == 2 and not has_tma(arch):
+        raise ValueError(f"dx and the update apart pair their blocks in clusters: sm_90, not {arch}")
     if roles == 1:
         return (*one_pass_grid(IN, N, chunk, sm_count, splits, arch, capacity, cluster if dx else False, rows), 1)
+    if cluster:
+        raise ValueError("dx and the update apart add the ranges' dx through the workspace: their clusters are pairs")
     bands, chunks = cdiv(IN, BM), cdiv(N, chunk)
     want = splits if splits is not None else min(chunks, APART_MAX_RANGES, max(1, sm_count // (2 * bands)))
-    halved = [c // 2 for c in (capacity or planning_capacity(sm_count))]  # every band's cluster, twice
-    return (*one_pass_grid(IN, N, chunk, sm_count, want, arch, halved, cluster, rows), 2)
+    return (*one_pass_grid(IN, N, chunk, sm_count, want, arch, capacity, False, rows), 2)
 
 
 # At batch tiles of TRADE_MIN_ROWS or more, a band's ranges of at most MAX_TRADED_CHUNKS chunks are latency-bound:
