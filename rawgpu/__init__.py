@@ -1,13 +1,17 @@
 """rawgpu: a minimal GPU training runtime that talks to the NVIDIA driver directly.
 
-The Python API is `Trainer` (train, evaluate, predict, save, load) and `Recipe` (the model and optimiser); nothing
-touches the GPU until a Trainer is made. Both are imported on first use, so `import rawgpu.recipe` stays light.
+The Python API is `Trainer` (train, evaluate, predict, save, load) and `Recipe` (the model and optimiser), with
+`RawgpuError` and its kinds for what can go wrong; nothing touches the GPU until a Trainer is made. Each is imported
+on first use, so `import rawgpu.recipe` stays light.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Evaluation", "Recipe", "Trainer", "TrainingDiverged", "__version__"]
-_HOMES = {"Recipe": "recipe", "Trainer": "trainer", "Evaluation": "trainer", "TrainingDiverged": "trainer"}
+_ERRORS = ("RawgpuError", "NoDeviceError", "CudaError", "GpuHangError", "CompileError", "OutOfMemoryError",
+           "GraphCaptureError", "DataError", "StepUnsupported")
+_HOMES = {"Recipe": "recipe", "Trainer": "trainer", "Evaluation": "trainer", "TrainingDiverged": "trainer",
+          "CheckpointError": "checkpoint", **{name: "errors" for name in _ERRORS}}
+__all__ = sorted(_HOMES) + ["__version__"]
 
 
 def __getattr__(name: str):
@@ -16,3 +20,8 @@ def __getattr__(name: str):
 
         return getattr(import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module 'rawgpu' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, which load on first use, beside what is already here (tab completion, dir())."""
+    return sorted(set(globals()) | set(__all__))

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from .driver import Stream
     from .memory import Tensor
 
-EXTRA = 'pip install "rawgpu[multi]" (nccl4py and nvidia-nccl-cu13)'
 UNIQUE_ID_BYTES = 128  # ncclUniqueId: what rank 0 hands the other ranks
 
 
@@ -38,7 +37,9 @@ def _nccl() -> Any:
     try:
         from nccl.bindings import nccl
     except ImportError as exc:
-        raise NcclError(f"several GPUs need NCCL, which is not installed ({exc}): {EXTRA}") from None
+        from .install import hint
+
+        raise NcclError(f"several GPUs need NCCL, which is not installed ({exc}): {hint('multi')}") from None
     return nccl
 
 

@@ -1,6 +1,6 @@
 """A PNG of a training run: train loss and test accuracy per epoch, side by side.
 
-matplotlib is optional (``pip install 'rawgpu[plot]'``). It is drawn through a Figure and the Agg canvas directly,
+matplotlib is optional (the `plot` extra: install.hint says how). It is drawn through a Figure and the Agg canvas directly,
 never pyplot, so no global backend is chosen or changed and nothing needs a display.
 """
 
@@ -19,7 +19,9 @@ class PlotUnavailable(RawgpuError):
     """matplotlib is not installed."""
 
     def __init__(self) -> None:
-        super().__init__("--plot needs matplotlib: pip install 'rawgpu[plot]'")
+        from .install import hint
+
+        super().__init__(f"--plot needs matplotlib: {hint('plot')}")
 
 
 def plot_available() -> bool:

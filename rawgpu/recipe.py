@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
@@ -73,6 +74,8 @@ class Option:
         """ValueError 'NAME must be ...' when value is out of range or not a choice. shown: the value as the user
         typed it, for the message."""
         got = shown if shown is not None else value
+        if not self.has_kind(value):
+            raise ValueError(f"{name} must be {self.describe()}, got {got!r}")
         if self.choices is not None:
             if value not in self.choices:
                 raise ValueError(f"{name} must be one of {', '.join(self.choices)}, got {got!r}")
@@ -83,6 +86,30 @@ class Option:
             raise ValueError(f"{name} must be {'>' if self.low_open else '>='} {self.low:g}, got {got}")
         if self.high is not None and value > self.high:
             raise ValueError(f"{name} must be <= {self.high:g}, got {got}")
+
+
+    def has_kind(self, value: Any) -> bool:
+        """Whether value is of this option's type (a bool is no number here, and an int is a float)."""
+        if self.kind is bool or isinstance(value, bool):
+            return self.kind is bool and isinstance(value, bool)
+        if self.kind is int:
+            return isinstance(value, numbers.Integral)  # numpy's integers too
+        if self.kind is float:
+            return isinstance(value, numbers.Real)
+        return isinstance(value, self.kind)
+
+    def describe(self) -> str:
+        """What the option takes, for messages: 'an integer in 1..64', 'one of sgd, adam, adamw', 'true or false'."""
+        if self.choices is not None:
+            return f"one of {', '.join(self.choices)}"
+        if self.kind is bool:
+            return "true or false"
+        what = {int: "an integer", float: "a number"}.get(self.kind, self.kind.__name__)
+        if self.low is not None and self.high is not None and not self.low_open:
+            return f"{what} in {self.low:g}..{self.high:g}"
+        low = f" {'>' if self.low_open else '>='} {self.low:g}" if self.low is not None else ""
+        high = f"{' and' if low else ''} <= {self.high:g}" if self.high is not None else ""
+        return what + low + high
 
 
 OPTIONS: dict[str, Option] = {
@@ -148,7 +175,7 @@ class Recipe:
         for f in fields(self):
             name = {"warmup_steps": "warmup", "beta1": "betas", "beta2": "betas"}.get(f.name, f.name)
             option = OPTIONS.get(name)
-            if option is not None and option.kind is not bool:
+            if option is not None:
                 option.check(f.name, getattr(self, f.name))
         if self.nesterov and not (self.optimizer == "sgd" and self.momentum > 0):
             raise ValueError("nesterov needs the sgd optimizer with momentum > 0")
@@ -162,6 +189,8 @@ class Recipe:
             raise ValueError(f"test_rows must be >= 1, got {self.test_rows}")
         if not 1 <= self.batch <= self.train_rows:
             raise ValueError(f"batch must be <= the {self.train_rows} training images, got {self.batch}")
+        if why := model_size_problem(self.widths):
+            raise ValueError(f"hidden {self.hidden} x {self.layers}: {why}")
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name: what a checkpoint records (from_dict reads it back)."""
@@ -327,6 +356,22 @@ def optimizer_conflict(optimizer: str, given: dict[str, Any]) -> str | None:
     return None
 
 
+# No machine holds more: 8 GPUs of 141 GB (the largest this runtime splits a model over, --gpus 8 on H200s).
+MAX_MODEL_BYTES = 8 * 141 * 10**9
+MIN_BYTES_PER_WEIGHT = 10  # what a step keeps per weight at the least: the split master (hi + lo) and its update
+
+
+def model_size_problem(widths: list[int]) -> str | None:
+    """Why no machine could hold an MLP of these layer widths (too many parameters for MAX_MODEL_BYTES), or None.
+    Checked before any GPU work, so a mistyped width fails at once rather than at the allocation."""
+    parameters = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    need = parameters * MIN_BYTES_PER_WEIGHT
+    if need <= MAX_MODEL_BYTES:
+        return None
+    return (f"{parameters:,} parameters need at least {need / 1e9:,.0f} GB ({MIN_BYTES_PER_WEIGHT} bytes per "
+            f"weight), more than any machine holds ({MAX_MODEL_BYTES / 1e9:,.0f} GB on 8 of the largest GPUs)")
+
+
 def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recipe:
     """The recipe of parsed CLI arguments (options missing from `args` keep their defaults; optimiser settings
     left unset take the optimiser's). ValueError when a setting does not go with the optimiser. shape: the data's
@@ -338,6 +383,9 @@ def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recip
     if why := optimizer_conflict(optimizer, given):
         raise ValueError(why)
     betas, eps = get("betas") or DEFAULTS["betas"], get("eps") or DEFAULTS["eps"]
+    widths = [shape.get("inputs", INPUTS)] + [get("hidden")] * get("layers") + [shape.get("classes", CLASSES)]
+    if why := model_size_problem(widths):
+        raise ValueError(f"argument --hidden: {get('hidden')} x {get('layers')} layers: {why}")
     return Recipe(hidden=get("hidden"), layers=get("layers"), batch=get("batch"), optimizer=optimizer, lr=get("lr"),
                   momentum=get("momentum"), nesterov=bool(get("nesterov")), beta1=betas[0], beta2=betas[1], eps=eps,
                   weight_decay=get("weight_decay"), schedule=get("schedule"), warmup_steps=get("warmup"),

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run a checkpoint saved (recipe, optimiser state, step, schedule and data "
                         "order): it ends bit-identical to the uninterrupted run")
     d.add_argument("--plot", metavar="PATH", default=None,
-                   help="write a PNG of train loss and test accuracy per epoch (needs matplotlib: rawgpu[plot])")
+                   help="write a PNG of train loss and test accuracy per epoch (needs matplotlib: the plot extra)")
     r = p.add_argument_group("run")
     add_device_option(r)
     r.add_argument("--no-graph", action="store_true",
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_step_option(r)
     r.add_argument("--gpus", type=_count(1, 64, what="GPUs"), default=1, metavar="N",
                    help="train on GPUs 0..N-1 of this machine, one process each, split as --parallel says (needs "
-                        "rawgpu[multi]); default 1")
+                        "NCCL: the multi extra, multi-cu12 with the cu12 stack); default 1")
     r.add_argument("--parallel", choices=MODES, default="auto",
                    help="with --gpus: tensor (each GPU a slice of every layer; the activations are summed), data (each "
                         "GPU the whole model and 1/N of every batch; the gradients are summed) or auto (default: the "
@@ -308,7 +308,9 @@ def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         if problem := check_plot_path(args.plot):
             parser.error(f"argument --plot: {problem}")
         if not plot_available():
-            parser.error("argument --plot: needs matplotlib: pip install 'rawgpu[plot]'")
+            from .install import hint
+
+            parser.error(f"argument --plot: needs matplotlib: {hint('plot')}")
 
 
 def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -146,8 +146,10 @@ def test_without_the_extra_every_use_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_nccl)
     try:
         why = nccl.available()
-        assert "not installed" in why and 'pip install "rawgpu[multi]"' in why
-        with pytest.raises(nccl.NcclError, match=r"rawgpu\[multi\]"):
+        from rawgpu.install import hint
+
+        assert "not installed" in why and why.endswith(hint("multi"))
+        with pytest.raises(nccl.NcclError, match="pip install"):
             nccl.Communicator(2, 0, bytes(128))
     finally:
         nccl._nccl.cache_clear()

@@ -98,7 +98,9 @@ def test_missing_matplotlib(tmp_path, monkeypatch):
     assert plot_available() is False
     with pytest.raises(PlotUnavailable) as info:
         write_plot(tmp_path / "run.png", [1], [0.3], [0.9])
-    assert str(info.value) == "--plot needs matplotlib: pip install 'rawgpu[plot]'"
+    from rawgpu.install import hint
+
+    assert str(info.value) == f"--plot needs matplotlib: {hint('plot')}"
     assert isinstance(info.value, RawgpuError)
     assert list(tmp_path.iterdir()) == []
 

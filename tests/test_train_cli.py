@@ -28,6 +28,9 @@ FAKE_MNIST = Dataset("mnist", *[np.zeros(shape, np.uint8) for shape in ((60000, 
     (["--hidden", "wide"], "argument --hidden: expected an integer, got 'wide'"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
     (["--watchdog", "0"], "argument --watchdog: must be a positive number of seconds, got '0'"),
+    (["--hidden", "1000000000"], "argument --hidden: 1000000000 x 3 layers: 2,000,000,797,000,000,010 parameters "
+                                 "need at least 20,000,007,970 GB (10 bytes per weight), more than any machine holds"),
+    (["--hidden", "200000000", "--layers", "1"], "argument --hidden: 200000000 x 1 layers: 159,000,000,010 "),
     (["--watchdog", "inf"], "argument --watchdog: must be a positive number of seconds, got 'inf'"),
     (["--batch", "60001"], "argument --batch: must be <= 60000, got 60001"),
     (["--lr", "0"], "argument --lr: must be > 0, got 0"),
@@ -301,3 +304,63 @@ def test_the_save_note_says_what_the_checkpoint_file_holds(tmp_path):
     (tmp_path / "run.safetensors").write_bytes(b"x")
     assert train.save_note(trainer(None, 40, ranks=2), path) == (
         f"interrupted on several GPUs: nothing saved when it stopped; {path} keeps the checkpoint it had")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("hidden", 1.5, "hidden must be an integer >= 1, got 1.5"),
+    ("hidden", True, "hidden must be an integer >= 1, got True"),
+    ("hidden", "wide", "hidden must be an integer >= 1, got 'wide'"),
+    ("layers", 2.0, "layers must be an integer in 1..64, got 2.0"),
+    ("lr", "fast", "lr must be a number > 0, got 'fast'"),
+    ("nesterov", 1, "nesterov must be true or false, got 1"),
+    ("optimizer", 3, "optimizer must be one of sgd, adam, adamw, got 3"),
+    ("hidden", 10**9, "hidden 1000000000 x 3: 2,000,000,797,000,000,010 parameters need at least"),
+])
+def test_a_recipe_names_a_field_of_the_wrong_kind_and_what_it_takes(field, value, message):
+    with pytest.raises(ValueError) as info:
+        Recipe(**{field: value})
+    assert str(info.value).startswith(message)
+    assert Recipe(hidden=np.int64(128), lr=np.float32(0.1)).hidden == 128  # numpy's numbers are numbers
+
+
+def test_the_package_lists_its_api_and_errors():
+    import rawgpu
+
+    names = dir(rawgpu)
+    for name in ("Trainer", "Recipe", "Evaluation", "TrainingDiverged", "RawgpuError", "CheckpointError",
+                 "GpuHangError", "NoDeviceError", "OutOfMemoryError", "DataError", "StepUnsupported"):
+        assert name in names and name in rawgpu.__all__
+    assert issubclass(rawgpu.CheckpointError, rawgpu.RawgpuError) and rawgpu.GpuHangError.__module__ == "rawgpu.errors"
+
+
+def test_install_hints_are_commands_that_work_for_this_installation(monkeypatch):
+    """rawgpu is installed from its checkout: a hint names the checkout (or "." there) and keeps the CUDA stack, and
+    several GPUs take the NCCL built for that stack."""
+    from rawgpu import install
+
+    monkeypatch.setattr(install, "origin", lambda: ".")
+    monkeypatch.setattr(install, "stack", lambda: "cu13")
+    assert install.hint("plot") == 'pip install ".[cu13,plot]" in the rawgpu checkout'
+    assert install.hint("multi") == 'pip install ".[cu13,multi]" in the rawgpu checkout'
+    monkeypatch.setattr(install, "origin", lambda: "/src/rawgpu")
+    monkeypatch.setattr(install, "stack", lambda: "cu12")
+    assert install.hint("multi") == 'pip install "/src/rawgpu[cu12,multi-cu12]"'
+    lines = {line.split("=")[0].strip(): line for line in (ROOT / "pyproject.toml").read_text().splitlines()
+             if "=" in line}  # Python 3.10 has no tomllib: the extras are one line each
+    for stack, multi in install.MULTI.items():
+        assert stack in lines and f'"nvidia-nccl-{stack}' in lines[multi], multi
+
+
+def test_the_extras_check_flags_a_resolution_that_mixes_cuda_stacks():
+    """scripts/check_extras.py (run by CI against the index): a package of the other stack, or bindings of the
+    other major version, is flagged; a resolution of one stack is not."""
+    spec = importlib.util.spec_from_file_location("check_extras", ROOT / "scripts" / "check_extras.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    package = lambda name, version: {"metadata": {"name": name, "version": version}}  # noqa: E731
+    clean = {"install": [package("cuda-bindings", "12.9.4"), package("nvidia-nccl-cu12", "2.28.9"),
+                         package("numpy", "2.3.0")]}
+    assert module.mixing(clean, "cu12") == []
+    mixed = {"install": [package("cuda-bindings", "12.9.4"), package("nvidia-nccl-cu13", "2.28.9")]}
+    assert module.mixing(mixed, "cu12") == ["nvidia-nccl-cu13 2.28.9"]
+    assert module.mixing(clean, "cu13") == ["cuda-bindings 12.9.4", "nvidia-nccl-cu12 2.28.9"]
