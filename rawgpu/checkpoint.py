@@ -95,9 +95,7 @@ def check_writable(path: str | Path) -> str | None:
         return f"{path} is a directory"
     if not target.parent.is_dir():
         return f"no directory {target.parent}"
-    if not os.access(target.parent, os.W_OK):
-        return f"cannot write in {target.parent}"
-    return None
+    return files.cannot_create_in(target.parent)
 
 
 def load(path: str | Path) -> Checkpoint:
@@ -105,6 +103,8 @@ def load(path: str | Path) -> Checkpoint:
     from safetensors import safe_open
 
     where = Path(path).expanduser()
+    if where.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file")
     if not where.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from . import recipe as rc
 from .errors import RawgpuError, StepUnsupported, run_cli
-from .train import _count, add_step_option
+from .files import cannot_create_in
+from .train import _count, add_step_option, program
 
 # The SM count a recipe is planned for when no GPU is here: the largest chip of each arch (the plan's split-K
 # choices, and so a few GEMM instances, follow it; an instance the GPU's own plan needs beyond these builds then).
@@ -20,7 +21,7 @@ TYPICAL_SMS = {"sm_80": 108, "sm_86": 84, "sm_87": 16, "sm_89": 128, "sm_90": 13
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rawgpu.compile", description=__doc__,
+    p = argparse.ArgumentParser(prog=program("compile"), description=__doc__,
                                 epilog="Exit status: 0 done, 1 compile error, 2 bad arguments.")
     p.add_argument("--arch", default=None, help="the GPU architecture to build for, e.g. sm_90 (default: the GPU "
                    "here)")
@@ -100,11 +101,13 @@ def prebuild(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     kernels = compiler.cache_dir()
     try:  # a build into a cache it cannot write would be thrown away: say so before compiling anything
         kernels.mkdir(parents=True, exist_ok=True)
-        writable = os.access(kernels, os.W_OK)
+        problem = cannot_create_in(kernels)
     except OSError as exc:
-        writable, kernels = False, f"{kernels} ({exc.strerror or exc})"
-    if not writable:
-        parser.error(f"argument --cache-dir: cannot write the kernel cache {kernels}")
+        problem = f"{exc.strerror or exc}"
+    if problem:  # named as the user set it: the option, the variable, or neither (the default)
+        named = ("argument --cache-dir: " if args.cache_dir is not None else
+                 "$RAWGPU_CACHE: " if os.environ.get("RAWGPU_CACHE") else "")
+        parser.error(f"{named}cannot write the kernel cache {kernels}: {problem}")
     print(f"building {len(units)} kernel units for {arch} ({planned}) into {kernels}", flush=True)
     return build(units, arch, args.jobs)
 

@@ -105,11 +105,12 @@ def normalize_arch(arch: str | tuple[int, int]) -> str:
     """Accept 'sm_86', '86', (8, 6); check that this NVRTC can build a cubin for it."""
     if isinstance(arch, tuple):
         arch = f"sm_{arch[0]}{arch[1]}"
-    arch = str(arch).strip().lower()
+    typed = str(arch).strip()
+    arch = typed.lower()
     if not arch.startswith("sm_"):
         arch = "sm_" + arch
     if not re.fullmatch(r"sm_\d{2,3}a?", arch):
-        raise CompileError(f"bad GPU architecture {arch!r}: expected a name like 'sm_86'")
+        raise CompileError(f"bad GPU architecture {typed!r}: expected a name like 'sm_86' (or '86')")
     if arch.rstrip("a") not in supported_archs():
         major, minor = nvrtc_version()
         raise CompileError(f"NVRTC {major}.{minor} cannot build for {arch}; it supports {', '.join(supported_archs())}")

@@ -9,11 +9,11 @@ import sys
 
 from .data import DATASET_NAMES
 from .errors import run_cli
-from .train import add_device_option
+from .train import add_device_option, program
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rawgpu.evaluate", description=__doc__,
+    p = argparse.ArgumentParser(prog=program("evaluate"), description=__doc__,
                                 epilog="Exit status: 0 done, 1 runtime error (checkpoint, data, GPU), 2 bad arguments.")
     p.add_argument("checkpoint", help="a checkpoint written by python -m rawgpu.train --save")
     p.add_argument("--dataset", choices=DATASET_NAMES, default=None,

@@ -26,3 +26,16 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def cannot_create_in(directory: str | Path) -> str | None:
+    """Why write_atomic could not create a file in `directory`, found by creating and removing one (os.access says
+    yes to root where the file system still refuses, /proc for one), or None."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".rawgpu-check-"):
+            pass
+    except OSError as e:
+        return f"cannot write in {directory} ({e.strerror or e})"
+    return None

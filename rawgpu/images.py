@@ -90,7 +90,8 @@ def _read_file(path: Path, where: str, shape: tuple[int, int]) -> tuple[np.ndarr
 
 def _check_size(where: str, got: tuple[int, ...], shape: tuple[int, int]) -> None:
     if tuple(got) != shape:
-        raise DataError(f"{where}: image is {got[0]}x{got[1]}, the model takes {shape[0]}x{shape[1]}")
+        what = "x".join(map(str, got))
+        raise DataError(f"{where}: image is {what}, the model takes {shape[0]}x{shape[1]}")
 
 
 def _parse_idx(blob: bytes, where: str, shape: tuple[int, int]) -> np.ndarray:
@@ -127,6 +128,9 @@ def _parse_npy(blob: bytes, where: str, shape: tuple[int, int]) -> tuple[np.ndar
     elif array.ndim == 2:
         _check_size(where, array.shape, shape)
         array, stacked = array[None], False
+    elif array.ndim == 3 and array.shape[:2] == shape and array.shape[2] in (3, 4) and array.shape[1:] != shape:
+        raise DataError(f"{where}: array of shape {array.shape} is one {rows}x{cols} image with {array.shape[2]} "
+                        f"colour channels; the model takes grayscale ({rows}, {cols}) or (N, {rows}, {cols})")
     elif array.ndim == 3:
         _check_size(where, array.shape[1:], shape)
     else:
@@ -193,6 +197,8 @@ def _png_chunks(blob: bytes, where: str) -> dict[bytes, list[bytes]]:
         if pos + 8 > len(blob):
             raise DataError(f"{where}: truncated PNG: it ends before the IEND chunk")
         length, kind = struct.unpack(">I4s", blob[pos:pos + 8])
+        if not kind.isalpha():  # chunk types are four ASCII letters: past the signature, this is no PNG
+            raise DataError(f"{where}: corrupt PNG: no valid chunk after the signature (not a PNG file?)")
         end = pos + 12 + length
         if end > len(blob):
             raise DataError(f"{where}: truncated PNG: the {kind.decode('latin-1')!r} chunk runs past the end")

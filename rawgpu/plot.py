@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from rawgpu.errors import RawgpuError
-from rawgpu.files import write_atomic
+from rawgpu.files import cannot_create_in, write_atomic
 
 
 class PlotUnavailable(RawgpuError):
@@ -43,8 +43,8 @@ def check_plot_path(path: str | Path) -> str | None:
     parent = path.parent
     if not parent.is_dir():
         return f"{path}: directory {parent} does not exist"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{path}: directory {parent} is not writable"
+    if problem := cannot_create_in(parent):
+        return f"{path}: {problem}"
     return None
 
 

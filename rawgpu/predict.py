@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from .errors import run_cli
-from .train import add_device_option
+from .train import add_device_option, program
 
 SHOWN = 20  # images listed on the terminal; --out writes them all
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rawgpu.predict", description=__doc__,
+    p = argparse.ArgumentParser(prog=program("predict"), description=__doc__,
                                 epilog="Exit status: 0 done, 1 runtime error (checkpoint, images, GPU), 2 bad arguments.")
     p.add_argument("checkpoint", help="a checkpoint written by python -m rawgpu.train --save")
     p.add_argument("images", nargs="+", help="IDX image files (raw or .gz), .npy arrays or PNG images; colour is "

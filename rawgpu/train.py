@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{d['batch']}, {rc.Recipe().optimizer_text},\nlr {rc.Recipe().lr} with a {d['schedule']} decay to 0 "
                    f"over the run, {d['epochs']} epochs, {d['accum']} accumulation, seed {d['seed']}.")
     p = argparse.ArgumentParser(
-        prog="python -m rawgpu.train", description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=program("train"), description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 done, 1 runtime error (no GPU, out of memory, data, a GPU that stopped), 2 bad "
                "arguments, 130 Ctrl-C, 143 SIGTERM (both stop at a step boundary and save as --save says).")
     rc.add_options(p.add_argument_group("model"), RECIPE_OPTIONS[:2])
@@ -96,6 +96,12 @@ def _seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
+
+
+def program(name: str) -> str:
+    """How the user started a CLI, for its usage and error lines: its console script (rawgpu-NAME) or python -m."""
+    script = Path(sys.argv[0]).name
+    return script if script == f"rawgpu-{name}" else f"python -m rawgpu.{name}"
 
 
 def add_device_option(parser) -> None:

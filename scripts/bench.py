@@ -742,6 +742,7 @@ def main(argv=None) -> int:
     if args.cmd == "train" and args.quick:
         args.sizes, args.steps = [256, 4096], 1000
         args.peers = [x for x in args.peers if x in ("torch-graph", "jax-fori")]
+    made = args.cmd == "train" and not Path(args.out).exists()  # cmd_train makes --out before any GPU work
     try:
         return cmd_train(args) if args.cmd == "train" else cmd_gemm(args)
     except RawgpuError as exc:
@@ -750,6 +751,9 @@ def main(argv=None) -> int:
     except OSError as exc:  # e.g. an --out directory that cannot be created or written
         print(f"bench: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 1
+    finally:
+        if made and Path(args.out).is_dir() and not any(Path(args.out).iterdir()):
+            Path(args.out).rmdir()  # a run that wrote nothing (no GPU, say) leaves no empty folder
 
 
 if __name__ == "__main__":

@@ -93,6 +93,8 @@ def test_bad_files_are_one_line_errors(rng, tmp_path):
         with pytest.raises(ck.CheckpointError) as info:
             ck.load(path)
         assert needle in _one_line(info) and str(path) in str(info.value), name
+    with pytest.raises(ck.CheckpointError, match=r"is a directory, not a checkpoint file"):
+        ck.load(tmp_path)
 
 
 def test_another_format_a_wrong_tensor_and_nan_weights_are_refused(rng, tmp_path):

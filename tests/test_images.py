@@ -472,3 +472,19 @@ def test_write_failure_leaves_nothing(tmp_path, rng, monkeypatch):
         write_predictions(old, ["a"], probabilities_for(rng, 1))
     assert old.read_text() == "previous\n"
     assert list(tmp_path.iterdir()) == [old]
+
+
+def test_a_colour_array_a_fake_png_and_a_stack_of_the_wrong_size_say_what_they_are(tmp_path):
+    colour = tmp_path / "rgb.npy"
+    np.save(colour, np.zeros((28, 28, 3), np.uint8))
+    with pytest.raises(DataError, match=r"rgb.npy: array of shape \(28, 28, 3\) is one 28x28 image with 3 colour "
+                                        r"channels; the model takes grayscale"):
+        read_images([colour], (28, 28))
+    stack = tmp_path / "stack.npy"
+    np.save(stack, np.zeros((5, 20, 20), np.uint8))
+    with pytest.raises(DataError, match=r"stack.npy: image is 20x20, the model takes 28x28"):
+        read_images([stack], (28, 28))
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"\x89PNG\r\n\x1a\n" + b"this is not a png at all, only text")
+    with pytest.raises(DataError, match=r"fake.png: corrupt PNG: no valid chunk after the signature"):
+        read_images([fake], (28, 28))

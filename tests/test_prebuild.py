@@ -85,11 +85,11 @@ def test_prebuild_for_a_recipe_builds_its_units_and_then_finds_them_cached(tmp_p
 
 @pytest.mark.parametrize("argv, message", [
     (["--arch", "sm_75", "--cache-dir", "{tmp}"], "rawgpu needs sm_80 or newer"),
-    (["--arch", "sm_foo", "--cache-dir", "{tmp}"], "bad GPU architecture"),
+    (["--arch", "foo", "--cache-dir", "{tmp}"], "bad GPU architecture 'foo'"),
     (["--arch", "sm_86", "--step", "cluster", "--cache-dir", "{tmp}"], "argument --step"),
     (["--arch", "sm_90", "--hidden", "0", "--cache-dir", "{tmp}"], "argument --hidden"),
     (["--arch", "sm_90", "--cache-dir", "{file}"], "is not a directory"),
-    (["--arch", "sm_90", "--cache-dir", "{file}/below"], "cannot write the kernel cache"),
+    (["--arch", "sm_90", "--cache-dir", "{file}/below"], "argument --cache-dir: cannot write the kernel cache"),
 ])
 def test_prebuild_refuses_bad_arguments_in_one_line(tmp_path, argv, message):
     (tmp_path / "file").write_text("")
@@ -97,6 +97,13 @@ def test_prebuild_refuses_bad_arguments_in_one_line(tmp_path, argv, message):
     out = run("rawgpu.compile", *argv)
     assert out.returncode == 2 and message in out.stderr.strip().splitlines()[-1], out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "c" / "kernels").exists()
+
+
+def test_an_unwritable_kernel_cache_is_named_as_the_user_set_it():
+    out = run("rawgpu.compile", "--arch", "sm_90", env={"RAWGPU_CACHE": "/proc/rawgpu-cache"})
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and last.startswith("python -m rawgpu.compile: error: $RAWGPU_CACHE: cannot write the "
+                                                   "kernel cache /proc/rawgpu-cache"), out.stderr
 
 
 # --- on the GPU ----------------------------------------------------------------------------------------------------

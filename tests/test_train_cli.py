@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ FAKE_MNIST = Dataset("mnist", *[np.zeros(shape, np.uint8) for shape in ((60000, 
     (["--hidden", "wide"], "argument --hidden: expected an integer, got 'wide'"),
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
     (["--watchdog", "0"], "argument --watchdog: must be a positive number of seconds, got '0'"),
+    (["--save", "/proc/run.safetensors"], "argument --save: cannot write in /proc"),
     (["--hidden", "1000000000"], "argument --hidden: 1000000000 x 3 layers: 2,000,000,797,000,000,010 parameters "
                                  "need at least 20,000,007,970 GB (10 bytes per weight), more than any machine holds"),
     (["--hidden", "200000000", "--layers", "1"], "argument --hidden: 200000000 x 1 layers: 159,000,000,010 "),
@@ -364,3 +366,22 @@ def test_the_extras_check_flags_a_resolution_that_mixes_cuda_stacks():
     mixed = {"install": [package("cuda-bindings", "12.9.4"), package("nvidia-nccl-cu13", "2.28.9")]}
     assert module.mixing(mixed, "cu12") == ["nvidia-nccl-cu13 2.28.9"]
     assert module.mixing(clean, "cu13") == ["cuda-bindings 12.9.4", "nvidia-nccl-cu12 2.28.9"]
+
+
+def test_a_console_script_names_itself_in_its_usage(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/rawgpu-train"])
+    assert train.build_parser().prog == "rawgpu-train"
+    monkeypatch.setattr(sys, "argv", ["/x/rawgpu/train.py"])  # python -m rawgpu.train
+    assert train.build_parser().prog == "python -m rawgpu.train"
+
+
+def test_bench_without_a_gpu_leaves_no_empty_results_folder(monkeypatch, capsys, tmp_path):
+    _no_gpu(monkeypatch)
+    monkeypatch.setattr("rawgpu.driver.Device", lambda *a: (_ for _ in ()).throw(NoDeviceError("no CUDA GPU found")))
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "results"
+    assert module.main(["train", "--out", str(out), "--peers"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == ["bench: error: no CUDA GPU found"]
+    assert not out.exists()
