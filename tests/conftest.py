@@ -69,12 +69,17 @@ def _gpu_turn(item):
 
 @pytest.fixture(scope="session", autouse=True)
 def kernel_cache(tmp_path_factory):
-    """One kernel cache for the whole session, in a temporary directory: every unit is built once per session, and
-    no test reads a cubin an earlier session left. A cache the caller named ($RAWGPU_CACHE) is used as it is."""
+    """One kernel cache for the whole session: every unit is built once. Builds are the CPU suite's slowest part, so
+    the cache outlives the session ($RAWGPU_TEST_CACHE, default ~/.cache/rawgpu-tests): an entry is found only by
+    its content (compiler.cache_key: every source and header, the generated contract, the options, NVRTC's
+    version), so a changed kernel is built again and an unchanged one is not. RAWGPU_TEST_CACHE=fresh builds into a
+    new temporary folder; a cache the caller named ($RAWGPU_CACHE) is used as it is. The tests of the cache itself
+    use folders of their own."""
     if os.environ.get("RAWGPU_CACHE"):
         yield os.environ["RAWGPU_CACHE"]
         return
-    path = str(tmp_path_factory.mktemp("rawgpu-cache"))
+    kept = os.environ.get("RAWGPU_TEST_CACHE") or str(Path.home() / ".cache" / "rawgpu-tests")
+    path = str(tmp_path_factory.mktemp("rawgpu-cache")) if kept == "fresh" else kept
     os.environ["RAWGPU_CACHE"] = path
     try:
         yield path
