@@ -22,7 +22,7 @@ import numpy as np
 
 from . import master, optimizer, steps
 from .driver import Launch, Stream
-from .kernels import Kernels
+from .kernels import PLANNING_SM_COUNT, Kernels
 from .kernels import data as kd
 from .kernels import elementwise as ke
 from .kernels import gemm as kg
@@ -55,7 +55,7 @@ class Layer:
 class MLP:
     """Plan (`__init__`, no GPU needed) -> `allocate()` -> `upload_data()` + `init_parameters()` -> launches."""
 
-    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = 132,
+    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = PLANNING_SM_COUNT,
                  step_kind: str | steps.Choice = "auto", arch: str | None = None, options: StepOptions | None = None):
         """step_kind: one of steps.CHOICES, decided by steps.choose (a named kind that cannot run raises
         StepUnsupported with the reason), or a Choice steps.choose already made. arch: the GPU to plan for when

@@ -17,6 +17,12 @@ from .recipe import Recipe, loss_scale
 
 
 
+def update_family(optimizer: str) -> str:
+    """The update rule compiled into a kernel (cu/optim.cuh; every update kernel's instance or epilogue): Adam's for
+    adam and adamw, SGD's (with its momentum, Nesterov and weight decay read from the table) for sgd."""
+    return "sgd" if optimizer == "sgd" else "adam"
+
+
 def state_names(recipe: Recipe) -> tuple[str, ...]:
     """The optimiser's fp32 values per parameter as torch.optim names them, in the order the kernels take them (m,
     then v): what checkpoints call them."""

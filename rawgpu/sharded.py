@@ -20,7 +20,7 @@ import numpy as np
 
 from . import parallel, steps
 from .driver import Launch, Stream
-from .kernels import Kernels
+from .kernels import PLANNING_SM_COUNT, Kernels
 from .kernels import elementwise as ke
 from .kernels import gemm as kg
 from .kernels import l2 as kl2
@@ -37,7 +37,7 @@ class ShardedMLP(MLP):
     """Rank `rank` of `plan.ranks`: plan (no GPU needed) -> allocate() -> upload_data() + init_parameters()."""
 
     def __init__(self, kernels: Kernels | None, recipe: Recipe, ranks: int, rank: int, group: Any,
-                 sm_count: int = 132, arch: str | None = None, options: StepOptions | None = None,
+                 sm_count: int = PLANNING_SM_COUNT, arch: str | None = None, options: StepOptions | None = None,
                  reason: str | None = None):
         """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only. reason: why
         tensor parallelism runs (parallel.choose's), for the step's description."""

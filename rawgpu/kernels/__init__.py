@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from ..compiler import SOURCE_DIR, CompiledModule, Unit, all_sources, compile_source, unit_of
 from ..driver import Kernel, Module
 
+PLANNING_SM_COUNT = 132  # an H100's SMs: what a plan made without its GPU's own count assumes (tests, prebuilds)
+
 if TYPE_CHECKING:
     from ..memory import Tensor
 

@@ -17,7 +17,7 @@ import numpy as np
 from .. import contract
 from ..compiler import unit_of
 from ..recipe import cdiv
-from . import Kernels, require, require_split_scratch
+from . import PLANNING_SM_COUNT, Kernels, require, require_split_scratch
 from .gemm import MAX_CLUSTER_SPLITS, has_tma, planning_capacity
 from .l2 import LayerPolicy
 
@@ -118,7 +118,7 @@ class DxSgdPlan(OnePassPlan):
         return unit_of(SOURCE, KERNEL)
 
 
-def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = 132, splits: int | None = None, arch: str = "sm_86",
+def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = PLANNING_SM_COUNT, splits: int | None = None, arch: str = "sm_86",
                 capacity: Sequence[int] | None = None, cluster: bool | None = None, dx: bool = True,
                 roles: int | None = None) -> DxSgdPlan:
     """Row bands of BM; when there are fewer bands than SMs, each band's columns split into ranges (whole chunks

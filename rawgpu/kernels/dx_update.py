@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .. import contract
+from ..optimizer import update_family
 from ..compiler import unit_of
-from . import Kernels, require, require_split_scratch
+from . import PLANNING_SM_COUNT, Kernels, require, require_split_scratch
 from .dx_sgd import BM, OnePassPlan, dx_operand, matrix_stride, one_pass_layout
 from .l2 import LayerPolicy
 
@@ -37,11 +38,6 @@ def batch_tile(batch: int) -> int | None:
     return next((bb for bb in contract.DXU_BATCHES if batch <= bb), None)
 
 
-def family(optimizer: str) -> str:
-    """The update compiled into the instance: Adam's rule for adam and adamw, SGD's otherwise."""
-    return "sgd" if optimizer == "sgd" else "adam"
-
-
 def unsupported_reason(batch: int, optimizer: str, accum: str, arch: str) -> str | None:
     """Why a layer's backward cannot be this one pass here; None when it can. Otherwise the dx GEMM, the dW +
     update GEMM and the bias update run apart."""
@@ -50,7 +46,7 @@ def unsupported_reason(batch: int, optimizer: str, accum: str, arch: str) -> str
     bb = batch_tile(batch)
     if bb is None:
         return f"the one-pass backward takes batch <= {MAX_BATCH}, not {batch}"
-    if contract.dxu_stages(bb, family(optimizer), arch) < 2:
+    if contract.dxu_stages(bb, update_family(optimizer), arch) < 2:
         return f"its {bb}-row tile with {optimizer}'s state does not fit {arch}'s shared memory twice over"
     return None
 
@@ -82,7 +78,7 @@ class DxUpdatePlan(OnePassPlan):
         return unit_of(SOURCE, self.kernel)
 
 
-def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = 132,
+def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count: int = PLANNING_SM_COUNT,
                    splits: int | None = None, capacity: Sequence[int] | None = None,
                    cluster: bool | None = None, dx: bool = True, roles: int | None = None) -> DxUpdatePlan:
     """The instance (batch tile, optimiser family) and the grid: row bands of BM, each band's columns split into
@@ -94,7 +90,7 @@ def plan_dx_update(B: int, IN: int, N: int, optimizer: str, arch: str, sm_count:
     if why := unsupported_reason(B, optimizer, "f32", arch):
         raise ValueError(why)
     layout = one_pass_layout(IN, N, BN, sm_count, splits, arch, capacity, cluster, batch_tile(B), dx, roles)
-    return DxUpdatePlan(B, IN, N, *layout, family=family(optimizer), arch=arch)
+    return DxUpdatePlan(B, IN, N, *layout, family=update_family(optimizer), arch=arch)
 
 
 def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor",

@@ -17,7 +17,7 @@ from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLI
                         kernel_name, stream_stages)
 from ..compiler import unit_of
 from ..recipe import cdiv
-from . import Kernels, require, require_split_scratch
+from . import PLANNING_SM_COUNT, Kernels, require, require_split_scratch
 
 if TYPE_CHECKING:
     from ..driver import Launch
@@ -139,7 +139,7 @@ class GemmPlan:
 
 
 def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86",
-                  sm_count: int = 132, accum: str = "f32") -> str:
+                  sm_count: int = PLANNING_SM_COUNT, accum: str = "f32") -> str:
     """Which tile runs a shape (the measurements behind each rule: docs/perf.md and docs/history.md).
 
     - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces (its 32-row
@@ -249,7 +249,7 @@ def cluster_capacity(k: Kernels) -> tuple[int, ...]:
 
 
 def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store", accum: str = "f32",
-              sm_count: int = 132, splits: Optional[int] = None, config: Optional[str] = None,
+              sm_count: int = PLANNING_SM_COUNT, splits: Optional[int] = None, config: Optional[str] = None,
               arch: str = "sm_86", states: int = 0, cluster: Optional[bool] = None,
               capacity: Optional[Sequence[int]] = None) -> GemmPlan:
     """Choose the instance, grid and split-K for C[M,N] = A[M,K] @ B[K,N]. Deterministic in its inputs.

@@ -14,6 +14,8 @@ import numpy as np
 
 from .. import contract
 from ..compiler import unit_of
+from ..optimizer import update_family
+from ..recipe import cdiv
 from . import Kernels, require
 
 if TYPE_CHECKING:
@@ -47,9 +49,6 @@ def unsupported_reason(batch: int, accum: str, classes_padded: int, arch: str) -
         return f"the head's one-cluster step computes {CLASSES} padded classes, not {classes_padded}"
     return None
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -90,10 +89,10 @@ def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None) -
     c = ctas if ctas is not None else (PORTABLE_CTAS if K <= 2048 else MAX_CTAS)
     if not 1 <= c <= MAX_CTAS:
         raise ValueError(f"a cluster holds 1..{MAX_CTAS} CTAs, got {c}")
-    kc = _cdiv(_cdiv(K, c), 16) * 16
+    kc = cdiv(cdiv(K, c), 16) * 16
     if contract.head_smem_bytes(rows, kc) > SMEM_LIMIT:
         return None
-    return HeadPlan(B, K, max(MIN_CTAS, _cdiv(K, kc)), kc, "sgd" if optimizer == "sgd" else "adam")
+    return HeadPlan(B, K, max(MIN_CTAS, cdiv(K, kc)), kc, update_family(optimizer))
 
 
 def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "Tensor", w16: "Tensor",

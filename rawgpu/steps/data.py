@@ -20,6 +20,7 @@ from ..kernels import data as kd
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import loss as kl
+from ..optimizer import update_family
 from ..recipe import loss_scale
 from .base import ChainStep, StepOptions
 
@@ -34,7 +35,7 @@ class DataStep(ChainStep):
     def __init__(self, model: "ReplicatedMLP", options: StepOptions):
         super().__init__(model, options.overlap)
         r, arch, rows, padded = model.recipe, model.arch, model.rows, model.padded
-        self.family = "adam" if r.optimizer != "sgd" else "sgd"
+        self.family = update_family(r.optimizer)
         plan = functools.partial(kg.plan_gemm, accum=r.kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         self.fwd, self.dx, self.dw = [], [], []

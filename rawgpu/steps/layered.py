@@ -24,6 +24,7 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
+from ..optimizer import update_family
 from ..recipe import PADDED_CLASSES, Recipe, loss_scale
 from .base import ChainStep, StepOptions
 
@@ -98,7 +99,7 @@ class LayeredStep(ChainStep):
             self.plans.append(LayerPlans(
                 fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_relu"),
                 dx=plan(B, pin, pout, "rc", "drelu") if i else None,
-                dw=plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors),
+                dw=plan(pin, pout, B, "cr", update_family(r.optimizer), states=r.state_tensors),
                 bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
                               l2_bytes, l2_budget)

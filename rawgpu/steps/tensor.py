@@ -25,6 +25,7 @@ from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
+from ..optimizer import update_family
 from ..recipe import loss_scale
 from . import layered
 from .base import ChainStep, StepOptions
@@ -66,7 +67,7 @@ class TensorStep(ChainStep):
             self.plans.append(ShardPlans(
                 fwd=plan(B, pout, pin, "rr", model.forward_epilogue(i)),
                 dx=plan(B, pin, pout, "rc", "store32" if reduced else "drelu") if i and bwd is None else None,
-                dw=(plan(pin, pout, B, "cr", "adam" if r.optimizer != "sgd" else "sgd", states=r.state_tensors)
+                dw=(plan(pin, pout, B, "cr", update_family(r.optimizer), states=r.state_tensors)
                     if bwd is None else None),
                 bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
