@@ -33,20 +33,11 @@ CASES = [
 
 
 def session_for(recipe_kw: dict, kind: str, device: int):
-    try:  # the current API
-        from rawgpu.recipe import Recipe
-        from rawgpu.session import Session
+    from rawgpu.recipe import Recipe
+    from rawgpu.session import Session
 
-        recipe = Recipe(**recipe_kw)
-        session = Session(recipe, device, step_kind=kind)
-        return session, session.model.kind
-    except ImportError:  # before rawgpu/steps/
-        from rawgpu.mlp import Recipe
-        from rawgpu.train import Session
-
-        recipe = Recipe(**recipe_kw)
-        session = Session(recipe, device, kernels=kind)
-        return session, session.model.step_kind
+    session = Session(Recipe(**recipe_kw), device, step_kind=kind)
+    return session, session.model.kind
 
 
 def digest(*arrays) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from . import recipe as rc
 from .errors import RawgpuError, StepUnsupported, run_cli
 from .files import cannot_create_in
-from .train import _count, add_step_option, program
+from .cli import add_step_option, count, program
 
 # The SM count a recipe is planned for when no GPU is here: the largest chip of each arch (the plan's split-K
 # choices, and so a few GEMM instances, follow it; an instance the GPU's own plan needs beyond these builds then).
@@ -30,12 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_options(p.add_argument_group("recipe (as python -m rawgpu.train takes it)"),
                    ("hidden", "layers", "batch", "optimizer", "momentum", "weight_decay", "accum"))
     add_step_option(p)
-    p.add_argument("--sms", type=_count(1, 1024, what="SM count"), default=None,
+    p.add_argument("--sms", type=count(1, 1024, what="SM count"), default=None,
                    help="SMs of the GPU the recipe is planned for (default: the GPU here, else the arch's largest "
                         f"chip: {', '.join(f'{a} {n}' for a, n in TYPICAL_SMS.items())})")
     p.add_argument("--cache-dir", default=None, help="where the cubins go (default: $RAWGPU_CACHE, else "
                    "~/.cache/rawgpu)")
-    p.add_argument("--jobs", type=_count(1, 1024, what="count"), default=os.cpu_count() or 1,
+    p.add_argument("--jobs", type=count(1, 1024, what="count"), default=os.cpu_count() or 1,
                    help="parallel builds (default: the CPU count)")
     return p
 

@@ -9,7 +9,7 @@ import sys
 
 from .data import DATASET_NAMES
 from .errors import run_cli
-from .train import add_device_option, program
+from .cli import add_device_option, program
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .errors import run_cli
-from .train import add_device_option, program
+from .cli import add_device_option, program
 
 SHOWN = 20  # images listed on the terminal; --out writes them all
 

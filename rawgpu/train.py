@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from . import recipe as rc
-from . import steps
+from .cli import add_device_option, add_step_option, check_step_option, count, program, seconds
 from .console import RunInfo, Summary
 from .driver import WATCHDOG_SECONDS, set_watchdog
 from .errors import RawgpuError, StepUnsupported, interrupt_status, stop_on_sigterm
@@ -23,11 +23,6 @@ from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverge
 
 RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov", "betas", "eps",
                   "weight_decay", "schedule", "warmup", "accum", "seed")
-
-
-def _count(low: int, high: int | None = None, what: str = "count"):
-    """An argparse type for the run options that are not part of the recipe."""
-    return rc.argument_type(what, rc.Option(None, int, low, high))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_options(p.add_argument_group("model"), RECIPE_OPTIONS[:2])
     o = p.add_argument_group("optimisation")
     rc.add_options(o, RECIPE_OPTIONS[2:4])
-    o.add_argument("--steps", type=_count(1), default=None,
+    o.add_argument("--steps", type=count(1), default=None,
                    help="total training steps; overrides --epochs (the benchmark workload uses 5000)")
     rc.add_options(o, RECIPE_OPTIONS[4:])
     d = p.add_argument_group("data and checkpoints")
@@ -55,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--save", metavar="PATH", default=None,
                    help="write a checkpoint (safetensors) at the end, on Ctrl-C and every --save-every steps; "
                         "atomically, so a crash never leaves half a file (default with --resume: the resumed file)")
-    d.add_argument("--save-every", metavar="N", type=_count(1, what="steps"), default=None,
+    d.add_argument("--save-every", metavar="N", type=count(1, what="steps"), default=None,
                    help="also save every N steps")
     d.add_argument("--resume", metavar="PATH", default=None,
                    help="continue the run a checkpoint saved (recipe, optimiser state, step, schedule and data "
@@ -66,11 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_option(r)
     r.add_argument("--no-graph", action="store_true",
                    help="launch the same kernels one by one instead of replaying CUDA graphs (for comparison)")
-    r.add_argument("--steps-per-graph", type=_count(1, 1000), default=None,
+    r.add_argument("--steps-per-graph", type=count(1, 1000), default=None,
                    help="training steps captured into one graph (default: one progress tick's steps, "
                         f"{MAX_AUTO_STEPS_PER_GRAPH} at most)")
     add_step_option(r)
-    r.add_argument("--gpus", type=_count(1, 64, what="GPUs"), default=1, metavar="N",
+    r.add_argument("--gpus", type=count(1, 64, what="GPUs"), default=1, metavar="N",
                    help="train on GPUs 0..N-1 of this machine, one process each, split as --parallel says (needs "
                         "NCCL: the multi extra, multi-cu12 with the cu12 stack); default 1")
     r.add_argument("--parallel", choices=MODES, default="auto",
@@ -80,48 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-overlap", action="store_true",
                    help="layered step on sm_90+: start each kernel only when the one before has finished, instead of "
                         "overlapping its start with that kernel's end (programmatic dependent launch; for comparison)")
-    r.add_argument("--watchdog", type=_seconds, default=WATCHDOG_SECONDS, metavar="S",
+    r.add_argument("--watchdog", type=seconds, default=WATCHDOG_SECONDS, metavar="S",
                    help="give the GPU up when work it was given has not finished after S seconds: one line, exit 1 "
                         f"(a stopped GPU or driver; default {WATCHDOG_SECONDS:g})")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     return p
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-def program(name: str) -> str:
-    """How the user started a CLI, for its usage and error lines: its console script (rawgpu-NAME) or python -m."""
-    script = Path(sys.argv[0]).name
-    return script if script == f"rawgpu-{name}" else f"python -m rawgpu.{name}"
-
-
-def add_device_option(parser) -> None:
-    """`--device`: the GPU index, a non-negative integer (every CLI shares it)."""
-    parser.add_argument("--device", type=_count(0, what="index"), default=0, help="GPU index (default 0)")
-
-
-def add_step_option(parser) -> None:
-    """`--step` (alias `--kernels`): the step kind, with the chooser's own rule as help (every CLI shares it)."""
-    parser.add_argument("--step", "--kernels", dest="step", choices=steps.CHOICES, default="auto",
-                        help=steps.help_text())
-
-
-def check_step_option(parser: argparse.ArgumentParser, recipe: rc.Recipe, kind: str) -> None:
-    """A named step kind that cannot run the recipe is a usage error before any GPU work. The recipe's limits are
-    checked against the most capable GPU here; the GPU's own arch is checked once it is open."""
-    try:
-        steps.choose(recipe, "sm_90", kind)
-    except StepUnsupported as exc:
-        parser.error(f"argument --step: {exc}")
 
 
 def make_plan(args: argparse.Namespace, train_rows: int = rc.TRAIN_ROWS) -> RunPlan:

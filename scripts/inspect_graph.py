@@ -19,14 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from rawgpu import recipe as rc  # noqa: E402
 from rawgpu.errors import RawgpuError, StepUnsupported  # noqa: E402
 from rawgpu.files import write_atomic  # noqa: E402
-from rawgpu.train import _count, add_device_option, add_step_option, check_step_option  # noqa: E402
+from rawgpu.cli import add_device_option, add_step_option, check_step_option, count  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/inspect_graph.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     rc.add_options(p, ("hidden", "layers", "batch", "optimizer", "momentum", "weight_decay", "accum"))
-    p.add_argument("--steps-per-graph", type=_count(1, 100), default=1, help="steps in the graph (default 1)")
+    p.add_argument("--steps-per-graph", type=count(1, 100), default=1, help="steps in the graph (default 1)")
     add_step_option(p)
     add_device_option(p)
     p.add_argument("--out", default="step.dot", help="our readable DOT file (default step.dot); the driver's "

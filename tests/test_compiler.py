@@ -46,8 +46,9 @@ def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
         assert 0 < r.registers <= 255
 
 
-# Every kernel the layered step launches (mlp.MLP._layered_step), which on sm_90 it launches overlapping the one
-# before: each must wait for the prior grid, and only then let its own dependent start (ptx/pdl.cuh).
+# Every kernel the layered step launches (steps/layered.py: LayeredStep._one_step), which on sm_90 it launches
+# overlapping the one before: each must wait for the prior grid, and only then let its own dependent start
+# (ptx/pdl.cuh).
 OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"],
               "elementwise.cu": ["bias_update", "finish_sum_bias", "finish_sum_bias_relu", "finish_sum_drelu",
                                  "apply_update_sgd", "apply_update_adam"],

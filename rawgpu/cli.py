@@ -1,0 +1,55 @@
+"""What the CLIs share (train, evaluate, predict, compile, scripts/inspect_graph.py): argument types, the options
+every one of them takes, and the name each goes by in its usage line."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from . import recipe as rc
+from . import steps
+from .errors import StepUnsupported
+
+
+def count(low: int, high: int | None = None, what: str = "count"):
+    """An argparse type for the run options that are not part of the recipe."""
+    return rc.argument_type(what, rc.Option(None, int, low, high))
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def program(name: str) -> str:
+    """How the user started a CLI, for its usage and error lines: its console script (rawgpu-NAME) or python -m."""
+    script = Path(sys.argv[0]).name
+    return script if script == f"rawgpu-{name}" else f"python -m rawgpu.{name}"
+
+
+def add_device_option(parser) -> None:
+    """`--device`: the GPU index, a non-negative integer (every CLI shares it)."""
+    parser.add_argument("--device", type=count(0, what="index"), default=0, help="GPU index (default 0)")
+
+
+def add_step_option(parser) -> None:
+    """`--step` (alias `--kernels`): the step kind, with the chooser's own rule as help (every CLI shares it)."""
+    parser.add_argument("--step", "--kernels", dest="step", choices=steps.CHOICES, default="auto",
+                        help=steps.help_text())
+
+
+def check_step_option(parser: argparse.ArgumentParser, recipe: rc.Recipe, kind: str) -> None:
+    """A named step kind that cannot run the recipe is a usage error before any GPU work. The recipe's limits are
+    checked against the most capable GPU here; the GPU's own arch is checked once it is open."""
+    try:
+        steps.choose(recipe, "sm_90", kind)
+    except StepUnsupported as exc:
+        parser.error(f"argument --step: {exc}")
