@@ -35,11 +35,11 @@ MAX_SPLITS = 16
 # the SMs.
 PLANNING_CLUSTER_SHARE = 0.7
 # Beyond this many k-tiles, a tile whose workspace rule splits wider than a cluster can takes the workspace: 8 long
-# splits in a cluster stream too long, where twice as many through L2 finish sooner (docs/perf.md).
+# splits in a cluster stream too long, where twice as many through L2 finish sooner (docs/history.md).
 LONG_K_TILES = 4 * MAX_CLUSTER_SPLITS
 MIN_K_TILES_PER_SPLIT = 4  # a split must stream enough tiles to fill its pipeline
 # Streaming at K <= 2048 (dev/gemm_variants.py --sweep): from 8 k-tiles on, splits of 2-3 k-tiles win; below that the
-# fix-up costs more than the splits save (docs/perf.md).
+# fix-up costs more than the splits save (docs/history.md).
 STREAM_MIN_K_TILES_PER_SPLIT = 2
 STREAM_SPLIT_MIN_K_TILES = 8
 # Split-K pays only when one CTA would stream many bytes: below this, latency rules and the fix-up
@@ -48,7 +48,7 @@ SPLIT_MIN_BYTES = 192 * 1024
 # The tensor-copy tile (config "tma") pays once the weight is this large; below it the cp.async streaming tile is
 # as fast or faster (docs/history.md, Version 4).
 TMA_MIN_BYTES = 4 << 20
-# The forward (x @ W) of a batch of 33..BATCH_STREAM_ROWS rows streams too (dev/forward_tiles.py, docs/perf.md): up
+# The forward (x @ W) of a batch of 33..BATCH_STREAM_ROWS rows streams too (dev/forward_tiles.py, docs/history.md): up
 # to ROW_TILE_MIN_BYTES of weight the 32-row tiles, which read the weight once per 32 rows (from L2 after the first),
 # beat every tile of more rows; the copy engine's from TMA_MIN_BYTES_BATCH, its 128-column form (which reads x half as
 # often) on TMA128_MIN_COLUMNS or more. From ROW_TILE_MIN_BYTES the copy engine's 128-row tile, which reads each
@@ -59,8 +59,8 @@ TMA128_MIN_COLUMNS = 4096
 ROW_TILE_MIN_BYTES = 12 << 20
 ROW_TILE = "tma128x64"
 # Above BATCH_STREAM_ROWS rows x @ W and dy @ W^T are arithmetic: on sm_90 the warpgroup-MMA tiles run them faster
-# than every mma.sync tile (docs/perf.md: Batches above 256), once N fills their 128 columns; the 256-column form reads
-# A half as often and wins while its tiles still number half the SMs or more.
+# than every mma.sync tile (docs/history.md: Batches above 256), once N fills their 128 columns; the 256-column form
+# reads A half as often and wins while its tiles still number half the SMs or more.
 WGMMA_MIN_N = 128
 WGMMA_WIDE_SHARE = 0.5
 
@@ -140,7 +140,7 @@ class GemmPlan:
 
 def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86",
                   sm_count: int = PLANNING_SM_COUNT, accum: str = "f32") -> str:
-    """Which tile runs a shape (the measurements behind each rule: docs/perf.md and docs/history.md).
+    """Which tile runs a shape (the measurements behind each rule: docs/history.md).
 
     - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces (its 32-row
       form for Adam: its weight and two moment tiles of 64 rows do not fit sm_86), except a plain
@@ -295,7 +295,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     elif cfg.tma and cfg.bm > 32:
         s = stream_splits(tiles, k_tiles, sm_count)  # the row tiles: one block per SM (dev/forward_tiles.py)
     elif (name == "stream" or cfg.tma) and clusters:
-        # the tensor-copy tile streams best unsplit from a quarter of the SMs on (docs/perf.md)
+        # the tensor-copy tile streams best unsplit from a quarter of the SMs on (docs/history.md)
         s = cluster_splits(tiles, k_tiles, room) if name == "stream" or 8 * tiles <= sm_count else 1
         wide = stream_splits(tiles, k_tiles, sm_count)
         if s > 1 and wide > MAX_CLUSTER_SPLITS and k_tiles > LONG_K_TILES:

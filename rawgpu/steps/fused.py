@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 
 # The widest padded hidden layer `auto` gives the fused step, by what the layered step would be instead: with the
 # one-pass backward (batch <= 32, plain SGD) its per-layer kernels win above 512, in 18 kernels above 1024, where
-# the fused step's 32x32 blocks stream the weights slower (docs/perf.md).
+# the fused step's 32x32 blocks stream the weights slower (docs/history.md).
 MAX_HIDDEN_VS_ONE_PASS = 512
 MAX_HIDDEN = 1024
 # The largest batch `auto` gives it: above, the layered step's GEMM tiles beat its per-block row loops at every width
-# (docs/perf.md: Batches above 256).
+# (docs/history.md: Batches above 256).
 MAX_BATCH = 512
 
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
