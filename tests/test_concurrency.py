@@ -132,3 +132,20 @@ def test_the_experiment_and_the_stand_in_for_a_hung_gpu_build(arch):
                           (ROOT / "tests" / "kernels" / "spin.cu", ["spin"])):
         report = compiler.parse_ptxas_report(compiler.compile_file(path, arch).log)
         assert sorted(report) == kernels and all(r.spill_stores == 0 for r in report.values()), path.name
+
+
+def test_the_launch_chain_experiment_refuses_a_missing_gpu_in_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    from rawgpu.errors import NoDeviceError
+
+    def no_gpu(*args):
+        raise NoDeviceError("no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU")
+
+    spec = importlib.util.spec_from_file_location("pdl_chain", ROOT / "dev" / "concurrency" / "pdl_chain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module.driver, "Device", no_gpu)
+    assert module.main(["--variant", "plain"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "pdl_chain: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU"]

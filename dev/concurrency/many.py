@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,8 @@ def main() -> int:
     if not command:
         p.error("give the command after --")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if shutil.which(command[0]) is None:
+        p.error(f"no program {command[0]!r} to run")
     t0 = time.monotonic()
     copies: list[Copy] = []
     if args.serial:

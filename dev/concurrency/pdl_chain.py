@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rawgpu import compiler, driver  # noqa: E402
+from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.graph import capture  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
 
@@ -52,7 +53,7 @@ def wait(stream: driver.Stream, seconds: float) -> bool:
     return True
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", choices=sorted(VARIANTS), default="plain")
     p.add_argument("--seconds", type=float, default=3.0, help="how long to keep replaying")
@@ -60,7 +61,15 @@ def main() -> int:
     p.add_argument("--before-ns", type=int, default=2000, help="busy work before each link's wait")
     p.add_argument("--after-ns", type=int, default=4000, help="busy work after it")
     p.add_argument("--no-graph", action="store_true", help="launch one by one instead of replaying a graph")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except RawgpuError as exc:  # no GPU, a build that fails, out of memory: one line
+        print(f"pdl_chain: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
     cluster, per_sm, shared, mode, programmatic = VARIANTS[args.variant]
     device = driver.Device(0)
     if device.compute_capability < (9, 0):
