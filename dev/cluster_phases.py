@@ -22,8 +22,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # fused_phases.py, bes
 from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.kernels import cluster as kc  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.mlp import MLP  # noqa: E402
 from rawgpu.recipe import Recipe  # noqa: E402
+from rawgpu.steps import plan_model  # noqa: E402
 
 from fused_phases import add_profile_args, at_least, profiling_setup  # noqa: E402 - beside this script
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         names = kc.marks(args.layers)
         for h in args.hidden:
             recipe = Recipe(hidden=h, layers=args.layers, batch=32, lr=0.003, momentum=0.0, schedule="constant")
-            model = MLP(kernels, recipe, dev.sm_count, step_kind="cluster").allocate()
+            model = plan_model(recipe, "cluster", kernels=kernels, sm_count=dev.sm_count).allocate()
             model.upload_data(data)
             model.init_parameters(stream)
             model.set_permutation(perm)

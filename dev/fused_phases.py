@@ -24,8 +24,8 @@ from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import fused as kf  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.mlp import MLP  # noqa: E402
 from rawgpu.recipe import TRAIN_ROWS, Recipe  # noqa: E402
+from rawgpu.steps import plan_model  # noqa: E402
 
 
 def at_least(low: int):
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         for h in args.hidden:
             recipe = Recipe(hidden=h, batch=args.batch, optimizer=args.optimizer, lr=0.003,
                             momentum=args.momentum if args.optimizer == "sgd" else None, schedule="constant")
-            model = MLP(kernels, recipe, dev.sm_count, step_kind="fused").allocate()
+            model = plan_model(recipe, "fused", kernels=kernels, sm_count=dev.sm_count).allocate()
             model.upload_data(data)
             model.init_parameters(stream)
             model.set_permutation(perm)

@@ -3,10 +3,10 @@
     python dev/rank_step.py [--hidden 4096 8192 16384] [--ranks 1 2 4 8] [--recipe seed default adam] [--long]
                             [--parallel tensor|data] [--batch B]
 
-What a rank of an N-GPU run computes (its slice of every layer, sharded.py; or, with --parallel data, the whole model
-over its 1/N of the batch, replicated.py) is timed here alone: the all-reduces are replaced by nothing, so the figure
-is the step of an N-GPU run without its collectives, a floor for it, not a measurement of several GPUs. Rank 0's
-slices are the widest (the others' are the same size or padding). Parameters are left at zero (the arena starts
+What a rank of an N-GPU run computes (its slice of every layer, parallel/sharded.py; or, with --parallel data, the whole
+model over its 1/N of the batch, parallel/replicated.py) is timed here alone: the all-reduces are replaced by nothing,
+so the figure is the step of an N-GPU run without its collectives, a floor for it, not a measurement of several GPUs.
+Rank 0's slices are the widest (the others' are the same size or padding). Parameters are left at zero (the arena starts
 zeroed; the timing does not depend on the values). Timed as scripts/bench.py times: CUDA events around replays of a
 graph of steps, median of trials. --long: the tensor-parallel step's long form. --batch: the recipe's batch instead.
 """
@@ -23,9 +23,7 @@ sys.path.insert(1, str(ROOT / "scripts"))
 
 import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, step_alone_us, NoSums)
 from rawgpu.kernels import Kernels  # noqa: E402
-from rawgpu.mlp import MLP  # noqa: E402
-from rawgpu.session import rank_choice, rank_model  # noqa: E402
-from rawgpu.steps import StepOptions  # noqa: E402
+from rawgpu.steps import StepOptions, plan_model  # noqa: E402
 
 
 def main() -> int:
@@ -51,16 +49,15 @@ def main() -> int:
         r = bench.RECIPES[name]
         for h in args.hidden:
             recipe = bench.rawgpu_recipe(h, {**r, "batch": args.batch or r["batch"]}, 1000, 0)
-            one = MLP(kernels, recipe, device.sm_count, options=options).allocate()
+            one = plan_model(recipe, kernels=kernels, sm_count=device.sm_count, options=options).allocate()
             try:
                 base = bench.step_alone_us(one, stream, args.steps, args.trials)
             finally:
                 one.arena.close()
             cells = []
             for n in args.ranks:
-                choice = rank_choice(recipe, n, args.parallel)
-                m = rank_model(kernels, recipe, n, 0, bench.NoSums(), device.sm_count, None, options,
-                               choice).allocate()
+                m = plan_model(recipe, args.parallel, kernels=kernels, sm_count=device.sm_count, options=options,
+                               ranks=n, group=bench.NoSums()).allocate()
                 try:
                     t = bench.step_alone_us(m, stream, args.steps, args.trials)
                 finally:
@@ -68,7 +65,6 @@ def main() -> int:
                 cells.append(f"{t:9.1f} ({base / t:4.2f}x)")
             print(f"{name:>8} {h:>6} {base:9.1f} " + " ".join(cells), flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,6 @@ Files are written atomically: a temp file in the same directory, flushed to disk
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

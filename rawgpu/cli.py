@@ -53,3 +53,15 @@ def check_step_option(parser: argparse.ArgumentParser, recipe: rc.Recipe, kind: 
         steps.choose(recipe, "sm_90", kind)
     except StepUnsupported as exc:
         parser.error(f"argument --step: {exc}")
+
+
+def parallel_problem(recipe: rc.Recipe, mode: str, gpus: list[int]) -> str | None:
+    """Why --parallel `mode` cannot run the recipe on one of `gpus` GPU counts (steps.choose, the one chooser,
+    says); None when it can. Checked before any GPU work."""
+    for n in gpus:
+        if n > 1:
+            try:
+                steps.choose(recipe, "sm_90", mode, n)
+            except StepUnsupported as exc:
+                return str(exc)
+    return None

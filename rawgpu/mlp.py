@@ -2,9 +2,9 @@
 one arena, and what every training step kind shares: the dataset on the device, the weights and optimiser state,
 activations, metrics, evaluation.
 
-How a training step runs is its step kind's business (rawgpu/steps/: cluster, fused, layered), chosen by
-`steps.choose`; the model holds the chosen `Step` and asks it for the step's launches. Nothing in a step depends on
-the host after start-up: the step counter, the batch position and the learning rate live on the device.
+How a training step runs is its step kind's business (rawgpu/steps/), chosen by `steps.choose`; `steps.plan_model`
+plans the model and attaches its step, which the model then asks for the step's launches. Nothing in a step depends
+on the host after start-up: the step counter, the batch position and the learning rate live on the device.
 
 The fp32 master weights are stored as two 16-bit halves (rawgpu/master.py): W16, the fp16 working copy every
 GEMM reads, and lo, the rest; a step moves 10 bytes per weight instead of 12. Widths are padded to multiples of 8
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from . import master, optimizer, steps
+from . import master, optimizer
 from .driver import Launch, Stream
 from .kernels import PLANNING_SM_COUNT, Kernels
 from .kernels import data as kd
@@ -31,7 +31,6 @@ from .contract import OPTIM_WORDS
 from .kernels import loss as kl
 from .memory import Arena, Tensor
 from .recipe import PADDED_CLASSES, Recipe, cdiv, loss_scale, pad8
-from .steps import StepOptions
 
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
 
@@ -53,19 +52,18 @@ class Layer:
 
 
 class MLP:
-    """Plan (`__init__`, no GPU needed) -> `allocate()` -> `upload_data()` + `init_parameters()` -> launches."""
+    """Plan (`__init__`, no GPU needed; steps.plan_model attaches the step) -> `bind(kernels)` -> `allocate()` ->
+    `upload_data()` + `init_parameters()` -> launches."""
 
-    def __init__(self, kernels: Kernels | None, recipe: Recipe, sm_count: int = PLANNING_SM_COUNT,
-                 step_kind: str | steps.Choice = "auto", arch: str | None = None, options: StepOptions | None = None):
-        """step_kind: one of steps.CHOICES, decided by steps.choose (a named kind that cannot run raises
-        StepUnsupported with the reason), or a Choice steps.choose already made. arch: the GPU to plan for when
-        there is no `kernels` (CPU tests; default sm_86, the smallest shared memory). options: settings of
-        particular step kinds (StepOptions)."""
-        self.k, self.recipe, self.sm_count = kernels, recipe, sm_count
-        self.arch = kernels.arch if kernels is not None else (arch or "sm_86")
-        self.choice = (step_kind if isinstance(step_kind, steps.Choice)
-                       else steps.choose(recipe, self.arch, step_kind))
-        self.cluster_capacity = kg.cluster_capacity(kernels) if kernels is not None else None
+    def __init__(self, recipe: Recipe, arch: str = "sm_86", sm_count: int = PLANNING_SM_COUNT,
+                 capacity: tuple[int, ...] | None = None):
+        """The shared buffers and the evaluation's plans for a GPU of `arch` with `sm_count` SMs. capacity: the
+        GPU's cluster capacity (gemm.cluster_capacity; None: the planning estimate). arch defaults to sm_86, the
+        smallest shared memory."""
+        self.k: Kernels | None = None
+        self.recipe, self.sm_count, self.arch, self.cluster_capacity = recipe, sm_count, arch, capacity
+        self.choice: Any = None  # the steps.Choice that picked the step, and the steps.Step: both set by
+        self.step: Any = None  # steps.plan_model (the model never imports the steps that run over it)
         r = recipe
         self.arena = a = Arena()
         B = self.rows = self.step_rows()
@@ -127,21 +125,32 @@ class MLP:
                 self.tail_fwd.append(kg.plan_gemm(self.eval_tail, pout, pin, "rr", self.forward_epilogue(i),
                                                   accum=r.kernel_accum, sm_count=sm_count, arch=self.arch,
                                                   capacity=self.cluster_capacity))
-        # the step kind plans its own buffers
-        self.step = self.build_step(options)
-        # split-K scratch: GEMMs run one after another, and each leaves its tickets at zero, so all share one
-        plans = self.eval_plans + self.tail_fwd + self.step.split_plans()
+
+    def attach(self, step: Any) -> "MLP":
+        """The step its kind planned over this model's buffers (it reserved its own in the arena); then the split-K
+        scratch both need: GEMMs run one after another, each leaves its tickets at zero, so all share one."""
+        self.step = step
+        plans = self.eval_plans + self.tail_fwd + step.split_plans()
+        a = self.arena
         self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
         self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
+        return self
+
+    def bind(self, kernels: Kernels) -> "MLP":
+        """The compiled kernels the launches use (of the arch this model was planned for)."""
+        if kernels.arch != self.arch:
+            raise ValueError(f"the model was planned for {self.arch}, the kernels are {kernels.arch}'s")
+        self.k = kernels
+        return self
 
     def kernel_units(self) -> set:
         """The units of compilation (compiler.unit_of) a session of this model launches, from the plans alone: the
         step's, the evaluation's GEMMs, and the small sources every session uses (the data gather, the parameter
         initialisation and copies, the loss and metrics)."""
-        every = {(source, None) for source in (kd.SRC, ke.SRC, kl.SRC)}
-        return every | kg.plan_units(self.eval_plans + self.tail_fwd, self.arch) | self.step.kernel_units()
+        return (common_units(self.arch) | kg.plan_units(self.eval_plans + self.tail_fwd, self.arch)
+                | self.step.kernel_units())
 
-    # --- what a model on several GPUs (sharded.py, replicated.py) changes -----------------------------------------
+    # --- what a model on several GPUs (parallel/sharded.py, parallel/replicated.py) changes ---------------------
 
     def step_rows(self) -> int:
         """The rows of a step's batch this GPU holds (its buffers' and its training permutation's)."""
@@ -154,10 +163,6 @@ class MLP:
     def forward_epilogue(self, i: int) -> str:
         """Layer i's forward GEMM epilogue: bias and ReLU, the head's bias alone."""
         return "bias_relu" if i < len(self.padded) - 2 else "bias"
-
-    def build_step(self, options: StepOptions | None) -> steps.Step:
-        """The chosen step kind's object (it plans its buffers in the arena)."""
-        return steps.build(self.choice.kind, self, options)
 
     @property
     def eval_plans(self) -> list[kg.GemmPlan]:
@@ -372,7 +377,7 @@ class MLP:
 
     def train_metrics(self, stream: Stream | None = None) -> tuple[float, int]:
         """(loss sum, correct count) accumulated since the last zero_metrics. stream: where a model on several GPUs
-        sums them over the ranks (replicated.py); one GPU's need none."""
+        sums them over the ranks (parallel/replicated.py); one GPU's need none."""
         return float(self.loss_sum.download()[0]), int(self.correct.download()[0])
 
     def eval_metrics(self) -> tuple[float, float]:
@@ -415,6 +420,13 @@ class MLP:
             if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
                 return False
         return True
+
+
+def common_units(arch: str) -> set:
+    """The units every session of a GPU of `arch` launches, whatever its plan: the small sources (the data gather,
+    the parameter initialisation and copies, the loss and metrics) and, on sm_90, the probe of the GPU's cluster
+    capacity that the plan itself needs (gemm.cluster_capacity)."""
+    return {(source, None) for source in (kd.SRC, ke.SRC, kl.SRC)} | kg.plan_units([], arch)
 
 
 def run_launches(launches: list[Launch], stream: Stream) -> Callable[[], None]:

@@ -9,42 +9,25 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from . import compiler, parallel, steps
+from . import compiler, steps
 from .driver import Device, Launch, Stream, context_synchronize, give_up_gpu, gpu_given_up
 from .errors import NoDeviceError
 from .graph import Graph, capture
-from .kernels import Kernels
-from .mlp import MLP, run_launches
-from .ranks import Rank
+from .kernels import PLANNING_SM_COUNT, Kernels
+from .kernels import gemm as kg
+from .mlp import common_units, run_launches
+from .parallel.ranks import Rank
 from .recipe import Recipe
-from .replicated import ReplicatedMLP
-from .sharded import ShardedMLP
 from .steps import StepOptions
 
 
-def kernel_units(recipe: Recipe, arch: str, sm_count: int, step_kind: str | steps.Choice = "auto",
+def kernel_units(recipe: Recipe, arch: str, sm_count: int = PLANNING_SM_COUNT, step_kind: str | steps.Choice = "auto",
                  options: StepOptions | None = None, ranks: int = 0) -> list[compiler.Unit]:
     """The units of compilation a session of `recipe` on a GPU of `arch` and `sm_count` SMs launches, from the plan
-    alone (no GPU: the prebuild uses it too). ranks: the GPUs of a model on several (0: one GPU's model), step_kind
-    then rank_choice's."""
-    model = (rank_model(None, recipe, ranks, 0, None, sm_count, arch, options,
-                        step_kind if isinstance(step_kind, steps.Choice) else rank_choice(recipe, ranks)) if ranks
-             else MLP(None, recipe, sm_count, step_kind=step_kind, arch=arch, options=options))
+    alone (no GPU, the planning estimate of its cluster capacity: the prebuild's list). ranks: the GPUs of a model
+    on several (0: one GPU's model); step_kind is then a parallel mode (steps.MODES)."""
+    model = steps.plan_model(recipe, step_kind, arch=arch, sm_count=sm_count, options=options, ranks=ranks)
     return sorted(model.kernel_units(), key=lambda u: (u[0], u[1] or ""))
-
-
-def rank_choice(recipe: Recipe, ranks: int, mode: str = "auto") -> steps.Choice:
-    """How the ranks of a model on `ranks` GPUs share it (parallel.choose; mode: parallel.MODES), as the step it
-    runs: "data" (replicated.py) or "tensor" (sharded.py, also for one rank)."""
-    pick = parallel.choose(recipe.widths, recipe.batch, ranks, mode)
-    return steps.Choice("data" if pick.kind == "data" else "tensor", pick.reason)
-
-
-def rank_model(kernels: Kernels | None, recipe: Recipe, ranks: int, rank: int, group, sm_count: int,
-               arch: str | None, options: StepOptions | None, choice: steps.Choice) -> MLP:
-    """Rank `rank`'s model of the split `choice` names (rank_choice)."""
-    cls = ReplicatedMLP if choice.kind == "data" else ShardedMLP
-    return cls(kernels, recipe, ranks, rank, group, sm_count, arch, options, reason=choice.reason)
 
 
 class Session:
@@ -55,8 +38,8 @@ class Session:
         """step_kind: one of steps.CHOICES; a named kind that cannot run here raises StepUnsupported before any
         compile. options: settings of particular step kinds (comparisons, tests). on_compile(done, total): the
         progress of a build that is not all in the cache (units of compilation built, asked for). rank: this
-        process's rank of a model on several GPUs (rank_choice: sharded.py or replicated.py), on GPU rank.rank;
-        step_kind is then "auto"."""
+        process's rank of a model on several GPUs, on GPU rank.rank, split as rank.mode says; step_kind is then
+        "auto"."""
         if step_kind not in steps.CHOICES:  # a bad value fails before any GPU work
             raise ValueError(f"step kind must be one of {', '.join(steps.CHOICES)}, got {step_kind!r}")
         if rank is not None and step_kind != "auto":
@@ -70,26 +53,33 @@ class Session:
             raise NoDeviceError(f"{self.device.name} is {arch}; this NVRTC builds for "
                                 f"{', '.join(compiler.supported_archs())} (rawgpu needs sm_80 or newer)")
         self.choice = (steps.choose(recipe, arch, step_kind) if rank is None
-                       else rank_choice(recipe, rank.ranks, rank.mode))
+                       else steps.choose(recipe, arch, rank.mode, rank.ranks))
         options = options or StepOptions()
         if options.l2_bytes == 0:  # the layered step's cache hints are planned for this GPU's L2
             options = replace(options, l2_bytes=self.device.l2_bytes)
-        # The units this session launches, from the plan (no GPU needed), start building at once; a unit the plan
-        # did not foresee is built when asked for. Only a build that is not all cached shows progress.
-        units = kernel_units(recipe, arch, self.device.sm_count, self.choice, options, rank.ranks if rank else 0)
-        cold = [u for u in units if not compiler.is_cached(u[0], arch, kernel=u[1])]
-        self.kernels = Kernels(arch, on_progress=on_compile if cold else None)
+        # The plan needs this GPU's cluster capacity, which the driver gives for a built kernel (the probe); the
+        # sources every session uses build beside it. Then the model is planned once, and the units it launches
+        # build at once; a unit the plan did not foresee is built when asked for. Only a build that is not all
+        # cached shows progress.
+        early = sorted(common_units(arch), key=lambda u: (u[0], u[1] or ""))
+        cold_early = [u for u in early if not compiler.is_cached(u[0], arch, kernel=u[1])]
+        self.kernels = Kernels(arch, on_progress=on_compile if cold_early else None)
         t = time.perf_counter()
-        self.kernels.prefetch(units)
+        self.kernels.prefetch(early)
         try:
-            if rank is None:
-                self.model = MLP(self.kernels, recipe, self.device.sm_count, step_kind=self.choice, options=options)
-            else:
-                from . import nccl
+            capacity = kg.cluster_capacity(self.kernels)
+            model = steps.plan_model(recipe, self.choice, arch=arch, sm_count=self.device.sm_count,
+                                     capacity=capacity, options=options, rank=rank.rank if rank else 0)
+            units = model.kernel_units()
+            cold = cold_early + [u for u in units if u not in early and not compiler.is_cached(u[0], arch, kernel=u[1])]
+            if cold and on_compile is not None:
+                self.kernels.on_progress = on_compile
+            self.kernels.prefetch(units)
+            if rank is not None:
+                from .parallel import nccl
 
-                self.group = nccl.Communicator(rank.ranks, rank.rank, rank.unique_id)
-                self.model = rank_model(self.kernels, recipe, rank.ranks, rank.rank, self.group,
-                                        self.device.sm_count, None, options, self.choice)
+                self.group = model.group = nccl.Communicator(rank.ranks, rank.rank, rank.unique_id)
+            self.model = model.bind(self.kernels)
             self.model.allocate()
             self.step = self.model.step_launches()
         except BaseException:  # out of memory, Ctrl-C: builds not yet begun are dropped

@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 from . import recipe as rc
-from .cli import add_device_option, add_step_option, check_step_option, count, program, seconds
+from .cli import (add_device_option, add_step_option, check_step_option, count, parallel_problem,
+                  program, seconds)
 from .console import RunInfo, Summary
 from .driver import WATCHDOG_SECONDS, set_watchdog
 from .errors import RawgpuError, StepUnsupported, interrupt_status, stop_on_sigterm
-from .parallel import MODES, data_parallel_reason
 from .data import DATASET_NAMES
+from .steps import MODES
 from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged
 
 RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov", "betas", "eps",
@@ -185,9 +186,9 @@ def save_note(trainer: Trainer, path: str) -> str:
 
 
 def train_on_gpus(args: argparse.Namespace, data, recipe: rc.Recipe, t_start: float, ckpt=None) -> int:
-    """--gpus N: a process per GPU (ranks.py), each training its part of the run; rank 0 shows it."""
-    from . import nccl
-    from .ranks import run_ranks
+    """--gpus N: a process per GPU (parallel/ranks.py), each training its part of the run; rank 0 shows it."""
+    from .parallel import nccl
+    from .parallel.ranks import run_ranks
 
     try:
         return run_ranks(_train_rank, args.gpus, args, data, recipe, t_start, ckpt, unique_id=nccl.new_unique_id())[0]
@@ -201,7 +202,7 @@ def _train_rank(rank: int, ranks: int, unique_id: bytes, args, data, recipe, t_s
     import io
 
     from .console import Console, make_console
-    from .ranks import Rank
+    from .parallel.ranks import Rank
 
     console = make_console("json" if args.json else "auto") if rank == 0 else Console(io.StringIO())
     try:
@@ -288,15 +289,15 @@ def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"--step {args.step}")
     if args.device:
         parser.error(f"argument --gpus: the run takes GPUs 0..{args.gpus - 1}; drop --device")
-    from . import nccl
+    from .parallel import nccl
 
     if (why := nccl.available()) is not None:
         parser.error(f"argument --gpus: {why}")
 
 
 def check_parallel(parser: argparse.ArgumentParser, args: argparse.Namespace, recipe: rc.Recipe) -> None:
-    """--parallel data: the run's batch must split over the GPUs."""
-    if args.gpus > 1 and args.parallel == "data" and (why := data_parallel_reason(recipe.batch, args.gpus)):
+    """--parallel: the split must run the recipe on --gpus GPUs."""
+    if why := parallel_problem(recipe, args.parallel, [args.gpus]):
         parser.error(f"argument --parallel: {why}")
 
 

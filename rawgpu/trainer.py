@@ -24,9 +24,9 @@ from . import checkpoint as ck
 from .console import EpochStats
 from .data import DATASET_NAMES, Dataset, load_dataset
 from .errors import RawgpuError
-from .ranks import Rank, gather_to_root
+from .parallel.ranks import Rank, gather_to_root
 from .recipe import DEFAULTS, Recipe, cdiv, run_length
-from .steps import CHOICES
+from .steps import resumed
 
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
@@ -132,7 +132,7 @@ class Trainer:
         self._image_shape = tuple(data.image_shape) if data is not None else None
         self.rank = rank
         if _checkpoint is not None:
-            step = _checkpoint.step_kind if _checkpoint.step_kind in CHOICES and rank is None else "auto"
+            step = resumed(_checkpoint.step_kind, rank.ranks if rank is not None else 0)
             self.history = [EpochStats(**h) for h in _checkpoint.progress.get("history", [])]
             self.train_seconds = float(_checkpoint.progress.get("train_seconds", 0.0))
             self._epoch_metrics = (float(_checkpoint.progress.get("epoch_loss_sum", 0.0)),
@@ -416,7 +416,7 @@ class Trainer:
         return self.steps_done >= self.plan.total_steps
 
     def parameters(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each layer's fp32 master (W [fan_in, fan_out], b); on several GPUs this rank's part (sharded.py)."""
+        """Each layer's fp32 master (W [fan_in, fan_out], b); on several GPUs this rank's part (parallel/sharded.py)."""
         self._check_open()
         return self.model.parameters()
 

@@ -39,6 +39,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # the peers package be
 
 from rawgpu import driver as drv  # noqa: E402
 from rawgpu import master, optimizer  # noqa: E402
+from rawgpu.cli import parallel_problem  # noqa: E402
 from rawgpu.contract import OPTIM_WORDS  # noqa: E402
 from rawgpu.errors import RawgpuError  # noqa: E402
 from rawgpu.files import write_atomic  # noqa: E402
@@ -47,8 +48,8 @@ from rawgpu.kernels import Kernels  # noqa: E402
 from rawgpu.kernels import dx_sgd as D  # noqa: E402
 from rawgpu.kernels import gemm as G  # noqa: E402
 from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.parallel import MODES, data_parallel_reason  # noqa: E402
 from rawgpu.recipe import DEFAULTS, OPTIMIZER_DEFAULTS, Recipe  # noqa: E402
+from rawgpu.steps import MODES, ONE_GPU  # noqa: E402
 
 HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
 OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay")
@@ -433,20 +434,21 @@ def step_alone_us(model, stream, steps: int, trials: int) -> float:
 
 def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed: int, data, recipe: dict,
                steps_per_launch: int = 100, warmup: int = 50, mode: str = "auto") -> dict:
-    """One rank of the recipe's model on `ranks` GPUs, split as `mode` says (parallel.MODES; a process of
+    """One rank of the recipe's model on `ranks` GPUs, split as `mode` says (steps.MODES; a process of
     ranks.run_ranks, or called alone with ranks 1): the run timed as bench_rawgpu times it, and the same rank's step
     with its all-reduces left out, timed in a graph of steps_per_launch steps (the difference is the step's time in
     its collectives, waits included)."""
-    from rawgpu.ranks import Rank
-    from rawgpu.session import Session, rank_model
-    from rawgpu.steps import StepOptions
+    from rawgpu.parallel.ranks import Rank
+    from rawgpu.session import Session
+    from rawgpu.steps import StepOptions, plan_model
 
     recipe = rawgpu_recipe(h, {**RECIPES["seed"], **recipe}, steps, seed)
     session = Session(recipe, rank=Rank(ranks, rank, unique_id, mode))
     try:
         us, accuracy, nodes, _, k = timed_run(session, steps, seed, data, warmup, steps_per_launch)
-        alone = rank_model(session.kernels, recipe, ranks, rank, NoSums(), session.device.sm_count, None,
-                           StepOptions(l2_bytes=session.device.l2_bytes), session.choice).allocate()
+        alone = plan_model(recipe, session.choice, kernels=session.kernels, sm_count=session.device.sm_count,
+                           options=StepOptions(l2_bytes=session.device.l2_bytes), rank=rank,
+                           group=NoSums()).allocate()
         try:
             without = step_alone_us(alone, session.stream, k, 10)
         finally:
@@ -461,9 +463,7 @@ def cmd_train_gpus(args) -> int:
     """--gpus: rawgpu alone on one GPU and split over N of them, each H: us/step, speed-up, time in the sums."""
     from rawgpu.data import load_mnist
 
-    batch = args.train_recipe["batch"]
-    if args.parallel == "data" and (why := next(filter(None, (data_parallel_reason(batch, n) for n in args.gpus)),
-                                                None)):
+    if why := parallel_problem(rawgpu_recipe(min(args.sizes), args.train_recipe, 1000, 0), args.parallel, args.gpus):
         print(f"bench: error: argument --parallel: {why}", file=sys.stderr)
         return 2
     device = drv.Device(args.device)
@@ -472,8 +472,8 @@ def cmd_train_gpus(args) -> int:
         print(f"bench: error: argument --gpus: {max(args.gpus)} GPUs asked for, this machine has {count}",
               file=sys.stderr)
         return 2
-    from rawgpu import nccl
-    from rawgpu.ranks import run_ranks
+    from rawgpu.parallel import nccl
+    from rawgpu.parallel.ranks import run_ranks
 
     if max(args.gpus) > 1:
         if (why := nccl.available()) is not None:
@@ -703,7 +703,7 @@ def main(argv=None) -> int:
                    help="rawgpu training steps per graph launch (default 100; JAX's fori_loop peer runs all steps as "
                         "one program)")
     t.add_argument("--rawgpu-variants", nargs="*", default=[],
-                   choices=("cluster", "fused", "layered", "serial", "long"),
+                   choices=ONE_GPU + ("serial", "long"),
                    help="also time these rawgpu step implementations (rows rawgpu-cluster, rawgpu-fused, "
                         "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch; "
                         "rawgpu-long: the layered step without its short form)")

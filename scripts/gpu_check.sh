@@ -28,7 +28,8 @@ python3 scripts/inspect_graph.py --out "$OUT/step.dot" --format none 2>&1 | tee 
 python3 scripts/bench.py ${BENCH_ARGS:-train --quick --out $OUT} 2>"$OUT/bench_stderr.log" | tee "$OUT/bench.log"
 # On a machine with several GPUs (and NCCL): the seed and default recipes at large widths, split as `auto` splits
 # them (tensor parallel there), then a small model at a large batch (data parallel), each beside one GPU.
-gpus=$(python3 -c "from rawgpu import driver, nccl; print(driver.device_count() if nccl.available() is None else 1)")
+gpus=$(python3 -c "from rawgpu import driver; from rawgpu.parallel import nccl
+print(driver.device_count() if nccl.available() is None else 1)")
 if [ "${gpus:-1}" -gt 1 ]; then
     counts="1 2 $( [ "$gpus" -ge 4 ] && echo 4 ) $( [ "$gpus" -ge 8 ] && echo 8 )"
     for recipe in seed default; do

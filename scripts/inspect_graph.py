@@ -99,25 +99,13 @@ def main(argv: list[str] | None = None) -> int:
                       "overlapping" if n.index in overlapped else "after" if deps[n.index] else "")
     console.print(table)
     console.print("step kind " + session.choice.explain().replace("\n", "\n  "))
-    if session.model.kind == "fused":  # inside the one node: the phases, each ending in a grid barrier
-        from rawgpu.kernels import fused as kf
-
-        phases = Table(title="phases of the fused step kernel, each ending in a grid-wide barrier")
-        for col in ("phase", "block tasks", "warp tasks"):
-            phases.add_column(col, justify="left" if col == "phase" else "right")
-        for name, blocks, warps in kf.phase_tasks(recipe.batch, session.model.padded):
-            phases.add_row(name, str(blocks), str(warps))
-        console.print(phases)
-    if session.model.kind == "cluster":  # inside the one node: the phases, most ending in a receive (an mbarrier wait)
-        from rawgpu.kernels import cluster as kc
-
-        p = session.model.step.plan
-        phases = Table(title=f"phases of the cluster step kernel ({p.ctas} CTAs x {p.n} columns, "
-                             f"{p.smem_bytes // 1024} KB of shared memory each)")
-        for col in ("phase", "ends in"):
-            phases.add_column(col)
-        for name, end in kc.phases(recipe.layers):
-            phases.add_row(name, end)
+    if (inside := session.model.step.phases()) is not None:  # a step of one kernel: the phases inside its node
+        title, columns, rows = inside
+        phases = Table(title=title)
+        for i, col in enumerate(columns):
+            phases.add_column(col, justify="left" if i == 0 or col == "ends in" else "right")
+        for row in rows:
+            phases.add_row(*row)
         console.print(phases)
     write_atomic(out, readable_dot(nodes, edges, f"{recipe.name} batch {recipe.batch}").encode())
     console.print(f"wrote {out} (readable) and {driver_dot} (driver's verbose DOT)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(rng, tmp_path, mon
 
     def interrupted(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(ck.os, "fsync", interrupted)
+    monkeypatch.setattr(os, "fsync", interrupted)  # write_atomic's, under the save
     with pytest.raises(KeyboardInterrupt):
         ck.save(path, make(rng, recipe, steps_done=9))
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
@@ -187,13 +188,13 @@ def test_predict_out_must_be_csv_or_json(tmp_path, capsys):
 
 
 def test_evaluation_chunks_cover_any_test_set_size():
-    from rawgpu.mlp import MLP
+    from rawgpu.steps import plan_model
 
     for rows in (1, 7, 45, 10000, 12345):
-        m = MLP(None, Recipe(hidden=64, test_rows=rows), 132)
+        m = plan_model(Recipe(hidden=64, test_rows=rows), sm_count=132)
         assert m.eval_chunks * m.eval_batch + m.eval_tail == rows and m.eval_batch >= 1
-    m = MLP(None, Recipe(hidden=16384, layers=1), 132)
+    m = plan_model(Recipe(hidden=16384, layers=1), sm_count=132)
     assert (m.eval_batch, m.eval_chunks, m.eval_tail) == (5000, 2, 0)
-    m = MLP(None, Recipe(hidden=16384, layers=1, test_rows=10001), 132)
+    m = plan_model(Recipe(hidden=16384, layers=1, test_rows=10001), sm_count=132)
     assert m.eval_chunks == 1 and m.eval_tail == 10001 - m.eval_batch and m.eval_batch % 8 == 0
     assert Path(__file__).name == "test_checkpoint.py"

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from rawgpu.kernels import cluster as kc
-from rawgpu.mlp import MLP
 from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
 from rawgpu.steps import cluster as cluster_step
+from rawgpu.steps import plan_model
 
 gpu = pytest.mark.gpu
 SMALL = dict(hidden=128, layers=3, batch=32, momentum=0.0)
@@ -45,7 +45,7 @@ def test_unsupported_recipes_say_why(changes, arch, reason):
     why = cluster_step.unsupported_reason(Recipe(**{**SMALL, **changes}), arch)
     assert why is not None and reason in why
     with pytest.raises(ValueError, match=reason):
-        MLP(None, Recipe(**{**SMALL, **changes}), step_kind="cluster", arch=arch)
+        plan_model(Recipe(**{**SMALL, **changes}), "cluster", arch=arch)
 
 
 @pytest.mark.parametrize("changes,arch,kind", [
@@ -57,17 +57,17 @@ def test_unsupported_recipes_say_why(changes, arch, reason):
 def test_auto_takes_the_cluster_step_first(changes, arch, kind):
     """cluster where it fits, else the short layered step (sm_90, batch <= 256, fp32 accumulation), else fused up
     to steps/fused.py's limits, else layered."""
-    model = MLP(None, Recipe(**{**SMALL, **changes}), arch=arch)
+    model = plan_model(Recipe(**{**SMALL, **changes}), arch=arch)
     assert model.kind == kind
 
 
 def test_unknown_step_kind_is_refused():
     with pytest.raises(ValueError, match="unknown step kind 'fast'"):
-        MLP(None, Recipe(), step_kind="fast")
+        plan_model(Recipe(), "fast")
 
 
 def test_cluster_model_plans_its_table_and_no_fused_buffers():
-    model = MLP(None, Recipe(**SMALL), arch="sm_90")
+    model = plan_model(Recipe(**SMALL), arch="sm_90")
     assert model.step.table.shape == (kc.table_words(4),)
     assert not hasattr(model.step, "w16_next") and not hasattr(model.step, "barrier")
     assert model.step.plan == kc.plan(128, 3)
@@ -96,7 +96,7 @@ def test_many_steps_per_launch_equal_one_per_launch_bitwise(device, stream, rng)
     recipe = Recipe(hidden=128, layers=3, batch=32, lr=0.05, momentum=0.0, schedule="cosine", total_steps=40)
     results = []
     for per_launch in (1, 13, 3):
-        model = MLP(kernels, recipe, device.sm_count, step_kind="cluster").allocate()
+        model = plan_model(recipe, "cluster", kernels=kernels, sm_count=device.sm_count).allocate()
         try:
             model.upload_data(data)
             model.init_parameters(stream)
@@ -141,7 +141,7 @@ def test_cluster_step_trains_mnist(device, stream, rng):
     except DataError as exc:
         pytest.skip(f"MNIST not available offline (set RAWGPU_DATA): {exc}")
     recipe = Recipe(hidden=128, layers=3, batch=32, lr=0.05, momentum=0.0, schedule="constant")
-    model = MLP(Kernels(device.arch), recipe, device.sm_count, step_kind="cluster").allocate()
+    model = plan_model(recipe, "cluster", kernels=Kernels(device.arch), sm_count=device.sm_count).allocate()
     try:
         model.upload_data(mnist)
         model.init_parameters(stream)

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from rawgpu.kernels import fused as kf
-from rawgpu.mlp import MLP
 from rawgpu.recipe import TRAIN_ROWS, Recipe
-from rawgpu.steps import StepOptions
+from rawgpu.steps import StepOptions, plan_model
 
 gpu = pytest.mark.gpu
 
@@ -19,19 +18,19 @@ gpu = pytest.mark.gpu
     (Recipe(hidden=1024, batch=32, momentum=0.0), False), (Recipe(hidden=1025), False), (Recipe(hidden=2048), False),
     (Recipe(hidden=8192, batch=32), False), (Recipe(accum="fp16"), False), (Recipe(layers=64), True)])
 def test_auto_picks_the_fused_step_where_it_applies(recipe, fused):
-    assert (MLP(None, recipe).kind == "fused") is fused
+    assert (plan_model(recipe).kind == "fused") is fused
 
 
 def test_forcing_the_fused_step_where_it_cannot_run_says_why():
     with pytest.raises(ValueError, match="fp32 only"):
-        MLP(None, Recipe(accum="fp16"), step_kind="fused")
-    assert MLP(None, Recipe(hidden=8192), step_kind="fused").kind == "fused"  # too wide for auto, still correct
-    assert MLP(None, Recipe(), step_kind="layered").kind == "layered"
+        plan_model(Recipe(accum="fp16"), "fused")
+    assert plan_model(Recipe(hidden=8192), "fused").kind == "fused"  # too wide for auto, still correct
+    assert plan_model(Recipe(), "layered").kind == "layered"
 
 
 def test_fused_model_plans_its_extra_buffers_and_no_layered_workspace():
-    fused = MLP(None, Recipe(hidden=1024, batch=32), step_kind="fused")
-    layered = MLP(None, Recipe(hidden=1024, batch=32), step_kind="layered")
+    fused = plan_model(Recipe(hidden=1024, batch=32), "fused")
+    layered = plan_model(Recipe(hidden=1024, batch=32), "layered")
     assert len(fused.step.w16_next) == 4 and not hasattr(layered.step, "w16_next")
     assert fused.step.table.shape == (kf.table_words(4),)
     assert fused.workspace.size <= layered.workspace.size
@@ -68,7 +67,8 @@ def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, st
     recipe = Recipe(hidden=192, layers=2, batch=48, lr=0.05, momentum=0.9, schedule="cosine", total_steps=40)
     results = []
     for grid in (device.sm_count, 7, 1):
-        model = MLP(kernels, recipe, device.sm_count, step_kind="fused", options=StepOptions(fused_grid=grid)).allocate()
+        model = plan_model(recipe, "fused", kernels=kernels, sm_count=device.sm_count,
+                           options=StepOptions(fused_grid=grid)).allocate()
         try:
             model.upload_data(data)
             model.init_parameters(stream)

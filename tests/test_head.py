@@ -58,16 +58,16 @@ def test_bad_plans_are_refused(kw, msg):
 
 
 def test_the_layered_step_uses_it_on_sm90_only():
-    from rawgpu.mlp import MLP
+    from rawgpu.steps import plan_model
     from rawgpu.recipe import Recipe
 
     r = Recipe(hidden=4096, layers=3, batch=32, lr=0.003, momentum=0.0)
-    ours = MLP(None, r, arch="sm_90", step_kind="layered")
+    ours = plan_model(r, "layered", arch="sm_90")
     assert ours.step.head is not None and ours.step.head.K == 4096
-    assert MLP(None, r, arch="sm_86", step_kind="layered").step.head is None
-    adam = MLP(None, Recipe(hidden=4096, batch=128, optimizer="adam"), arch="sm_90", step_kind="layered")
+    assert plan_model(r, "layered", arch="sm_86").step.head is None
+    adam = plan_model(Recipe(hidden=4096, batch=128, optimizer="adam"), "layered", arch="sm_90")
     assert adam.step.head.kernel == "head_step_b128_adam"
-    assert MLP(None, Recipe(hidden=4096, batch=257), arch="sm_90", step_kind="layered").step.head is None
+    assert plan_model(Recipe(hidden=4096, batch=257), "layered", arch="sm_90").step.head is None
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------

@@ -104,8 +104,9 @@ def nccl_uses(source: str) -> list[int]:
 
 def test_only_the_nccl_module_touches_nccls_bindings():
     offenders = [f"{p.relative_to(ROOT)}:{line}" for p in _python_files(*SCANNED_DIRS)
-                 if p.relative_to(ROOT) != Path("rawgpu/nccl.py") for line in nccl_uses(p.read_text())]
-    assert not offenders, "only rawgpu/nccl.py may import nccl4py; call it instead:\n  " + "\n  ".join(offenders)
+                 if p.relative_to(ROOT) != Path("rawgpu/parallel/nccl.py") for line in nccl_uses(p.read_text())]
+    assert not offenders, ("only rawgpu/parallel/nccl.py may import nccl4py; call it instead:\n  "
+                           + "\n  ".join(offenders))
     assert nccl_uses("from nccl.bindings import nccl") and nccl_uses("import nccl.core")
     assert nccl_uses("from . import nccl") == [], "rawgpu's own module is not the binding"
 
@@ -123,25 +124,27 @@ def module_names(root: Path, package: str) -> dict[str, Path]:
     return names
 
 
-def _top_level_imports(body: list[ast.stmt]):
-    """Import statements that run when the module is imported: not inside functions or `if TYPE_CHECKING:`."""
+def _top_level_imports(body: list[ast.stmt], type_only: bool = False):
+    """Import statements that run when the module is imported: not inside functions, nor under `if TYPE_CHECKING:`
+    unless type_only (a type checker follows those too)."""
     for stmt in body:
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
             yield stmt
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        elif isinstance(stmt, ast.If) and _dotted(stmt.test).split(".")[-1] == "TYPE_CHECKING":
-            yield from _top_level_imports(stmt.orelse)
+        elif isinstance(stmt, ast.If) and _dotted(stmt.test).split(".")[-1] == "TYPE_CHECKING" and not type_only:
+            yield from _top_level_imports(stmt.orelse, type_only)
         else:  # if/try/with/class bodies run at import time too
             for field in ("body", "orelse", "finalbody", "handlers"):
                 inner = getattr(stmt, field, [])
                 if field == "handlers":
                     inner = [s for h in inner for s in h.body]
-                yield from _top_level_imports(inner)
+                yield from _top_level_imports(inner, type_only)
 
 
-def import_graph(root: Path, package: str) -> dict[str, dict[str, int]]:
-    """module -> {imported module: line} over module-level imports between modules of `package`.
+def import_graph(root: Path, package: str, type_only: bool = False) -> dict[str, dict[str, int]]:
+    """module -> {imported module: line} over module-level imports between modules of `package` (type_only: those
+    under `if TYPE_CHECKING:` too).
 
     Importing a.b.c runs a and a.b first, so those count too, except the importer's own parent packages: Python
     has imported them before the importer's first line runs, so they run nothing new. Naming its own package
@@ -152,7 +155,7 @@ def import_graph(root: Path, package: str) -> dict[str, dict[str, int]]:
         is_package = path.name == "__init__.py"
         own_package = name if is_package else name.rpartition(".")[0]
         already = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}  # parents, imported first
-        for stmt in _top_level_imports(ast.parse(path.read_text(), str(path)).body):
+        for stmt in _top_level_imports(ast.parse(path.read_text(), str(path)).body, type_only):
             if isinstance(stmt, ast.Import):
                 explicit = [a.name for a in stmt.names]
             else:
@@ -235,6 +238,21 @@ def test_no_import_cycle_inside_rawgpu():
     assert not cycles, ("module-level import cycle(s) inside rawgpu; move one import into the function that needs "
                         "it, or the shared code into a module both can import:\n  "
                         + "\n  ".join(_describe(graph, c, files) for c in cycles))
+
+
+def test_models_never_import_the_steps_that_run_over_them():
+    """steps.plan_model builds a model, then its step over the model's buffers: the step modules import the model
+    classes, never the other way, not even for types."""
+    graph = import_graph(ROOT, "rawgpu", type_only=True)
+    models = ["rawgpu.mlp"] + [m for m in graph if m.startswith("rawgpu.parallel.")]
+    for model in models:
+        reach, todo = set(), [model]
+        while todo:
+            for n in graph[todo.pop()]:
+                if n not in reach:
+                    reach.add(n)
+                    todo.append(n)
+        assert not {m for m in reach if m == "rawgpu.steps" or m.startswith("rawgpu.steps.")}, model
 
 
 def _write_package(root: Path, files: dict[str, str]) -> None:

@@ -45,9 +45,9 @@ from rawgpu import optimizer
 from gpu_checks import interrupt_train
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import data as kd
-from rawgpu.mlp import MLP, run_launches
+from rawgpu.mlp import run_launches
 from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
-from rawgpu.steps import StepOptions
+from rawgpu.steps import StepOptions, plan_model
 from rawgpu.steps import layered as layered_step
 
 gpu = pytest.mark.gpu
@@ -77,7 +77,7 @@ def kernels(device):
 def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kind: str = "auto", overlap: bool = True,
            short: bool = True):
     options = StepOptions(overlap=overlap, short=short)
-    model = MLP(kernels, recipe, device.sm_count, step_kind=step_kind, options=options).allocate()
+    model = plan_model(recipe, step_kind, kernels=kernels, sm_count=device.sm_count, options=options).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
     model.set_permutation(perm)

@@ -17,7 +17,8 @@ SPLITS = ("tensor", "data")
 
 
 def _need_gpus(n: int) -> None:
-    from rawgpu import driver, nccl
+    from rawgpu import driver
+    from rawgpu.parallel import nccl
 
     if (why := nccl.available()) is not None:
         pytest.skip(why)
@@ -28,7 +29,7 @@ def _need_gpus(n: int) -> None:
 def _train_rank(rank, ranks, unique_id, recipe, data, steps, mode):
     """One rank's run (a process of ranks.run_ranks): rank 0 returns the whole model and the history."""
     from rawgpu import Trainer
-    from rawgpu.ranks import Rank
+    from rawgpu.parallel.ranks import Rank
 
     with Trainer(recipe, data=data, steps=steps, rank=Rank(ranks, rank, unique_id, mode)) as t:
         t.fit()
@@ -43,7 +44,7 @@ def test_two_gpus_train_as_one_does(device, rng, mode):
     parameters have moved as one GPU's long-form step moved them (the sums over the GPUs round in another order:
     within 5% of the change), to the same test accuracy within a point."""
     from rawgpu import Trainer
-    from rawgpu.ranks import run_ranks
+    from rawgpu.parallel.ranks import run_ranks
     from rawgpu.steps import StepOptions
     from test_trainer import synthetic
 

@@ -1,5 +1,5 @@
-"""NCCL through rawgpu/nccl.py: the checked calls and their arguments against a fake binding (CPU), and one rank's
-collectives captured into a CUDA graph on the GPU, against numpy."""
+"""NCCL through rawgpu/parallel/nccl.py: the checked calls and their arguments against a fake binding (CPU), and one
+rank's collectives captured into a CUDA graph on the GPU, against numpy."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from rawgpu import nccl
+from rawgpu.parallel import nccl
 
 
 # --- CPU: a fake binding that records what it is asked -----------------------------------------------------------
@@ -24,7 +24,8 @@ class FakeError(Exception):
 
 
 def fake_binding(calls: list, fail: dict | None = None) -> types.SimpleNamespace:
-    """nccl.bindings.nccl's shape, as rawgpu/nccl.py uses it; `fail` maps a function name to a status to raise."""
+    """nccl.bindings.nccl's shape, as rawgpu/parallel/nccl.py uses it; `fail` maps a function name to a status to
+    raise."""
     fail = fail or {}
 
     def recorder(name, result=None):

@@ -126,7 +126,8 @@ def test_a_session_builds_exactly_the_units_its_plan_names(device, rng, recipe, 
         trainer.fit()
         trainer.evaluate()
         trainer.predict(data.test_images[:300])
-        options = StepOptions(l2_bytes=device.l2_bytes)
+        assert set(trainer.session.kernels.modules) == trainer.session.model.kernel_units()  # its one plan's
+        options = StepOptions(l2_bytes=device.l2_bytes)  # and the prebuild's list, planned without the GPU
         planned = kernel_units(trainer.recipe, device.arch, device.sm_count, choose(trainer.recipe, device.arch, kind),
                                options)
         assert set(trainer.session.kernels.modules) == set(planned)

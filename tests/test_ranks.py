@@ -1,5 +1,5 @@
-"""One process per GPU (rawgpu/ranks.py), on CPU: results in rank order, one id for every rank, NVLink multicast off
-in every rank, and a failing or vanishing rank stops the others and is named."""
+"""One process per GPU (rawgpu/parallel/ranks.py), on CPU: results in rank order, one id for every rank, NVLink
+multicast off in every rank, and a failing or vanishing rank stops the others and is named."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rawgpu.errors import RawgpuError
-from rawgpu.ranks import Rank, RankError, gather_to_root, run_ranks
+from rawgpu.parallel.ranks import Rank, RankError, gather_to_root, run_ranks
 
 UID = bytes(range(128))
 
@@ -97,7 +97,7 @@ def test_ctrl_c_stops_every_rank(tmp_path):
 
     # A foreground run gets Ctrl-C; pytest itself may run with SIGINT ignored (`pytest &` from a script), which the
     # child would inherit, so the child puts Python's own handler back, as an interactive start has it.
-    code = ("import signal, sys, test_ranks; from rawgpu.ranks import run_ranks\n"
+    code = ("import signal, sys, test_ranks; from rawgpu.parallel.ranks import run_ranks\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "try:\n    run_ranks(test_ranks.sleep_and_say, 2, sys.argv[1], unique_id=bytes(128))\n"
             "except KeyboardInterrupt:\n    sys.exit(130)\n")

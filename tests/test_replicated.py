@@ -1,7 +1,7 @@
-"""Data parallelism (rawgpu/replicated.py, steps/data.py): each rank's rows and buffers (CPU); its two kernels against
-float64 (elementwise.bias_grad, elementwise.apply_update); and on one GPU every rank of a 1-, 2-, 3- or 4-way run side
-by side, their all-reduces done in lockstep on the host (test_sharded.py's runner): one rank is the one-GPU long-form
-step bit for bit, several ranks together train as one GPU does (float64 reference) and keep the same copy."""
+"""Data parallelism (rawgpu/parallel/replicated.py, steps/data.py): each rank's rows and buffers (CPU); its two kernels
+against float64 (elementwise.bias_grad, elementwise.apply_update); and on one GPU every rank of a 1-, 2-, 3- or 4-way
+run side by side, their all-reduces done in lockstep on the host (test_sharded.py's runner): one rank is the one-GPU
+long-form step bit for bit, several ranks together train as one GPU does (float64 reference) and keep the same copy."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import elementwise as ke
 from rawgpu.memory import Arena
 from rawgpu.recipe import TRAIN_ROWS, Recipe
-from rawgpu.replicated import ReplicatedMLP
-from rawgpu.steps import StepOptions
+from rawgpu.steps import StepOptions, plan_model
 from test_mlp import FakeMNIST
 from test_sharded import (ADAM, MOMENTUM, HostGroup, assert_evaluated_as_reference, assert_three_steps_are_the_long_forms,
                           check_reference_step, ranks_side_by_side, run_lockstep)
@@ -29,7 +28,7 @@ gpu = pytest.mark.gpu
 @pytest.mark.parametrize("batch,ranks", [(256, 2), (96, 3), (4096, 8), (32, 1)])
 def test_each_rank_takes_its_share_of_every_batch_in_one_gpus_order(batch, ranks, rng):
     recipe = Recipe(hidden=256, batch=batch)
-    models = [ReplicatedMLP(None, recipe, ranks, r, None, arch="sm_90") for r in range(ranks)]
+    models = [plan_model(recipe, "data", ranks=ranks, rank=r, arch="sm_90") for r in range(ranks)]
     perm = rng.permutation(TRAIN_ROWS)
     orders = [m.rank_order(perm).reshape(recipe.steps_per_epoch, batch // ranks) for m in models]
     assert np.array_equal(np.concatenate(orders, axis=1).reshape(-1), perm[:recipe.steps_per_epoch * batch])
@@ -46,7 +45,7 @@ def test_the_step_writes_every_gradient_into_one_buffer_on_one_gpus_update_tiles
     from rawgpu.kernels import gemm as kg
 
     recipe = Recipe(hidden=256, layers=3, batch=256, **{"lr": 0.05, **opt})
-    m = ReplicatedMLP(None, recipe, 2, 1, None, arch=arch)
+    m = plan_model(recipe, "data", ranks=2, rank=1, arch=arch)
     step, padded = m.step, recipe.padded_widths
     assert step.kind == "data" and "data parallel over 2 GPUs: 128 of the batch's 256 rows each" in step.describe()
     assert step.gradients.size == sum(a * b + b for a, b in zip(padded, padded[1:]))
@@ -64,7 +63,7 @@ def test_the_step_writes_every_gradient_into_one_buffer_on_one_gpus_update_tiles
 
 
 def test_joining_takes_rank_0s_copy_and_refuses_copies_that_differ(rng):
-    m = ReplicatedMLP(None, Recipe(hidden=64, layers=1, batch=64), 2, 0, None)
+    m = plan_model(Recipe(hidden=64, layers=1, batch=64), "data", ranks=2, rank=0)
     weights = [(rng.standard_normal((784, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32))]
     state = {"layers.0.w16": rng.standard_normal((784, 64)).astype(np.float16)}
     assert m.join([(weights, state), ([(w.copy(), b.copy()) for w, b in weights], dict(state))]) == (weights, state)
@@ -75,9 +74,9 @@ def test_joining_takes_rank_0s_copy_and_refuses_copies_that_differ(rng):
 
 def test_bad_ranks_and_batches_are_refused():
     with pytest.raises(ValueError, match="rank must be in 0..1"):
-        ReplicatedMLP(None, Recipe(batch=128), 2, 2, None)
+        plan_model(Recipe(batch=128), "data", ranks=2, rank=2)
     with pytest.raises(ValueError, match="the batch of 100 does not split over 3 ranks"):
-        ReplicatedMLP(None, Recipe(batch=100), 3, 0, None)
+        plan_model(Recipe(batch=100), "data", ranks=3, rank=0)
 
 
 def test_the_loss_is_the_mean_over_the_whole_batch():
@@ -133,13 +132,15 @@ def test_data_parallelism_that_cannot_split_the_batch_is_one_line_before_any_gpu
 
     assert _bench().main(["train", "--gpus", "1", "3", "--parallel", "data", "--recipe", "default"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "bench: error: argument --parallel: the batch of 128 does not split over 3 ranks"]
-    from rawgpu import nccl
+        "bench: error: argument --parallel: data parallelism cannot run here: the batch of 128 does not split over 3 "
+        "ranks"]
+    from rawgpu.parallel import nccl
 
     out = cli("rawgpu.train", "--gpus", "3", "--parallel", "data", "--steps", "5")
     # without NCCL (rawgpu[multi]) --gpus is refused first, as it is
     expect = (f"argument --gpus: {nccl.available()}" if nccl.available()
-              else "argument --parallel: the batch of 128 does not split over 3 ranks")
+              else "argument --parallel: data parallelism cannot run here: the batch of 128 does not split over 3 "
+                   "ranks")
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith(expect), out.stderr
 
 
@@ -230,7 +231,8 @@ def test_apply_update_against_float64(kernels, device, stream, rng, rows, cols, 
 
 
 def _ranks(kernels, device, stream, recipe, ranks, data, perm):
-    return ranks_side_by_side(lambda rank: ReplicatedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count),
+    return ranks_side_by_side(lambda rank: plan_model(recipe, "data", kernels=kernels, ranks=ranks, rank=rank,
+                                                      group=HostGroup(), sm_count=device.sm_count),
                               ranks, stream, data, perm)
 
 
@@ -260,13 +262,13 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
     """N ranks, each a share of every batch: each of 5 steps is the float64 reference's step over the whole batch
     from the same parameters within one GPU's bounds; every rank holds the same bits after every step; the metrics
     summed over the ranks are one GPU's within rounding, the test accuracy every rank's."""
-    from rawgpu.mlp import MLP
 
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
                     seed=int(rng.integers(1 << 30)))
     models = _ranks(kernels, device, stream, recipe, ranks, data, perm)
-    one = MLP(kernels, recipe, device.sm_count, step_kind="layered", options=StepOptions(short=False)).allocate()
+    one = plan_model(recipe, "layered", kernels=kernels, sm_count=device.sm_count,
+                     options=StepOptions(short=False)).allocate()
     try:
         one.upload_data(data)
         one.init_parameters(stream)
@@ -304,8 +306,9 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_resumes_from_its_checkpoint
     """A Trainer of rank 0 of 1 asked for data parallelism: its all-reduce is NCCL's, captured in the step graphs,
     and its metrics are summed through NCCL; the run ends with the one-GPU long form's bits, its history's accuracy
     is one GPU's, and its checkpoint (saved inside an epoch) resumed as a rank ends there too."""
-    from rawgpu import Trainer, nccl
-    from rawgpu.ranks import Rank
+    from rawgpu import Trainer
+    from rawgpu.parallel import nccl
+    from rawgpu.parallel.ranks import Rank
     from test_trainer import state_of, synthetic
 
     if (why := nccl.available()) is not None:
@@ -341,7 +344,8 @@ def test_what_each_cli_and_bench_rank_runs_with_data_parallelism(device, rng, tm
     import json
     import time
 
-    from rawgpu import checkpoint, nccl, train
+    from rawgpu import checkpoint, train
+    from rawgpu.parallel import nccl
     from test_sharded import _bench
     from test_trainer import synthetic
 

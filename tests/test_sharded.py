@@ -1,5 +1,5 @@
-"""The tensor-parallel model (rawgpu/sharded.py, steps/tensor.py): the shapes each rank holds (CPU), and on one GPU
-every rank of a 1-, 2- or 3-way split run side by side, their all-reduces done in lockstep on the host: one rank is
+"""The tensor-parallel model (rawgpu/parallel/sharded.py, steps/tensor.py): the shapes each rank holds (CPU), and on one
+GPU every rank of a 1-, 2- or 3-way split run side by side, their all-reduces done in lockstep on the host: one rank is
 the one-GPU long-form step bit for bit, several ranks together train as one GPU does (float64 reference)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import mlp_reference as ref
 from rawgpu import parallel
 from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
-from rawgpu.sharded import ShardedMLP, join_parameters, join_state
-from rawgpu.steps import StepOptions
+from rawgpu.parallel.sharded import ShardedMLP, join_parameters, join_state
+from rawgpu.steps import StepOptions, plan_model
 from test_mlp import FakeMNIST, _batch, _rel
 
 gpu = pytest.mark.gpu
@@ -25,7 +25,7 @@ ADAM_ARITHMETIC = 1e-5
 @pytest.mark.parametrize("hidden,layers,ranks", [(256, 3, 1), (256, 3, 2), (100, 3, 3), (520, 2, 4), (64, 1, 2)])
 def test_each_rank_holds_a_chain_of_slices_that_add_up_to_the_model(hidden, layers, ranks):
     recipe = Recipe(hidden=hidden, layers=layers, batch=128)
-    models = [ShardedMLP(None, recipe, ranks, r, None, arch="sm_90") for r in range(ranks)]
+    models = [plan_model(recipe, "tensor", ranks=ranks, rank=r, arch="sm_90") for r in range(ranks)]
     for m in models:
         assert [lay.w16.shape for lay in m.layers] == list(zip(m.padded, m.padded[1:]))
         assert m.padded[0] == 784 and m.padded[-1] == 16
@@ -45,7 +45,7 @@ def test_each_rank_holds_a_chain_of_slices_that_add_up_to_the_model(hidden, laye
 def test_the_gemms_write_fp32_where_the_ranks_sum(arch, short):
     """The forward of the row-split layers and the input gradient of the column-split one below the top are
     written in fp32: by the GEMM (store32), or by the short form's one pass (sm_90), which writes every dx."""
-    m = ShardedMLP(None, Recipe(hidden=256, layers=3, batch=128), 2, 0, None, arch=arch,
+    m = plan_model(Recipe(hidden=256, layers=3, batch=128), "tensor", ranks=2, rank=0, arch=arch,
                    options=StepOptions(short=short))
     assert [lay.eval_fwd.epilogue for lay in m.layers] == ["bias_relu", "store32", "bias_relu", "store32"]
     assert [p.fwd.epilogue for p in m.step.plans] == ["bias_relu", "store32", "bias_relu", "store32"]
@@ -65,7 +65,7 @@ def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
     whole = [(rng.standard_normal((a, b)), rng.standard_normal(b)) for a, b in zip(widths, widths[1:])]
     parts, states = [], []
     for rank in range(3):
-        m = ShardedMLP(None, recipe, 3, rank, None)
+        m = plan_model(recipe, "tensor", ranks=3, rank=rank)
         mine, state = [], {}
         for i, ((w, b), lay) in enumerate(zip(whole, m.layers)):
             wp = np.zeros((plan.widths[i], plan.widths[i + 1]))
@@ -90,14 +90,12 @@ def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
 
 
 def test_the_ranks_split_moves_fewer_bytes_and_the_step_says_why():
-    """session.rank_choice (parallel.choose) picks the split; the rank's model and step are that split's, and the
+    """steps.choose (through parallel.choose) picks the split; the rank's model and step are that split's, and the
     step's description carries the reason."""
-    from rawgpu.replicated import ReplicatedMLP
-    from rawgpu.session import rank_choice, rank_model
+    from rawgpu.parallel.replicated import ReplicatedMLP
 
     def model(batch, ranks, mode="auto"):
-        recipe = Recipe(hidden=256, batch=batch)
-        return rank_model(None, recipe, ranks, 0, None, 132, "sm_90", None, rank_choice(recipe, ranks, mode))
+        return plan_model(Recipe(hidden=256, batch=batch), mode, ranks=ranks, arch="sm_90")
 
     small_batch = model(128, 2)
     assert isinstance(small_batch, ShardedMLP) and small_batch.kind == "tensor"
@@ -117,7 +115,7 @@ def test_the_ranks_split_moves_fewer_bytes_and_the_step_says_why():
 
 def test_a_bad_rank_is_refused():
     with pytest.raises(ValueError, match="rank must be in 0..1"):
-        ShardedMLP(None, Recipe(), 2, 2, None)
+        plan_model(Recipe(), "tensor", ranks=2, rank=2)
 
 
 # --- GPU: the ranks side by side on one GPU ----------------------------------------------------------------------
@@ -187,7 +185,8 @@ def ranks_side_by_side(make, ranks, stream, data, perm):
 
 
 def _ranks(kernels, device, stream, recipe, ranks, data, perm, short=True):
-    return ranks_side_by_side(lambda rank: ShardedMLP(kernels, recipe, ranks, rank, HostGroup(), device.sm_count,
+    return ranks_side_by_side(lambda rank: plan_model(recipe, "tensor", kernels=kernels, ranks=ranks, rank=rank,
+                                                      group=HostGroup(), sm_count=device.sm_count,
                                                       options=StepOptions(short=short)), ranks, stream, data, perm)
 
 
@@ -219,15 +218,13 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
     """N ranks start from the one-GPU model's very bits; each of 5 steps, joined, is the float64 reference's step
     from the same parameters within one GPU's bounds; every rank reports the same loss and test accuracy. short:
     the one-pass backward where it runs (sm_90), else the long form."""
-    from rawgpu.mlp import MLP
-
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
                     seed=int(rng.integers(1 << 30)))
     models = _ranks(kernels, device, stream, recipe, ranks, data, perm, short)
     plan = models[0].plan
     try:
-        one = MLP(kernels, recipe, device.sm_count, step_kind="layered").allocate()
+        one = plan_model(recipe, "layered", kernels=kernels, sm_count=device.sm_count).allocate()
         try:
             one.init_parameters(stream)
             for (w, b), (ow, ob) in zip(join_parameters(plan, [m.parameters() for m in models]), one.parameters()):
@@ -284,9 +281,8 @@ def assert_three_steps_are_the_long_forms(model, kernels, device, stream, data, 
     """One rank's model (its sums in lockstep, on its own) trains 3 steps and evaluates as the one-GPU layered
     step's long form does, from the same seed and order, to the same bits; `poisoned` tensors start as NaN.
     after_eval: launches that end the evaluation on several GPUs (a replicated model's metric sums)."""
-    from rawgpu.mlp import MLP
-
-    one = MLP(kernels, model.recipe, device.sm_count, step_kind="layered", options=StepOptions(short=False)).allocate()
+    one = plan_model(model.recipe, "layered", kernels=kernels, sm_count=device.sm_count,
+                     options=StepOptions(short=False)).allocate()
     try:
         one.upload_data(data)
         one.init_parameters(stream)
@@ -339,7 +335,8 @@ def test_gpus_options_that_do_not_go_together_are_usage_errors():
 
 @gpu
 def test_more_gpus_than_the_machine_has_is_one_line(device, rng, tmp_path):
-    from rawgpu import driver, nccl
+    from rawgpu import driver
+    from rawgpu.parallel import nccl
     from test_trainer import cli, synthetic, write_idx
 
     if (why := nccl.available()) is not None:
@@ -355,8 +352,9 @@ def test_more_gpus_than_the_machine_has_is_one_line(device, rng, tmp_path):
 def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(device, rng, tmp_path):
     """A Trainer of rank 0 of 1: its all-reduces are NCCL's, captured in the step graphs; the run ends with the
     one-GPU long form's bits, and its checkpoint loads on one GPU's own step with the same parameters and accuracy."""
-    from rawgpu import Trainer, nccl
-    from rawgpu.ranks import Rank
+    from rawgpu import Trainer
+    from rawgpu.parallel import nccl
+    from rawgpu.parallel.ranks import Rank
     from test_trainer import state_of, synthetic
 
     if (why := nccl.available()) is not None:
@@ -417,7 +415,7 @@ def test_bench_refuses_more_gpus_than_the_machine_has_in_one_line(device, capsys
 def test_bench_times_a_rank_through_nccl_with_and_without_its_sums(device, rng):
     """What `bench.py train --gpus N` runs in each process, here as the one rank of one: the timed run trains (test
     accuracy above chance) and both timings come back."""
-    from rawgpu import nccl
+    from rawgpu.parallel import nccl
 
     if (why := nccl.available()) is not None:
         pytest.skip(why)
@@ -436,7 +434,8 @@ def test_what_each_cli_rank_runs_trains_reports_and_saves(device, rng, tmp_path,
     import json
     import time
 
-    from rawgpu import checkpoint, nccl, train
+    from rawgpu import checkpoint, train
+    from rawgpu.parallel import nccl
     from test_trainer import synthetic
 
     if (why := nccl.available()) is not None:

@@ -15,7 +15,7 @@ from rawgpu import recipe as rc
 from rawgpu import steps
 from rawgpu import train
 from rawgpu.errors import StepUnsupported
-from rawgpu.mlp import MLP
+from rawgpu.steps import plan_model
 from rawgpu.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def test_a_named_kind_runs_or_says_why(kind, changes, arch, reason):
 def test_the_model_takes_the_chosen_step_and_plans_only_its_buffers():
     for r, arch in [(Recipe(hidden=128, batch=32, momentum=0.0), "sm_90"), (Recipe(), "sm_86"),
                     (Recipe(hidden=2048), "sm_90"), (Recipe(hidden=2048, accum="fp16"), "sm_86")]:
-        model = MLP(None, r, arch=arch)
+        model = plan_model(r, arch=arch)
         assert model.kind == steps.choose(r, arch).kind == model.step.kind
         names = set(model.arena.tensors)
         assert ("fused_params" in names) == (model.kind == "fused")
@@ -86,8 +86,8 @@ def test_the_model_takes_the_chosen_step_and_plans_only_its_buffers():
 
 def test_the_step_option_help_is_the_choosers_own_words_in_every_cli():
     text = steps.help_text()
-    for kind in steps.KINDS:
-        assert f"{kind}: {steps.MODULES[kind].SUMMARY}" in text
+    for kind in steps.ONE_GPU:
+        assert f"{kind}: {steps.KINDS[kind].SUMMARY}" in text
     assert "hidden <= 1024, or <= 512 at batch <= 32" in text  # the fused step's limits, from steps/fused.py
     spec = importlib.util.spec_from_file_location("inspect_graph", ROOT / "scripts" / "inspect_graph.py")
     inspect_graph = importlib.util.module_from_spec(spec)
@@ -172,7 +172,7 @@ def test_the_optimiser_table_scales_what_meets_scaled_gradients():
 
 def _tables_by_name(kind: str, recipe: Recipe) -> list[str]:
     """A step's parameter table with every device address replaced by the name of the arena buffer it points to."""
-    model = MLP(None, recipe, arch="sm_90", step_kind=kind)
+    model = plan_model(recipe, kind, arch="sm_90")
     model.arena.base, model.arena._allocated = 1 << 40, True  # addresses without a GPU
     names = {t.ptr: t.name for t in model.arena}
     return [names.get(int(w), hex(int(w))) for w in model.step.param_table(profile=0x1234)]
@@ -216,15 +216,15 @@ def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypa
     for r in (Recipe(hidden=256, batch=32, momentum=0.0), Recipe(), Recipe(hidden=100, layers=1, accum="fp16"),
               Recipe(hidden=4096, batch=32, momentum=0.0, layers=5), Recipe(hidden=512, optimizer="adamw"),
               Recipe(hidden=100, batch=256, momentum=0.9, nesterov=True, weight_decay=1e-4)):
-        model = MLP(None, r, arch=arch, step_kind="layered")
+        model = plan_model(r, "layered", arch=arch)
         model.arena.base, model.arena._allocated = 1 << 40, True
         model.k = _BindingKernels(arch)
         count = len(model.step._one_step())
         assert model.step.kernel_count() == count
         model.arena._allocated = False  # as after arena.close()
         assert model.step.describe().startswith(f"layered: {count} kernels")
-    assert MLP(None, Recipe(hidden=256, batch=32, momentum=0.0), arch="sm_90").step.kernel_count() == 8
-    assert MLP(None, Recipe(hidden=1024), arch="sm_90", step_kind="layered").step.kernel_count() == 8
-    assert MLP(None, Recipe(hidden=1024, optimizer="adam"), arch="sm_90").step.kernel_count() == 8
-    assert MLP(None, Recipe(hidden=1024), arch="sm_86", step_kind="layered").step.kernel_count() == 18
-    assert MLP(None, Recipe(hidden=1024, batch=512), arch="sm_90", step_kind="layered").step.kernel_count() == 18
+    assert plan_model(Recipe(hidden=256, batch=32, momentum=0.0), arch="sm_90").step.kernel_count() == 8
+    assert plan_model(Recipe(hidden=1024), "layered", arch="sm_90").step.kernel_count() == 8
+    assert plan_model(Recipe(hidden=1024, optimizer="adam"), arch="sm_90").step.kernel_count() == 8
+    assert plan_model(Recipe(hidden=1024), "layered", arch="sm_86").step.kernel_count() == 18
+    assert plan_model(Recipe(hidden=1024, batch=512), "layered", arch="sm_90").step.kernel_count() == 18

@@ -15,7 +15,7 @@ from rawgpu import recipe as rc
 from rawgpu import train
 from rawgpu.data import Dataset
 from rawgpu.errors import NoDeviceError
-from rawgpu.mlp import MLP
+from rawgpu.steps import plan_model
 from rawgpu.recipe import Recipe, pad8
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,12 +184,12 @@ def test_plan_epochs_and_steps():
 
 def test_model_plan_pads_widths_and_sizes_the_arena():
     recipe = Recipe(hidden=100, layers=2, batch=50, momentum=0.9)
-    model = MLP(None, recipe, sm_count=132)
+    model = plan_model(recipe, sm_count=132)
     assert recipe.widths == [784, 100, 100, 10] and model.padded == [784, 104, 104, 16]
     assert recipe.parameters == 784 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10
     assert [lay.wlo.shape for lay in model.layers] == [(784, 104), (104, 104), (104, 16)]
     assert model.kind == "fused"
-    layered = MLP(None, recipe, sm_count=132, step_kind="layered").step
+    layered = plan_model(recipe, "layered", sm_count=132).step
     assert layered.plans[0].dx is None and all(p.dx is not None for p in layered.plans[1:])
     assert all(lay.mw is not None for lay in model.layers)
     assert model.eval_batch == 10000
@@ -198,11 +198,11 @@ def test_model_plan_pads_widths_and_sizes_the_arena():
     weights = 784 * 256 + 256 * 256 * 2 + 2560
     assert Recipe(momentum=0.0).step_bytes() == 10 * weights  # the split master (rawgpu/master.py)
     assert Recipe(momentum=0.0).step_bytes(12) == 12 * weights and Recipe(momentum=0.9).step_bytes() == 18 * weights
-    assert MLP(None, Recipe(momentum=0.0), 132).layers[0].mw is None
+    assert plan_model(Recipe(momentum=0.0), sm_count=132).layers[0].mw is None
 
 
 def test_big_models_evaluate_in_chunks_and_plans_refuse_bad_recipes():
-    assert MLP(None, Recipe(hidden=16384, layers=1), 132).eval_batch == 5000
+    assert plan_model(Recipe(hidden=16384, layers=1), sm_count=132).eval_batch == 5000
     assert pad8(1) == 8 and pad8(16) == 16
     with pytest.raises(ValueError, match="batch"):
         Recipe(batch=0)

@@ -150,9 +150,9 @@ FINISH_EPILOGUES = ("bias", "bias_relu", "drelu")  # the GEMM epilogues finish_s
 def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str, bias: Tensor | None = None,
                act: Tensor | None = None) -> Launch:
     """out[:rows] = the GEMM epilogue `epilogue` on total[:rows], a store32 GEMM's fp32 sums after the GPUs added
-    them up (rawgpu/parallel.py): fp16(total + bias) (bias), fp16(relu(total + bias)) (bias_relu), fp16(total) where
-    the saved forward output act > 0, else 0 (drelu). total fp32 and out fp16 [R, C], C a multiple of 8; bias fp32 of
-    C values at least; act fp16 [R, C]. Rows from `rows` on are left alone. It rounds as the GEMM's epilogue does
+    them up (rawgpu/parallel/split.py): fp16(total + bias) (bias), fp16(relu(total + bias)) (bias_relu), fp16(total)
+    where the saved forward output act > 0, else 0 (drelu). total fp32 and out fp16 [R, C], C a multiple of 8; bias fp32
+    of C values at least; act fp16 [R, C]. Rows from `rows` on are left alone. It rounds as the GEMM's epilogue does
     (gemm_epilogue.cuh: fp16_epilogue2): with one partial sum, the bits of the GEMM with that epilogue."""
     if epilogue not in FINISH_EPILOGUES:
         raise ValueError(f"finish_sum: epilogue must be one of {FINISH_EPILOGUES}, got {epilogue!r}")

@@ -1,41 +1,52 @@
-"""Training-step kinds: one module each, and the one chooser every caller uses.
+"""Training-step kinds: one module each, the one registry of them, the one chooser and the one planner.
 
-A step kind is how a training step runs on the GPU (the model's buffers and numerics are the same for all):
+A step kind is how a training step runs on the GPU (the model's numerics are the same for all):
   cluster   one thread-block cluster keeps the whole model in shared memory (steps/cluster.py)
   layered   one kernel per layer and role, each overlapping the one before on sm_90 (steps/layered.py)
   fused     the whole step in one persistent cooperative kernel (steps/fused.py)
-(tensor.py and data.py are one rank's step of a model on several GPUs: sharded.py and replicated.py build them,
-`choose` never does.)
-Each module owns its buffers, its parameter table, its launches, its support rule
-`unsupported_reason(recipe, arch)` and how the fp32 masters are read back; `Step` is what they share.
-`choose(recipe, arch, wanted)` is the only place that decides which kind runs, and says why.
+  tensor    one rank's part of a model split over several GPUs by its layers (steps/tensor.py)
+  data      one rank's part of a model copied on several GPUs, each taking part of the batch (steps/data.py)
+Each module registers in KINDS and owns its support rule `unsupported_reason(recipe, arch)`, the model class whose
+buffers it runs over (`MODEL`), its own buffers and launches (`build(model, options) -> Step`) and how the fp32
+masters are read back; `Step` is what they share.
+
+`choose` is the only place that decides which kind runs, and says why; `plan_model` is the only place that plans a
+model: the kind's model class, then its step over the model's buffers. Callers ask these, never a kind's name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING
 
+from .. import parallel
 from ..errors import StepUnsupported
+from ..kernels import PLANNING_SM_COUNT
 from ..recipe import Recipe
-from . import cluster, fused, layered
+from . import cluster, data, fused, layered, tensor
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
+    from ..kernels import Kernels
     from ..mlp import MLP
 
-KINDS = ("cluster", "fused", "layered")
-CHOICES = ("auto",) + KINDS
-MODULES = {"cluster": cluster, "fused": fused, "layered": layered}
+KINDS: dict[str, ModuleType] = {"cluster": cluster, "fused": fused, "layered": layered, "tensor": tensor,
+                                "data": data}
+ONE_GPU = tuple(kind for kind, module in KINDS.items() if not module.SEVERAL_GPUS)
+CHOICES = ("auto",) + ONE_GPU  # what a one-GPU run may ask for (--step)
+MODES = parallel.MODES  # what a run on several GPUs may ask for (--parallel)
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The step kind that runs, why, and why every kind before it in `auto`'s order was passed over."""
+    """The step kind that runs, why, why every kind before it in `auto`'s order was passed over, and the ranks of
+    a model on several GPUs (0: one GPU's model)."""
 
     kind: str
     reason: str
     passed_over: dict[str, str] = field(default_factory=dict)
+    ranks: int = 0
 
     def explain(self) -> str:
         lines = [f"{self.kind}: {self.reason}"]
@@ -44,16 +55,24 @@ class Choice:
 
 
 def unsupported_reason(kind: str, recipe: Recipe, arch: str) -> str | None:
-    """Why step `kind` cannot run `recipe` on `arch` at all; None when it can."""
-    if kind not in MODULES:
+    """Why step `kind` cannot run `recipe` on one GPU of `arch`; None when it can."""
+    if kind not in KINDS:
         return f"unknown step kind {kind!r}: use one of {', '.join(CHOICES)}"
-    return MODULES[kind].unsupported_reason(recipe, arch)
+    return KINDS[kind].unsupported_reason(recipe, arch)
 
 
-def choose(recipe: Recipe, arch: str, wanted: str = "auto") -> Choice:
-    """The step for `recipe` on a GPU of `arch`. wanted: a kind from CHOICES; `auto` takes the first of
-    cluster, layered in its short form, fused (where it is preferred), layered; a named kind is taken as
-    long as it can run (StepUnsupported with its reason otherwise)."""
+def choose(recipe: Recipe, arch: str, wanted: str = "auto", ranks: int = 0) -> Choice:
+    """The step for `recipe` on a GPU of `arch`, StepUnsupported with the reason where `wanted` cannot run.
+
+    One GPU (ranks 0): wanted is one of CHOICES; `auto` takes the first of cluster, layered in its short form,
+    fused (where it is preferred), layered. A model on `ranks` GPUs: wanted is one of MODES, and the split that
+    moves fewer bytes (parallel.choose) names the kind: data, or tensor (also for one rank)."""
+    if ranks:
+        try:
+            pick = parallel.choose(recipe.widths, recipe.batch, ranks, wanted)
+        except ValueError as exc:
+            raise StepUnsupported(str(exc)) from None
+        return Choice("data" if pick.kind == "data" else "tensor", pick.reason, ranks=ranks)
     if wanted not in CHOICES:
         raise StepUnsupported(f"unknown step kind {wanted!r}: use one of {', '.join(CHOICES)}")
     if wanted != "auto":
@@ -73,14 +92,45 @@ def choose(recipe: Recipe, arch: str, wanted: str = "auto") -> Choice:
     return Choice("layered", layered.WHEN_AUTO, passed)
 
 
-def build(kind: str, model: "MLP", options: StepOptions | None = None) -> Step:
-    """The step object of `kind` for a model being planned (it reserves its buffers in the model's arena)."""
-    return MODULES[kind].build(model, options or StepOptions())
+def resumed(saved_kind: str, ranks: int = 0) -> str:
+    """What a run resumed from a checkpoint asks `choose` for: the kind that saved it where one GPU can ask for it
+    by name, else `auto` (a parallel kind's checkpoint, or a run on several GPUs, which choose their split anew)."""
+    return saved_kind if saved_kind in ONE_GPU and not ranks else "auto"
+
+
+def plan_model(recipe: Recipe, wanted: str | Choice = "auto", *, kernels: "Kernels | None" = None,
+               arch: str | None = None, sm_count: int = PLANNING_SM_COUNT, capacity: tuple[int, ...] | None = None,
+               options: StepOptions | None = None, ranks: int = 0, rank: int = 0, group=None) -> "MLP":
+    """The model of `recipe` and its step, planned once (no GPU needed): the kind `choose` picks for `wanted` (or
+    the Choice given), its model class over this GPU's part of the buffers, then its step, attached.
+
+    kernels: bind them (launches need them) and plan for their arch and their GPU's cluster capacity; without,
+    plan for `arch` (default sm_86, the smallest shared memory) and `capacity` (default the planning estimate).
+    ranks, rank, group: rank `rank` of a model on `ranks` GPUs and the ranks' all-reduce (None to plan only)."""
+    if kernels is not None:
+        from ..kernels.gemm import cluster_capacity
+
+        arch, capacity = kernels.arch, cluster_capacity(kernels)
+    arch = arch or "sm_86"
+    choice = wanted if isinstance(wanted, Choice) else choose(recipe, arch, wanted, ranks)
+    module = KINDS[choice.kind]
+    if module.SEVERAL_GPUS != bool(choice.ranks):
+        raise ValueError(f"the {choice.kind} step runs " + ("a model on several GPUs: give ranks" if choice.ranks == 0
+                                                            else "on one GPU: ranks must be 0"))
+    where = dict(ranks=choice.ranks, rank=rank, group=group) if choice.ranks else {}
+    model = module.MODEL(recipe, arch=arch, sm_count=sm_count, capacity=capacity, **where)
+    model.choice = choice
+    model.attach(module.build(model, options or StepOptions()))
+    return model.bind(kernels) if kernels is not None else model
 
 
 def help_text() -> str:
-    """The `--step` help: every kind and the rule `auto` follows, from the modules' own words."""
-    kinds = "; ".join(f"{kind}: {MODULES[kind].SUMMARY}" for kind in KINDS)
+    """The `--step` help: every one-GPU kind and the rule `auto` follows, from the modules' own words."""
+    kinds = "; ".join(f"{kind}: {KINDS[kind].SUMMARY}" for kind in ONE_GPU)
     rule = (f"auto (default) takes cluster where it runs ({cluster.RUNS_WHEN}), else layered in its short form "
             f"({layered.SHORT_WHEN}), else fused ({fused.PREFERRED_WHEN}), else layered")
     return f"{kinds}. {rule}"
+
+
+__all__ = ["CHOICES", "KINDS", "MODES", "ONE_GPU", "Choice", "Step", "StepOptions", "choose", "help_text",
+           "plan_model", "resumed", "unsupported_reason"]

@@ -53,6 +53,11 @@ class Step:
         """The units of compilation (compiler.unit_of) this kind's launches need, from its plans alone."""
         raise NotImplementedError
 
+    def phases(self) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]] | None:
+        """The phases inside a step that is one kernel, for the graph inspector: (title, column names, rows); None
+        for a chain of kernels, whose graph shows every launch."""
+        return None
+
     def split_plans(self) -> list[Any]:
         """Plans whose split-K partials go through the model's shared workspace and tickets (sized by the model)."""
         return []

@@ -15,13 +15,15 @@ import numpy as np
 from .. import contract
 from ..compiler import unit_of
 from ..kernels import cluster as kc
+from ..mlp import MLP
 from ..recipe import Recipe, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch
-    from ..mlp import MLP
 
+MODEL = MLP  # the buffers it runs over
+SEVERAL_GPUS = False
 SUMMARY = "one thread-block cluster keeps the whole model in shared memory (1 kernel)"
 RUNS_WHEN = (f"sm_90, batch <= {kc.ROWS}, plain SGD, fp32 accumulation, and the model fits {kc.CTAS} SMs' shared "
              "memory: hidden <= 128 at 3 hidden layers")
@@ -72,6 +74,12 @@ class ClusterStep(Step):
     def describe(self) -> str:
         p = self.plan
         return f"cluster: 1 kernel, {p.ctas} CTAs sharing the model in shared memory ({p.smem_bytes // 1024} KB each)"
+
+    def phases(self) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
+        """Most phases end in a receive: an mbarrier wait for the partner CTAs' parts."""
+        p = self.plan
+        return (f"phases of the cluster step kernel ({p.ctas} CTAs x {p.n} columns, {p.smem_bytes // 1024} KB of "
+                f"shared memory each)", ("phase", "ends in"), [tuple(x) for x in kc.phases(self.model.recipe.layers)])
 
     def param_table(self, profile: int = 0) -> np.ndarray:
         """The CsParams table (contract.py; pointers are device addresses, offsets from the shared-memory plan) as

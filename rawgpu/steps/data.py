@@ -1,12 +1,12 @@
 """The data-parallel step: one rank's part of a training step where every GPU holds the whole model and 1/N of each
-batch (replicated.py).
+batch (parallel/replicated.py).
 
 The layered step's long form over the rank's rows, with the updates moved after a sum: each layer's weight gradient
 is written in fp32 by a GEMM on the tile one GPU's update of that layer runs (epilogue store32), its bias gradient by
 bias_update's sums, all into one buffer; one all-reduce adds them up over the ranks inside the step's CUDA graph;
 then each layer's optimiser step runs from the sums (elementwise.apply_update, the GEMM's own update epilogue). The
 loss is the mean over the whole batch (softmax_xent's mean_over), so the sums are one GPU's gradient, and with one
-rank every bit is the layered step's long form. Only built for a replicated model, never by steps.choose.
+rank every bit is the layered step's long form. steps.choose picks it for a model on several GPUs.
 """
 
 from __future__ import annotations
@@ -21,12 +21,22 @@ from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import loss as kl
 from ..optimizer import update_family
-from ..recipe import loss_scale
+from ..parallel.replicated import ReplicatedMLP
+from ..recipe import Recipe, loss_scale
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch
-    from ..replicated import ReplicatedMLP
+
+
+MODEL = ReplicatedMLP  # one rank's buffers
+SEVERAL_GPUS = True
+SUMMARY = "a model copied on every GPU, each taking part of the batch: the gradients summed over the ranks"
+
+
+def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
+    """On one GPU, never: it is one rank's step of a model on several (--gpus)."""
+    return "it is one rank's step of a model on several GPUs (--gpus N)"
 
 
 class DataStep(ChainStep):

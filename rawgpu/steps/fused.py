@@ -16,13 +16,13 @@ from .. import contract, optimizer
 from ..kernels import dx_sgd as kb
 from ..kernels import elementwise as ke
 from ..kernels import fused as kf
+from ..mlp import MLP
 from ..recipe import Recipe, loss_scale, pad8
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch, Stream
     from ..memory import Tensor
-    from ..mlp import MLP
 
 # The widest padded hidden layer `auto` gives the fused step, by what the layered step would be instead: with the
 # one-pass backward (batch <= 32, plain SGD) its per-layer kernels win above 512, in 18 kernels above 1024, where
@@ -33,6 +33,8 @@ MAX_HIDDEN = 1024
 # (docs/history.md: Batches above 256).
 MAX_BATCH = 512
 
+MODEL = MLP  # the buffers it runs over
+SEVERAL_GPUS = False
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
 PREFERRED_WHEN = (f"fp32 accumulation, batch <= {MAX_BATCH}, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at "
                   "batch <= 32 with plain SGD")
@@ -113,6 +115,12 @@ class FusedStep(Step):
 
     def describe(self) -> str:
         return f"fused: 1 persistent kernel, {self.grid()} blocks x {kf.THREADS} threads"
+
+    def phases(self) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
+        rows = [(name, str(blocks), str(warps))
+                for name, blocks, warps in kf.phase_tasks(self.model.recipe.batch, self.model.padded)]
+        return ("phases of the fused step kernel, each ending in a grid-wide barrier",
+                ("phase", "block tasks", "warp tasks"), rows)
 
     def param_table(self, profile: int = 0) -> np.ndarray:
         """The FsParams table (contract.py; pointers are device addresses) as uint64 words, up to the model's last

@@ -24,14 +24,16 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
+from ..mlp import MLP
 from ..optimizer import update_family
 from ..recipe import PADDED_CLASSES, Recipe, loss_scale
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch
-    from ..mlp import MLP
 
+MODEL = MLP  # the buffers it runs over
+SEVERAL_GPUS = False
 SUMMARY = "one kernel per layer and role (18 at 3 hidden layers; 8 in its short form), overlapping on sm_90"
 SHORT_WHEN = "sm_90, batch <= 256, fp32 accumulation"
 WHEN_AUTO_SHORT = (f"the short form (8 kernels at 3 hidden layers) runs here ({SHORT_WHEN}), and beats the fused "

@@ -1,13 +1,13 @@
-"""The tensor-parallel step: one rank's part of a training step over a model split across GPUs (sharded.py).
+"""The tensor-parallel step: one rank's part of a training step over a model split across GPUs
+(parallel/sharded.py).
 
 The layered step over the rank's slices, with the ranks' sums where the split puts them: after each row-split layer's
-forward GEMM (its output) and after each column-split layer's input gradient (parallel.py: one all-reduce per pair of
-layers each way). Where the layered step's short form runs (layered.one_pass_reason), each layer's backward is its
-one pass over the weights and their state, writing a column-split layer's input gradient, a partial sum, as raw fp32
-sums. The head stays a GEMM, the loss and its backward apart: its logits are a sum over the ranks. Elsewhere (and
-with StepOptions(short=False)) it is the long form, one kernel per layer and role. The collectives are launches like
-the kernels, so the CUDA graph of a step holds them. Only built for a model on several GPUs (`ShardedMLP`), never by
-steps.choose.
+forward GEMM (its output) and after each column-split layer's input gradient (parallel/split.py: one all-reduce per
+pair of layers each way). Where the layered step's short form runs (layered.one_pass_reason), each layer's backward
+is its one pass over the weights and their state, writing a column-split layer's input gradient, a partial sum, as
+raw fp32 sums. The head stays a GEMM, the loss and its backward apart: its logits are a sum over the ranks.
+Elsewhere (and with StepOptions(short=False)) it is the long form, one kernel per layer and role. The collectives are
+launches like the kernels, so the CUDA graph of a step holds them. steps.choose picks it for a model on several GPUs.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
 from ..optimizer import update_family
-from ..recipe import loss_scale
+from ..parallel.sharded import ShardedMLP
+from ..recipe import Recipe, loss_scale
 from . import layered
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
     from ..driver import Launch
-    from ..sharded import ShardedMLP
 
 
 @dataclass
@@ -44,6 +44,16 @@ class ShardPlans:
     dx: kg.GemmPlan | None  # None for the first layer, and where the one pass writes dx
     dw: kg.GemmPlan | None  # None where the one pass updates
     bwd: kb.DxSgdPlan | ku.DxUpdatePlan | None
+
+
+MODEL = ShardedMLP  # one rank's buffers
+SEVERAL_GPUS = True
+SUMMARY = "a model split over several GPUs by its layers: one rank's slices, the activations summed over the ranks"
+
+
+def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
+    """On one GPU, never: it is one rank's step of a model on several (--gpus)."""
+    return "it is one rank's step of a model on several GPUs (--gpus N)"
 
 
 class TensorStep(ChainStep):

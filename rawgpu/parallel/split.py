@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .recipe import cdiv, pad8
+from ..recipe import cdiv, pad8
 
 SPLITS = ("columns", "rows", "whole")
 ACTIVATION_BYTES = 4  # fp32 partial sums on the wire

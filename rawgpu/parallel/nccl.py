@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .errors import RawgpuError
+from ..errors import RawgpuError
 
 if TYPE_CHECKING:
-    from .driver import Stream
-    from .memory import Tensor
+    from ..driver import Stream
+    from ..memory import Tensor
 
 UNIQUE_ID_BYTES = 128  # ncclUniqueId: what rank 0 hands the other ranks
 
@@ -37,7 +37,7 @@ def _nccl() -> Any:
     try:
         from nccl.bindings import nccl
     except ImportError as exc:
-        from .install import hint
+        from ..install import hint
 
         raise NcclError(f"several GPUs need NCCL, which is not installed ({exc}): {hint('multi')}") from None
     return nccl

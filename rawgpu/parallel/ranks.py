@@ -4,7 +4,7 @@ A rank is a fresh process ('spawn': no CUDA state carried over from the parent) 
 `work(rank, ranks, unique_id, *args)`, a module-level function, on GPU `rank`, and sends back its picklable result;
 `gather_to_root` brings every rank's value to rank 0 on the way (a checkpoint's parts).
 If a rank fails, or dies without a word, the others are stopped and the error names the rank; Ctrl-C stops every
-rank. NVLink multicast stays off in every rank's environment (rawgpu/nccl.py says why).
+rank. NVLink multicast stays off in every rank's environment (parallel/nccl.py says why).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import RawgpuError
+from ..errors import RawgpuError
 
 POLL_SECONDS = 0.2  # how often the parent looks for a rank that died without reporting
 STOP_SECONDS = 5.0  # how long a stopped rank gets to exit before it is killed

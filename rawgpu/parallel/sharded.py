@@ -1,4 +1,4 @@
-"""One rank's part of a model split over several GPUs by tensor parallelism (the split itself: parallel.py).
+"""One rank's part of a model split over several GPUs by tensor parallelism (the split itself: split.py).
 
 `ShardedMLP` is the one-GPU model (mlp.py) over this rank's slice of every layer: at 3 hidden layers of H over N
 ranks its layers are 784 -> H/N -> H -> H/N -> classes. Where a layer's output, or its input's gradient, is a partial
@@ -7,7 +7,7 @@ kernels/elementwise.finish_sum does what the GEMM's epilogue would have done: th
 ReLU's mask backward. So with one rank every bit is the one-GPU layered step's (its long form).
 
 Every rank draws its part of the model from the seed (the values one GPU draws there), so N GPUs start where one does;
-`parameters()` and `state()` give the rank's part with the padding cut off, which `join_parameters` (parallel.gather)
+`parameters()` and `state()` give the rank's part with the padding cut off, which `join_parameters` (split.gather)
 puts back together. The group is anything with `all_reduce(send, recv, count)` returning a launch: nccl.Communicator
 on several GPUs.
 """
@@ -18,36 +18,31 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import parallel, steps
-from .driver import Launch, Stream
-from .kernels import PLANNING_SM_COUNT, Kernels
-from .kernels import elementwise as ke
-from .kernels import gemm as kg
-from .kernels import l2 as kl2
-from .memory import Tensor
-from .mlp import MLP
-from .recipe import PADDED_CLASSES, Recipe
-from .steps import StepOptions
+from ..driver import Launch, Stream
+from ..kernels import PLANNING_SM_COUNT
+from ..kernels import elementwise as ke
+from ..kernels import gemm as kg
+from ..kernels import l2 as kl2
+from ..memory import Tensor
+from ..mlp import MLP
+from ..recipe import PADDED_CLASSES, Recipe
+from . import split
 
 if TYPE_CHECKING:
-    from .kernels.gemm import GemmPlan
+    from ..kernels.gemm import GemmPlan
 
 
 class ShardedMLP(MLP):
-    """Rank `rank` of `plan.ranks`: plan (no GPU needed) -> allocate() -> upload_data() + init_parameters()."""
+    """Rank `rank` of `plan.ranks`, planned with its step by steps.plan_model: as MLP."""
 
-    def __init__(self, kernels: Kernels | None, recipe: Recipe, ranks: int, rank: int, group: Any,
-                 sm_count: int = PLANNING_SM_COUNT, arch: str | None = None, options: StepOptions | None = None,
-                 reason: str | None = None):
-        """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only. reason: why
-        tensor parallelism runs (parallel.choose's), for the step's description."""
-        self.plan = parallel.plan_tensor_parallel(recipe.widths, recipe.batch, ranks)
+    def __init__(self, recipe: Recipe, ranks: int, rank: int, group: Any, arch: str = "sm_86",
+                 sm_count: int = PLANNING_SM_COUNT, capacity: tuple[int, ...] | None = None):
+        """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only."""
+        self.plan = split.plan_tensor_parallel(recipe.widths, recipe.batch, ranks)
         if not 0 <= rank < ranks:
             raise ValueError(f"rank must be in 0..{ranks - 1}, got {rank}")
         self.rank, self.group = rank, group
-        reason = reason or parallel.choose(recipe.widths, recipe.batch, ranks, "tensor").reason
-        super().__init__(kernels, recipe, sm_count, step_kind=steps.Choice("tensor", reason), arch=arch,
-                         options=options)
+        super().__init__(recipe, arch, sm_count, capacity)
         # the evaluation's partial sums, one buffer per shape of output they are finished into
         self.eval_sums = {shape: self.arena.tensor(f"eval_sum_{shape[1]}", shape, np.float32)
                           for shape in {out.shape for i, out in enumerate(self._eval_outs()) if self.reduces(i)}}
@@ -68,11 +63,6 @@ class ShardedMLP(MLP):
 
     def forward_epilogue(self, i: int) -> str:
         return "store32" if self.reduces(i) else super().forward_epilogue(i)
-
-    def build_step(self, options: StepOptions | None) -> steps.Step:
-        from .steps import tensor
-
-        return tensor.build(self, options or StepOptions())
 
     def _eval_outs(self) -> list[Tensor]:
         return [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
@@ -140,14 +130,14 @@ class ShardedMLP(MLP):
         return (join_parameters(self.plan, [p[0] for p in parts]), join_state(self.plan, [p[1] for p in parts]))
 
 
-def join_parameters(plan: parallel.TensorParallelPlan,
+def join_parameters(plan: split.TensorParallelPlan,
                     parts: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[tuple[np.ndarray, np.ndarray]]:
     """The whole model's (W, b) per layer from every rank's parameters() (padding cut off, rank order)."""
-    return [parallel.gather(plan, i, [p[i][0] for p in parts], [p[i][1] for p in parts])
+    return [split.gather(plan, i, [p[i][0] for p in parts], [p[i][1] for p in parts])
             for i in range(len(plan.shards))]
 
 
-def join_state(plan: parallel.TensorParallelPlan, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def join_state(plan: split.TensorParallelPlan, parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The whole model's state() entries from every rank's (rank order): weights and their optimiser state joined
     as their layer is split, the biases' state as its bias."""
     out = {}

@@ -1,5 +1,5 @@
 """One rank of a model trained by data parallelism: every GPU holds the whole model and 1/N of each step's batch, and
-the gradients are summed over the GPUs before every update (steps/data.py). parallel.choose picks it where the
+the gradients are summed over the GPUs before every update (steps/data.py). split.choose picks it where the
 gradients move fewer bytes than tensor parallelism's activations would: small models, large batches.
 
 `ReplicatedMLP` is the one-GPU model with buffers for its rows of the batch: rank r takes rows r x B/N .. (r + 1) x
@@ -15,40 +15,30 @@ from typing import Any
 
 import numpy as np
 
-from . import parallel, steps
-from .driver import Launch, Stream
-from .kernels import PLANNING_SM_COUNT, Kernels
-from .mlp import MLP
-from .recipe import Recipe
-from .steps import StepOptions
+from ..driver import Launch, Stream
+from ..kernels import PLANNING_SM_COUNT
+from ..mlp import MLP
+from ..recipe import Recipe
+from .split import data_parallel_reason
 
 
 class ReplicatedMLP(MLP):
-    """Rank `rank` of `ranks`: plan (no GPU needed) -> allocate() -> upload_data() + init_parameters()."""
+    """Rank `rank` of `ranks`, planned with its step by steps.plan_model: as MLP."""
 
-    def __init__(self, kernels: Kernels | None, recipe: Recipe, ranks: int, rank: int, group: Any,
-                 sm_count: int = PLANNING_SM_COUNT, arch: str | None = None, options: StepOptions | None = None,
-                 reason: str | None = None):
-        """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only. reason: why
-        data parallelism runs (parallel.choose's), for the step's description."""
+    def __init__(self, recipe: Recipe, ranks: int, rank: int, group: Any, arch: str = "sm_86",
+                 sm_count: int = PLANNING_SM_COUNT, capacity: tuple[int, ...] | None = None):
+        """group: the ranks' all-reduce (nccl.Communicator, or a stand-in in tests); None to plan only."""
         if not 0 <= rank < ranks:
             raise ValueError(f"rank must be in 0..{ranks - 1}, got {rank}")
-        if why := parallel.data_parallel_reason(recipe.batch, ranks):
+        if why := data_parallel_reason(recipe.batch, ranks):
             raise ValueError(f"data parallelism cannot run here: {why}")
         self.ranks, self.rank, self.group = ranks, rank, group
-        reason = reason or parallel.choose(recipe.widths, recipe.batch, ranks, "data").reason
-        super().__init__(kernels, recipe, sm_count, step_kind=steps.Choice("data", reason), arch=arch,
-                         options=options)
+        super().__init__(recipe, arch, sm_count, capacity)
         self.loss_total = self.arena.tensor("loss_sum_total", 1, np.float64)
         self.correct_total = self.arena.tensor("correct_total", 1, np.int32)
 
     def step_rows(self) -> int:
         return self.recipe.batch // self.ranks
-
-    def build_step(self, options: StepOptions | None) -> steps.Step:
-        from .steps import data
-
-        return data.build(self, options or StepOptions())
 
     def rank_order(self, perm: np.ndarray) -> np.ndarray:
         """This rank's rows of every step's batch, in the order one GPU takes `perm` (int32, steps x rows)."""
