@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # fused_phases.py, beside this script
+from rawgpu.errors import RawgpuError
+from rawgpu.kernels import cluster as kc
+from rawgpu.memory import Arena
+from rawgpu.recipe import Recipe
+from rawgpu.steps import plan_model
 
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.kernels import cluster as kc  # noqa: E402
-from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.recipe import Recipe  # noqa: E402
-from rawgpu.steps import plan_model  # noqa: E402
-
-from fused_phases import add_profile_args, at_least, profiling_setup  # noqa: E402 - beside this script
+from fused_phases import add_profile_args, at_least, profiling_setup  # beside this script: its folder is on the path
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,6 @@ JAX_TRAINER = r"""
 import json, math, sys
 import numpy as np
 import jax, jax.numpy as jnp
-sys.path.insert(0, sys.argv[2])
 from rawgpu.data import load_mnist
 d = load_mnist(sys.argv[1])
 B, H, EPOCHS, LR, MU = 128, 256, 8, 0.05, 0.9
@@ -108,7 +107,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as cache:
             rows["rawgpu"].append(time_to_98([sys.executable, "-m", "rawgpu.train", "--hidden", "256", "--json"],
                                              {**env, "RAWGPU_CACHE": cache}))
-        rows["jax"].append(time_to_98([sys.executable, "-c", JAX_TRAINER, args.data_dir, str(ROOT)], jax_env))
+        rows["jax"].append(time_to_98([sys.executable, "-c", JAX_TRAINER, args.data_dir], jax_env))
     for name, runs in rows.items():
         reached = [r for r, _, _ in runs if r is not None]
         median = f"{statistics.median(reached):.1f} s" if reached else "not reached"

@@ -1,6 +1,6 @@
 """The tail of the float64-reference test's errors over many seeds: the data behind tests/test_mlp.py's bounds.
 
-    python dev/error_tails.py [--seeds N]
+    PYTHONPATH=.:tests python dev/error_tails.py [--seeds N]
 
 Runs test_parameters_match_float64_reference's cases with fp16 accumulation, and an Adam case, once per seed in one
 process, with its one-step bound lifted so every seed runs to the end, and prints each case's worst one-step error
@@ -15,30 +15,28 @@ import contextlib
 import io
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "tests"))
-
-import test_mlp as T  # noqa: E402
-from rawgpu.driver import Device, Stream  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
-
-CASES = [(128, 3, 32, T.PLAIN, "fp16", "layered"), (64, 2, 32, T.ADAMW, "fp16", "layered"),
-         (256, 3, 128, T.ADAM, "fp32", "layered")]
+from rawgpu.driver import Device, Stream
+from rawgpu.kernels import Kernels
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=100)
     args = p.parse_args()
+    try:  # the test itself, with its helpers beside it in tests/ (mlp_reference, gpu_checks)
+        import test_mlp as T
+    except ModuleNotFoundError as exc:
+        print(f"error_tails: error: {exc}: run it as PYTHONPATH=.:tests python dev/error_tails.py", file=sys.stderr)
+        return 2
+    cases = [(128, 3, 32, T.PLAIN, "fp16", "layered"), (64, 2, 32, T.ADAMW, "fp16", "layered"),
+             (256, 3, 128, T.ADAM, "fp32", "layered")]
     device, stream = Device(0), Stream()
     kernels = Kernels(device.arch)
     T.STEP_TOLERANCE = {accum: 10.0 for accum in T.STEP_TOLERANCE}
-    for case in CASES:
+    for case in cases:
         worst = []
         for seed in range(1, args.seeds + 1):
             out = io.StringIO()

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
-
-from rawgpu import compiler  # noqa: E402
-from rawgpu.data import load_mnist  # noqa: E402
-from rawgpu.driver import Device, Event, Module, Stream  # noqa: E402
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
-from rawgpu.kernels import fused as kf  # noqa: E402
-from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.recipe import TRAIN_ROWS, Recipe  # noqa: E402
-from rawgpu.steps import plan_model  # noqa: E402
+from rawgpu import compiler
+from rawgpu.data import load_mnist
+from rawgpu.driver import Device, Event, Module, Stream
+from rawgpu.errors import RawgpuError
+from rawgpu.kernels import Kernels
+from rawgpu.kernels import fused as kf
+from rawgpu.memory import Arena
+from rawgpu.recipe import TRAIN_ROWS, Recipe
+from rawgpu.steps import plan_model
 
 
 def at_least(low: int):

@@ -4,7 +4,7 @@ tile config and split count that fits each shape (--sweep: the data behind rawgp
     python dev/gemm_variants.py --variants stream tma [--sizes 256 8192]
     python dev/gemm_variants.py --sweep [--sizes 4096] [--json sweep.json]
 
-Each GEMM is timed as bench.py gemm times it (scripts/bench.py, imported as a module: bench_ours, a CUDA graph of
+Each GEMM is timed as bench.py gemm times it (rawgpu.bench.gemm.bench_ours: a CUDA graph of
 --launches launches rotating over operand copies past the L2, the median of --trials replays). Per shape the default
 plan comes first (plain: C = A @ B stored in fp16, launched after the launch before; fused: the step's kernel,
 launched as the step launches it), then each variant and the sweep's best.
@@ -18,22 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # bench.py
-
-import bench  # noqa: E402
-from rawgpu import driver as drv  # noqa: E402
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
-from rawgpu.kernels import gemm as G  # noqa: E402
-
-
-def variants_error(variants: list[str], arch: str) -> str | None:
-    """Why some --variants cannot run on this GPU (the tensor-copy tiles need sm_90+), or None."""
-    bad = [v for v in variants if G.CONFIGS[v].tma and not G.has_tma(arch)]
-    return f"--variants {' '.join(bad)} need the tensor copy engine of sm_90 or later; this GPU is {arch}" if bad else None
+from rawgpu.bench.gemm import bench_ours, min_bytes, mlp_gemms, open_gpu
+from rawgpu.bench.timing import copy_bandwidth
+from rawgpu.bench.training import HIDDEN
+from rawgpu.cli import count
+from rawgpu.errors import RawgpuError
+from rawgpu.kernels import gemm as G
 
 
 def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, int, bool]]:
@@ -53,37 +43,27 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
     return out
 
 
-def open_gpu(device_index: int, variants: list[str], prog: str):
-    """(device, stream, kernels, rng) for timing GEMMs, or None after a one-line error when a variant cannot run on
-    this GPU (the dev scripts' shared set-up)."""
-    device = drv.Device(device_index)
-    if why := variants_error(variants, device.arch):
-        print(f"{prog}: error: {why}", file=sys.stderr)
-        return None
-    return device, drv.Stream(), Kernels(device.arch), np.random.default_rng(0)
-
-
 def run(args) -> int:
     if (gpu := open_gpu(args.device, args.variants, "gemm_variants")) is None:
         return 2
     device, stream, kernels, rng = gpu
     overlap = G.has_tma(device.arch) and not args.no_overlap  # programmatic dependent launch needs sm_90+
-    bw = bench.copy_bandwidth(stream)
+    bw = copy_bandwidth(stream)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs, L2 {device.l2_bytes >> 20} MiB), "
           f"{dt.date.today()}; measured copy bandwidth {bw:.0f} GB/s (read + write)")
     print(f"# median of {args.trials} graph replays x {args.launches} launches; batch {args.batch}; fused kernels "
           + ("overlap the launch before" if overlap else "launched after the launch before"))
 
     def timed(role, M, N, K, layout, epilogue, **kw) -> tuple[float, int]:
-        return bench.bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, args.launches, args.trials,
-                                rng, **kw)
+        return bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, args.launches, args.trials,
+                          rng, **kw)
 
     def pct_copy(role, M, N, K, us) -> float:
-        return 100 * bench.min_bytes(role, M, N, K, True) / (us * 1e3) / bw
+        return 100 * min_bytes(role, M, N, K, True) / (us * 1e3) / bw
 
     rows = []
     for h in args.sizes:
-        for role, layer, M, N, K, layout, epi in bench.mlp_gemms(h, args.batch):
+        for role, layer, M, N, K, layout, epi in mlp_gemms(h, args.batch):
             plain, splits = timed(role, M, N, K, layout, "store")
             fused, _ = timed(role, M, N, K, layout, epi, overlap=overlap)
             row = dict(hidden=h, role=role, layer=layer, M=M, N=N, K=K, splits=splits, plain_us=plain, fused_us=fused,
@@ -120,10 +100,10 @@ def run(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python dev/gemm_variants.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=bench.positive, nargs="+", default=list(bench.HIDDEN), help="hidden widths H")
-    p.add_argument("--batch", type=bench.positive, default=32)
-    p.add_argument("--launches", type=bench.positive, default=20)
-    p.add_argument("--trials", type=bench.positive, default=30)
+    p.add_argument("--sizes", type=count(1), nargs="+", default=list(HIDDEN), help="hidden widths H")
+    p.add_argument("--batch", type=count(1), default=32)
+    p.add_argument("--launches", type=count(1), default=20)
+    p.add_argument("--trials", type=count(1), default=30)
     p.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     p.add_argument("--variants", nargs="*", default=[], choices=sorted(G.CONFIGS), metavar="CONFIG",
                    help=f"time the GEMMs with these tile configs too ({' '.join(sorted(G.CONFIGS))})")

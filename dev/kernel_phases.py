@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
-
-from rawgpu import compiler  # noqa: E402
-from rawgpu.data import load_mnist  # noqa: E402
-from rawgpu.driver import Launch, Module, copy_device_to_host, copy_host_to_device  # noqa: E402
-from rawgpu.recipe import Recipe  # noqa: E402
-from rawgpu.session import Session  # noqa: E402
+from rawgpu import compiler
+from rawgpu.data import load_mnist
+from rawgpu.driver import Launch, Module, copy_device_to_host, copy_host_to_device
+from rawgpu.recipe import Recipe
+from rawgpu.session import Session
 
 KERNELS = {  # source, define, stamp buffer, marks in the order they are passed
     "head": ("head.cu", "-DHEAD_PROFILE", "head_profile",

@@ -3,39 +3,36 @@
     python dev/rank_step.py [--hidden 4096 8192 16384] [--ranks 1 2 4 8] [--recipe seed default adam] [--long]
                             [--parallel tensor|data] [--batch B]
 
-What a rank of an N-GPU run computes (its slice of every layer, parallel/sharded.py; or, with --parallel data, the whole
-model over its 1/N of the batch, parallel/replicated.py) is timed here alone: the all-reduces are replaced by nothing,
-so the figure is the step of an N-GPU run without its collectives, a floor for it, not a measurement of several GPUs.
-Rank 0's slices are the widest (the others' are the same size or padding). Parameters are left at zero (the arena starts
-zeroed; the timing does not depend on the values). Timed as scripts/bench.py times: CUDA events around replays of a
-graph of steps, median of trials. --long: the tensor-parallel step's long form. --batch: the recipe's batch instead.
+What a rank of an N-GPU run computes (its slice of every layer, parallel/sharded.py; or, with --parallel data, the
+whole model over its 1/N of the batch, parallel/replicated.py) is timed here alone: the all-reduces are replaced by
+nothing, so the figure is the step of an N-GPU run without its collectives, a floor for it, not a measurement of
+several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Parameters are left at zero
+(the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times (rawgpu.bench.training's
+step_alone_us): CUDA events around replays of a graph of steps, median of trials. --long: the tensor-parallel step's
+long form. --batch: the recipe's batch instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "scripts"))
-
-import bench  # noqa: E402  (scripts/bench.py: RECIPES, rawgpu_recipe, step_alone_us, NoSums)
-from rawgpu.kernels import Kernels  # noqa: E402
-from rawgpu.steps import StepOptions, plan_model  # noqa: E402
+from rawgpu.bench.training import RECIPES, NoSums, rawgpu_recipe, step_alone_us
+from rawgpu.cli import count
+from rawgpu.kernels import Kernels
+from rawgpu.steps import StepOptions, plan_model
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=bench.positive, nargs="+", default=[4096, 8192, 16384])
-    p.add_argument("--ranks", type=bench.positive, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--recipe", nargs="+", choices=tuple(bench.RECIPES), default=["seed", "default"])
+    p.add_argument("--hidden", type=count(1), nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--ranks", type=count(1), nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--recipe", nargs="+", choices=tuple(RECIPES), default=["seed", "default"])
     p.add_argument("--long", action="store_true", help="the tensor-parallel step's long form")
     p.add_argument("--parallel", choices=("tensor", "data"), default="tensor")
-    p.add_argument("--batch", type=bench.positive, default=None)
-    p.add_argument("--steps", type=bench.positive, default=20, help="steps per graph")
-    p.add_argument("--trials", type=bench.positive, default=10)
+    p.add_argument("--batch", type=count(1), default=None)
+    p.add_argument("--steps", type=count(1), default=20, help="steps per graph")
+    p.add_argument("--trials", type=count(1), default=10)
     args = p.parse_args()
     from rawgpu.driver import Device, Stream
 
@@ -46,25 +43,26 @@ def main() -> int:
           f"per step, median of {args.trials} x {args.steps} steps")
     print(f"{'recipe':>8} {'H':>6} {'one GPU':>9} " + " ".join(f"{f'{n} ranks':>16}" for n in args.ranks))
     for name in args.recipe:
-        r = bench.RECIPES[name]
+        r = RECIPES[name]
         for h in args.hidden:
-            recipe = bench.rawgpu_recipe(h, {**r, "batch": args.batch or r["batch"]}, 1000, 0)
+            recipe = rawgpu_recipe(h, {**r, "batch": args.batch or r["batch"]}, 1000, 0)
             one = plan_model(recipe, kernels=kernels, sm_count=device.sm_count, options=options).allocate()
             try:
-                base = bench.step_alone_us(one, stream, args.steps, args.trials)
+                base = step_alone_us(one, stream, args.steps, args.trials)
             finally:
                 one.arena.close()
             cells = []
             for n in args.ranks:
                 m = plan_model(recipe, args.parallel, kernels=kernels, sm_count=device.sm_count, options=options,
-                               ranks=n, group=bench.NoSums()).allocate()
+                               ranks=n, group=NoSums()).allocate()
                 try:
-                    t = bench.step_alone_us(m, stream, args.steps, args.trials)
+                    t = step_alone_us(m, stream, args.steps, args.trials)
                 finally:
                     m.arena.close()
                 cells.append(f"{t:9.1f} ({base / t:4.2f}x)")
             print(f"{name:>8} {h:>6} {base:9.1f} " + " ".join(cells), flush=True)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

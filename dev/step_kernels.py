@@ -6,25 +6,20 @@
 Where a step's time goes, kernel by kernel (a kernel alone does not overlap the one before it, so the parts add up
 to more than the whole). --drop also times the step without each launch in turn: what that launch adds to the
 step's critical path, i.e. what fusing it into a neighbour could save at most (the numbers, not the results, count).
-Timed as scripts/bench.py times: CUDA events around graph replays, median of trials.
+Timed as scripts/bench.py times (rawgpu.bench.timing.time_graph): CUDA events around graph replays, median of trials.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "scripts"))
-
-import bench  # noqa: E402  (scripts/bench.py: time_graph)
-from rawgpu.data import load_mnist  # noqa: E402
-from rawgpu.recipe import Recipe  # noqa: E402
-from rawgpu.session import Session  # noqa: E402
+from rawgpu.bench.timing import time_graph
+from rawgpu.data import load_mnist
+from rawgpu.recipe import Recipe
+from rawgpu.session import Session
 
 
 def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool) -> None:
@@ -36,12 +31,12 @@ def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool) -
     launches = model.step_launches(1)
     for launch in launches * 3:
         launch.run(stream)
-    whole = bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in launches],
-                             repeats, 10)
+    whole = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in launches],
+                       repeats, 10)
     print(f"H={hidden} {session.step_description}: {whole:.1f} us per step")
     parts = []
     for launch in launches:
-        us = bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats)], repeats, 10)
+        us = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats)], repeats, 10)
         parts.append(us)
         grid = "x".join(map(str, launch.grid))
         print(f"  {launch.kernel.name:<34} grid {grid:<12} {us:8.2f} us")
@@ -49,8 +44,8 @@ def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool) -
     if drop:
         for i, skipped in enumerate(launches):
             rest = launches[:i] + launches[i + 1:]
-            us = bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in rest],
-                                  repeats, 10)
+            us = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in rest],
+                            repeats, 10)
             print(f"  without {skipped.kernel.name:<34} {us:8.2f} us per step ({whole - us:+.2f} us)")
     session.close()
 

@@ -1,6 +1,6 @@
 """Training-step experiments beside `scripts/bench.py train`: the layered step's L2 cache hints at other budgets
 (--l2-budgets) and the fused step with other grids (--fused-grid), each timed as bench.py times rawgpu
-(scripts/bench.py, imported as a module: bench_rawgpu, the reference workload of batch 32, lr 0.003, plain SGD on
+(rawgpu.bench.training.bench_rawgpu, the reference workload of batch 32, lr 0.003, plain SGD on
 MNIST, warm-up excluded, GPU time of `--steps` steps).
 
     python dev/step_variants.py --l2-budgets 0 0.3 0.9 [--sizes 4096 8192]
@@ -19,13 +19,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # bench.py
-
-import bench  # noqa: E402
-from rawgpu import driver as drv  # noqa: E402
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.kernels.l2 import DEFAULT_BUDGET as DEFAULT_L2_BUDGET  # noqa: E402
+from rawgpu import driver as drv
+from rawgpu.bench.training import HIDDEN, bench_rawgpu
+from rawgpu.cli import count
+from rawgpu.errors import RawgpuError
+from rawgpu.kernels.l2 import DEFAULT_BUDGET as DEFAULT_L2_BUDGET
 
 
 def fraction(text: str) -> float:
@@ -44,8 +42,8 @@ def timed_rows(args, h: int, mnist) -> list[dict]:
     is compared with)."""
     def measure(system: str, baseline: str | None = None, **kw) -> dict:
         try:
-            r = bench.bench_rawgpu(h, args.steps, args.seed, mnist, args.device,
-                                   steps_per_launch=args.steps_per_launch, **kw)
+            r = bench_rawgpu(h, args.steps, args.seed, mnist, args.device,
+                             steps_per_launch=args.steps_per_launch, **kw)
             r.pop("init")
         except (RawgpuError, ValueError) as exc:  # e.g. a step kind that does not hold this width
             r = dict(us_per_step=None, test_accuracy=None, step_kind=None, note=f"n/a: {exc}"[:300])
@@ -96,17 +94,17 @@ def run(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python dev/step_variants.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=bench.positive, nargs="+", default=list(bench.HIDDEN), help="hidden widths H")
-    p.add_argument("--steps", type=bench.positive, default=5000, help="timed training steps per row (default 5000)")
+    p.add_argument("--sizes", type=count(1), nargs="+", default=list(HIDDEN), help="hidden widths H")
+    p.add_argument("--steps", type=count(1), default=5000, help="timed training steps per row (default 5000)")
     p.add_argument("--seed", type=int, default=0, help="init and shuffle seed (default 0)")
     p.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
     p.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
-    p.add_argument("--steps-per-launch", type=bench.positive, default=100,
+    p.add_argument("--steps-per-launch", type=count(1), default=100,
                    help="training steps per graph launch (default 100, as bench.py train)")
     p.add_argument("--l2-budgets", type=fraction, nargs="*", default=[], metavar="F",
                    help="time the layered step keeping at most this share of the L2 per kept weight (rows "
                         f"rawgpu-layered-l2=F; 0: no cache hints; the default is {DEFAULT_L2_BUDGET})")
-    p.add_argument("--fused-grid", type=bench.positive, nargs="*", default=[], metavar="G",
+    p.add_argument("--fused-grid", type=count(1), nargs="*", default=[], metavar="G",
                    help="time the fused step with G blocks (rows rawgpu-fused-grid=G; the default is one per SM)")
     p.add_argument("--json", default=None, help="write every row to this JSON file")
     args = p.parse_args(argv)

@@ -15,9 +15,9 @@ of the operands to exceed twice the L2 cache (so big weights come from DRAM, as 
 each replay, after warm-up; the median over `--trials` replays, divided by the launches, is reported.
 
 Experiments live in dev/ (dev/README.md): other tile configs and the tile/split sweep (dev/gemm_variants.py), the
-step under other L2 budgets and fused-step grids (dev/step_variants.py). They import this file as a module and reuse
-time_graph, copy_bandwidth, mlp_gemms, min_bytes, bench_ours, bench_torch, bench_rawgpu and positive: keep those
-signatures stable.
+step under other L2 budgets and fused-step grids (dev/step_variants.py). They and this file time with the same code,
+rawgpu.bench (timing, gemm, training): keep its signatures stable. rawgpu comes from the installed package, or from
+the checkout with PYTHONPATH=.; the peers are scripts/peers, found beside this file (a script's folder is on its path).
 """
 
 from __future__ import annotations
@@ -26,247 +26,24 @@ import argparse
 import datetime as dt
 import io
 import json
-import math
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rawgpu, from a checkout
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # the peers package beside this script
-
-from rawgpu import driver as drv  # noqa: E402
-from rawgpu import master, optimizer  # noqa: E402
-from rawgpu.cli import parallel_problem  # noqa: E402
-from rawgpu.contract import OPTIM_WORDS  # noqa: E402
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.files import write_atomic  # noqa: E402
-from rawgpu.graph import capture  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
-from rawgpu.kernels import dx_sgd as D  # noqa: E402
-from rawgpu.kernels import gemm as G  # noqa: E402
-from rawgpu.memory import Arena  # noqa: E402
-from rawgpu.recipe import DEFAULTS, OPTIMIZER_DEFAULTS, Recipe  # noqa: E402
-from rawgpu.steps import MODES, ONE_GPU  # noqa: E402
-
-HIDDEN = (128, 256, 512, 1024, 2048, 4096, 8192)
-OPTIMIZER_KEYS = ("optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "eps", "weight_decay")
-# The recipes the benchmark offers: what each system trains (steps: the run's length unless --steps is given).
-RECIPES = {
-    "seed": dict(batch=32, optimizer="sgd", lr=0.003, momentum=0.0, schedule="constant", steps=5000),
-    "default": {**{k: getattr(Recipe(), k) for k in ("batch", "schedule") + OPTIMIZER_KEYS},  # the CLI's own
-                "epochs": DEFAULTS["epochs"]},
-    "adam": dict(batch=128, optimizer="adam", lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                 schedule="cosine", epochs=8),
-}
-
-
-def with_optimizer(recipe: dict, optimizer: str) -> dict:
-    """`recipe` trained with another optimiser: its lr and weight decay become that optimiser's defaults (the CLI's:
-    recipe.OPTIMIZER_DEFAULTS), its other settings keep theirs."""
-    if optimizer == recipe.get("optimizer", "sgd"):
-        return dict(recipe)
-    out = {k: v for k, v in recipe.items() if k not in OPTIMIZER_KEYS}
-    return {**out, "optimizer": optimizer, **OPTIMIZER_DEFAULTS[optimizer]}
-
-
-def rawgpu_recipe(h: int, r: dict, steps: int, seed: int) -> Recipe:
-    """The rawgpu Recipe of a benchmark recipe at width h over `steps` steps."""
-    return Recipe(hidden=h, layers=3, batch=r["batch"], schedule=r["schedule"], total_steps=steps, seed=seed,
-                  **{k: r[k] for k in OPTIMIZER_KEYS if k in r})
-
-
-def describe(r: dict) -> str:
-    """The recipe as the header line writes it."""
-    return f"batch {r['batch']}, {rawgpu_recipe(256, r, 1, 0).optimizer_text}, lr {r['lr']:g} {r['schedule']}"
-
-
-def time_graph(stream, launch_fn, launches: int, trials: int) -> float:
-    """Median microseconds per launch over `trials` replays of a graph of `launches` launches."""
-    graph = capture(stream, launch_fn)
-    for _ in range(3):
-        graph.launch(stream)
-    stream.synchronize()
-    times = []
-    for _ in range(trials):
-        start, end = drv.Event().record(stream), None
-        graph.launch(stream)
-        end = drv.Event().record(stream)
-        times.append(start.elapsed_ms(end) * 1e3 / launches)
-        start.close()
-        end.close()
-    graph.close()
-    return statistics.median(times)
-
-
-def copy_bandwidth(stream, nbytes: int = 1 << 30, trials: int = 20) -> float:
-    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
-    with Arena() as arena:
-        src, dst = arena.tensor("src", nbytes, np.uint8), arena.tensor("dst", nbytes, np.uint8)
-        arena.allocate()
-        times = []
-        for i in range(trials + 3):
-            start = drv.Event().record(stream)
-            drv.copy_device_to_device_async(dst.ptr, src.ptr, nbytes, stream)
-            end = drv.Event().record(stream)
-            if i >= 3:
-                times.append(start.elapsed_ms(end))
-    return 2 * nbytes / (statistics.median(times) * 1e-3) / 1e9
-
-
-def mlp_gemms(hidden: int, batch: int):
-    """(role, layer, M, N, K, layout, fused epilogue) of one training step of 784 -> h -> h -> h -> 10 (padded 16)."""
-    dims = [(784, hidden), (hidden, hidden), (hidden, 16)]
-    out = []
-    for i, (fin, fout) in enumerate(dims):
-        last = i == len(dims) - 1
-        out.append(("fwd", f"{fin}x{fout}", batch, fout, fin, "rr", "bias" if last else "bias_relu"))
-        if i > 0:
-            out.append(("dx", f"{fout}x{fin}", batch, fin, fout, "rc", "drelu"))
-        out.append(("dW+sgd", f"{fin}x{fout}", fin, fout, batch, "cr", "sgd"))
-    return out
-
-
-def min_bytes(role: str, M: int, N: int, K: int, fused: bool) -> int:
-    """The fewest bytes the operation must move: each input read once, each output written once."""
-    ab = 2 * (M * K + K * N)
-    if role == "dW+sgd" and fused:
-        return ab + M * N * (4 + 4)  # read and write the master weights, W16 and lo (rawgpu/master.py)
-    extra = 2 * M * N if role == "dx" and fused else 0  # the saved activation
-    return ab + 2 * M * N + extra + (4 * N if role == "fwd" and fused else 0)
-
-
-def copies_for(nbytes: int, l2: int, cap: int = 64) -> int:
-    """How many copies of `nbytes` of operands to rotate over so that together they exceed twice the L2 (`l2` bytes),
-    at most `cap`: each launch then reads its operands from DRAM, as the training step does."""
-    return max(1, min(cap, math.ceil(2 * l2 / max(nbytes, 1))))
-
-
-def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launches, trials, rng,
-               config=None, overlap=False, split=None, cluster=None) -> tuple[float, int]:
-    """Microseconds per launch and the split count. overlap: each launch may start while the one before runs
-    (programmatic dependent launch, as the layered training step launches them on sm_90+); cluster: how the splits
-    meet (None: the plan's choice)."""
-    plan = G.plan_gemm(M, N, K, layout, epilogue, "f32", sm_count=device.sm_count, config=config, arch=device.arch,
-                       splits=split, cluster=cluster, capacity=G.cluster_capacity(kernels))
-    per_copy = 2 * (M * K + K * N) + M * N * (8 if epilogue == "sgd" else 4)
-    n = copies_for(per_copy, device.l2_bytes)
-    with Arena() as arena:
-        sets = []
-        for c in range(n):
-            A = arena.tensor(f"A{c}", (M, K) if layout[0] == "r" else (K, M), np.float16)
-            B = arena.tensor(f"B{c}", (K, N) if layout[1] == "r" else (N, K), np.float16)
-            kw = {}
-            if epilogue == "sgd":
-                out = arena.tensor(f"Wlo_{c}", (M, N), np.int16)
-                kw["w16"] = arena.tensor(f"W16_{c}", (M, N), np.float16)
-            else:
-                out = arena.tensor(f"C{c}", (M, N), np.float16)
-            if epilogue == "drelu":
-                kw["act"] = arena.tensor(f"act{c}", (M, N), np.float16)
-            sets.append((A, B, out, kw))
-        bias = arena.tensor("bias", (N,), np.float32)
-        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-        ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
-        tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
-        arena.allocate()
-        for A, B, out, kw in sets:  # random data: zeros can run faster than real data
-            A.upload((rng.standard_normal(A.shape) * 0.1).astype(np.float16))
-            B.upload((rng.standard_normal(B.shape) * 0.1).astype(np.float16))
-            if epilogue == "sgd":
-                hi, lo = master.split(rng.standard_normal(out.shape).astype(np.float32))
-                kw["w16"].upload(hi)
-                out.upload(lo)
-            if "act" in kw:
-                kw["act"].upload(rng.standard_normal(kw["act"].shape).astype(np.float16))
-        bias.upload(rng.standard_normal(N).astype(np.float32))
-        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(Recipe(momentum=0.0)), 0, 1e-6)))
-        tickets.upload(np.zeros(tickets.shape, np.int32))
-        binds = [G.gemm(kernels, plan, A, B, out, bias=bias, optim=optim if epilogue == "sgd" else None, workspace=ws,
-                        tickets=tickets, **kw) for A, B, out, kw in sets]
-        binds = [b.overlapping() for b in binds] if overlap else binds
-        runs = [binds[i % n] for i in range(launches)]
-        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
-    return us, plan.splits
-
-
-def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overlap=False,
-                 with_dx=True, splits=None, cluster=None, roles=None) -> tuple[float, int]:
-    """The fused backward (dx with the ReLU mask + the SGD update of the master weights) on rotating copies;
-    with_dx False: the update alone (the first layer's). splits, cluster, roles: the column ranges, where their dx
-    sums meet, dx and the update in one block or apart (None: the plan's choice)."""
-    plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, capacity=G.cluster_capacity(kernels),
-                         cluster=cluster, dx=with_dx, roles=roles)
-    n = copies_for(IN * N * 8, device.l2_bytes)
-    with Arena() as arena:
-        sets = [(arena.tensor(f"x{c}", (B, IN), np.float16), arena.tensor(f"dy{c}", (B, N), np.float16),
-                 arena.tensor(f"wlo_{c}", (IN, N), np.int16), arena.tensor(f"w16_{c}", (IN, N), np.float16),
-                 arena.tensor(f"dx{c}", (B, IN), np.float16)) for c in range(n)]
-        lr = arena.tensor("lr", (1,), np.float32)
-        ws = arena.tensor("ws", (max(1, plan.workspace_floats),), np.float32)
-        tickets = arena.tensor("tickets", (max(1, plan.tickets),), np.int32)
-        arena.allocate()
-        for x, dy, wlo, w16, _ in sets:
-            x.upload(np.maximum(rng.standard_normal(x.shape), 0).astype(np.float16))
-            dy.upload((rng.standard_normal(dy.shape) * 0.1).astype(np.float16))
-            hi, lo = master.split((rng.standard_normal(wlo.shape) * 0.1).astype(np.float32))
-            w16.upload(hi)
-            wlo.upload(lo)
-        lr.upload(np.array([1e-6], np.float32))
-        tickets.upload(np.zeros(tickets.shape, np.int32))
-        binds = [D.dx_sgd(kernels, plan, *t[:4], t[4] if with_dx else None, lr, ws, tickets) for t in sets]
-        binds = [b.overlapping() for b in binds] if overlap else binds
-        runs = [binds[i % n] for i in range(launches)]
-        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
-    return us, plan.splits
-
-
-def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
-    """cuBLAS (torch.matmul, fp16, captured in a CUDA graph) on the shape of `role`, rotating over copies sized by the
-    L2 (`l2` bytes) as bench_ours does: microseconds per launch, or None when PyTorch is not installed."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    per_copy = 2 * (M * K + K * N + M * N)
-    n = copies_for(per_copy, l2)
-    dev = "cuda"
-    if role == "fwd":  # x[M,K] @ W[K,N]
-        ops = [(torch.randn(M, K, dtype=torch.half, device=dev), torch.randn(K, N, dtype=torch.half, device=dev))
-               for _ in range(n)]
-    elif role == "dx":  # dy[M,K] @ W[N,K]^T
-        ops = [(torch.randn(M, K, dtype=torch.half, device=dev), torch.randn(N, K, dtype=torch.half, device=dev).t())
-               for _ in range(n)]
-    else:  # x[K,M]^T @ dy[K,N]
-        ops = [(torch.randn(K, M, dtype=torch.half, device=dev).t(), torch.randn(K, N, dtype=torch.half, device=dev))
-               for _ in range(n)]
-    outs = [torch.empty(M, N, dtype=torch.half, device=dev) for _ in range(n)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            torch.matmul(*ops[i % n], out=outs[i % n])
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(launches):
-            torch.matmul(*ops[i % n], out=outs[i % n])
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / launches)
-    del g, ops, outs
-    torch.cuda.empty_cache()
-    return statistics.median(times)
+from rawgpu import driver as drv
+from rawgpu.bench.gemm import bench_dx_sgd, bench_ours, bench_torch, min_bytes, mlp_gemms
+from rawgpu.bench.timing import copy_bandwidth, launch_floor
+from rawgpu.bench.training import HIDDEN, RECIPES, bench_rank, bench_rawgpu, describe, rawgpu_recipe, with_optimizer
+from rawgpu.cli import parallel_problem
+from rawgpu.errors import RawgpuError
+from rawgpu.files import write_atomic
+from rawgpu.kernels import Kernels
+from rawgpu.kernels import dx_sgd as D
+from rawgpu.kernels import gemm as G
+from rawgpu.recipe import OPTIMIZER_DEFAULTS
+from rawgpu.steps import MODES, ONE_GPU
 
 
 def cmd_gemm(args) -> int:
@@ -322,141 +99,6 @@ def cmd_gemm(args) -> int:
         write_atomic(args.json, json.dumps(dict(device=device.name, arch=device.arch, date=str(dt.date.today()),
                                                 copy_gbs=bw, batch=args.batch, rows=rows), indent=1).encode())
     return 0
-
-
-def launch_floor(stream, kernels, nodes: int, trials: int = 30) -> float:
-    """Microseconds per replay of a graph of `nodes` dependent empty kernels: the cost of launching our step's
-    node count, whatever the kernels do."""
-    noop = kernels.get("elementwise.cu", "noop", "").bind(1, 32, 0)
-    return time_graph(stream, lambda: [noop.run(stream) for _ in range(nodes)], 1, trials)
-
-
-def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50, step_kind: str = "auto",
-                 steps_per_launch: int = 1, fused_grid: int | None = None, l2_budget: float | None = None,
-                 recipe: dict | None = None) -> dict:
-    """The reference workload on rawgpu: warm up (graph capture, first launches), re-initialise, then time `steps`
-    steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
-    timed). step_kind: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
-    programmatic dependent launch; "long": the layered step without its short form, one kernel per layer and
-    role); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
-    the L2 the layered step's cache hints may keep per weight (None: the default); recipe: batch, optimiser and
-    schedule (default RECIPES["seed"]'s), the schedule running over `steps`. Returns a dict with system,
-    us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial parameters, for the peers) and note."""
-    from rawgpu.session import Session
-    from rawgpu.steps import StepOptions
-
-    recipe = rawgpu_recipe(h, {**RECIPES["seed"], **(recipe or {})}, steps, seed)
-    serial = step_kind == "serial"  # the default step, each kernel launched only when the one before has finished
-    long = step_kind == "long"  # the layered step as it runs where its short form does not
-    budget = {} if l2_budget is None else {"l2_budget": l2_budget}
-    options = StepOptions(overlap=not serial, short=not long, fused_grid=fused_grid, **budget)
-    kind = "auto" if serial else "layered" if long else step_kind
-    session = Session(recipe, device_index, step_kind=kind, options=options)
-    if session.compile_seconds:
-        print(f"# H={h} {step_kind}: {session.compile_note}", flush=True)
-    us, accuracy, nodes, init, k = timed_run(session, steps, seed, data, warmup, steps_per_launch)
-    session.model.arena.close()
-    how = session.step_description + (f", {k} steps per launch" if k > 1 else "")
-    name = "rawgpu" if step_kind == "auto" else f"rawgpu-{step_kind}"
-    name += "" if l2_budget is None else f"-l2={l2_budget:g}"
-    return dict(system=name, us_per_step=us, test_accuracy=accuracy, nodes=nodes,
-                step_kind=session.model.kind,
-                parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
-
-
-def timed_run(session, steps: int, seed: int, data, warmup: int, steps_per_launch: int) -> tuple:
-    """The session's model trained as the benchmark times it: warm up (graph capture, first launches),
-    re-initialise, then `steps` steps, `steps_per_launch` per graph launch, the GPU time summed over epochs (the
-    per-epoch shuffle upload is not timed); then the test set. Returns (us per step, test accuracy, graph nodes per
-    step, the initial parameters, steps per launch)."""
-    model, stream, recipe = session.model, session.stream, session.model.recipe
-    model.upload_data(data)
-    spe = recipe.steps_per_epoch
-    graph = session.capture_step(1)
-    k = max(1, min(steps_per_launch, spe))
-    multi = session.capture_step(k) if k > 1 else None
-    rng = np.random.default_rng(seed)
-    model.init_parameters(stream)
-    model.set_permutation(rng.permutation(60000))
-    for _ in range(warmup):
-        graph.launch(stream)
-    model.init_parameters(stream)  # same init, step counter 0: the timed run trains exactly `steps` steps
-    init = model.parameters()
-    rng = np.random.default_rng(seed)
-    total_ms, done, start, end = 0.0, 0, drv.Event(), drv.Event()
-    while done < steps:
-        model.set_permutation(rng.permutation(60000))
-        n = min(spe, steps - done)
-        session.sync_ranks()
-        start.record(stream)
-        for _ in range(n // k if multi else 0):
-            multi.launch(stream)
-        for _ in range(n % k if multi else n):
-            graph.launch(stream)
-        end.record(stream)
-        total_ms += start.elapsed_ms(end)
-        done += n
-    start.close()
-    end.close()
-    for launch in model.eval_launches():
-        launch.run(stream)
-    _, accuracy = model.eval_metrics()
-    nodes = len(graph.nodes())
-    graph.close()
-    if multi:
-        multi.close()
-    return total_ms * 1e3 / steps, accuracy, nodes, init, k
-
-
-class _Nothing:
-    """An all-reduce left out: the step of a rank without its collectives (bench_rank)."""
-
-    def run(self, stream) -> None:
-        pass
-
-    def overlapping(self) -> "_Nothing":
-        return self
-
-
-class NoSums:
-    def all_reduce(self, send, recv, count) -> _Nothing:
-        return _Nothing()
-
-
-def step_alone_us(model, stream, steps: int, trials: int) -> float:
-    """Median us per step of a freshly allocated model's step, `steps` to a graph (zero parameters: the time does not
-    depend on the values), without data, evaluation or re-initialisation."""
-    model.optim.upload(optimizer.words(optimizer.hyperparameters(model.recipe)))
-    model.set_permutation(np.arange(model.recipe.train_rows))
-    launches = model.step_launches(steps)
-    return time_graph(stream, lambda: [launch.run(stream) for launch in launches], steps, trials)
-
-
-def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed: int, data, recipe: dict,
-               steps_per_launch: int = 100, warmup: int = 50, mode: str = "auto") -> dict:
-    """One rank of the recipe's model on `ranks` GPUs, split as `mode` says (steps.MODES; a process of
-    ranks.run_ranks, or called alone with ranks 1): the run timed as bench_rawgpu times it, and the same rank's step
-    with its all-reduces left out, timed in a graph of steps_per_launch steps (the difference is the step's time in
-    its collectives, waits included)."""
-    from rawgpu.parallel.ranks import Rank
-    from rawgpu.session import Session
-    from rawgpu.steps import StepOptions, plan_model
-
-    recipe = rawgpu_recipe(h, {**RECIPES["seed"], **recipe}, steps, seed)
-    session = Session(recipe, rank=Rank(ranks, rank, unique_id, mode))
-    try:
-        us, accuracy, nodes, _, k = timed_run(session, steps, seed, data, warmup, steps_per_launch)
-        alone = plan_model(recipe, session.choice, kernels=session.kernels, sm_count=session.device.sm_count,
-                           options=StepOptions(l2_bytes=session.device.l2_bytes), rank=rank,
-                           group=NoSums()).allocate()
-        try:
-            without = step_alone_us(alone, session.stream, k, 10)
-        finally:
-            alone.arena.close()
-        return dict(rank=rank, us_per_step=us, us_without_sums=without, test_accuracy=accuracy, nodes=nodes,
-                    split=session.choice.kind, note=session.step_description)
-    finally:
-        session.close()
 
 
 def cmd_train_gpus(args) -> int:

@@ -1,6 +1,9 @@
 """Check that each CUDA stack, with every extra, resolves to that stack's packages alone (CI runs this).
 
-    python scripts/check_extras.py [--report-only FILE STACK]
+    PYTHONPATH=. python scripts/check_extras.py [--report-only FILE STACK]
+
+From the repository root, before rawgpu is installed (as CI runs it): PYTHONPATH=. finds rawgpu/install.py's tables
+in the checkout, which need nothing but the standard library.
 
 For cu13 and cu12, `pip install --dry-run --ignore-installed --report` resolves ".[STACK,MULTI,plot,test]" (MULTI:
 rawgpu/install.py's NCCL extra for the stack) from the package index, and every package the resolution would install
@@ -16,10 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from rawgpu.install import MULTI, STACKS
 
-from rawgpu.install import MULTI, STACKS  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def mixing(report: dict, stack: str) -> list[str]:

@@ -14,12 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
-from rawgpu import recipe as rc  # noqa: E402
-from rawgpu.errors import RawgpuError, StepUnsupported  # noqa: E402
-from rawgpu.files import write_atomic  # noqa: E402
-from rawgpu.cli import add_device_option, add_step_option, check_step_option, count  # noqa: E402
+from rawgpu import recipe as rc
+from rawgpu.errors import RawgpuError, StepUnsupported
+from rawgpu.files import write_atomic
+from rawgpu.cli import add_device_option, add_step_option, check_step_option, count
 
 
 def build_parser() -> argparse.ArgumentParser:

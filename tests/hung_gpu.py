@@ -7,12 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rawgpu import compiler, driver, train
+from rawgpu.trainer import Trainer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from rawgpu import compiler, driver, train  # noqa: E402
-from rawgpu.trainer import Trainer  # noqa: E402
-
 SPIN_NS = 10 * 10**9
 
 

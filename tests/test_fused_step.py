@@ -97,12 +97,14 @@ def test_fused_step_is_the_same_on_any_grid_and_keeps_its_fp16_copies(device, st
 
 
 def test_fused_phases_script_rejects_bad_arguments_in_one_line():
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the checkout's rawgpu, as dev/README.md runs the scripts
     for argv, message in ((["--steps", "5"], "must be >= 30, got 5"), (["--hidden", "0"], "must be >= 1, got 0")):
         result = subprocess.run([sys.executable, "dev/fused_phases.py", *argv], capture_output=True, text=True,
-                                cwd=root, timeout=60)
+                                cwd=root, timeout=60, env=env)
         assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr

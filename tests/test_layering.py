@@ -111,6 +111,23 @@ def test_only_the_nccl_module_touches_nccls_bindings():
     assert nccl_uses("from . import nccl") == [], "rawgpu's own module is not the binding"
 
 
+# --- no file edits the import path -------------------------------------------------------------------------------
+
+def path_edits(source: str) -> list[int]:
+    """Lines that touch `sys.path`: a script that edits it runs whatever rawgpu it points at, not the one Python
+    finds (installed, or the checkout on PYTHONPATH), and hides a module that is missing from its package."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Attribute) and _dotted(node) == "sys.path"})
+
+
+def test_no_file_edits_the_import_path():
+    offenders = [f"{p.relative_to(ROOT)}:{line}" for p in _python_files(*SCANNED_DIRS, "tests")
+                 for line in path_edits(p.read_text())]
+    assert not offenders, ("import what Python finds (pyproject's pytest pythonpath for the tests, PYTHONPATH=. for "
+                           "scripts/ and dev/ from a checkout) instead of:\n  " + "\n  ".join(offenders))
+    assert path_edits("import sys\nsys.path[:0] = ['x']") == [2] and path_edits("import sys\nsys.exit(0)") == []
+
+
 # --- no module-level import cycle inside rawgpu -------------------------------------------------------------------
 
 def module_names(root: Path, package: str) -> dict[str, Path]:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from peers.common import OPTIMIZERS, TRAIN_ROWS, Workload, step_indices
+from peers.common import OPTIMIZERS, TRAIN_ROWS, Workload, step_indices  # scripts/ is on pytest's pythonpath
 
 
 def test_length_and_dtype():

@@ -164,10 +164,12 @@ def test_bench_recipes_are_the_clis(monkeypatch, argv, steps, recipe):
     monkeypatch.setattr(module, "cmd_train", lambda args: seen.update(steps=args.steps, recipe=args.train_recipe))
     module.main(["train", *argv])
     assert seen["steps"] == steps and {k: seen["recipe"][k] for k in recipe} == recipe
+    from rawgpu.bench.training import OPTIMIZER_KEYS
+
     default, cli = module.RECIPES["default"], Recipe()
     assert default["epochs"] == rc.DEFAULTS["epochs"]
-    assert {k: default[k] for k in module.OPTIMIZER_KEYS + ("batch", "schedule")} == \
-        {k: getattr(cli, k) for k in module.OPTIMIZER_KEYS + ("batch", "schedule")}
+    assert {k: default[k] for k in OPTIMIZER_KEYS + ("batch", "schedule")} == \
+        {k: getattr(cli, k) for k in OPTIMIZER_KEYS + ("batch", "schedule")}
 
 
 def test_plan_epochs_and_steps():
@@ -221,13 +223,12 @@ def test_profile_gemm_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
 
 
 def test_gemm_variants_tensor_copy_tiles_need_sm90():
-    spec = importlib.util.spec_from_file_location("gemm_variants", ROOT / "dev" / "gemm_variants.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    why = module.variants_error(["stream", "tma", "tma128"], "sm_86")
+    from rawgpu.bench.gemm import variants_error  # dev/gemm_variants.py's check, through open_gpu
+
+    why = variants_error(["stream", "tma", "tma128"], "sm_86")
     assert why is not None and "tma tma128" in why and "sm_90" in why and "sm_86" in why and "\n" not in why
-    assert module.variants_error(["stream", "tma"], "sm_90") is None
-    assert module.variants_error(["stream"], "sm_86") is None
+    assert variants_error(["stream", "tma"], "sm_90") is None
+    assert variants_error(["stream"], "sm_86") is None
 
 
 def test_a_data_dir_without_the_files_is_a_usage_error_before_any_gpu_work(capsys, tmp_path, monkeypatch):

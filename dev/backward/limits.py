@@ -10,9 +10,10 @@ its chunk loop taken out, each a build of dx_update.cu with -DDXU_ABLATE=bits (i
                                   [--max-stages N]
 
 Each line is one layer shape (H x H with dx, the plan's column ranges and roles) timed as dev/backward_splits.py
-times it, once per mask: us per launch and the % of copy bandwidth the full kernel's weight bytes would reach in
-that time. If taking the tensor-core work out (3) brings the kernel to the copy rate, moving it onto Hopper's
-asynchronous warpgroup MMA can; if the loads and write-back alone (7) stay below it, its memory path is the limit.
+times it (rawgpu.bench.gemm.bench_dx_update), once per mask: us per launch and the % of copy bandwidth the full
+kernel's weight bytes would reach in that time. If taking the tensor-core work out (3) brings the kernel to the copy
+rate, moving it onto Hopper's asynchronous warpgroup MMA can; if the loads and write-back alone (7) stay below it,
+its memory path is the limit.
 --stream first times stream.cu: the same bytes per weight read and written in place as a plain grid-stride stream
 (1, 2 and 4 pieces of each array in flight per thread), the most any structure of the kernel could reach.
 """
@@ -25,20 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # rawgpu, from a checkout
-sys.path.insert(1, str(ROOT / "scripts"))  # bench.py
-sys.path.insert(2, str(ROOT / "dev"))  # backward_splits.py, gemm_variants.py
-
-import bench  # noqa: E402
-from backward_splits import time_backward  # noqa: E402
-from gemm_variants import open_gpu  # noqa: E402
-from rawgpu import contract, driver  # noqa: E402
-from rawgpu.compiler import compile_file, compile_source  # noqa: E402
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
-from rawgpu.kernels import dx_update as U  # noqa: E402
-from rawgpu.memory import Arena  # noqa: E402
+from rawgpu import contract, driver
+from rawgpu.bench.gemm import bench_dx_update, open_gpu
+from rawgpu.bench.timing import copy_bandwidth, time_graph
+from rawgpu.cli import count
+from rawgpu.compiler import compile_file, compile_source
+from rawgpu.errors import RawgpuError
+from rawgpu.kernels import Kernels
+from rawgpu.kernels import dx_update as U
+from rawgpu.memory import Arena
 
 PARTS = {1: "dx", 2: "G", 4: "update", 8: "write-back", 16: "weight loads"}
 TILED = 32
@@ -72,8 +68,8 @@ def time_stream(device, stream, opt: str, h: int, launches: int, trials: int) ->
         for unroll in (1, 2, 4):
             kernel = module.kernel(f"stream_s{states}_u{unroll}", "ppppq")
             launch = kernel.bind(4 * device.sm_count, 512, 0, w16, lo, m, v, n)
-            out.append((unroll, bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(launches)],
-                                                 launches, trials)))
+            out.append((unroll, time_graph(stream, lambda: [launch.run(stream) for _ in range(launches)],
+                                           launches, trials)))
     module.close()
     return out
 
@@ -85,16 +81,16 @@ def describe(mask: int) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=bench.positive, nargs="+", default=[4096])
-    p.add_argument("--batch", type=bench.positive, default=128)
+    p.add_argument("--sizes", type=count(1), nargs="+", default=[4096])
+    p.add_argument("--batch", type=count(1), default=128)
     p.add_argument("--optimizer", choices=("sgd", "adam"), nargs="+", default=["sgd", "adam"])
     p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 7, 8, 24, 31],
                    help="DXU_ABLATE bit sets, 0..63 (0: the whole kernel)")
     p.add_argument("--stream", action="store_true", help="also time the plain stream of the same bytes (stream.cu)")
-    p.add_argument("--max-stages", type=bench.positive, default=None,
+    p.add_argument("--max-stages", type=count(1), default=None,
                    help="cap the pipeline's depth below what fits (contract.DXU_MAX_STAGES, for this run only)")
-    p.add_argument("--launches", type=bench.positive, default=20)
-    p.add_argument("--trials", type=bench.positive, default=15)
+    p.add_argument("--launches", type=count(1), default=20)
+    p.add_argument("--trials", type=count(1), default=15)
     args = p.parse_args(argv)
     if any(not 0 <= m < 64 for m in args.masks):
         p.error("--masks are bit sets of 1, 2, 4, 8, 16 and 32 (0..63)")
@@ -117,7 +113,7 @@ def run(args) -> int:
     if (gpu := open_gpu(0, [], "backward_limits")) is None:
         return 2
     device, stream, _, rng = gpu
-    bw = bench.copy_bandwidth(stream)
+    bw = copy_bandwidth(stream)
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; pipeline stages at most "
           f"{contract.DXU_MAX_STAGES}; us per launch (% of copy at the whole kernel's bytes per weight)")
     for opt in args.optimizer:
@@ -129,8 +125,8 @@ def run(args) -> int:
                     print(f"{opt:>4} {h:>5} x {h:<5} plain stream, {unroll} pieces in flight per thread "
                           f"{us:8.2f} us ({pct:3.0f}%)", flush=True)
             for mask in args.masks:
-                us, splits = time_backward(device, stream, AblatedKernels(device.arch, mask), rng, args.batch, h, h,
-                                           opt, True, None, args.launches, args.trials)
+                us, splits = bench_dx_update(device, stream, AblatedKernels(device.arch, mask), rng, args.batch, h, h,
+                                             opt, True, None, args.launches, args.trials)
                 pct = 100 * per_weight * h * h / (us * 1e3) / bw
                 stages = contract.dxu_stages(U.batch_tile(args.batch), opt, device.arch)
                 print(f"{opt:>4} {h:>5} x {h:<5} ranges {splits} stages {stages}  mask {mask:>2} {describe(mask):<40} "

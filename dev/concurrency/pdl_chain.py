@@ -18,13 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from rawgpu import compiler, driver  # noqa: E402
-from rawgpu.errors import RawgpuError  # noqa: E402
-from rawgpu.graph import capture  # noqa: E402
-from rawgpu.memory import Arena  # noqa: E402
+from rawgpu import compiler, driver
+from rawgpu.errors import RawgpuError
+from rawgpu.graph import capture
+from rawgpu.memory import Arena
 
 # name: (cluster CTAs, CTAs per SM as the grid's size, dynamic shared bytes, mode bits of pdl_chain.cu, programmatic)
 VARIANTS = {

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from rawgpu import driver, train  # noqa: E402
+from rawgpu import driver, train
 
 
 def main() -> int:

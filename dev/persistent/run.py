@@ -17,13 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "scripts"))
-
-import bench  # noqa: E402  (scripts/bench.py: time_graph)
-from rawgpu import compiler, driver  # noqa: E402
-from rawgpu.memory import Arena  # noqa: E402
+from rawgpu import compiler, driver
+from rawgpu.bench.timing import time_graph
+from rawgpu.memory import Arena
 
 ROWS, THREADS = 128, 256
 
@@ -97,8 +93,8 @@ def main() -> int:
                         times = {}
                         for L in args.layers:
                             launch = kern.bind(C, THREADS, shared, tx, tw, act, flags, H, L, chunks, mode)
-                            times[L] = bench.time_graph(stream, lambda: [launch.run(stream) for _ in range(20)],
-                                                        20, args.trials)
+                            times[L] = time_graph(stream, lambda: [launch.run(stream) for _ in range(20)],
+                                                  20, args.trials)
                         slope, fixed = np.polyfit(list(times), list(times.values()), 1)
                         cells = "  ".join(f"{L}: {t:6.2f}" for L, t in times.items())
                         print(f"H {H:5d}  {C:3d} CTAs x {n:2d} columns  chunks {chunks}  mode {mode}  {cells}  ->  "

@@ -17,14 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from rawgpu import compiler, driver  # noqa: E402
-from rawgpu.graph import capture  # noqa: E402
-from rawgpu.kernels import Kernels  # noqa: E402
-from rawgpu.kernels import gemm as G  # noqa: E402
-from rawgpu.memory import Arena  # noqa: E402
+from rawgpu import compiler, driver
+from rawgpu.bench.timing import time_graph
+from rawgpu.kernels import Kernels
+from rawgpu.kernels import gemm as G
+from rawgpu.memory import Arena
 
 KERNELS = ("wg_rc_128", "wg_rc_256", "wg_rr_128", "wg_rr_128_swap", "wg_rr_256", "wg_rr_256_swap")
 SHARED = {128: 6 * (128 * 64 * 2 + 128 * 64 * 2) + 1024, 256: 4 * (128 * 64 * 2 + 256 * 64 * 2) + 1024}
@@ -35,20 +32,6 @@ def build() -> driver.Module:
     for name, r in sorted(module.resources.items()):
         print(f"# {name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}, stack {r.stack_frame}")
     return driver.Module(module.cubin)
-
-
-def time_launches(stream, issue, launches: int, trials: int) -> float:
-    graph = capture(stream, lambda: [issue() for _ in range(launches)])
-    graph.upload(stream)
-    start, end, times = driver.Event(), driver.Event(), []
-    graph.launch(stream)
-    for _ in range(trials):
-        start.record(stream)
-        graph.launch(stream)
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_ms(end) * 1e3 / launches)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -97,12 +80,12 @@ def main() -> int:
                 stream.synchronize()
                 got = tC.download().astype(np.float64)
                 err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) if np.isfinite(got).all() else float("nan")
-                us = time_launches(stream, lambda: launch.run(stream), 20, args.trials)
+                us = time_graph(stream, lambda: [launch.run(stream) for _ in range(20)], 20, args.trials)
                 cells.append(f"{name} {us:8.2f} ({flops / us / 1e6:5.0f}) err {err:.1e}")
             for layout, bt in (("rr", tB), ("rc", tBt)):
                 plan = plans[layout]
                 launch = G.gemm(kernels, plan, tA, bt, tC, workspace=ws, tickets=tickets)
-                us = time_launches(stream, lambda: launch.run(stream), 20, args.trials)
+                us = time_graph(stream, lambda: [launch.run(stream) for _ in range(20)], 20, args.trials)
                 cells.append(f"rawgpu {layout} {plan.config.name}/{plan.splits} {us:8.2f} ({flops / us / 1e6:5.0f})")
             if torch is not None:
                 ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
