@@ -87,6 +87,109 @@ def dataset_record(data: Dataset | None, recipe: Recipe, image_shape: tuple[int,
     return {"name": None, "image_shape": list(image_shape) if image_shape else None, "classes": recipe.classes}
 
 
+# --- the pieces of Trainer.fit ----------------------------------------------------------------------------------
+
+class _Launches:
+    """What fit queues on the stream: training steps (the k-step graph while k or more remain, then the one-step
+    graph; without graphs the kernels one by one) and the evaluation graph. Building it captures the graphs."""
+
+    def __init__(self, trainer: "Trainer"):
+        graphs, k = trainer.graphs, trainer.steps_per_graph
+        self._one = trainer._graph("step1") if graphs else None
+        self._many = trainer._graph(f"step{k}") if graphs and k > 1 else None
+        self._eval = trainer._graph("eval")
+        self._kernels = None if graphs else trainer.model.step_launches()
+        self._k, self._stream = k, trainer.stream
+
+    def steps(self, n: int) -> None:
+        done = 0
+        while done < n:
+            if self._many is not None and n - done >= self._k:
+                self._many.launch(self._stream)
+                done += self._k
+            elif self._one is not None:
+                self._one.launch(self._stream)
+                done += 1
+            else:
+                for launch in self._kernels:
+                    launch.run(self._stream)
+                done += 1
+
+    def evaluate(self) -> None:
+        self._eval.launch(self._stream)
+
+
+class _ProgressTicks:
+    """An epoch's progress events, one recorded behind each chunk of steps queued. The host waits for the oldest
+    only when all MAX_AHEAD are in flight, so the GPU always has work queued and Ctrl-C acts within a few ticks;
+    progress.epoch_progress reports a tick once the GPU has reached it."""
+
+    def __init__(self, events: list, stream, progress, first_step: int):
+        self._free, self._pending = list(events), []
+        self._stream, self._progress, self._first_step = stream, progress, first_step
+
+    def record(self, launched: int) -> None:
+        """A tick after the epoch's first `launched` steps; with none free, first wait for the oldest."""
+        if not self._free:
+            ev, at = self._pending.pop(0)
+            self._wait(ev, at)
+            self._free.append(ev)
+        self._pending.append((self._free.pop().record(self._stream), launched))
+
+    def wait_all(self) -> None:
+        """Wait for the ticks still in flight, oldest first."""
+        for ev, at in self._pending:
+            self._wait(ev, at)
+
+    def _wait(self, ev, at: int) -> None:
+        ev.synchronize(f"step {self._first_step + at}")
+        if self._progress is not None:
+            self._progress.epoch_progress(at)
+
+
+class _SavePolicy:
+    """When fit writes its checkpoint `path` (None: never): every `every` steps, where stop_at ends it inside an
+    epoch, after an interrupt that settled at a step boundary, and when fit returns at an epoch boundary. A save
+    inside an epoch keeps its metrics so far, for the checkpoint or a later fit; the saves during the run are skipped
+    when the loss or a weight is not finite, so the last good checkpoint stays."""
+
+    def __init__(self, trainer: "Trainer", path, every: int | None):
+        self._trainer, self.path, self._every = trainer, path, every
+
+    def steps_to_queue(self, todo: int) -> int:
+        """`todo` cut short where the next periodic save falls, so that the save sees exactly its step."""
+        if self.path is not None and self._every:
+            return min(todo, self._every - self._trainer.steps_done % self._every)
+        return todo
+
+    def inside_epoch(self) -> None:
+        """After a chunk that ends inside its epoch: the periodic save, with the epoch's metrics so far."""
+        if self._due():
+            self._trainer._save_mid_epoch(self.path)
+
+    def epoch_end(self, last: bool) -> None:
+        """After an epoch's evaluation: the periodic save, but not after the run's last epoch (at_end saves it)."""
+        if self._due() and not last:
+            self._trainer._save_if_finite(self.path)
+
+    def stopped_inside_epoch(self) -> None:
+        """stop_at falls inside an epoch: keep its metrics so far (a later fit continues with them), and save."""
+        self._trainer._save_mid_epoch(self.path)
+
+    def interrupted(self) -> None:
+        """After Ctrl-C or SIGTERM, once the run has settled at a step boundary."""
+        if self.path is not None:
+            self._trainer._save_mid_epoch(self.path)
+
+    def at_end(self) -> None:
+        """fit returns at an epoch boundary: the run's end, stop_at there, or on_epoch said stop."""
+        if self.path is not None:
+            self._trainer.save(self.path)
+
+    def _due(self) -> bool:
+        return self.path is not None and bool(self._every) and self._trainer.steps_done % self._every == 0
+
+
 class Trainer:
     """An MLP on one GPU with its data: `fit`, `evaluate`, `predict`, `save`, `load`, `close` (or a `with` block)."""
 
@@ -196,6 +299,32 @@ class Trainer:
         propagates). stop_at: stop after this many steps of the run (inside an epoch too); fit() again, or a saved
         checkpoint, continues. A train loss that turns NaN or infinite raises TrainingDiverged at the end of that
         epoch and saves nothing: the last good checkpoint stays."""
+        self._check_can_fit()
+        if save_every is not None and save_every < 1:
+            raise ValueError(f"save_every must be >= 1, got {save_every}")
+        saves = _SavePolicy(self, save_to, save_every)
+        stop = self.plan.total_steps if stop_at is None else min(stop_at, self.plan.total_steps)
+        if self.steps_done >= stop:
+            saves.at_end()
+            return self.history
+        from .driver import Event
+
+        events = [Event() for _ in range(MAX_AHEAD + 3)]  # an epoch's start, end and evaluation's end; the ticks
+        try:  # the graphs' capture too: an interrupt there stops at a step boundary as well
+            at_epoch_boundary = self._run_epochs(on_epoch, progress, saves, stop, events)
+        except KeyboardInterrupt:
+            if self._settle_interrupted():
+                saves.interrupted()
+            raise
+        finally:
+            for ev in events:
+                ev.close()
+        if at_epoch_boundary:
+            saves.at_end()
+        return self.history
+
+    def _check_can_fit(self) -> None:
+        """Refuse a closed trainer, one without training data, and a loaded checkpoint on other data than its own."""
         self._check_open()
         if self.data is None:
             raise RawgpuError("this trainer has no training data: load it with data=...")
@@ -203,133 +332,124 @@ class Trainer:
         if trained_on and (trained_on[0], trained_on[1]) != (self.data.name, len(self.data.train_labels)):
             raise ck.CheckpointError(f"{trained_on[2]}: trained on {trained_on[0]} ({trained_on[1]} images); resuming "
                                      f"needs the same data, got {self.data.name} ({len(self.data.train_labels)})")
-        m, stream, plan, r = self.model, self.stream, self.plan, self.recipe
-        if save_every is not None and save_every < 1:
-            raise ValueError(f"save_every must be >= 1, got {save_every}")
-        stop = plan.total_steps if stop_at is None else min(stop_at, plan.total_steps)
-        if self.steps_done >= stop:
-            if save_to is not None:
-                self.save(save_to)
-            return self.history
-        from .driver import Event
+
+    def _run_epochs(self, on_epoch, progress, saves: _SavePolicy, stop: int, events: list) -> bool:
+        """The epoch loop, from the current step to step `stop`. True when it ends at an epoch boundary (the run's
+        end, `stop` there, or on_epoch said stop); False when `stop` falls inside an epoch."""
+        plan, stream = self.plan, self.stream
+        launches = _Launches(self)
+        first_epoch = self.steps_done // plan.steps_per_epoch
+        order = self._data_order(first_epoch)
+        start, end, eval_end = events[0], events[1], events[2]
+        for epoch in range(first_epoch, plan.epochs):
+            first = epoch * plan.steps_per_epoch
+            if first >= stop:
+                break
+            n = plan.steps_in(epoch)
+            started = self.steps_done - first  # > 0: resuming inside this epoch
+            self._begin_epoch(epoch, n, started, order, progress)
+            ticks = _ProgressTicks(events[3:], stream, progress, first)
+            self._session.sync_ranks()
+            start.record(stream)
+            limit = min(n, stop - first)
+            self._queue_steps(epoch, started, limit, launches, ticks, saves)
+            if limit < n:
+                saves.stopped_inside_epoch()
+                return False
+            end.record(stream)
+            launches.evaluate()
+            eval_end.record(stream)
+            ticks.wait_all()
+            stats = self._record_epoch(epoch, n, started, (start, end, eval_end))
+            keep_going = on_epoch is None or on_epoch(stats) is not False
+            self._stop_if_diverged(stats, saves.path)
+            saves.epoch_end(last=epoch + 1 == plan.epochs)
+            if not keep_going:
+                break
+        return True
+
+    def _data_order(self, first_epoch: int) -> np.random.Generator:
+        """The generator of the epochs' sample orders, past those of the epochs already run: the order is replayed
+        from the seed, not stored, so a resumed run sees the same data as an uninterrupted one."""
+        rng = np.random.default_rng(self.recipe.seed)
+        for _ in range(first_epoch):
+            rng.permutation(self.recipe.train_rows)
+        return rng
+
+    def _begin_epoch(self, epoch: int, n: int, started: int, order: np.random.Generator, progress) -> None:
+        """After a named wait for the work queued before (the order must not change under queued steps): the epoch's
+        sample order and metrics (zero, or those a resumed epoch had summed), then progress.epoch_begin."""
+        m, stream = self.model, self.stream
+        stream.synchronize(f"the work queued before step {self.steps_done + 1}")  # names the wait it is
+        m.set_permutation(order.permutation(self.recipe.train_rows))
+        if started:
+            m.set_train_metrics(*self._epoch_metrics)
+        else:
+            m.zero_metrics().run(stream)
+        if progress is not None:
+            progress.epoch_begin(epoch + 1, self.plan.epochs, n)
+
+    def _queue_steps(self, epoch: int, launched: int, limit: int, launches: _Launches, ticks: _ProgressTicks,
+                     saves: _SavePolicy) -> None:
+        """Queue the epoch's steps from `launched` to `limit` in chunks of one progress tick (whole graphs of
+        steps_per_graph steps; cut short where a periodic save falls), a tick after each. steps_done counts the
+        steps queued: the GPU catches up at the ticks and the saves."""
+        k, first, n = self.steps_per_graph, epoch * self.plan.steps_per_epoch, self.plan.steps_in(epoch)
+        chunk = max(k, cdiv(n, PROGRESS_TICKS) // k * k)
+        while launched < limit:
+            todo = saves.steps_to_queue(min(chunk, limit - launched))
+            launches.steps(todo)
+            launched += todo
+            self.steps_done = first + launched
+            ticks.record(launched)
+            if launched < n:
+                saves.inside_epoch()
+
+    def _record_epoch(self, epoch: int, n: int, started: int, timing: tuple) -> EpochStats:
+        """The finished epoch's EpochStats, from its events (start, end, evaluation's end) and the metrics read
+        back; added to the history and the training time, and the resumed epoch's metrics cleared."""
         from .kernels.data import lr_at
 
-        events = [Event() for _ in range(MAX_AHEAD + 3)]
-        try:  # the graphs' capture too: an interrupt there stops at a step boundary as well
-            step_graph = self._graph("step1") if self.graphs else None
-            k = self.steps_per_graph
-            multi_graph = self._graph(f"step{k}") if self.graphs and k > 1 else None
-            eval_graph = self._graph("eval")
-            launches = None if self.graphs else m.step_launches()
-            flops, traffic = r.step_flops(), r.step_bytes()
-            rng = np.random.default_rng(r.seed)
-            first_epoch = self.steps_done // plan.steps_per_epoch
-            for _ in range(first_epoch):  # the data order of the epochs already run: replayed, not stored
-                rng.permutation(r.train_rows)
+        m, r, plan = self.model, self.recipe, self.plan
+        start, end, eval_end = timing
+        # An epoch with a mid-epoch save also counts the idle GPU time of that save.
+        seconds, eval_seconds = start.elapsed_ms(end) / 1e3, end.elapsed_ms(eval_end) / 1e3
+        loss_sum, correct = m.train_metrics(self.stream)
+        test_loss, test_acc = m.eval_metrics()
+        flops, traffic = r.step_flops(), r.step_bytes()
+        ran = n - started
+        self.train_seconds += seconds
+        train_loss = loss_sum / (n * r.batch)
+        stats = EpochStats(
+            epoch=epoch + 1, epochs=plan.epochs, steps=n, train_loss=train_loss,
+            train_accuracy=correct / (n * r.batch), test_loss=test_loss, test_accuracy=test_acc,
+            seconds=seconds, eval_seconds=eval_seconds, steps_per_s=ran / seconds,
+            samples_per_s=ran * r.batch / seconds, tflops=flops * ran / seconds / 1e12,
+            gbps=traffic * ran / seconds / 1e9,
+            lr=lr_at(self.steps_done - 1, r.lr, r.lr_min, r.total_steps, r.warmup_steps, r.schedule),
+            total_seconds=self.train_seconds)
+        self.history.append(stats)
+        self._epoch_metrics = (0.0, 0)
+        return stats
 
-            def run_steps(n: int) -> None:
-                done = 0
-                while done < n:
-                    if multi_graph is not None and n - done >= k:
-                        multi_graph.launch(stream)
-                        done += k
-                    elif step_graph is not None:
-                        step_graph.launch(stream)
-                        done += 1
-                    else:
-                        for launch in launches:
-                            launch.run(stream)
-                        done += 1
+    def _stop_if_diverged(self, stats: EpochStats, save_to) -> None:
+        """TrainingDiverged when the epoch's train loss is not finite: every later step would train on NaN."""
+        if not math.isfinite(stats.train_loss):
+            raise TrainingDiverged(
+                f"training diverged in epoch {stats.epoch}: the train loss is {stats.train_loss}; the learning rate "
+                f"(lr {self.recipe.lr:g}) is the likely cause, try a smaller one"
+                + (f"; {save_to} keeps the last good checkpoint" if save_to and Path(save_to).exists() else ""))
 
-            for epoch in range(first_epoch, plan.epochs):
-                if epoch * plan.steps_per_epoch >= stop:
-                    break
-                n = plan.steps_in(epoch)
-                started = self.steps_done - epoch * plan.steps_per_epoch  # > 0: resuming inside this epoch
-                stream.synchronize(f"the work queued before step {self.steps_done + 1}")  # names the wait it is
-                m.set_permutation(rng.permutation(r.train_rows))
-                if started:
-                    m.set_train_metrics(*self._epoch_metrics)
-                else:
-                    m.zero_metrics().run(stream)
-                if progress is not None:
-                    progress.epoch_begin(epoch + 1, plan.epochs, n)
-                start, end, eval_end = events[0], events[1], events[2]
-                ticks = events[3:]
-                self._session.sync_ranks()
-                start.record(stream)
-                # Progress: an event every n/PROGRESS_TICKS steps; the host waits for the oldest when it is
-                # MAX_AHEAD ticks in front, so the GPU always has queued work and Ctrl-C acts within a few ticks.
-                chunk, free, pending, launched = max(k, cdiv(n, PROGRESS_TICKS) // k * k), list(ticks), [], started
-                limit = min(n, stop - epoch * plan.steps_per_epoch)
-                while launched < limit:
-                    todo = min(chunk, limit - launched)
-                    if save_to is not None and save_every:
-                        todo = min(todo, save_every - (epoch * plan.steps_per_epoch + launched) % save_every)
-                    run_steps(todo)
-                    launched += todo
-                    self.steps_done = epoch * plan.steps_per_epoch + launched
-                    if not free:
-                        ev, at = pending.pop(0)
-                        ev.synchronize(f"step {epoch * plan.steps_per_epoch + at}")
-                        if progress is not None:
-                            progress.epoch_progress(at)
-                        free.append(ev)
-                    pending.append((free.pop().record(stream), launched))
-                    if save_to is not None and save_every and self.steps_done % save_every == 0 and launched < n:
-                        self._save_mid_epoch(save_to)
-                if limit < n:  # stopped inside the epoch: keep its metrics so far for the rest of it
-                    self._save_mid_epoch(save_to)
-                    return self.history
-                end.record(stream)
-                eval_graph.launch(stream)
-                eval_end.record(stream)
-                for ev, at in pending:
-                    ev.synchronize(f"step {epoch * plan.steps_per_epoch + at}")
-                    if progress is not None:
-                        progress.epoch_progress(at)
-                # An epoch with a mid-epoch save also counts the idle GPU time of that save.
-                seconds, eval_seconds = start.elapsed_ms(end) / 1e3, end.elapsed_ms(eval_end) / 1e3
-                loss_sum, correct = m.train_metrics(stream)
-                test_loss, test_acc = m.eval_metrics()
-                ran = n - started
-                self.train_seconds += seconds
-                train_loss = loss_sum / (n * r.batch)
-                stats = EpochStats(
-                    epoch=epoch + 1, epochs=plan.epochs, steps=n, train_loss=train_loss,
-                    train_accuracy=correct / (n * r.batch), test_loss=test_loss, test_accuracy=test_acc,
-                    seconds=seconds, eval_seconds=eval_seconds, steps_per_s=ran / seconds,
-                    samples_per_s=ran * r.batch / seconds, tflops=flops * ran / seconds / 1e12,
-                    gbps=traffic * ran / seconds / 1e9,
-                    lr=lr_at(self.steps_done - 1, r.lr, r.lr_min, r.total_steps, r.warmup_steps, r.schedule),
-                    total_seconds=self.train_seconds)
-                self.history.append(stats)
-                self._epoch_metrics = (0.0, 0)
-                keep_going = on_epoch is None or on_epoch(stats) is not False
-                if not math.isfinite(train_loss):  # every later step would train on NaN: stop here, save nothing
-                    raise TrainingDiverged(
-                        f"training diverged in epoch {epoch + 1}: the train loss is {train_loss}; the learning rate "
-                        f"(lr {r.lr:g}) is the likely cause, try a smaller one"
-                        + (f"; {save_to} keeps the last good checkpoint" if save_to and Path(save_to).exists() else ""))
-                if save_to is not None and save_every and self.steps_done % save_every == 0 and epoch + 1 < plan.epochs:
-                    self._save_if_finite(save_to)
-                if not keep_going:
-                    break
-        except KeyboardInterrupt:
-            if self.rank is not None and self.rank.ranks > 1:  # the other ranks' steps may never come: no save
-                raise
-            if not self._session.settle(INTERRUPT_GRACE):  # the GPU never reached a step boundary: no save
-                raise
-            self.steps_done = m.step_count()
-            if save_to is not None:
-                self._save_mid_epoch(save_to)
-            raise
-        finally:
-            for ev in events:
-                ev.close()
-        if save_to is not None:
-            self.save(save_to)
-        return self.history
+    def _settle_interrupted(self) -> bool:
+        """After Ctrl-C or SIGTERM: whether the run stopped at a step boundary it can save (steps_done then names
+        it). Not on several GPUs (the other ranks' steps may never come), nor when the queued steps have not
+        finished within INTERRUPT_GRACE (the GPU is then given up)."""
+        if self.rank is not None and self.rank.ranks > 1:
+            return False
+        if not self._session.settle(INTERRUPT_GRACE):
+            return False
+        self.steps_done = self.model.step_count()
+        return True
 
     def _save_mid_epoch(self, path) -> None:
         """Keep the epoch's metrics so far (a later fit or a checkpoint continues the epoch with them) and save to
