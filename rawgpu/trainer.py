@@ -177,9 +177,9 @@ class _SavePolicy:
         self._trainer._save_mid_epoch(self.path)
 
     def interrupted(self) -> None:
-        """After Ctrl-C or SIGTERM, once the run has settled at a step boundary."""
-        if self.path is not None:
-            self._trainer._save_mid_epoch(self.path)
+        """After Ctrl-C or SIGTERM, once the run has settled at a step boundary: keep the epoch's metrics so far (a
+        later fit continues with them, saved or not), and save."""
+        self._trainer._save_mid_epoch(self.path)
 
     def at_end(self) -> None:
         """fit returns at an epoch boundary: the run's end, stop_at there, or on_epoch said stop."""
