@@ -4,6 +4,8 @@ cases)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -173,4 +175,4 @@ def test_the_kernels_static_shared_memory_fits_the_room_planned_for_it():
     built = compiler.compile_source(kc.SOURCE, "sm_90")
     for t in kc.TILE_COUNTS:
         res = built.resources[f"cluster_steps_{t}"]
-        assert contract.ctypes.sizeof(contract.CsParams) <= res.shared_static <= kc.PARAM_BYTES, res
+        assert ctypes.sizeof(contract.CsParams) <= res.shared_static <= kc.PARAM_BYTES, res

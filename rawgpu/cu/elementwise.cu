@@ -9,7 +9,7 @@
 #include "exact_sum.cuh"
 
 #ifndef EW_THREADS
-#error "elementwise.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
+#error "elementwise.cu is built with rawgpu/contract/elementwise.py's defines (rawgpu/compiler.py passes them)"
 #endif
 
 RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }
@@ -63,8 +63,8 @@ RG_DEVICE void bias_step(int c, float g, float* bias, float* m, float* v, const 
 // partials meet in shared memory. Grid: column tiles x row ranges of split_rows rows; the ranges' sums meet in
 // `scratch` (int64 per column, zero) and the last range of a tile (its `tickets` entry) finishes it, leaving both
 // zero (exact_sum.cuh: integers, so the same bits in any order and for any split). blockDim.x * blockDim.y <=
-// EW_THREADS (rawgpu/contract.py, a -D option: the launcher's block). m, v: the optimiser's state (null where it
-// keeps none). grad: where g goes instead of the update (data parallelism adds it up over the GPUs first:
+// EW_THREADS (rawgpu/contract/elementwise.py, a -D option: the launcher's block). m, v: the optimiser's state (null
+// where it keeps none). grad: where g goes instead of the update (data parallelism adds it up over the GPUs first:
 // apply_update); null to update.
 extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, int rows, int cols,
                                        float* __restrict__ bias, float* __restrict__ m, float* __restrict__ v,

@@ -74,9 +74,9 @@ class ClusterStep(Step):
         return f"cluster: 1 kernel, {p.ctas} CTAs sharing the model in shared memory ({p.smem_bytes // 1024} KB each)"
 
     def param_table(self, profile: int = 0) -> np.ndarray:
-        """The CsParams table (contract.py; pointers are device addresses, offsets from the shared-memory plan) as
-        uint64 words, up to the model's last layer. profile: a device buffer for timestamps (a kernel built with
-        -DCS_PROFILE writes 1 + steps x len(kc.marks(layers)) of them), or 0. Rates rounded to fp32 first."""
+        """The CsParams table (contract/cluster.py; pointers are device addresses, offsets from the shared-memory
+        plan) as uint64 words, up to the model's last layer. profile: a device buffer for timestamps (a kernel built
+        with -DCS_PROFILE writes 1 + steps x len(kc.marks(layers)) of them), or 0. Rates rounded to fp32 first."""
         m, plan = self.model, self.plan
         r, o = m.recipe, plan.offsets
         lr0, lr_min = r.scaled_lr
