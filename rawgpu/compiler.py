@@ -1,7 +1,7 @@
 """NVRTC: our `.cu` sources -> cubin for one `sm_XY`, with the ptxas resource report and an on-disk cache.
 
 We always build a cubin (SASS) for the exact architecture, never PTX: the driver then has nothing to JIT,
-and an older driver than the NVRTC that built it still loads it. Every build also gets what rawgpu/contract.py
+and an older driver than the NVRTC that built it still loads it. Every build also gets what rawgpu/contract/
 says the source shares with Python (its -D defines and generated headers, held in memory). The cache key is a
 hash of every source and header text, the generated ones included, the options, the NVRTC version and the arch,
 so any edit rebuilds and nothing stale loads.

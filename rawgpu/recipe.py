@@ -20,10 +20,10 @@ TRAIN_ROWS = 60000
 TEST_ROWS = 10000
 MAX_CLASSES = 16  # the head computes one mma tile of 16 columns
 MAX_INPUTS = 16384  # pixels per image: gather_batch runs a thread per 16 columns, at most 1024 threads
-SCHEDULES = {"constant": 0, "cosine": 1, "linear": 2}  # name -> the code the kernels switch on (contract.py)
+SCHEDULES = {"constant": 0, "cosine": 1, "linear": 2}  # name -> the code the kernels switch on (contract/optim.py)
 ACCUMS = {"fp32": "f32", "fp16": "f16"}  # the CLI's spelling -> the kernels' instance suffix
 GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
-OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}  # name -> the code the kernels switch on (contract.py: OPT_*)
+OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}  # name -> the code the kernels switch on (contract/optim.py: OPT_*)
 # Per optimiser: the defaults of the settings whose usual value depends on it (torch.optim's, and the lr the CLI's
 # default recipe reaches >= 98% with). The CLIs leave these unset (None) unless given, and Recipe resolves them.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},

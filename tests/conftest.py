@@ -32,6 +32,12 @@ def skip_without_gpu() -> object:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that read the whole builds run last: their builds (whole_builds_early) then overlap every other
+    test instead of holding the session up where the first of them comes."""
+    items.sort(key=lambda item: "whole_builds" in getattr(item, "fixturenames", ()))
+
+
 def pytest_runtest_setup(item):
     """A `gpu` test without a GPU skips before any of its fixtures is set up."""
     if item.get_closest_marker("gpu"):
@@ -85,6 +91,39 @@ def kernel_cache(tmp_path_factory):
         yield path
     finally:
         os.environ.pop("RAWGPU_CACHE", None)
+
+
+_early_builds: list = []  # the process building every source whole, when this session runs a test that needs it
+
+
+@pytest.fixture(scope="session", autouse=True)
+def whole_builds_early(request, kernel_cache):
+    """When a collected test uses `whole_builds`, start those builds now, in a process of their own (whole_builds.py),
+    so that they use the CPUs while the other tests run (those that read them run last)."""
+    if any("whole_builds" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        import subprocess
+        import sys
+
+        here = Path(__file__).resolve().parent
+        env = {**os.environ, "RAWGPU_CACHE": kernel_cache,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")]))}
+        _early_builds.append(subprocess.Popen([sys.executable, str(here / "whole_builds.py")], env=env,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    yield
+    for proc in _early_builds:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def whole_builds(kernel_cache):
+    """(source, arch) -> every source built whole for sm_80, sm_86 and sm_90 (whole_builds.py): the early process's
+    builds, read from the cache once it has finished; what it could not build is built (and fails) here."""
+    from whole_builds import build
+
+    for proc in _early_builds:
+        proc.wait()
+    return build()
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,8 @@ cases)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -165,12 +167,12 @@ def test_cluster_step_trains_mnist(device, stream, rng):
         model.arena.close()
 
 
-def test_the_kernels_static_shared_memory_fits_the_room_planned_for_it():
+def test_the_kernels_static_shared_memory_fits_the_room_planned_for_it(whole_builds):
     """unsupported_reason keeps kc.PARAM_BYTES of each SM's shared memory for the kernel's static copy of its table;
     ptxas says how much that is."""
-    from rawgpu import compiler, contract
+    from rawgpu import contract
 
-    built = compiler.compile_source(kc.SOURCE, "sm_90")
+    built = whole_builds[(kc.SOURCE, "sm_90")]
     for t in kc.TILE_COUNTS:
         res = built.resources[f"cluster_steps_{t}"]
-        assert contract.ctypes.sizeof(contract.CsParams) <= res.shared_static <= kc.PARAM_BYTES, res
+        assert ctypes.sizeof(contract.CsParams) <= res.shared_static <= kc.PARAM_BYTES, res

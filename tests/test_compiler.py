@@ -1,7 +1,8 @@
 """NVRTC compiler: every kernel source builds for sm_80/86/90 with no spills; the cache hits, misses, heals.
 
 Every source is built whole once per test session for each arch, on as many threads as there are CPUs, into the
-session's kernel cache (conftest.py); the tests of PTX read what those builds kept."""
+session's kernel cache (conftest.py's `whole_builds`, started as the session begins); the tests of PTX read what those
+builds kept."""
 
 from __future__ import annotations
 
@@ -14,24 +15,13 @@ import pytest
 from rawgpu import compiler, contract
 from rawgpu.errors import CompileError
 
-ARCHS = ["sm_80", "sm_86", "sm_90"]
+from whole_builds import ARCHS  # what the session builds whole
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
     return tmp_path / "kernels"
-
-
-@pytest.fixture(scope="session")
-def whole_builds():
-    """(source, arch) -> every source built whole for every arch of ARCHS, the largest first, in parallel."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    jobs = sorted(((s, a) for s in compiler.all_sources() for a in ARCHS),
-                  key=lambda sa: -(compiler.SOURCE_DIR / sa[0]).stat().st_size)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return dict(zip(jobs, pool.map(lambda sa: compiler.compile_source(*sa), jobs)))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -139,14 +129,14 @@ def test_generated_headers_and_defines_are_part_of_the_cache_key(monkeypatch):
     assert changed != defines and compiler.cache_key("gemm.cu", "sm_86", (), texts, (changed, headers)) != base
     edited = {name: text + "// edit\n" for name, text in headers.items()}
     assert compiler.cache_key("gemm.cu", "sm_86", (), texts, (defines, edited)) != base
-    monkeypatch.setattr(contract, "PERSIST_BLOCKS_PER_SM", 3)  # a contract value changed: the key follows
+    monkeypatch.setattr(contract.gemm, "PERSIST_BLOCKS_PER_SM", 3)  # a contract value changed: the key follows
     assert compiler.cache_key("gemm.cu", "sm_86", (), texts) != base
 
 
 def test_a_changed_contract_is_not_served_from_the_cache(cache, monkeypatch):
     compiler.compile_source("elementwise.cu", "sm_86")
     assert compiler.is_cached("elementwise.cu", "sm_86")
-    monkeypatch.setattr(contract, "EW_THREADS", 128)
+    monkeypatch.setattr(contract.elementwise, "EW_THREADS", 128)
     assert not compiler.is_cached("elementwise.cu", "sm_86")
     assert not compiler.compile_source("elementwise.cu", "sm_86").cached
 
@@ -364,7 +354,7 @@ def test_units_are_each_split_kernel_alone_and_every_other_source_whole():
         contract.build("data.cu", "sm_90", "gather_batch")
 
 
-# --- the contract (rawgpu/contract.py): what every build gets ------------------------------------------------------
+# --- the contract (rawgpu/contract/): what every build gets --------------------------------------------------------
 
 
 class _Inner(contract.CStruct):
@@ -409,7 +399,7 @@ def test_the_generated_layout_compiles_and_a_c_layout_that_differs_fails_the_bui
     assert "probe" in _compile_probe(tmp_path, monkeypatch, header).resources
     wrong_size = header.replace("    short h[3];", "    short h[7];")  # C now disagrees with ctypes: every NVRTC sees it
     assert wrong_size != header
-    with pytest.raises(CompileError, match=r"_Inner: its size in rawgpu/contract.py"):
+    with pytest.raises(CompileError, match=r"_Inner: its size in (tests/)?test_compiler\.py"):
         _compile_probe(tmp_path, monkeypatch, wrong_size)
     wrong_offset = header.replace("    int k;", "    i64 k;")  # the same size, h 4 bytes further on
     assert wrong_offset != header
@@ -417,7 +407,7 @@ def test_the_generated_layout_compiles_and_a_c_layout_that_differs_fails_the_bui
         _compile_probe(tmp_path, monkeypatch, "#if !__has_builtin(__builtin_offsetof)\n#error none\n#endif\n")
     except CompileError:
         return  # an NVRTC without __builtin_offsetof (13.0) checks sizes only; the CPU tests' NVRTC checks offsets
-    with pytest.raises(CompileError, match=r"_Inner.h: its offset in rawgpu/contract.py"):
+    with pytest.raises(CompileError, match=r"_Inner.h: its offset in (tests/)?test_compiler\.py"):
         _compile_probe(tmp_path, monkeypatch, wrong_offset)
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rawgpu import compiler, master, optimizer
+from rawgpu import master, optimizer
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.recipe import Recipe
 from rawgpu.kernels import gemm as G
@@ -18,9 +18,9 @@ from optim_reference import OPTIMIZERS, TABLE_STEP, update_reference
 # --- CPU: plan and instance table ------------------------------------------------------------------------------
 
 
-def test_python_instance_table_matches_the_compiled_kernels():
+def test_python_instance_table_matches_the_compiled_kernels(whole_builds):
     for source in (G.SOURCE, G.TMA_SOURCE):
-        compiled = compiler.compile_source(source, "sm_86").resources
+        compiled = whole_builds[(source, "sm_86")].resources
         assert sorted(n for n in compiled if n.startswith("gemm_")) == G.all_kernel_names(source)
         assert G.all_kernel_names(source), source
 

@@ -60,10 +60,14 @@ def test_the_layered_steps_gemms_before_sm90_are_the_units_named():
 
 
 def test_a_single_kernel_unit_compiles_that_kernel_alone(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
-    for source in ("gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu", "dx_update.cu", "head.cu"):
-        kernel = contract.split_kernels(source)[-1]
-        module = compiler.compile_source(source, "sm_90", kernel=kernel)
+    sources = ("gemm.cu", "gemm_tma.cu", "cluster_step.cu", "fused_step.cu", "dx_update.cu", "head.cu")
+    kernels = [contract.split_kernels(source)[-1] for source in sources]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        modules = list(pool.map(lambda sk: compiler.compile_source(sk[0], "sm_90", kernel=sk[1]), zip(sources, kernels)))
+    for source, kernel, module in zip(sources, kernels, modules):
         assert set(module.resources) == {kernel}
         assert compiler.is_cached(source, "sm_90", kernel=kernel) and not compiler.is_cached(source, "sm_90")
         r = module.resources[kernel]

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     if args.max_stages is not None:
         if args.max_stages < 2:
             p.error("--max-stages must be at least 2 (the kernel is a pipeline)")
-        contract.DXU_MAX_STAGES = args.max_stages  # the build and the plan both read it
+        contract.dx_update.DXU_MAX_STAGES = args.max_stages  # the build and the plan both read it there
     try:
         return run(args)
     except RawgpuError as exc:  # no GPU, out of memory, a build that fails: one line
@@ -115,7 +115,7 @@ def run(args) -> int:
     device, stream, _, rng = gpu
     bw = copy_bandwidth(stream)
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; pipeline stages at most "
-          f"{contract.DXU_MAX_STAGES}; us per launch (% of copy at the whole kernel's bytes per weight)")
+          f"{contract.dx_update.DXU_MAX_STAGES}; us per launch (% of copy at the whole kernel's bytes per weight)")
     for opt in args.optimizer:
         per_weight = {"sgd": 16, "adam": 24}[opt]
         for h in args.sizes:

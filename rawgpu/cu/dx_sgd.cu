@@ -37,12 +37,12 @@
 #include "l2.cuh"
 #include "one_pass.cuh"
 
-// From rawgpu/contract.py, as -D options (`python -m rawgpu.contract dx_sgd.cu` prints them): the tile (DX_SGD_BM
-// rows of W, DX_SGD_BN columns per chunk, DX_SGD_BB batch rows), DX_SGD_THREADS, DX_SGD_STAGES (the pipeline depth
-// that fits the part's shared memory) and DX_SGD_SMEM_BYTES (the launch's dynamic shared memory).
+// From rawgpu/contract/dx_sgd.py, as -D options (`python -m rawgpu.contract dx_sgd.cu` prints them): the tile
+// (DX_SGD_BM rows of W, DX_SGD_BN columns per chunk, DX_SGD_BB batch rows), DX_SGD_THREADS, DX_SGD_STAGES (the
+// pipeline depth that fits the part's shared memory) and DX_SGD_SMEM_BYTES (the launch's dynamic shared memory).
 #if !defined(DX_SGD_BM) || !defined(DX_SGD_BN) || !defined(DX_SGD_BB) || !defined(DX_SGD_THREADS) || \
     !defined(DX_SGD_STAGES) || !defined(DX_SGD_SMEM_BYTES)
-#error "dx_sgd.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
+#error "dx_sgd.cu is built with rawgpu/contract/dx_sgd.py's defines (rawgpu/compiler.py passes them)"
 #endif
 
 namespace dxsgd {

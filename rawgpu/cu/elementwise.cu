@@ -9,7 +9,7 @@
 #include "exact_sum.cuh"
 
 #ifndef EW_THREADS
-#error "elementwise.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
+#error "elementwise.cu is built with rawgpu/contract/elementwise.py's defines (rawgpu/compiler.py passes them)"
 #endif
 
 RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }
@@ -63,8 +63,8 @@ RG_DEVICE void bias_step(int c, float g, float* bias, float* m, float* v, const 
 // partials meet in shared memory. Grid: column tiles x row ranges of split_rows rows; the ranges' sums meet in
 // `scratch` (int64 per column, zero) and the last range of a tile (its `tickets` entry) finishes it, leaving both
 // zero (exact_sum.cuh: integers, so the same bits in any order and for any split). blockDim.x * blockDim.y <=
-// EW_THREADS (rawgpu/contract.py, a -D option: the launcher's block). m, v: the optimiser's state (null where it
-// keeps none). grad: where g goes instead of the update (data parallelism adds it up over the GPUs first:
+// EW_THREADS (rawgpu/contract/elementwise.py, a -D option: the launcher's block). m, v: the optimiser's state (null
+// where it keeps none). grad: where g goes instead of the update (data parallelism adds it up over the GPUs first:
 // apply_update); null to update.
 extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, int rows, int cols,
                                        float* __restrict__ bias, float* __restrict__ m, float* __restrict__ v,
@@ -168,7 +168,7 @@ extern "C" __global__ void apply_update_adam(const float* __restrict__ g, const 
 }
 
 // A tensor-parallel layer's GEMM epilogue, run once the GPUs have added up its store32 partial sums (the all-reduce,
-// rawgpu/parallel.py): out = the epilogue EPI of total, rows x cols fp32 (cols a multiple of 8, rows of both
+// rawgpu/parallel/split.py): out = the epilogue EPI of total, rows x cols fp32 (cols a multiple of 8, rows of both
 // contiguous), by fp16_epilogue2 (gemm_epilogue.cuh), so with one partial sum the bits of the GEMM with that epilogue.
 // bias: [>= cols] (bias, bias_relu); act: the saved forward output, rows x cols (drelu). 8 columns per thread, in
 // 16-byte pieces (the launcher checks the alignment).

@@ -455,12 +455,12 @@ RG_DEVICE void gemm_persistent_store(const Params& p) {
 
 // ---- instances: extern "C" so kernels keep readable names in graphs and profiles ----------------------------
 // Name: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>; r = row-major, c = column-major. The tile
-// configs (Config typedefs) and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated
+// configs (Config typedefs) and the instance list are rawgpu/contract/gemm.py's table (CONFIGS, INSTANCES), generated
 // into gemm_instances.cuh, which the launcher plans from. From the contract too, as -D options: STREAM_STAGES (the
 // streaming tile's pipeline depth, as deep as the part's shared memory allows), PERSIST_BLOCKS_PER_SM (the
 // persistent tile's resident blocks per SM, which the launcher sizes its grid for).
 #if !defined(STREAM_STAGES) || !defined(PERSIST_BLOCKS_PER_SM)
-#error "gemm.cu is built with rawgpu/contract.py's defines (rawgpu/compiler.py passes them)"
+#error "gemm.cu is built with rawgpu/contract/gemm.py's defines (rawgpu/compiler.py passes them)"
 #endif
 
 #define GEMM_PARAMS                                                                                             \

@@ -16,7 +16,7 @@ enum Epilogue {
     EPI_SGD = 4,        // G = acc; SGD's step (optim.cuh: momentum `mom`, Nesterov, L2) on the master (W16, lo) of
                         // master.cuh, `out` being lo. G never touches memory.
     EPI_ADAM = 5,       // the same with Adam's or AdamW's step, its moments in `mom` and `var`.
-    EPI_STORE32 = 6,    // C32 = acc: a partial sum other GPUs add to (rawgpu/parallel.py)
+    EPI_STORE32 = 6,    // C32 = acc: a partial sum other GPUs add to (rawgpu/parallel/split.py)
 };
 
 struct Params {
@@ -217,7 +217,7 @@ RG_DEVICE bool sum_splits_in_order(float2 (&sum)[ITERS], float2* ws, i64 split_s
 // is spread over all the splits' SMs instead of run by the last one.
 #define CLUSTER_PART_LD(BN) ((BN) + 8)  // floats: rows stay 16-byte aligned, fragment stores spread over the banks
 #ifndef GEMM_MAX_CLUSTER_SPLITS
-#error "gemm_epilogue.cuh needs rawgpu/contract.py's GEMM_MAX_CLUSTER_SPLITS (rawgpu/compiler.py passes it)"
+#error "gemm_epilogue.cuh needs rawgpu/contract/gemm.py's GEMM_MAX_CLUSTER_SPLITS (rawgpu/compiler.py passes it)"
 #endif
 constexpr int MAX_CLUSTER_SPLITS = GEMM_MAX_CLUSTER_SPLITS;  // the most splits the launcher puts in one cluster
 

@@ -275,7 +275,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
 }
 
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, as in gemm.cu --------------------
-// The TmaConfig typedefs and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated into
+// The TmaConfig typedefs and the instance list are rawgpu/contract/gemm.py's table (CONFIGS, INSTANCES), generated into
 // gemm_tma_instances.cuh.
 #define TMA_INSTANCE(name, CFG, LB, EPI, ACC16) GEMM_TMA_INSTANCE(name, gemm_tma, CFG, LB, EPI, ACC16)
 

@@ -128,7 +128,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 }
 
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, with gemm_tma.cu's parameters -------
-// The WgConfig typedefs and the instance list are rawgpu/contract.py's table (CONFIGS, INSTANCES), generated into
+// The WgConfig typedefs and the instance list are rawgpu/contract/gemm.py's table (CONFIGS, INSTANCES), generated into
 // gemm_wgmma_instances.cuh.
 #define WG_INSTANCE(name, CFG, LB, EPI, ACC16) GEMM_TMA_INSTANCE(name, gemm_wgmma, CFG, LB, EPI, ACC16)
 

@@ -1,5 +1,5 @@
 // Small pieces of a training step shared by the per-kernel step (data.cu, elementwise.cu) and the persistent
-// one (fused_step.cu), so both compute the same bits.
+// ones (fused_step.cu, cluster_step.cu), so all compute the same bits.
 #pragma once
 #include "common.cuh"
 
@@ -17,9 +17,9 @@ RG_DEVICE void bytes16_to_f16(const uint4 v, uint4& lo, uint4& hi) {
     hi = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
-// The schedule codes `kind` takes, rawgpu/contract.py's SCHEDULES (-D options: rawgpu/compiler.py passes them).
+// The schedule codes `kind` takes, rawgpu/contract/optim.py's SCHEDULES (-D options: rawgpu/compiler.py passes them).
 #if !defined(SCHEDULE_CONSTANT) || !defined(SCHEDULE_COSINE) || !defined(SCHEDULE_LINEAR)
-#error "step_math.cuh needs rawgpu/contract.py's SCHEDULE_* codes (rawgpu/compiler.py passes them)"
+#error "step_math.cuh needs rawgpu/contract/optim.py's SCHEDULE_* codes (rawgpu/compiler.py passes them)"
 #endif
 
 // lr at step s, in double. SCHEDULE_CONSTANT: lr0. SCHEDULE_COSINE: linear warmup then cosine to lr_min.
@@ -52,6 +52,9 @@ RG_DEVICE i64 f16_fixed24(u32 h) {
     const i64 mag = e ? (i64)(m | 1024) << (e - 1) : (i64)m;
     return (h & 0x8000) ? -mag : mag;
 }
+
+// relu'(x) from the fp16 bits of x the forward stored: whether x > 0 (sign clear, not zero).
+RG_DEVICE bool positive_f16(u32 h) { return (h & 0x8000u) == 0 && (h & 0x7FFFu) != 0; }
 
 // Softmax cross-entropy of one row by a group of LANES aligned lanes (LANES a power of two <= 32): lane q of the
 // group holds the logits of classes q + LANES p, p < PER (-inf past `classes`). Every lane gets the row's loss (NaN

@@ -1,8 +1,9 @@
 """Launcher for cu/cluster_step.cu: training steps by one thread-block cluster whose shared memory holds the model.
 
 `plan` lays out one CTA's shared memory (plain Python, tested on CPU) and says whether the model fits;
-`cluster_steps` binds the launch. The kernel's sizes and its CsParams table are declared once in contract.py (named
-here as the launcher uses them). When the step runs and what goes into its table: steps/cluster.py.
+`cluster_steps` binds the launch. The kernel's sizes, the layout's strides and widths, and its CsParams table are
+declared once in contract/cluster.py, which the kernel is built with too. When the step runs and what goes into its
+table: steps/cluster.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING
 
 
 from .. import contract
+from ..contract import (CS_ACT_PAD, CS_CLASSES, CS_DLOGIT_LD, CS_DY_PAD, CS_HEAD_GROUPS, CS_HEAD_LD, CS_MISC, CS_W_PAD,
+                        CS_WARPS, CS_X_LD)
 from ..recipe import pad8
 
 if TYPE_CHECKING:
@@ -25,15 +28,12 @@ SIGNATURE = "pi"
 THREADS = contract.CS_THREADS
 ROWS = contract.CS_ROWS  # the largest batch
 INPUTS = contract.CS_INPUTS
-X_LD = contract.CS_X_LD
-HEAD_LD = contract.CS_HEAD_LD
-DLOGIT_LD = contract.CS_DLOGIT_LD
 MAX_LINEAR = contract.CS_MAX_LINEAR  # 8 hidden layers and the head
 MAX_COLUMNS = contract.CS_MAX_COLUMNS
 CTAS = 16  # the cluster: sm_90 runs up to 16 CTAs in one (a non-portable size, opted into at launch)
-SHARED_LIMIT = 227 * 1024  # sm_90's opt-in shared memory per block
+SHARED_LIMIT = contract.block_smem_limit("sm_90")  # the kernel runs on sm_90 only
 PARAM_BYTES = 1024  # room for the kernel's static shared memory, its copy of the table (tests check ptxas's report)
-ALIGN = 128
+ALIGN = contract.CS_ALIGN
 
 
 @dataclass(frozen=True)
@@ -81,16 +81,18 @@ def plan(hidden: int, layers: int, ctas: int = CTAS) -> ClusterPlan:
         return off
 
     rows = tuple([INPUTS] + [hs] * (layers - 1) + [hs])
-    w_off = tuple(take(f"w{i}", r * (n + 4) * 4) for i, r in enumerate(rows[:-1])) + (take("head", hs * HEAD_LD * 4),)
-    b_off = tuple(take(f"b{i}", n * 4) for i in range(layers)) + (take("head_bias", 16 * 4),)
-    take("act", (layers + 1) * ROWS * (hs + 8) * 2)  # h_0 alternates by step parity
+    w_off = (tuple(take(f"w{i}", r * (n + CS_W_PAD) * 4) for i, r in enumerate(rows[:-1]))
+             + (take("head", hs * CS_HEAD_LD * 4),))
+    b_off = tuple(take(f"b{i}", n * 4) for i in range(layers)) + (take("head_bias", CS_CLASSES * 4),)
+    take("act", (layers + 1) * ROWS * (hs + CS_ACT_PAD) * 2)  # h_0 alternates by step parity
     take("raw", ROWS * INPUTS)
-    take("x", ROWS * X_LD * 2)
-    take("dy", 2 * ROWS * (n + 8) * 2)  # alternates by layer parity
-    take("dlogits", ROWS * DLOGIT_LD * 2)
+    take("x", ROWS * CS_X_LD * 2)
+    take("dy", 2 * ROWS * (n + CS_DY_PAD) * 2)  # alternates by layer parity
+    take("dlogits", ROWS * CS_DLOGIT_LD * 2)
     take("rs", min(2, layers - 1) * ctas * ROWS * n * 4 if layers > 1 else 0)
-    take("scratch", max(8 * ROWS * n, 4 * ROWS * 16) * 4)  # warps' partial sums: a forward's, the head's
-    take("misc", 3 * ROWS * 4)  # labels, per-row loss and hit
+    # the warps' partial sums: a forward's (a K-group per warp), the head's
+    take("scratch", max(CS_WARPS * ROWS * n, CS_HEAD_GROUPS * ROWS * CS_CLASSES) * 4)
+    take("misc", len(CS_MISC) * ROWS * 4)
     return ClusterPlan(ctas, n, hs, w_off, b_off, rows, regions, end)
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SOURCE = "dx_sgd.cu"
 KERNEL = "dx_sgd"
 SIGNATURE = "ppppppiiiiiiiiippfffp"  # dx_sgd's parameters (tests/test_compiler.py checks it against the PTX)
-# The kernel's tile and block, compiled in from rawgpu/contract.py
+# The kernel's tile and block, compiled in from rawgpu/contract/dx_sgd.py
 BM, BN, MAX_BATCH, THREADS = contract.DX_SGD_BM, contract.DX_SGD_BN, contract.DX_SGD_MAX_BATCH, contract.DX_SGD_THREADS
 stages = contract.dx_sgd_stages  # the pipeline depth per arch
 smem_bytes = contract.dx_sgd_smem_bytes  # the dynamic shared memory per arch

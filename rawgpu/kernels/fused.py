@@ -1,7 +1,7 @@
 """Launcher for cu/fused_step.cu: the whole training step (or several) in one persistent, cooperative kernel.
 
-The kernel's sizes and its FsParams table are declared once in contract.py (named here as the launcher uses them);
-`fused_steps` binds the launch. When the step runs and what goes into its table: steps/fused.py.
+The kernel's sizes and its FsParams table are declared once in contract/fused.py (named here as the launcher uses
+them); `fused_steps` binds the launch. When the step runs and what goes into its table: steps/fused.py.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from ..driver import Launch
     from ..memory import Tensor
 
-# The tile configs, the compiled instances and their names live in rawgpu/contract.py, which generates gemm.cu's and
-# gemm_tma.cu's instance lists from them; they are re-exported here for the planner and its callers.
+# The tile configs, the compiled instances and their names live in rawgpu/contract/gemm.py, which generates gemm.cu's
+# and gemm_tma.cu's instance lists from them; they are re-exported here for the planner and its callers.
 SOURCE = contract.GEMM_SOURCE
 SIGNATURE = "pppiiiiiiippipppppp"  # GEMM_PARAMS in gemm.cu (tests/test_compiler.py checks it against the PTX)
 TMA_SOURCE = contract.GEMM_TMA_SOURCE

@@ -82,9 +82,9 @@ class ClusterStep(Step):
                 f"shared memory each)", ("phase", "ends in"), [tuple(x) for x in kc.phases(self.model.recipe.layers)])
 
     def param_table(self, profile: int = 0) -> np.ndarray:
-        """The CsParams table (contract.py; pointers are device addresses, offsets from the shared-memory plan) as
-        uint64 words, up to the model's last layer. profile: a device buffer for timestamps (a kernel built with
-        -DCS_PROFILE writes 1 + steps x len(kc.marks(layers)) of them), or 0. Rates rounded to fp32 first."""
+        """The CsParams table (contract/cluster.py; pointers are device addresses, offsets from the shared-memory
+        plan) as uint64 words, up to the model's last layer. profile: a device buffer for timestamps (a kernel built
+        with -DCS_PROFILE writes 1 + steps x len(kc.marks(layers)) of them), or 0. Rates rounded to fp32 first."""
         m, plan = self.model, self.plan
         r, o = m.recipe, plan.offsets
         lr0, lr_min = r.scaled_lr

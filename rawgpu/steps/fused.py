@@ -123,7 +123,7 @@ class FusedStep(Step):
                 ("phase", "block tasks", "warp tasks"), rows)
 
     def param_table(self, profile: int = 0) -> np.ndarray:
-        """The FsParams table (contract.py; pointers are device addresses) as uint64 words, up to the model's last
+        """The FsParams table (contract/fused.py; pointers are device addresses) as uint64 words, up to the model's last
         layer. profile: a device buffer for per-phase timestamps (a kernel built with -DFS_PROFILE writes it), or 0.
         The rates are rounded to fp32 first: the kernel computes in fp32."""
         m = self.model

@@ -1,0 +1,9 @@
+"""loss.cu (kernels/loss.py)."""
+
+from __future__ import annotations
+
+XENT_MAX_THREADS = 256  # softmax_xent's block: its per-warp sums are sized for it
+
+
+def loss_facts(arch: str):
+    return {"XENT_MAX_WARPS": XENT_MAX_THREADS // 32}, {}

@@ -1,0 +1,89 @@
+"""What each kernel source is compiled with: the families' facts it includes, gathered for one build."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from .cluster import CS_TILE_COUNTS, cluster_facts, cluster_kernel_name
+from .dx_sgd import dx_sgd_facts
+from .dx_update import DXU_BATCHES, DXU_FAMILIES, dx_update_facts, dxu_kernel_name, dxu_kernels
+from .elementwise import elementwise_facts
+from .fused import FS_KERNELS, fused_facts
+from .gemm import (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, all_kernel_names, epilogue_facts, gemm_facts,
+                   gemm_tma_facts, gemm_wgmma_facts)
+from .head import head_facts, head_kernels
+from .loss import loss_facts
+from .optim import optim_facts, schedule_facts
+
+# Per source, the facts of every shared header it includes (step_math.cuh: the schedule; optim.cuh: the optimiser;
+# gemm_epilogue.cuh: the cluster splits, and it includes optim.cuh) and its own. A source missing a define it needs
+# stops at an #error naming the contract.
+SOURCES = {
+    "cluster_step.cu": (schedule_facts, cluster_facts),
+    "data.cu": (schedule_facts, optim_facts),
+    "dx_sgd.cu": (schedule_facts, optim_facts, epilogue_facts, dx_sgd_facts),
+    "dx_update.cu": (schedule_facts, optim_facts, epilogue_facts, dx_update_facts),
+    "elementwise.cu": (schedule_facts, optim_facts, epilogue_facts, elementwise_facts),
+    "fused_step.cu": (schedule_facts, optim_facts, fused_facts),
+    GEMM_SOURCE: (optim_facts, epilogue_facts, gemm_facts),
+    GEMM_TMA_SOURCE: (optim_facts, epilogue_facts, gemm_tma_facts),
+    GEMM_WGMMA_SOURCE: (optim_facts, epilogue_facts, gemm_wgmma_facts),
+    "head.cu": (schedule_facts, optim_facts, epilogue_facts, head_facts),
+    "loss.cu": (loss_facts,),
+}
+
+# They list instances: built one at a time too.
+_INSTANCE_FACTS = (cluster_facts, fused_facts, gemm_facts, gemm_tma_facts, gemm_wgmma_facts, dx_update_facts,
+                   head_facts)
+
+
+def split_kernels(source: str, arch: str | None = None) -> list[str]:
+    """The kernels of a source of many template instances, each of which builds alone (a unit of compilation and
+    of the cache), so that a step compiles only what it launches; [] for a source that builds whole. arch: only
+    those built for that GPU (dx_update.cu builds no instance whose pipeline does not fit it)."""
+    if source in (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE):
+        return all_kernel_names(source)
+    if source == "cluster_step.cu":
+        return [cluster_kernel_name(t) for t in CS_TILE_COUNTS]
+    if source == "fused_step.cu":
+        return list(FS_KERNELS)
+    if source == "dx_update.cu":
+        return dxu_kernels(arch) if arch else [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES]
+    if source == "head.cu":
+        return head_kernels()
+    return []
+
+
+def build(source: str, arch: str, kernel: str | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """What `source` is compiled with for `arch` (an 'sm_XY' name): the `-DNAME=value` options and the generated
+    headers (include name -> text). A source that shares nothing gets ((), {}). kernel: one of split_kernels(source),
+    built alone (the generated instance list names it only)."""
+    if kernel is not None and kernel not in split_kernels(source, arch):
+        raise ValueError(f"{source} has no kernel {kernel} that builds alone for {arch}")
+    defines: dict[str, int] = {}
+    headers: dict[str, str] = {}
+    for facts in SOURCES.get(source, ()):
+        d, h = facts(arch, kernel) if facts in _INSTANCE_FACTS else facts(arch)
+        defines.update(d)
+        headers.update(h)
+    return tuple(f"-D{name}={value}" for name, value in defines.items()), dict(sorted(headers.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rawgpu.contract",
+                                 description="Print the defines and generated headers NVRTC gets for a source.")
+    ap.add_argument("source", nargs="*", metavar="SOURCE",
+                    help=f"sources (default: all of {', '.join(sorted(SOURCES))})")
+    ap.add_argument("--arch", default="sm_90", help="the GPU architecture, e.g. sm_86 (default sm_90)")
+    args = ap.parse_args(argv)
+    if not re.fullmatch(r"sm_\d{2,3}a?", args.arch):
+        ap.error(f"argument --arch: expected a name like sm_86, got {args.arch!r}")
+    if unknown := [name for name in args.source if name not in SOURCES]:
+        ap.error(f"argument SOURCE: no kernel source {', '.join(unknown)}; the sources: {', '.join(sorted(SOURCES))}")
+    for source in args.source or sorted(SOURCES):
+        defines, headers = build(source, args.arch)
+        print(f"==== {source} for {args.arch}: {' '.join(defines) or 'no defines'}")
+        for name, text in headers.items():
+            print(f"---- {name}\n{text}")
+    return 0
