@@ -235,7 +235,7 @@ RG_DEVICE float ew_uniform(u64 key, i64 i, float bound) {
 
 // A window [rows, cols] of a whole layer of ew_uniform values: element (r, c) is the whole layer's flat index
 // first + r * stride + c, and 0 where r >= true_rows or c >= true_cols (the padding). A layer, its padded copy and
-// one GPU's slice of it on several GPUs (sharded.py) draw the same bits without the host (the biases: rows = 1).
+// one GPU's slice of it on several GPUs (parallel/sharded.py) draw the same bits without the host (biases: rows = 1).
 RG_DEVICE float ew_window(u64 key, i64 i, i64 cols, i64 true_rows, i64 true_cols, i64 first, i64 stride,
                           float bound) {
     const i64 r = i / cols, c = i - r * cols;

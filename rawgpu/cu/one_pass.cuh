@@ -8,7 +8,7 @@
 // Pair i of a band's dx: batch row i / (BM / 2), features i0 + 2 (i % (BM / 2)) + {0, 1}. fp16 (dx_f32 false):
 // masked by relu'(x) (x: the band's input tile in shared memory, rows of LDX halves) and rounded. fp32: the raw sum
 // (lddx in floats), a partial sum other GPUs add to; elementwise.cu's finish_sum_drelu masks and rounds their total
-// by the same fp16_epilogue2 (rawgpu/sharded.py). The flag is the launch's: a uniform branch, at the store only.
+// by the same fp16_epilogue2 (parallel/sharded.py). The flag is the launch's: a uniform branch, at the store only.
 template <int BM, int LDX>
 RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, void* dx, int lddx, bool dx_f32, int B, int IN,
                              int i0) {
