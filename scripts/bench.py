@@ -8,6 +8,10 @@ reference workload (batch 32, plain SGD lr 0.003, 5000 steps); default: the CLI'
 momentum 0.9, lr 0.05 cosine to 0, 8 epochs); adam: batch 128, Adam lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8
 epochs. Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
 
+`python scripts/bench.py sweep [--models 1 8 32 128] [--sizes 128 256 1024] [--recipe default|adam]`: many models
+per step (issue 41): JAX vmap and torch.func training N models at once (peers/sweeps.py), beside N rawgpu runs one
+after another, against all N models' weight traffic at the copy bandwidth.
+
 `python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and cuBLAS.
 
 Method: each measured unit is a CUDA graph of `--launches` back-to-back launches that rotate over enough copies
@@ -309,6 +313,81 @@ def cmd_train(args) -> int:
     return 0
 
 
+SWEEP_PEERS = ("jax-vmap", "torch-func")
+
+
+def sweep_grid(n: int) -> tuple[int, int]:
+    """(learning rates, seeds) of a benchmark sweep of n models: 4 learning rates around the recipe's (1 below 4
+    models), times seeds."""
+    rates = min(4, n)
+    return rates, n // rates
+
+
+def cmd_sweep(args) -> int:
+    """Many models per step: every --models N at every --sizes H, the peers training all N at once beside N
+    one-after-another rawgpu runs, against all N models' weight traffic at the copy bandwidth."""
+    from peers import sweeps
+    from peers.common import Workload, mnist_arrays
+
+    from rawgpu.data import load_mnist
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = drv.Device(args.device)
+    stream = drv.Stream()
+    peers = []
+    for p in args.peers:
+        if (why := sweeps.available(p)) is None:
+            peers.append(p)
+        else:
+            print(f"# peer {p} skipped: {why}")
+    bw = copy_bandwidth(stream)
+    recipe = args.train_recipe
+    cu_major, cu_minor = drv.driver_version()
+    print(f"# {device.name} ({device.arch}), driver CUDA {cu_major}.{cu_minor}, {dt.date.today()}; copy bandwidth "
+          f"{bw:.0f} GB/s; recipe {args.recipe}: {args.steps} steps, {describe(recipe)}; model i: seed i // lrs, lr "
+          f"the recipe's x 4^(2 j / (lrs - 1) - 1), j = i % lrs")
+    print(f"{'H':>5} {'N':>4} {'system':>18} {'us/step':>9} {'us/model':>9} {'% floor':>8} {'acc min':>8} "
+          f"{'acc max':>8}")
+    mnist, peer_data, rows = load_mnist(args.data_dir), mnist_arrays(args.data_dir) if peers else None, []
+    for h in args.sizes:
+        rr = rawgpu_recipe(h, recipe, args.steps, 0)
+        one = bench_rawgpu(h, args.steps, 0, mnist, args.device, steps_per_launch=args.steps_per_launch,
+                           recipe=recipe)
+        base = Workload(hidden=h, steps=args.steps, batch=rr.batch, lr=rr.lr, momentum=rr.momentum,
+                        schedule=rr.schedule, optimizer=rr.optimizer, nesterov=rr.nesterov,
+                        betas=(rr.beta1, rr.beta2), eps=rr.eps, weight_decay=rr.weight_decay)
+        per_weight = sweeps.floor_bytes_per_weight(base)
+        for n in args.models:
+            rates, seeds = sweep_grid(n)
+            grid = sweeps.lr_grid(rr.lr, rates)
+            sweep = sweeps.Sweep(base, tuple(i // rates for i in range(n)), tuple(grid[i % rates] for i in range(n)))
+            floor = n * sweeps.parameters(h) * per_weight / (bw * 1e9) * 1e6
+            results = [dict(system="rawgpu-sequential", us_per_step=n * one["us_per_step"],
+                            accuracies=[one["test_accuracy"]], note="N one-model runs one after another: N x one "
+                            "model's step (its accuracy: model 0's lr and seed)")]
+            for p in peers:
+                try:
+                    r = sweeps.run(p, sweep, peer_data)
+                    results.append(dict(system=p, us_per_step=r.us_per_step, accuracies=r.accuracies, note=r.note))
+                except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
+                    results.append(dict(system=p, us_per_step=None, accuracies=[], note=f"failed: {exc}"[:300]))
+            for r in results:
+                us, acc = r["us_per_step"], r["accuracies"]
+                cells = ((f"{us:.1f}", f"{us / n:.2f}", f"{100 * floor / us:.0f}%") if us else ("failed", "-", "-"))
+                accs = (f"{100 * min(acc):.2f}%", f"{100 * max(acc):.2f}%") if acc else ("-", "-")
+                print(f"{h:>5} {n:>4} {r['system']:>18} {cells[0]:>9} {cells[1]:>9} {cells[2]:>8} {accs[0]:>8} "
+                      f"{accs[1]:>8}" + ("" if us else f"  {r['note']}"), flush=True)
+            print(f"{h:>5} {n:>4} {'floor':>18} {floor:>9.1f}   ({n} models x {sweeps.parameters(h)} weights at "
+                  f"{per_weight} B each, {bw:.0f} GB/s; {rates} lr x {seeds} seeds)", flush=True)
+            rows.append(dict(hidden=h, models=n, lrs=grid, seeds=seeds, floor_us=floor, systems=results))
+    results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
+                   date=str(dt.date.today()), copy_gbs=bw, recipe=args.recipe, steps=args.steps, **recipe, rows=rows)
+    write_atomic(out / "bench_sweep.json", json.dumps(results, indent=1).encode())
+    print(f"# wrote {out / 'bench_sweep.json'}")
+    return 0
+
+
 def positive(text: str) -> int:
     try:
         value = int(text)
@@ -355,6 +434,18 @@ def main(argv=None) -> int:
                         "all-reduces; no peers")
     t.add_argument("--parallel", choices=MODES, default="auto",
                    help="with --gpus: how the GPUs share the model, as rawgpu.train's --parallel (default auto)")
+    w = sub.add_parser("sweep", help="many models per step: JAX vmap and torch.func beside N rawgpu runs")
+    w.add_argument("--models", type=positive, nargs="+", default=[1, 8, 32, 128], help="models per sweep N")
+    w.add_argument("--sizes", type=positive, nargs="+", default=[128, 256, 1024], help="hidden widths H")
+    w.add_argument("--recipe", choices=tuple(RECIPES), default="default", help="what every model trains (default: "
+                   "the CLI's default recipe)")
+    w.add_argument("--steps", type=positive, default=500, help="timed steps (default 500; the schedule runs over them)")
+    w.add_argument("--steps-per-launch", type=positive, default=100, help="rawgpu steps per graph launch")
+    w.add_argument("--peers", nargs="*", default=list(SWEEP_PEERS), choices=SWEEP_PEERS, metavar="PEER",
+                   help=f"peers to run (default all importable: {' '.join(SWEEP_PEERS)})")
+    w.add_argument("--out", default="bench-results", help="directory for bench_sweep.json")
+    w.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
+    w.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     g = sub.add_parser("gemm", help="every MLP GEMM shape vs the copy-bandwidth floor and cuBLAS")
     g.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN))
     g.add_argument("--batch", type=positive, default=32)
@@ -368,7 +459,7 @@ def main(argv=None) -> int:
                         "kernels overlap the launch before, programmatic dependent launch; plain is timed both ways)")
     g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "gemm", "-h", "--help"):
+    if not argv or argv[0] not in ("train", "sweep", "gemm", "-h", "--help"):
         argv.insert(0, "train")  # train is the default subcommand
     args = p.parse_args(argv)
     if args.cmd == "gemm" and args.quick:
@@ -381,12 +472,14 @@ def main(argv=None) -> int:
         run_steps = recipe.pop("steps", None) or recipe.pop("epochs") * (60000 // recipe["batch"])
         args.steps = args.steps or run_steps
         args.train_recipe = recipe
+    if args.cmd == "sweep":
+        args.train_recipe = {k: v for k, v in RECIPES[args.recipe].items() if k not in ("steps", "epochs")}
     if args.cmd == "train" and args.quick:
         args.sizes, args.steps = [256, 4096], 1000
         args.peers = [x for x in args.peers if x in ("torch-graph", "jax-fori")]
-    made = args.cmd == "train" and not Path(args.out).exists()  # cmd_train makes --out before any GPU work
+    made = args.cmd in ("train", "sweep") and not Path(args.out).exists()  # made before any GPU work
     try:
-        return cmd_train(args) if args.cmd == "train" else cmd_gemm(args)
+        return {"train": cmd_train, "sweep": cmd_sweep, "gemm": cmd_gemm}[args.cmd](args)
     except RawgpuError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1
