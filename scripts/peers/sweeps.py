@@ -188,7 +188,7 @@ def _torch_func(sweep: Sweep, data) -> SweepResult:
         with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
             return F.cross_entropy(functional_call(base, (p, b), (x,)), y)
 
-    grads_of = vmap(grad_and_value(loss_fn), in_axes=(0, 0, 0, 0))
+    grads_of = vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0))
     update = _FlatUpdate(w, flat)
     pos = torch.zeros(1, dtype=torch.long, device=dev)
 

@@ -1,0 +1,114 @@
+"""A sweep's grid: the values each swept setting takes, times the seeds, as one Recipe per model.
+
+What a sweep may vary is the optimiser's and the schedule's settings (SWEPT) and the seed; the architecture, the batch
+and the data are one per sweep. Every model's recipe is checked as a single run's is (Recipe's own checks and the
+optimiser's), and the grid itself (no empty list, no value twice) before any GPU work, each failure in one line.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .recipe import Recipe, optimizer_conflict
+
+# setting -> the Recipe fields it sets (betas: a pair)
+SWEPT: dict[str, tuple[str, ...]] = {"lr": ("lr",), "momentum": ("momentum",), "weight_decay": ("weight_decay",),
+                                     "betas": ("beta1", "beta2"), "eps": ("eps",), "warmup": ("warmup_steps",),
+                                     "schedule": ("schedule",)}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """axes: (setting, its values) in the order given, each setting of SWEPT at most once; seeds: one model per seed
+    at every point. Model i is the i-th of every combination, the first setting varying slowest and the seed
+    fastest."""
+
+    axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.axes]
+        for name, values in self.axes:
+            if name not in SWEPT:
+                raise ValueError(f"{name} cannot be swept: a sweep varies {', '.join(SWEPT)} and the seed")
+            if names.count(name) > 1:
+                raise ValueError(f"{name} is swept twice: give all its values in one list")
+            _check_values(name, values)
+        _check_values("seeds", self.seeds)
+        if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise ValueError(f"seeds must be integers >= 0, got {list(self.seeds)}")
+
+    @property
+    def models(self) -> int:
+        n = len(self.seeds)
+        for _, values in self.axes:
+            n *= len(values)
+        return n
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every model's swept settings and its seed, in model order."""
+        names = [name for name, _ in self.axes] + ["seed"]
+        return [dict(zip(names, combo)) for combo in itertools.product(*[v for _, v in self.axes], self.seeds)]
+
+    def recipes(self, base: Recipe) -> list[Recipe]:
+        """One recipe per model: `base` with the model's settings and seed. ValueError naming the model and its
+        settings where one of them does not go with the others."""
+        out = []
+        for i, point in enumerate(self.points()):
+            given = {name: value for name, value in point.items() if name in SWEPT}
+            if why := optimizer_conflict(base.optimizer, given):
+                raise ValueError(f"{why.removeprefix('argument --')} (swept)")
+            changes: dict[str, Any] = {"seed": point["seed"]}
+            for name, value in given.items():
+                changes.update(zip(SWEPT[name], value if name == "betas" else (value,)))
+            try:
+                out.append(replace(base, **changes))
+            except ValueError as exc:
+                raise ValueError(f"model {i} ({describe_point(point)}): {exc}") from None
+        return out
+
+    def describe(self) -> str:
+        """`4 lr x 8 seeds`: each axis by its size, the seeds last."""
+        parts = [f"{len(values)} {name}" for name, values in self.axes]
+        return " x ".join(parts + [f"{len(self.seeds)} seed{'s' if len(self.seeds) > 1 else ''}"])
+
+    def size_line(self, base: Recipe) -> str:
+        """What the sweep trains, said before any GPU work: `32 models: 4 lr x 8 seeds, 784-256-256-256-10, ...`."""
+        return (f"{self.models} model{'s' if self.models > 1 else ''}: {self.describe()}, "
+                f"{'-'.join(map(str, base.widths))}, batch {base.batch}, {base.optimizer_text}")
+
+
+def describe_point(point: dict[str, Any]) -> str:
+    """A model's settings as a results table names them: `lr 0.05, seed 3`."""
+    return ", ".join(f"{name} {value[0]:g}/{value[1]:g}" if name == "betas" else
+                     f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+                     for name, value in point.items())
+
+
+def parse_seeds(texts: list[str]) -> tuple[int, ...]:
+    """`--seeds 0-7` or `--seeds 0 3 9` (or both: `0-3 8`): the seeds in the order given, each once."""
+    seeds: list[int] = []
+    for text in texts:
+        first, dash, last = text.partition("-")
+        try:
+            lo, hi = int(first), int(last) if dash else int(first)
+        except ValueError:
+            raise ValueError(f"seeds are integers or ranges such as 0-7, got {text!r}") from None
+        if lo < 0 or hi < lo:
+            raise ValueError(f"a seed range runs from a seed >= 0 up to a later one, got {text!r}")
+        seeds += range(lo, hi + 1)
+    _check_values("seeds", seeds)
+    return tuple(seeds)
+
+
+def _check_values(name: str, values) -> None:
+    if len(values) == 0:
+        raise ValueError(f"{name}: the grid needs at least one value")
+    seen = set()
+    for v in values:
+        key = tuple(v) if isinstance(v, (list, tuple)) else v
+        if key in seen:
+            raise ValueError(f"{name}: {v} is given twice")
+        seen.add(key)
