@@ -19,6 +19,13 @@
 #include "cp_async.cuh"
 #include "pdl.cuh"
 
+// GEMM_MODELS (experiments only, dev/sweep/: 0 in the product): one launch runs the GEMM of every model of a sweep,
+// grid x the m tiles of model 0, then model 1's, ...; each operand of model i sits i strides after model 0's (z*:
+// elements of A, B, bias, act, the weight-shaped state; bytes of out; Optim rows).
+#ifndef GEMM_MODELS
+#define GEMM_MODELS 0
+#endif
+
 // STAGED_: the epilogue goes through shared memory, so every global access is a whole 16-byte piece of a row
 // (see staged_epilogue); for tiles whose epilogue moves far more bytes than the main loop (K = batch).
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool STAGED_ = false>
@@ -175,7 +182,11 @@ RG_DEVICE void gemm(const Params& p) {
     pdl_enter();  // every operand may come from the kernel before (pdl.cuh)
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
+#if GEMM_MODELS
+    const int m0 = (int)(blockIdx.x % ((p.M + BM - 1) / BM)) * BM, n0 = blockIdx.y * BN;
+#else
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+#endif
     const int k_begin = blockIdx.z * p.k_chunk;
     const int k_end = min(p.K, k_begin + p.k_chunk);
     const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
@@ -469,10 +480,31 @@ RG_DEVICE void gemm_persistent_store(const Params& p) {
         float *workspace, int *tickets
 #define GEMM_ARGS {A, B, out, M, N, K, lda, ldb, ldc, k_chunk, bias, act, ld_act, mom, var, w16, opt, workspace, tickets}
 
-#define GEMM_INSTANCE(name, CFG, LA, LB, EPI, ACC16)                                               \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS) name(GEMM_PARAMS) {                 \
-        const Params p = GEMM_ARGS;                                                                 \
-        gemm<CFG, LA, LB, EPI, ACC16>(p);                                                           \
+#if GEMM_MODELS
+#define GEMM_MODEL_PARAMS , i64 zA, i64 zB, i64 zC_bytes, i64 zBias, i64 zAct, i64 zState, i64 zOpt
+#define GEMM_MODEL_OFFSETS(CFG)                                                                   \
+    {                                                                                             \
+        const i64 model = blockIdx.x / ((M + CFG::BM - 1) / CFG::BM);                             \
+        A += model * zA;                                                                          \
+        B += model * zB;                                                                          \
+        out = static_cast<u8*>(out) + model * zC_bytes;                                           \
+        if (bias) bias += model * zBias;                                                          \
+        if (act) act += model * zAct;                                                             \
+        if (mom) mom += model * zState;                                                           \
+        if (var) var += model * zState;                                                           \
+        if (w16) w16 += model * zState;                                                           \
+        if (opt) opt += model * zOpt;                                                             \
+    }
+#else
+#define GEMM_MODEL_PARAMS
+#define GEMM_MODEL_OFFSETS(CFG)
+#endif
+
+#define GEMM_INSTANCE(name, CFG, LA, LB, EPI, ACC16)                                                  \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS) name(GEMM_PARAMS GEMM_MODEL_PARAMS) {  \
+        GEMM_MODEL_OFFSETS(CFG)                                                                        \
+        const Params p = GEMM_ARGS;                                                                    \
+        gemm<CFG, LA, LB, EPI, ACC16>(p);                                                              \
     }
 
 #define GEMM_ACCS(name, CFG, LA, LB, EPI)                  \
