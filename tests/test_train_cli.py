@@ -290,13 +290,16 @@ def test_backward_limits_experiment_builds_for_sm_90(mask, tmp_path, monkeypatch
         assert len(stream.resources) == 6 and all(r.spill_stores == 0 for r in stream.resources.values())
 
 
-@pytest.mark.parametrize("kernel", ["gemm_stream_rr_bias_relu_f32", "gemm_128x128_rc_drelu_f32",
-                                    "gemm_staged_cr_sgd_f32"])
-def test_the_model_axis_experiment_builds_for_sm_90(kernel, tmp_path, monkeypatch):
-    """dev/sweep/gemm_models.py: gemm.cu with the model axis (-DGEMM_MODELS=1) still compiles every role's tile the
-    experiment launches, without spills."""
+@pytest.mark.parametrize("source, kernel", [("gemm.cu", "gemm_stream_rr_bias_relu_f32"),
+                                            ("gemm.cu", "gemm_128x128_rc_drelu_f32"),
+                                            ("gemm.cu", "gemm_staged_cr_sgd_f32"),
+                                            ("dx_update.cu", "dx_update_b128_sgd")])
+def test_the_model_axis_experiments_build_for_sm_90(source, kernel, tmp_path, monkeypatch):
+    """dev/sweep/: gemm.cu and dx_update.cu with the model axis (-DGEMM_MODELS=1, -DDXU_MODELS=1) still compile the
+    tiles the experiments launch, without spills."""
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
-    built = compiler.compile_source("gemm.cu", "sm_90", ("-DGEMM_MODELS=1",), kernel=kernel)
+    define = {"gemm.cu": "-DGEMM_MODELS=1", "dx_update.cu": "-DDXU_MODELS=1"}[source]
+    built = compiler.compile_source(source, "sm_90", (define,), kernel=kernel)
     assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
 
 

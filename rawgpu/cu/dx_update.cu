@@ -84,6 +84,12 @@ __device__ unsigned long long dxu_profile[RG_PROFILE_MARKS + 2];
 #ifndef DXU_ABLATE
 #define DXU_ABLATE 0
 #endif
+// DXU_MODELS (experiments only, dev/sweep/: 0 in the product): one launch runs the layer of every model of a sweep,
+// grid x the row bands of model 0, then model 1's, ...; each operand of model i sits i strides after model 0's (z*:
+// elements of x, dy, the weight-shaped operands, the bias-shaped ones; bytes of dx; Optim rows: one per model).
+#ifndef DXU_MODELS
+#define DXU_MODELS 0
+#endif
 
 template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS>
 RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
@@ -109,7 +115,11 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int g = lane / 4, t = lane % 4, r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
+#if DXU_MODELS
+    const int i0 = ((int)blockIdx.x % ((IN + BM - 1) / BM)) * BM;
+#else
     const int i0 = blockIdx.x * BM;
+#endif
     const int n_begin = blockIdx.z * n_chunk, n_end = min(N, n_begin + n_chunk);
     const int chunks = n_end > n_begin ? (n_end - n_begin + BN - 1) / BN : 0;
     const bool has_m = ADAM || mw != nullptr;
@@ -195,7 +205,12 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         float* vs = sV(c % STAGES);
         const half_t* y = sY(c % STAGES);
         const int n = n_begin + c * BN;
+#if DXU_MODELS
+        const int bands = (IN + BM - 1) / BM;
+        const bool bias_here = do_update && bias != nullptr && c % bands == (int)blockIdx.x % bands;
+#else
         const bool bias_here = do_update && bias != nullptr && c % (int)gridDim.x == (int)blockIdx.x;  // uniform
+#endif
         if (bias_here) {  // column tid % BN, every BIAS_PARTS-th row: exact integers, so any grouping gives the same sum
             const int col = tid % BN;
             i64 sum = 0;
@@ -329,12 +344,34 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
 // fp32, the raw sums (one_pass.cuh: store_dx_pair); opt: the optimiser table (this step's values written by the
 // gather), n_chunk: columns per range (gridDim.z ranges), workspace and tickets: the ranges' dx sums; keep_*: L2
 // policies; bias [N] with its state mb, vb (nullptr: no bias update).
+#if DXU_MODELS
+#define DXU_MODEL_PARAMS , i64 zX, i64 zDy, i64 zW, i64 zDx_bytes, i64 zBias
+#define DXU_MODEL_OFFSETS                                                                                          \
+    {                                                                                                              \
+        const i64 model = blockIdx.x / ((IN + dxu::BM - 1) / dxu::BM);                                             \
+        x += model * zX;                                                                                           \
+        dy += model * zDy;                                                                                         \
+        wlo += model * zW;                                                                                         \
+        w16 += model * zW;                                                                                         \
+        if (mw) mw += model * zW;                                                                                  \
+        if (vw) vw += model * zW;                                                                                  \
+        if (dx) dx = static_cast<u8*>(dx) + model * zDx_bytes;                                                     \
+        opt += model;                                                                                              \
+        if (bias) bias += model * zBias;                                                                           \
+        if (mb) mb += model * zBias;                                                                               \
+        if (vb) vb += model * zBias;                                                                               \
+    }
+#else
+#define DXU_MODEL_PARAMS
+#define DXU_MODEL_OFFSETS
+#endif
 #define DXU_KERNEL(name, BB, ADAM, STAGES, SMEM, WARPS)                                                             \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, 1)                                                    \
     name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, void* dx,               \
          const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk,   \
          float* workspace, int* tickets, float keep_read, float keep_hi, float keep_lo, float* bias, float* mb,   \
-         float* vb) {                                                                                              \
+         float* vb DXU_MODEL_PARAMS) {                                                                             \
+        DXU_MODEL_OFFSETS                                                                                          \
         dx_update_body<BB, ADAM, STAGES, SMEM, WARPS>(x, dy, wlo, w16, mw, vw, dx, opt, B, IN, N, ldx, lddy, ldw,  \
                                                       lddx, dx_f32, n_chunk, workspace, tickets, keep_read,       \
                                                       keep_hi, keep_lo, bias, mb, vb);                            \
