@@ -1,0 +1,198 @@
+"""Train many models of one architecture at once: a grid over the optimiser's and the schedule's settings, times seeds.
+
+    python -m rawgpu.sweep --hidden 256 --lr 0.01 0.02 0.05 0.1 --seeds 0-7 --out sweep
+
+Each swept option takes a list (--betas as B1,B2 pairs), --seeds a list or ranges (0-7); the architecture, the batch,
+the optimiser and the data are one per sweep. Every model trains exactly as `python -m rawgpu.train` trains it with
+the same settings and seed. For now the models train one after another in this process (the data read and the
+kernels built once); issue 41's engine will train them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import recipe as rc
+from .cli import add_device_option, count, program
+from .data import DATASET_NAMES
+from .errors import RawgpuError, interrupt_status, stop_on_sigterm
+from .grid import SWEPT, Grid, parse_seeds
+
+SINGLE = ("hidden", "layers", "batch", "dataset")  # one per sweep: a list is refused in one line
+
+
+def _pair(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    try:
+        b1, b2 = (float(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B1,B2 (two numbers), got {text!r}") from None
+    for name, b in (("beta1", b1), ("beta2", b2)):
+        rc.OPTIONS["betas"].check(name, b, shown=text)
+    return b1, b2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=program("sweep"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Exit status: 0 done, 1 runtime error, 2 bad arguments, 130 Ctrl-C, 143 SIGTERM "
+                                       "(the finished models' results are kept; --resume DIR continues).")
+    m = p.add_argument_group("model, one per sweep")
+    for name in SINGLE[:3]:
+        option = rc.OPTIONS[name]
+        m.add_argument(f"--{name}", type=rc.argument_type(name, option), nargs="+", default=[option.default],
+                       metavar=name.upper(), help=f"{option.help} (default {option.default})")
+    m.add_argument("--optimizer", choices=rc.OPTIONS["optimizer"].choices, default=rc.DEFAULTS["optimizer"],
+                   help=f"{rc.OPTIONS['optimizer'].help} (default {rc.DEFAULTS['optimizer']})")
+    rc.add_options(m, ("nesterov", "accum"))
+    m.add_argument("--epochs", type=count(1), default=None, help=f"epochs per model (default {rc.DEFAULTS['epochs']})")
+    m.add_argument("--steps", type=count(1), default=None, help="training steps per model; overrides --epochs")
+    s = p.add_argument_group("swept: each takes a list, every combination times every seed is one model")
+    for name in SWEPT:
+        option, flag = rc.OPTIONS[name], f"--{name.replace('_', '-')}"
+        if name == "betas":
+            s.add_argument(flag, type=_pair, nargs="+", default=None, metavar="B1,B2", help=option.help)
+        elif option.choices is not None:
+            s.add_argument(flag, choices=option.choices, nargs="+", default=None, help=option.help)
+        else:
+            s.add_argument(flag, type=rc.argument_type(name, option), nargs="+", default=None,
+                           metavar=name.upper(), help=option.help)
+    s.add_argument("--seeds", nargs="+", default=["0"], metavar="SEED",
+                   help="seeds, or ranges such as 0-7 (default 0): each model's initial weights and data order")
+    d = p.add_argument_group("data and results")
+    d.add_argument("--dataset", choices=DATASET_NAMES, nargs="+", default=["mnist"],
+                   help="the data every model trains on (default mnist)")
+    d.add_argument("--data-dir", default=None, help="directory with the four IDX files (default: $RAWGPU_DATA for "
+                   "mnist, then the cache, then download)")
+    d.add_argument("--out", metavar="DIR", default=None,
+                   help="write results.csv and results.json here (updated after every model, atomically)")
+    d.add_argument("--save-best", metavar="K", type=count(1), default=0,
+                   help="keep the checkpoints of the K best models in DIR/checkpoints (rawgpu checkpoints: "
+                        "evaluate, predict and train --resume take them)")
+    d.add_argument("--save-all", action="store_true", help="keep every model's checkpoint")
+    d.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue a sweep interrupted in DIR (its results.json): the finished models are kept, the "
+                        "others train; it ends as the uninterrupted sweep ends")
+    r = p.add_argument_group("run")
+    add_device_option(r)
+    r.add_argument("--json", action="store_true", help="print one JSON object per model and epoch, nothing else")
+    return p
+
+
+def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Grid, rc.Recipe]:
+    """The grid and the recipe every model shares, checked before any GPU work (one line, exit 2)."""
+    for name in SINGLE:
+        values = getattr(args, name)
+        if len(values) > 1:
+            parser.error(f"argument --{name}: one architecture, batch and dataset per sweep, got {len(values)} "
+                         "values; run one sweep per value")
+        setattr(args, name, values[0])
+    axes = tuple((name, tuple(getattr(args, name))) for name in SWEPT if getattr(args, name) is not None)
+    try:
+        grid = Grid(axes, parse_seeds(args.seeds))
+        base = rc.Recipe(hidden=args.hidden, layers=args.layers, batch=args.batch, optimizer=args.optimizer,
+                         nesterov=args.nesterov, accum=args.accum)
+        grid.recipes(base)
+    except ValueError as exc:
+        parser.error(str(exc) if str(exc).startswith("argument") else f"the grid: {exc}")
+    return grid, base
+
+
+def check_output(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.resume and args.out and Path(args.out) != Path(args.resume):
+        parser.error("argument --out: --resume DIR writes to DIR; drop --out or give the same folder")
+    args.out = args.out or args.resume
+    if (args.save_best or args.save_all) and not args.out:
+        parser.error("argument --save-best/--save-all: the checkpoints go to --out DIR; give one")
+    if args.save_best and args.save_all:
+        parser.error("argument --save-all: keeps every model; drop --save-best")
+    if args.out:
+        from .files import cannot_create_in
+
+        folder = Path(args.out)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"argument --out: cannot create {folder}: {exc.strerror or exc}")
+        if problem := cannot_create_in(folder):
+            parser.error(f"argument --out: {problem}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    stop_on_sigterm()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    grid, base = grid_of(parser, args)
+    check_output(parser, args)
+    say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))  # noqa: E731
+    say(f"sweep: {grid.size_line(base)}, {args.steps} steps each" if args.steps else
+        f"sweep: {grid.size_line(base)}, {args.epochs or rc.DEFAULTS['epochs']} epochs each")
+    from .sweeper import Sweep
+
+    t0, done = time.perf_counter(), 0
+    try:
+        sweep = Sweep(grid, base, data=args.dataset, data_dir=args.data_dir, epochs=args.epochs, steps=args.steps,
+                      device=args.device, out=args.out, save_best=args.save_best, save_all=args.save_all)
+        if args.resume:
+            try:
+                kept = sweep.resume_from(args.resume)
+            except ValueError as exc:
+                parser.error(f"argument --resume: {exc}")
+            say(f"resumed: {kept} of {grid.models} models already trained in {args.resume}")
+
+        def on_epoch(result, stats) -> None:
+            if args.json:
+                print(json.dumps({"model": result.index, "settings": result.describe(), "epoch": stats.epoch,
+                                  "epochs": stats.epochs, "train_loss": stats.train_loss,
+                                  "test_accuracy": stats.test_accuracy, "test_loss": stats.test_loss}), flush=True)
+
+        def on_model(result) -> None:
+            nonlocal done
+            done += 1
+            best = sweep.best(1)[0]
+            say(f"model {result.index + 1}/{grid.models} ({result.describe()}): best test acc "
+                f"{100 * result.best_accuracy:.2f}% (epoch {result.best_epoch}); leader: model {best.index + 1} "
+                f"({best.describe()}) {100 * best.best_accuracy:.2f}%")
+
+        sweep.fit(on_epoch=on_epoch, on_model=on_model)
+    except KeyboardInterrupt as exc:
+        print(f"sweep: interrupted after {done} more model(s)"
+              + (f"; {args.out}/results.json keeps the finished ones: --resume {args.out}" if args.out else ""),
+              file=sys.stderr)
+        return interrupt_status(exc)
+    except RawgpuError as exc:
+        print(f"sweep: error: {exc}", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(ranking(sweep, 10))
+        print(f"sweep: {grid.models} models in {time.perf_counter() - t0:.1f} s"
+              + (f"; results in {args.out}" if args.out else ""))
+    return 0
+
+
+def ranking(sweep, top: int) -> str:
+    """The models ranked by their best test accuracy: the `top` best and the worst, as text."""
+    from rich.console import Console
+    from rich.table import Table
+
+    ranked = sweep.best(len(sweep.results))
+    shown = ranked[:top] + ([ranked[-1]] if len(ranked) > top else [])
+    table = Table(title=f"{len(ranked)} models by best test accuracy" + (f" (top {top} and the worst)"
+                                                                          if len(ranked) > top else ""))
+    for col in ("rank", "model", "settings", "best acc", "epoch", "final loss"):
+        table.add_column(col, justify="left" if col == "settings" else "right")
+    for r in shown:
+        table.add_row(str(ranked.index(r) + 1), str(r.index + 1), r.describe(), f"{100 * r.best_accuracy:.2f}%",
+                      str(r.best_epoch), f"{r.history[-1].train_loss:.4f}")
+    console = Console(width=120, file=io.StringIO())
+    console.print(table)
+    return console.file.getvalue().rstrip("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Many models of one architecture on one dataset: `Sweep` trains every model of a grid (grid.py) and keeps each one's
+history, ranks them, writes the results and the checkpoints asked for, and continues an interrupted sweep.
+
+For now the models train one after another in this process, each through its own Trainer: the data is read once,
+the kernels are built once, and each model ends with the very bits `rawgpu.train` gives it alone. Training them all in
+one CUDA graph per step is issue 41's engine (docs/design.md: Many models per step).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .console import EpochStats
+from .data import Dataset, load_dataset
+from .files import write_atomic
+from .grid import Grid, describe_point
+from .recipe import DEFAULTS, Recipe, run_length
+
+RESULTS_FORMAT = "rawgpu-sweep-results"
+
+
+@dataclass
+class ModelResult:
+    """One model of a sweep: its place in the grid, its swept settings and seed, and every epoch it trained."""
+
+    index: int
+    point: dict[str, Any]
+    recipe: Recipe
+    history: list[EpochStats] = field(default_factory=list)
+    checkpoint: str | None = None  # where its checkpoint was written, if one was kept
+
+    @property
+    def done(self) -> bool:
+        return bool(self.history) and self.history[-1].epoch == self.history[-1].epochs
+
+    @property
+    def best_epoch(self) -> int:
+        return max(self.history, key=_accuracy).epoch if self.history else 0
+
+    @property
+    def best_accuracy(self) -> float:
+        return max(map(_accuracy, self.history), default=0.0)
+
+    def describe(self) -> str:
+        return describe_point(self.point)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "settings": {k: v for k, v in self.point.items() if k != "seed"},
+                "seed": self.point["seed"], "best_epoch": self.best_epoch, "best_accuracy": self.best_accuracy,
+                "epochs": [{"epoch": h.epoch, "train_loss": h.train_loss, "test_accuracy": h.test_accuracy,
+                            "test_loss": h.test_loss} for h in self.history], "checkpoint": self.checkpoint}
+
+
+def _accuracy(h: EpochStats) -> float:
+    return h.test_accuracy if math.isfinite(h.test_accuracy) else -1.0
+
+
+class Sweep:
+    """Every model of `grid` over `base` (the architecture, batch, optimiser and run length all models share), on
+    `data` (a Dataset or a name: data.DATASET_NAMES). out: the folder of results.csv, results.json and checkpoints/
+    (None: nothing written). save_best: keep the checkpoints of the K best models; save_all: of every model."""
+
+    def __init__(self, grid: Grid, base: Recipe | None = None, *, data: Dataset | str = "mnist",
+                 data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
+                 device: int = 0, out: str | Path | None = None, save_best: int = 0, save_all: bool = False):
+        self.grid, self.base = grid, base or Recipe()
+        self.recipes = grid.recipes(self.base)  # every model checked before any GPU work
+        self.data = load_dataset(data, data_dir) if isinstance(data, str) else data
+        self.epochs, self.steps, self.device = epochs, steps, device
+        self.out = Path(out) if out is not None else None
+        self.save_best, self.save_all = save_best, save_all
+        self.results = [ModelResult(i, point, r) for i, (point, r) in enumerate(zip(grid.points(), self.recipes))]
+
+    # --- training ------------------------------------------------------------------------------------------------
+
+    def fit(self, on_epoch: Callable[[ModelResult, EpochStats], Any] | None = None,
+            on_model: Callable[[ModelResult], Any] | None = None, on_start: Callable[[ModelResult], Any] | None = None,
+            ) -> list[ModelResult]:
+        """Train every model not yet done, in grid order; after each, the results and checkpoints on disk are
+        brought up to date (written atomically), so Ctrl-C loses at most the model in training. on_start(result),
+        on_epoch(result, stats), on_model(result): progress for a console."""
+        from .trainer import Trainer
+
+        for result in self.results:
+            if result.done:
+                continue
+            result.history = []
+            if on_start is not None:
+                on_start(result)
+            with Trainer(result.recipe, data=self.data, epochs=self.epochs, steps=self.steps,
+                         device=self.device) as trainer:
+                def epoch_done(stats: EpochStats, result=result) -> None:
+                    result.history.append(stats)
+                    if on_epoch is not None:
+                        on_epoch(result, stats)
+                trainer.fit(epoch_done)
+                self._keep(result, trainer)
+            self.write()
+            if on_model is not None:
+                on_model(result)
+        return self.results
+
+    def best(self, k: int = 1) -> list[ModelResult]:
+        """The k models of the highest test accuracy (over their epochs), best first; ties in grid order."""
+        return sorted((r for r in self.results if r.history), key=lambda r: (-r.best_accuracy, r.index))[:k]
+
+    def _keep(self, result: ModelResult, trainer) -> None:
+        """The checkpoint of a model just trained, where save_all or save_best keeps it; a model that falls out of
+        the best K loses its file."""
+        if self.out is None or not (self.save_all or self.save_best):
+            return
+        kept = {r.index for r in self.best(self.save_best)} if not self.save_all else None
+        if kept is None or result.index in kept:
+            path = self.out / "checkpoints" / f"model-{result.index}.safetensors"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            trainer.save(path)
+            result.checkpoint = str(path)
+        if kept is not None:
+            for r in self.results:
+                if r.checkpoint is not None and r.index not in kept:
+                    Path(r.checkpoint).unlink(missing_ok=True)
+                    r.checkpoint = None
+
+    # --- results -------------------------------------------------------------------------------------------------
+
+    def signature(self) -> dict[str, Any]:
+        """What makes two runs the same sweep (resume takes only such a run's results), as JSON keeps it."""
+        sig = {"recipe": self.base.to_dict(), "grid": [[n, list(v)] for n, v in self.grid.axes],
+               "seeds": list(self.grid.seeds), "epochs": self.epochs, "steps": self.steps, "dataset": self.data.name}
+        return json.loads(json.dumps(sig, default=_plain))
+
+    def epochs_per_model(self) -> int:
+        """The epochs each model trains (as Trainer sets its run's length)."""
+        r, rows = self.recipes[0], len(self.data.train_labels)
+        steps = self.steps if self.steps is not None else (r.total_steps or None) if self.epochs is None else None
+        _, epochs = run_length(r.batch, self.epochs or DEFAULTS["epochs"], steps, rows)
+        return epochs
+
+    def write(self) -> None:
+        """results.json (every model, every epoch) and results.csv (a row per model), atomically."""
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        doc = {"format": RESULTS_FORMAT, "version": 1, "sweep": self.signature(),
+               "models": [r.to_dict() for r in self.results]}
+        write_atomic(self.out / "results.json", json.dumps(doc, indent=1, default=_plain).encode())
+        names = [n for n, _ in self.grid.axes]
+        text = io.StringIO()
+        w = csv.writer(text)
+        w.writerow(["model", *names, "seed", "best_accuracy", "best_epoch", "final_train_loss", "final_accuracy",
+                    "checkpoint"])
+        for r in self.results:
+            last = r.history[-1] if r.history else None
+            w.writerow([r.index, *[_plain(r.point[n]) for n in names], r.point["seed"],
+                        f"{r.best_accuracy:.4f}" if r.history else "", r.best_epoch or "",
+                        f"{last.train_loss:.6f}" if last else "", f"{last.test_accuracy:.4f}" if last else "",
+                        r.checkpoint or ""])
+        write_atomic(self.out / "results.csv", text.getvalue().encode())
+
+    def resume_from(self, folder: str | Path) -> int:
+        """Take the finished models of an earlier run of this very sweep from its results.json (the others train
+        again from the start, so the sweep ends as an uninterrupted one); returns how many. ValueError when the
+        folder holds no results or another sweep's."""
+        path = Path(folder) / "results.json"
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{folder} holds no results.json to resume from") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path} cannot be read: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
+            raise ValueError(f"{path} is not a rawgpu sweep's results")
+        if doc.get("sweep") != self.signature():
+            raise ValueError(f"{path} is another sweep's: its recipe, grid, seeds, length or data differ")
+        epochs, taken = self.epochs_per_model(), 0
+        for saved, result in zip(doc.get("models", []), self.results):
+            if len(saved.get("epochs") or []) == epochs:
+                result.history = [_stats(e, epochs) for e in saved["epochs"]]
+                result.checkpoint = saved.get("checkpoint")
+                taken += 1
+        return taken
+
+
+def _stats(e: dict[str, Any], epochs: int) -> EpochStats:
+    """An epoch as results.json keeps it (the fields a resumed sweep shows and ranks by)."""
+    nan = float("nan")
+    return EpochStats(epoch=e["epoch"], epochs=epochs, steps=0, train_loss=e["train_loss"], train_accuracy=nan,
+                      test_loss=e.get("test_loss", nan), test_accuracy=e["test_accuracy"], seconds=0.0,
+                      eval_seconds=0.0, steps_per_s=0.0, samples_per_s=0.0, tflops=0.0, gbps=0.0, lr=nan,
+                      total_seconds=0.0)
+
+
+def _plain(value: Any) -> Any:
+    """JSON and CSV cells: tuples (betas) as lists."""
+    return list(value) if isinstance(value, tuple) else value
+

@@ -1,0 +1,145 @@
+"""Sweeps (rawgpu/sweep.py, rawgpu/sweeper.py): bad input is one line before any GPU work; results are written and
+resumed on CPU; on the GPU every model of a sweep ends with the bits `Trainer` gives it alone, and a resumed sweep
+ends as the uninterrupted one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rawgpu import sweep as cli
+from rawgpu.console import EpochStats
+from rawgpu.grid import Grid
+from rawgpu.recipe import Recipe
+from rawgpu.sweeper import Sweep
+
+gpu = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hidden", "256", "512"], "argument --hidden: one architecture, batch and dataset per sweep, got 2 values"),
+    (["--dataset", "mnist", "kmnist"], "argument --dataset: one architecture, batch and dataset per sweep"),
+    (["--lr", "0.1", "0.1"], "the grid: lr: 0.1 is given twice"),
+    (["--seeds", "0-3", "2"], "the grid: seeds: 2 is given twice"),
+    (["--lr", "0.1", "--betas", "0.9,0.99", "--optimizer", "sgd"], "the grid: betas: applies to --optimizer adam"),
+    (["--betas", "0.9"], "argument --betas: expected B1,B2 (two numbers), got '0.9'"),
+    (["--lr", "0"], "argument --lr: must be > 0, got 0"),
+    (["--save-best", "2"], "the checkpoints go to --out DIR"),
+    (["--resume", "/nonexistent-sweep", "--out", "/tmp/elsewhere"], "--resume DIR writes to DIR"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_gpu_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and message in err[-1], err
+
+
+def _stats(epoch: int, epochs: int, loss: float, acc: float) -> EpochStats:
+    return EpochStats(epoch=epoch, epochs=epochs, steps=10, train_loss=loss, train_accuracy=0.5, test_loss=loss,
+                      test_accuracy=acc, seconds=0.1, eval_seconds=0.01, steps_per_s=100.0, samples_per_s=1e4,
+                      tflops=1.0, gbps=1.0, lr=0.01, total_seconds=0.1 * epoch)
+
+
+def _sweep(out, rng, **kw):
+    from test_trainer import synthetic
+
+    grid = Grid((("lr", (0.01, 0.05)), ("momentum", (0.0, 0.9))), seeds=(0, 1))
+    return Sweep(grid, Recipe(hidden=32, batch=64), data=synthetic(rng, 640, 100), epochs=2, out=out, **kw)
+
+
+def test_results_rank_the_models_and_are_written_atomically_after_each(tmp_path, rng):
+    sweep = _sweep(tmp_path, rng)
+    assert len(sweep.results) == 8 and sweep.epochs_per_model() == 2
+    for r in sweep.results[:5]:  # five trained, three not yet
+        r.history = [_stats(1, 2, 1.0, 0.5), _stats(2, 2, 0.5, 0.5 + 0.01 * ((r.index * 3) % 5))]
+    sweep.write()
+    assert [r.index for r in sweep.best(3)] == [3, 1, 4]
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert [row["model"] for row in rows] == [str(i) for i in range(8)]
+    assert rows[1] == {"model": "1", "lr": "0.01", "momentum": "0.0", "seed": "1", "best_accuracy": "0.5300",
+                       "best_epoch": "2", "final_train_loss": "0.500000", "final_accuracy": "0.5300", "checkpoint": ""}
+    assert rows[7]["best_accuracy"] == ""
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["sweep"]["grid"] == [["lr", [0.01, 0.05]], ["momentum", [0.0, 0.9]]] and len(doc["models"]) == 8
+    assert doc["models"][2]["epochs"][1] == {"epoch": 2, "train_loss": 0.5, "test_accuracy": 0.51, "test_loss": 0.5}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_a_resumed_sweep_keeps_the_finished_models_and_refuses_another_sweeps_results(tmp_path, rng):
+    first = _sweep(tmp_path, rng)
+    for r in first.results[:3]:
+        r.history = [_stats(1, 2, 1.0, 0.4), _stats(2, 2, 0.5, 0.6)]
+    first.results[3].history = [_stats(1, 2, 1.0, 0.4)]  # interrupted inside: it trains again
+    first.write()
+    again = _sweep(tmp_path, rng)
+    assert again.resume_from(tmp_path) == 3
+    assert [r.done for r in again.results] == [True] * 3 + [False] * 5
+    assert again.results[1].history[1].test_accuracy == 0.6
+    other = Sweep(Grid((("lr", (0.01, 0.05)),), seeds=(0, 1)), Recipe(hidden=32, batch=64), data=first.data,
+                  epochs=2, out=tmp_path)
+    with pytest.raises(ValueError, match="another sweep's"):
+        other.resume_from(tmp_path)
+    with pytest.raises(ValueError, match="holds no results.json"):
+        other.resume_from(tmp_path / "nothing")
+
+
+def test_the_size_line_comes_before_any_gpu_work(tmp_path, capsys, monkeypatch):
+    from rawgpu import driver
+
+    try:
+        driver.Device(0)
+        pytest.skip("a GPU is here: the GPU tests run the sweep")
+    except Exception:  # noqa: BLE001 - no usable GPU, as on CI
+        pass
+    from test_trainer import synthetic, write_idx
+
+    idx = write_idx(tmp_path / "idx", synthetic(np.random.default_rng(0), 640, 100))
+    code = cli.main(["--hidden", "32", "--lr", "0.01", "0.05", "--seeds", "0-3", "--dataset", "idx", "--data-dir",
+                     str(idx), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("sweep: 8 models: 2 lr x 4 seeds, 784-32-32-32-10, batch 128, ")
+    assert code == 1 and err.startswith("sweep: error: ") and len(err.strip().splitlines()) == 1
+
+
+# --- GPU -----------------------------------------------------------------------------------------------------------
+
+
+@gpu
+def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_the_same(device, rng, tmp_path):
+    from test_trainer import state_of, synthetic
+
+    from rawgpu import checkpoint as ck
+    from rawgpu.trainer import Trainer
+
+    data = synthetic(rng, 1280, 200)
+    grid = Grid((("lr", (0.02, 0.05)),), seeds=(3, 4))
+    base = Recipe(hidden=64, batch=64)
+    sweep = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "a", save_all=True)
+    sweep.fit()
+    for result, recipe in zip(sweep.results, grid.recipes(base)):
+        with Trainer(recipe, data=data, epochs=2) as alone:
+            alone.fit()
+            assert [h.test_accuracy for h in alone.history] == [h.test_accuracy for h in result.history]
+            saved = Trainer.load(ck.load(result.checkpoint), data=data)
+            assert all(np.array_equal(a, b) for a, b in zip(state_of(alone), state_of(saved)))
+            saved.close()
+    # an interrupted sweep: its last two models never finished; resumed, it ends as the uninterrupted one
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    for m in doc["models"][2:]:
+        m["epochs"] = m["epochs"][:1]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.json").write_text(json.dumps(doc))
+    resumed = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "b")
+    assert resumed.resume_from(tmp_path / "b") == 2
+    trained = []
+    resumed.fit(on_start=lambda r: trained.append(r.index))
+    assert trained == [2, 3]
+    assert [[h.test_accuracy for h in r.history] for r in resumed.results] == \
+        [[h.test_accuracy for h in r.history] for r in sweep.results]
+    assert os.path.exists(tmp_path / "b" / "results.csv")
+    assert Path(sweep.results[0].checkpoint).parent == tmp_path / "a" / "checkpoints"
