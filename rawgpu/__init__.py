@@ -1,7 +1,7 @@
 """rawgpu: a minimal GPU training runtime that talks to the NVIDIA driver directly.
 
-The Python API is `Trainer` (train, evaluate, predict, save, load) and `Recipe` (the model and optimiser), with
-`RawgpuError` and its kinds for what can go wrong; nothing touches the GPU until a Trainer is made. Each is imported
+The Python API is `Trainer` (train, evaluate, predict, save, load) and `Recipe` (the model and optimiser), `Sweep`
+(many models over a `Grid` of settings and seeds), with `RawgpuError` and its kinds for what can go wrong; nothing touches the GPU until a Trainer is made. Each is imported
 on first use, so `import rawgpu.recipe` stays light.
 """
 
@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 _ERRORS = ("RawgpuError", "NoDeviceError", "CudaError", "GpuHangError", "CompileError", "OutOfMemoryError",
            "GraphCaptureError", "DataError", "StepUnsupported")
 _HOMES = {"Recipe": "recipe", "Trainer": "trainer", "Evaluation": "trainer", "TrainingDiverged": "trainer",
+          "Sweep": "sweeper", "Grid": "grid",
           "CheckpointError": "checkpoint", **{name: "errors" for name in _ERRORS}}
 __all__ = sorted(_HOMES) + ["__version__"]
 

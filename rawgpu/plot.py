@@ -1,4 +1,5 @@
-"""A PNG of a training run: train loss and test accuracy per epoch, side by side.
+"""PNGs: a training run's train loss and test accuracy per epoch, side by side; a sweep's best test accuracy against
+each swept setting.
 
 matplotlib is optional (the `plot` extra: install.hint says how). It is drawn through a Figure and the Agg canvas directly,
 never pyplot, so no global backend is chosen or changed and nothing needs a display.
@@ -73,6 +74,38 @@ def write_plot(path: str | Path, epochs: list[int], train_loss: list[float], tes
     for axes in (loss_axes, accuracy_axes):
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(True, which="both", alpha=0.3)
+    if title:
+        figure.suptitle(title)
+    png = io.BytesIO()
+    figure.savefig(png, format="png")
+    try:
+        write_atomic(path, png.getvalue())
+    except OSError as e:
+        raise RawgpuError(f"{path}: cannot write the plot: {e.strerror or e}") from None
+
+
+def write_sweep_plot(path: str | Path, axes: dict[str, list], accuracies: list[float], title: str = "") -> None:
+    """One panel per swept setting: every model's best test accuracy (fractions, drawn in percent) against its value
+    of that setting. axes: setting -> each model's value (numbers on a log axis where all are positive and they
+    span a decade or more; betas as their first value; words as categories)."""
+    path = Path(path)
+    if problem := check_plot_path(path):
+        raise ValueError(problem)
+    Figure, FigureCanvasAgg, _ = _matplotlib()
+    panels = axes or {"model": list(range(len(accuracies)))}
+    figure = Figure(figsize=(4.5 * len(panels), 4), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    for ax, (name, values) in zip(figure.subplots(1, len(panels), squeeze=False)[0], panels.items()):
+        xs = [v[0] if isinstance(v, (tuple, list)) else v for v in values]
+        if all(isinstance(x, str) for x in xs):
+            names = sorted(set(xs))
+            xs = [names.index(x) for x in xs]
+            ax.set_xticks(range(len(names)), names)
+        elif all(x > 0 for x in xs) and max(xs) >= 10 * min(xs):
+            ax.set_xscale("log")
+        ax.scatter(xs, [100.0 * a for a in accuracies], alpha=0.7)
+        ax.set(xlabel=name + (" (beta1)" if name == "betas" else ""), ylabel="best test accuracy (%)")
+        ax.grid(True, which="both", alpha=0.3)
     if title:
         figure.suptitle(title)
     png = io.BytesIO()

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the checkpoints of the K best models in DIR/checkpoints (rawgpu checkpoints: "
                         "evaluate, predict and train --resume take them)")
     d.add_argument("--save-all", action="store_true", help="keep every model's checkpoint")
+    d.add_argument("--plot", metavar="PATH", default=None,
+                   help="write a PNG of each model's best test accuracy against every swept setting (needs "
+                        "matplotlib: the plot extra)")
     d.add_argument("--resume", metavar="DIR", default=None,
                    help="continue a sweep interrupted in DIR (its results.json): the finished models are kept, the "
                         "others train; it ends as the uninterrupted sweep ends")
@@ -111,6 +114,15 @@ def check_output(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("argument --save-best/--save-all: the checkpoints go to --out DIR; give one")
     if args.save_best and args.save_all:
         parser.error("argument --save-all: keeps every model; drop --save-best")
+    if args.plot:
+        from .plot import check_plot_path, plot_available
+
+        if problem := check_plot_path(args.plot):
+            parser.error(f"argument --plot: {problem}")
+        if not plot_available():
+            from .install import hint
+
+            parser.error(f"argument --plot: needs matplotlib: {hint('plot')}")
     if args.out:
         from .files import cannot_create_in
 
@@ -155,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             nonlocal done
             done += 1
             best = sweep.best(1)[0]
+            last = result.history[-1]
             say(f"model {result.index + 1}/{grid.models} ({result.describe()}): best test acc "
-                f"{100 * result.best_accuracy:.2f}% (epoch {result.best_epoch}); leader: model {best.index + 1} "
-                f"({best.describe()}) {100 * best.best_accuracy:.2f}%")
+                f"{100 * result.best_accuracy:.2f}% (epoch {result.best_epoch}), {last.steps_per_s / 1e3:.1f}k "
+                f"steps/s; leader: model {best.index + 1} ({best.describe()}) {100 * best.best_accuracy:.2f}%")
 
         sweep.fit(on_epoch=on_epoch, on_model=on_model)
     except KeyboardInterrupt as exc:
@@ -168,9 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     except RawgpuError as exc:
         print(f"sweep: error: {exc}", file=sys.stderr)
         return 1
+    if args.plot:
+        sweep.plot(args.plot)
+        say(f"plot: {args.plot}")
     if not args.json:
         print(ranking(sweep, 10))
-        print(f"sweep: {grid.models} models in {time.perf_counter() - t0:.1f} s"
+        wall = time.perf_counter() - t0
+        steps = sum(h.steps for r in sweep.results for h in r.history)
+        print(f"sweep: {grid.models} models in {wall:.1f} s wall, {steps / wall / 1e3:.1f}k model-steps/s and "
+              f"{steps * base.batch / wall / 1e6:.2f}M samples/s with set-up and evaluation"
               + (f"; results in {args.out}" if args.out else ""))
     return 0
 

@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .console import EpochStats
 from .data import Dataset, load_dataset
@@ -62,20 +62,33 @@ def _accuracy(h: EpochStats) -> float:
 
 
 class Sweep:
-    """Every model of `grid` over `base` (the architecture, batch, optimiser and run length all models share), on
-    `data` (a Dataset or a name: data.DATASET_NAMES). out: the folder of results.csv, results.json and checkpoints/
-    (None: nothing written). save_best: keep the checkpoints of the K best models; save_all: of every model."""
+    """Every model of `models` on `data` (a Dataset or a name: data.DATASET_NAMES). models: a Grid over `base` (the
+    architecture, batch and optimiser every model shares; default the CLI's default recipe), or the models' recipes
+    themselves (one architecture and batch). out: the folder of results.csv, results.json and checkpoints/ (None:
+    nothing written). save_best: keep the checkpoints of the K best models; save_all: of every model."""
 
-    def __init__(self, grid: Grid, base: Recipe | None = None, *, data: Dataset | str = "mnist",
+    def __init__(self, models: Grid | Sequence[Recipe], base: Recipe | None = None, *, data: Dataset | str = "mnist",
                  data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
                  device: int = 0, out: str | Path | None = None, save_best: int = 0, save_all: bool = False):
-        self.grid, self.base = grid, base or Recipe()
-        self.recipes = grid.recipes(self.base)  # every model checked before any GPU work
+        if isinstance(models, Grid):
+            self.grid, self.base = models, base or Recipe()
+            self.recipes = models.recipes(self.base)  # every model checked before any GPU work
+        else:
+            self.recipes = list(models)
+            if not self.recipes or base is not None:
+                raise ValueError("a sweep of recipes takes at least one Recipe, and no base (a Grid's)")
+            self.grid, self.base = Grid(seeds=tuple(range(len(self.recipes)))), self.recipes[0]
+            if any((r.widths, r.batch) != (self.base.widths, self.base.batch) for r in self.recipes):
+                raise ValueError("the recipes of a sweep share one architecture and one batch")
+        if save_best < 0 or ((save_best or save_all) and out is None):
+            raise ValueError("save_best and save_all keep checkpoints in `out`: give a folder (and save_best >= 0)")
         self.data = load_dataset(data, data_dir) if isinstance(data, str) else data
         self.epochs, self.steps, self.device = epochs, steps, device
         self.out = Path(out) if out is not None else None
         self.save_best, self.save_all = save_best, save_all
-        self.results = [ModelResult(i, point, r) for i, (point, r) in enumerate(zip(grid.points(), self.recipes))]
+        points = (self.grid.points() if isinstance(models, Grid) else
+                  [{"model": i, "seed": r.seed} for i, r in enumerate(self.recipes)])
+        self.results = [ModelResult(i, point, r) for i, (point, r) in enumerate(zip(points, self.recipes))]
 
     # --- training ------------------------------------------------------------------------------------------------
 
@@ -106,6 +119,27 @@ class Sweep:
                 on_model(result)
         return self.results
 
+    def plot(self, path: str | Path) -> None:
+        """A PNG of every trained model's best test accuracy against each swept setting (plot.py; needs
+        matplotlib, the plot extra)."""
+        from .plot import write_sweep_plot
+
+        done = [r for r in self.results if r.history]
+        write_sweep_plot(path, {name: [r.point[name] for r in done] for name, _ in self.grid.axes},
+                         [r.best_accuracy for r in done],
+                         title=f"{self.data.name} {self.base.name}: {len(done)} models")
+
+    def trainer(self, i: int):
+        """A Trainer holding model i as it ended (from its kept checkpoint): evaluate, predict, save it. ValueError
+        when its weights were not kept (save_all, or save_best with model i among the best)."""
+        from .trainer import Trainer
+
+        result = self.results[i]
+        if result.checkpoint is None or not Path(result.checkpoint).exists():
+            raise ValueError(f"model {i}'s weights were not kept: make the sweep with save_all=True, or save_best "
+                             "of enough models, and an out folder")
+        return Trainer.load(result.checkpoint, data=self.data)
+
     def best(self, k: int = 1) -> list[ModelResult]:
         """The k models of the highest test accuracy (over their epochs), best first; ties in grid order."""
         return sorted((r for r in self.results if r.history), key=lambda r: (-r.best_accuracy, r.index))[:k]
@@ -132,7 +166,8 @@ class Sweep:
     def signature(self) -> dict[str, Any]:
         """What makes two runs the same sweep (resume takes only such a run's results), as JSON keeps it."""
         sig = {"recipe": self.base.to_dict(), "grid": [[n, list(v)] for n, v in self.grid.axes],
-               "seeds": list(self.grid.seeds), "epochs": self.epochs, "steps": self.steps, "dataset": self.data.name}
+               "seeds": list(self.grid.seeds), "epochs": self.epochs, "steps": self.steps, "dataset": self.data.name,
+               "models": [r.to_dict() for r in self.recipes]}
         return json.loads(json.dumps(sig, default=_plain))
 
     def epochs_per_model(self) -> int:
@@ -152,7 +187,7 @@ class Sweep:
         write_atomic(self.out / "results.json", json.dumps(doc, indent=1, default=_plain).encode())
         names = [n for n, _ in self.grid.axes]
         text = io.StringIO()
-        w = csv.writer(text)
+        w = csv.writer(text, lineterminator="\n")
         w.writerow(["model", *names, "seed", "best_accuracy", "best_epoch", "final_train_loss", "final_accuracy",
                     "checkpoint"])
         for r in self.results:

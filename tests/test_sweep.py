@@ -88,6 +88,33 @@ def test_a_resumed_sweep_keeps_the_finished_models_and_refuses_another_sweeps_re
         other.resume_from(tmp_path / "nothing")
 
 
+def test_a_sweep_of_recipes_shares_one_architecture_and_names_each_model(tmp_path, rng):
+    from test_trainer import synthetic
+
+    data = synthetic(rng, 640, 100)
+    recipes = [Recipe(hidden=32, batch=64, lr=lr, seed=s) for lr, s in ((0.01, 3), (0.05, 4))]
+    sweep = Sweep(recipes, data=data, epochs=1)
+    assert [r.describe() for r in sweep.results] == ["model 0, seed 3", "model 1, seed 4"]
+    with pytest.raises(ValueError, match="share one architecture and one batch"):
+        Sweep(recipes + [Recipe(hidden=64, batch=64)], data=data)
+    with pytest.raises(ValueError, match="keep checkpoints in `out`"):
+        Sweep(recipes, data=data, save_all=True)
+    with pytest.raises(ValueError, match="model 1's weights were not kept"):
+        sweep.trainer(1)
+
+
+def test_the_plot_has_a_panel_per_swept_setting(tmp_path, rng):
+    pytest.importorskip("matplotlib")
+    sweep = _sweep(tmp_path, rng)
+    for r in sweep.results:
+        r.history = [_stats(1, 2, 1.0, 0.5 + 0.01 * r.index)]
+    sweep.plot(tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--lr", "0.1", "--plot", str(tmp_path / "sweep.jpg")])
+    assert exc.value.code == 2
+
+
 def test_the_size_line_comes_before_any_gpu_work(tmp_path, capsys, monkeypatch):
     from rawgpu import driver
 
