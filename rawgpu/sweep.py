@@ -83,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "others train; it ends as the uninterrupted sweep ends")
     r = p.add_argument_group("run")
     add_device_option(r)
-    r.add_argument("--json", action="store_true", help="print one JSON object per model and epoch, nothing else")
+    r.add_argument("--gpus", type=count(1, 64, what="GPUs"), default=1, metavar="N",
+                   help="spread the models over GPUs 0..N-1, one process each (every model ends as on one GPU)")
+    r.add_argument("--json", action="store_true",
+                   help="print one JSON object per model and epoch as each model finishes, nothing else")
     return p
 
 
@@ -110,6 +113,8 @@ def check_output(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         parser.error("argument --out: --resume DIR writes to DIR; drop --out or give the same folder")
     args.out = args.out or args.resume
+    if args.gpus > 1 and args.device:
+        parser.error(f"argument --gpus: the sweep takes GPUs 0..{args.gpus - 1}; drop --device")
     if (args.save_best or args.save_all) and not args.out:
         parser.error("argument --save-best/--save-all: the checkpoints go to --out DIR; give one")
     if args.save_best and args.save_all:
@@ -146,6 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         f"sweep: {grid.size_line(base)}, {args.epochs or rc.DEFAULTS['epochs']} epochs each")
     from .sweeper import Sweep
 
+    if args.gpus > 1:
+        from . import driver
+
+        try:
+            if args.gpus > (gpus_here := driver.device_count()):
+                parser.error(f"argument --gpus: {args.gpus} GPUs asked for, this machine has {gpus_here}")
+        except RawgpuError as exc:
+            print(f"sweep: error: {exc}", file=sys.stderr)
+            return 1
+
     t0, done = time.perf_counter(), 0
     try:
         sweep = Sweep(grid, base, data=args.dataset, data_dir=args.data_dir, epochs=args.epochs, steps=args.steps,
@@ -157,22 +172,22 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"argument --resume: {exc}")
             say(f"resumed: {kept} of {grid.models} models already trained in {args.resume}")
 
-        def on_epoch(result, stats) -> None:
-            if args.json:
-                print(json.dumps({"model": result.index, "settings": result.describe(), "epoch": stats.epoch,
-                                  "epochs": stats.epochs, "train_loss": stats.train_loss,
-                                  "test_accuracy": stats.test_accuracy, "test_loss": stats.test_loss}), flush=True)
-
         def on_model(result) -> None:
             nonlocal done
             done += 1
+            if args.json:
+                for stats in result.history:
+                    print(json.dumps({"model": result.index, "settings": result.describe(), "epoch": stats.epoch,
+                                      "epochs": stats.epochs, "train_loss": stats.train_loss,
+                                      "test_accuracy": stats.test_accuracy, "test_loss": stats.test_loss}),
+                          flush=True)
             best = sweep.best(1)[0]
             last = result.history[-1]
             say(f"model {result.index + 1}/{grid.models} ({result.describe()}): best test acc "
                 f"{100 * result.best_accuracy:.2f}% (epoch {result.best_epoch}), {last.steps_per_s / 1e3:.1f}k "
                 f"steps/s; leader: model {best.index + 1} ({best.describe()}) {100 * best.best_accuracy:.2f}%")
 
-        sweep.fit(on_epoch=on_epoch, on_model=on_model)
+        sweep.fit(on_model=on_model, gpus=args.gpus)
     except KeyboardInterrupt as exc:
         print(f"sweep: interrupted after {done} more model(s)"
               + (f"; {args.out}/results.json keeps the finished ones: --resume {args.out}" if args.out else ""),

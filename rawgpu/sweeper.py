@@ -94,10 +94,14 @@ class Sweep:
 
     def fit(self, on_epoch: Callable[[ModelResult, EpochStats], Any] | None = None,
             on_model: Callable[[ModelResult], Any] | None = None, on_start: Callable[[ModelResult], Any] | None = None,
-            ) -> list[ModelResult]:
+            gpus: int = 1) -> list[ModelResult]:
         """Train every model not yet done, in grid order; after each, the results and checkpoints on disk are
-        brought up to date (written atomically), so Ctrl-C loses at most the model in training. on_start(result),
-        on_epoch(result, stats), on_model(result): progress for a console."""
+        brought up to date (written atomically), so Ctrl-C loses at most the models in training. on_start(result),
+        on_epoch(result, stats), on_model(result): progress for a console. gpus: spread the models over GPUs
+        0..gpus-1, one process each (model i of those left on GPU i mod gpus; on_start and on_epoch are not called
+        then): every model ends as on one GPU."""
+        if gpus > 1:
+            return self._fit_on_gpus(gpus, on_model)
         from .trainer import Trainer
 
         for result in self.results:
@@ -140,6 +144,39 @@ class Sweep:
                              "of enough models, and an out folder")
         return Trainer.load(result.checkpoint, data=self.data)
 
+    def _fit_on_gpus(self, gpus: int, on_model) -> list[ModelResult]:
+        from . import driver
+        from .parallel.ranks import run_ranks
+
+        if gpus > (count := driver.device_count()):
+            raise ValueError(f"{gpus} GPUs asked for, this machine has {count}")
+        todo = [r.index for r in self.results if not r.done]
+        shares = [[(i, self.results[i].recipe) for i in todo[g::gpus]] for g in range(gpus)]
+        keep = self.out / "checkpoints" if self.out is not None and (self.save_all or self.save_best) else None
+
+        def trained(rank: int, value) -> None:
+            index, history, path = value
+            result = self.results[index]
+            result.history, result.checkpoint = history, path
+            self._prune()
+            self.write()
+            if on_model is not None:
+                on_model(result)
+
+        run_ranks(_fit_share, gpus, shares, self.data, self.epochs, self.steps, keep, unique_id=b"",
+                  on_report=trained)
+        return self.results
+
+    def _prune(self) -> None:
+        """save_best: only the best K models keep their files."""
+        if self.save_all or not self.save_best:
+            return
+        kept = {r.index for r in self.best(self.save_best)}
+        for r in self.results:
+            if r.checkpoint is not None and r.index not in kept:
+                Path(r.checkpoint).unlink(missing_ok=True)
+                r.checkpoint = None
+
     def best(self, k: int = 1) -> list[ModelResult]:
         """The k models of the highest test accuracy (over their epochs), best first; ties in grid order."""
         return sorted((r for r in self.results if r.history), key=lambda r: (-r.best_accuracy, r.index))[:k]
@@ -155,11 +192,7 @@ class Sweep:
             path.parent.mkdir(parents=True, exist_ok=True)
             trainer.save(path)
             result.checkpoint = str(path)
-        if kept is not None:
-            for r in self.results:
-                if r.checkpoint is not None and r.index not in kept:
-                    Path(r.checkpoint).unlink(missing_ok=True)
-                    r.checkpoint = None
+        self._prune()
 
     # --- results -------------------------------------------------------------------------------------------------
 
@@ -220,6 +253,24 @@ class Sweep:
                 result.checkpoint = saved.get("checkpoint")
                 taken += 1
         return taken
+
+
+def _fit_share(rank: int, ranks: int, unique_id: bytes, share: list, data: Dataset, epochs: int | None,
+               steps: int | None, keep: Path | None) -> int:
+    """One GPU's models of a sweep on several (a process of parallel.ranks.run_ranks, on GPU `rank`): each trained
+    as Sweep.fit trains it, its checkpoint written to `keep` when given, and reported as it finishes."""
+    from .parallel.ranks import report
+    from .trainer import Trainer
+
+    for index, recipe in share:
+        with Trainer(recipe, data=data, epochs=epochs, steps=steps, device=rank) as trainer:
+            trainer.fit()
+            path = None
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                path = str(trainer.save(keep / f"model-{index}.safetensors"))
+            report((index, trainer.history, path))
+    return len(share)
 
 
 def _stats(e: dict[str, Any], epochs: int) -> EpochStats:

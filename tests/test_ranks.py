@@ -9,6 +9,7 @@ import time
 import pytest
 
 from rawgpu.errors import RawgpuError
+from rawgpu.parallel import ranks as ranks_module
 from rawgpu.parallel.ranks import Rank, RankError, gather_to_root, run_ranks
 
 UID = bytes(range(128))
@@ -26,6 +27,12 @@ def gather_three_times(rank, ranks, unique_id):
     if rank == 0:
         time.sleep(0.5)
     return [gather_to_root((seq, rank), me) for seq in range(3)]
+
+
+def report_each(rank, ranks, unique_id, pieces):
+    for piece in range(pieces):
+        ranks_module.report((rank, piece))
+    return pieces
 
 
 def fail_on_one(rank, ranks, unique_id):
@@ -129,3 +136,15 @@ def test_ctrl_c_stops_every_rank(tmp_path):
         except ProcessLookupError:
             pass
         proc.wait(timeout=10)
+
+
+def test_each_rank_reports_its_pieces_as_they_finish_and_needs_no_communicator():
+    got = []
+    done = run_ranks(report_each, 3, 4, unique_id=b"", on_report=lambda rank, value: got.append((rank, value)))
+    assert done == [4] * 3
+    assert sorted(value for _, value in got) == [(r, p) for r in range(3) for p in range(4)]
+    assert all(rank == value[0] for rank, value in got)
+    for r in range(3):  # each rank's pieces arrive in the order it sent them
+        assert [p for rank, (_, p) in got if rank == r] == list(range(4))
+    with pytest.raises(RankError, match="report works in the processes run_ranks starts"):
+        ranks_module.report(1)

@@ -170,3 +170,25 @@ def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_t
         [[h.test_accuracy for h in r.history] for r in sweep.results]
     assert os.path.exists(tmp_path / "b" / "results.csv")
     assert Path(sweep.results[0].checkpoint).parent == tmp_path / "a" / "checkpoints"
+
+
+@gpu
+def test_models_spread_over_two_gpus_end_as_on_one(device, rng, tmp_path):
+    from test_trainer import synthetic
+
+    from rawgpu import driver
+
+    if driver.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    data = synthetic(rng, 1280, 200)
+    grid = Grid((("lr", (0.02, 0.05)),), seeds=(3, 4, 5))
+    base = Recipe(hidden=64, batch=64)
+    one = Sweep(grid, base, data=data, epochs=2).fit()
+    two = Sweep(grid, base, data=data, epochs=2, out=tmp_path, save_best=2)
+    finished = []
+    two.fit(on_model=lambda r: finished.append(r.index), gpus=2)
+    assert sorted(finished) == list(range(6))
+    assert [[h.test_accuracy for h in r.history] for r in two.results] == \
+        [[h.test_accuracy for h in r.history] for r in one]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted(
+        f"model-{r.index}.safetensors" for r in two.best(2))

@@ -42,6 +42,8 @@ class RankError(RawgpuError):
 
 
 _to_root: Any = None  # in a rank's process: the queue gather_to_root sends rank 0 the other ranks' values through
+_to_parent: Any = None  # in a rank's process: the queue report() sends the launching process values through
+_rank = -1  # in a rank's process: its rank
 _sent = 0  # gather_to_root calls made by this rank
 _early: dict[tuple[int, int], Any] = {}  # rank 0: values of a later gather that came before this one's
 
@@ -71,14 +73,22 @@ def gather_to_root(value: Any, rank: Rank) -> list[Any] | None:
     return [got[r] for r in range(rank.ranks)]
 
 
+def report(value: Any) -> None:
+    """From a rank's process: hand a picklable value to run_ranks' on_report in the launching process at once (a
+    result per piece of work as it finishes, so an interruption loses only what is under way)."""
+    if _to_parent is None:
+        raise RankError("report works in the processes run_ranks starts")
+    _to_parent.put((_rank, None, value, ""))
+
+
 def _rank_main(results: Any, to_root: Any, work: Callable[..., Any], rank: int, ranks: int, unique_id: bytes,
                args: tuple) -> None:
-    global _to_root
+    global _to_root, _to_parent, _rank
     # SIGINT is left as the launcher set it ('spawn' carries an ignored SIGINT into the rank; a handler comes back
     # as Python's default): a foreground run's Ctrl-C reaches every rank, and a run started with SIGINT ignored (a
     # background job of a script) ignores it in every process alike, not in the parent alone.
     os.environ["NCCL_NVLS_ENABLE"] = "0"
-    _to_root = to_root
+    _to_root, _to_parent, _rank = to_root, results, rank
     try:
         results.put((rank, True, work(rank, ranks, unique_id, *args), ""))
     except KeyboardInterrupt:
@@ -88,9 +98,11 @@ def _rank_main(results: Any, to_root: Any, work: Callable[..., Any], rank: int, 
         results.put((rank, False, what, traceback.format_exc()))
 
 
-def run_ranks(work: Callable[..., Any], ranks: int, *args: Any, unique_id: bytes | None = None) -> list[Any]:
+def run_ranks(work: Callable[..., Any], ranks: int, *args: Any, unique_id: bytes | None = None,
+              on_report: Callable[[int, Any], Any] | None = None) -> list[Any]:
     """work(rank, ranks, unique_id, *args) in `ranks` processes; their results in rank order. unique_id: the
-    communicator's id every rank is given (default: a fresh one from NCCL)."""
+    communicator's id every rank is given (default: a fresh one from NCCL; b"" for work that needs none).
+    on_report(rank, value): each value a rank hands over with report(), as it comes."""
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1, got {ranks}")
     if unique_id is None:
@@ -113,6 +125,10 @@ def run_ranks(work: Callable[..., Any], ranks: int, *args: Any, unique_id: bytes
                 for r, p in enumerate(procs):
                     if r not in done and p.exitcode is not None and results.empty():
                         raise RankError(f"rank {r} of {ranks} exited with code {p.exitcode} before reporting")
+                continue
+            if ok is None:
+                if on_report is not None:
+                    on_report(rank, payload)
                 continue
             if not ok:
                 raise RankError(f"rank {rank} of {ranks}: {payload}", details)
