@@ -119,15 +119,6 @@ def check_output(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("argument --save-best/--save-all: the checkpoints go to --out DIR; give one")
     if args.save_best and args.save_all:
         parser.error("argument --save-all: keeps every model; drop --save-best")
-    if args.plot:
-        from .plot import check_plot_path, plot_available
-
-        if problem := check_plot_path(args.plot):
-            parser.error(f"argument --plot: {problem}")
-        if not plot_available():
-            from .install import hint
-
-            parser.error(f"argument --plot: needs matplotlib: {hint('plot')}")
     if args.out:
         from .files import cannot_create_in
 
@@ -138,6 +129,15 @@ def check_output(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error(f"argument --out: cannot create {folder}: {exc.strerror or exc}")
         if problem := cannot_create_in(folder):
             parser.error(f"argument --out: {problem}")
+    if args.plot:  # after --out: the plot may go into that folder
+        from .plot import check_plot_path, plot_available
+
+        if problem := check_plot_path(args.plot):
+            parser.error(f"argument --plot: {problem}")
+        if not plot_available():
+            from .install import hint
+
+            parser.error(f"argument --plot: needs matplotlib: {hint('plot')}")
 
 
 def main(argv: list[str] | None = None) -> int:

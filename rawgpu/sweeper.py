@@ -255,13 +255,14 @@ class Sweep:
         return taken
 
 
-def _fit_share(rank: int, ranks: int, unique_id: bytes, share: list, data: Dataset, epochs: int | None,
+def _fit_share(rank: int, ranks: int, unique_id: bytes, shares: list, data: Dataset, epochs: int | None,
                steps: int | None, keep: Path | None) -> int:
-    """One GPU's models of a sweep on several (a process of parallel.ranks.run_ranks, on GPU `rank`): each trained
+    """GPU `rank`'s models of a sweep on several, shares[rank] (a process of parallel.ranks.run_ranks): each trained
     as Sweep.fit trains it, its checkpoint written to `keep` when given, and reported as it finishes."""
     from .parallel.ranks import report
     from .trainer import Trainer
 
+    share = shares[rank]
     for index, recipe in share:
         with Trainer(recipe, data=data, epochs=epochs, steps=steps, device=rank) as trainer:
             trainer.fit()
