@@ -74,14 +74,7 @@ def write_plot(path: str | Path, epochs: list[int], train_loss: list[float], tes
     for axes in (loss_axes, accuracy_axes):
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(True, which="both", alpha=0.3)
-    if title:
-        figure.suptitle(title)
-    png = io.BytesIO()
-    figure.savefig(png, format="png")
-    try:
-        write_atomic(path, png.getvalue())
-    except OSError as e:
-        raise RawgpuError(f"{path}: cannot write the plot: {e.strerror or e}") from None
+    _save(figure, path, title)
 
 
 def write_sweep_plot(path: str | Path, axes: dict[str, list], accuracies: list[float], title: str = "") -> None:
@@ -106,6 +99,11 @@ def write_sweep_plot(path: str | Path, axes: dict[str, list], accuracies: list[f
         ax.scatter(xs, [100.0 * a for a in accuracies], alpha=0.7)
         ax.set(xlabel=name + (" (beta1)" if name == "betas" else ""), ylabel="best test accuracy (%)")
         ax.grid(True, which="both", alpha=0.3)
+    _save(figure, path, title)
+
+
+def _save(figure, path: Path, title: str) -> None:
+    """The figure, titled, as a PNG at `path`, atomically."""
     if title:
         figure.suptitle(title)
     png = io.BytesIO()

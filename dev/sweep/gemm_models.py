@@ -80,13 +80,16 @@ class Buffers:
         self.bias = [a.tensor(f"b{i}", n * w[i + 1], np.float32) for i in range(4)]
         self.optim = a.tensor("optim", (n, OPTIM_WORDS), np.float32)
 
+    def inputs(self) -> list:
+        return [self.acts[0], self.grads[4]] + self.w16 + self.lo + self.mom + self.bias + self.acts[1:4]
+
     def outputs(self) -> list:
         return self.acts[1:] + self.grads[1:4] + self.lo + self.w16 + self.mom
 
     def fill(self, rng: np.random.Generator, words: np.ndarray) -> dict:
         """Fresh random operands (padding included: the GEMMs do not care), returned by name for copying."""
         host = {}
-        for t in [self.acts[0], self.grads[4]] + self.w16 + self.lo + self.mom + self.bias + self.acts[1:4]:
+        for t in Buffers.inputs(self):
             if t.dtype == np.int16:
                 v = rng.integers(-32768, 32767, t.shape, dtype=np.int16)
             else:
@@ -95,6 +98,25 @@ class Buffers:
             host[t.name] = v
         self.optim.upload(np.tile(words, (self.n, 1)))
         return host
+
+
+def differs_alone(many: Buffers, one: Buffers, host: dict, run_alone, stream, rng, words) -> str | None:
+    """Model by model: its operands (its rows of `host`, what many.fill drew) copied into `one`, run_alone(), and
+    every output compared with its rows of `many`'s after the model-axis launches; the first that differs, named."""
+    n = many.n
+    for i in range(n):
+        one.fill(rng, words)  # the scratch zeroed and the optimiser table set; the operands then overwritten
+        for t in one.inputs():
+            whole = host[t.name]
+            rows = whole.shape[0] // n
+            t.upload(whole[i * rows:(i + 1) * rows])
+        run_alone()
+        stream.synchronize()
+        for t_many, t_one in zip(many.outputs(), one.outputs()):
+            rows = t_one.shape[0]
+            if t_many.download()[i * rows:(i + 1) * rows].tobytes() != t_one.download().tobytes():
+                return f"model {i} of {n}: {t_many.name} differs from the model run alone"
+    return None
 
 
 def launches(plan_list, buf: Buffers, kernel_of, models: bool) -> list:
@@ -163,21 +185,11 @@ def main(argv=None) -> int:
         for launch in launches(plan_list, many, model_kernel, True):
             launch.run(stream)
         stream.synchronize()
-        for i in range(n):
-            for t in [one.acts[0], one.grads[4]] + one.w16 + one.lo + one.mom + one.bias + one.acts[1:4]:
-                whole = host[t.name]
-                rows = whole.shape[0] // n
-                t.upload(whole[i * rows:(i + 1) * rows])
-            one.optim.upload(words[None])
-            for launch in launches(plan_list, one, kernels, False):
-                launch.run(stream)
-            stream.synchronize()
-            for t_many, t_one in zip(many.outputs(), one.outputs()):
-                rows = t_one.shape[0]
-                if t_many.download()[i * rows:(i + 1) * rows].tobytes() != t_one.download().tobytes():
-                    print(f"gemm_models: model {i} of {n}: {t_many.name} differs from the model run alone",
-                          file=sys.stderr)
-                    return 1
+        alone = launches(plan_list, one, kernels, False)
+        if why := differs_alone(many, one, host, lambda: [launch.run(stream) for launch in alone], stream, rng,
+                                words):
+            print(f"gemm_models: {why}", file=sys.stderr)
+            return 1
     print(f"# {device.name} ({arch}): {n} models x 784-{h}-{h}-{h}-10, batch {args.batch}: every output of the "
           f"model-axis launches equals each model run alone, bit for bit")
     # 2. the time of a step's GEMMs over N models

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from gemm_models import MODEL_SIGNATURE, Buffers, widths  # beside this script
+from gemm_models import MODEL_SIGNATURE, Buffers, differs_alone, widths  # beside this script
 from rawgpu import compiler, optimizer
 from rawgpu.bench.timing import copy_bandwidth, time_graph
 from rawgpu.cli import count
@@ -60,6 +60,9 @@ class StepBuffers(Buffers):
         tickets = max(max(p.tickets for _, _, p in plan_list), 1)
         self.workspace = arena.tensor("workspace", n * floats, np.float32)
         self.tickets = arena.tensor("tickets", n * tickets, np.int32)
+
+    def inputs(self) -> list:
+        return super().inputs() + self.mb
 
     def outputs(self) -> list:
         return super().outputs() + self.bias[:3] + self.mb[:3]
@@ -155,21 +158,11 @@ def main(argv=None) -> int:
         for launch in launches(plan_list, many, kernels, model_kernel, True):
             launch.run(stream)
         stream.synchronize()
-        for i in range(n):
-            one.fill(rng, words)  # zeroes the scratch; every operand is then overwritten with model i's
-            for t in [one.acts[0], one.grads[4]] + one.w16 + one.lo + one.mom + one.bias + one.acts[1:4] + one.mb:
-                whole = host[t.name]
-                rows = whole.shape[0] // n
-                t.upload(whole[i * rows:(i + 1) * rows])
-            for launch in launches(plan_list, one, kernels, model_kernel, False):
-                launch.run(stream)
-            stream.synchronize()
-            for t_many, t_one in zip(many.outputs(), one.outputs()):
-                rows = t_one.shape[0]
-                if t_many.download()[i * rows:(i + 1) * rows].tobytes() != t_one.download().tobytes():
-                    print(f"short_step: model {i} of {n}: {t_many.name} differs from the model run alone",
-                          file=sys.stderr)
-                    return 1
+        alone = launches(plan_list, one, kernels, model_kernel, False)
+        if why := differs_alone(many, one, host, lambda: [launch.run(stream) for launch in alone], stream, rng,
+                                words):
+            print(f"short_step: {why}", file=sys.stderr)
+            return 1
     print(f"# {device.name} ({arch}): {n} models x 784-{h}-{h}-{h}-10, batch {args.batch}: every output of the "
           f"model-axis launches equals each model run alone, bit for bit")
     bw = copy_bandwidth(stream)

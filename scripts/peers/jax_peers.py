@@ -84,6 +84,25 @@ def _init_params(jax, jnp, hidden: int, seed: int):
     return params
 
 
+def model_functions(jax, jnp):
+    """(forward(params, x) -> fp32 logits, loss(params, x, y) -> mean cross-entropy): fp16 compute from the fp32
+    masters, the logits in fp32 for the softmax, as autocast does for cross_entropy (the sweep peer shares them)."""
+    f16, f32 = jnp.float16, jnp.float32
+
+    def forward(params, x):
+        h = x.astype(f16)
+        for i, (wt, b) in enumerate(params):
+            h = h @ wt.astype(f16) + b.astype(f16)
+            if i < len(params) - 1:
+                h = jax.nn.relu(h)
+        return h.astype(f32)
+
+    def loss(params, x, y):
+        logp = jax.nn.log_softmax(forward(params, x))
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+    return forward, loss
+
+
 class _Programs(NamedTuple):
     step: object  # jitted ((params, state), s, arrays) -> ((params, state), s + 1, loss); both donated
     train: object  # jitted ((params, state), arrays) -> ((params, state), mean loss of the last LOSS_TAIL steps)
@@ -94,19 +113,8 @@ class _Programs(NamedTuple):
 def _programs(jax, jnp, w: Workload) -> _Programs:
     """The compiled functions. Arrays are always arguments, never closed over: closed-over arrays would be
     baked into the program as constants (a 47 MB dataset in every compile)."""
-    f16, f32, batch, steps = jnp.float16, jnp.float32, w.batch, w.steps
-
-    def forward(params, x):
-        h = x.astype(f16)
-        for i, (wt, b) in enumerate(params):
-            h = h @ wt.astype(f16) + b.astype(f16)
-            if i < len(params) - 1:
-                h = jax.nn.relu(h)
-        return h.astype(f32)  # logits to fp32 for the softmax, as autocast does for cross_entropy
-
-    def loss_fn(params, x, y):
-        logp = jax.nn.log_softmax(forward(params, x))
-        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+    f32, batch, steps = jnp.float32, w.batch, w.steps
+    forward, loss_fn = model_functions(jax, jnp)
 
     init_state, update = _optimizer(jax, jnp, w)
 

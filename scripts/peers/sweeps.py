@@ -84,11 +84,11 @@ def run(system: str, sweep: Sweep, data) -> SweepResult:
 def _jax_vmap(sweep: Sweep, data) -> SweepResult:
     import time
 
-    from .jax_peers import _init_params, _jax, _optimizer
+    from .jax_peers import _init_params, _jax, _optimizer, model_functions
 
     jax, jnp = _jax()
     dev = jax.devices("gpu")[0]
-    w, f16, f32 = sweep.base, jnp.float16, jnp.float32
+    w, f32 = sweep.base, jnp.float32
     train_x, train_y, test_x, test_y = data
     arrays = jax.device_put((train_x, train_y.astype(np.int32)), dev)
     per_model = jax.device_put((sweep.orders(), sweep.learning_rates()), dev)
@@ -97,17 +97,7 @@ def _jax_vmap(sweep: Sweep, data) -> SweepResult:
                           dev)
     init_state, update = _optimizer(jax, jnp, w)
 
-    def forward(params, x):
-        h = x.astype(f16)
-        for i, (wt, b) in enumerate(params):
-            h = h @ wt.astype(f16) + b.astype(f16)
-            if i < len(params) - 1:
-                h = jax.nn.relu(h)
-        return h.astype(f32)
-
-    def loss_fn(params, x, y):
-        logp = jax.nn.log_softmax(forward(params, x))
-        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+    forward, loss_fn = model_functions(jax, jnp)
 
     def one_model_step(params, state, order, lrs, s, train_x, train_y):
         idx = order[s]
