@@ -32,13 +32,14 @@ from rawgpu.recipe import Recipe
 DXU_MODEL_SIGNATURE = ku.SIGNATURE + "qqqqq"  # DXU_MODEL_PARAMS in dx_update.cu
 
 
-def plans(hidden: int, batch: int, sm_per_model: int, arch: str, forward: str | None = None) -> list:
+def plans(hidden: int, batch: int, sm_per_model: int, arch: str, forward: str | None = None,
+          splits: int | None = None) -> list:
     """(role, layer, plan) of every launch of a step, in order, planned for one model given an N-th of the SMs;
-    forward: the forward GEMMs' tile config instead of the planner's."""
+    forward, splits: the forward GEMMs' tile config and split-K instead of the planner's."""
     w, out = widths(hidden), []
     for i in range(4):
         p = kg.plan_gemm(batch, w[i + 1], w[i], "rr", "bias_relu" if i < 3 else "bias", "f32", sm_per_model,
-                         arch=arch, config=forward)
+                         arch=arch, config=forward, splits=splits)
         if p.config.tma or p.config.persistent:
             p = kg.plan_gemm(batch, w[i + 1], w[i], "rr", "bias_relu" if i < 3 else "bias", "f32", sm_per_model,
                              arch=arch, config="stream")
@@ -127,6 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=count(1), default=20)
     p.add_argument("--roles", action="store_true", help="also time each launch alone")
     p.add_argument("--forward", default=None, help="the forward GEMMs' tile config (default: the planner's)")
+    p.add_argument("--splits", type=count(1), default=None, help="the forward GEMMs' split-K (default: the planner's)")
     args = p.parse_args(argv)
     try:
         from rawgpu.driver import Device, Module, Stream
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
 
     words = optimizer.words(optimizer.hyperparameters(Recipe(hidden=256)))
     rng, n, h = np.random.default_rng(41), 3, 64
-    plan_list = plans(h, args.batch, max(1, device.sm_count // n), arch, args.forward)
+    plan_list = plans(h, args.batch, max(1, device.sm_count // n), arch, args.forward, args.splits)
     with Arena() as sweep_arena, Arena() as one_arena:
         many = StepBuffers(sweep_arena, n, h, args.batch, plan_list)
         one = StepBuffers(one_arena, 1, h, args.batch, plan_list)
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
     for h in args.hidden:
         weights = sum(a * b for a, b in zip(widths(h), widths(h)[1:]))
         for n in args.models:
-            plan_list = plans(h, args.batch, max(1, device.sm_count // n), arch, args.forward)
+            plan_list = plans(h, args.batch, max(1, device.sm_count // n), arch, args.forward, args.splits)
             with Arena() as arena:
                 buf = StepBuffers(arena, n, h, args.batch, plan_list)
                 arena.allocate()
