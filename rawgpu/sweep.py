@@ -172,9 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"argument --resume: {exc}")
             say(f"resumed: {kept} of {grid.models} models already trained in {args.resume}")
 
+        live = LiveView(sweep) if sys.stdout.isatty() and not args.json else None
+
         def on_model(result) -> None:
             nonlocal done
             done += 1
+            if live is not None:
+                live.model(result)
+                return
             if args.json:
                 for stats in result.history:
                     print(json.dumps({"model": result.index, "settings": result.describe(), "epoch": stats.epoch,
@@ -187,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{100 * result.best_accuracy:.2f}% (epoch {result.best_epoch}), {last.steps_per_s / 1e3:.1f}k "
                 f"steps/s; leader: model {best.index + 1} ({best.describe()}) {100 * best.best_accuracy:.2f}%")
 
-        sweep.fit(on_model=on_model, gpus=args.gpus)
+        try:
+            sweep.fit(on_model=on_model, gpus=args.gpus, on_start=live.start if live else None,
+                      on_epoch=live.epoch if live else None)
+        finally:
+            if live is not None:
+                live.close()
     except KeyboardInterrupt as exc:
         print(f"sweep: interrupted after {done} more model(s)"
               + (f"; {args.out}/results.json keeps the finished ones: --resume {args.out}" if args.out else ""),
@@ -200,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         sweep.plot(args.plot)
         say(f"plot: {args.plot}")
     if not args.json:
-        print(ranking(sweep, 10))
+        if live is None:
+            print(ranking(sweep, 10))
         wall = time.perf_counter() - t0
         steps = sum(h.steps for r in sweep.results for h in r.history)
         print(f"sweep: {grid.models} models in {wall:.1f} s wall, {steps / wall / 1e3:.1f}k model-steps/s and "
@@ -209,23 +220,64 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def ranking(sweep, top: int) -> str:
-    """The models ranked by their best test accuracy: the `top` best and the worst, as text."""
-    from rich.console import Console
+def ranking_table(sweep, top: int):
+    """The trained models ranked by their best test accuracy: the `top` best and the worst (a rich Table)."""
     from rich.table import Table
 
     ranked = sweep.best(len(sweep.results))
     shown = ranked[:top] + ([ranked[-1]] if len(ranked) > top else [])
-    table = Table(title=f"{len(ranked)} models by best test accuracy" + (f" (top {top} and the worst)"
-                                                                          if len(ranked) > top else ""))
+    table = Table(title=f"{len(ranked)} of {len(sweep.results)} models by best test accuracy"
+                  + (f" (top {top} and the worst)" if len(ranked) > top else ""))
     for col in ("rank", "model", "settings", "best acc", "epoch", "final loss"):
         table.add_column(col, justify="left" if col == "settings" else "right")
     for r in shown:
         table.add_row(str(ranked.index(r) + 1), str(r.index + 1), r.describe(), f"{100 * r.best_accuracy:.2f}%",
                       str(r.best_epoch), f"{r.history[-1].train_loss:.4f}")
+    return table
+
+
+def ranking(sweep, top: int) -> str:
+    """ranking_table as text."""
+    from rich.console import Console
+
     console = Console(width=120, file=io.StringIO())
-    console.print(table)
+    console.print(ranking_table(sweep, top))
     return console.file.getvalue().rstrip("\n")
+
+
+class LiveView:
+    """In a terminal: the ranking and the model in training, redrawn as its epochs end (rich Live)."""
+
+    def __init__(self, sweep, top: int = 10):
+        from rich.live import Live
+
+        self.sweep, self.top, self.now = sweep, top, ""
+        self.live = Live(self._render(), refresh_per_second=4)
+        self.live.start()
+
+    def _render(self):
+        from rich.console import Group
+        from rich.text import Text
+
+        return Group(ranking_table(self.sweep, self.top), Text(self.now))
+
+    def _show(self, now: str) -> None:
+        self.now = now
+        self.live.update(self._render())
+
+    def start(self, r) -> None:
+        self._show(f"model {r.index + 1}/{len(self.sweep.results)} ({r.describe()}): training")
+
+    def epoch(self, r, s) -> None:
+        self._show(f"model {r.index + 1}/{len(self.sweep.results)} ({r.describe()}): epoch {s.epoch}/{s.epochs}, "
+                   f"test acc {100 * s.test_accuracy:.2f}%, {s.steps_per_s / 1e3:.1f}k steps/s, "
+                   f"{s.samples_per_s / 1e6:.2f}M samples/s")
+
+    def model(self, r) -> None:
+        self._show(f"model {r.index + 1}/{len(self.sweep.results)} done: best test acc {100 * r.best_accuracy:.2f}%")
+
+    def close(self) -> None:
+        self.live.stop()
 
 
 if __name__ == "__main__":

@@ -115,6 +115,24 @@ def test_the_plot_has_a_panel_per_swept_setting(tmp_path, rng):
     assert exc.value.code == 2
 
 
+def test_the_live_view_ranks_the_trained_models_and_shows_the_one_in_training(tmp_path, rng):
+    sweep = _sweep(tmp_path, rng)
+    view = cli.LiveView(sweep, top=2)
+    try:
+        for r in sweep.results[:4]:
+            view.start(r)
+            r.history = [_stats(1, 2, 1.0, 0.5 + 0.01 * r.index)]
+            view.epoch(r, r.history[-1])
+            view.model(r)
+    finally:
+        view.close()
+    assert view.now.startswith("model 4/8 done: best test acc 53.00%")
+    text = cli.ranking(sweep, 2)
+    assert "4 of 8 models by best test accuracy (top 2 and the worst)" in text
+    rows = [[cell.strip() for cell in line.split("│")[1:3]] for line in text.splitlines() if "lr 0." in line]
+    assert rows == [["1", "4"], ["2", "3"], ["4", "1"]]  # rank, model: the two best and the worst
+
+
 def test_the_size_line_comes_before_any_gpu_work(tmp_path, capsys, monkeypatch):
     from rawgpu import driver
 
