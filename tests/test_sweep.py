@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +212,34 @@ def test_models_spread_over_two_gpus_end_as_on_one(device, rng, tmp_path):
         [[h.test_accuracy for h in r.history] for r in one]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == sorted(
         f"model-{r.index}.safetensors" for r in two.best(2))
+
+
+@gpu
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_keeps_the_finished_models_and_resume_ends_as_the_uninterrupted_sweep(device, rng, tmp_path, sig):
+    """The CLI stopped after its first model: exit 130/143, one line saying how to continue, the finished models in
+    results.json; `--resume DIR` then trains the rest and ends with the uninterrupted sweep's results."""
+    import signal
+
+    from gpu_checks import interrupt_train
+    from test_trainer import synthetic, write_idx
+
+    idx = write_idx(tmp_path / "idx", synthetic(rng, 1280, 200))
+    args = ["--hidden", "64", "--batch", "64", "--lr", "0.02", "0.05", "--seeds", "0-1", "--epochs", "2",
+            "--dataset", "idx", "--data-dir", str(idx)]
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-m", "rawgpu.sweep"]
+    code, _, err, _ = interrupt_train(args + ["--out", str(tmp_path / "cut")], "model 1/4", root,
+                                      getattr(signal, sig), command)
+    assert code == (130 if sig == "SIGINT" else 143), err
+    assert err.strip().splitlines()[-1].startswith("sweep: interrupted after") and "--resume" in err
+    saved = json.loads((tmp_path / "cut" / "results.json").read_text())["models"]
+    assert 1 <= sum(len(m["epochs"]) == 2 for m in saved) < 4
+    resumed = subprocess.run(command + args + ["--resume", str(tmp_path / "cut")], cwd=root, capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    assert resumed.returncode == 0 and "resumed: " in resumed.stdout, resumed.stderr
+    whole = subprocess.run(command + args + ["--out", str(tmp_path / "whole")], cwd=root, capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    assert whole.returncode == 0, whole.stderr
+    cells = lambda folder: [row[:6] for row in csv.reader((tmp_path / folder / "results.csv").open())]  # noqa: E731
+    assert cells("cut") == cells("whole")
