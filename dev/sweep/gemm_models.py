@@ -100,23 +100,38 @@ class Buffers:
         return host
 
 
-def differs_alone(many: Buffers, one: Buffers, host: dict, run_alone, stream, rng, words) -> str | None:
-    """Model by model: its operands (its rows of `host`, what many.fill drew) copied into `one`, run_alone(), and
-    every output compared with its rows of `many`'s after the model-axis launches; the first that differs, named."""
-    n = many.n
-    for i in range(n):
-        one.fill(rng, words)  # the scratch zeroed and the optimiser table set; the operands then overwritten
-        for t in one.inputs():
-            whole = host[t.name]
-            rows = whole.shape[0] // n
-            t.upload(whole[i * rows:(i + 1) * rows])
-        run_alone()
+def check_bits(name: str, device, batch: int, make_buffers, launches_of, stream, rng, words) -> bool:
+    """The model axis changes where a model's operands are, not its arithmetic: 3 models at H = 64 run through the
+    model-axis launches (launches_of(buffers, True)), then each alone through the product's (launches_of(one,
+    False)) from its own operands; every output must match bit for bit. Says so, or names the first that differs."""
+    n, h = 3, 64
+    with Arena() as sweep_arena, Arena() as one_arena:
+        many, one = make_buffers(sweep_arena, n, h), make_buffers(one_arena, 1, h)
+        sweep_arena.allocate()
+        one_arena.allocate()
+        host = many.fill(rng, words)
+        for launch in launches_of(many, True):
+            launch.run(stream)
         stream.synchronize()
-        for t_many, t_one in zip(many.outputs(), one.outputs()):
-            rows = t_one.shape[0]
-            if t_many.download()[i * rows:(i + 1) * rows].tobytes() != t_one.download().tobytes():
-                return f"model {i} of {n}: {t_many.name} differs from the model run alone"
-    return None
+        alone = launches_of(one, False)
+        for i in range(n):
+            one.fill(rng, words)  # the scratch zeroed and the optimiser table set; the operands then overwritten
+            for t in one.inputs():
+                whole = host[t.name]
+                rows = whole.shape[0] // n
+                t.upload(whole[i * rows:(i + 1) * rows])
+            for launch in alone:
+                launch.run(stream)
+            stream.synchronize()
+            for t_many, t_one in zip(many.outputs(), one.outputs()):
+                rows = t_one.shape[0]
+                if t_many.download()[i * rows:(i + 1) * rows].tobytes() != t_one.download().tobytes():
+                    print(f"{name}: model {i} of {n}: {t_many.name} differs from the model run alone",
+                          file=sys.stderr)
+                    return False
+    print(f"# {device.name} ({device.arch}): {n} models x 784-{h}-{h}-{h}-10, batch {batch}: every output of the "
+          f"model-axis launches equals each model run alone, bit for bit")
+    return True
 
 
 def launches(plan_list, buf: Buffers, kernel_of, models: bool) -> list:
@@ -175,23 +190,12 @@ def main(argv=None) -> int:
     recipe = Recipe(hidden=256)  # the default recipe's SGD momentum 0.9 table
     words = optimizer.words(optimizer.hyperparameters(recipe))
     # 1. bit for bit against the product's kernels, model by model
-    rng, n, h = np.random.default_rng(41), 3, 64
-    plan_list = plans(h, args.batch, device.sm_count, arch)
-    with Arena() as sweep_arena, Arena() as one_arena:
-        many, one = Buffers(sweep_arena, n, h, args.batch), Buffers(one_arena, 1, h, args.batch)
-        sweep_arena.allocate()
-        one_arena.allocate()
-        host = many.fill(rng, words)
-        for launch in launches(plan_list, many, model_kernel, True):
-            launch.run(stream)
-        stream.synchronize()
-        alone = launches(plan_list, one, kernels, False)
-        if why := differs_alone(many, one, host, lambda: [launch.run(stream) for launch in alone], stream, rng,
-                                words):
-            print(f"gemm_models: {why}", file=sys.stderr)
-            return 1
-    print(f"# {device.name} ({arch}): {n} models x 784-{h}-{h}-{h}-10, batch {args.batch}: every output of the "
-          f"model-axis launches equals each model run alone, bit for bit")
+    rng = np.random.default_rng(41)
+    checked = plans(64, args.batch, device.sm_count, arch)
+    if not check_bits("gemm_models", device, args.batch, lambda arena, n, h: Buffers(arena, n, h, args.batch),
+                      lambda buf, models: launches(checked, buf, model_kernel if models else kernels, models),
+                      stream, rng, words):
+        return 1
     # 2. the time of a step's GEMMs over N models
     bw = copy_bandwidth(stream)
     print(f"# copy bandwidth {bw:.0f} GB/s; floor: every model's weights at 20 B each; median of {args.trials}")

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from gemm_models import MODEL_SIGNATURE, Buffers, differs_alone, widths  # beside this script
+from gemm_models import MODEL_SIGNATURE, Buffers, check_bits, widths  # beside this script
 from rawgpu import compiler, optimizer
 from rawgpu.bench.timing import copy_bandwidth, time_graph
 from rawgpu.cli import count
@@ -149,24 +149,12 @@ def main(argv=None) -> int:
         return modules[name].kernel(name, signature)
 
     words = optimizer.words(optimizer.hyperparameters(Recipe(hidden=256)))
-    rng, n, h = np.random.default_rng(41), 3, 64
-    plan_list = plans(h, args.batch, max(1, device.sm_count // n), arch, args.forward, args.splits)
-    with Arena() as sweep_arena, Arena() as one_arena:
-        many = StepBuffers(sweep_arena, n, h, args.batch, plan_list)
-        one = StepBuffers(one_arena, 1, h, args.batch, plan_list)
-        sweep_arena.allocate()
-        one_arena.allocate()
-        host = many.fill(rng, words)
-        for launch in launches(plan_list, many, kernels, model_kernel, True):
-            launch.run(stream)
-        stream.synchronize()
-        alone = launches(plan_list, one, kernels, model_kernel, False)
-        if why := differs_alone(many, one, host, lambda: [launch.run(stream) for launch in alone], stream, rng,
-                                words):
-            print(f"short_step: {why}", file=sys.stderr)
-            return 1
-    print(f"# {device.name} ({arch}): {n} models x 784-{h}-{h}-{h}-10, batch {args.batch}: every output of the "
-          f"model-axis launches equals each model run alone, bit for bit")
+    rng = np.random.default_rng(41)
+    checked = plans(64, args.batch, max(1, device.sm_count // 3), arch, args.forward, args.splits)
+    if not check_bits("short_step", device, args.batch,
+                      lambda arena, n, h: StepBuffers(arena, n, h, args.batch, checked),
+                      lambda buf, models: launches(checked, buf, kernels, model_kernel, models), stream, rng, words):
+        return 1
     bw = copy_bandwidth(stream)
     print(f"# copy bandwidth {bw:.0f} GB/s; floor: every model's weights at 20 B each; median of {args.trials}")
     print(f"{'H':>5} {'N':>4} {'us/step':>9} {'us/model':>9} {'floor us':>9} {'% floor':>8}  launches")
