@@ -21,7 +21,7 @@ from . import recipe as rc
 from .cli import add_device_option, count, program
 from .data import DATASET_NAMES
 from .errors import RawgpuError, interrupt_status, stop_on_sigterm
-from .grid import SWEPT, Grid, parse_seeds
+from .grid import SWEPT, Grid, describe_point, parse_seeds
 
 SINGLE = ("hidden", "layers", "batch", "dataset")  # one per sweep: a list is refused in one line
 
@@ -103,9 +103,17 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
         grid = Grid(axes, parse_seeds(args.seeds))
         base = rc.Recipe(hidden=args.hidden, layers=args.layers, batch=args.batch, optimizer=args.optimizer,
                          nesterov=args.nesterov, accum=args.accum)
-        grid.recipes(base)
+        recipes = grid.recipes(base)
     except ValueError as exc:
         parser.error(str(exc) if str(exc).startswith("argument") else f"the grid: {exc}")
+    total, _ = rc.run_length(base.batch, args.epochs or rc.DEFAULTS["epochs"], args.steps)
+    for point, r in zip(grid.points(), recipes):  # the rules train.check_run applies to one run
+        if r.warmup_steps and r.schedule == "constant":
+            parser.error(f"the grid: {describe_point(point)}: a warm-up ramps up to a decaying schedule; sweep "
+                         "--schedule cosine or linear with it")
+        if r.warmup_steps >= total:
+            parser.error(f"the grid: {describe_point(point)}: {r.warmup_steps} warm-up steps is not shorter than the "
+                         f"run ({total} steps)")
     return grid, base
 
 

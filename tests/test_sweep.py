@@ -33,6 +33,8 @@ gpu = pytest.mark.gpu
     (["--lr", "0"], "argument --lr: must be > 0, got 0"),
     (["--save-best", "2"], "the checkpoints go to --out DIR"),
     (["--resume", "/nonexistent-sweep", "--out", "/tmp/elsewhere"], "--resume DIR writes to DIR"),
+    (["--warmup", "0", "50", "--schedule", "constant"], "the grid: warmup 50, schedule constant, seed 0: a warm-up"),
+    (["--warmup", "100", "--steps", "100"], "the grid: warmup 100, seed 0: 100 warm-up steps is not shorter"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_gpu_work(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
