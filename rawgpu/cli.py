@@ -65,3 +65,14 @@ def parallel_problem(recipe: rc.Recipe, mode: str, gpus: list[int]) -> str | Non
             except StepUnsupported as exc:
                 return str(exc)
     return None
+
+
+def check_data_options(parser: argparse.ArgumentParser, dataset: str | None, data_dir: str | None) -> None:
+    """--data-dir and --dataset, before anything expensive: the folder must hold the dataset's four files."""
+    from .data import missing_files
+
+    if data_dir is not None and (missing := missing_files(data_dir, dataset or "mnist")):
+        parser.error(f"argument --data-dir: {data_dir} lacks " + ", ".join(missing) + " (raw or .gz)"
+                     if Path(data_dir).expanduser().is_dir() else f"argument --data-dir: no directory {data_dir}")
+    if dataset == "idx" and data_dir is None:
+        parser.error("argument --dataset: idx needs --data-dir DIR holding the four IDX files")

@@ -343,6 +343,15 @@ def run_length(batch: int, epochs: int, steps: int | None, train_rows: int = TRA
     return total, cdiv(total, per_epoch)
 
 
+def run_total(recipe: Recipe, epochs: int | None, steps: int | None) -> int:
+    """The training steps of a run of `recipe` given `epochs` or `steps` (steps win); with neither, the recipe's
+    total_steps, else DEFAULTS' epochs. Trainer and Sweep size their runs by this one rule."""
+    if epochs is None and steps is None and recipe.total_steps:
+        steps = recipe.total_steps
+    total, _ = run_length(recipe.batch, epochs or DEFAULTS["epochs"], steps, recipe.train_rows)
+    return total
+
+
 def optimizer_conflict(optimizer: str, given: dict[str, Any]) -> str | None:
     """Why settings given (name -> value, None when not given) do not go with `optimizer`, as a usage error naming
     the option ("argument --momentum: ..."); None when they do."""

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from . import recipe as rc
-from .cli import add_device_option, count, program
+from .cli import add_device_option, check_data_options, count, program
 from .data import DATASET_NAMES
 from .errors import RawgpuError, interrupt_status, stop_on_sigterm
 from .grid import SWEPT, Grid, describe_point, parse_seeds
@@ -106,7 +106,7 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
         recipes = grid.recipes(base)
     except ValueError as exc:
         parser.error(str(exc) if str(exc).startswith("argument") else f"the grid: {exc}")
-    total, _ = rc.run_length(base.batch, args.epochs or rc.DEFAULTS["epochs"], args.steps)
+    total = rc.run_total(base, args.epochs, args.steps)
     for point, r in zip(grid.points(), recipes):  # the rules train.check_run applies to one run
         if r.warmup_steps and r.schedule == "constant":
             parser.error(f"the grid: {describe_point(point)}: a warm-up ramps up to a decaying schedule; sweep "
@@ -120,6 +120,8 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
 def check_output(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         parser.error("argument --out: --resume DIR writes to DIR; drop --out or give the same folder")
+    if args.resume and not Path(args.resume).is_dir():
+        parser.error(f"argument --resume: no sweep folder {args.resume}")
     args.out = args.out or args.resume
     if args.gpus > 1 and args.device:
         parser.error(f"argument --gpus: the sweep takes GPUs 0..{args.gpus - 1}; drop --device")
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     grid, base = grid_of(parser, args)
+    check_data_options(parser, args.dataset, args.data_dir)
     check_output(parser, args)
     say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))  # noqa: E731
     say(f"sweep: {grid.size_line(base)}, {args.steps} steps each" if args.steps else

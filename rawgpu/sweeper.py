@@ -12,7 +12,7 @@ import csv
 import io
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -20,7 +20,7 @@ from .console import EpochStats
 from .data import Dataset, load_dataset
 from .files import write_atomic
 from .grid import Grid, describe_point
-from .recipe import DEFAULTS, Recipe, run_length
+from .recipe import Recipe, cdiv, run_total
 
 RESULTS_FORMAT = "rawgpu-sweep-results"
 
@@ -205,10 +205,8 @@ class Sweep:
 
     def epochs_per_model(self) -> int:
         """The epochs each model trains (as Trainer sets its run's length)."""
-        r, rows = self.recipes[0], len(self.data.train_labels)
-        steps = self.steps if self.steps is not None else (r.total_steps or None) if self.epochs is None else None
-        _, epochs = run_length(r.batch, self.epochs or DEFAULTS["epochs"], steps, rows)
-        return epochs
+        r = replace(self.recipes[0], train_rows=len(self.data.train_labels))
+        return cdiv(run_total(r, self.epochs, self.steps), r.steps_per_epoch)
 
     def write(self) -> None:
         """results.json (every model, every epoch) and results.csv (a row per model), atomically."""

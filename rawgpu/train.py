@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from . import recipe as rc
-from .cli import (add_device_option, add_step_option, check_step_option, count, parallel_problem,
-                  program, seconds)
+from .cli import (add_device_option, add_step_option, check_data_options, check_step_option, count,
+                  parallel_problem, program, seconds)
 from .console import RunInfo, Summary
 from .driver import WATCHDOG_SECONDS, set_watchdog
 from .errors import RawgpuError, StepUnsupported, interrupt_status, stop_on_sigterm
@@ -255,14 +255,8 @@ def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: 
 def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Files the run reads or writes, before anything expensive."""
     from .checkpoint import check_writable
-    from .data import missing_files
 
-    if args.data_dir is not None and (missing := missing_files(args.data_dir, args.dataset or "mnist")):
-        parser.error(f"argument --data-dir: {args.data_dir} lacks " + ", ".join(missing) + " (raw or .gz)"
-                     if Path(args.data_dir).expanduser().is_dir() else
-                     f"argument --data-dir: no directory {args.data_dir}")
-    if args.dataset == "idx" and args.data_dir is None:
-        parser.error("argument --dataset: idx needs --data-dir DIR holding the four IDX files")
+    check_data_options(parser, args.dataset, args.data_dir)
     if args.save_every is not None and not args.save:
         parser.error("argument --save-every: needs --save PATH")
     if args.save and (problem := check_writable(args.save)):

@@ -25,7 +25,7 @@ from .console import EpochStats
 from .data import DATASET_NAMES, Dataset, load_dataset
 from .errors import RawgpuError
 from .parallel.ranks import Rank, gather_to_root
-from .recipe import DEFAULTS, Recipe, cdiv, run_length
+from .recipe import Recipe, cdiv, run_total
 from .steps import resumed
 
 PROGRESS_TICKS = 50  # progress events per epoch
@@ -218,10 +218,7 @@ class Trainer:
         if data is not None and _checkpoint is None:
             recipe = replace(recipe, **_data_shape(data))  # validates batch <= the training images too
         if _checkpoint is None:
-            if epochs is None and steps is None and recipe.total_steps:
-                steps = recipe.total_steps
-            total, _ = run_length(recipe.batch, epochs or DEFAULTS["epochs"], steps, recipe.train_rows)
-            recipe = replace(recipe, total_steps=total)
+            recipe = replace(recipe, total_steps=run_total(recipe, epochs, steps))
         self.recipe = recipe
         self.plan = RunPlan(cdiv(recipe.total_steps, recipe.steps_per_epoch), recipe.total_steps,
                             recipe.steps_per_epoch)

@@ -33,6 +33,9 @@ gpu = pytest.mark.gpu
     (["--lr", "0"], "argument --lr: must be > 0, got 0"),
     (["--save-best", "2"], "the checkpoints go to --out DIR"),
     (["--resume", "/nonexistent-sweep", "--out", "/tmp/elsewhere"], "--resume DIR writes to DIR"),
+    (["--resume", "/nonexistent-sweep"], "argument --resume: no sweep folder /nonexistent-sweep"),
+    (["--data-dir", "/nonexistent-data"], "argument --data-dir: no directory /nonexistent-data"),
+    (["--dataset", "idx"], "argument --dataset: idx needs --data-dir DIR"),
     (["--warmup", "0", "50", "--schedule", "constant"], "the grid: warmup 50, schedule constant, seed 0: a warm-up"),
     (["--warmup", "100", "--steps", "100"], "the grid: warmup 100, seed 0: 100 warm-up steps is not shorter"),
 ])

@@ -162,14 +162,19 @@ def launches(plan_list, buf: Buffers, kernel_of, models: bool) -> list:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options both sweep experiments take."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=count(1), nargs="+", default=[8, 32, 128])
     p.add_argument("--hidden", type=count(8), nargs="+", default=[128, 256, 1024])
     p.add_argument("--batch", type=count(8), default=128)
     p.add_argument("--trials", type=count(1), default=20)
-    p.add_argument("--roles", action="store_true", help="also time each launch alone, against its own bytes")
-    args = p.parse_args(argv)
+    p.add_argument("--roles", action="store_true", help="also time each launch alone")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser(__doc__).parse_args(argv)
     try:
         from rawgpu.driver import Device, Module, Stream
         from rawgpu.kernels import Kernels

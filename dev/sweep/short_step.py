@@ -13,12 +13,11 @@ same plans. Then us per step for all N against all N models' weights at 20 B eac
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
-from gemm_models import MODEL_SIGNATURE, Buffers, check_bits, widths  # beside this script
+from gemm_models import MODEL_SIGNATURE, Buffers, check_bits, parser, widths  # beside this script
 from rawgpu import compiler, optimizer
 from rawgpu.bench.timing import copy_bandwidth, time_graph
 from rawgpu.cli import count
@@ -121,12 +120,7 @@ def launches(plan_list, buf: StepBuffers, kernels, model_kernel, models: bool) -
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", type=count(1), nargs="+", default=[8, 32, 128])
-    p.add_argument("--hidden", type=count(8), nargs="+", default=[128, 256, 1024])
-    p.add_argument("--batch", type=count(8), default=128)
-    p.add_argument("--trials", type=count(1), default=20)
-    p.add_argument("--roles", action="store_true", help="also time each launch alone")
+    p = parser(__doc__)
     p.add_argument("--forward", default=None, help="the forward GEMMs' tile config (default: the planner's)")
     p.add_argument("--splits", type=count(1), default=None, help="the forward GEMMs' split-K (default: the planner's)")
     args = p.parse_args(argv)
