@@ -290,8 +290,7 @@ class MLP:
         self.correct.upload(np.array([correct], np.int32))
 
     def seed_of(self, layer: int, which: int) -> int:
-        """The seed of layer `layer`'s weights (which 0) or bias (1)."""
-        return (self.recipe.seed * 1_000_003 + layer * 2 + which) & (2**64 - 1)
+        return seed_of(self.recipe, layer, which)
 
     def _set_master(self, lay: Layer, w: np.ndarray) -> None:
         hi, lo = master.split(w)
@@ -420,6 +419,11 @@ class MLP:
             if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
                 return False
         return True
+
+
+def seed_of(recipe: Recipe, layer: int, which: int) -> int:
+    """The seed of layer `layer`'s weights (which 0) or bias (1) in a model of `recipe`."""
+    return (recipe.seed * 1_000_003 + layer * 2 + which) & (2**64 - 1)
 
 
 def common_units(arch: str) -> set:

@@ -85,8 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_option(r)
     r.add_argument("--gpus", type=count(1, 64, what="GPUs"), default=1, metavar="N",
                    help="spread the models over GPUs 0..N-1, one process each (every model ends as on one GPU)")
+    r.add_argument("--chunk", type=count(1, what="models"), default=None, metavar="K",
+                   help="train at most K models in one step at a time (default: all that fit the GPU's memory)")
+    r.add_argument("--one-at-a-time", action="store_true",
+                   help="train each model through its own Trainer, one after another: the very bits rawgpu.train "
+                        "gives it (default: all in one step where they share an architecture and optimiser family)")
     r.add_argument("--json", action="store_true",
-                   help="print one JSON object per model and epoch as each model finishes, nothing else")
+                   help="print one JSON object per epoch with every model trained together (one per model and epoch "
+                        "as each finishes when they train one at a time), nothing else")
     return p
 
 
@@ -175,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     t0, done = time.perf_counter(), 0
     try:
         sweep = Sweep(grid, base, data=args.dataset, data_dir=args.data_dir, epochs=args.epochs, steps=args.steps,
-                      device=args.device, out=args.out, save_best=args.save_best, save_all=args.save_all)
+                      device=args.device, out=args.out, save_best=args.save_best, save_all=args.save_all,
+                      together=False if args.one_at_a_time else None, chunk=args.chunk)
+        why = "--one-at-a-time" if args.one_at_a_time else sweep.together_problem()
+        say("training: every model in one step (the models step)" + (f", {args.chunk} at a time" if args.chunk else "")
+            if why is None else f"training: one model after another ({why})")
         if args.resume:
             try:
                 kept = sweep.resume_from(args.resume)
@@ -203,9 +213,39 @@ def main(argv: list[str] | None = None) -> int:
                 f"{100 * result.best_accuracy:.2f}% (epoch {result.best_epoch}), {last.steps_per_s / 1e3:.1f}k "
                 f"steps/s; leader: model {best.index + 1} ({best.describe()}) {100 * best.best_accuracy:.2f}%")
 
+        training, epochs_seen = [], {}
+        epochs_together = why is None and args.gpus == 1  # on_epoch comes for every model at each epoch's end
+
+        def on_start(result) -> None:
+            training.append(result.index)
+            if live is not None:
+                live.start(result)
+
+        def on_epoch(result, stats) -> None:
+            if live is not None:
+                live.epoch(result, stats)
+            if not (args.json and epochs_together):
+                return
+            rows = epochs_seen.setdefault(stats.epoch, [])
+            rows.append({"model": result.index, "settings": result.describe(), "train_loss": stats.train_loss,
+                         "test_accuracy": stats.test_accuracy, "test_loss": stats.test_loss})
+            if len(rows) == len(training):  # every model trained together has reported this epoch
+                print(json.dumps({"epoch": stats.epoch, "epochs": stats.epochs, "model_steps_per_s":
+                                  stats.steps_per_s * len(rows), "samples_per_s": stats.samples_per_s,
+                                  "models": rows}), flush=True)
+                del epochs_seen[stats.epoch]
+
+        def on_model_done(result) -> None:
+            if result.index in training:
+                training.remove(result.index)
+            if not (args.json and epochs_together):  # their epochs were printed as they ended
+                on_model(result)
+
         try:
-            sweep.fit(on_model=on_model, gpus=args.gpus, on_start=live.start if live else None,
-                      on_epoch=live.epoch if live else None)
+            sweep.fit(on_model=on_model_done, gpus=args.gpus, on_start=on_start, on_epoch=on_epoch)
+        except ValueError as exc:  # the models do not fit the GPU's memory
+            print(f"sweep: error: {exc}", file=sys.stderr)
+            return 2
         finally:
             if live is not None:
                 live.close()

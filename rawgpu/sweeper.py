@@ -1,9 +1,10 @@
 """Many models of one architecture on one dataset: `Sweep` trains every model of a grid (grid.py) and keeps each one's
 history, ranks them, writes the results and the checkpoints asked for, and continues an interrupted sweep.
 
-For now the models train one after another in this process, each through its own Trainer: the data is read once,
-the kernels are built once, and each model ends with the very bits `rawgpu.train` gives it alone. Training them all in
-one CUDA graph per step is issue 41's engine (docs/design.md: Many models per step).
+Models that can share one stack (stack.py: one architecture, batch, optimiser family and run length) train together,
+each step one CUDA graph launch for all of them (stack_trainer.py, the models step); the others, or all with
+together=False, one after another in this process, each through its own Trainer, ending with the very bits
+`rawgpu.train` gives it alone. Either way each model's run is its own: its seed's weights and orders, its settings.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from . import checkpoint as ck
 from .console import EpochStats
 from .data import Dataset, load_dataset
 from .files import write_atomic
@@ -65,11 +67,14 @@ class Sweep:
     """Every model of `models` on `data` (a Dataset or a name: data.DATASET_NAMES). models: a Grid over `base` (the
     architecture, batch and optimiser every model shares; default the CLI's default recipe), or the models' recipes
     themselves (one architecture and batch). out: the folder of results.csv, results.json and checkpoints/ (None:
-    nothing written). save_best: keep the checkpoints of the K best models; save_all: of every model."""
+    nothing written). save_best: keep the checkpoints of the K best models; save_all: of every model.
+    together: train the models in one step (None: where they can; False: one after another; True: or fail).
+    chunk: at most this many models in one step (None: all that fit the GPU's free memory)."""
 
     def __init__(self, models: Grid | Sequence[Recipe], base: Recipe | None = None, *, data: Dataset | str = "mnist",
                  data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
-                 device: int = 0, out: str | Path | None = None, save_best: int = 0, save_all: bool = False):
+                 device: int = 0, out: str | Path | None = None, save_best: int = 0, save_all: bool = False,
+                 together: bool | None = None, chunk: int | None = None):
         if isinstance(models, Grid):
             self.grid, self.base = models, base or Recipe()
             self.recipes = models.recipes(self.base)  # every model checked before any GPU work
@@ -86,6 +91,11 @@ class Sweep:
         self.epochs, self.steps, self.device = epochs, steps, device
         self.out = Path(out) if out is not None else None
         self.save_best, self.save_all = save_best, save_all
+        if chunk is not None and chunk < 1:
+            raise ValueError(f"chunk must be >= 1 models, got {chunk}")
+        self.together, self.chunk = together, chunk
+        if together and (why := self.together_problem()):
+            raise ValueError(f"these models cannot train in one step: {why}")
         points = (self.grid.points() if isinstance(models, Grid) else
                   [{"model": i, "seed": r.seed} for i, r in enumerate(self.recipes)])
         self.results = [ModelResult(i, point, r) for i, (point, r) in enumerate(zip(points, self.recipes))]
@@ -102,6 +112,8 @@ class Sweep:
         then): every model ends as on one GPU."""
         if gpus > 1:
             return self._fit_on_gpus(gpus, on_model)
+        if self.together is not False and self.together_problem() is None:
+            return self._fit_together(on_epoch, on_model, on_start)
         from .trainer import Trainer
 
         for result in self.results:
@@ -117,11 +129,80 @@ class Sweep:
                     if on_epoch is not None:
                         on_epoch(result, stats)
                 trainer.fit(epoch_done)
-                self._keep(result, trainer)
+                self._keep(result, trainer.save)
             self.write()
             if on_model is not None:
                 on_model(result)
         return self.results
+
+    def together_problem(self) -> str | None:
+        """Why the models of this sweep cannot train in one step (one line), or None."""
+        from .stack import stack_problem
+        from .stack_trainer import stack_recipes
+        from .steps import models_reason
+
+        recipes = stack_recipes(self.recipes, self.data, self.epochs, self.steps)
+        return stack_problem(recipes) or models_reason(recipes[0], "sm_90")
+
+    def chunks(self, todo: list[int], free_bytes: int | None = None) -> list[list[int]]:
+        """The models left, in groups that each train in one step: `chunk` at a time, or as many as fit in
+        free_bytes (ValueError with the largest count that fits when chunk asks for more, or none fit)."""
+        fits = self.models_that_fit(free_bytes) if free_bytes is not None else len(todo)
+        size = self.chunk or fits
+        if size > fits:
+            raise ValueError(f"{size} models in one step need more than the GPU's {free_bytes / 2**30:.1f} GiB free: "
+                             f"at most {fits} fit (give chunk={fits}, or fewer models)")
+        return [todo[i:i + size] for i in range(0, len(todo), size)]
+
+    def models_that_fit(self, free_bytes: int) -> int:
+        """How many of these models one step holds in free_bytes (keeping a tenth spare); ValueError when none."""
+        from .stack_trainer import stack_bytes, stack_recipes
+
+        recipes = stack_recipes(self.recipes, self.data, self.epochs, self.steps)
+        one, two = stack_bytes(recipes[:1]), stack_bytes(recipes[:1] * 2)
+        usable = int(free_bytes * 0.9)
+        if one > usable:
+            raise ValueError(f"one model needs {one / 2**30:.2f} GiB; the GPU has {free_bytes / 2**30:.2f} GiB free")
+        return max(1, 1 + (usable - one) // max(1, two - one))
+
+    def _fit_together(self, on_epoch, on_model, on_start) -> list[ModelResult]:
+        """The models left, trained in one step per chunk (stack_trainer.py); the results and checkpoints brought up
+        to date after each chunk."""
+        from .driver import Device
+
+        todo = [r.index for r in self.results if not r.done]
+        if not todo:
+            return self.results
+        device = Device(self.device)  # held, so the stacks' sessions reuse its context
+        try:
+            self._fit_chunks(self.chunks(todo, device.memory_info()[0]), on_epoch, on_model, on_start)
+        finally:
+            device.close()
+        return self.results
+
+    def _fit_chunks(self, groups: list[list[int]], on_epoch, on_model, on_start) -> None:
+        from .stack_trainer import StackTrainer, stack_recipes
+
+        for group in groups:
+            results = [self.results[i] for i in group]
+            for result in results:
+                result.history = []
+                if on_start is not None:
+                    on_start(result)
+
+            def epoch_done(m: int, stats: EpochStats, results=results) -> None:
+                results[m].history.append(stats)
+                if on_epoch is not None:
+                    on_epoch(results[m], stats)
+            recipes = stack_recipes([r.recipe for r in results], self.data, self.epochs, self.steps)
+            with StackTrainer(recipes, self.data, device=self.device) as trainer:
+                trainer.fit(epoch_done)
+                for m, result in enumerate(results):
+                    self._keep(result, lambda path, m=m: ck.save(path, trainer.checkpoint(m)))
+            self.write()
+            if on_model is not None:
+                for result in results:
+                    on_model(result)
 
     def plot(self, path: str | Path) -> None:
         """A PNG of every trained model's best test accuracy against each swept setting (plot.py; needs
@@ -163,7 +244,8 @@ class Sweep:
             if on_model is not None:
                 on_model(result)
 
-        run_ranks(_fit_share, gpus, shares, self.data, self.epochs, self.steps, keep, unique_id=b"",
+        together = self.together is not False and self.together_problem() is None
+        run_ranks(_fit_share, gpus, shares, self.data, self.epochs, self.steps, keep, together, unique_id=b"",
                   on_report=trained)
         return self.results
 
@@ -181,7 +263,7 @@ class Sweep:
         """The k models of the highest test accuracy (over their epochs), best first; ties in grid order."""
         return sorted((r for r in self.results if r.history), key=lambda r: (-r.best_accuracy, r.index))[:k]
 
-    def _keep(self, result: ModelResult, trainer) -> None:
+    def _keep(self, result: ModelResult, save: Callable[[Path], Any]) -> None:
         """The checkpoint of a model just trained, where save_all or save_best keeps it; a model that falls out of
         the best K loses its file."""
         if self.out is None or not (self.save_all or self.save_best):
@@ -190,7 +272,7 @@ class Sweep:
         if kept is None or result.index in kept:
             path = self.out / "checkpoints" / f"model-{result.index}.safetensors"
             path.parent.mkdir(parents=True, exist_ok=True)
-            trainer.save(path)
+            save(path)
             result.checkpoint = str(path)
         self._prune()
 
@@ -254,13 +336,22 @@ class Sweep:
 
 
 def _fit_share(rank: int, ranks: int, unique_id: bytes, shares: list, data: Dataset, epochs: int | None,
-               steps: int | None, keep: Path | None) -> int:
+               steps: int | None, keep: Path | None, together: bool) -> int:
     """GPU `rank`'s models of a sweep on several, shares[rank] (a process of parallel.ranks.run_ranks): each trained
-    as Sweep.fit trains it, its checkpoint written to `keep` when given, and reported as it finishes."""
+    as Sweep.fit trains it (together: all in one step, as many as fit at a time), its checkpoint written to `keep` when
+    given, and reported as it finishes."""
     from .parallel.ranks import report
     from .trainer import Trainer
 
     share = shares[rank]
+    if together and share:
+        sweep = Sweep([r for _, r in share], data=data, epochs=epochs, steps=steps, device=rank, together=True,
+                      out=keep.parent if keep is not None else None, save_all=keep is not None)
+        for result, (index, _) in zip(sweep.results, share):
+            result.index = index  # the checkpoints' names are the whole sweep's
+        sweep.write = lambda: None  # the parent process writes the results
+        sweep.fit(on_model=lambda r: report((r.index, r.history, r.checkpoint)))
+        return len(share)
     for index, recipe in share:
         with Trainer(recipe, data=data, epochs=epochs, steps=steps, device=rank) as trainer:
             trainer.fit()

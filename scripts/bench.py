@@ -9,8 +9,8 @@ momentum 0.9, lr 0.05 cosine to 0, 8 epochs); adam: batch 128, Adam lr 1e-3, bet
 epochs. Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
 
 `python scripts/bench.py sweep [--models 1 8 32 128] [--sizes 128 256 1024] [--recipe default|adam]`: many models
-per step (issue 41): JAX vmap and torch.func training N models at once (peers/sweeps.py), beside N rawgpu runs one
-after another, against all N models' weight traffic at the copy bandwidth.
+per step (issue 41): rawgpu's models step training all N at once, JAX vmap and torch.func doing the same
+(peers/sweeps.py) and N rawgpu runs one after another, against all N models' weight traffic at the copy bandwidth.
 
 `python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and cuBLAS.
 
@@ -32,6 +32,7 @@ import io
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,8 @@ import numpy as np
 from rawgpu import driver as drv
 from rawgpu.bench.gemm import bench_dx_sgd, bench_ours, bench_torch, min_bytes, mlp_gemms
 from rawgpu.bench.timing import copy_bandwidth, launch_floor
-from rawgpu.bench.training import HIDDEN, RECIPES, bench_rank, bench_rawgpu, describe, rawgpu_recipe, with_optimizer
+from rawgpu.bench.training import (HIDDEN, RECIPES, bench_rank, bench_rawgpu, bench_rawgpu_models, describe,
+                                   rawgpu_recipe, with_optimizer)
 from rawgpu.cli import parallel_problem
 from rawgpu.errors import RawgpuError
 from rawgpu.files import write_atomic
@@ -363,7 +365,10 @@ def cmd_sweep(args) -> int:
             grid = sweeps.lr_grid(rr.lr, rates)
             sweep = sweeps.Sweep(base, tuple(i // rates for i in range(n)), tuple(grid[i % rates] for i in range(n)))
             floor = n * sweeps.parameters(h) * per_weight / (bw * 1e9) * 1e6
-            results = [dict(system="rawgpu-sequential", us_per_step=n * one["us_per_step"],
+            together = bench_rawgpu_models([replace(rr, seed=i // rates, lr=grid[i % rates]) for i in range(n)],
+                                           args.steps, mnist, args.device)
+            results = [dict(system="rawgpu-models", **together, note="all N in one step (the models step)"),
+                       dict(system="rawgpu-sequential", us_per_step=n * one["us_per_step"],
                             accuracies=[one["test_accuracy"]], note="N one-model runs one after another: N x one "
                             "model's step (its accuracy: model 0's lr and seed)")]
             for p in peers:

@@ -158,6 +158,27 @@ def test_the_size_line_comes_before_any_gpu_work(tmp_path, capsys, monkeypatch):
     assert code == 1 and err.startswith("sweep: error: ") and len(err.strip().splitlines()) == 1
 
 
+def test_a_sweep_splits_its_models_into_steps_that_fit_the_gpus_memory(rng):
+    from test_trainer import synthetic
+
+    from rawgpu.stack_trainer import stack_bytes, stack_recipes
+
+    data = synthetic(rng, 1280, 200)
+    sweep = Sweep(Grid((("lr", (0.02, 0.05)),), seeds=(0, 1, 2)), Recipe(hidden=64, batch=64), data=data, epochs=1)
+    recipes = stack_recipes(sweep.recipes, data, 1, None)
+    one, two = stack_bytes(recipes[:1]), stack_bytes(recipes[:2])
+    room_for_two = int((one + 1.5 * (two - one)) / 0.9) + 1
+    assert sweep.models_that_fit(room_for_two) == 2
+    assert sweep.chunks(list(range(6)), room_for_two) == [[0, 1], [2, 3], [4, 5]]
+    sweep.chunk = 4
+    with pytest.raises(ValueError, match="at most 2 fit"):
+        sweep.chunks(list(range(6)), room_for_two)
+    with pytest.raises(ValueError, match="one model needs"):
+        sweep.models_that_fit(one // 2)
+    sweep.chunk = 5
+    assert sweep.chunks(list(range(6))) == [[0, 1, 2, 3, 4], [5]]
+
+
 # --- GPU -----------------------------------------------------------------------------------------------------------
 
 
@@ -171,7 +192,7 @@ def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_t
     data = synthetic(rng, 1280, 200)
     grid = Grid((("lr", (0.02, 0.05)),), seeds=(3, 4))
     base = Recipe(hidden=64, batch=64)
-    sweep = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "a", save_all=True)
+    sweep = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "a", save_all=True, together=False)
     sweep.fit()
     for result, recipe in zip(sweep.results, grid.recipes(base)):
         with Trainer(recipe, data=data, epochs=2) as alone:
@@ -186,7 +207,7 @@ def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_t
         m["epochs"] = m["epochs"][:1]
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "results.json").write_text(json.dumps(doc))
-    resumed = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "b")
+    resumed = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "b", together=False)
     assert resumed.resume_from(tmp_path / "b") == 2
     trained = []
     resumed.fit(on_start=lambda r: trained.append(r.index))
@@ -195,6 +216,43 @@ def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_t
         [[h.test_accuracy for h in r.history] for r in sweep.results]
     assert os.path.exists(tmp_path / "b" / "results.csv")
     assert Path(sweep.results[0].checkpoint).parent == tmp_path / "a" / "checkpoints"
+
+
+@gpu
+def test_models_trained_together_keep_checkpoints_train_evaluate_and_resume_take(device, rng, tmp_path):
+    """Trained in one step: each model's checkpoint loads as a model trained alone (its evaluation gives the sweep's
+    accuracy, train --resume's Trainer continues it), and a sweep resumed with half its models done ends with the
+    uninterrupted one's bits (each model's arithmetic is its own, whoever shares its step)."""
+    from test_trainer import synthetic
+
+    from rawgpu.trainer import Trainer
+
+    data = synthetic(rng, 1280, 200)
+    grid = Grid((("lr", (0.02, 0.05)), ("momentum", (0.9, 0.5))), seeds=(3, 4))
+    base = Recipe(hidden=64, batch=64)
+    sweep = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "a", save_all=True)
+    assert sweep.together_problem() is None
+    started = []
+    sweep.fit(on_start=lambda r: started.append(r.index))
+    assert started == list(range(8))
+    for result in sweep.results:
+        assert [h.epoch for h in result.history] == [1, 2]
+        with Trainer.load(result.checkpoint, data=data) as saved:
+            assert saved.done and saved.model.kind != "models"
+            # its own evaluation's GEMM tiles: the same logits up to summation order
+            assert abs(saved.evaluate().accuracy - result.history[-1].test_accuracy) <= 0.01
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    for m in doc["models"][4:]:
+        m["epochs"] = m["epochs"][:1]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.json").write_text(json.dumps(doc))
+    resumed = Sweep(grid, base, data=data, epochs=2, out=tmp_path / "b", chunk=3)
+    assert resumed.resume_from(tmp_path / "b") == 4
+    trained = []
+    resumed.fit(on_start=lambda r: trained.append(r.index))
+    assert trained == [4, 5, 6, 7]
+    assert [[(h.train_loss, h.test_accuracy) for h in r.history] for r in resumed.results] == \
+        [[(h.train_loss, h.test_accuracy) for h in r.history] for r in sweep.results]
 
 
 @gpu
@@ -220,10 +278,12 @@ def test_models_spread_over_two_gpus_end_as_on_one(device, rng, tmp_path):
 
 
 @gpu
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_a_signal_keeps_the_finished_models_and_resume_ends_as_the_uninterrupted_sweep(device, rng, tmp_path, sig):
-    """The CLI stopped after its first model: exit 130/143, one line saying how to continue, the finished models in
-    results.json; `--resume DIR` then trains the rest and ends with the uninterrupted sweep's results."""
+@pytest.mark.parametrize("sig,how", [("SIGINT", "--one-at-a-time"), ("SIGTERM", "--chunk=2")])
+def test_a_signal_keeps_the_finished_models_and_resume_ends_as_the_uninterrupted_sweep(device, rng, tmp_path, sig,
+                                                                                       how):
+    """The CLI stopped after its first model (one at a time) or its first step of two (two at a time): exit 130/143,
+    one line saying how to continue, the finished models in results.json; `--resume DIR` then trains the rest and
+    ends with the uninterrupted sweep's results."""
     import signal
 
     from gpu_checks import interrupt_train
@@ -231,7 +291,7 @@ def test_a_signal_keeps_the_finished_models_and_resume_ends_as_the_uninterrupted
 
     idx = write_idx(tmp_path / "idx", synthetic(rng, 1280, 200))
     args = ["--hidden", "64", "--batch", "64", "--lr", "0.02", "0.05", "--seeds", "0-1", "--epochs", "2",
-            "--dataset", "idx", "--data-dir", str(idx)]
+            "--dataset", "idx", "--data-dir", str(idx), how]
     root = Path(__file__).resolve().parent.parent
     command = [sys.executable, "-m", "rawgpu.sweep"]
     code, _, err, _ = interrupt_train(args + ["--out", str(tmp_path / "cut")], "model 1/4", root,

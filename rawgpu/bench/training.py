@@ -171,3 +171,15 @@ def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed
                     split=session.choice.kind, note=session.step_description)
     finally:
         session.close()
+
+
+def bench_rawgpu_models(recipes: list, steps: int, data, device_index: int) -> dict:
+    """A sweep's models trained together (the models step, stack_trainer.py) for `steps` steps, as Sweep.fit runs
+    them: us per step of all N (CUDA events around the steps' graph launches, evaluation excluded; the first
+    epoch's graph launches warm it up as a user's run does) and each model's test accuracy."""
+    from ..stack_trainer import StackTrainer, stack_recipes
+
+    with StackTrainer(stack_recipes(recipes, data, None, steps), data, device=device_index) as trainer:
+        histories = trainer.fit()
+    seconds = sum(h.seconds for h in histories[0])
+    return dict(us_per_step=seconds / steps * 1e6, accuracies=[h[-1].test_accuracy for h in histories])

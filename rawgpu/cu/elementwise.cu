@@ -66,10 +66,35 @@ RG_DEVICE void bias_step(int c, float g, float* bias, float* m, float* v, const 
 // EW_THREADS (rawgpu/contract/elementwise.py, a -D option: the launcher's block). m, v: the optimiser's state (null
 // where it keeps none). grad: where g goes instead of the update (data parallelism adds it up over the GPUs first:
 // apply_update); null to update.
+//
+// BIAS_MODELS (elementwise_models.cu sets it for the models step; 0 here): grid z is the model of a sweep; model mo
+// reads dy + mo z_dy, steps its bias, m and v at + mo z_bias with its optimiser row opt + mo, and sums through its
+// own scratch + mo z_scratch and tickets + mo z_tickets.
+#ifndef BIAS_MODELS
+#define BIAS_MODELS 0
+#endif
+#if BIAS_MODELS
+#define BIAS_MODEL_PARAMS , i64 z_dy, i64 z_bias, i64 z_scratch, i64 z_tickets
+#else
+#define BIAS_MODEL_PARAMS
+#endif
 extern "C" __global__ void bias_update(const half_t* __restrict__ dy, int ld, int rows, int cols,
                                        float* __restrict__ bias, float* __restrict__ m, float* __restrict__ v,
                                        const Optim* __restrict__ opt, float* __restrict__ grad, int split_rows,
-                                       i64* scratch, int* tickets) {
+                                       i64* scratch, int* tickets BIAS_MODEL_PARAMS) {
+#if BIAS_MODELS
+    {
+        const i64 model = blockIdx.z;
+        dy += model * z_dy;
+        bias += model * z_bias;
+        if (m) m += model * z_bias;
+        if (v) v += model * z_bias;
+        opt += model;
+        if (grad) grad += model * z_bias;
+        scratch += model * z_scratch;
+        tickets += model * z_tickets;
+    }
+#endif
     __shared__ i64 part[EW_THREADS * 8];  // [TY][TX * 8]
     pdl_enter();
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;

@@ -19,7 +19,7 @@
 #include "cp_async.cuh"
 #include "pdl.cuh"
 
-// GEMM_MODELS (experiments only, dev/sweep/: 0 in the product): one launch runs the GEMM of every model of a sweep,
+// GEMM_MODELS (gemm_models.cu sets it for the models step; 0 here): one launch runs the GEMM of every model of a sweep,
 // grid x the m tiles of model 0, then model 1's, ...; each operand of model i sits i strides after model 0's (z*:
 // elements of A, B, bias, act, the weight-shaped state; bytes of out; Optim rows).
 #ifndef GEMM_MODELS

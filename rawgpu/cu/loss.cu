@@ -17,9 +17,31 @@
 // Then *loss_sum += sum of losses and *correct += hits (read-modify-write by one thread: they accumulate over
 // launches until zero_metrics). Block b takes rows [b block_rows, (b + 1) block_rows); with more than one block,
 // scratch (2 int64, zero) and ticket (zero) carry the blocks' sums to the last, which leaves them zero.
+//
+// XENT_MODELS (loss_models.cu sets it for the models step; 0 here): grid y is the model of a sweep; model m reads its
+// logits at logits + m z_logits and labels + m z_labels (0: shared labels), writes dlogits + m z_logits and its own
+// loss_sum[m], correct[m], scratch[2 m ...] and ticket[m].
+#ifndef XENT_MODELS
+#define XENT_MODELS 0
+#endif
+#if XENT_MODELS
+#define XENT_MODEL_PARAMS , i64 z_logits, i64 z_labels
+#else
+#define XENT_MODEL_PARAMS
+#endif
 extern "C" __global__ void softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ labels,
                                         int batch, int classes, float inv_batch, half_t* __restrict__ dlogits,
-                                        double* loss_sum, int* correct, int block_rows, i64* scratch, int* ticket) {
+                                        double* loss_sum, int* correct, int block_rows, i64* scratch,
+                                        int* ticket XENT_MODEL_PARAMS) {
+#if XENT_MODELS
+    {
+        const i64 model = blockIdx.y;
+        logits += model * z_logits;
+        labels += model * z_labels;
+        if (dlogits) dlogits += model * z_logits;
+        loss_sum += model, correct += model, scratch += 2 * model, ticket += model;
+    }
+#endif
     __shared__ double s_loss[XENT_MAX_WARPS];
     __shared__ int s_hits[XENT_MAX_WARPS];
     pdl_enter();

@@ -6,6 +6,7 @@ A step kind is how a training step runs on the GPU (the model's numerics are the
   fused     the whole step in one persistent cooperative kernel (steps/fused.py)
   tensor    one rank's part of a model split over several GPUs by its layers (steps/tensor.py)
   data      one rank's part of a model copied on several GPUs, each taking part of the batch (steps/data.py)
+  models    every model of a sweep in each launch, the kernels with a model axis (steps/models.py)
 Each module registers in KINDS and owns its support rule `unsupported_reason(recipe, arch)`, the model class whose
 buffers it runs over (`MODEL`), its own buffers and launches (`build(model, options) -> Step`) and how the fp32
 masters are read back; `Step` is what they share.
@@ -24,7 +25,7 @@ from .. import parallel
 from ..errors import StepUnsupported
 from ..kernels import PLANNING_SM_COUNT
 from ..recipe import Recipe
-from . import cluster, data, fused, layered, tensor
+from . import cluster, data, fused, layered, models, tensor
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -32,8 +33,10 @@ if TYPE_CHECKING:
     from ..mlp import MLP
 
 KINDS: dict[str, ModuleType] = {"cluster": cluster, "fused": fused, "layered": layered, "tensor": tensor,
-                                "data": data}
-ONE_GPU = tuple(kind for kind, module in KINDS.items() if not module.SEVERAL_GPUS)
+                                "data": data, "models": models}
+ONE_GPU = tuple(kind for kind, module in KINDS.items()
+                if not module.SEVERAL_GPUS and not getattr(module, "MANY_MODELS", False))
+SWEEP_KIND = "models"  # what a sweep of many models in one step runs
 CHOICES = ("auto",) + ONE_GPU  # what a one-GPU run may ask for (--step)
 MODES = parallel.MODES  # what a run on several GPUs may ask for (--parallel)
 
@@ -61,12 +64,19 @@ def unsupported_reason(kind: str, recipe: Recipe, arch: str) -> str | None:
     return KINDS[kind].unsupported_reason(recipe, arch)
 
 
-def choose(recipe: Recipe, arch: str, wanted: str = "auto", ranks: int = 0) -> Choice:
+def choose(recipe: Recipe, arch: str, wanted: str = "auto", ranks: int = 0, models: int = 0) -> Choice:
     """The step for `recipe` on a GPU of `arch`, StepUnsupported with the reason where `wanted` cannot run.
+
+    models: a sweep of that many models of `recipe`'s architecture in one step (wanted "auto"): the models kind, or
+    StepUnsupported with why not (the sweep then trains them one after another).
 
     One GPU (ranks 0): wanted is one of CHOICES; `auto` takes the first of cluster, layered in its short form,
     fused (where it is preferred), layered. A model on `ranks` GPUs: wanted is one of MODES, and the split that
     moves fewer bytes (parallel.choose) names the kind: data, or tensor (also for one rank)."""
+    if models:
+        if why := models_reason(recipe, arch):
+            raise StepUnsupported(why)
+        return Choice(SWEEP_KIND, KINDS[SWEEP_KIND].WHEN_AUTO)
     if ranks:
         try:
             pick = parallel.choose(recipe.widths, recipe.batch, ranks, wanted)
@@ -92,6 +102,11 @@ def choose(recipe: Recipe, arch: str, wanted: str = "auto", ranks: int = 0) -> C
     return Choice("layered", layered.WHEN_AUTO, passed)
 
 
+def models_reason(recipe: Recipe, arch: str) -> str | None:
+    """Why models of `recipe` cannot train all in one step here (one line); None when they can."""
+    return KINDS[SWEEP_KIND].unsupported_reason(recipe, arch)
+
+
 def resumed(saved_kind: str, ranks: int = 0) -> str:
     """What a run resumed from a checkpoint asks `choose` for: the kind that saved it where one GPU can ask for it
     by name, else `auto` (a parallel kind's checkpoint, or a run on several GPUs, which choose their split anew)."""
@@ -100,7 +115,8 @@ def resumed(saved_kind: str, ranks: int = 0) -> str:
 
 def plan_model(recipe: Recipe, wanted: str | Choice = "auto", *, kernels: "Kernels | None" = None,
                arch: str | None = None, sm_count: int = PLANNING_SM_COUNT, capacity: tuple[int, ...] | None = None,
-               options: StepOptions | None = None, ranks: int = 0, rank: int = 0, group=None) -> "MLP":
+               options: StepOptions | None = None, ranks: int = 0, rank: int = 0, group=None,
+               models: "list[Recipe] | None" = None) -> "MLP":
     """The model of `recipe` and its step, planned once (no GPU needed): the kind `choose` picks for `wanted` (or
     the Choice given), its model class over this GPU's part of the buffers, then its step, attached.
 
@@ -112,13 +128,18 @@ def plan_model(recipe: Recipe, wanted: str | Choice = "auto", *, kernels: "Kerne
 
         arch, capacity = kernels.arch, cluster_capacity(kernels)
     arch = arch or "sm_86"
-    choice = wanted if isinstance(wanted, Choice) else choose(recipe, arch, wanted, ranks)
+    choice = (wanted if isinstance(wanted, Choice)
+              else choose(recipe, arch, wanted, ranks, models=len(models) if models else 0))
     module = KINDS[choice.kind]
     if module.SEVERAL_GPUS != bool(choice.ranks):
         raise ValueError(f"the {choice.kind} step runs " + ("a model on several GPUs: give ranks" if choice.ranks == 0
                                                             else "on one GPU: ranks must be 0"))
+    if getattr(module, "MANY_MODELS", False) != (models is not None):
+        raise ValueError(f"the {choice.kind} step runs " + ("a sweep's models: give models" if models is None
+                                                            else "one model: models must be None"))
     where = dict(ranks=choice.ranks, rank=rank, group=group) if choice.ranks else {}
-    model = module.MODEL(recipe, arch=arch, sm_count=sm_count, capacity=capacity, **where)
+    first = models if models is not None else recipe
+    model = module.MODEL(first, arch=arch, sm_count=sm_count, capacity=capacity, **where)
     model.choice = choice
     model.attach(module.build(model, options or StepOptions()))
     return model.bind(kernels) if kernels is not None else model
@@ -132,5 +153,5 @@ def help_text() -> str:
     return f"{kinds}. {rule}"
 
 
-__all__ = ["CHOICES", "KINDS", "MODES", "ONE_GPU", "Choice", "Step", "StepOptions", "choose", "help_text",
-           "plan_model", "resumed", "unsupported_reason"]
+__all__ = ["CHOICES", "KINDS", "MODES", "ONE_GPU", "SWEEP_KIND", "Choice", "Step", "StepOptions", "choose", "help_text",
+           "models_reason", "plan_model", "resumed", "unsupported_reason"]

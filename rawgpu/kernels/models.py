@@ -1,0 +1,147 @@
+"""Launchers of the models step (steps/models.py): one launch runs a kernel of today's step for every model of a
+sweep. Each is model 0's launch, made and checked by the family's own launcher, plus a model axis: the grid
+repeats over the models and each model's operands sit a fixed stride after model 0's (the *_models.cu sources,
+rawgpu/contract/models.py). The buffers are model-major: [N x rows, cols] for a matrix of N models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..contract import (DATA_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE,
+                        LOSS_MODELS_SOURCE, OPTIM_WORDS)
+from ..driver import Launch
+from ..memory import Tensor
+from . import Kernels, require
+from . import data as kd
+from . import elementwise as ke
+from . import gemm as kg
+from . import loss as kl
+
+SCHEDULE_WORDS = 4  # a model's row of the schedule table (float64): lr0, lr_min, warmup_steps, kind code
+
+
+@dataclass
+class _Bound:
+    """What a family's launcher would launch for one model: its source, kernel, geometry and arguments."""
+
+    source: str
+    name: str
+    signature: str
+    grid: Any = None
+    block: Any = None
+    shared_bytes: int = 0
+    args: tuple = ()
+    cluster: Any = 1
+
+    def bind(self, grid, block, shared_bytes, *args, cluster=1, cooperative=False) -> "_Bound":
+        if cooperative:
+            raise ValueError(f"{self.name}: a cooperative launch has no model axis")
+        self.grid, self.block, self.shared_bytes, self.args, self.cluster = grid, block, shared_bytes, args, cluster
+        return self
+
+
+class _Recorder:
+    """Stands in for Kernels in a launcher of one model: it builds nothing and returns what would be bound."""
+
+    def get(self, source: str, name: str, signature: str) -> _Bound:
+        return _Bound(source, name, signature)
+
+
+def _over_models(k: Kernels, one: _Bound, source: str, axis: int, models: int, strides: tuple[int, ...],
+                 stride_signature: str) -> Launch:
+    """`one` (model 0's launch) over `models` models: its grid times `models` along `axis` (0: x, where gemm.cu
+    packs every model's m tiles after model 0's), the strides appended to its arguments."""
+    grid = list(one.grid) if isinstance(one.grid, (tuple, list)) else [one.grid]
+    grid += [1] * (3 - len(grid))
+    if grid[axis] != 1 and axis != 0:
+        raise ValueError(f"{one.name}: grid {tuple(grid)} already uses axis {axis}, the model axis")
+    grid[axis] *= models
+    if one.cluster not in (1, (1, 1, 1)):
+        raise ValueError(f"{one.name}: a cluster launch has no model axis")
+    kernel = k.get(source, one.name, one.signature + stride_signature)
+    return kernel.bind(tuple(grid), one.block, one.shared_bytes, *one.args, *strides)
+
+
+def _models(t: Tensor, n: int, what: str) -> int:
+    """Elements of one model's part of `t` (model-major, n parts)."""
+    if t.shape[0] % n:
+        raise ValueError(f"{what}: {t.name} of shape {t.shape} is not {n} models' parts")
+    return t.size // n
+
+
+def model_part(t: Tensor, n: int, i: int = 0) -> Tensor:
+    """Model i's part of a model-major buffer of n models, as a tensor of its own."""
+    per = _models(t, n, "model_part")
+    shape = (t.shape[0] // n, *t.shape[1:])
+    return t.view(shape, offset_bytes=i * per * t.dtype.itemsize, name=f"{t.name}[{i}]")
+
+
+def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, step: Tensor, x: Tensor, y: Tensor,
+           batch: int, steps_per_epoch: int, optim: Tensor, schedules: Tensor, total_steps: int,
+           early: bool = False) -> Launch:
+    """Every model's batch: model m's rows of x and y from its own order perm[m], and its optimiser row optim[m] for
+    the step from its own schedule (schedules[m]: lr0, lr_min, warmup steps, kind code; total_steps is the run's,
+    the same for all). perm int32 [n, >= batch x steps_per_epoch], x fp16 [n x batch, ld], y int32 [n x batch].
+    early: as gather_batch's."""
+    require(schedules, np.float64, (n, SCHEDULE_WORDS), what="schedules")
+    require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
+    if len(perm.shape) != 2 or perm.shape[0] != n:
+        raise ValueError(f"perm: expected [{n}, rows], got shape {perm.shape}")
+    one = kd.gather_batch(_Recorder(), images, labels, model_part(perm, n).view((perm.shape[1],)), step, model_part(x, n),
+                          model_part(y, n), batch, steps_per_epoch, optim=model_part(optim, n).view((OPTIM_WORDS,)),
+                          schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early)
+    return _over_models(k, one, DATA_MODELS_SOURCE, 1, n,
+                        (perm.shape[1], _models(x, n, "x"), _models(y, n, "y"), schedules), "qqqp")
+
+
+def gemm(k: Kernels, n: int, plan: kg.GemmPlan, A: Tensor, B: Tensor, out: Tensor, *, shared_a: bool = False,
+         bias: Tensor | None = None, act: Tensor | None = None, mom: Tensor | None = None, var: Tensor | None = None,
+         w16: Tensor | None = None, optim: Tensor | None = None) -> Launch:
+    """`plan` (one model's GEMM, without split-K) for every model: operands model-major as kernels.gemm takes one
+    model's, the optimiser table [n, words]. shared_a: every model reads the same A (the evaluation's input)."""
+    if plan.splits != 1 or plan.cluster or plan.config.tma or plan.config.persistent:
+        raise ValueError(f"{plan.kernel}: a GEMM over models runs whole tiles, one block each (no split-K, cluster, "
+                         "tensor copies or resident grid)")
+    part = lambda t: None if t is None else model_part(t, n)  # noqa: E731 - model 0's operand
+    one = kg.gemm(_Recorder(), plan, A if shared_a else part(A), part(B), part(out), bias=part(bias), act=part(act),
+                  mom=part(mom), var=part(var), w16=part(w16),
+                  optim=None if optim is None else part(optim).view((OPTIM_WORDS,)))
+    per = lambda t: 0 if t is None else _models(t, n, t.name)  # noqa: E731 - elements of one model's part
+    strides = (0 if shared_a else per(A), per(B), per(out) * out.dtype.itemsize, per(bias), per(act),
+               per(out) if plan.epilogue in ("sgd", "adam") else 0, 0 if optim is None else 1)
+    return _over_models(k, one, GEMM_MODELS_SOURCE, 0, n, strides, GEMM_MODEL_STRIDES)
+
+
+def softmax_xent(k: Kernels, n: int, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
+                 correct: Tensor, batch: int, classes: int, grad_scale: float = 1.0, shared_labels: bool = False,
+                 scratch: Tensor | None = None, ticket: Tensor | None = None) -> Launch:
+    """Every model's softmax cross-entropy (loss.softmax_xent's), model m's metrics in loss_sum[m] and correct[m];
+    logits and dlogits [n x batch, ld]; labels [n x batch], or one batch every model shares (shared_labels);
+    scratch int64 [n, >= 2] and ticket int32 [n, >= 1] where the batch takes several blocks."""
+    require(loss_sum, np.float64, (n,), what="loss_sum")
+    require(correct, np.int32, (n,), what="correct")
+    part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
+    if scratch is not None and (scratch.shape != (n, 2) or ticket is None or ticket.shape != (n, 1)):
+        raise ValueError(f"softmax_xent over {n} models: scratch [{n}, 2] and ticket [{n}, 1]")
+    one = kl.softmax_xent(_Recorder(), part(logits), labels if shared_labels else part(labels), part(dlogits),
+                          loss_sum.view((1,)), correct.view((1,)), batch, classes, grad_scale,
+                          scratch=part(scratch), ticket=part(ticket))
+    return _over_models(k, one, LOSS_MODELS_SOURCE, 1, n,
+                        (_models(logits, n, "logits"), 0 if shared_labels else _models(labels, n, "labels")), "qq")
+
+
+def bias_update(k: Kernels, n: int, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tensor | None, optim: Tensor,
+                rows: int, scratch: Tensor | None = None, tickets: Tensor | None = None) -> Launch:
+    """Every model's bias step (elementwise.bias_update's): dy [n x rows, ld], bias and its state [n x cols], optim
+    [n, words], scratch int64 [n, >= cols] and tickets int32 [n, >= column tiles] where the rows are split."""
+    require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
+    part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
+    one = ke.bias_update(_Recorder(), part(dy), part(bias), part(m), part(v), part(optim).view((OPTIM_WORDS,)), rows,
+                         part(scratch), part(tickets))
+    return _over_models(k, one, ELEMENTWISE_MODELS_SOURCE, 2, n,
+                        (_models(dy, n, "dy"), _models(bias, n, "bias"),
+                         0 if scratch is None else _models(scratch, n, "scratch"),
+                         0 if tickets is None else _models(tickets, n, "tickets")), "qqqq")

