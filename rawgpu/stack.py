@@ -84,8 +84,8 @@ class ModelStack:
         self.zero_counter = a.tensor("zero_step", 1, np.int64)
         self.eval_batch = EB = self._eval_batch(r, n)
         self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)
-        self.eval_perm = a.tensor("eval_perm", max(1, EB * self.eval_chunks), np.int32)
-        self.tail_perm = a.tensor("eval_tail_perm", max(1, self.eval_tail), np.int32)
+        self.eval_perm = a.tensor("eval_perm", EB * self.eval_chunks, np.int32)  # EB <= test_rows: >= 1 chunk
+        self.tail_perm = a.tensor("eval_tail_perm", self.eval_tail, np.int32) if self.eval_tail else None
         self.eval_x = a.tensor("eval_x", (EB, padded[0]), np.float16)
         self.eval_y = a.tensor("eval_y", EB, np.int32)
         # per model
@@ -173,8 +173,9 @@ class ModelStack:
         self.test_images.upload(data.test_images.reshape(r.test_rows, r.inputs))
         self.test_labels.upload(data.test_labels)
         whole = self.eval_chunks * self.eval_batch
-        self.eval_perm.upload(np.arange(max(1, whole), dtype=np.int32) % max(1, r.test_rows))
-        self.tail_perm.upload(np.arange(whole, whole + max(1, self.eval_tail), dtype=np.int32) % r.test_rows)
+        self.eval_perm.upload(np.arange(whole, dtype=np.int32))
+        if self.tail_perm is not None:
+            self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
 
     def init_parameters(self, stream: Stream) -> None:
         """Every model's weights and biases from its own seed, drawn as a model alone draws them; its optimiser
@@ -271,4 +272,5 @@ class ModelStack:
 def schedule_row(r: Recipe) -> tuple[float, float, float, float]:
     """A model's row of the schedule table (kernels/models.py: gather): lr0, lr_min, warmup steps, kind code."""
     lr0, lr_min = r.scaled_lr
-    return float(np.float32(lr0)), float(np.float32(lr_min)), float(r.warmup_steps), float(SCHEDULES.get(r.schedule, r.schedule))
+    kind = SCHEDULES.get(r.schedule, r.schedule)
+    return float(np.float32(lr0)), float(np.float32(lr_min)), float(r.warmup_steps), float(kind)

@@ -174,17 +174,20 @@ def _one_kernel(name: str, accs_line: str, kernel: str | None) -> str | None:
     return None
 
 
+def config_typedef(c: GemmConfig) -> list[str]:
+    """gemm.cu's typedef of tile config `c` (Cfg_<name>) and the check that its threads are the table's."""
+    stages = "STREAM_STAGES" if c.name == STREAM_CONFIG else str(c.stages)
+    args = f"{c.bm}, {c.bn}, {c.bk}, {c.warps_m}, {c.warps_n}, {stages}" + (", true" if c.staged else "")
+    return [f"typedef Config<{args}> {c.c_name};  // {c.note}",
+            f'static_assert({c.c_name}::THREADS == {c.threads}, "{c.name}: its threads in rawgpu/contract/gemm.py");']
+
+
 def _gemm_header(kernel: str | None = None) -> str:
     """gemm.cu's Config typedefs and instances: GEMM_ACCS / PERSIST_ACCS (gemm.cu's macros) per (config, layout,
     epilogue), each making the _f32 and _f16 kernels; with `kernel`, that one kernel alone."""
-    configs = [c for c in CONFIGS.values() if c.source == GEMM_SOURCE]
     lines = []
-    for c in configs:
-        stages = "STREAM_STAGES" if c.name == STREAM_CONFIG else str(c.stages)
-        args = f"{c.bm}, {c.bn}, {c.bk}, {c.warps_m}, {c.warps_n}, {stages}" + (", true" if c.staged else "")
-        lines.append(f"typedef Config<{args}> {c.c_name};  // {c.note}")
-        lines.append(f'static_assert({c.c_name}::THREADS == {c.threads}, "{c.name}: its threads in '
-                     f'rawgpu/contract/gemm.py");')
+    for c in (c for c in CONFIGS.values() if c.source == GEMM_SOURCE):
+        lines += config_typedef(c)
     lines.append("")
     for c, lay, epi in _instances_of(GEMM_SOURCE):
         name = instance_name(c.name, lay, epi)

@@ -5,7 +5,8 @@ runs the very arithmetic of the kernel it comes from; the product's own builds k
 from __future__ import annotations
 
 from .abi import header
-from .gemm import _C_LAYOUT, CONFIGS, PERSIST_BLOCKS_PER_SM, instance_name, kernel_name, stream_stages
+from .gemm import (_C_LAYOUT, CONFIGS, PERSIST_BLOCKS_PER_SM, config_typedef, instance_name, kernel_name,
+                   stream_stages)
 
 GEMM_MODELS_SOURCE = "gemm_models.cu"
 DATA_MODELS_SOURCE = "data_models.cu"
@@ -29,12 +30,7 @@ def gemm_model_kernels() -> list[str]:
 def _gemm_models_header(kernel: str | None) -> str:
     """gemm.cu's instance header for the model-axis build: the model tiles' typedefs and their instances (f32
     only); with `kernel`, that one kernel alone."""
-    lines = []
-    for name in MODEL_CONFIGS:
-        c = CONFIGS[name]
-        args = f"{c.bm}, {c.bn}, {c.bk}, {c.warps_m}, {c.warps_n}, {c.stages}" + (", true" if c.staged else "")
-        lines.append(f"typedef Config<{args}> {c.c_name};  // {c.note}")
-    lines.append("")
+    lines = [line for name in MODEL_CONFIGS for line in config_typedef(CONFIGS[name])] + [""]
     for name in MODEL_CONFIGS:
         c = CONFIGS[name]
         for lay, epi in MODEL_ROLES:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..contract import (DATA_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE,
-                        LOSS_MODELS_SOURCE, OPTIM_WORDS)
+                        LOSS_MODELS_SOURCE, OPTIM_WORDS, UPDATE_EPILOGUES)
 from ..driver import Launch
 from ..memory import Tensor
 from . import Kernels, require
@@ -90,8 +90,9 @@ def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, ste
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
     if len(perm.shape) != 2 or perm.shape[0] != n:
         raise ValueError(f"perm: expected [{n}, rows], got shape {perm.shape}")
-    one = kd.gather_batch(_Recorder(), images, labels, model_part(perm, n).view((perm.shape[1],)), step, model_part(x, n),
-                          model_part(y, n), batch, steps_per_epoch, optim=model_part(optim, n).view((OPTIM_WORDS,)),
+    order = model_part(perm, n).view((perm.shape[1],))
+    one = kd.gather_batch(_Recorder(), images, labels, order, step, model_part(x, n), model_part(y, n), batch,
+                          steps_per_epoch, optim=model_part(optim, n).view((OPTIM_WORDS,)),
                           schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early)
     return _over_models(k, one, DATA_MODELS_SOURCE, 1, n,
                         (perm.shape[1], _models(x, n, "x"), _models(y, n, "y"), schedules), "qqqp")
@@ -111,7 +112,7 @@ def gemm(k: Kernels, n: int, plan: kg.GemmPlan, A: Tensor, B: Tensor, out: Tenso
                   optim=None if optim is None else part(optim).view((OPTIM_WORDS,)))
     per = lambda t: 0 if t is None else _models(t, n, t.name)  # noqa: E731 - elements of one model's part
     strides = (0 if shared_a else per(A), per(B), per(out) * out.dtype.itemsize, per(bias), per(act),
-               per(out) if plan.epilogue in ("sgd", "adam") else 0, 0 if optim is None else 1)
+               per(out) if plan.epilogue in UPDATE_EPILOGUES else 0, 0 if optim is None else 1)
     return _over_models(k, one, GEMM_MODELS_SOURCE, 0, n, strides, GEMM_MODEL_STRIDES)
 
 
