@@ -3,9 +3,10 @@
     python -m rawgpu.sweep --hidden 256 --lr 0.01 0.02 0.05 0.1 --seeds 0-7 --out sweep
 
 Each swept option takes a list (--betas as B1,B2 pairs), --seeds a list or ranges (0-7); the architecture, the batch,
-the optimiser and the data are one per sweep. Every model trains exactly as `python -m rawgpu.train` trains it with
-the same settings and seed. For now the models train one after another in this process (the data read and the
-kernels built once); issue 41's engine will train them together.
+the optimiser and the data are one per sweep. Every model has its own seed's weights and data order, its own
+settings and optimiser state, as `python -m rawgpu.train` gives it; all of them train together, one step for every
+model per graph launch (the models step; --chunk K: K at a time). --one-at-a-time trains each alone instead, with
+the very bits `rawgpu.train` gives it.
 """
 
 from __future__ import annotations

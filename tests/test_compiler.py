@@ -345,7 +345,7 @@ def test_units_are_each_split_kernel_alone_and_every_other_source_whole():
     units = compiler.all_units()
     split = {s for s in compiler.all_sources() if contract.split_kernels(s)}
     assert split == {"gemm.cu", "gemm_tma.cu", "gemm_wgmma.cu", "gemm_models.cu", "cluster_step.cu", "fused_step.cu",
-                     "dx_update.cu", "head.cu"}
+                     "dx_update.cu", "head.cu", "dx_update_models.cu", "head_models.cu"}
     assert compiler.unit_of("fused_step.cu", "fused_steps_adam") == ("fused_step.cu", "fused_steps_adam")
     assert len(units) == len(set(units)) == sum(len(contract.split_kernels(s)) or 1 for s in compiler.all_sources())
     assert compiler.unit_of("gemm.cu", "gemm_stream_rr_store_f32") == ("gemm.cu", "gemm_stream_rr_store_f32")

@@ -15,10 +15,12 @@ import pytest
 
 import mlp_reference as ref
 from rawgpu import steps
+from rawgpu.steps import models as models_step
 from rawgpu.errors import StepUnsupported
 from rawgpu.kernels import Kernels
 from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
 from rawgpu.stack import ModelStack, stack_problem
+from rawgpu.steps.base import StepOptions
 
 gpu = pytest.mark.gpu
 STEP_TOLERANCE = 3e-2  # one step from the GPU's own parameters (tests/test_mlp.py's fp32 tolerance)
@@ -46,6 +48,23 @@ def test_a_sweep_chooses_the_models_step_and_plans_every_model():
     units = stack.kernel_units()
     assert {("gemm_models.cu", "gemm_64x128_rr_bias_relu_f32"), ("data_models.cu", None)} <= units
     assert not any(u[0] == "gemm.cu" and u[1] and "tma" in u[1] for u in units)
+
+
+def test_on_sm_90_the_models_step_is_the_layered_short_forms_kernels_over_models():
+    for base, family in ((dict(momentum=0.9), "sgd"), (dict(optimizer="adam", lr=1e-3), "adam")):
+        recipes = _recipes(32, hidden=256, layers=3, batch=128, **base)
+        step = steps.plan_model(recipes[0], arch="sm_90", sm_count=132, models=recipes).step
+        assert step.kernel_count() == 2 * 3 + 2 and "short form" in step.describe()
+        units = step.kernel_units()
+        assert {("head_models.cu", f"head_step_b128_{family}"), ("dx_update_models.cu", f"dx_update_b128_{family}")} \
+            <= units and not any(s == "elementwise_models.cu" for s, _ in units)
+        # no column ranges whose dx would meet in a workspace: a model's bits do not depend on N
+        assert [p.splits for p in step.bwd[1:3]] == [1, 1] and step.bwd[0].IN == 784 and step.bwd[3] is None
+    big = _recipes(2, hidden=256, layers=3, batch=300)
+    long = steps.plan_model(big[0], arch="sm_90", models=big).step
+    assert long.head is None and long.kernel_count() == 4 * 4 + 2
+    assert "batch <= 256" in models_step.short_form_reason(big[0], "sm_90")
+    assert "sm_90" in models_step.short_form_reason(big[0], "sm_86")
 
 
 def test_the_models_step_is_no_single_models_kind():
@@ -77,8 +96,10 @@ class FakeMNIST:
         self.test_labels = (self.test_images @ teacher).argmax(1).astype(np.uint8)
 
 
-def _stack(device, stream, kernels, data, recipes, perms) -> ModelStack:
-    stack = steps.plan_model(recipes[0], kernels=kernels, sm_count=device.sm_count, models=recipes).allocate()
+def _stack(device, stream, kernels, data, recipes, perms, short: bool = True,
+           sm_count: int | None = None) -> ModelStack:
+    stack = steps.plan_model(recipes[0], kernels=kernels, sm_count=sm_count or device.sm_count, models=recipes,
+                             options=StepOptions(short=short)).allocate()
     stack.upload_data(data)
     stack.init_parameters(stream)
     stack.set_permutations(perms)
@@ -116,13 +137,23 @@ def kernels(device):
 @pytest.mark.parametrize("n,base", [(3, dict(momentum=0.9)), (4, dict(hidden=256, layers=3, batch=128, momentum=0.9)),
                                     (2, dict(momentum=0.0, batch=33, hidden=100)),
                                     (3, dict(optimizer="adam", lr=1e-3, weight_decay=1e-4, hidden=128)),
-                                    (2, dict(batch=300, hidden=72, momentum=0.9, nesterov=True, weight_decay=5e-4))])
-def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, kernels, rng, n, base):
+                                    (2, dict(batch=300, hidden=72, momentum=0.9, nesterov=True, weight_decay=5e-4)),
+                                    # planned for 8 SMs: the plans of many models per SM (the gather's blocks take
+                                    # 4 rows each, the head 2 CTAs, the first layer's one pass no column ranges)
+                                    (4, dict(hidden=256, layers=3, batch=128, momentum=0.9, sm_count=8))])
+@pytest.mark.parametrize("short", [True, False], ids=["short", "long"])
+def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, kernels, rng, n, base, short):
+    """Both forms where the short one runs (sm_90, batch <= 256): the head kernel and the one passes over models,
+    and the long form's GEMMs, softmax and bias steps; the loss metric too."""
     data = FakeMNIST(rng)
+    base = dict(base)
+    sm_count = base.pop("sm_count", None)
     recipes = _recipes(n, **{"lr": 0.05, **base})
     perms = [rng.permutation(TRAIN_ROWS).astype(np.int32) for _ in recipes]
-    stack = _stack(device, stream, kernels, data, recipes, perms)
+    stack = _stack(device, stream, kernels, data, recipes, perms, short, sm_count)
     try:
+        if short and stack.step.head is None:
+            pytest.skip(f"no short form here: {models_step.short_form_reason(recipes[0], device.arch)}")
         step = stack.step_launches()
         adam = recipes[0].optimizer != "sgd"
         x_all = data.train_images / 255.0
@@ -130,14 +161,18 @@ def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, ke
             before = [(_params(stack, m), _state(stack, m)) for m in range(n)]
             poison = np.full(stack.acts[1].shape, np.nan, np.float16)
             stack.acts[1].upload(poison)  # every model's hidden activations are written by this step
+            stack.grads[1].upload(poison)
+            stack.zero_metrics()
             for launch in step:
                 launch.run(stream)
             stream.synchronize()
+            loss_sums, _ = stack.train_metrics()
             for m, r in enumerate(recipes):
                 rows = perms[m][s * r.batch:(s + 1) * r.batch]
                 x, y = x_all[rows].astype(np.float16), data.train_labels[rows].astype(np.int64)
                 params, state = before[m]
-                _, _, grads = ref.loss_and_grads(params, x, y, fp16_storage=True, grad_scale=loss_scale(r.batch))
+                loss, _, grads = ref.loss_and_grads(params, x, y, fp16_storage=True, grad_scale=loss_scale(r.batch))
+                assert abs(loss_sums[m] / r.batch - loss) <= 1e-2 * max(loss, 1.0), f"model {m}, step {s}: loss"
                 expect, expect_state = ref.optimizer_step(params, grads, r, r.lr, state or None, s)
                 got = _params(stack, m)
                 key = "m" if adam else None

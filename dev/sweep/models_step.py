@@ -2,6 +2,8 @@
 step for all N against all N models' weight traffic at the copy rate (20 B per weight, as gemm_models.py counts it).
 
     PYTHONPATH=. python3 dev/sweep/models_step.py [--models 8 32 128] [--hidden 128 256 1024] [--recipe default|adam]
+        [--roles] [--no-overlap] [--head-ctas 2 4 8] [--first-splits 1 2 4]
+        [--first-config 32x128]
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
 def main(argv=None) -> int:
     p = parser(__doc__)
     p.add_argument("--recipe", choices=("default", "adam"), default="default")
+    p.add_argument("--no-overlap", action="store_true", help="launches one after another (no programmatic launch)")
+    p.add_argument("--head-ctas", type=int, nargs="+", default=[0], help="the head's CTAs per model (0: the plan's)")
+    p.add_argument("--first-splits", type=int, nargs="+", default=[0],
+                   help="the first layer's column ranges in its one pass (0: the plan's)")
+    p.add_argument("--first-config", default=None, help="the first layer's forward tile config (default: the plan's)")
     args = p.parse_args(argv)
     try:
         from rawgpu.driver import Device, Stream
@@ -45,20 +52,51 @@ def main(argv=None) -> int:
             base = Recipe(hidden=h, batch=args.batch, train_rows=TRAIN_ROWS, test_rows=TEST_ROWS, total_steps=1000,
                           **extra)
             recipes = [replace(base, seed=i, lr=base.lr * (1 + i % 4)) for i in range(n)]
-            stack = steps.plan_model(base, kernels=kernels, sm_count=device.sm_count, models=recipes)
-            try:
-                stack.allocate()
-                stack.upload_data(data)
-                stack.init_parameters(stream)
-                stack.set_permutations([rng.permutation(TRAIN_ROWS) for _ in range(n)])
-                run = stack.step_launches(1)
-                us = time_graph(stream, lambda: [launch.run(stream) for launch in run], 1, args.trials)
-            finally:
-                stack.arena.close()
-            weights = sum(a * b for a, b in zip(base.padded_widths, base.padded_widths[1:]))
-            floor = n * weights * 20 / (bw * 1e9) * 1e6
-            print(f"{h:>5} {n:>4} {us:>9.1f} {us / n:>9.2f} {floor:>9.1f} {100 * floor / us:>7.0f}%", flush=True)
+            for ctas, splits in ((c, s) for c in args.head_ctas for s in args.first_splits):
+                us, alone = one(args, base, recipes, kernels, device, stream, data, rng, ctas, splits)
+                weights = sum(a * b for a, b in zip(base.padded_widths, base.padded_widths[1:]))
+                floor = n * weights * 20 / (bw * 1e9) * 1e6
+                knobs = f"  head ctas {ctas or 'plan'}, first splits {splits or 'plan'}" if len(args.head_ctas) + len(
+                    args.first_splits) > 2 else ""
+                print(f"{h:>5} {n:>4} {us:>9.1f} {us / n:>9.2f} {floor:>9.1f} {100 * floor / us:>7.0f}%{knobs}",
+                      flush=True)
+                for name, grid, t in alone:
+                    print(f"      {name:>40} grid {grid}: {t:7.1f} us")
     return 0
+
+
+def one(args, base, recipes, kernels, device, stream, data, rng, ctas: int, splits: int):
+    """us per step of the models step for `recipes` (ctas, splits: the head's CTAs and the first layer's ranges
+    instead of the plan's, where not 0), and each launch alone where asked."""
+    from rawgpu.kernels import dx_update as ku
+    from rawgpu.kernels import gemm as kg
+    from rawgpu.kernels import head as kh
+    from rawgpu.steps.base import StepOptions
+
+    n = len(recipes)
+    stack = steps.plan_model(base, kernels=kernels, sm_count=device.sm_count, models=recipes,
+                             options=StepOptions(overlap=not args.no_overlap))
+    step, padded = stack.step, base.padded_widths
+    if ctas and step.head is not None:
+        step.head = kh.plan_head(base.batch, padded[-2], base.optimizer, ctas=ctas)
+    if splits and step.bwd[0] is not None:
+        step.bwd[0] = ku.plan_dx_update(base.batch, padded[0], padded[1], base.optimizer, stack.arch, 1,
+                                        splits=min(splits, -(-padded[1] // ku.BN)), cluster=False, dx=False, roles=1)
+    if args.first_config:
+        step.fwd[0] = kg.plan_gemm(base.batch, padded[1], padded[0], "rr", "bias_relu", "f32", stack.sm_count,
+                                   splits=1, arch=stack.arch, config=args.first_config, cluster=False)
+    try:
+        stack.allocate()
+        stack.upload_data(data)
+        stack.init_parameters(stream)
+        stack.set_permutations([rng.permutation(TRAIN_ROWS) for _ in range(n)])
+        run = stack.step_launches(1)
+        us = time_graph(stream, lambda: [launch.run(stream) for launch in run], 1, args.trials)
+        alone = [(launch.kernel.name, launch.grid, time_graph(stream, lambda launch=launch: [
+            launch.run(stream) for _ in range(10)], 10, args.trials)) for launch in run] if args.roles else []
+        return us, alone
+    finally:
+        stack.arena.close()
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from .head import (  # noqa: F401
     head_smem_bytes, head_smem_fixed, head_smem_per_row)
 from .loss import XENT_MAX_THREADS  # noqa: F401
 from .models import (  # noqa: F401
-    DATA_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE, LOSS_MODELS_SOURCE,
-    MODEL_ACCUM, MODEL_CONFIGS, MODEL_ROLES, gemm_model_kernels)
+    DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE,
+    HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, MODEL_ACCUM, MODEL_CONFIGS, MODEL_ROLES, gemm_model_kernels)
 from .optim import OPTIM_WORDS, Optim  # noqa: F401
 from .sources import SOURCES, build, main, split_kernels  # noqa: F401

@@ -12,6 +12,8 @@ GEMM_MODELS_SOURCE = "gemm_models.cu"
 DATA_MODELS_SOURCE = "data_models.cu"
 LOSS_MODELS_SOURCE = "loss_models.cu"
 ELEMENTWISE_MODELS_SOURCE = "elementwise_models.cu"
+DX_UPDATE_MODELS_SOURCE = "dx_update_models.cu"  # dx_update.cu's instances (contract/dx_update.py)
+HEAD_MODELS_SOURCE = "head_models.cu"  # head.cu's instances (contract/head.py)
 
 # The tiles a step of many models takes: a model's m tiles fill no GPU, N models do, so no split-K and no tile that
 # streams one model's weight over every SM; 32 rows for batches of at most 32, else 64 (dev/sweep: the fastest).
@@ -47,6 +49,6 @@ def gemm_models_facts(arch: str, kernel: str | None = None):
     return defines, {"gemm_instances.cuh": header(__name__, GEMM_MODELS_SOURCE, _gemm_models_header(kernel))}
 
 
-__all__ = ["DATA_MODELS_SOURCE", "ELEMENTWISE_MODELS_SOURCE", "GEMM_MODELS_SOURCE", "GEMM_MODEL_STRIDES",
+__all__ = ["DATA_MODELS_SOURCE", "DX_UPDATE_MODELS_SOURCE", "ELEMENTWISE_MODELS_SOURCE", "HEAD_MODELS_SOURCE", "GEMM_MODELS_SOURCE", "GEMM_MODEL_STRIDES",
            "LOSS_MODELS_SOURCE", "MODEL_ACCUM", "MODEL_CONFIGS", "MODEL_ROLES", "gemm_model_kernels",
            "gemm_models_facts"]

@@ -14,8 +14,8 @@ from .gemm import (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, all_kernel_n
                    gemm_tma_facts, gemm_wgmma_facts)
 from .head import head_facts, head_kernels
 from .loss import loss_facts
-from .models import (DATA_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE, LOSS_MODELS_SOURCE,
-                     gemm_model_kernels, gemm_models_facts)
+from .models import (DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
+                     HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, gemm_model_kernels, gemm_models_facts)
 from .optim import optim_facts, schedule_facts
 
 # Per source, the facts of every shared header it includes (step_math.cuh: the schedule; optim.cuh: the optimiser;
@@ -35,8 +35,10 @@ SOURCES = {
     "loss.cu": (loss_facts,),
     # the models step's: a family's source with its model axis (contract/models.py)
     DATA_MODELS_SOURCE: (schedule_facts, optim_facts),
+    DX_UPDATE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, dx_update_facts),
     ELEMENTWISE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, elementwise_facts),
     GEMM_MODELS_SOURCE: (optim_facts, epilogue_facts, gemm_models_facts),
+    HEAD_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, head_facts),
     LOSS_MODELS_SOURCE: (loss_facts,),
 }
 
@@ -55,9 +57,9 @@ def split_kernels(source: str, arch: str | None = None) -> list[str]:
         return [cluster_kernel_name(t) for t in CS_TILE_COUNTS]
     if source == "fused_step.cu":
         return list(FS_KERNELS)
-    if source == "dx_update.cu":
+    if source in ("dx_update.cu", DX_UPDATE_MODELS_SOURCE):
         return dxu_kernels(arch) if arch else [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES]
-    if source == "head.cu":
+    if source in ("head.cu", HEAD_MODELS_SOURCE):
         return head_kernels()
     if source == GEMM_MODELS_SOURCE:
         return gemm_model_kernels()

@@ -84,9 +84,10 @@ __device__ unsigned long long dxu_profile[RG_PROFILE_MARKS + 2];
 #ifndef DXU_ABLATE
 #define DXU_ABLATE 0
 #endif
-// DXU_MODELS (experiments only, dev/sweep/: 0 in the product): one launch runs the layer of every model of a sweep,
-// grid x the row bands of model 0, then model 1's, ...; each operand of model i sits i strides after model 0's (z*:
-// elements of x, dy, the weight-shaped operands, the bias-shaped ones; bytes of dx; Optim rows: one per model).
+// DXU_MODELS (dx_update_models.cu sets it for the models step; 0 here): one launch runs the layer of every model of
+// a sweep, grid x the row bands of model 0, then model 1's, ...; each operand of model i sits i strides after model
+// 0's (z*: elements of x, dy, the weight-shaped operands, the bias-shaped ones; bytes of dx; Optim rows: one per
+// model). The workspace and tickets are per band (blockIdx.x), so every model's sums have their own.
 #ifndef DXU_MODELS
 #define DXU_MODELS 0
 #endif

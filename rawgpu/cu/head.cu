@@ -375,11 +375,42 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
 // scale over the batch. step (may be null): the training step counter, moved forward by one here. In the layered
 // step only the gather reads it, and that kernel has finished once this one's wait returns (pdl.cuh), so the counter
 // needs no launch of its own.
+//
+// HEAD_MODELS (head_models.cu sets it for the models step; 0 here): grid y is the model of a sweep, each a cluster
+// of its own; model m's operands sit m strides after model 0's (z_h: elements of h and dh, z_rows: batch rows of
+// labels, logits and dlogits, z_w: elements of the weight-shaped operands, z_bias: of the bias-shaped ones; one Optim
+// row, loss_sum and correct each). Only model 0 moves the step counter, which every model shares.
+#ifndef HEAD_MODELS
+#define HEAD_MODELS 0
+#endif
+#if HEAD_MODELS
+#define HEAD_MODEL_PARAMS , i64 z_h, i64 z_rows, i64 z_w, i64 z_bias
+#define HEAD_MODEL_OFFSETS                                                                                         \
+    {                                                                                                              \
+        const i64 model = blockIdx.y;                                                                              \
+        h += model * z_h, dh += model * z_h;                                                                       \
+        labels += model * z_rows, logits += model * z_rows * head::CLASSES;                                        \
+        dlogits += model * z_rows * head::CLASSES;                                                                 \
+        wlo += model * z_w, w16 += model * z_w;                                                                    \
+        if (mw) mw += model * z_w;                                                                                 \
+        if (vw) vw += model * z_w;                                                                                 \
+        bias += model * z_bias;                                                                                    \
+        if (mb) mb += model * z_bias;                                                                              \
+        if (vb) vb += model * z_bias;                                                                              \
+        opt += model, loss_sum += model, correct += model;                                                         \
+        if (model) step = nullptr;                                                                                 \
+    }
+#else
+#define HEAD_MODEL_PARAMS
+#define HEAD_MODEL_OFFSETS
+#endif
 #define HEAD_KERNEL(name, ROWS, ADAM, PER_ROW, FIXED)                                                              \
     extern "C" __global__ void __launch_bounds__(HEAD_THREADS, 1)                                                 \
     name(const half_t* h, int ldh, const int* labels, short* wlo, half_t* w16, float* mw, float* vw, float* bias, \
          float* mb, float* vb, const Optim* opt, half_t* logits, half_t* dlogits, half_t* dh, int lddh,           \
-         double* loss_sum, int* correct, int B, int K, int kc, int classes, float scale, i64* step) {             \
+         double* loss_sum, int* correct, int B, int K, int kc, int classes, float scale,                          \
+         i64* step HEAD_MODEL_PARAMS) {                                                                            \
+        HEAD_MODEL_OFFSETS                                                                                         \
         head_body<ROWS, ADAM, PER_ROW, FIXED>(h, ldh, labels, wlo, w16, mw, vw, bias, mb, vb, opt, logits,         \
                                               dlogits, dh, lddh, loss_sum, correct, B, K, kc, classes, scale,     \
                                               step);                                                             \

@@ -40,13 +40,14 @@ class Schedule:
 
 def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step: Tensor, x_out: Tensor,
                  y_out: Tensor, batch: int, steps_per_epoch: int, optim: Tensor | None = None,
-                 schedule: Schedule | None = None, early: bool = False) -> Launch:
+                 schedule: Schedule | None = None, early: bool = False, blocks: int | None = None) -> Launch:
     """x_out[i] = images[perm[p + i]] / 255 (fp16, padding columns zeroed), y_out[i] = its label,
     p = (step % steps_per_epoch) * batch. images uint8 [N, row_bytes], x_out fp16 [>= batch, ld_out].
     With optim and schedule (both or neither): also the step's values of the optimiser table `optim` (contract.Optim
     as OPTIM_WORDS float32; its first, lr, = lr_at(step, schedule)).
     early: read the counter, permutation and pixels before waiting for the kernel before (pdl.cuh); only when the
-    counter was moved at least two launches back, as in the layered step whose head kernel moves it."""
+    counter was moved at least two launches back, as in the layered step whose head kernel moves it.
+    blocks: how many blocks share the rows (default a block per row)."""
     require(images, np.uint8, what="images")
     if len(images.shape) != 2:
         raise ValueError(f"images: expected [N, row_bytes], got shape {images.shape}")
@@ -77,9 +78,11 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
         require(optim, np.float32, (OPTIM_WORDS,), what="optim")
     sched = schedule.args() if schedule is not None else (0.0, 0.0, 0, 0, 0)
     threads = -(-ld_out // (16 * 32)) * 32  # a thread per 16 columns, whole warps
+    if blocks is not None and not 1 <= blocks <= batch:
+        raise ValueError(f"gather_batch: blocks must be in 1..{batch}, got {blocks}")
     return k.get(SRC, "gather_batch", "ppppiiiipppffqqii").bind(
-        batch, threads, 0, images, labels, perm, step, batch, steps_per_epoch, row_bytes, ld_out, x_out, y_out,
-        optim if optim is not None else 0, *sched, int(early))
+        blocks or batch, threads, 0, images, labels, perm, step, batch, steps_per_epoch, row_bytes, ld_out, x_out,
+        y_out, optim if optim is not None else 0, *sched, int(early))
 
 
 def step_increment(k: Kernels, step: Tensor) -> Launch:

@@ -22,7 +22,8 @@ def xent_blocks(batch: int) -> int:
 
 def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
                  correct: Tensor, batch: int, classes: int = 10, grad_scale: float = 1.0,
-                 mean_over: int | None = None, scratch: Tensor | None = None, ticket: Tensor | None = None) -> Launch:
+                 mean_over: int | None = None, scratch: Tensor | None = None, ticket: Tensor | None = None,
+                 block_rows: int | None = None) -> Launch:
     """loss_sum += sum of per-row cross-entropy, correct += argmax hits;
     dlogits = (softmax - onehot) * grad_scale / mean_over (grad_scale: a loss scale that keeps fp16 gradients
     normal; mean_over: the rows of the loss's mean, default batch; more where other GPUs hold the rest of the batch).
@@ -30,7 +31,7 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
     logits fp16 [>= batch, ld >= classes]; dlogits None for evaluation (metrics only), else the logits' shape
     (its padding columns are written as zero). loss_sum float64 [1] and correct int32 [1] accumulate. Above
     ONE_BLOCK_ROWS rows the blocks' sums meet through scratch (int64 [>= 2]) and ticket (int32 [>= 1]), both zero, which
-    the launch leaves zero (the model's exact-sum buffers).
+    the launch leaves zero (the model's exact-sum buffers). block_rows: rows per block instead of that rule.
     """
     require(logits, np.float16, what="logits")
     if len(logits.shape) != 2 or logits.shape[0] < batch or logits.shape[1] < classes:
@@ -49,12 +50,15 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
         raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
-    blocks = xent_blocks(batch)
+    if block_rows is not None and block_rows < 1:
+        raise ValueError(f"block_rows must be >= 1, got {block_rows}")
+    blocks = xent_blocks(batch) if block_rows is None else -(-batch // block_rows)
     if blocks > 1:
         require_exact_sums(scratch, ticket, 2, 1, f"softmax_xent over {batch} rows")
     return k.get(SRC, "softmax_xent", "pipiifpppipp").bind(
         blocks, THREADS, 0, logits, logits.shape[1], labels, batch, classes, grad_scale / mean_over,
-        0 if dlogits is None else dlogits, loss_sum, correct, batch if blocks == 1 else BLOCK_ROWS,
+        0 if dlogits is None else dlogits, loss_sum, correct,
+        batch if blocks == 1 else (BLOCK_ROWS if block_rows is None else block_rows),
         0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
 
 

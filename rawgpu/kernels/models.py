@@ -10,17 +10,23 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import (DATA_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE,
-                        LOSS_MODELS_SOURCE, OPTIM_WORDS, UPDATE_EPILOGUES)
+from ..contract import (DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES,
+                        GEMM_MODELS_SOURCE, HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, OPTIM_WORDS, UPDATE_EPILOGUES)
 from ..driver import Launch
 from ..memory import Tensor
 from . import Kernels, require
 from . import data as kd
+from . import dx_update as ku
 from . import elementwise as ke
 from . import gemm as kg
+from . import head as kh
 from . import loss as kl
 
 SCHEDULE_WORDS = 4  # a model's row of the schedule table (float64): lr0, lr_min, warmup_steps, kind code
+# softmax_xent's rows per block over models: a warp per row runs a row at a time, so a batch in one block waits for
+# its rows' loads one after another; 2 rows per warp spread them over the GPU (their sums meet exactly)
+XENT_ROWS_PER_BLOCK = 16
+GATHER_BLOCKS_PER_SM = 16  # the gather's small blocks (a warp or two) resident at once per SM over all models
 
 
 @dataclass
@@ -59,10 +65,11 @@ def _over_models(k: Kernels, one: _Bound, source: str, axis: int, models: int, s
     if grid[axis] != 1 and axis != 0:
         raise ValueError(f"{one.name}: grid {tuple(grid)} already uses axis {axis}, the model axis")
     grid[axis] *= models
-    if one.cluster not in (1, (1, 1, 1)):
-        raise ValueError(f"{one.name}: a cluster launch has no model axis")
+    cluster = list(one.cluster) if isinstance(one.cluster, (tuple, list)) else [one.cluster, 1, 1]
+    if cluster[axis] != 1:  # a cluster is one model's: it may not span the model axis
+        raise ValueError(f"{one.name}: clusters {tuple(cluster)} span axis {axis}, the model axis")
     kernel = k.get(source, one.name, one.signature + stride_signature)
-    return kernel.bind(tuple(grid), one.block, one.shared_bytes, *one.args, *strides)
+    return kernel.bind(tuple(grid), one.block, one.shared_bytes, *one.args, *strides, cluster=tuple(cluster))
 
 
 def _models(t: Tensor, n: int, what: str) -> int:
@@ -81,11 +88,13 @@ def model_part(t: Tensor, n: int, i: int = 0) -> Tensor:
 
 def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, step: Tensor, x: Tensor, y: Tensor,
            batch: int, steps_per_epoch: int, optim: Tensor, schedules: Tensor, total_steps: int,
-           early: bool = False) -> Launch:
+           early: bool = False, sm_count: int | None = None) -> Launch:
     """Every model's batch: model m's rows of x and y from its own order perm[m], and its optimiser row optim[m] for
     the step from its own schedule (schedules[m]: lr0, lr_min, warmup steps, kind code; total_steps is the run's,
     the same for all). perm int32 [n, >= batch x steps_per_epoch], x fp16 [n x batch, ld], y int32 [n x batch].
-    early: as gather_batch's."""
+    early: as gather_batch's. sm_count: the GPU's SMs, so that every model's blocks are resident at once (a block
+    per row up to GATHER_BLOCKS_PER_SM per SM, then blocks of several rows): a block's dependent loads (counter,
+    order, pixels) start before the kernel before ends only in the first wave."""
     require(schedules, np.float64, (n, SCHEDULE_WORDS), what="schedules")
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
     if len(perm.shape) != 2 or perm.shape[0] != n:
@@ -93,7 +102,8 @@ def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, ste
     order = model_part(perm, n).view((perm.shape[1],))
     one = kd.gather_batch(_Recorder(), images, labels, order, step, model_part(x, n), model_part(y, n), batch,
                           steps_per_epoch, optim=model_part(optim, n).view((OPTIM_WORDS,)),
-                          schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early)
+                          schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early,
+                          blocks=None if sm_count is None else max(1, min(batch, GATHER_BLOCKS_PER_SM * sm_count // n)))
     return _over_models(k, one, DATA_MODELS_SOURCE, 1, n,
                         (perm.shape[1], _models(x, n, "x"), _models(y, n, "y"), schedules), "qqqp")
 
@@ -129,7 +139,8 @@ def softmax_xent(k: Kernels, n: int, logits: Tensor, labels: Tensor, dlogits: Te
         raise ValueError(f"softmax_xent over {n} models: scratch [{n}, 2] and ticket [{n}, 1]")
     one = kl.softmax_xent(_Recorder(), part(logits), labels if shared_labels else part(labels), part(dlogits),
                           loss_sum.view((1,)), correct.view((1,)), batch, classes, grad_scale,
-                          scratch=part(scratch), ticket=part(ticket))
+                          scratch=part(scratch), ticket=part(ticket),
+                          block_rows=XENT_ROWS_PER_BLOCK if scratch is not None else None)
     return _over_models(k, one, LOSS_MODELS_SOURCE, 1, n,
                         (_models(logits, n, "logits"), 0 if shared_labels else _models(labels, n, "labels")), "qq")
 
@@ -146,3 +157,43 @@ def bias_update(k: Kernels, n: int, dy: Tensor, bias: Tensor, m: Tensor | None, 
                         (_models(dy, n, "dy"), _models(bias, n, "bias"),
                          0 if scratch is None else _models(scratch, n, "scratch"),
                          0 if tickets is None else _models(tickets, n, "tickets")), "qqqq")
+
+
+def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, wlo: Tensor, w16: Tensor,
+              mw: Tensor | None, vw: Tensor | None, dx: Tensor | None, optim: Tensor, bias: Tensor,
+              mb: Tensor | None, vb: Tensor | None) -> Launch:
+    """Every model's one-pass backward of a layer (dx_update.dx_update's, without L2 hints): x, dy, dx [n x batch,
+    cols], the weight-shaped operands [n x in, out], the bias and its state [n x out], optim [n, words]. The column
+    ranges of a band add their dx in a cluster or not at all (plan.splits == 1): no workspace to share."""
+    if dx is not None and plan.splits > 1 and not plan.cluster:
+        raise ValueError(f"{plan.kernel} over models: {plan.splits} column ranges would add their dx in a workspace")
+    require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
+    part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
+    one = ku.dx_update(_Recorder(), plan, part(x), part(dy), part(wlo), part(w16), part(mw), part(vw), part(dx),
+                       part(optim).view((OPTIM_WORDS,)), bias=part(bias), mb=part(mb), vb=part(vb))
+    strides = (_models(x, n, "x"), _models(dy, n, "dy"), _models(wlo, n, "W lo"),
+               0 if dx is None else _models(dx, n, "dx") * dx.dtype.itemsize, _models(bias, n, "bias"))
+    return _over_models(k, one, DX_UPDATE_MODELS_SOURCE, 0, n, strides, "qqqqq")
+
+
+def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, wlo: Tensor, w16: Tensor,
+              bias: Tensor, optim: Tensor, logits: Tensor, dlogits: Tensor, dh: Tensor, loss_sum: Tensor,
+              correct: Tensor, classes: int, grad_scale: float, step: Tensor, mw: Tensor | None = None,
+              vw: Tensor | None = None, mb: Tensor | None = None, vb: Tensor | None = None) -> Launch:
+    """Every model's head step (head.head_step's), one cluster per model: h, dh [n x batch, K], labels [n x batch],
+    logits and dlogits [n x batch, 16], the head's weight-shaped operands [n x K, 16], its bias and state [n x 16],
+    optim [n, words], loss_sum and correct [n]; model 0's cluster moves the shared step counter."""
+    require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
+    require(loss_sum, np.float64, (n,), what="loss_sum")
+    require(correct, np.int32, (n,), what="correct")
+    part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
+    one = kh.head_step(_Recorder(), plan, part(h), part(labels), part(wlo), part(w16), part(bias),
+                       part(optim).view((OPTIM_WORDS,)), part(logits), part(dlogits), part(dh), loss_sum.view((1,)),
+                       correct.view((1,)), classes, grad_scale, step=step, mw=part(mw), vw=part(vw), mb=part(mb),
+                       vb=part(vb))
+    per = lambda t, what: _models(t, n, what)  # noqa: E731
+    if per(logits, "logits") != per(labels, "labels") * kh.CLASSES or per(dlogits, "dlogits") != per(
+            logits, "logits") or per(dh, "dh") != per(h, "h"):
+        raise ValueError("head_step over models: logits and dlogits [n x batch, 16], dh shaped as h")
+    strides = (_models(h, n, "h"), _models(labels, n, "labels"), _models(wlo, n, "W lo"), _models(bias, n, "bias"))
+    return _over_models(k, one, HEAD_MODELS_SOURCE, 1, n, strides, "qqqq")
