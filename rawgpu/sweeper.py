@@ -170,7 +170,8 @@ class Sweep:
         to date after each chunk."""
         from .driver import Device
 
-        todo = [r.index for r in self.results if not r.done]
+        # positions in self.results (a GPU's share of a sweep keeps the whole sweep's indices)
+        todo = [i for i, r in enumerate(self.results) if not r.done]
         if not todo:
             return self.results
         device = Device(self.device)  # held, so the stacks' sessions reuse its context
@@ -181,6 +182,7 @@ class Sweep:
         return self.results
 
     def _fit_chunks(self, groups: list[list[int]], on_epoch, on_model, on_start) -> None:
+        """groups: positions in self.results, one stack each."""
         from .stack_trainer import StackTrainer, stack_recipes
 
         for group in groups:

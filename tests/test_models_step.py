@@ -60,6 +60,11 @@ def test_on_sm_90_the_models_step_is_the_layered_short_forms_kernels_over_models
             <= units and not any(s == "elementwise_models.cu" for s, _ in units)
         # no column ranges whose dx would meet in a workspace: a model's bits do not depend on N
         assert [p.splits for p in step.bwd[1:3]] == [1, 1] and step.bwd[0].IN == 784 and step.bwd[3] is None
+        # every plan whose arithmetic a count could change is the same for 1 to 128 models (the first layer's
+        # column ranges may differ: without dx each weight's update is its own)
+        for n in (1, 8, 128):
+            other = steps.plan_model(recipes[0], arch="sm_90", sm_count=132, models=recipes[:1] * n).step
+            assert (other.head, other.fwd, other.bwd[1:]) == (step.head, step.fwd, step.bwd[1:])
     big = _recipes(2, hidden=256, layers=3, batch=300)
     long = steps.plan_model(big[0], arch="sm_90", models=big).step
     assert long.head is None and long.kernel_count() == 4 * 4 + 2
@@ -140,7 +145,8 @@ def kernels(device):
                                     (2, dict(batch=300, hidden=72, momentum=0.9, nesterov=True, weight_decay=5e-4)),
                                     # planned for 8 SMs: the plans of many models per SM (the gather's blocks take
                                     # 4 rows each, the head 2 CTAs, the first layer's one pass no column ranges)
-                                    (4, dict(hidden=256, layers=3, batch=128, momentum=0.9, sm_count=8))])
+                                    (4, dict(hidden=256, layers=3, batch=128, momentum=0.9, sm_count=8)),
+                                    (2, dict(hidden=600, batch=64, momentum=0.9))])  # a head of 4 CTAs
 @pytest.mark.parametrize("short", [True, False], ids=["short", "long"])
 def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, kernels, rng, n, base, short):
     """Both forms where the short one runs (sm_90, batch <= 256): the head kernel and the one passes over models,

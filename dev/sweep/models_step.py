@@ -3,7 +3,7 @@ step for all N against all N models' weight traffic at the copy rate (20 B per w
 
     PYTHONPATH=. python3 dev/sweep/models_step.py [--models 8 32 128] [--hidden 128 256 1024] [--recipe default|adam]
         [--roles] [--no-overlap] [--head-ctas 2 4 8] [--first-splits 1 2 4]
-        [--first-config 32x128]
+        [--first-config 32x128] [--hidden-splits 2]
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     p.add_argument("--first-splits", type=int, nargs="+", default=[0],
                    help="the first layer's column ranges in its one pass (0: the plan's)")
     p.add_argument("--first-config", default=None, help="the first layer's forward tile config (default: the plan's)")
+    p.add_argument("--hidden-splits", type=int, default=0,
+                   help="the hidden layers' one passes in this many column ranges, adding dx in a cluster (0: none)")
     args = p.parse_args(argv)
     try:
         from rawgpu.driver import Device, Stream
@@ -82,6 +84,10 @@ def one(args, base, recipes, kernels, device, stream, data, rng, ctas: int, spli
     if splits and step.bwd[0] is not None:
         step.bwd[0] = ku.plan_dx_update(base.batch, padded[0], padded[1], base.optimizer, stack.arch, 1,
                                         splits=min(splits, -(-padded[1] // ku.BN)), cluster=False, dx=False, roles=1)
+    if args.hidden_splits:
+        step.bwd = step.bwd[:1] + [ku.plan_dx_update(p.B, p.IN, p.N, base.optimizer, stack.arch, 1,
+                                                     splits=args.hidden_splits, cluster=True, dx=True, roles=1)
+                                   if p is not None else None for p in step.bwd[1:]]
     if args.first_config:
         step.fwd[0] = kg.plan_gemm(base.batch, padded[1], padded[0], "rr", "bias_relu", "f32", stack.sm_count,
                                    splits=1, arch=stack.arch, config=args.first_config, cluster=False)

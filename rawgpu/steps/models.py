@@ -56,7 +56,7 @@ class ModelsStep(ChainStep):
         r, B, padded, arch = stack.recipe, stack.recipe.batch, stack.recipe.padded_widths, stack.arch
         n_layers = len(padded) - 1
         short = short and short_form_reason(r, arch) is None
-        self.head = self.plan_head(r, stack.n, stack.sm_count) if short else None
+        self.head = self.plan_head(r) if short else None
         # N models fill the GPU: each model's one pass gets its share of the SMs, and no column ranges whose dx
         # would meet in a workspace (nor would the bits then depend on N); the first layer has no dx to add
         share = max(1, stack.sm_count // stack.n)
@@ -73,12 +73,13 @@ class ModelsStep(ChainStep):
                    for i in long}
 
     @staticmethod
-    def plan_head(r: Recipe, n: int, sm_count: int) -> kh.HeadPlan | None:
-        """The head's clusters: of about half the SMs over all models (at 8 models on 132 SMs the single model's 8
-        CTAs, at 32 or more 2: each CTA's extra rows cost less than a second wave of clusters, dev/sweep), or the
-        single model's where fewer CTAs' rows do not fit."""
+    def plan_head(r: Recipe) -> kh.HeadPlan | None:
+        """The head's clusters by its width alone: 2 CTAs up to 512 inputs, 4 above (over 8 to 128 models the
+        fastest or within 2%, dev/sweep/models_step.py --head-ctas), more only where those rows of W do not fit.
+        Never by N: the logits add the CTAs' partial sums, so a model's bits would depend on the count it trains
+        with."""
         B, K = r.batch, r.padded_widths[-2]
-        ctas = max(kh.MIN_CTAS, min(kh.PORTABLE_CTAS, sm_count // (2 * n)))
+        ctas = kh.MIN_CTAS if K <= 512 else 2 * kh.MIN_CTAS
         return kh.plan_head(B, K, r.optimizer, ctas=ctas) or kh.plan_head(B, K, r.optimizer)
 
     def plans(self) -> list:
