@@ -178,7 +178,7 @@ class MLP:
     def _eval_batch(r: Recipe) -> int:
         """Rows per evaluation chunk: the whole test set when its activations fit the budget, else equal chunks
         (padded to 8 rows) of at most the budget; the last chunk may be shorter."""
-        per_row = 2 * (pad8(r.inputs) + 2 * pad8(r.hidden) + PADDED_CLASSES)
+        per_row = 2 * (pad8(r.inputs) + 2 * max(r.padded_widths[1:-1]) + PADDED_CLASSES)
         chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
         return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 

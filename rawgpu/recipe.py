@@ -68,7 +68,7 @@ class Option:
     choices: tuple[str, ...] | None = None
     help: str = ""
     metavar: str | tuple[str, ...] | None = None
-    nargs: int | None = None  # a tuple of this many values (--betas B1 B2)
+    nargs: int | str | None = None  # a tuple of this many values (--betas B1 B2), or "+" (--hidden: one or more)
 
     def check(self, name: str, value: Any, shown: str | None = None) -> None:
         """ValueError 'NAME must be ...' when value is out of range or not a choice. shown: the value as the user
@@ -113,8 +113,10 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {
-    "hidden": Option(256, int, 1, help="hidden layer width; multiples of 64 are the fast path"),
-    "layers": Option(3, int, 1, 64, help="number of hidden layers"),
+    "hidden": Option(256, int, 1, nargs="+",
+                     help="hidden layer width for --layers layers, or one width per layer (1024 512 256); multiples "
+                          "of 64 are the fast path"),
+    "layers": Option(3, int, 1, 64, help="number of hidden layers of one width (a width list sets its own)"),
     "batch": Option(128, int, 1, TRAIN_ROWS, help=f"batch size, 1..{TRAIN_ROWS}"),
     "epochs": Option(8, int, 1, help="passes over the training images"),
     "optimizer": Option("sgd", str, choices=tuple(OPTIMIZERS),
@@ -136,6 +138,7 @@ OPTIONS: dict[str, Option] = {
     "seed": Option(0, int, 0, 2**63 - 1, help="seed for the initial weights and the shuffles"),
 }
 DEFAULTS = {name: opt.default for name, opt in OPTIONS.items()}
+MAX_WIDTH_LIST = 16  # hidden layers a width list may give (one width for all: up to OPTIONS["layers"].high)
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,8 @@ class Recipe:
     images in the training and test sets), which the dataset sets. The defaults are the CLI's default recipe on
     MNIST (it reaches >= 98% test accuracy at hidden 256). total_steps: the schedule's length (0: no decay)."""
 
-    hidden: int = DEFAULTS["hidden"]
-    layers: int = DEFAULTS["layers"]
+    hidden: int | tuple[int, ...] = DEFAULTS["hidden"]  # one width for every hidden layer, or one per layer
+    layers: int | None = None  # hidden layers: DEFAULTS' with one width, the list's length with a list
     batch: int = DEFAULTS["batch"]
     optimizer: str = DEFAULTS["optimizer"]
     lr: float | None = None  # None: the optimiser's default (OPTIMIZER_DEFAULTS), as are momentum and weight_decay
@@ -167,6 +170,7 @@ class Recipe:
     test_rows: int = TEST_ROWS
 
     def __post_init__(self):
+        self._resolve_widths()
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         for name, default in {"momentum": 0.0, **OPTIMIZER_DEFAULTS[self.optimizer]}.items():
@@ -175,7 +179,7 @@ class Recipe:
         for f in fields(self):
             name = {"warmup_steps": "warmup", "beta1": "betas", "beta2": "betas"}.get(f.name, f.name)
             option = OPTIONS.get(name)
-            if option is not None:
+            if option is not None and name != "hidden":  # checked width by width in _resolve_widths
                 option.check(f.name, getattr(self, f.name))
         if self.nesterov and not (self.optimizer == "sgd" and self.momentum > 0):
             raise ValueError("nesterov needs the sgd optimizer with momentum > 0")
@@ -190,7 +194,43 @@ class Recipe:
         if not 1 <= self.batch <= self.train_rows:
             raise ValueError(f"batch must be <= the {self.train_rows} training images, got {self.batch}")
         if why := model_size_problem(self.widths):
-            raise ValueError(f"hidden {self.hidden} x {self.layers}: {why}")
+            raise ValueError(f"hidden {self.hidden_label}: {why}")
+
+    def _resolve_widths(self) -> None:
+        """hidden as a width list (any sequence) or one width; layers from the list, else DEFAULTS'. A list of one
+        width for every layer becomes that width (one recipe, one name for one model). Frozen: set once, here."""
+        hidden, layers = self.hidden, self.layers
+        if isinstance(hidden, (list, tuple)):
+            widths = tuple(hidden)
+            if not widths:
+                raise ValueError("hidden needs at least one width")
+            if len(widths) > MAX_WIDTH_LIST:
+                raise ValueError(f"hidden takes at most {MAX_WIDTH_LIST} widths (one per layer), got {len(widths)}")
+            for w in widths:
+                OPTIONS["hidden"].check("hidden", w)
+            if layers is not None and layers != len(widths):
+                raise ValueError(f"a width list sets the layer count: {len(widths)} widths, layers {layers}")
+            hidden, layers = (int(widths[0]) if len(set(widths)) == 1 else tuple(int(w) for w in widths)), len(widths)
+        else:
+            OPTIONS["hidden"].check("hidden", hidden)
+            layers = DEFAULTS["layers"] if layers is None else layers
+        object.__setattr__(self, "hidden", hidden)
+        object.__setattr__(self, "layers", layers)
+
+    @property
+    def hidden_widths(self) -> tuple[int, ...]:
+        """Every hidden layer's width, first to last."""
+        return self.hidden if isinstance(self.hidden, tuple) else (self.hidden,) * self.layers
+
+    @property
+    def uniform(self) -> bool:
+        """One width for every hidden layer (what the cluster and fused steps take)."""
+        return not isinstance(self.hidden, tuple)
+
+    @property
+    def hidden_label(self) -> str:
+        """The hidden layers as messages name them: '256 x 3' or '1024-512-256'."""
+        return f"{self.hidden} x {self.layers}" if self.uniform else "-".join(map(str, self.hidden))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name: what a checkpoint records (from_dict reads it back)."""
@@ -202,16 +242,20 @@ class Recipe:
         known = {f.name: f.type for f in fields(cls)}
         if unknown := sorted(set(values) - set(known)):
             raise ValueError(f"unknown recipe fields {', '.join(unknown)}")
+        values = dict(values)
         for name, value in values.items():
-            want = {"int": int, "float": (int, float), "str": str, "bool": bool,
-                    "float | None": (int, float)}[known[name]]
-            if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+            want = {"int": int, "float": (int, float), "str": str, "bool": bool, "float | None": (int, float),
+                    "int | None": int, "int | tuple[int, ...]": (int, list, tuple)}[known[name]]
+            if not isinstance(value, want) or (isinstance(value, bool) and want is not bool) or (
+                    isinstance(value, (list, tuple)) and not all(type(w) is int for w in value)):
                 raise ValueError(f"recipe field {name} has a bad value {value!r}")
+        if isinstance(values.get("hidden"), list):  # a JSON array: a width list
+            values["hidden"] = tuple(values["hidden"])
         return cls(**values)
 
     @property
     def widths(self) -> list[int]:
-        return [self.inputs] + [self.hidden] * self.layers + [self.classes]
+        return [self.inputs, *self.hidden_widths, self.classes]
 
     @property
     def padded_widths(self) -> list[int]:
@@ -320,7 +364,7 @@ def add_options(parser: argparse.ArgumentParser | Any, names: list[str] | tuple[
         shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
         kw: dict[str, Any] = dict(default=default, help=option.help if default is None else
                                   f"{option.help} (default {shown})")
-        if name in OPTIONAL_BY_OPTIMIZER:
+        if name in UNSET_UNLESS_GIVEN:
             kw["default"] = None  # unset unless given: Recipe resolves it, from_args rejects it where it means nothing
         if option.choices is not None:
             kw["choices"] = option.choices
@@ -333,6 +377,7 @@ def add_options(parser: argparse.ArgumentParser | Any, names: list[str] | tuple[
 
 
 OPTIONAL_BY_OPTIMIZER = ("betas", "eps")  # parsed as None when not given, so giving them to SGD can be refused
+UNSET_UNLESS_GIVEN = OPTIONAL_BY_OPTIMIZER + ("layers",)  # layers too: a width list refuses it (hidden_of)
 
 
 def run_length(batch: int, epochs: int, steps: int | None, train_rows: int = TRAIN_ROWS) -> tuple[int, int]:
@@ -381,6 +426,20 @@ def model_size_problem(widths: list[int]) -> str | None:
             f"weight), more than any machine holds ({MAX_MODEL_BYTES / 1e9:,.0f} GB on 8 of the largest GPUs)")
 
 
+def hidden_of(values: int | list[int], layers: int | None) -> tuple[int | tuple[int, ...], int]:
+    """--hidden and --layers as the CLIs take them: one width for --layers layers (default DEFAULTS'), or a width
+    per layer (then --layers is refused: the list sets it). ValueError naming the option."""
+    widths = list(values) if isinstance(values, (list, tuple)) else [values]
+    if len(widths) == 1:
+        return widths[0], DEFAULTS["layers"] if layers is None else layers
+    if layers is not None:
+        raise ValueError(f"argument --layers: a width list sets the layer count ({len(widths)} widths given to "
+                         "--hidden); leave --layers out")
+    if len(widths) > MAX_WIDTH_LIST:
+        raise ValueError(f"argument --hidden: at most {MAX_WIDTH_LIST} widths (one per layer), got {len(widths)}")
+    return tuple(widths), len(widths)
+
+
 def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recipe:
     """The recipe of parsed CLI arguments (options missing from `args` keep their defaults; optimiser settings
     left unset take the optimiser's). ValueError when a setting does not go with the optimiser. shape: the data's
@@ -392,10 +451,13 @@ def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recip
     if why := optimizer_conflict(optimizer, given):
         raise ValueError(why)
     betas, eps = get("betas") or DEFAULTS["betas"], get("eps") or DEFAULTS["eps"]
-    widths = [shape.get("inputs", INPUTS)] + [get("hidden")] * get("layers") + [shape.get("classes", CLASSES)]
+    hidden, layers = hidden_of(get("hidden"), getattr(args, "layers", None))
+    widths = [shape.get("inputs", INPUTS), *((hidden,) * layers if isinstance(hidden, int) else hidden),
+              shape.get("classes", CLASSES)]
     if why := model_size_problem(widths):
-        raise ValueError(f"argument --hidden: {get('hidden')} x {get('layers')} layers: {why}")
-    return Recipe(hidden=get("hidden"), layers=get("layers"), batch=get("batch"), optimizer=optimizer, lr=get("lr"),
+        label = f"{hidden} x {layers} layers" if isinstance(hidden, int) else "-".join(map(str, hidden))
+        raise ValueError(f"argument --hidden: {label}: {why}")
+    return Recipe(hidden=hidden, layers=layers, batch=get("batch"), optimizer=optimizer, lr=get("lr"),
                   momentum=get("momentum"), nesterov=bool(get("nesterov")), beta1=betas[0], beta2=betas[1], eps=eps,
                   weight_decay=get("weight_decay"), schedule=get("schedule"), warmup_steps=get("warmup"),
                   lr_min=0.0, total_steps=total_steps, accum=get("accum"), seed=get("seed"), **shape)

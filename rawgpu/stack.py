@@ -134,7 +134,7 @@ class ModelStack:
     def _eval_batch(r: Recipe, n: int) -> int:
         """Rows per evaluation chunk: as a model alone takes them (mlp.py), with n models' activations in the
         budget."""
-        per_row = 2 * n * (2 * pad8(r.hidden) + PADDED_CLASSES) + pad8(r.inputs) * 2
+        per_row = 2 * n * (2 * max(r.padded_widths[1:-1]) + PADDED_CLASSES) + pad8(r.inputs) * 2
         chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
         return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 

@@ -24,7 +24,7 @@ from .data import DATASET_NAMES
 from .errors import RawgpuError, interrupt_status, stop_on_sigterm
 from .grid import SWEPT, Grid, describe_point, parse_seeds
 
-SINGLE = ("hidden", "layers", "batch", "dataset")  # one per sweep: a list is refused in one line
+SINGLE = ("hidden", "layers", "batch", "dataset")  # one per sweep: a list is refused (--hidden: a width per layer)
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model, one per sweep")
     for name in SINGLE[:3]:
         option = rc.OPTIONS[name]
-        m.add_argument(f"--{name}", type=rc.argument_type(name, option), nargs="+", default=[option.default],
-                       metavar=name.upper(), help=f"{option.help} (default {option.default})")
+        m.add_argument(f"--{name}", type=rc.argument_type(name, option), nargs="+",
+                       default=[None if name == "layers" else option.default], metavar=name.upper(),
+                       help=f"{option.help} (default {option.default})")
     m.add_argument("--optimizer", choices=rc.OPTIONS["optimizer"].choices, default=rc.DEFAULTS["optimizer"],
                    help=f"{rc.OPTIONS['optimizer'].help} (default {rc.DEFAULTS['optimizer']})")
     rc.add_options(m, ("nesterov", "accum"))
@@ -101,6 +102,8 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     """The grid and the recipe every model shares, checked before any GPU work (one line, exit 2)."""
     for name in SINGLE:
         values = getattr(args, name)
+        if name == "hidden":  # a width per layer: one architecture
+            continue
         if len(values) > 1:
             parser.error(f"argument --{name}: one architecture, batch and dataset per sweep, got {len(values)} "
                          "values; run one sweep per value")
@@ -108,7 +111,8 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     axes = tuple((name, tuple(getattr(args, name))) for name in SWEPT if getattr(args, name) is not None)
     try:
         grid = Grid(axes, parse_seeds(args.seeds))
-        base = rc.Recipe(hidden=args.hidden, layers=args.layers, batch=args.batch, optimizer=args.optimizer,
+        hidden, layers = rc.hidden_of(args.hidden, args.layers)
+        base = rc.Recipe(hidden=hidden, layers=layers, batch=args.batch, optimizer=args.optimizer,
                          nesterov=args.nesterov, accum=args.accum)
         recipes = grid.recipes(base)
     except ValueError as exc:

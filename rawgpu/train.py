@@ -230,8 +230,14 @@ def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, give
     for name in sorted(given & set(saved)):
         if name == "step" and args.step == "auto":
             continue
-        if getattr(args, name) != saved[name]:
-            parser.error(f"argument --{name}: {getattr(args, name)} differs from the checkpoint's {saved[name]}; "
+        value, want = getattr(args, name), saved[name]
+        if name == "hidden":  # one width, or a width per layer: the same model either way
+            same = value in ([r.hidden], list(r.hidden_widths))
+            value, want = " ".join(map(str, value)), " ".join(map(str, r.hidden_widths if not r.uniform else [want]))
+        else:
+            same = value == want
+        if not same:
+            parser.error(f"argument --{name}: {value} differs from the checkpoint's {want}; "
                          "--resume continues the saved run as it was")
 
 

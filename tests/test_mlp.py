@@ -117,7 +117,14 @@ REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), 
     (2048, 3, 32, PLAIN, "fp32", "fused"), (64, 1, 7, MOMENTUM, "fp32", "fused"),
     (520, 4, 200, dict(momentum=0.5), "fp32", "fused"), (64, 1, 7, ADAM, "fp32", "fused"),
     (128, 3, 32, PLAIN, "fp32", "cluster"), (100, 2, 17, PLAIN, "fp32", "cluster"), (64, 1, 32, PLAIN, "fp32", "cluster"),
-    (120, 4, 9, PLAIN, "fp32", "cluster")])
+    (120, 4, 9, PLAIN, "fp32", "cluster"),
+    # a width per layer (layers None: the list sets it): wide-narrow, narrow-wide, padded, 1 to 8 hidden layers
+    ((1024, 512, 256), None, 128, MOMENTUM, "fp32", "layered"), ((100, 520, 64), None, 33, NESTEROV, "fp32", "layered"),
+    ((256, 128), None, 32, PLAIN, "fp32", "layered"), ((512, 256, 128), None, 128, ADAM, "fp32", "layered"),
+    ((1024, 256), None, 128, MOMENTUM, "fp32", "layered-long"), ((72,), None, 64, ADAMW, "fp32", "layered"),
+    ((64, 128, 96, 256, 72, 200, 64, 48), None, 64, MOMENTUM, "fp32", "layered"),
+    ((1024, 512, 256), None, 128, MOMENTUM, "fp32", "fused"), ((100, 520, 64), None, 7, ADAM, "fp32", "fused"),
+    ((256, 128, 64, 32), None, 32, PLAIN, "fp32", "fused")])
 def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, opt, accum,
                                             step_kind):
     if step_kind == "cluster" and int(device.arch.removeprefix("sm_")) < 90:

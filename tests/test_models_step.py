@@ -146,7 +146,8 @@ def kernels(device):
                                     # planned for 8 SMs: the plans of many models per SM (the gather's blocks take
                                     # 4 rows each, the head 2 CTAs, the first layer's one pass no column ranges)
                                     (4, dict(hidden=256, layers=3, batch=128, momentum=0.9, sm_count=8)),
-                                    (2, dict(hidden=600, batch=64, momentum=0.9))])  # a head of 4 CTAs
+                                    (2, dict(hidden=600, batch=64, momentum=0.9)),  # a head of 4 CTAs
+                                    (3, dict(hidden=(512, 136, 256), layers=None, batch=64, momentum=0.9))])
 @pytest.mark.parametrize("short", [True, False], ids=["short", "long"])
 def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, kernels, rng, n, base, short):
     """Both forms where the short one runs (sm_90, batch <= 256): the head kernel and the one passes over models,

@@ -100,7 +100,7 @@ def test_the_step_option_help_is_the_choosers_own_words_in_every_cli():
 def test_the_parser_defaults_are_the_recipe_defaults():
     args = train.build_parser().parse_args([])
     for name, option in rc.OPTIONS.items():  # the optimiser-dependent ones stay unset: Recipe resolves them
-        assert getattr(args, name) == (None if name in rc.OPTIONAL_BY_OPTIMIZER else option.default)
+        assert getattr(args, name) == (None if name in rc.UNSET_UNLESS_GIVEN else option.default)
         assert option.default == rc.DEFAULTS[name]
     recipe = train.make_recipe(args, train.make_plan(args))
     assert (recipe.hidden, recipe.layers, recipe.batch, recipe.lr, recipe.momentum, recipe.schedule,

@@ -24,7 +24,9 @@ gpu = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--hidden", "256", "512"], "argument --hidden: one architecture, batch and dataset per sweep, got 2 values"),
+    (["--batch", "32", "64"], "argument --batch: one architecture, batch and dataset per sweep, got 2 values"),
+    (["--hidden", "256", "512", "--layers", "2"], "argument --layers: a width list sets the layer count"),
+    (["--hidden", "0", "512"], "argument --hidden: must be >= 1, got 0"),
     (["--dataset", "mnist", "kmnist"], "argument --dataset: one architecture, batch and dataset per sweep"),
     (["--lr", "0.1", "0.1"], "the grid: lr: 0.1 is given twice"),
     (["--seeds", "0-3", "2"], "the grid: seeds: 2 is given twice"),

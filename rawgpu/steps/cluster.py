@@ -42,6 +42,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the cluster step runs plain SGD (no momentum, weight decay or Adam), not {recipe.optimizer_text}"
     if recipe.accum != "fp32":
         return "the cluster step accumulates in fp32 only"
+    if not recipe.uniform:
+        return f"the cluster step keeps one width for every hidden layer, not {recipe.hidden_label}"
     try:
         p = kc.plan(recipe.hidden, recipe.layers)
     except ValueError as exc:

@@ -17,7 +17,7 @@ from ..kernels import dx_sgd as kb
 from ..kernels import elementwise as ke
 from ..kernels import fused as kf
 from ..mlp import MLP
-from ..recipe import Recipe, loss_scale, pad8
+from ..recipe import Recipe, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -59,10 +59,10 @@ def not_preferred_reason(recipe: Recipe) -> str | None:
                 "the fused step's per-block rows")
     one_pass = kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum)
     limit = MAX_HIDDEN_VS_ONE_PASS if one_pass else MAX_HIDDEN
-    if pad8(recipe.hidden) > limit:
+    if (widest := max(recipe.padded_widths[1:-1])) > limit:
         how = "with its one-pass backward" if one_pass else "in 18 kernels"
-        return (f"hidden {recipe.hidden} > {limit}: the layered step {how} streams weights this wide faster than "
-                "the fused step's 32x32 blocks")
+        return (f"hidden {widest} > {limit}: the layered step {how} streams weights this wide faster than the fused "
+                "step's 32x32 blocks")
     return None
 
 
