@@ -91,3 +91,13 @@ def test_a_checkpoint_keeps_a_width_list(rng, tmp_path):
     with pytest.raises(ValueError, match="bad value"):
         Recipe.from_dict({**meta, "hidden": [24, "16"]})
     assert isinstance(np.asarray(loaded.weights[1][0]), np.ndarray)
+
+
+def test_the_tensor_parallel_plan_shards_each_layer_by_its_own_width():
+    from rawgpu.parallel.split import plan_tensor_parallel
+
+    r = Recipe(hidden=(1024, 520, 256))
+    plan = plan_tensor_parallel(r.widths, r.batch, 2)
+    assert plan.widths == (784, 1024, 528, 256, 10)  # 520 in shards of 264 (padded to 8) per rank
+    assert [(s.split, s.fan_in, s.fan_out) for s in plan.shards] == [
+        ("columns", 784, 512), ("rows", 512, 528), ("columns", 528, 128), ("rows", 128, 10)]
