@@ -6,7 +6,8 @@
 batches, per-step learning rates and optimiser, against the recipe's weight-traffic and launch floors. seed: the
 reference workload (batch 32, plain SGD lr 0.003, 5000 steps); default: the CLI's default recipe (batch 128, SGD
 momentum 0.9, lr 0.05 cosine to 0, 8 epochs); adam: batch 128, Adam lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8
-epochs. Writes a table, a JSON file and (with matplotlib) a PNG plot to --out.
+epochs. `--hidden 1024 512 256` times that one architecture (a width per layer) instead of --sizes' H. Writes a
+table, a JSON file and (with matplotlib, for --sizes) a PNG plot to --out.
 
 `python scripts/bench.py sweep [--models 1 8 32 128] [--sizes 128 256 1024] [--recipe default|adam]`: many models
 per step (issue 41): rawgpu's models step training all N at once, JAX vmap and torch.func doing the same
@@ -111,7 +112,9 @@ def cmd_train_gpus(args) -> int:
     """--gpus: rawgpu alone on one GPU and split over N of them, each H: us/step, speed-up, time in the sums."""
     from rawgpu.data import load_mnist
 
-    if why := parallel_problem(rawgpu_recipe(min(args.sizes), args.train_recipe, 1000, 0), args.parallel, args.gpus):
+    sizes = train_sizes(args)
+    smallest = sizes[0] if args.hidden else min(sizes)
+    if why := parallel_problem(rawgpu_recipe(smallest, args.train_recipe, 1000, 0), args.parallel, args.gpus):
         print(f"bench: error: argument --parallel: {why}", file=sys.stderr)
         return 2
     device = drv.Device(args.device)
@@ -135,12 +138,13 @@ def cmd_train_gpus(args) -> int:
           f"{args.recipe}: {args.steps} steps, {describe(recipe)}; --parallel {args.parallel}, one process per GPU")
     print(f"{'H':>5} {'GPUs':>5} {'split':>6} {'us/step':>9} {'vs 1 GPU':>9} {'in sums':>14} {'test acc':>8}")
     rows = []
-    for h in args.sizes:
+    for h in sizes:
+        label = h if isinstance(h, int) else "-".join(map(str, h))
         one = bench_rawgpu(h, args.steps, args.seed, mnist, args.device, steps_per_launch=args.steps_per_launch,
                            recipe=recipe)
         one.pop("init")
         row = dict(hidden=h, one_gpu=one, split=[])
-        print(f"{h:>5} {1:>5} {'-':>6} {one['us_per_step']:>9.1f} {'1.00x':>9} {'-':>14} "
+        print(f"{label:>5} {1:>5} {'-':>6} {one['us_per_step']:>9.1f} {'1.00x':>9} {'-':>14} "
               f"{100 * one['test_accuracy']:>7.2f}%", flush=True)
         for n in sorted(set(args.gpus) - {1}):
             ranks = run_ranks(bench_rank, n, h, args.steps, args.seed, mnist, recipe, args.steps_per_launch, 50,
@@ -150,7 +154,7 @@ def cmd_train_gpus(args) -> int:
             row["split"].append(dict(gpus=n, parallel=ranks[0]["split"], us_per_step=us,
                                      speedup=one["us_per_step"] / us, us_in_sums=sums,
                                      test_accuracy=ranks[0]["test_accuracy"], ranks=ranks))
-            print(f"{h:>5} {n:>5} {ranks[0]['split']:>6} {us:>9.1f} {one['us_per_step'] / us:>8.2f}x {sums:>7.1f} ({100 * sums / us:3.0f}%) "
+            print(f"{label:>5} {n:>5} {ranks[0]['split']:>6} {us:>9.1f} {one['us_per_step'] / us:>8.2f}x {sums:>7.1f} ({100 * sums / us:3.0f}%) "
                   f"{100 * ranks[0]['test_accuracy']:>7.2f}%", flush=True)
         rows.append(row)
     results = dict(device=device.name, gpus=count, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
@@ -160,7 +164,7 @@ def cmd_train_gpus(args) -> int:
     return 0
 
 
-def run_peer(system: str, h: int, steps: int, seed: int, data, init, recipe: dict | None = None) -> dict:
+def run_peer(system: str, h: int | tuple[int, ...], steps: int, seed: int, data, init, recipe: dict | None = None) -> dict:
     from peers import jax_peers, torch_peers
     from peers.common import Workload
 
@@ -217,6 +221,14 @@ def plot(results: dict, path: Path) -> str:
     return f"wrote {path}"
 
 
+def train_sizes(args) -> list:
+    """The models `bench.py train` times: each --sizes H (784-H-H-H-10), or the one --hidden architecture (one
+    width keeps its meaning: H x 3)."""
+    if not args.hidden:
+        return list(args.sizes)
+    return [args.hidden[0] if len(args.hidden) == 1 else tuple(args.hidden)]
+
+
 def cmd_train(args) -> int:
     from rawgpu.data import load_mnist
 
@@ -256,7 +268,8 @@ def cmd_train(args) -> int:
         peer_data = mnist_arrays(args.data_dir)
     rows = []
     print(f"{'H':>5} {'system':>14} {'us/step':>9} {'steps/s':>9} {'vs best peer':>12} {'% floor':>8} {'test acc':>8}")
-    for h in args.sizes:
+    for h in train_sizes(args):
+        label = h if isinstance(h, int) else "-".join(map(str, h))
         ours = clocked("rawgpu", bench_rawgpu, h, args.steps, args.seed, mnist, args.device,
                        steps_per_launch=args.steps_per_launch, recipe=recipe)
         systems = [ours]
@@ -296,11 +309,11 @@ def cmd_train(args) -> int:
             else:
                 vs = f"{us / ours['us_per_step']:.2f}x slower" if us else "-"
             acc = f"{100 * s['test_accuracy']:.2f}%" if s.get("test_accuracy") is not None else "-"
-            print(f"{h:>5} {s['system']:>14} {(f'{us:.1f}' if us else 'failed'):>9} "
+            print(f"{label:>5} {s['system']:>14} {(f'{us:.1f}' if us else 'failed'):>9} "
                   f"{(f'{1e6 / us:.0f}' if us else '-'):>9} {vs:>12} "
                   f"{(f'{100 * floor / us:.0f}%' if us else '-'):>8} {acc:>8}"
                   + ("" if us else f"  {s['note']}"), flush=True)
-        print(f"{h:>5} {'floor':>14} {floor:>9.1f}   (weights at {12 + state_bytes} B each {weight_floor:.1f} us at "
+        print(f"{label:>5} {'floor':>14} {floor:>9.1f}   (weights at {12 + state_bytes} B each {weight_floor:.1f} us at "
               f"{bw:.0f} GB/s, at the split master's {10 + state_bytes} B {split_floor:.1f} us, rawgpu at "
               f"{100 * split_floor / ours['us_per_step']:.0f}%"
               f" of that; {ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
@@ -311,7 +324,8 @@ def cmd_train(args) -> int:
                    date=str(dt.date.today()), copy_gbs=bw, recipe=args.recipe, steps=args.steps, **recipe, rows=rows,
                    wall_s=wall)
     write_atomic(out / "bench_train.json", json.dumps(results, indent=1).encode())
-    print(f"# wrote {out / 'bench_train.json'}; {plot(results, out / 'bench_train.png')}")
+    drawn = plot(results, out / "bench_train.png") if not args.hidden else "no plot of one architecture"
+    print(f"# wrote {out / 'bench_train.json'}; {drawn}")
     return 0
 
 
@@ -409,6 +423,9 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd")
     t = sub.add_parser("train", help="the reference training workload: rawgpu vs PyTorch and JAX (the default)")
     t.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN), help="hidden widths H")
+    t.add_argument("--hidden", type=positive, nargs="+", default=None, metavar="W",
+                   help="one model of these hidden widths instead of --sizes, a width per layer (1024 512 256); the "
+                        "peers train the same architecture")
     t.add_argument("--recipe", choices=tuple(RECIPES), default="seed",
                    help="what every system trains: seed (batch 32, plain SGD lr 0.003, 5000 steps), default (the "
                         "CLI's default: batch 128, momentum 0.9, lr 0.05 cosine, 8 epochs) or adam (batch 128, Adam "

@@ -163,3 +163,24 @@ def test_jax_optimizer_is_torchs(fields, use_optax):
     for got, ref, p0 in zip(ps, want, params):
         assert got.dtype == jnp.float32 and not np.allclose(ref, p0, rtol=0, atol=1e-4)  # the steps moved it
         np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_workload_of_a_width_per_layer_names_its_layers():
+    assert Workload(hidden=256).widths == (784, 256, 256, 256, 10)  # the benchmark's 784-H-H-H-10
+    w = Workload(hidden=[1024, 512, 256])
+    assert w.hidden == (1024, 512, 256) and w.widths == (784, 1024, 512, 256, 10)
+    with pytest.raises(ValueError, match="hidden must be >= 1, got 0"):
+        Workload(hidden=(512, 0))
+    with pytest.raises(ValueError, match="at least one width"):
+        Workload(hidden=())
+
+
+def test_bench_train_times_each_size_or_the_one_hidden_architecture():
+    from argparse import Namespace
+
+    import bench  # scripts/bench.py
+
+    assert bench.train_sizes(Namespace(sizes=[128, 256], hidden=None)) == [128, 256]
+    assert bench.train_sizes(Namespace(sizes=[128], hidden=[1024, 512, 256])) == [(1024, 512, 256)]
+    assert bench.train_sizes(Namespace(sizes=[128], hidden=[512])) == [512]
+    assert bench.rawgpu_recipe((1024, 512, 256), bench.RECIPES["default"], 10, 0).name == "784-1024-512-256-10"

@@ -32,9 +32,10 @@ def with_optimizer(recipe: dict, optimizer: str) -> dict:
     return {**out, "optimizer": optimizer, **OPTIMIZER_DEFAULTS[optimizer]}
 
 
-def rawgpu_recipe(h: int, r: dict, steps: int, seed: int) -> Recipe:
-    """The rawgpu Recipe of a benchmark recipe at width h over `steps` steps."""
-    return Recipe(hidden=h, layers=3, batch=r["batch"], schedule=r["schedule"], total_steps=steps, seed=seed,
+def rawgpu_recipe(h: int | tuple[int, ...], r: dict, steps: int, seed: int) -> Recipe:
+    """The rawgpu Recipe of a benchmark recipe at width h (784-h-h-h-10), or of the hidden widths h (a width per
+    layer), over `steps` steps."""
+    return Recipe(hidden=h, layers=3 if isinstance(h, int) else None, batch=r["batch"], schedule=r["schedule"], total_steps=steps, seed=seed,
                   **{k: r[k] for k in OPTIMIZER_KEYS if k in r})
 
 

@@ -21,7 +21,7 @@ class PeerResult:
     """One peer's measurement: speed of the timed steps, and proof that they trained."""
 
     system: str
-    hidden: int
+    hidden: int | tuple[int, ...]
     steps: int
     us_per_step: float
     test_accuracy: float
@@ -35,7 +35,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 
 @dataclass
 class Workload:
-    """A benchmark recipe: MLP 784-H-H-H-10, an optimiser as torch.optim defines it, a learning-rate schedule over
+    """A benchmark recipe: MLP 784-H-H-H-10 (hidden an int), or 784-H1-...-Hn-10 (hidden a width per layer), an optimiser as torch.optim defines it, a learning-rate schedule over
     the timed steps, fp16 compute with fp32 master weights. The defaults are the seed recipe (plain SGD, constant
     lr, batch 32).
 
@@ -45,7 +45,7 @@ class Workload:
     nesterov mean something to sgd only, betas and eps to adam and adamw only; the others are ignored, so a caller
     can pass a whole recipe's settings."""
 
-    hidden: int
+    hidden: int | tuple[int, ...]
     steps: int = 5000
     batch: int = 32
     lr: float = 0.003
@@ -64,7 +64,11 @@ class Workload:
 
     def __post_init__(self) -> None:
         # Warm-up is where compilation and graph capture happen; without it they would be timed.
-        checks = [("hidden", self.hidden, 1), ("steps", self.steps, 1), ("batch", self.batch, 1),
+        if isinstance(self.hidden, (list, tuple)):
+            self.hidden = tuple(int(h) for h in self.hidden)
+            if not self.hidden:
+                raise ValueError("Workload.hidden needs at least one width")
+        checks = [*(("hidden", h, 1) for h in self.hidden_widths), ("steps", self.steps, 1), ("batch", self.batch, 1),
                   ("warmup_steps", self.warmup_steps, 1)]
         for name, value, least in checks:
             if value < least:
@@ -90,6 +94,16 @@ class Workload:
             raise ValueError(f"Workload.eps must be > 0, got {self.eps}")
         if not self.weight_decay >= 0:
             raise ValueError(f"Workload.weight_decay must be >= 0, got {self.weight_decay}")
+
+    @property
+    def hidden_widths(self) -> tuple[int, ...]:
+        """Every hidden layer's width: three of H, or the list given."""
+        return self.hidden if isinstance(self.hidden, tuple) else (self.hidden,) * 3
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The MLP's layer widths, inputs to classes."""
+        return (INPUTS, *self.hidden_widths, CLASSES)
 
     def state_bytes_per_weight(self) -> int:
         """Bytes of optimiser state per weight, all fp32: sgd's momentum buffer (none without momentum), or adam's

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .common import CLASSES, INPUTS, LOSS_TAIL, PeerResult, Workload, step_indices
+from .common import LOSS_TAIL, PeerResult, Workload, step_indices
 
 SYSTEMS = ("jax-jit", "jax-fori")
 
@@ -56,7 +56,7 @@ def run(system: str, w: Workload, data) -> PeerResult:
     order = step_indices(w.index_steps, w.batch, w.seed)
     # labels converted once; the learning rate of every step, as rawgpu computes it
     arrays = jax.device_put((train_x, train_y.astype(np.int32), order, w.learning_rates()), dev)
-    params0 = (_init_params(jax, jnp, w.hidden, w.seed) if w.init is None
+    params0 = (_init_params(jax, jnp, w.widths, w.seed) if w.init is None
                else [(jnp.asarray(wt), jnp.asarray(b)) for wt, b in w.init])
     init = jax.device_put(params0, dev)
     progs = _programs(jax, jnp, w)
@@ -72,9 +72,9 @@ def run(system: str, w: Workload, data) -> PeerResult:
     return PeerResult(system, w.hidden, w.steps, us, int(correct) / len(test_y), final_loss, f"jax {jax.__version__}")
 
 
-def _init_params(jax, jnp, hidden: int, seed: int):
-    """[(W [fan_in, fan_out], b [fan_out])] fp32, W and b ~ U(±1/sqrt(fan_in)): torch nn.Linear's distribution."""
-    widths = (INPUTS, hidden, hidden, hidden, CLASSES)
+def _init_params(jax, jnp, widths: tuple[int, ...], seed: int):
+    """[(W [fan_in, fan_out], b [fan_out])] fp32 for layers of these widths (inputs ... classes), W and b ~
+    U(±1/sqrt(fan_in)): torch nn.Linear's distribution."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 2 * (len(widths) - 1))
     params = []
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):

@@ -93,7 +93,7 @@ def _jax_vmap(sweep: Sweep, data) -> SweepResult:
     arrays = jax.device_put((train_x, train_y.astype(np.int32)), dev)
     per_model = jax.device_put((sweep.orders(), sweep.learning_rates()), dev)
     stack = lambda *xs: jnp.stack(xs)  # noqa: E731
-    init = jax.device_put(jax.tree_util.tree_map(stack, *[_init_params(jax, jnp, w.hidden, s) for s in sweep.seeds]),
+    init = jax.device_put(jax.tree_util.tree_map(stack, *[_init_params(jax, jnp, w.widths, s) for s in sweep.seeds]),
                           dev)
     init_state, update = _optimizer(jax, jnp, w)
 
@@ -149,19 +149,17 @@ def _torch_func(sweep: Sweep, data) -> SweepResult:
     from torch import nn
     from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
-    from .torch_peers import GRAPH_WARMUP, _time, _upload
+    from .torch_peers import GRAPH_WARMUP, _time, _upload, mlp
 
     w, dev, N = sweep.base, torch.device("cuda"), sweep.models
     train_x, train_y, test_x, test_y = data
     x_all, y_all = _upload(train_x, dev), _upload(train_y, dev).long()
     orders = _upload(sweep.orders(), dev).long()  # [N, steps, batch]
     lrs = _upload(sweep.learning_rates(), dev)  # [N, steps]
-    H = w.hidden
     models = []
     for seed in sweep.seeds:
         torch.manual_seed(seed)
-        models.append(nn.Sequential(nn.Linear(INPUTS, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(), nn.Linear(H, H),
-                                    nn.ReLU(), nn.Linear(H, CLASSES)).to(dev))
+        models.append(mlp(nn, w.widths).to(dev))
     stacked, buffers = stack_module_state(models)
     # every model's parameters as one row of a flat fp32 buffer [N, P], the dict's tensors views into it: the update
     # then runs over all parameters of all models in a few kernels, each model's lr broadcast along its row

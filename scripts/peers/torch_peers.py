@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 
-from .common import CLASSES, INPUTS, LOSS_TAIL, PeerResult, Workload, step_indices
+from .common import LOSS_TAIL, PeerResult, Workload, step_indices
 
 SYSTEMS = ("torch-eager", "torch-graph", "torch-compile")
 GRAPH_WARMUP = 3  # eager side-stream iterations before capture, as the PyTorch CUDA-graph docs prescribe
@@ -56,6 +56,14 @@ def run(system: str, w: Workload, data) -> PeerResult:
         torch.cuda.empty_cache()  # give the memory back, so a peer that runs next in this process (JAX) gets it
 
 
+
+def mlp(nn, widths):
+    """nn.Sequential of Linear layers of these widths (inputs ... classes), ReLU between them."""
+    layers = []
+    for fan_in, fan_out in zip(widths, widths[1:]):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
 class _Setup:
     """Device-resident data, the seeded model and its saved init, optimizer, loss buffer: identical per variant."""
 
@@ -71,9 +79,7 @@ class _Setup:
         order = step_indices(w.index_steps, w.batch, w.seed)
         self.order = _upload(order, dev).long().view(w.index_steps, w.batch)  # row s: the rows of step s
         torch.manual_seed(w.seed)
-        H = w.hidden
-        self.model = nn.Sequential(nn.Linear(INPUTS, H), nn.ReLU(), nn.Linear(H, H), nn.ReLU(),
-                                   nn.Linear(H, H), nn.ReLU(), nn.Linear(H, CLASSES)).to(dev)  # fp32 masters
+        self.model = mlp(nn, w.widths).to(dev)  # fp32 masters
         if w.init is not None:  # the shared init: nn.Linear stores W as [fan_out, fan_in]
             with torch.no_grad():
                 for layer, (wt, b) in zip(self.model[::2], w.init):
