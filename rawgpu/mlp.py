@@ -67,7 +67,7 @@ class MLP:
         r = recipe
         self.arena = a = Arena()
         B = self.rows = self.step_rows()
-        self.eval_batch = self._eval_batch(r)
+        self.eval_batch = eval_batch(r)
         EB = self.eval_batch
         self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)  # whole chunks of EB rows, then the rest
         widths, padded = self.layer_widths()
@@ -173,14 +173,6 @@ class MLP:
     def kind(self) -> str:
         """The step kind that runs (steps.KINDS)."""
         return self.step.kind
-
-    @staticmethod
-    def _eval_batch(r: Recipe) -> int:
-        """Rows per evaluation chunk: the whole test set when its activations fit the budget, else equal chunks
-        (padded to 8 rows) of at most the budget; the last chunk may be shorter."""
-        per_row = 2 * (pad8(r.inputs) + 2 * max(r.padded_widths[1:-1]) + PADDED_CLASSES)
-        chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
-        return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 
     # --- start-up ---------------------------------------------------------------------------------------------
 
@@ -419,6 +411,15 @@ class MLP:
             if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
                 return False
         return True
+
+
+def eval_batch(r: Recipe, models: int = 1) -> int:
+    """Rows per evaluation chunk of `models` models of r reading one shared input: the whole test set when their
+    activations fit EVAL_ACTIVATION_BUDGET, else equal chunks (padded to 8 rows) of at most the budget; the last
+    chunk may be shorter."""
+    per_row = 2 * (pad8(r.inputs) + models * (2 * max(r.padded_widths[1:-1]) + PADDED_CLASSES))
+    chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
+    return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 
 
 def seed_of(recipe: Recipe, layer: int, which: int) -> int:

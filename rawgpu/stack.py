@@ -20,8 +20,8 @@ from .kernels import elementwise as ke
 from .kernels import gemm as kg
 from .kernels import models as km
 from .memory import Arena, Tensor
-from .mlp import EVAL_ACTIVATION_BUDGET, common_units, seed_of
-from .recipe import PADDED_CLASSES, SCHEDULES, Recipe, cdiv, pad8
+from .mlp import common_units, eval_batch, seed_of
+from .recipe import SCHEDULES, Recipe, cdiv
 
 # What every model of one stack shares: the buffers' shapes, the kernels' families, the run's length.
 SHARED_FIELDS = ("widths", "batch", "kernel_accum", "state_tensors", "train_rows", "test_rows", "total_steps",
@@ -82,7 +82,7 @@ class ModelStack:
         self.counter = a.tensor("step", 1, np.int64)
         self.eval_counter = a.tensor("eval_step", 1, np.int64)
         self.zero_counter = a.tensor("zero_step", 1, np.int64)
-        self.eval_batch = EB = self._eval_batch(r, n)
+        self.eval_batch = EB = eval_batch(r, n)
         self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)
         self.eval_perm = a.tensor("eval_perm", EB * self.eval_chunks, np.int32)  # EB <= test_rows: >= 1 chunk
         self.tail_perm = a.tensor("eval_tail_perm", self.eval_tail, np.int32) if self.eval_tail else None
@@ -129,14 +129,6 @@ class ModelStack:
         """One model's GEMM as a launch over every model takes it: whole tiles of 32 rows (M <= 32) or 64."""
         return kg.plan_gemm(M, N, K, layout, epilogue, "f32", self.sm_count, splits=1, arch=self.arch,
                             config="32x128" if M <= 32 else "64x128", states=states, cluster=False)
-
-    @staticmethod
-    def _eval_batch(r: Recipe, n: int) -> int:
-        """Rows per evaluation chunk: as a model alone takes them (mlp.py), with n models' activations in the
-        budget."""
-        per_row = 2 * n * (2 * max(r.padded_widths[1:-1]) + PADDED_CLASSES) + pad8(r.inputs) * 2
-        chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
-        return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 
     def attach(self, step: Any) -> "ModelStack":
         self.step = step

@@ -295,8 +295,8 @@ def test_backward_limits_experiment_builds_for_sm_90(mask, tmp_path, monkeypatch
                                             ("gemm.cu", "gemm_staged_cr_sgd_f32"),
                                             ("dx_update.cu", "dx_update_b128_sgd")])
 def test_the_model_axis_experiments_build_for_sm_90(source, kernel, tmp_path, monkeypatch):
-    """dev/sweep/: gemm.cu and dx_update.cu with the model axis (-DGEMM_MODELS=1, -DDXU_MODELS=1) still compile the
-    tiles the experiments launch, without spills."""
+    """gemm.cu and dx_update.cu with the model axis (-DGEMM_MODELS=1 as dev/sweep/gemm_models.py builds it,
+    -DDXU_MODELS=1 as dx_update_models.cu does) still compile the tiles launched over models, without spills."""
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
     define = {"gemm.cu": "-DGEMM_MODELS=1", "dx_update.cu": "-DDXU_MODELS=1"}[source]
     built = compiler.compile_source(source, "sm_90", (define,), kernel=kernel)

@@ -173,17 +173,27 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    args = parser(__doc__).parse_args(argv)
+def open_device(tool: str):
+    """(device, stream, kernels) of GPU 0 for both sweep experiments, or None after one line saying why not."""
     try:
-        from rawgpu.driver import Device, Module, Stream
+        from rawgpu.driver import Device, Stream
         from rawgpu.kernels import Kernels
 
         device = Device(0)
     except RawgpuError as exc:
-        print(f"gemm_models: error: {exc}", file=sys.stderr)
+        print(f"{tool}: error: {exc}", file=sys.stderr)
+        return None
+    return device, Stream(), Kernels(device.arch)
+
+
+def main(argv=None) -> int:
+    args = parser(__doc__).parse_args(argv)
+    if (opened := open_device("gemm_models")) is None:
         return 1
-    arch, stream, kernels = device.arch, Stream(), Kernels(device.arch)
+    from rawgpu.driver import Module
+
+    device, stream, kernels = opened
+    arch = device.arch
     modules: dict[str, object] = {}
 
     def model_kernel(name: str):

@@ -13,10 +13,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from gemm_models import parser  # beside this script
+from gemm_models import open_device, parser  # beside this script
 from rawgpu import steps
 from rawgpu.bench.timing import copy_bandwidth, time_graph
-from rawgpu.errors import RawgpuError
 from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
 
 
@@ -31,15 +30,9 @@ def main(argv=None) -> int:
     p.add_argument("--hidden-splits", type=int, default=0,
                    help="the hidden layers' one passes in this many column ranges, adding dx in a cluster (0: none)")
     args = p.parse_args(argv)
-    try:
-        from rawgpu.driver import Device, Stream
-        from rawgpu.kernels import Kernels
-
-        device = Device(0)
-    except RawgpuError as exc:
-        print(f"models_step: error: {exc}", file=sys.stderr)
+    if (opened := open_device("models_step")) is None:
         return 1
-    stream, kernels = Stream(), Kernels(device.arch)
+    device, stream, kernels = opened
     rng = np.random.default_rng(0)
     data = type("Data", (), dict(train_images=rng.integers(0, 256, (TRAIN_ROWS, 784), dtype=np.uint8),
                                  train_labels=rng.integers(0, 10, TRAIN_ROWS).astype(np.uint8),

@@ -75,9 +75,9 @@ class ModelsStep(ChainStep):
     @staticmethod
     def plan_head(r: Recipe) -> kh.HeadPlan | None:
         """The head's clusters by its width alone: 2 CTAs up to 512 inputs, 4 above (over 8 to 128 models the
-        fastest or within 2%, dev/sweep/models_step.py --head-ctas), more only where those rows of W do not fit.
-        Never by N: the logits add the CTAs' partial sums, so a model's bits would depend on the count it trains
-        with."""
+        fastest or nearly, dev/sweep/models_step.py --head-ctas; docs/history.md), more only where those rows of W do
+        not fit. Never by N: the logits add the CTAs' partial sums, so a model's bits would depend on the count it
+        trains with."""
         B, K = r.batch, r.padded_widths[-2]
         ctas = kh.MIN_CTAS if K <= 512 else 2 * kh.MIN_CTAS
         return kh.plan_head(B, K, r.optimizer, ctas=ctas) or kh.plan_head(B, K, r.optimizer)
@@ -124,7 +124,7 @@ class ModelsStep(ChainStep):
         else:
             out.append(km.softmax_xent(k, n, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        scale, scratch=m.xent_sums, ticket=m.xent_tickets))
-        for i in range(top - 1, -1, -1) if self.head is not None else range(len(m.layers) - 1, -1, -1):
+        for i in range(top - 1, -1, -1):  # every layer with a forward GEMM (all but the head where it has its own)
             lay, x, dy = m.layers[i], m.acts[i], m.grads[i + 1]
             if self.bwd[i] is not None:
                 out.append(km.dx_update(k, n, self.bwd[i], x, dy, lay.wlo, lay.w16, lay.mw, lay.vw,
