@@ -220,7 +220,7 @@ class Recipe:
     @property
     def hidden_widths(self) -> tuple[int, ...]:
         """Every hidden layer's width, first to last."""
-        return self.hidden if isinstance(self.hidden, tuple) else (self.hidden,) * self.layers
+        return layer_widths(self.hidden, self.layers)
 
     @property
     def uniform(self) -> bool:
@@ -426,6 +426,11 @@ def model_size_problem(widths: list[int]) -> str | None:
             f"weight), more than any machine holds ({MAX_MODEL_BYTES / 1e9:,.0f} GB on 8 of the largest GPUs)")
 
 
+def layer_widths(hidden: int | tuple[int, ...], layers: int) -> tuple[int, ...]:
+    """Every hidden layer's width: `layers` of one width, or the list itself."""
+    return tuple(hidden) if isinstance(hidden, (list, tuple)) else (hidden,) * layers
+
+
 def hidden_of(values: int | list[int], layers: int | None) -> tuple[int | tuple[int, ...], int]:
     """--hidden and --layers as the CLIs take them: one width for --layers layers (default DEFAULTS'), or a width
     per layer (then --layers is refused: the list sets it). ValueError naming the option."""
@@ -452,8 +457,7 @@ def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recip
         raise ValueError(why)
     betas, eps = get("betas") or DEFAULTS["betas"], get("eps") or DEFAULTS["eps"]
     hidden, layers = hidden_of(get("hidden"), getattr(args, "layers", None))
-    widths = [shape.get("inputs", INPUTS), *((hidden,) * layers if isinstance(hidden, int) else hidden),
-              shape.get("classes", CLASSES)]
+    widths = [shape.get("inputs", INPUTS), *layer_widths(hidden, layers), shape.get("classes", CLASSES)]
     if why := model_size_problem(widths):
         label = f"{hidden} x {layers} layers" if isinstance(hidden, int) else "-".join(map(str, hidden))
         raise ValueError(f"argument --hidden: {label}: {why}")
