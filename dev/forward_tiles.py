@@ -36,13 +36,13 @@ def main(argv=None) -> int:
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; forward GEMMs (bias + ReLU), us per launch")
     for h in args.sizes:
         for fin in sorted({784, h}):
-            default = G.plan_gemm(args.batch, h, fin, "rr", "bias_relu", sm_count=device.sm_count, arch=device.arch)
+            default = G.plan_gemm(args.batch, h, fin, "rr", "bias_act", sm_count=device.sm_count, arch=device.arch)
             line = f"{h:>5} {args.batch}x{h}x{fin:<5} default {default.config.name:>9}:"
             for cfg in args.configs:
-                if (cfg, "rr", "bias_relu") not in G.INSTANCES:
+                if (cfg, "rr", "bias_act") not in G.INSTANCES:
                     continue
                 for split in args.splits:
-                    us, splits = bench_ours(device, stream, kernels, "fwd", args.batch, h, fin, "rr", "bias_relu",
+                    us, splits = bench_ours(device, stream, kernels, "fwd", args.batch, h, fin, "rr", "bias_act",
                                             args.launches, args.trials, rng, config=cfg, split=split,
                                             overlap=G.has_tma(device.arch))
                     line += f"  {cfg}/{splits} {us:.2f}"

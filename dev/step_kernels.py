@@ -1,7 +1,7 @@
 """Per-kernel GPU time of one training step: each launch of the step alone, repeated in a graph, then the whole step.
 
     python dev/step_kernels.py --hidden H [H ...] [--batch B] [--optimizer sgd|adam|adamw] [--momentum MU]
-                               [--step KIND] [--repeats N] [--drop]
+                               [--step KIND] [--activation A] [--repeats N] [--drop]
 
 Where a step's time goes, kernel by kernel (a kernel alone does not overlap the one before it, so the parts add up
 to more than the whole). --drop also times the step without each launch in turn: what that launch adds to the
@@ -33,7 +33,7 @@ def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool) -
         launch.run(stream)
     whole = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in launches],
                        repeats, 10)
-    print(f"H={hidden} {session.step_description}: {whole:.1f} us per step")
+    print(f"H={hidden} {recipe_kw.get('activation', 'relu')} {session.step_description}: {whole:.1f} us per step")
     parts = []
     for launch in launches:
         us = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats)], repeats, 10)
@@ -57,10 +57,11 @@ def main() -> int:
     p.add_argument("--optimizer", default=None, help="sgd, adam or adamw (default: the recipe's)")
     p.add_argument("--momentum", type=float, default=None)
     p.add_argument("--step", default="auto", help="the step kind (default auto)")
+    p.add_argument("--activation", default="relu", help="the hidden layers' activation (default relu)")
     p.add_argument("--repeats", type=int, default=20, help="launches per timed graph")
     p.add_argument("--drop", action="store_true", help="also time the step without each launch in turn")
     args = p.parse_args()
-    kw = {"batch": args.batch}
+    kw = {"batch": args.batch, "activation": args.activation}
     kw.update({k: v for k, v in (("optimizer", args.optimizer), ("momentum", args.momentum)) if v is not None})
     for h in args.hidden:
         profile(h, kw, args.step, args.repeats, args.drop)

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every kernel unit of the arch (default: those of the recipe "
                    "below)")
     rc.add_options(p.add_argument_group("recipe (as python -m rawgpu.train takes it)"),
-                   ("hidden", "layers", "batch", "optimizer", "momentum", "weight_decay", "accum"))
+                   ("hidden", "layers", "activation", "batch", "optimizer", "momentum", "weight_decay", "accum"))
     add_step_option(p)
     p.add_argument("--sms", type=count(1, 1024, what="SM count"), default=None,
                    help="SMs of the GPU the recipe is planned for (default: the GPU here, else the arch's largest "
@@ -109,10 +109,10 @@ def prebuild(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                  "$RAWGPU_CACHE: " if os.environ.get("RAWGPU_CACHE") else "")
         parser.error(f"{named}cannot write the kernel cache {kernels}: {problem}")
     print(f"building {len(units)} kernel units for {arch} ({planned}) into {kernels}", flush=True)
-    return build(units, arch, args.jobs)
+    return build(units, arch, args.jobs, args.activation)
 
 
-def build(units: list, arch: str, jobs: int) -> int:
+def build(units: list, arch: str, jobs: int, activation: str = rc.DEFAULTS["activation"]) -> int:
     """Build the units on `jobs` threads with a progress bar, then one line per unit and the total."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -121,7 +121,7 @@ def build(units: list, arch: str, jobs: int) -> int:
 
     def one(unit):
         t = time.perf_counter()
-        module = compiler.compile_source(unit[0], arch, kernel=unit[1])
+        module = compiler.compile_source(unit[0], arch, kernel=unit[1], activation=activation)
         return unit, module.cached, time.perf_counter() - t
 
     console = Console(stderr=True)

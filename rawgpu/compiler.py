@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import contract
+from .recipe import DEFAULT_ACTIVATION
 from .errors import CompileError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -132,12 +133,13 @@ Generated = tuple[tuple[str, ...], dict[str, str]]
 
 
 def cache_key(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None,
-              generated: Generated | None = None, kernel: str | None = None) -> str:
-    """generated: contract.build's (defines, headers) for this source, arch and kernel (default: asked for now);
-    a kernel built alone differs from the whole source by its generated instance list."""
+              generated: Generated | None = None, kernel: str | None = None,
+              activation: str = DEFAULT_ACTIVATION) -> str:
+    """generated: contract.build's (defines, headers) for this source, arch, kernel and activation (default: asked
+    for now); a kernel built alone differs from the whole source by its generated instance list."""
     h = hashlib.sha256()
     texts = source_texts() if texts is None else texts
-    defines, headers = contract.build(source, arch, kernel) if generated is None else generated
+    defines, headers = contract.build(source, arch, kernel, activation) if generated is None else generated
     for name in sorted(texts):
         h.update(name.encode() + b"\0" + hashlib.sha256(texts[name]).digest())
     for name in sorted(headers):
@@ -281,25 +283,26 @@ def _read_cache(path: Path) -> CompiledModule | None:
 
 
 def _cache_path(source: str, arch: str, options: tuple[str, ...], texts: dict[str, bytes] | None = None,
-                generated: Generated | None = None, kernel: str | None = None) -> Path:
+                generated: Generated | None = None, kernel: str | None = None,
+                activation: str = DEFAULT_ACTIVATION) -> Path:
     stem = Path(source).stem + (f"-{kernel}" if kernel else "")
-    return cache_dir() / f"{stem}-{arch}-{cache_key(source, arch, options, texts, generated, kernel)}.cubin"
+    return cache_dir() / f"{stem}-{arch}-{cache_key(source, arch, options, texts, generated, kernel, activation)}.cubin"
 
 
-def is_cached(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), kernel: str | None = None
-              ) -> bool:
-    """Whether a build of `source` (or of its `kernel` alone) for `arch` sits in the cache."""
-    return _cache_path(source, normalize_arch(arch), tuple(options), kernel=kernel).is_file()
+def is_cached(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), kernel: str | None = None,
+              activation: str = DEFAULT_ACTIVATION) -> bool:
+    """Whether a build of `source` (or of its `kernel` alone) for `arch` and `activation` sits in the cache."""
+    return _cache_path(source, normalize_arch(arch), tuple(options), kernel=kernel, activation=activation).is_file()
 
 
 def compile_source(source: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), *,
-                   kernel: str | None = None, use_cache: bool = True,
+                   kernel: str | None = None, activation: str = DEFAULT_ACTIVATION, use_cache: bool = True,
                    texts: dict[str, bytes] | None = None) -> CompiledModule:
-    """Build `rawgpu/cu/<source>` for `arch` (or only `kernel`, one of contract.split_kernels(source)), from the
-    cache when an identical build exists."""
+    """Build `rawgpu/cu/<source>` for `arch` (or only `kernel`, one of contract.split_kernels(source)), applying
+    `activation` where the source applies one, from the cache when an identical build exists."""
     arch = normalize_arch(arch)
     options = tuple(options)
-    generated = contract.build(source, arch, kernel)  # one answer for the key and the build
+    generated = contract.build(source, arch, kernel, activation)  # one answer for the key and the build
     path = _cache_path(source, arch, options, texts, generated, kernel)
     if use_cache and (hit := _read_cache(path)) is not None:
         return hit

@@ -96,6 +96,9 @@ class MLP:
         # activations (saved for backward) and their gradients
         self.acts = [a.tensor(f"act{i}", (B, p), np.float16) for i, p in enumerate(padded)]  # acts[-1]: logits
         self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
+        # the hidden layers' pre-activations, where the activation's backward reads them (recipe.FROM_PREACTIVATION)
+        self.pres = [a.tensor(f"pre{i}", (B, p), np.float16) if r.saves_preactivation and 0 < i < len(padded) - 1
+                     else None for i, p in enumerate(padded)]
         self.y = a.tensor("y", B, np.int32)
         hidden_p = max(padded[1:-1])
         self.eval_x = a.tensor("eval_x", (EB, padded[0]), np.float16)
@@ -140,6 +143,9 @@ class MLP:
         """The compiled kernels the launches use (of the arch this model was planned for)."""
         if kernels.arch != self.arch:
             raise ValueError(f"the model was planned for {self.arch}, the kernels are {kernels.arch}'s")
+        if kernels.activation != self.recipe.activation:
+            raise ValueError(f"the model applies {self.recipe.activation}, the kernels were built for "
+                             f"{kernels.activation}")
         self.k = kernels
         return self
 
@@ -161,8 +167,8 @@ class MLP:
         return self.recipe.widths, self.recipe.padded_widths
 
     def forward_epilogue(self, i: int) -> str:
-        """Layer i's forward GEMM epilogue: bias and ReLU, the head's bias alone."""
-        return "bias_relu" if i < len(self.padded) - 2 else "bias"
+        """Layer i's forward GEMM epilogue: bias and the activation, the head's bias alone."""
+        return "bias_act" if i < len(self.padded) - 2 else "bias"
 
     @property
     def eval_plans(self) -> list[kg.GemmPlan]:
@@ -298,14 +304,20 @@ class MLP:
     # --- the step ----------------------------------------------------------------------------------------------
 
     def forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan],
-                keep: list[float] | None = None) -> list[Launch]:
-        """The forward GEMMs (bias and ReLU fused) from x through outs; keep: each weight's L2 policy."""
+                keep: list[float] | None = None, pres: list[Tensor | None] | None = None) -> list[Launch]:
+        """The forward GEMMs (bias and activation fused) from x through outs; keep: each weight's L2 policy; pres:
+        where each layer's pre-activation goes for the backward (training; None: nowhere)."""
         launches, inp, keep = [], x, keep or [kl2.NORMAL] * len(self.layers)
-        for lay, out, plan, keep_w in zip(self.layers, outs, plans, keep):
-            launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, workspace=self.workspace,
+        for lay, out, plan, keep_w, pre in zip(self.layers, outs, plans, keep, pres or [None] * len(self.layers)):
+            launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, act=pre, workspace=self.workspace,
                                     tickets=self.tickets, keep_b=keep_w))
             inp = out
         return launches
+
+    def saved_for_backward(self, i: int) -> Tensor:
+        """What the backward of the activation of layer i's input reads (activation.cuh): its pre-activation where
+        the activation needs it, else the activation itself."""
+        return self.pres[i] if self.pres[i] is not None else self.acts[i]
 
     def step_launches(self, steps: int = 1) -> list[Launch]:
         """`steps` training steps, as the step kind runs them."""

@@ -24,6 +24,12 @@ SCHEDULES = {"constant": 0, "cosine": 1, "linear": 2}  # name -> the code the ke
 ACCUMS = {"fp32": "f32", "fp16": "f16"}  # the CLI's spelling -> the kernels' instance suffix
 GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
 OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}  # name -> the code the kernels switch on (contract/optim.py: OPT_*)
+# The hidden layers' activation, named as PyTorch names it -> the code the kernels are built for
+# (contract/activation.py: ACT_*, cu/activation.cuh). gelu is torch's default erf form, gelu_tanh its approximate="tanh".
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "tanh": 4}
+# Those whose derivative needs the pre-activation z (the others' comes from their output, which the next layer reads
+# anyway): the forward saves z beside the output for the backward.
+FROM_PREACTIVATION = ("gelu", "gelu_tanh", "silu")
 # Per optimiser: the defaults of the settings whose usual value depends on it (torch.optim's, and the lr the CLI's
 # default recipe reaches >= 98% with). The CLIs leave these unset (None) unless given, and Recipe resolves them.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},
@@ -134,10 +140,14 @@ OPTIONS: dict[str, Option] = {
     "schedule": Option("cosine", str, choices=tuple(SCHEDULES),
                        help="learning-rate schedule over the run; cosine and linear decay to 0"),
     "warmup": Option(0, int, 0, help="linear warm-up steps for cosine/linear"),
+    "activation": Option("relu", str, choices=tuple(ACTIVATIONS),
+                         help="the hidden layers' activation: relu, gelu (torch's erf form), gelu_tanh (GELU's tanh "
+                              "approximation), silu or tanh"),
     "accum": Option("fp32", str, choices=tuple(ACCUMS), help="GEMM accumulator precision"),
     "seed": Option(0, int, 0, 2**63 - 1, help="seed for the initial weights and the shuffles"),
 }
 DEFAULTS = {name: opt.default for name, opt in OPTIONS.items()}
+DEFAULT_ACTIVATION = DEFAULTS["activation"]  # what a kernel build applies unless told (compiler, Kernels)
 MAX_WIDTH_LIST = 16  # hidden layers a width list may give (one width for all: up to OPTIONS["layers"].high)
 
 
@@ -163,6 +173,7 @@ class Recipe:
     lr_min: float = 0.0
     total_steps: int = 0
     accum: str = DEFAULTS["accum"]
+    activation: str = DEFAULTS["activation"]
     seed: int = DEFAULTS["seed"]
     inputs: int = INPUTS
     classes: int = CLASSES
@@ -273,12 +284,23 @@ class Recipe:
 
     @property
     def name(self) -> str:
-        return "-".join(map(str, self.widths))
+        """The architecture: the widths, and the activation where it is not the default ('784-256-10 gelu')."""
+        widths = "-".join(map(str, self.widths))
+        return widths if self.activation == DEFAULTS["activation"] else f"{widths} {self.activation}"
 
     @property
     def kernel_accum(self) -> str:
         """The accumulator as the kernels spell it (instance suffix)."""
         return ACCUMS[self.accum]
+
+    @property
+    def activation_code(self) -> int:
+        return ACTIVATIONS[self.activation]
+
+    @property
+    def saves_preactivation(self) -> bool:
+        """Whether the forward keeps each hidden layer's pre-activation for the backward (FROM_PREACTIVATION)."""
+        return self.activation in FROM_PREACTIVATION
 
     @property
     def schedule_code(self) -> int:
@@ -464,4 +486,5 @@ def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recip
     return Recipe(hidden=hidden, layers=layers, batch=get("batch"), optimizer=optimizer, lr=get("lr"),
                   momentum=get("momentum"), nesterov=bool(get("nesterov")), beta1=betas[0], beta2=betas[1], eps=eps,
                   weight_decay=get("weight_decay"), schedule=get("schedule"), warmup_steps=get("warmup"),
-                  lr_min=0.0, total_steps=total_steps, accum=get("accum"), seed=get("seed"), **shape)
+                  lr_min=0.0, total_steps=total_steps, accum=get("accum"), activation=get("activation"),
+                  seed=get("seed"), **shape)

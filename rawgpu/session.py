@@ -62,8 +62,9 @@ class Session:
         # build at once; a unit the plan did not foresee is built when asked for. Only a build that is not all
         # cached shows progress.
         early = sorted(common_units(arch), key=lambda u: (u[0], u[1] or ""))
-        cold_early = [u for u in early if not compiler.is_cached(u[0], arch, kernel=u[1])]
-        self.kernels = Kernels(arch, on_progress=on_compile if cold_early else None)
+        act = recipe.activation
+        cold_early = [u for u in early if not compiler.is_cached(u[0], arch, kernel=u[1], activation=act)]
+        self.kernels = Kernels(arch, on_progress=on_compile if cold_early else None, activation=act)
         t = time.perf_counter()
         self.kernels.prefetch(early)
         try:
@@ -71,7 +72,8 @@ class Session:
             model = steps.plan_model(recipe, self.choice, arch=arch, sm_count=self.device.sm_count,
                                      capacity=capacity, options=options, rank=rank.rank if rank else 0)
             units = model.kernel_units()
-            cold = cold_early + [u for u in units if u not in early and not compiler.is_cached(u[0], arch, kernel=u[1])]
+            cold = cold_early + [u for u in units
+                                 if u not in early and not compiler.is_cached(u[0], arch, kernel=u[1], activation=act)]
             if cold and on_compile is not None:
                 self.kernels.on_progress = on_compile
             self.kernels.prefetch(units)
@@ -96,8 +98,9 @@ class Session:
 
     @property
     def step_description(self) -> str:
-        """How a step runs, for headers: the kernel count or the one kernel's geometry."""
-        return self.model.step.describe()
+        """How a step runs, for headers: the kernel count or the one kernel's geometry, and the faster kind the
+        model's architecture ruled out, with why."""
+        return self.model.step.describe() + self.choice.fallback_note()
 
     def _capture(self, launches: list[Launch]) -> Graph:
         graph = capture(self.stream, run_launches(launches, self.stream))

@@ -23,9 +23,9 @@ from .memory import Arena, Tensor
 from .mlp import common_units, eval_batch, seed_of
 from .recipe import SCHEDULES, Recipe, cdiv
 
-# What every model of one stack shares: the buffers' shapes, the kernels' families, the run's length.
-SHARED_FIELDS = ("widths", "batch", "kernel_accum", "state_tensors", "train_rows", "test_rows", "total_steps",
-                 "steps_per_epoch")
+# What every model of one stack shares: the buffers' shapes, the kernels' families and build, the run's length.
+SHARED_FIELDS = ("widths", "batch", "kernel_accum", "state_tensors", "activation", "train_rows", "test_rows",
+                 "total_steps", "steps_per_epoch")
 
 
 def stack_problem(recipes: Sequence[Recipe]) -> str | None:
@@ -98,6 +98,8 @@ class ModelStack:
         self.eval_correct = a.tensor("eval_correct", n, np.int32)
         self.acts = [a.tensor(f"act{i}", (n * B, p), np.float16) for i, p in enumerate(padded)]
         self.grads = [None] + [a.tensor(f"grad{i}", (n * B, p), np.float16) for i, p in enumerate(padded) if i]
+        self.pres = [a.tensor(f"pre{i}", (n * B, p), np.float16) if r.saves_preactivation and 0 < i < len(padded) - 1
+                     else None for i, p in enumerate(padded)]  # as MLP's
         self.y = a.tensor("y", n * B, np.int32)
         hidden_p = max(padded[1:-1])
         self.eval_h = [a.tensor(f"eval_h{i}", (n * EB, hidden_p), np.float16) for i in range(2)]
@@ -120,9 +122,9 @@ class ModelStack:
                 a.tensor(f"vb_{i}", n * pout, np.float32) if states > 1 else None))
         plan = self.plan_gemm
         last = len(self.layers) - 1
-        self.eval_fwd = [plan(EB, padded[i + 1], padded[i], "rr", "bias" if i == last else "bias_relu")
+        self.eval_fwd = [plan(EB, padded[i + 1], padded[i], "rr", "bias" if i == last else "bias_act")
                          for i in range(len(self.layers))]
-        self.tail_fwd = [plan(self.eval_tail, padded[i + 1], padded[i], "rr", "bias" if i == last else "bias_relu")
+        self.tail_fwd = [plan(self.eval_tail, padded[i + 1], padded[i], "rr", "bias" if i == last else "bias_act")
                          for i in range(len(self.layers))] if self.eval_tail else []
 
     def plan_gemm(self, M: int, N: int, K: int, layout: str, epilogue: str, states: int = 0) -> kg.GemmPlan:
@@ -137,6 +139,9 @@ class ModelStack:
     def bind(self, kernels: Kernels) -> "ModelStack":
         if kernels.arch != self.arch:
             raise ValueError(f"the stack was planned for {self.arch}, the kernels are {kernels.arch}'s")
+        if kernels.activation != self.recipe.activation:
+            raise ValueError(f"the stack applies {self.recipe.activation}, the kernels were built for "
+                             f"{kernels.activation}")
         self.k = kernels
         return self
 
@@ -199,14 +204,20 @@ class ModelStack:
     def step_launches(self, steps: int = 1) -> list[Launch]:
         return self.step.launches(steps)
 
-    def forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan], shared_input: bool) -> list[Launch]:
-        """Every model's forward GEMMs from x (one input every model reads where shared_input) through outs."""
+    def forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan], shared_input: bool,
+                pres: list[Tensor | None] | None = None) -> list[Launch]:
+        """Every model's forward GEMMs from x (one input every model reads where shared_input) through outs; pres
+        as MLP.forward's."""
         launches, inp = [], x
         for i, (lay, out, plan) in enumerate(zip(self.layers, outs, plans)):
-            launches.append(km.gemm(self.k, self.n, plan, inp, lay.w16, out, bias=lay.b,
+            launches.append(km.gemm(self.k, self.n, plan, inp, lay.w16, out, bias=lay.b, act=pres[i] if pres else None,
                                     shared_a=shared_input and i == 0))
             inp = out
         return launches
+
+    def saved_for_backward(self, i: int) -> Tensor:
+        """As MLP.saved_for_backward: what the backward of layer i's input activation reads."""
+        return self.pres[i] if self.pres[i] is not None else self.acts[i]
 
     def eval_launches(self) -> list[Launch]:
         """Every model over the whole test set, eval_batch rows at a time, each chunk gathered once for all."""

@@ -56,8 +56,8 @@ class StackTrainer:
             raise NoDeviceError(f"{self.device.name} is {arch}: rawgpu needs sm_80 or newer")
         self.stack = steps.plan_model(r, arch=arch, sm_count=self.device.sm_count, models=self.recipes)
         units = sorted(self.stack.kernel_units(), key=lambda u: (u[0], u[1] or ""))
-        cold = [u for u in units if not compiler.is_cached(u[0], arch, kernel=u[1])]
-        self.kernels = Kernels(arch, on_progress=on_compile if cold else None)
+        cold = [u for u in units if not compiler.is_cached(u[0], arch, kernel=u[1], activation=r.activation)]
+        self.kernels = Kernels(arch, on_progress=on_compile if cold else None, activation=r.activation)
         self.kernels.prefetch(units)
         try:
             self.stack.bind(self.kernels).allocate()

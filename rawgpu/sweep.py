@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"{option.help} (default {option.default})")
     m.add_argument("--optimizer", choices=rc.OPTIONS["optimizer"].choices, default=rc.DEFAULTS["optimizer"],
                    help=f"{rc.OPTIONS['optimizer'].help} (default {rc.DEFAULTS['optimizer']})")
-    rc.add_options(m, ("nesterov", "accum"))
+    rc.add_options(m, ("activation", "nesterov", "accum"))
     m.add_argument("--epochs", type=count(1), default=None, help=f"epochs per model (default {rc.DEFAULTS['epochs']})")
     m.add_argument("--steps", type=count(1), default=None, help="training steps per model; overrides --epochs")
     s = p.add_argument_group("swept: each takes a list, every combination times every seed is one model")
@@ -113,7 +113,7 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
         grid = Grid(axes, parse_seeds(args.seeds))
         hidden, layers = rc.hidden_of(args.hidden, args.layers)
         base = rc.Recipe(hidden=hidden, layers=layers, batch=args.batch, optimizer=args.optimizer,
-                         nesterov=args.nesterov, accum=args.accum)
+                         nesterov=args.nesterov, accum=args.accum, activation=args.activation)
         recipes = grid.recipes(base)
     except ValueError as exc:
         parser.error(str(exc) if str(exc).startswith("argument") else f"the grid: {exc}")

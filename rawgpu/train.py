@@ -22,8 +22,8 @@ from .data import DATASET_NAMES
 from .steps import MODES
 from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged
 
-RECIPE_OPTIONS = ("hidden", "layers", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov", "betas", "eps",
-                  "weight_decay", "schedule", "warmup", "accum", "seed")
+RECIPE_OPTIONS = ("hidden", "layers", "activation", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov",
+                  "betas", "eps", "weight_decay", "schedule", "warmup", "accum", "seed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,12 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog=program("train"), description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 done, 1 runtime error (no GPU, out of memory, data, a GPU that stopped), 2 bad "
                "arguments, 130 Ctrl-C, 143 SIGTERM (both stop at a step boundary and save as --save says).")
-    rc.add_options(p.add_argument_group("model"), RECIPE_OPTIONS[:2])
+    rc.add_options(p.add_argument_group("model"), RECIPE_OPTIONS[:3])
     o = p.add_argument_group("optimisation")
-    rc.add_options(o, RECIPE_OPTIONS[2:4])
+    rc.add_options(o, RECIPE_OPTIONS[3:5])
     o.add_argument("--steps", type=count(1), default=None,
                    help="total training steps; overrides --epochs (the benchmark workload uses 5000)")
-    rc.add_options(o, RECIPE_OPTIONS[4:])
+    rc.add_options(o, RECIPE_OPTIONS[5:])
     d = p.add_argument_group("data and checkpoints")
     d.add_argument("--dataset", choices=DATASET_NAMES, default=None,
                    help="mnist, fashion-mnist and kmnist are checked against their published checksums and downloaded "

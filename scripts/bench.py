@@ -6,8 +6,9 @@
 batches, per-step learning rates and optimiser, against the recipe's weight-traffic and launch floors. seed: the
 reference workload (batch 32, plain SGD lr 0.003, 5000 steps); default: the CLI's default recipe (batch 128, SGD
 momentum 0.9, lr 0.05 cosine to 0, 8 epochs); adam: batch 128, Adam lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8
-epochs. `--hidden 1024 512 256` times that one architecture (a width per layer) instead of --sizes' H. Writes a
-table, a JSON file and (with matplotlib, for --sizes) a PNG plot to --out.
+epochs. `--hidden 1024 512 256` times that one architecture (a width per layer) instead of --sizes' H;
+`--activation gelu` (silu, tanh, ...) trains rawgpu and every peer with that activation. Writes a table, a JSON
+file and (with matplotlib, for --sizes) a PNG plot to --out.
 
 `python scripts/bench.py sweep [--models 1 8 32 128] [--sizes 128 256 1024] [--recipe default|adam]`: many models
 per step (issue 41): rawgpu's models step training all N at once, JAX vmap and torch.func doing the same
@@ -49,7 +50,7 @@ from rawgpu.files import write_atomic
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_sgd as D
 from rawgpu.kernels import gemm as G
-from rawgpu.recipe import OPTIMIZER_DEFAULTS
+from rawgpu.recipe import ACTIVATIONS, DEFAULTS, OPTIMIZER_DEFAULTS
 from rawgpu.steps import MODES, ONE_GPU
 
 
@@ -172,7 +173,7 @@ def run_peer(system: str, h: int | tuple[int, ...], steps: int, seed: int, data,
     rr = rawgpu_recipe(h, {**RECIPES["seed"], **(recipe or {})}, steps, seed)  # every setting resolved
     w = Workload(hidden=h, steps=steps, seed=seed, init=init, batch=rr.batch, lr=rr.lr, momentum=rr.momentum,
                  schedule=rr.schedule, optimizer=rr.optimizer, nesterov=rr.nesterov, betas=(rr.beta1, rr.beta2),
-                 eps=rr.eps, weight_decay=rr.weight_decay)
+                 eps=rr.eps, weight_decay=rr.weight_decay, activation=rr.activation)
     r = module.run(system, w, data)
     return dict(system=system, us_per_step=r.us_per_step, test_accuracy=r.test_accuracy, final_loss=r.final_loss,
                 note=r.note)
@@ -372,7 +373,8 @@ def cmd_sweep(args) -> int:
                            recipe=recipe)
         base = Workload(hidden=h, steps=args.steps, batch=rr.batch, lr=rr.lr, momentum=rr.momentum,
                         schedule=rr.schedule, optimizer=rr.optimizer, nesterov=rr.nesterov,
-                        betas=(rr.beta1, rr.beta2), eps=rr.eps, weight_decay=rr.weight_decay)
+                        betas=(rr.beta1, rr.beta2), eps=rr.eps, weight_decay=rr.weight_decay,
+                        activation=rr.activation)
         per_weight = sweeps.floor_bytes_per_weight(base)
         for n in args.models:
             rates, seeds = sweep_grid(n)
@@ -431,6 +433,8 @@ def main(argv=None) -> int:
                         "CLI's default: batch 128, momentum 0.9, lr 0.05 cosine, 8 epochs) or adam (batch 128, Adam "
                         "lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8 epochs) (default seed)")
     t.add_argument("--batch", type=positive, default=None, help="the recipe's batch, overridden (<= 60000)")
+    t.add_argument("--activation", choices=tuple(ACTIVATIONS), default=DEFAULTS["activation"],
+                   help="the hidden layers' activation, in rawgpu and every peer (default relu)")
     t.add_argument("--optimizer", choices=tuple(OPTIMIZER_DEFAULTS), default=None,
                    help="the recipe's optimiser, overridden (its lr and weight decay then the CLI's defaults for it)")
     t.add_argument("--steps", type=positive, default=None,
@@ -491,6 +495,7 @@ def main(argv=None) -> int:
             p.error(f"argument --batch: at most the 60000 training images, got {args.batch}")
         recipe = with_optimizer(RECIPES[args.recipe], args.optimizer or RECIPES[args.recipe]["optimizer"])
         recipe["batch"] = args.batch or recipe["batch"]
+        recipe["activation"] = args.activation
         run_steps = recipe.pop("steps", None) or recipe.pop("epochs") * (60000 // recipe["batch"])
         args.steps = args.steps or run_steps
         args.train_recipe = recipe

@@ -23,7 +23,7 @@ from rawgpu.cli import add_device_option, add_step_option, check_step_option, co
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/inspect_graph.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    rc.add_options(p, ("hidden", "layers", "batch", "optimizer", "momentum", "weight_decay", "accum"))
+    rc.add_options(p, ("hidden", "layers", "activation", "batch", "optimizer", "momentum", "weight_decay", "accum"))
     p.add_argument("--steps-per-graph", type=count(1, 100), default=1, help="steps in the graph (default 1)")
     add_step_option(p)
     add_device_option(p)

@@ -138,6 +138,15 @@ def stream(device):
     return Stream()
 
 
+@pytest.fixture(scope="session")
+def kernels_for(device):
+    """The device's kernels built for an activation (rawgpu.recipe.ACTIVATIONS), one Kernels per activation."""
+    from rawgpu.kernels import Kernels
+
+    built: dict = {}
+    return lambda activation="relu": built.setdefault(activation, Kernels(device.arch, activation=activation))
+
+
 @pytest.fixture
 def rng(request):
     """Fresh random inputs every run; a failing test's report names the seed, and RAWGPU_TEST_SEED=N replays it."""

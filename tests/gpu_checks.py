@@ -82,7 +82,7 @@ class LateDxKernels:
     LATE_NS = 200_000
 
     def __init__(self, arch: str):
-        self.arch, self._modules = arch, []
+        self.arch, self.activation, self._modules = arch, "relu", []
 
     def get(self, source: str, name: str, signature: str):
         from rawgpu import compiler, driver

@@ -1,10 +1,11 @@
 """Float64 numpy reference of one rawgpu MLP training step.
 
 GPU tests compare the device's parameters after 1 and 10 steps against this, so it follows the
-device's conventions exactly: W is [fan_in, fan_out] (forward is ``x @ W + b``), hidden layers are
-ReLU, the loss is the batch-mean softmax cross-entropy, and relu'(h) is taken from the saved
-post-ReLU activation (``h > 0``, so 0 at the kink). Everything runs in float64 so the reference's
-own rounding is negligible next to the device's float32.
+device's conventions exactly: W is [fan_in, fan_out] (forward is ``x @ W + b``), the hidden layers
+apply the recipe's activation (ReLU by default), the loss is the batch-mean softmax cross-entropy,
+and the activation's derivative is taken from what the device saves for it: the output for relu
+(``h > 0``, so 0 at the kink) and tanh (``1 - h^2``), the pre-activation z for gelu, gelu_tanh and silu.
+Everything runs in float64 so the reference's own rounding is negligible next to the device's float32.
 
 ``fp16_storage=True`` rounds to fp16 exactly where the device stores fp16 (working weights, activations,
 logits, and the backward's d(activation) scaled by the loss scale ``grad_scale``), and computes everything
@@ -16,9 +17,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import math
+
 import numpy as np
 
 Params = list[tuple[np.ndarray, np.ndarray]]
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_C = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh_t(z):
+    return np.tanh(_C * (z + 0.044715 * z ** 3))
+
+
+# name -> (f(z), f'(z) from (z, h = f(z) as stored)): torch's definitions, in float64
+ACTIVATIONS = {
+    "relu": (lambda z: np.maximum(z, 0.0), lambda z, h: (h > 0).astype(np.float64)),
+    "gelu": (lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
+             lambda z, h: 0.5 * (1.0 + _erf(z / math.sqrt(2.0))) + z * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)),
+    "gelu_tanh": (lambda z: 0.5 * z * (1.0 + _gelu_tanh_t(z)),
+                  lambda z, h: 0.5 * (1.0 + _gelu_tanh_t(z))
+                  + 0.5 * z * (1.0 - _gelu_tanh_t(z) ** 2) * _C * (1.0 + 3 * 0.044715 * z * z)),
+    "silu": (lambda z: z / (1.0 + np.exp(-z)),
+             lambda z, h: (1.0 / (1.0 + np.exp(-z))) * (1.0 + z * (1.0 - 1.0 / (1.0 + np.exp(-z))))),
+    "tanh": (np.tanh, lambda z, h: 1.0 - h * h),
+}
 
 
 def _f64(a) -> np.ndarray:
@@ -31,25 +54,34 @@ def _rounder(fp16_storage: bool) -> Callable[[np.ndarray], np.ndarray]:
     return lambda a: _f64(np.asarray(a, dtype=np.float64).astype(np.float16))
 
 
-def forward(params: Params, x, fp16_storage: bool = False) -> list[np.ndarray]:
+def forward(params: Params, x, fp16_storage: bool = False, activation: str = "relu",
+            pres: list | None = None) -> list[np.ndarray]:
     """Return ``[x, h1, ..., h_{L-1}, logits]``: every layer's input, plus the logits.
 
-    Backprop needs each layer's input (for dW) and the post-ReLU hidden values (for the mask).
+    Backprop needs each layer's input (for dW) and what the activation's derivative reads; pres, when given, gets
+    each hidden layer's pre-activation z as the device stores it (pres[i]: layer i's input's, pres[0] None).
     """
     store = _rounder(fp16_storage)
+    act = ACTIVATIONS[activation][0]
     acts = [store(x)]
+    if pres is not None:
+        pres[:] = [None]
     for i, (w, b) in enumerate(params):
         z = acts[-1] @ store(w) + _f64(b)
-        acts.append(store(z if i == len(params) - 1 else np.maximum(z, 0.0)))
+        if i < len(params) - 1 and pres is not None:
+            pres.append(store(z))
+        acts.append(store(z if i == len(params) - 1 else act(z)))
     return acts
 
 
 def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
-                   grad_scale: float = 1.0) -> tuple[float, int, Params]:
+                   grad_scale: float = 1.0, activation: str = "relu") -> tuple[float, int, Params]:
     """Mean softmax cross-entropy, argmax hit count, and d(mean loss)/d(W, b) for every layer."""
     labels = np.asarray(labels, dtype=np.int64)
     store = _rounder(fp16_storage)
-    acts = forward(params, x, fp16_storage)
+    pres: list = []
+    acts = forward(params, x, fp16_storage, activation, pres)
+    derivative = ACTIVATIONS[activation][1]
     logits = acts[-1]
     n = logits.shape[0]
     rows = np.arange(n)
@@ -69,8 +101,8 @@ def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
     for i in range(len(params) - 1, -1, -1):
         grads[i] = (acts[i].T @ delta / grad_scale, delta.sum(axis=0) / grad_scale)
         if i > 0:
-            # acts[i] is the post-ReLU output of layer i-1; its positive entries are where relu' = 1.
-            delta = store((delta @ store(params[i][0]).T) * (acts[i] > 0))
+            # acts[i] is layer i-1's output, pres[i] its pre-activation as the device stored them
+            delta = store((delta @ store(params[i][0]).T) * derivative(pres[i], acts[i]))
     return loss, correct, grads
 
 

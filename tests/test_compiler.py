@@ -40,7 +40,7 @@ def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
 # overlapping the one before: each must wait for the prior grid, and only then let its own dependent start
 # (ptx/pdl.cuh).
 OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"],
-              "elementwise.cu": ["bias_update", "finish_sum_bias", "finish_sum_bias_relu", "finish_sum_drelu",
+              "elementwise.cu": ["bias_update", "finish_sum_bias", "finish_sum_bias_act", "finish_sum_dact",
                                  "apply_update_sgd", "apply_update_adam"],
               "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "dx_update.cu": None, "head.cu": None,
               "gemm.cu": None, "gemm_tma.cu": None,  # None: all
@@ -227,7 +227,7 @@ def _launchers():
     yield gemm.TMA_SOURCE, gemm.all_kernel_names(gemm.TMA_SOURCE)[0], gemm.TMA_SIGNATURE
     yield gemm.SOURCE, gemm.kernel_name("stream", "rr", "store32", "f32"), gemm.SIGNATURE  # out is fp32: still a pointer
     yield gemm.TMA_SOURCE, gemm.kernel_name("tma128x64", "rr", "store32", "f16"), gemm.TMA_SIGNATURE
-    yield contract.GEMM_WGMMA_SOURCE, gemm.kernel_name("wg256", "rr", "bias_relu", "f32"), gemm.TMA_SIGNATURE
+    yield contract.GEMM_WGMMA_SOURCE, gemm.kernel_name("wg256", "rr", "bias_act", "f32"), gemm.TMA_SIGNATURE
 
 
 @pytest.mark.parametrize("source,kernel,signature", list(_launchers()))
@@ -254,7 +254,7 @@ def fake_builds(monkeypatch):
         def __init__(self, source, kernel):
             self.cubin = f"{source}:{kernel}".encode()
 
-    def fake_compile(source, arch, kernel=None):
+    def fake_compile(source, arch, kernel=None, activation="relu"):
         built.append((source, kernel, arch, threading.current_thread() is main))
         return FakeCompiled(source, kernel)
 
@@ -286,7 +286,7 @@ def test_load_all_builds_on_threads_and_loads_in_the_calling_thread(fake_builds,
     k.load_all()
     assert len(built) == len(sources), "loaded sources are not built again"
 
-    def failing(source, arch, kernel=None):
+    def failing(source, arch, kernel=None, activation="relu"):
         raise CompileError(f"{source}: boom")
 
     monkeypatch.setattr(K, "compile_source", failing)
@@ -323,7 +323,7 @@ def test_a_failed_build_drops_the_queued_ones(fake_builds, monkeypatch):
     K, built, _ = fake_builds
     gate, started = threading.Event(), []
 
-    def slow_or_failing(source, arch, kernel=None):
+    def slow_or_failing(source, arch, kernel=None, activation="relu"):
         started.append(source)
         if source == "data.cu":
             raise CompileError("data.cu: boom")

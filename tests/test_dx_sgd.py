@@ -66,7 +66,7 @@ class Bound:
     """Stands in for Kernels on the CPU: each launch is (signature, arguments) as the launcher would bind them;
     nothing compiled."""
 
-    arch = "sm_90"
+    arch, activation = "sm_90", "relu"
 
     def get(self, source, name, signature):
         return type("K", (), {"bind": lambda _, grid, block, smem, *args, **kw: (signature, args)})()
@@ -92,7 +92,7 @@ def check_dx_operand(launch, dx_at: int, lddx_at: int) -> None:
                     driver._convert(kind, arg, i)
     _, args = launch(None)
     assert (args[dx_at], args[lddx_at], args[lddx_at + 1]) == (0, 0, 0), "no dx: null, no stride, no flag"
-    with pytest.raises(TypeError, match=r"^dx: expected dtype float16 \(masked\) or float32 \(raw partial sums\), "
+    with pytest.raises(TypeError, match=r"^dx: expected dtype float16 \(times act'\) or float32 \(raw partial sums\), "
                                         r"got int16$"):
         launch(dx((32, 520), np.int16))
     with pytest.raises(TypeError, match="got float64"):
@@ -272,7 +272,7 @@ def check_raw_dx(runs, raw, x, ref_sum, at):
     larger) against the same launch with fp16 dx from the same state (`runs`): the fp32 dx is the raw sums
     dy @ W16^T (ref_sum, float64) within a store32 GEMM's bound and not rounded on the way, written nowhere past
     [B, IN]; masked by x > 0 and rounded to fp16 on the host (numpy: to nearest even, as pack_f16x2), what
-    finish_sum's drelu makes of the GPUs' total, it is the fp16 dx bit for bit; every other output (master, state,
+    finish_sum's dact makes of the GPUs' total, it is the fp16 dx bit for bit; every other output (master, state,
     bias, tickets) is byte for byte the same; and the fp32 runs repeat to the bit."""
     from gpu_checks import assert_same_bytes
     from optim_reference import rel

@@ -52,8 +52,8 @@ def test_smem_matches_the_cuda_formula():
     assert tma.threads == 5 * 32  # 4 consumer warps and the producer
 
 
-@pytest.mark.parametrize("M,K,epi,expected", [(1, 784, "bias_relu", "stream"), (32, 8192, "store", "stream"),
-                                              (33, 64, "drelu", "64x128"), (64, 64, "store", "stream"),
+@pytest.mark.parametrize("M,K,epi,expected", [(1, 784, "bias_act", "stream"), (32, 8192, "store", "stream"),
+                                              (33, 64, "dact", "64x128"), (64, 64, "store", "stream"),
                                               (128, 256, "bias", "stream"), (257, 256, "bias", "128x128"),
                                               (8192, 32, "sgd", "staged"),
                                               (784, 128, "sgd", "staged"), (784, 1024, "sgd", "128x128"),
@@ -65,7 +65,7 @@ def test_config_choice(M, K, epi, expected):
 
 
 def test_batch_sized_gemms_stream():
-    for layout, epi in [("rr", "bias_relu"), ("rc", "drelu"), ("rr", "store"), ("rc", "store"), ("rr", "bias")]:
+    for layout, epi in [("rr", "bias_act"), ("rc", "dact"), ("rr", "store"), ("rc", "store"), ("rr", "bias")]:
         for N, K in [(8192, 8192), (2048, 2048), (8192, 784), (256, 256), (16, 8192)]:
             assert G.plan_gemm(32, N, K, layout, epi).config.name == "stream"
             assert G.plan_gemm(1, N, K, layout, epi).config.name == "stream"
@@ -82,7 +82,7 @@ def test_batch_sized_gemms_stream():
 
 
 def test_tma_streams_large_weights_on_sm90_only():
-    for layout, epi in [("rr", "bias_relu"), ("rc", "drelu"), ("rr", "store"), ("rc", "store")]:
+    for layout, epi in [("rr", "bias_act"), ("rc", "dact"), ("rr", "store"), ("rc", "store")]:
         for N, K in [(8192, 8192), (4096, 4096), (2048, 2048), (8192, 784)]:
             p = G.plan_gemm(32, N, K, layout, epi, arch="sm_90")
             assert p.config.name == "tma" and p.source == G.TMA_SOURCE
@@ -93,16 +93,16 @@ def test_tma_streams_large_weights_on_sm90_only():
     # the forward at batch size: the copy engine from 1 MB, its 128-column tile on 4096 columns, its 128-row tile from
     # 12 MB, one block per SM
     for M in (33, 128, 256):
-        assert G.plan_gemm(M, 256, 784, "rr", "bias_relu", arch="sm_90").config.name == "stream"
-        assert G.plan_gemm(M, 1024, 784, "rr", "bias_relu", arch="sm_90").config.name == "tma"
-        assert G.plan_gemm(M, 2048, 2048, "rr", "bias_relu", arch="sm_90").config.name == "tma"
-        assert G.plan_gemm(M, 4096, 784, "rr", "bias_relu", arch="sm_90").config.name == "tma128"
+        assert G.plan_gemm(M, 256, 784, "rr", "bias_act", arch="sm_90").config.name == "stream"
+        assert G.plan_gemm(M, 1024, 784, "rr", "bias_act", arch="sm_90").config.name == "tma"
+        assert G.plan_gemm(M, 2048, 2048, "rr", "bias_act", arch="sm_90").config.name == "tma"
+        assert G.plan_gemm(M, 4096, 784, "rr", "bias_act", arch="sm_90").config.name == "tma128"
         for N, K, splits in [(8192, 784, 1), (4096, 4096, 2), (8192, 8192, 1)]:
-            p = G.plan_gemm(M, N, K, "rr", "bias_relu", arch="sm_90", capacity=H100_CLUSTERS)
+            p = G.plan_gemm(M, N, K, "rr", "bias_act", arch="sm_90", capacity=H100_CLUSTERS)
             assert p.config.name == G.ROW_TILE and p.config.bm == 128
             assert p.splits == (1 if M > 128 else splits)  # two row tiles fill the SMs unsplit
             assert M > 128 or p.grid[0] * p.grid[1] * p.grid[2] <= 132
-        assert G.plan_gemm(M, 4096, 4096, "rc", "drelu", arch="sm_90").config.name in ("64x128", "128x128")
+        assert G.plan_gemm(M, 4096, 4096, "rc", "dact", arch="sm_90").config.name in ("64x128", "128x128")
     assert G.plan_gemm(8192, 8192, 32, "cr", "sgd", arch="sm_90").config.name == "staged"
     assert G.has_tma("sm_90") and G.has_tma("sm_90a") and not G.has_tma("sm_89")
 
@@ -110,7 +110,7 @@ def test_tma_streams_large_weights_on_sm90_only():
 def test_streaming_fills_each_sm_once():
     for sms in (46, 108, 132):
         for N, K in [(8192, 8192), (4096, 4096), (2048, 2048), (4096, 784), (8192, 784)]:
-            p = G.plan_gemm(32, N, K, "rr", "bias_relu", sm_count=sms, arch="sm_86", config="stream")
+            p = G.plan_gemm(32, N, K, "rr", "bias_act", sm_count=sms, arch="sm_86", config="stream")
             blocks = p.grid[0] * p.grid[1] * p.grid[2]
             assert p.config.name == "stream"
             assert blocks <= max(sms, p.tiles[0] * p.tiles[1]), "more streaming blocks than SMs"
@@ -119,9 +119,9 @@ def test_streaming_fills_each_sm_once():
             assert p.splits == 1 or -(-K // p.config.bk) >= G.STREAM_SPLIT_MIN_K_TILES
     # latency-bound shapes spread over more SMs, two k-tiles a split at least: 13 k-tiles of 64 -> 6 asked, so 3 per
     # split and 5 splits (none empty)
-    assert G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_86").splits == 5
-    assert G.plan_gemm(32, 512, 512, "rc", "drelu", arch="sm_86").splits == 4
-    assert G.plan_gemm(32, 256, 256, "rr", "bias_relu", arch="sm_86").splits == 1  # 4 k-tiles: not worth a fix-up
+    assert G.plan_gemm(32, 128, 784, "rr", "bias_act", arch="sm_86").splits == 5
+    assert G.plan_gemm(32, 512, 512, "rc", "dact", arch="sm_86").splits == 4
+    assert G.plan_gemm(32, 256, 256, "rr", "bias_act", arch="sm_86").splits == 1  # 4 k-tiles: not worth a fix-up
 
 
 H100_CLUSTERS = (0, 0, 66, 39, 30, 22, 17, 15, 15)  # cluster_capacity on an H100 SXM (132 SMs): clusters of s at once
@@ -129,20 +129,20 @@ H100_CLUSTERS = (0, 0, 66, 39, 30, 22, 17, 15, 15)  # cluster_capacity on an H10
 
 def test_cluster_splits_keep_every_cluster_resident():
     for N, K in [(8192, 8192), (4096, 4096), (2048, 2048), (2048, 784), (1024, 1024), (512, 512), (16, 2048)]:
-        p = G.plan_gemm(32, N, K, "rr", "bias_relu", arch="sm_90", capacity=H100_CLUSTERS)
+        p = G.plan_gemm(32, N, K, "rr", "bias_act", arch="sm_90", capacity=H100_CLUSTERS)
         assert p.splits == 1 or (p.cluster and p.tiles[0] * p.tiles[1] <= H100_CLUSTERS[p.splits]), (N, K)
         assert (p.splits - 1) * p.k_chunk < K, "a split would be empty"
     plan = functools.partial(G.plan_gemm, arch="sm_90", capacity=H100_CLUSTERS)
     # as many splits as fit at once, down to one k-tile each: 13 k-tiles -> 8 asked, 2 per split, 7 splits
-    assert plan(32, 128, 784, "rr", "bias_relu").splits == 7
-    assert plan(32, 512, 512, "rc", "drelu").splits == 8
-    assert plan(32, 1024, 1024, "rr", "bias_relu").splits == 6  # 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6
-    assert plan(32, 2048, 784, "rr", "bias_relu").splits == 3  # 32 tiles: 30 clusters of 4 fit, 39 of 3
-    assert plan(32, 256, 256, "rr", "bias_relu").splits == 1  # 4 k-tiles: not worth a fix-up
-    assert plan(32, 8192, 8192, "rr", "bias_relu").splits == 1  # 128 tiles already fill the GPU
-    assert plan(32, 4096, 4096, "rr", "bias_relu").splits == 1  # the tensor-copy tile from a quarter of the SMs on
-    assert plan(32, 2048, 2048, "rr", "bias_relu").splits == 1  # 32 tensor-copy tiles: unsplit
-    few = plan(32, 1024, 2048, "rr", "bias_relu")  # 16 tensor-copy tiles: split, 17 clusters of 6 fit
+    assert plan(32, 128, 784, "rr", "bias_act").splits == 7
+    assert plan(32, 512, 512, "rc", "dact").splits == 8
+    assert plan(32, 1024, 1024, "rr", "bias_act").splits == 6  # 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6
+    assert plan(32, 2048, 784, "rr", "bias_act").splits == 3  # 32 tiles: 30 clusters of 4 fit, 39 of 3
+    assert plan(32, 256, 256, "rr", "bias_act").splits == 1  # 4 k-tiles: not worth a fix-up
+    assert plan(32, 8192, 8192, "rr", "bias_act").splits == 1  # 128 tiles already fill the GPU
+    assert plan(32, 4096, 4096, "rr", "bias_act").splits == 1  # the tensor-copy tile from a quarter of the SMs on
+    assert plan(32, 2048, 2048, "rr", "bias_act").splits == 1  # 32 tensor-copy tiles: unsplit
+    few = plan(32, 1024, 2048, "rr", "bias_act")  # 16 tensor-copy tiles: split, 17 clusters of 6 fit
     assert few.config.tma and few.splits == 6 and few.cluster
     # one tile of long K: 16 splits through the workspace, not 8 long ones in a cluster; 32 k-tiles stay in one
     long = plan(32, 16, 8192, "rr", "bias")
@@ -210,12 +210,12 @@ def test_split_k_fills_the_gpu_and_never_makes_empty_splits():
 
 
 def test_splits_meet_in_a_cluster_on_sm90_only():
-    fwd = G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_90")
+    fwd = G.plan_gemm(32, 128, 784, "rr", "bias_act", arch="sm_90")
     assert fwd.splits > 1 and fwd.cluster and fwd.cluster_dims == (1, 1, fwd.splits)
     assert fwd.workspace_floats == 0 and fwd.tickets == 0  # no scratch: the partials stay on chip
-    old = G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_86")
+    old = G.plan_gemm(32, 128, 784, "rr", "bias_act", arch="sm_86")
     assert old.splits > 1 and not old.cluster and old.cluster_dims == (1, 1, 1) and old.workspace_floats > 0
-    l2 = G.plan_gemm(32, 128, 784, "rr", "bias_relu", arch="sm_90", cluster=False)
+    l2 = G.plan_gemm(32, 128, 784, "rr", "bias_act", arch="sm_90", cluster=False)
     assert not l2.cluster and l2.workspace_floats > 0
     # beyond the portable cluster size, and on the staged tile, the workspace still takes them
     assert not G.plan_gemm(32, 128, 8192, "rr", "store", arch="sm_90", splits=12).cluster
@@ -279,19 +279,19 @@ def test_a_weight_gradient_in_fp32_runs_the_tile_and_splits_of_one_gpus_update(a
 def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     """x @ W and dy @ W^T of more than 256 rows run on the sm_90a warpgroup-MMA tiles (256 columns where those still
     fill half the SMs), never split, with fp32 accumulation, N >= 128 and K >= 64; elsewhere the tiles before."""
-    for layout, epi in (("rr", "bias_relu"), ("rc", "drelu"), ("rr", "store32"), ("rc", "store")):
+    for layout, epi in (("rr", "bias_act"), ("rc", "dact"), ("rr", "store32"), ("rc", "store")):
         p = G.plan_gemm(4096, 1024, 1024, layout, epi, arch="sm_90")
         assert (p.config.name, p.splits, p.config.threads, p.source) == ("wg256", 1, 384, "gemm_wgmma.cu"), layout
         assert p.smem_bytes == 4 * (128 + 256) * 64 * 2 + 1024
     assert G.plan_gemm(1024, 256, 256, "rr", "store", arch="sm_90").config.name == "wg128"  # 8 x 1 wide tiles: few
-    assert G.plan_gemm(257, 1024, 1024, "rc", "drelu", arch="sm_90").config.name == "wg128"
+    assert G.plan_gemm(257, 1024, 1024, "rc", "dact", arch="sm_90").config.name == "wg128"
     for args, kw in [((256, 1024, 1024, "rr", "store"), {}),  # a batch the streaming tiles take
                      ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
-                     ((4096, 16, 1024, "rr", "bias"), {}), ((4096, 1024, 16, "rc", "drelu"), {}),
-                     ((4096, 104, 1024, "rr", "bias_relu"), {}), ((4096, 1024, 4096, "cr", "sgd"), {"states": 1})]:
+                     ((4096, 16, 1024, "rr", "bias"), {}), ((4096, 1024, 16, "rc", "dact"), {}),
+                     ((4096, 104, 1024, "rr", "bias_act"), {}), ((4096, 1024, 4096, "cr", "sgd"), {"states": 1})]:
         assert not G.plan_gemm(*args, arch="sm_90", **kw).config.wgmma, (args, kw)
     for arch in ("sm_86", "sm_80", "sm_100"):
-        assert G.plan_gemm(4096, 1024, 1024, "rr", "bias_relu", arch=arch).config.name == "128x128"
+        assert G.plan_gemm(4096, 1024, 1024, "rr", "bias_act", arch=arch).config.name == "128x128"
     with pytest.raises(ValueError, match="needs the warpgroup MMA of sm_90, not sm_100"):
         G.plan_gemm(4096, 1024, 1024, "rr", "store", config="wg128", arch="sm_100")
     with pytest.raises(ValueError, match="takes no split-K"):
@@ -344,8 +344,8 @@ def test_store32_binds_an_fp32_output_and_refuses_others():
 
 
 def test_plan_is_deterministic():
-    a = G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
-    assert a == G.plan_gemm(32, 1024, 1024, "rc", "drelu", sm_count=132)
+    a = G.plan_gemm(32, 1024, 1024, "rc", "dact", sm_count=132)
+    assert a == G.plan_gemm(32, 1024, 1024, "rc", "dact", sm_count=132)
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -420,10 +420,10 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
                 host[name] = (rng.uniform(-1, 1, (M, N)) if name == "mom" else rng.uniform(0, K, (M, N))).astype(np.float32)
         else:
             out = arena.tensor("C", (M, N), np.float32 if epilogue == "store32" else np.float16)
-        if epilogue in ("bias", "bias_relu"):
+        if epilogue in ("bias", "bias_act"):
             extra["bias"] = arena.tensor("bias", (N,), np.float32)
             host["bias"] = rng.uniform(-2, 2, N).astype(np.float32)
-        if epilogue == "drelu":
+        if epilogue == "dact":
             extra["act"] = arena.tensor("act", (M, N), np.float16)
             host["act"] = np.maximum(_f16(rng, (M, N)), 0).astype(np.float16)  # a ReLU output: about half zero
         if plan.splits > 1 and not plan.cluster:
@@ -455,9 +455,9 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
     ref = {"acc": acc_ref}
     if epilogue == "bias":
         ref["out"] = acc_ref + host["bias"]
-    elif epilogue == "bias_relu":
+    elif epilogue == "bias_act":
         ref["out"] = np.maximum(acc_ref + host["bias"], 0)
-    elif epilogue == "drelu":
+    elif epilogue == "dact":
         ref["out"] = acc_ref * (host["act"] > 0)
     elif epilogue in ("store", "store32"):
         ref["out"] = acc_ref
@@ -510,9 +510,9 @@ def mlp_cases():
     for h in (128, 256, 1000, 1024, 4096, 8192):
         for b in (32, 128):
             for fin, fout, last in [(784, h, False), (h, h, False), (h, 16, True)]:
-                cases.append((f"fwd-h{h}-b{b}-{fin}x{fout}", b, fout, fin, "rr", "bias" if last else "bias_relu"))
+                cases.append((f"fwd-h{h}-b{b}-{fin}x{fout}", b, fout, fin, "rr", "bias" if last else "bias_act"))
                 if fin != 784:
-                    cases.append((f"dx-h{h}-b{b}-{fout}x{fin}", b, fin, fout, "rc", "drelu"))
+                    cases.append((f"dx-h{h}-b{b}-{fout}x{fin}", b, fin, fout, "rc", "dact"))
                 cases.append((f"dw-h{h}-b{b}-{fin}x{fout}", fin, fout, b, "cr", "update"))
     # a tensor-parallel layer's fp32 partial sums (store32), x @ W and dy @ W^T of a hidden layer's shard at batch 32,
     # 128 and 256: the planner's tiles for a plain store (on sm_90 the tensor-copy ones from batch 128 on)
@@ -553,10 +553,10 @@ def test_mlp_shapes_fp16_accumulation(device, stream, kernels, rng, name, M, N, 
     check_case(plan, got, ref)
 
 
-ODD = [("m1-n16-k8", 1, 16, 8, "rr", "bias_relu"), ("m1-n104-k784", 1, 104, 784, "rr", "bias_relu"),
-       ("hidden100", 32, 104, 104, "rr", "bias_relu"), ("hidden100-dx", 32, 104, 104, "rc", "drelu"),
+ODD = [("m1-n16-k8", 1, 16, 8, "rr", "bias_act"), ("m1-n104-k784", 1, 104, 784, "rr", "bias_act"),
+       ("hidden100", 32, 104, 104, "rr", "bias_act"), ("hidden100-dx", 32, 104, 104, "rc", "dact"),
        ("hidden100-dw", 104, 104, 32, "cr", "update"), ("n10pad16", 32, 16, 104, "rr", "bias"),
-       ("dx-to-784", 32, 784, 104, "rc", "drelu"), ("dw-784", 784, 104, 7, "cr", "update"),
+       ("dx-to-784", 32, 784, 104, "rc", "dact"), ("dw-784", 784, 104, 7, "cr", "update"),
        ("m1000-k8", 1000, 24, 8, "rr", "store"), ("k1-col", 40, 24, 1, "cr", "store"),
        ("tp-m1", 1, 72, 200, "rr", "store32"), ("tp-fwd-odd", 100, 264, 1000, "rr", "store32"),
        ("tp-dx-odd", 33, 136, 200, "rc", "store32")]
@@ -586,7 +586,7 @@ def test_every_layout_and_config(device, stream, kernels, rng, layout, config, M
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K,layout,epi", [(32, 1024, 4096, "rr", "bias_relu"), (32, 4096, 1024, "rc", "drelu"),
+@pytest.mark.parametrize("M,N,K,layout,epi", [(32, 1024, 4096, "rr", "bias_act"), (32, 4096, 1024, "rc", "dact"),
                                               (128, 256, 8192, "rr", "store"), (64, 128, 2048, "cr", "store"),
                                               (256, 256, 2048, "cr", "update"), (128, 256, 8192, "rr", "store32"),
                                               (32, 4096, 1024, "rc", "store32")])
@@ -609,8 +609,8 @@ def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, ke
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias"), ("rr", "bias_relu"), ("rc", "store"),
-                                        ("rc", "drelu"), ("rr", "store32"), ("rc", "store32")])
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias"), ("rr", "bias_act"), ("rc", "store"),
+                                        ("rc", "dact"), ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K,splits", [(1, 72, 200, None), (17, 136, 1000, None), (32, 520, 4104, 3),
                                           (32, 64, 64, None)])
 def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, accum):
@@ -623,7 +623,7 @@ def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["wg128", "wg256"])
-@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu"),
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact"),
                                         ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K", [(300, 136, 200), (257, 264, 784), (1024, 1024, 1024), (4096, 512, 64)])
 def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi, config):
@@ -710,7 +710,7 @@ def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["tma", "tma128"])
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu"),
+@pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact"),
                                         ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K,splits", [(1, 72, 200, None), (17, 136, 1000, None), (32, 520, 4104, 3),
                                           (32, 64, 64, None), (9, 8, 1032, 2), (32, 1000, 1160, None)])
@@ -733,7 +733,7 @@ ROW_TILE_CASES = [(128, 256, 784, None), (100, 136, 1000, 3), (256, 520, 4104, 4
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
-@pytest.mark.parametrize("epi", ["store", "bias_relu", "store32"])
+@pytest.mark.parametrize("epi", ["store", "bias_act", "store32"])
 @pytest.mark.parametrize("M,N,K,splits", ROW_TILE_CASES)
 def test_tma_row_tiles(device, stream, kernels, rng, M, N, K, splits, epi, accum):
     """The tensor-copy tile of 128 rows (sm_90), whose warps split the rows: partial tiles in M, N and K, two row
@@ -749,11 +749,11 @@ def test_tma_row_tiles(device, stream, kernels, rng, M, N, K, splits, epi, accum
     assert np.array_equal(runs[0]["out"], runs[1]["out"]), "results differ between identical runs"
 
 
-CLUSTER_CASES = [(32, 128, 784, "rr", "bias_relu", "stream", 5), (32, 520, 4104, "rc", "drelu", "stream", 8),
-                 (17, 136, 1000, "rr", "store", "tma", 3), (32, 1000, 1160, "rc", "drelu", "tma128", 2),
+CLUSTER_CASES = [(32, 128, 784, "rr", "bias_act", "stream", 5), (32, 520, 4104, "rc", "dact", "stream", 8),
+                 (17, 136, 1000, "rr", "store", "tma", 3), (32, 1000, 1160, "rc", "dact", "tma128", 2),
                  (40, 264, 1000, "rr", "bias", "32x128", 4), (72, 136, 600, "cr", "update", "64x128", 3),
                  (296, 136, 520, "cc", "store", "128x128", 6), (9, 8, 1032, "rr", "store", "stream", 6),
-                 (128, 264, 4096, "rr", "bias_relu", "tma128x64", 4), (100, 136, 1000, "rr", "store", "tma128x64", 8),
+                 (128, 264, 4096, "rr", "bias_act", "tma128x64", 4), (100, 136, 1000, "rr", "store", "tma128x64", 8),
                  (17, 136, 1000, "rr", "store32", "tma", 3), (32, 520, 4104, "rc", "store32", "stream", 8),
                  (32, 1000, 1160, "rc", "store32", "tma128", 2), (40, 264, 1000, "rr", "store32", "32x128", 4),
                  (296, 136, 520, "rc", "store32", "128x128", 6), (100, 136, 1000, "rr", "store32", "tma128x64", 8)]
@@ -796,13 +796,13 @@ FINISH_CASES = [(32, 1024, 4096, "rr"), (128, 1024, 1024, "rr"), (128, 4096, 409
 @pytest.mark.parametrize("accum", ["f32", "f16"])
 @pytest.mark.parametrize("M,N,K,layout", FINISH_CASES)
 def test_store32_then_finish_sum_gives_the_fused_epilogues_bits(device, stream, kernels, rng, M, N, K, layout, accum):
-    """One GPU's partial sum is the whole sum: store32 then finish_sum (bias_relu after x @ W, drelu after dy @ W^T)
+    """One GPU's partial sum is the whole sum: store32 then finish_sum (bias_act after x @ W, dact after dy @ W^T)
     gives every bit of the GEMM with that epilogue, on the same plan (tile, splits, cluster: split-K cases included);
     the sum and the result also against float64, every output poisoned first."""
     from rawgpu.kernels import elementwise as ke
     from rawgpu.memory import Arena
 
-    epi = "bias_relu" if layout == "rr" else "drelu"
+    epi = "bias_act" if layout == "rr" else "dact"
     fused = G.plan_gemm(M, N, K, layout, epi, accum, sm_count=device.sm_count, arch=device.arch,
                         capacity=G.cluster_capacity(kernels))
     plan = G.plan_gemm(M, N, K, layout, "store32", accum, sm_count=device.sm_count, splits=fused.splits,
@@ -815,7 +815,7 @@ def test_store32_then_finish_sum_gives_the_fused_epilogues_bits(device, stream, 
         tA, tB = arena.tensor("A", a.shape, np.float16), arena.tensor("B", b.shape, np.float16)
         t_fused, t_fin = arena.tensor("fused", (M, N), np.float16), arena.tensor("finished", (M, N), np.float16)
         t_sum = arena.tensor("sum", (M, N), np.float32)
-        extra = {"bias": arena.tensor("bias", (N,), np.float32)} if epi == "bias_relu" else \
+        extra = {"bias": arena.tensor("bias", (N,), np.float32)} if epi == "bias_act" else \
             {"act": arena.tensor("act", (M, N), np.float16)}
         scratch = {}
         if plan.splits > 1 and not plan.cluster:
@@ -824,7 +824,7 @@ def test_store32_then_finish_sum_gives_the_fused_epilogues_bits(device, stream, 
         arena.allocate()
         tA.upload(a)
         tB.upload(b)
-        extra["bias" if epi == "bias_relu" else "act"].upload(bias if epi == "bias_relu" else act)
+        extra["bias" if epi == "bias_act" else "act"].upload(bias if epi == "bias_act" else act)
         if scratch:
             scratch["tickets"].upload(np.zeros(plan.tickets, np.int32))
         for t in (t_fused, t_fin, t_sum):
@@ -834,7 +834,7 @@ def test_store32_then_finish_sum_gives_the_fused_epilogues_bits(device, stream, 
         ke.finish_sum(kernels, t_sum, t_fin, M, epi, **extra).run(stream)
         want, got, total = t_fused.download(), t_fin.download(), t_sum.download()
     acc = a.astype(np.float64) @ (b if layout == "rr" else b.T).astype(np.float64)
-    ref = np.maximum(acc + bias, 0) if epi == "bias_relu" else acc * (act > 0)
+    ref = np.maximum(acc + bias, 0) if epi == "bias_act" else acc * (act > 0)
     assert _rel(total, acc) <= _bound(accum, K, "store32")
     assert _rel(got, ref) <= _bound(accum, K)
     diff = np.argwhere(got.view(np.uint16) != want.view(np.uint16))

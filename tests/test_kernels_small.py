@@ -111,8 +111,8 @@ def _valid_calls(k, t):
     ke.init_uniform(k, t["w32"], 0.05, 2**64 - 1)
     ke.init_uniform_master(k, t["w16"], t["wlo"], 0.05, 7)
     ke.finish_sum(k, t["total"], t["dy"], 10, "bias", bias=t["bias264"])
-    ke.finish_sum(k, t["total"], t["dy"], 3, "bias_relu", bias=t["bias264"])
-    ke.finish_sum(k, t["total"], t["dy"], 0, "drelu", act=t["act"])
+    ke.finish_sum(k, t["total"], t["dy"], 3, "bias_act", bias=t["bias264"])
+    ke.finish_sum(k, t["total"], t["dy"], 0, "dact", act=t["act"])
     ke.bias_grad(k, t["dy"], t["grad264"], 10)
     kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
                     ticket=t["sum_tickets"])
@@ -140,7 +140,7 @@ def test_launchers_match_the_kernel_sources():
     names = {c[1] for c in k.calls}
     assert names >= {"gather_batch", "step_increment", "set_i64", "softmax_xent", "zero_metrics",
                      "copy_f16_if_odd", "fill_f32", "bias_update", "init_uniform", "init_uniform_master",
-                     "finish_sum_bias", "finish_sum_bias_relu", "finish_sum_drelu", "apply_update_sgd",
+                     "finish_sum_bias", "finish_sum_bias_act", "finish_sum_dact", "apply_update_sgd",
                      "apply_update_adam"}
 
 
@@ -235,9 +235,9 @@ def test_finish_sum_covers_every_piece_of_8_columns(rows, cols):
     a, k = Arena(), _Recorder()
     total, out = a.tensor("total", (rows + 1, cols), np.float32), a.tensor("out", (rows + 1, cols), np.float16)
     act = a.tensor("act", (rows + 1, cols), np.float16)
-    ke.finish_sum(k, total, out, rows, "drelu", act=act)
+    ke.finish_sum(k, total, out, rows, "dact", act=act)
     (_, name, _, grid, block, _, args), = k.calls
-    assert name == "finish_sum_drelu" and args == (total, out, rows, cols, 0, act)  # no bias: null
+    assert name == "finish_sum_dact" and args == (total, out, rows, cols, 0, act)  # no bias: null
     assert block == (ke.THREADS, 1, 1) and grid[0] * block[0] * 8 >= rows * cols  # a thread per 8 columns
     assert grid[0] == 1 or (grid[0] - 1) * block[0] * 8 < rows * cols
 
@@ -260,21 +260,23 @@ def test_finish_sum_refuses_bad_arguments_in_one_line():
         (dict(out=a.tensor("o4", (11, 264), np.float16)), ValueError, "finish_sum out: expected shape \\(10, 264\\)"),
         (dict(rows=11), ValueError, "rows=11 is outside 0..10"),
         (dict(rows=-1), ValueError, "rows=-1 is outside 0..10"),
-        (dict(bias=None), ValueError, "bias_relu takes a bias and no act"),
-        (dict(act=act), ValueError, "bias_relu takes a bias and no act"),
+        (dict(bias=None), ValueError, "bias_act takes a bias$"),
+        (dict(act=a.tensor("a9", (10, 256), np.float16)), ValueError,
+         "finish_sum act \\(the pre-activation\\): expected shape"),
         (dict(epilogue="bias", bias=None), ValueError, "bias takes a bias and no act"),
+        (dict(epilogue="bias", act=act), ValueError, "bias takes a bias and no act"),
         (dict(bias=a.tensor("b16", 264, np.float16)), TypeError, "finish_sum bias: expected dtype float32"),
         (dict(bias=a.tensor("b256", 256, np.float32)), ValueError, "finish_sum bias: 256 values, 264 needed"),
-        (dict(epilogue="drelu"), ValueError, "drelu takes act .* and no bias"),  # a bias, no act
-        (dict(epilogue="drelu", bias=None), ValueError, "drelu takes act"),
-        (dict(epilogue="drelu", bias=None, act=a.tensor("a2", (10, 256), np.float16)), ValueError,
+        (dict(epilogue="dact"), ValueError, "dact takes act .* and no bias"),  # a bias, no act
+        (dict(epilogue="dact", bias=None), ValueError, "dact takes act"),
+        (dict(epilogue="dact", bias=None, act=a.tensor("a2", (10, 256), np.float16)), ValueError,
          "finish_sum act: expected shape"),
-        (dict(epilogue="drelu", bias=None, act=a.tensor("a3", (10, 264), np.float32)), TypeError,
+        (dict(epilogue="dact", bias=None, act=a.tensor("a3", (10, 264), np.float32)), TypeError,
          "finish_sum act: expected dtype float16"),
         (dict(out=halves.view((10, 264), offset_bytes=8)), ValueError, "halves must start 16-byte aligned"),
         (dict(bias=floats.view((264,), offset_bytes=4)), ValueError, "floats must start 16-byte aligned"),
     ]
-    base = dict(total=total, out=out, rows=10, epilogue="bias_relu", bias=bias, act=None)
+    base = dict(total=total, out=out, rows=10, epilogue="bias_act", bias=bias, act=None)
     for change, error, message in bad:
         with pytest.raises(error, match=message) as info:
             ke.finish_sum(k, **{**base, **change})
@@ -788,7 +790,7 @@ def test_finish_sum(kern, device, stream, rng, R, C, rows, epilogue):
         t_total.upload(total), t_bias.upload(bias), t_act.upload(act)
         t_out.fill_bytes(0xFF)
         device.synchronize()
-        extra = {"act": t_act} if epilogue == "drelu" else {"bias": t_bias}
+        extra = {"act": t_act} if epilogue == "dact" else {"bias": t_bias}
         launch = ke.finish_sum(kern, t_total, t_out, rows, epilogue, **extra)
         launch.run(stream)
         got = t_out.download()
@@ -799,13 +801,13 @@ def test_finish_sum(kern, device, stream, rng, R, C, rows, epilogue):
     assert np.all(got[rows:].view(np.uint16) == 0xFFFF), "wrote rows from `rows` on"
     assert np.array_equal(_bits(again), _bits(got)), "not bitwise repeatable"
     got, t, a = got[:rows], total[:rows], act[:rows]
-    if epilogue == "drelu":
+    if epilogue == "dact":
         ref = np.where(a > 0, t.astype(np.float64), 0.0)
         exact = np.where(a > 0, t, np.float32(0)).astype(np.float16)
     else:
         ref = t.astype(np.float64) + bias[:C]
         exact = t + bias[:C]  # float32, as the kernel adds
-        if epilogue == "bias_relu":
+        if epilogue == "bias_act":
             ref, exact = np.maximum(ref, 0.0), np.maximum(exact, np.float32(0))
         exact = exact.astype(np.float16)
     assert np.isfinite(got).all()

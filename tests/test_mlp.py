@@ -107,7 +107,8 @@ REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), 
 
 
 @gpu
-@pytest.mark.parametrize("hidden,layers,batch,opt,accum,step_kind", [
+@pytest.mark.parametrize("hidden,layers,batch,opt,accum,step_kind,activation", [
+    (*c, "relu") if len(c) == 6 else c for c in [
     *[(*case, "layered") for case in REFERENCE_CASES], (128, 3, 32, PLAIN, "fp16", "layered"),
     (2048, 2, 128, ADAM, "fp32", "layered"), (64, 2, 32, ADAMW, "fp16", "layered"),
     (2048, 3, 128, MOMENTUM, "fp32", "layered"), (100, 3, 33, NESTEROV, "fp32", "layered"),
@@ -124,17 +125,27 @@ REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), 
     ((1024, 256), None, 128, MOMENTUM, "fp32", "layered-long"), ((72,), None, 64, ADAMW, "fp32", "layered"),
     ((64, 128, 96, 256, 72, 200, 64, 48), None, 64, MOMENTUM, "fp32", "layered"),
     ((1024, 512, 256), None, 128, MOMENTUM, "fp32", "fused"), ((100, 520, 64), None, 7, ADAM, "fp32", "fused"),
-    ((256, 128, 64, 32), None, 32, PLAIN, "fp32", "fused")])
-def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden, layers, batch, opt, accum,
-                                            step_kind):
+    ((256, 128, 64, 32), None, 32, PLAIN, "fp32", "fused"),
+    # every activation on each form of the layered step: the forward epilogue, the one passes (dx_sgd at batch 32,
+    # dx_update above), the head kernel, the long form's dx GEMM
+    (256, 3, 128, MOMENTUM, "fp32", "layered", "gelu"), (256, 3, 32, PLAIN, "fp32", "layered", "gelu"),
+    (512, 2, 128, ADAM, "fp32", "layered", "gelu_tanh"), (100, 3, 33, NESTEROV, "fp32", "layered", "silu"),
+    (256, 3, 64, MOMENTUM, "fp32", "layered", "tanh"), (128, 2, 32, PLAIN, "fp16", "layered", "silu"),
+    ((1024, 512, 256), None, 128, MOMENTUM, "fp32", "layered", "silu"),
+    ((100, 520, 64), None, 64, ADAMW, "fp32", "layered", "gelu"),
+    (256, 3, 128, MOMENTUM, "fp32", "layered-long", "gelu"), (256, 3, 128, ADAM, "fp32", "layered-long", "tanh"),
+    (1024, 2, 300, MOMENTUM, "fp32", "layered", "gelu_tanh"), ((64, 128), None, 32, PLAIN, "fp32", "layered-long",
+                                                                "silu")]])
+def test_parameters_match_float64_reference(device, stream, kernels_for, rng, hidden, layers, batch, opt, accum,
+                                            step_kind, activation):
     if step_kind == "cluster" and int(device.arch.removeprefix("sm_")) < 90:
         pytest.skip(f"the cluster step needs sm_90 thread-block clusters; this GPU is {device.arch}")
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
-                    accum=accum, seed=int(rng.integers(1 << 30)))
+                    accum=accum, activation=activation, seed=int(rng.integers(1 << 30)))
     kind, short = step_kind.removesuffix("-long"), not step_kind.endswith("-long")  # -long: no short form
-    model = _model(kernels, device, stream, data, recipe, perm, kind, short=short)
+    model = _model(kernels_for(activation), device, stream, data, recipe, perm, kind, short=short)
     assert model.kind == kind
     try:
         init = model.parameters()
@@ -148,7 +159,7 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
                 launch.run(stream)
             after, state_after = model.parameters(), model.optimizer_state()
             x, y = _batch(data, perm, s, batch)
-            _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale)
+            _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale, activation=activation)
             expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
             if adam:  # the moments' change, and the weights' change as the moments make it (module docstring)
                 errors = [max(m, v / 2) for m, v in zip(*(_update_errors(state_after[k], expect_state[k],
@@ -160,10 +171,11 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
             worst = max(worst, max(errors))
             assert max(errors) <= STEP_TOLERANCE[accum], f"step {s}, per layer: {errors}"
             trajectory, trajectory_state = ref.optimizer_step(trajectory, ref.loss_and_grads(
-                trajectory, x, y, fp16_storage=True, grad_scale=scale)[2], recipe, recipe.lr, trajectory_state, s)
+                trajectory, x, y, fp16_storage=True, grad_scale=scale, activation=activation)[2], recipe, recipe.lr,
+                trajectory_state, s)
             if s == 0:
-                pure, pure_state = ref.optimizer_step(init, ref.loss_and_grads(init, x, y)[2], recipe, recipe.lr,
-                                                      None, 0)
+                pure, pure_state = ref.optimizer_step(init, ref.loss_and_grads(init, x, y, activation=activation)[2],
+                                                      recipe, recipe.lr, None, 0)
                 if adam:
                     zeros = [(np.zeros_like(w), np.zeros_like(b)) for w, b in init]
                     errors = _update_errors(state_after["m"], pure_state["m"], zeros)
@@ -174,8 +186,8 @@ def test_parameters_match_float64_reference(device, stream, kernels, rng, hidden
                 assert all(e <= g + FLOAT64_TOLERANCE for e, g in zip(errors, storage)), \
                     f"vs pure float64 after 1 step, per layer: {errors} (fp16 storage alone: {storage})"
         errors = _update_errors(model.parameters(), trajectory, init)
-        print(f"\n[{step_kind} {hidden}x{layers} b{batch} {recipe.optimizer_text} {accum}] worst step error "
-              f"{worst:.2e}, 10-step trajectory {max(errors):.2e}")
+        print(f"\n[{step_kind} {hidden}x{layers} {activation} b{batch} {recipe.optimizer_text} {accum}] worst step "
+              f"error {worst:.2e}, 10-step trajectory {max(errors):.2e}")
         if not adam:
             assert max(errors) <= TRAJECTORY_TOLERANCE[accum], f"10-step trajectory, per layer: {errors}"
         assert model.step_count() == 10

@@ -46,7 +46,7 @@ def test_a_sweep_chooses_the_models_step_and_plans_every_model():
     assert stack.step.kernel_count() == 4 * 4 + 2  # 4 layers
     assert stack.layers[1].w16.shape == (5 * 256, 256) and stack.acts[0].shape == (5 * 128, 784)
     units = stack.kernel_units()
-    assert {("gemm_models.cu", "gemm_64x128_rr_bias_relu_f32"), ("data_models.cu", None)} <= units
+    assert {("gemm_models.cu", "gemm_64x128_rr_bias_act_f32"), ("data_models.cu", None)} <= units
     assert not any(u[0] == "gemm.cu" and u[1] and "tma" in u[1] for u in units)
 
 
@@ -147,9 +147,14 @@ def kernels(device):
                                     # 4 rows each, the head 2 CTAs, the first layer's one pass no column ranges)
                                     (4, dict(hidden=256, layers=3, batch=128, momentum=0.9, sm_count=8)),
                                     (2, dict(hidden=600, batch=64, momentum=0.9)),  # a head of 4 CTAs
-                                    (3, dict(hidden=(512, 136, 256), layers=None, batch=64, momentum=0.9))])
+                                    (3, dict(hidden=(512, 136, 256), layers=None, batch=64, momentum=0.9)),
+                                    # the activations that read the pre-activation, and one that reads the output
+                                    (3, dict(activation="gelu", momentum=0.9)),
+                                    (2, dict(activation="silu", optimizer="adam", lr=1e-3, hidden=(256, 128),
+                                             layers=None, batch=128)),
+                                    (2, dict(activation="tanh", momentum=0.9, hidden=136, layers=3))])
 @pytest.mark.parametrize("short", [True, False], ids=["short", "long"])
-def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, kernels, rng, n, base, short):
+def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, kernels_for, rng, n, base, short):
     """Both forms where the short one runs (sm_90, batch <= 256): the head kernel and the one passes over models,
     and the long form's GEMMs, softmax and bias steps; the loss metric too."""
     data = FakeMNIST(rng)
@@ -157,7 +162,8 @@ def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, ke
     sm_count = base.pop("sm_count", None)
     recipes = _recipes(n, **{"lr": 0.05, **base})
     perms = [rng.permutation(TRAIN_ROWS).astype(np.int32) for _ in recipes]
-    stack = _stack(device, stream, kernels, data, recipes, perms, short, sm_count)
+    activation = recipes[0].activation
+    stack = _stack(device, stream, kernels_for(activation), data, recipes, perms, short, sm_count)
     try:
         if short and stack.step.head is None:
             pytest.skip(f"no short form here: {models_step.short_form_reason(recipes[0], device.arch)}")
@@ -169,6 +175,8 @@ def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, ke
             poison = np.full(stack.acts[1].shape, np.nan, np.float16)
             stack.acts[1].upload(poison)  # every model's hidden activations are written by this step
             stack.grads[1].upload(poison)
+            if stack.pres[1] is not None:
+                stack.pres[1].upload(poison)
             stack.zero_metrics()
             for launch in step:
                 launch.run(stream)
@@ -178,7 +186,8 @@ def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, ke
                 rows = perms[m][s * r.batch:(s + 1) * r.batch]
                 x, y = x_all[rows].astype(np.float16), data.train_labels[rows].astype(np.int64)
                 params, state = before[m]
-                loss, _, grads = ref.loss_and_grads(params, x, y, fp16_storage=True, grad_scale=loss_scale(r.batch))
+                loss, _, grads = ref.loss_and_grads(params, x, y, fp16_storage=True, grad_scale=loss_scale(r.batch),
+                                                    activation=activation)
                 assert abs(loss_sums[m] / r.batch - loss) <= 1e-2 * max(loss, 1.0), f"model {m}, step {s}: loss"
                 expect, expect_state = ref.optimizer_step(params, grads, r, r.lr, state or None, s)
                 got = _params(stack, m)

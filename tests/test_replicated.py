@@ -255,17 +255,21 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
 
 
 @gpu
-@pytest.mark.parametrize("hidden,layers,batch,ranks,opt", [
-    (256, 3, 256, 2, MOMENTUM), (100, 3, 96, 3, ADAM), (520, 2, 128, 4, MOMENTUM), (64, 1, 64, 2, ADAM),
-    (256, 3, 64, 2, dict(momentum=0.0))])
-def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, layers, batch, ranks, opt):
+@pytest.mark.parametrize("hidden,layers,batch,ranks,opt,activation", [
+    (256, 3, 256, 2, MOMENTUM, "relu"), (100, 3, 96, 3, ADAM, "relu"), (520, 2, 128, 4, MOMENTUM, "relu"),
+    (64, 1, 64, 2, ADAM, "relu"), (256, 3, 64, 2, dict(momentum=0.0), "relu"),
+    ((1024, 512, 256), None, 256, 2, MOMENTUM, "gelu"), (100, 3, 96, 3, ADAM, "tanh"),
+    ((256, 128), None, 64, 2, MOMENTUM, "silu")])
+def test_ranks_together_train_as_one_gpu(device, stream, kernels_for, rng, hidden, layers, batch, ranks, opt,
+                                         activation):
     """N ranks, each a share of every batch: each of 5 steps is the float64 reference's step over the whole batch
     from the same parameters within one GPU's bounds; every rank holds the same bits after every step; the metrics
     summed over the ranks are one GPU's within rounding, the test accuracy every rank's."""
 
+    kernels = kernels_for(activation)
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
-                    seed=int(rng.integers(1 << 30)))
+                    activation=activation, seed=int(rng.integers(1 << 30)))
     models = _ranks(kernels, device, stream, recipe, ranks, data, perm)
     one = plan_model(recipe, "layered", kernels=kernels, sm_count=device.sm_count,
                      options=StepOptions(short=False)).allocate()

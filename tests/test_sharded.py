@@ -47,11 +47,11 @@ def test_the_gemms_write_fp32_where_the_ranks_sum(arch, short):
     written in fp32: by the GEMM (store32), or by the short form's one pass (sm_90), which writes every dx."""
     m = plan_model(Recipe(hidden=256, layers=3, batch=128), "tensor", ranks=2, rank=0, arch=arch,
                    options=StepOptions(short=short))
-    assert [lay.eval_fwd.epilogue for lay in m.layers] == ["bias_relu", "store32", "bias_relu", "store32"]
-    assert [p.fwd.epilogue for p in m.step.plans] == ["bias_relu", "store32", "bias_relu", "store32"]
+    assert [lay.eval_fwd.epilogue for lay in m.layers] == ["bias_act", "store32", "bias_act", "store32"]
+    assert [p.fwd.epilogue for p in m.step.plans] == ["bias_act", "store32", "bias_act", "store32"]
     one_pass = short and arch == "sm_90"
     assert [p.dx and p.dx.epilogue for p in m.step.plans] == ([None] * 4 if one_pass
-                                                              else [None, "drelu", "store32", "drelu"])
+                                                              else [None, "dact", "store32", "dact"])
     assert all((p.bwd is not None) == one_pass and (p.dw is None) == one_pass for p in m.step.plans)
     # gather, 4 forwards, the backward (4 one passes, or 3 input gradients and 4 updates), 3 epilogues after the
     # sums, the loss and the counter
@@ -211,16 +211,23 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
 
 
 @gpu
-@pytest.mark.parametrize("hidden,layers,batch,ranks,opt,short", [
-    (256, 3, 128, 2, MOMENTUM, True), (256, 3, 128, 2, MOMENTUM, False), (100, 3, 32, 3, ADAM, True),
-    (520, 2, 64, 4, MOMENTUM, True), (64, 1, 128, 2, ADAM, True), (1024, 3, 32, 2, dict(momentum=0.0), True)])
-def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, layers, batch, ranks, opt, short):
+@pytest.mark.parametrize("hidden,layers,batch,ranks,opt,short,activation", [
+    (256, 3, 128, 2, MOMENTUM, True, "relu"), (256, 3, 128, 2, MOMENTUM, False, "relu"),
+    (100, 3, 32, 3, ADAM, True, "relu"), (520, 2, 64, 4, MOMENTUM, True, "relu"), (64, 1, 128, 2, ADAM, True, "relu"),
+    (1024, 3, 32, 2, dict(momentum=0.0), True, "relu"),
+    # a funnel, and activations whose backward reads the pre-activation (in the GEMMs, the sums' epilogues and the
+    # one passes) or the output
+    ((1024, 512, 256), None, 128, 2, MOMENTUM, True, "relu"), ((256, 128), None, 64, 2, ADAM, True, "gelu"),
+    (256, 3, 128, 2, MOMENTUM, False, "silu"), (100, 3, 32, 3, dict(momentum=0.0), True, "tanh")])
+def test_ranks_together_train_as_one_gpu(device, stream, kernels_for, rng, hidden, layers, batch, ranks, opt, short,
+                                         activation):
     """N ranks start from the one-GPU model's very bits; each of 5 steps, joined, is the float64 reference's step
     from the same parameters within one GPU's bounds; every rank reports the same loss and test accuracy. short:
     the one-pass backward where it runs (sm_90), else the long form."""
+    kernels = kernels_for(activation)
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
-                    seed=int(rng.integers(1 << 30)))
+                    activation=activation, seed=int(rng.integers(1 << 30)))
     models = _ranks(kernels, device, stream, recipe, ranks, data, perm, short)
     plan = models[0].plan
     try:
@@ -251,7 +258,8 @@ def test_ranks_together_train_as_one_gpu(device, stream, kernels, rng, hidden, l
 def assert_evaluated_as_reference(parameters, models, data, steps: int) -> None:
     """The ranks' evaluation: rank 0's test accuracy is the float64 forward's of the whole model `parameters`, and
     every rank ran `steps` steps with its padding still zero."""
-    logits = ref.forward(parameters, data.test_images.reshape(TEST_ROWS, -1) / 255.0)[-1]
+    logits = ref.forward(parameters, data.test_images.reshape(TEST_ROWS, -1) / 255.0,
+                         activation=models[0].recipe.activation)[-1]
     accuracy = float((logits.argmax(1) == data.test_labels).mean())
     assert abs(models[0].eval_metrics()[1] - accuracy) <= 0.005
     assert all(m.step_count() == steps and m.padding_is_zero() for m in models)
@@ -262,7 +270,8 @@ def check_reference_step(recipe, data, perm, s, before, state_before, after, sta
     reference's step from the same parameters over the whole batch, within one GPU's bounds; with Adam, its first
     moment and, from the state the step left (`state_after()`), the update it applied."""
     x, y = _batch(data, perm, s, recipe.batch)
-    _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=loss_scale(recipe.batch))
+    _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=loss_scale(recipe.batch),
+                                     activation=recipe.activation)
     expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
     if recipe.optimizer != "sgd":
         moments = state_after()

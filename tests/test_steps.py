@@ -197,8 +197,8 @@ def test_parameter_tables_point_each_field_at_its_buffer():
 class _BindingKernels:
     """Kernels that bind without a GPU: each launcher's checks and argument packing run, nothing is loaded."""
 
-    def __init__(self, arch: str):
-        self.arch = arch
+    def __init__(self, arch: str, activation: str = "relu"):
+        self.arch, self.activation = arch, activation
 
     def get(self, source: str, name: str, signature: str):
         from rawgpu.driver import PackedArgs

@@ -290,8 +290,8 @@ def test_backward_limits_experiment_builds_for_sm_90(mask, tmp_path, monkeypatch
         assert len(stream.resources) == 6 and all(r.spill_stores == 0 for r in stream.resources.values())
 
 
-@pytest.mark.parametrize("source, kernel", [("gemm.cu", "gemm_stream_rr_bias_relu_f32"),
-                                            ("gemm.cu", "gemm_128x128_rc_drelu_f32"),
+@pytest.mark.parametrize("source, kernel", [("gemm.cu", "gemm_stream_rr_bias_act_f32"),
+                                            ("gemm.cu", "gemm_128x128_rc_dact_f32"),
                                             ("gemm.cu", "gemm_staged_cr_sgd_f32"),
                                             ("dx_update.cu", "dx_update_b128_sgd")])
 def test_the_model_axis_experiments_build_for_sm_90(source, kernel, tmp_path, monkeypatch):

@@ -49,10 +49,10 @@ def plans(hidden: int, batch: int, sm_count: int, arch: str) -> list[tuple[str, 
                             cluster=False)
 
     for i in range(4):
-        out.append(("forward", i, plan(batch, w[i + 1], w[i], "rr", "bias_relu" if i < 3 else "bias")))
+        out.append(("forward", i, plan(batch, w[i + 1], w[i], "rr", "bias_act" if i < 3 else "bias")))
     for i in range(3, -1, -1):
         if i:
-            out.append(("dx", i, plan(batch, w[i], w[i + 1], "rc", "drelu")))
+            out.append(("dx", i, plan(batch, w[i], w[i + 1], "rc", "dact")))
         out.append(("dW+sgd", i, plan(w[i], w[i + 1], batch, "cr", "sgd", states=1)))
     return out
 

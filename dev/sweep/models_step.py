@@ -82,7 +82,7 @@ def one(args, base, recipes, kernels, device, stream, data, rng, ctas: int, spli
                                                      splits=args.hidden_splits, cluster=True, dx=True, roles=1)
                                    if p is not None else None for p in step.bwd[1:]]
     if args.first_config:
-        step.fwd[0] = kg.plan_gemm(base.batch, padded[1], padded[0], "rr", "bias_relu", "f32", stack.sm_count,
+        step.fwd[0] = kg.plan_gemm(base.batch, padded[1], padded[0], "rr", "bias_act", "f32", stack.sm_count,
                                    splits=1, arch=stack.arch, config=args.first_config, cluster=False)
     try:
         stack.allocate()

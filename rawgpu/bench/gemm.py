@@ -28,9 +28,9 @@ def mlp_gemms(hidden: int, batch: int):
     out = []
     for i, (fin, fout) in enumerate(dims):
         last = i == len(dims) - 1
-        out.append(("fwd", f"{fin}x{fout}", batch, fout, fin, "rr", "bias" if last else "bias_relu"))
+        out.append(("fwd", f"{fin}x{fout}", batch, fout, fin, "rr", "bias" if last else "bias_act"))
         if i > 0:
-            out.append(("dx", f"{fout}x{fin}", batch, fin, fout, "rc", "drelu"))
+            out.append(("dx", f"{fout}x{fin}", batch, fin, fout, "rc", "dact"))
         out.append(("dW+sgd", f"{fin}x{fout}", fin, fout, batch, "cr", "sgd"))
     return out
 
@@ -64,7 +64,7 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
                 kw["w16"] = arena.tensor(f"W16_{c}", (M, N), np.float16)
             else:
                 out = arena.tensor(f"C{c}", (M, N), np.float16)
-            if epilogue == "drelu":
+            if epilogue == "dact":
                 kw["act"] = arena.tensor(f"act{c}", (M, N), np.float16)
             sets.append((A, B, out, kw))
         bias = arena.tensor("bias", (N,), np.float32)

@@ -35,13 +35,16 @@ def with_optimizer(recipe: dict, optimizer: str) -> dict:
 def rawgpu_recipe(h: int | tuple[int, ...], r: dict, steps: int, seed: int) -> Recipe:
     """The rawgpu Recipe of a benchmark recipe at width h (784-h-h-h-10), or of the hidden widths h (a width per
     layer), over `steps` steps."""
-    return Recipe(hidden=h, layers=3 if isinstance(h, int) else None, batch=r["batch"], schedule=r["schedule"], total_steps=steps, seed=seed,
+    return Recipe(hidden=h, layers=3 if isinstance(h, int) else None, batch=r["batch"], schedule=r["schedule"],
+                  total_steps=steps, seed=seed, activation=r.get("activation", DEFAULTS["activation"]),
                   **{k: r[k] for k in OPTIMIZER_KEYS if k in r})
 
 
 def describe(r: dict) -> str:
     """The recipe as the header line writes it."""
-    return f"batch {r['batch']}, {rawgpu_recipe(256, r, 1, 0).optimizer_text}, lr {r['lr']:g} {r['schedule']}"
+    rr = rawgpu_recipe(256, r, 1, 0)
+    act = "" if rr.activation == DEFAULTS["activation"] else f", {rr.activation}"
+    return f"batch {r['batch']}, {rr.optimizer_text}, lr {r['lr']:g} {r['schedule']}{act}"
 
 
 def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup: int = 50, step_kind: str = "auto",

@@ -101,25 +101,25 @@ CONFIGS = {c.name: c for c in (
                note="the same, 256 columns: half the re-reads of A where the tiles still fill the GPU"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
-EPILOGUES = ("store", "bias", "bias_relu", "drelu", "sgd", "adam", "store32")
+EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
 UPDATE_EPILOGUES = ("sgd", "adam")  # the weight update fused into x^T @ dy, one per optimiser family (EPI_SGD, EPI_ADAM)
 ACCUMULATORS = ("f32", "f16")
-TMA_ROLES = [("rr", "store"), ("rr", "bias_relu"), ("rc", "store"), ("rc", "drelu")]
+TMA_ROLES = [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact")]
 # (layout, epilogue) pairs every general tile compiles
 _ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
-                   ("rr", "bias"), ("rr", "bias_relu"), ("rc", "drelu"), ("cr", "sgd"), ("cr", "adam")]
+                   ("rr", "bias"), ("rr", "bias_act"), ("rc", "dact"), ("cr", "sgd"), ("cr", "adam")]
 # (config, layout, epilogue) triples compiled, each for f32 and f16 accumulation (and store32's, below)
 _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x128") for lay, epi in _ROLE_INSTANCES]
                              + [(c, "cr", e) for c in ("outer", "outer64") for e in ("sgd", "store")]
                              + [("32x128k64", lay, epi) for lay, epi in [("rr", "store"), ("rc", "store"),
-                                                                         ("rr", "bias_relu"), ("rc", "drelu")]]
+                                                                         ("rr", "bias_act"), ("rc", "dact")]]
                              + [(STREAM_CONFIG, lay, epi) for lay, epi in [("rr", "store"), ("rr", "bias"),
-                                                                           ("rr", "bias_relu"), ("rc", "store"),
-                                                                           ("rc", "drelu")]]
+                                                                           ("rr", "bias_act"), ("rc", "store"),
+                                                                           ("rc", "dact")]]
                              + [("staged", "cr", e) for e in ("sgd", "store")] + [("staged32", "cr", "adam")]
                              + [("persist", "cr", "store")]
                              + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
-                             + [("tma128x64", "rr", epi) for epi in ("store", "bias_relu")]
+                             + [("tma128x64", "rr", epi) for epi in ("store", "bias_act")]
                              + [(c, lay, epi) for c in ("wg128", "wg256") for lay, epi in TMA_ROLES])
 # store32, an fp32 sum other GPUs add to (rawgpu/parallel/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on

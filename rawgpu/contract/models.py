@@ -18,7 +18,7 @@ HEAD_MODELS_SOURCE = "head_models.cu"  # head.cu's instances (contract/head.py)
 # The tiles a step of many models takes: a model's m tiles fill no GPU, N models do, so no split-K and no tile that
 # streams one model's weight over every SM; 32 rows for batches of at most 32, else 64 (dev/sweep: the fastest).
 MODEL_CONFIGS = ("32x128", "64x128")
-MODEL_ROLES = (("rr", "bias"), ("rr", "bias_relu"), ("rc", "drelu"), ("cr", "sgd"), ("cr", "adam"))
+MODEL_ROLES = (("rr", "bias"), ("rr", "bias_act"), ("rc", "dact"), ("cr", "sgd"), ("cr", "adam"))
 MODEL_ACCUM = "f32"  # fp16 accumulation recipes are not swept in one step (steps/models.py says so)
 # GEMM_MODEL_PARAMS in gemm.cu, after the GEMM's own: the model strides of A, B, out (bytes), bias, act, the
 # weight-shaped state, and Optim rows

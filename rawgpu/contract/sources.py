@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from ..recipe import DEFAULT_ACTIVATION
+from .activation import activation_facts
 from .cluster import CS_TILE_COUNTS, cluster_facts, cluster_kernel_name
 from .dx_sgd import dx_sgd_facts
 from .dx_update import DXU_BATCHES, DXU_FAMILIES, dx_update_facts, dxu_kernel_name, dxu_kernels
@@ -19,26 +21,26 @@ from .models import (DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MO
 from .optim import optim_facts, schedule_facts
 
 # Per source, the facts of every shared header it includes (step_math.cuh: the schedule; optim.cuh: the optimiser;
-# gemm_epilogue.cuh: the cluster splits, and it includes optim.cuh) and its own. A source missing a define it needs
-# stops at an #error naming the contract.
+# gemm_epilogue.cuh: the cluster splits, and it includes optim.cuh and activation.cuh: the activation) and its own.
+# A source missing a define it needs stops at an #error naming the contract.
 SOURCES = {
     "cluster_step.cu": (schedule_facts, cluster_facts),
     "data.cu": (schedule_facts, optim_facts),
-    "dx_sgd.cu": (schedule_facts, optim_facts, epilogue_facts, dx_sgd_facts),
-    "dx_update.cu": (schedule_facts, optim_facts, epilogue_facts, dx_update_facts),
-    "elementwise.cu": (schedule_facts, optim_facts, epilogue_facts, elementwise_facts),
+    "dx_sgd.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_sgd_facts),
+    "dx_update.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_update_facts),
+    "elementwise.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, elementwise_facts),
     "fused_step.cu": (schedule_facts, optim_facts, fused_facts),
-    GEMM_SOURCE: (optim_facts, epilogue_facts, gemm_facts),
-    GEMM_TMA_SOURCE: (optim_facts, epilogue_facts, gemm_tma_facts),
-    GEMM_WGMMA_SOURCE: (optim_facts, epilogue_facts, gemm_wgmma_facts),
-    "head.cu": (schedule_facts, optim_facts, epilogue_facts, head_facts),
+    GEMM_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_facts),
+    GEMM_TMA_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_tma_facts),
+    GEMM_WGMMA_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_wgmma_facts),
+    "head.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, head_facts),
     "loss.cu": (loss_facts,),
     # the models step's: a family's source with its model axis (contract/models.py)
     DATA_MODELS_SOURCE: (schedule_facts, optim_facts),
-    DX_UPDATE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, dx_update_facts),
-    ELEMENTWISE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, elementwise_facts),
-    GEMM_MODELS_SOURCE: (optim_facts, epilogue_facts, gemm_models_facts),
-    HEAD_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, head_facts),
+    DX_UPDATE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_update_facts),
+    ELEMENTWISE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, elementwise_facts),
+    GEMM_MODELS_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_models_facts),
+    HEAD_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, head_facts),
     LOSS_MODELS_SOURCE: (loss_facts,),
 }
 
@@ -66,16 +68,21 @@ def split_kernels(source: str, arch: str | None = None) -> list[str]:
     return []
 
 
-def build(source: str, arch: str, kernel: str | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+def build(source: str, arch: str, kernel: str | None = None, activation: str = DEFAULT_ACTIVATION
+          ) -> tuple[tuple[str, ...], dict[str, str]]:
     """What `source` is compiled with for `arch` (an 'sm_XY' name): the `-DNAME=value` options and the generated
     headers (include name -> text). A source that shares nothing gets ((), {}). kernel: one of split_kernels(source),
-    built alone (the generated instance list names it only)."""
+    built alone (the generated instance list names it only). activation: the one a source that applies it is built
+    for (recipe.ACTIVATIONS; the others ignore it)."""
     if kernel is not None and kernel not in split_kernels(source, arch):
         raise ValueError(f"{source} has no kernel {kernel} that builds alone for {arch}")
     defines: dict[str, int] = {}
     headers: dict[str, str] = {}
     for facts in SOURCES.get(source, ()):
-        d, h = facts(arch, kernel) if facts in _INSTANCE_FACTS else facts(arch)
+        if facts is activation_facts:
+            d, h = facts(arch, activation)
+        else:
+            d, h = facts(arch, kernel) if facts in _INSTANCE_FACTS else facts(arch)
         defines.update(d)
         headers.update(h)
     return tuple(f"-D{name}={value}" for name, value in defines.items()), dict(sorted(headers.items()))

@@ -1,4 +1,4 @@
-// One pass over a layer's weights for its whole backward at batch size: dx = (dy @ W^T) * relu'(x) (or, for a
+// One pass over a layer's weights for its whole backward at batch size: dx = (dy @ W^T) * act'(x) (or, for a
 // column-split layer, dy @ W^T as fp32 partial sums: one_pass.cuh), and the SGD update W -= lr * x^T @ dy of the
 // master weights (W16, lo), master.cuh.
 //
@@ -16,7 +16,8 @@
 //     pieces.
 //   dx's 8 warp partials meet in shared memory in warp order; with several column ranges per row band (gridDim.z)
 //   the blocks' sums are added in range order, in a cluster or through the workspace (one_pass.cuh).
-//   relu'(x) comes from the x tile already in shared memory. Every sum has a fixed order: bitwise reproducible.
+//   act'(x) comes from the x tile already in shared memory (or the saved pre-activation). Every sum has a fixed
+//   order: bitwise reproducible.
 // bias != nullptr: the blocks also update the bias, b -= lr colsum(dy), with bias_update's exact fixed-point
 // column sums (the same bits), so the layer's backward needs no second kernel. Chunk c of a column range is summed by
 // row band c % bands: one band doing them all would be the grid's critical path.
@@ -67,11 +68,11 @@ struct DxSgdParams {
     float* workspace; int* tickets;
 };
 
-// dx: fp16, masked, or with dx_f32 fp32, the raw sums (one_pass.cuh: store_dx_pair).
+// dx: fp16, times act', or with dx_f32 fp32, the raw sums (one_pass.cuh: store_dx_pair, which reads `pre`).
 extern "C" __global__ void __launch_bounds__(dxsgd::THREADS)
 dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, const float* lr_ptr, int B, int IN,
        int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk, float* workspace, int* tickets,
-       float keep_read, float keep_hi, float keep_lo, float* bias) {
+       float keep_read, float keep_hi, float keep_lo, float* bias, const half_t* pre) {
     using namespace dxsgd;
     extern __shared__ __align__(128) u8 smem_raw[];
     if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
@@ -110,6 +111,9 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
         if (s < chunks) load_weights(s, s);
     pdl_enter();
     load_rows<half_t, BB, BM, LDX, THREADS>(sX, x, ldx, 0, i0, B, IN, tid, normal);
+    constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // dx pair i: row i / 32, columns 2 (i % 32) + {0, 1}
+    u32 zpre[ITERS];
+    load_band_pre<ITERS, THREADS, BM>(zpre, pre, lddx, do_dx && dx_f32 == 0, B, IN, i0);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < chunks) load_rows<half_t, BB, BN, LDY, THREADS>(sY(s), dy, lddy, 0, n_begin + s * BN, B, n_end, tid, normal);
@@ -212,7 +216,6 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
     float* red = reinterpret_cast<float*>(smem_raw);  // [WARPS][BB][RED_LD]
     store_fragments(red + warp * BB * RED_LD, RED_LD, dxacc);
     __syncthreads();
-    constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // pair i: row i / 32, columns 2 (i % 32) + {0, 1}
     float2 sum[ITERS];
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
@@ -226,6 +229,6 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
         }
     }
     static_assert(PAIRS % THREADS == 0, "whole pairs per thread");
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, zpre, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
                                            reinterpret_cast<float2*>(smem_raw));
 }

@@ -1,5 +1,5 @@
 // One pass over a layer's weights for its whole backward at batch size, with any optimiser: dx = (dy @ W^T) *
-// relu'(x) (or, for a column-split layer, dy @ W^T as fp32 partial sums: one_pass.cuh), and the optimiser's step
+// act'(x) (or, for a column-split layer, dy @ W^T as fp32 partial sums: one_pass.cuh), and the optimiser's step
 // (optim.cuh: SGD with momentum, Nesterov or weight decay; Adam; AdamW) on the master weights (W16, lo:
 // master.cuh), their state and the bias.
 //
@@ -17,8 +17,8 @@
 //     then the optimiser's step on the joined master and the state in shared memory, written back along rows in
 //     16-byte pieces.
 //   With several column ranges per row band (gridDim.z), the blocks' dx are added in range order, in a cluster or
-//   through the workspace (one_pass.cuh). relu'(x) comes from the x tile in shared memory. Every sum has a
-//   fixed order (the bias sums are exact fixed-point integers): bitwise reproducible.
+//   through the workspace (one_pass.cuh). act'(x) comes from the x tile in shared memory (or the saved pre-activation:
+//   activation.cuh). Every sum has a fixed order (the bias sums are exact fixed-point integers): bitwise reproducible.
 // bias != nullptr: the blocks also update the bias (and its state mb, vb) by the same rule, with bias_update's
 // exact column sums (the same bits); chunk c of a column range by row band c % bands.
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient).
@@ -96,7 +96,7 @@ template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS>
 RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
                               void* dx, const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx,
                               int dx_f32, int n_chunk, float* workspace, int* tickets, float keep_read,
-                              float keep_hi, float keep_lo, float* bias, float* mb, float* vb) {
+                              float keep_hi, float keep_lo, float* bias, float* mb, float* vb, const half_t* pre) {
     using namespace dxu;
     constexpr int THREADS = 32 * WARPS, BIAS_PARTS = THREADS / BN;
     using T = Tile<BB, ADAM, THREADS>;
@@ -171,6 +171,9 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     pdl_enter();
     DXU_MARK(2);
     load_rows<half_t, BB, BM, LDX, THREADS>(sX, x, ldx, 0, i0, B, IN, tid, normal);
+    constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // dx pair i: row i / 32, columns 2 (i % 32) + {0, 1}
+    u32 zpre[ITERS];
+    load_band_pre<ITERS, THREADS, BM>(zpre, pre, lddx, do_dx && dx_f32 == 0, B, IN, i0);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < chunks) load_dy(s, s);
@@ -326,7 +329,6 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     float* red = reinterpret_cast<float*>(smem_raw);  // [BB][RED_LD]
     store_fragments(red + 32 * wr * RED_LD + 8 * DXN * wc, RED_LD, dxacc);
     __syncthreads();
-    constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // pair i: row i / 32, columns 2 (i % 32) + {0, 1}
     static_assert(PAIRS % THREADS == 0, "whole pairs per thread");
     float2 sum[ITERS];
 #pragma unroll
@@ -335,15 +337,15 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         sum[it] = *reinterpret_cast<const float2*>(red + r * RED_LD + col);
     }
     DXU_MARK(8);
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, zpre, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
                                            reinterpret_cast<float2*>(smem_raw));
     DXU_MARK(15);
 }
 
-// x [B, IN] (the layer's input, also its ReLU mask), dy [B, N], the master W16 / lo [IN, N] and the state mw, vw
-// (same shape, ld ldw; nullptr where the optimiser keeps none), dx [B, IN] or nullptr: fp16, masked, or with dx_f32
-// fp32, the raw sums (one_pass.cuh: store_dx_pair); opt: the optimiser table (this step's values written by the
-// gather), n_chunk: columns per range (gridDim.z ranges), workspace and tickets: the ranges' dx sums; keep_*: L2
+// x [B, IN] (the layer's input), dy [B, N], the master W16 / lo [IN, N] and the state mw, vw (same shape, ld ldw;
+// nullptr where the optimiser keeps none), dx [B, IN] or nullptr: fp16, times act', or with dx_f32 fp32, the raw
+// sums (one_pass.cuh: store_dx_pair; pre: the input's pre-activation, dx's layout, where act' needs it); opt: the
+// optimiser table (this step's values written by the gather), n_chunk: columns per range (gridDim.z ranges), workspace and tickets: the ranges' dx sums; keep_*: L2
 // policies; bias [N] with its state mb, vb (nullptr: no bias update).
 #if DXU_MODELS
 #define DXU_MODEL_PARAMS , i64 zX, i64 zDy, i64 zW, i64 zDx_bytes, i64 zBias
@@ -357,6 +359,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         if (mw) mw += model * zW;                                                                                  \
         if (vw) vw += model * zW;                                                                                  \
         if (dx) dx = static_cast<u8*>(dx) + model * zDx_bytes;                                                     \
+        if (pre) pre = reinterpret_cast<const half_t*>(reinterpret_cast<const u8*>(pre) + model * zDx_bytes);      \
         opt += model;                                                                                              \
         if (bias) bias += model * zBias;                                                                           \
         if (mb) mb += model * zBias;                                                                               \
@@ -371,10 +374,10 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, void* dx,               \
          const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk,   \
          float* workspace, int* tickets, float keep_read, float keep_hi, float keep_lo, float* bias, float* mb,   \
-         float* vb DXU_MODEL_PARAMS) {                                                                             \
+         float* vb, const half_t* pre DXU_MODEL_PARAMS) {                                                          \
         DXU_MODEL_OFFSETS                                                                                          \
         dx_update_body<BB, ADAM, STAGES, SMEM, WARPS>(x, dy, wlo, w16, mw, vw, dx, opt, B, IN, N, ldx, lddy, ldw,  \
                                                       lddx, dx_f32, n_chunk, workspace, tickets, keep_read,       \
-                                                      keep_hi, keep_lo, bias, mb, vb);                            \
+                                                      keep_hi, keep_lo, bias, mb, vb, pre);                       \
     }
 DXU_FOR_EACH_KERNEL(DXU_KERNEL)  // generated: the instances this build makes (rawgpu/contract/dx_update.py)

@@ -195,11 +195,12 @@ extern "C" __global__ void apply_update_adam(const float* __restrict__ g, const 
 // A tensor-parallel layer's GEMM epilogue, run once the GPUs have added up its store32 partial sums (the all-reduce,
 // rawgpu/parallel/split.py): out = the epilogue EPI of total, rows x cols fp32 (cols a multiple of 8, rows of both
 // contiguous), by fp16_epilogue2 (gemm_epilogue.cuh), so with one partial sum the bits of the GEMM with that epilogue.
-// bias: [>= cols] (bias, bias_relu); act: the saved forward output, rows x cols (drelu). 8 columns per thread, in
+// bias: [>= cols] (bias, bias_act); act, rows x cols: what the backward reads (dact: the value the forward saved;
+// bias_act: where the pre-activation goes, for an activation whose backward needs it). 8 columns per thread, in
 // 16-byte pieces (the launcher checks the alignment).
 template <int EPI>
 RG_DEVICE void finish_sum(const float* __restrict__ total, half_t* __restrict__ out, int rows, int cols,
-                          const float* __restrict__ bias, const half_t* __restrict__ act) {
+                          const float* __restrict__ bias, half_t* __restrict__ act) {
     pdl_enter();  // total is the all-reduce's (or the GEMM's) output
     const int groups = cols / 8;
     GRID_STRIDE(i, (i64)rows * groups) {
@@ -208,7 +209,7 @@ RG_DEVICE void finish_sum(const float* __restrict__ total, half_t* __restrict__ 
         const float4 t1 = *reinterpret_cast<const float4*>(total + at + 4);
         const float v[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
         float2 x[4];  // what the epilogue reads besides the sum, a pair per two columns
-        if (EPI == EPI_DRELU) {
+        if (EPI == EPI_DACT) {
             const uint4 a = load_16(act + at);
             const u32 w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
@@ -221,26 +222,27 @@ RG_DEVICE void finish_sum(const float* __restrict__ total, half_t* __restrict__ 
             x[2] = make_float2(b1.x, b1.y);
             x[3] = make_float2(b1.z, b1.w);
         }
-        u32 h[4];
+        u32 h[4], z[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = fp16_epilogue2<EPI>(v[2 * k], v[2 * k + 1], x[k]);
+        for (int k = 0; k < 4; ++k) h[k] = fp16_epilogue2<EPI>(v[2 * k], v[2 * k + 1], x[k], &z[k]);
         store_16(out + at, make_uint4(h[0], h[1], h[2], h[3]));
+        if (EPI == EPI_BIAS_ACT && ACT_SAVES_INPUT && act != nullptr)
+            store_16(act + at, make_uint4(z[0], z[1], z[2], z[3]));
     }
 }
 
 // finish_sum per epilogue (kernels/elementwise.py picks finish_sum_<epilogue>).
 extern "C" __global__ void finish_sum_bias(const float* __restrict__ total, half_t* __restrict__ out, int rows,
-                                           int cols, const float* __restrict__ bias, const half_t* __restrict__ act) {
+                                           int cols, const float* __restrict__ bias, half_t* __restrict__ act) {
     finish_sum<EPI_BIAS>(total, out, rows, cols, bias, act);
 }
-extern "C" __global__ void finish_sum_bias_relu(const float* __restrict__ total, half_t* __restrict__ out, int rows,
-                                                int cols, const float* __restrict__ bias,
-                                                const half_t* __restrict__ act) {
-    finish_sum<EPI_BIAS_RELU>(total, out, rows, cols, bias, act);
+extern "C" __global__ void finish_sum_bias_act(const float* __restrict__ total, half_t* __restrict__ out, int rows,
+                                               int cols, const float* __restrict__ bias, half_t* __restrict__ act) {
+    finish_sum<EPI_BIAS_ACT>(total, out, rows, cols, bias, act);
 }
-extern "C" __global__ void finish_sum_drelu(const float* __restrict__ total, half_t* __restrict__ out, int rows,
-                                            int cols, const float* __restrict__ bias, const half_t* __restrict__ act) {
-    finish_sum<EPI_DRELU>(total, out, rows, cols, bias, act);
+extern "C" __global__ void finish_sum_dact(const float* __restrict__ total, half_t* __restrict__ out, int rows,
+                                           int cols, const float* __restrict__ bias, half_t* __restrict__ act) {
+    finish_sum<EPI_DACT>(total, out, rows, cols, bias, act);
 }
 
 // splitmix64's finaliser: a bijective 64-bit mix (Steele, Lea, Flood 2014).

@@ -476,7 +476,7 @@ RG_DEVICE void gemm_persistent_store(const Params& p) {
 
 #define GEMM_PARAMS                                                                                             \
     const half_t *A, const half_t *B, void *out, int M, int N, int K, int lda, int ldb, int ldc, int k_chunk, \
-        const float *bias, const half_t *act, int ld_act, float *mom, float *var, half_t *w16, const Optim *opt, \
+        const float *bias, half_t *act, int ld_act, float *mom, float *var, half_t *w16, const Optim *opt, \
         float *workspace, int *tickets
 #define GEMM_ARGS {A, B, out, M, N, K, lda, ldb, ldc, k_chunk, bias, act, ld_act, mom, var, w16, opt, workspace, tickets}
 

@@ -6,13 +6,15 @@
 #include "ldmatrix.cuh"
 #include "master.cuh"
 #include "optim.cuh"
+#include "activation.cuh"
 
 enum Layout { ROW = 0, COL = 1 };
 enum Epilogue {
     EPI_STORE = 0,      // C16 = acc
     EPI_BIAS = 1,       // C16 = acc + bias
-    EPI_BIAS_RELU = 2,  // C16 = relu(acc + bias)
-    EPI_DRELU = 3,      // C16 = acc * (act > 0): the backward of ReLU, act being the saved forward output
+    EPI_BIAS_ACT = 2,   // C16 = act(acc + bias) (activation.cuh); where the backward needs it, acc + bias (fp16) to
+                        // `act` too, when given (training: evaluation passes none)
+    EPI_DACT = 3,       // C16 = acc * act'(z), from the value the forward saved for it in `act` (activation.cuh)
     EPI_SGD = 4,        // G = acc; SGD's step (optim.cuh: momentum `mom`, Nesterov, L2) on the master (W16, lo) of
                         // master.cuh, `out` being lo. G never touches memory.
     EPI_ADAM = 5,       // the same with Adam's or AdamW's step, its moments in `mom` and `var`.
@@ -22,7 +24,7 @@ enum Epilogue {
 struct Params {
     const half_t* A; const half_t* B; void* out;
     int M, N, K, lda, ldb, ldc, k_chunk;
-    const float* bias; const half_t* act; int ld_act;
+    const float* bias; half_t* act; int ld_act;
     float* mom; float* var; half_t* w16; const Optim* opt;
     float* workspace; int* tickets;
 };
@@ -31,7 +33,7 @@ struct Params {
 // both alike, TMA_SIGNATURE) and the Params they make of them: the maps take A's and B's places.
 #define GEMM_TMA_PARAMS                                                                                              \
     const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K,  \
-        int ldc, int k_chunk, const float *bias, const half_t *act, int ld_act, float *workspace, int *tickets,      \
+        int ldc, int k_chunk, const float *bias, half_t *act, int ld_act, float *workspace, int *tickets,      \
         float keep_b
 #define GEMM_TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr,      \
                        nullptr, nullptr, workspace, tickets}
@@ -59,7 +61,8 @@ RG_DEVICE void sgd_pair(float2& w, float2& v, float2 g, bool momentum, float mu,
 }
 
 // What the epilogue of pair (row, col) reads besides the sum, for epilogue_pair: the master weights (joined) and
-// the optimiser's state (sgd, adam: x, y[, z]), the bias (bias), the saved activation (drelu); zeros otherwise.
+// the optimiser's state (sgd, adam: x, y[, z]), the bias (bias, bias_act), the saved activation (dact); zeros
+// otherwise.
 template <int EPI>
 RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, float2& y, float2& z) {
     const i64 at = (i64)row * p.ldc + col;
@@ -69,29 +72,31 @@ RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, flo
         x = master_join2(*reinterpret_cast<const u32*>(p.w16 + at), *reinterpret_cast<const u32*>(lo + at));
         if (EPI == EPI_ADAM || p.mom != nullptr) y = *reinterpret_cast<const float2*>(p.mom + at);
         if (EPI == EPI_ADAM) z = *reinterpret_cast<const float2*>(p.var + at);
-    } else if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
+    } else if (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT) {
         x = *reinterpret_cast<const float2*>(p.bias + col);
-    } else if (EPI == EPI_DRELU) {
+    } else if (EPI == EPI_DACT) {
         x = unpack_f16x2(*reinterpret_cast<const u32*>(p.act + (i64)row * p.ld_act + col));
     }
 }
 
-// The fp16 epilogues (store, bias, bias_relu, drelu) on two adjacent sums: the fp16 pair to write. x is the bias pair
-// (bias, bias_relu) or the saved activation's (drelu). Also elementwise.cu's finish_sum, which runs it on store32's
-// sums once the GPUs have added them up: with one partial sum, the bits this GEMM epilogue gives.
+// The fp16 epilogues (store, bias, bias_act, dact) on two adjacent sums: the fp16 pair to write. x is the bias pair
+// (bias, bias_act) or the saved activation's (dact). Also elementwise.cu's finish_sum, which runs it on store32's
+// sums once the GPUs have added them up: with one partial sum, the bits this GEMM epilogue gives. saved: bias_act's
+// fp16 pre-activation pair, for a backward that needs it (ACT_SAVES_INPUT); untouched otherwise.
 template <int EPI>
-RG_DEVICE u32 fp16_epilogue2(float v0, float v1, float2 x) {
-    if (EPI == EPI_BIAS || EPI == EPI_BIAS_RELU) {
+RG_DEVICE u32 fp16_epilogue2(float v0, float v1, float2 x, u32* saved = nullptr) {
+    if (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT) {
         v0 += x.x;
         v1 += x.y;
     }
-    if (EPI == EPI_BIAS_RELU) {
-        v0 = fmaxf(v0, 0.f);
-        v1 = fmaxf(v1, 0.f);
+    if (EPI == EPI_BIAS_ACT) {
+        if (ACT_SAVES_INPUT && saved != nullptr) *saved = pack_f16x2(v0, v1);
+        v0 = act_forward(v0);
+        v1 = act_forward(v1);
     }
-    if (EPI == EPI_DRELU) {
-        v0 = x.x > 0.f ? v0 : 0.f;
-        v1 = x.y > 0.f ? v1 : 0.f;
+    if (EPI == EPI_DACT) {
+        v0 = act_backward(v0, x.x);
+        v1 = act_backward(v1, x.y);
     }
     return pack_f16x2(v0, v1);
 }
@@ -116,6 +121,12 @@ RG_DEVICE void epilogue_pair(const Params& p, const Optim& o, int row, int col, 
         master_split2(x, hi2, lo2);
         *reinterpret_cast<u32*>(p.w16 + at) = hi2;
         *reinterpret_cast<u32*>(static_cast<short*>(p.out) + at) = lo2;
+        return;
+    }
+    if (EPI == EPI_BIAS_ACT && ACT_SAVES_INPUT && p.act != nullptr) {
+        u32 z2;
+        *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = fp16_epilogue2<EPI>(v0, v1, x, &z2);
+        *reinterpret_cast<u32*>(p.act + (i64)row * p.ld_act + col) = z2;
         return;
     }
     *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = fp16_epilogue2<EPI>(v0, v1, x);

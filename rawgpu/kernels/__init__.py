@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..compiler import SOURCE_DIR, CompiledModule, Unit, all_sources, compile_source, unit_of
 from ..driver import Kernel, Module
+from ..recipe import DEFAULT_ACTIVATION
 
 PLANNING_SM_COUNT = 132  # an H100's SMs: what a plan made without its GPU's own count assumes (tests, prebuilds)
 
@@ -29,10 +30,11 @@ class Kernels:
     A unit of compilation is a whole small source or one template instance of a large one (compiler.unit_of), so a
     session builds only what its step launches. `prefetch` starts units on threads (NVRTC releases the GIL);
     `get` returns a Kernel at once, starting its unit if nobody has, and the kernel's module is loaded, in the
-    asking thread (whose context is current), when the driver first needs the function."""
+    asking thread (whose context is current), when the driver first needs the function. activation: the one the
+    kernels that apply one are built for (a model's recipe.activation)."""
 
-    def __init__(self, arch: str, on_progress: Progress | None = None):
-        self.arch = arch
+    def __init__(self, arch: str, on_progress: Progress | None = None, activation: str = DEFAULT_ACTIVATION):
+        self.arch, self.activation = arch, activation
         self.compiled: dict[Unit, CompiledModule] = {}
         self.modules: dict[Unit, Module] = {}
         self.facts: dict[str, object] = {}  # what launchers ask the driver about this GPU once (gemm.cluster_capacity)
@@ -63,7 +65,7 @@ class Kernels:
 
     def _build(self, unit: Unit) -> CompiledModule:
         try:
-            return compile_source(unit[0], self.arch, kernel=unit[1])
+            return compile_source(unit[0], self.arch, kernel=unit[1], activation=self.activation)
         finally:
             with self._lock:
                 self._done += 1
@@ -142,6 +144,24 @@ def require(t: "Tensor", dtype, shape: tuple[int, ...] | None = None, what: str 
         raise TypeError(f"{label}: expected dtype {np.dtype(dtype)}, got {t.dtype}")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{label}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def require_preactivation(k: "Kernels", pre: "Tensor | None", like: "Tensor | None", what: str) -> None:
+    """An activation's backward that reads the pre-activation (recipe.FROM_PREACTIVATION, as the kernels were built)
+    gets `pre`, fp16 of the shape of `like` (the gradient it scales, whose layout the kernel reads it by); the
+    others get none."""
+    import numpy as np
+
+    from ..recipe import FROM_PREACTIVATION
+
+    if k.activation not in FROM_PREACTIVATION or like is None:
+        if pre is not None:
+            why = "no fp16 gradient to scale here" if like is None else f"{k.activation}'s backward reads the output"
+            raise ValueError(f"{what}: pass no pre ({why})")
+        return
+    if pre is None:
+        raise ValueError(f"{what}: {k.activation}'s backward reads the pre-activation: pass pre")
+    require(pre, np.float16, tuple(like.shape), f"{what}: pre (the pre-activation)")
 
 
 def require_exact_sums(scratch: "Tensor | None", ticket: "Tensor | None", words: int, tickets: int, what: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from .. import contract
 from ..compiler import unit_of
 from ..recipe import cdiv
-from . import PLANNING_SM_COUNT, Kernels, require, require_split_scratch
+from . import PLANNING_SM_COUNT, Kernels, require, require_preactivation, require_split_scratch
 from .gemm import MAX_CLUSTER_SPLITS, has_tma, planning_capacity
 from .l2 import LayerPolicy
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 SOURCE = "dx_sgd.cu"
 KERNEL = "dx_sgd"
-SIGNATURE = "ppppppiiiiiiiiippfffp"  # dx_sgd's parameters (tests/test_compiler.py checks it against the PTX)
+SIGNATURE = "ppppppiiiiiiiiippfffpp"  # dx_sgd's parameters (tests/test_compiler.py checks it against the PTX)
 # The kernel's tile and block, compiled in from rawgpu/contract/dx_sgd.py
 BM, BN, MAX_BATCH, THREADS = contract.DX_SGD_BM, contract.DX_SGD_BN, contract.DX_SGD_MAX_BATCH, contract.DX_SGD_THREADS
 stages = contract.dx_sgd_stages  # the pipeline depth per arch
@@ -203,12 +203,12 @@ def one_pass_grid(IN: int, N: int, chunk: int, sm_count: int, splits: int | None
 
 
 def dx_operand(dx: "Tensor | None", rows: int, cols: int) -> tuple[int, int]:
-    """(row stride, the kernels' dx_f32 flag) of the one-pass kernels' dx: fp16, masked by relu'(x), or fp32, the
-    raw sums (cu/one_pass.cuh: store_dx_pair); (0, 0) for none."""
+    """(row stride, the kernels' dx_f32 flag) of the one-pass kernels' dx: fp16, times act', or fp32, the raw sums
+    (cu/one_pass.cuh: store_dx_pair); (0, 0) for none."""
     if dx is None:
         return 0, 0
     if dx.dtype not in (np.float16, np.float32):
-        raise TypeError(f"dx: expected dtype float16 (masked) or float32 (raw partial sums), got {dx.dtype}")
+        raise TypeError(f"dx: expected dtype float16 (times act') or float32 (raw partial sums), got {dx.dtype}")
     if dx.offset % (2 * dx.dtype.itemsize):
         raise ValueError(f"dx: {dx.name} must start {2 * dx.dtype.itemsize}-byte aligned for pair stores "
                          f"(offset {dx.offset})")
@@ -225,11 +225,12 @@ def matrix_stride(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
 
 def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor", dx: "Tensor | None",
            lr: "Tensor", workspace: "Tensor | None" = None, tickets: "Tensor | None" = None,
-           l2: "LayerPolicy | None" = None, bias: "Tensor | None" = None) -> "Launch":
-    """x [B, IN] (the layer's input, also the ReLU mask), dy [B, N], the master weights as wlo (int16) and W16
-    [IN, N] (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first
-    layer): fp16, masked by relu'(x); fp32: the raw sums, unmasked: a partial sum other GPUs add to
-    (rawgpu/parallel/sharded.py; elementwise.finish_sum's drelu masks and rounds their total the same way). l2: the
+           l2: "LayerPolicy | None" = None, bias: "Tensor | None" = None, pre: "Tensor | None" = None) -> "Launch":
+    """x [B, IN] (the layer's input), dy [B, N], the master weights as wlo (int16) and W16 [IN, N]
+    (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first layer): fp16,
+    times act' (from x, or from pre, x's pre-activation of dx's shape, where the activation needs it); fp32: the raw
+    sums: a partial sum other GPUs add to (rawgpu/parallel/sharded.py; elementwise.finish_sum's dact applies act' and
+    rounds their total the same way). l2: the
     cache policies of the weights' reads and writes (kernels/l2.py; default normal). bias [N] fp32: also updated,
     b -= lr colsum(dy), the same bits as elementwise.bias_update."""
     p = plan
@@ -238,6 +239,7 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
     require(w16, np.float16, wlo.shape, "W16")
     lddx, dx_f32 = dx_operand(dx, p.B, p.IN)
+    require_preactivation(k, pre, None if dx_f32 else dx, "dx_sgd")
     require(lr, np.float32, what="lr")
     if bias is not None:
         require(bias, np.float32, what="bias")
@@ -249,4 +251,5 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
         p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, ptr(dx), lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
-        dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), cluster=p.cluster_dims)
+        dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(pre),
+        cluster=p.cluster_dims)

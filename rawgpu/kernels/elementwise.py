@@ -144,15 +144,16 @@ def apply_update(k: Kernels, g: Tensor, gb: Tensor, w16: Tensor, wlo: Tensor, mw
         *(0 if t is None else t for t in (mw, vw)), bias, *(0 if t is None else t for t in (mb, vb)), optim, rows, cols)
 
 
-FINISH_EPILOGUES = ("bias", "bias_relu", "drelu")  # the GEMM epilogues finish_sum runs (finish_sum_<epilogue>)
+FINISH_EPILOGUES = ("bias", "bias_act", "dact")  # the GEMM epilogues finish_sum runs (finish_sum_<epilogue>)
 
 
 def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str, bias: Tensor | None = None,
                act: Tensor | None = None) -> Launch:
     """out[:rows] = the GEMM epilogue `epilogue` on total[:rows], a store32 GEMM's fp32 sums after the GPUs added
-    them up (rawgpu/parallel/split.py): fp16(total + bias) (bias), fp16(relu(total + bias)) (bias_relu), fp16(total)
-    where the saved forward output act > 0, else 0 (drelu). total fp32 and out fp16 [R, C], C a multiple of 8; bias fp32
-    of C values at least; act fp16 [R, C]. Rows from `rows` on are left alone. It rounds as the GEMM's epilogue does
+    them up (rawgpu/parallel/split.py): fp16(total + bias) (bias), fp16(act(total + bias)) (bias_act, with the
+    pre-activation to `act` when given: where the activation's backward reads it), fp16(total x act'), act' from the
+    value the forward saved in `act` (dact). total fp32 and out fp16 [R, C], C a multiple of 8; bias fp32 of C
+    values at least; act fp16 [R, C]. Rows from `rows` on are left alone. It rounds as the GEMM's epilogue does
     (gemm_epilogue.cuh: fp16_epilogue2): with one partial sum, the bits of the GEMM with that epilogue."""
     if epilogue not in FINISH_EPILOGUES:
         raise ValueError(f"finish_sum: epilogue must be one of {FINISH_EPILOGUES}, got {epilogue!r}")
@@ -163,13 +164,15 @@ def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str,
     R, C = total.shape
     if not 0 <= rows <= R:
         raise ValueError(f"finish_sum: rows={rows} is outside 0..{R}")
-    if epilogue == "drelu":
+    if epilogue == "dact":
         if bias is not None or act is None:
-            raise ValueError("finish_sum: drelu takes act (the saved forward output) and no bias")
+            raise ValueError("finish_sum: dact takes act (the saved forward output) and no bias")
         require(act, np.float16, total.shape, what="finish_sum act")
     else:
-        if bias is None or act is not None:
-            raise ValueError(f"finish_sum: {epilogue} takes a bias and no act")
+        if bias is None or (act is not None and epilogue == "bias"):
+            raise ValueError(f"finish_sum: {epilogue} takes a bias" + (" and no act" if epilogue == "bias" else ""))
+        if act is not None:
+            require(act, np.float16, total.shape, what="finish_sum act (the pre-activation)")
         require(bias, np.float32, what="finish_sum bias")
         if bias.size < C:
             raise ValueError(f"finish_sum bias: {bias.size} values, {C} needed")

@@ -336,7 +336,8 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
     """Bind `plan` to its operands. Row-major A is [M, lda], column-major A is stored as [K, lda] (A^T rows).
     The update epilogues (sgd, adam): `out` is the master's low half, w16 its high half, optim the optimiser table
     (contract.Optim), mom and var its state (as many as the plan's `states`: momentum, or Adam's two moments).
-    store32: `out` is fp32, the others' fp16.
+    store32: `out` is fp32, the others' fp16. act: what dact scales by (the value the forward saved for the
+    activation's derivative), or where bias_act keeps the pre-activation (training, where the backward reads it).
     keep_b: the L2 policy of B's reads (kernels/l2.py), taken by the tensor-copy tile; the others read normally."""
     p = plan
     lda = _check_matrix(A, p.M, p.K, "A") if p.layout[0] == "r" else _check_matrix(A, p.K, p.M, "A (column-major)")
@@ -359,14 +360,18 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
         require(out, np.float16, what="C")
     if len(out.shape) != 2 or out.shape[0] < p.M or out.shape[1] < p.N or out.shape[1] % 8:
         raise ValueError(f"output {out.name} of shape {out.shape} cannot hold {p.M} x {p.N} (stride multiple of 8)")
-    if p.epilogue in ("bias", "bias_relu"):
+    if p.epilogue in ("bias", "bias_act"):
         if bias is None or bias.dtype != np.float32 or bias.size < p.N:
             raise ValueError(f"epilogue {p.epilogue} needs an fp32 bias of at least {p.N} values")
     ld_act = 0
-    if p.epilogue == "drelu":
+    if p.epilogue == "dact":
         if act is None:
-            raise ValueError("the drelu epilogue needs the saved activation")
+            raise ValueError("the dact epilogue needs the saved activation")
         ld_act = _check_matrix(act, p.M, p.N, "act")
+    elif act is not None:  # where bias_act keeps the pre-activation for the backward
+        if p.epilogue != "bias_act":
+            raise ValueError(f"the {p.epilogue} epilogue takes no act")
+        ld_act = _check_matrix(act, p.M, p.N, "act (the pre-activation)")
     require_split_scratch(1 if p.cluster else p.splits, workspace, tickets, p.workspace_floats, p.tickets,
                           f"split-K x{p.splits}")
     ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands

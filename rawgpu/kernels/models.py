@@ -52,6 +52,9 @@ class _Bound:
 class _Recorder:
     """Stands in for Kernels in a launcher of one model: it builds nothing and returns what would be bound."""
 
+    def __init__(self, k: Kernels):
+        self.arch, self.activation = k.arch, k.activation
+
     def get(self, source: str, name: str, signature: str) -> _Bound:
         return _Bound(source, name, signature)
 
@@ -100,7 +103,7 @@ def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, ste
     if len(perm.shape) != 2 or perm.shape[0] != n:
         raise ValueError(f"perm: expected [{n}, rows], got shape {perm.shape}")
     order = model_part(perm, n).view((perm.shape[1],))
-    one = kd.gather_batch(_Recorder(), images, labels, order, step, model_part(x, n), model_part(y, n), batch,
+    one = kd.gather_batch(_Recorder(k), images, labels, order, step, model_part(x, n), model_part(y, n), batch,
                           steps_per_epoch, optim=model_part(optim, n).view((OPTIM_WORDS,)),
                           schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early,
                           blocks=None if sm_count is None else max(1, min(batch, GATHER_BLOCKS_PER_SM * sm_count // n)))
@@ -117,7 +120,7 @@ def gemm(k: Kernels, n: int, plan: kg.GemmPlan, A: Tensor, B: Tensor, out: Tenso
         raise ValueError(f"{plan.kernel}: a GEMM over models runs whole tiles, one block each (no split-K, cluster, "
                          "tensor copies or resident grid)")
     part = lambda t: None if t is None else model_part(t, n)  # noqa: E731 - model 0's operand
-    one = kg.gemm(_Recorder(), plan, A if shared_a else part(A), part(B), part(out), bias=part(bias), act=part(act),
+    one = kg.gemm(_Recorder(k), plan, A if shared_a else part(A), part(B), part(out), bias=part(bias), act=part(act),
                   mom=part(mom), var=part(var), w16=part(w16),
                   optim=None if optim is None else part(optim).view((OPTIM_WORDS,)))
     per = lambda t: 0 if t is None else _models(t, n, t.name)  # noqa: E731 - elements of one model's part
@@ -137,7 +140,7 @@ def softmax_xent(k: Kernels, n: int, logits: Tensor, labels: Tensor, dlogits: Te
     part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
     if scratch is not None and (scratch.shape != (n, 2) or ticket is None or ticket.shape != (n, 1)):
         raise ValueError(f"softmax_xent over {n} models: scratch [{n}, 2] and ticket [{n}, 1]")
-    one = kl.softmax_xent(_Recorder(), part(logits), labels if shared_labels else part(labels), part(dlogits),
+    one = kl.softmax_xent(_Recorder(k), part(logits), labels if shared_labels else part(labels), part(dlogits),
                           loss_sum.view((1,)), correct.view((1,)), batch, classes, grad_scale,
                           scratch=part(scratch), ticket=part(ticket),
                           block_rows=XENT_ROWS_PER_BLOCK if scratch is not None else None)
@@ -151,7 +154,7 @@ def bias_update(k: Kernels, n: int, dy: Tensor, bias: Tensor, m: Tensor | None, 
     [n, words], scratch int64 [n, >= cols] and tickets int32 [n, >= column tiles] where the rows are split."""
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
     part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
-    one = ke.bias_update(_Recorder(), part(dy), part(bias), part(m), part(v), part(optim).view((OPTIM_WORDS,)), rows,
+    one = ke.bias_update(_Recorder(k), part(dy), part(bias), part(m), part(v), part(optim).view((OPTIM_WORDS,)), rows,
                          part(scratch), part(tickets))
     return _over_models(k, one, ELEMENTWISE_MODELS_SOURCE, 2, n,
                         (_models(dy, n, "dy"), _models(bias, n, "bias"),
@@ -161,16 +164,18 @@ def bias_update(k: Kernels, n: int, dy: Tensor, bias: Tensor, m: Tensor | None, 
 
 def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, wlo: Tensor, w16: Tensor,
               mw: Tensor | None, vw: Tensor | None, dx: Tensor | None, optim: Tensor, bias: Tensor,
-              mb: Tensor | None, vb: Tensor | None) -> Launch:
-    """Every model's one-pass backward of a layer (dx_update.dx_update's, without L2 hints): x, dy, dx [n x batch,
-    cols], the weight-shaped operands [n x in, out], the bias and its state [n x out], optim [n, words]. The column
-    ranges of a band add their dx in a cluster or not at all (plan.splits == 1): no workspace to share."""
+              mb: Tensor | None, vb: Tensor | None, pre: Tensor | None = None) -> Launch:
+    """Every model's one-pass backward of a layer (dx_update.dx_update's, without L2 hints): x, dy, dx and pre
+    [n x batch, cols], the weight-shaped operands [n x in, out], the bias and its state [n x out], optim [n, words].
+    The column ranges of a band add their dx in a cluster or not at all (plan.splits == 1): no workspace to share."""
     if dx is not None and plan.splits > 1 and not plan.cluster:
         raise ValueError(f"{plan.kernel} over models: {plan.splits} column ranges would add their dx in a workspace")
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
     part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
-    one = ku.dx_update(_Recorder(), plan, part(x), part(dy), part(wlo), part(w16), part(mw), part(vw), part(dx),
-                       part(optim).view((OPTIM_WORDS,)), bias=part(bias), mb=part(mb), vb=part(vb))
+    one = ku.dx_update(_Recorder(k), plan, part(x), part(dy), part(wlo), part(w16), part(mw), part(vw), part(dx),
+                       part(optim).view((OPTIM_WORDS,)), bias=part(bias), mb=part(mb), vb=part(vb), pre=part(pre))
+    if pre is not None and pre.shape != dx.shape:  # the kernel finds model m's pre at dx's model stride
+        raise ValueError(f"dx_update over models: pre {pre.shape} shaped as dx {dx.shape}")
     strides = (_models(x, n, "x"), _models(dy, n, "dy"), _models(wlo, n, "W lo"),
                0 if dx is None else _models(dx, n, "dx") * dx.dtype.itemsize, _models(bias, n, "bias"))
     return _over_models(k, one, DX_UPDATE_MODELS_SOURCE, 0, n, strides, "qqqqq")
@@ -179,21 +184,22 @@ def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, 
 def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, wlo: Tensor, w16: Tensor,
               bias: Tensor, optim: Tensor, logits: Tensor, dlogits: Tensor, dh: Tensor, loss_sum: Tensor,
               correct: Tensor, classes: int, grad_scale: float, step: Tensor, mw: Tensor | None = None,
-              vw: Tensor | None = None, mb: Tensor | None = None, vb: Tensor | None = None) -> Launch:
-    """Every model's head step (head.head_step's), one cluster per model: h, dh [n x batch, K], labels [n x batch],
+              vw: Tensor | None = None, mb: Tensor | None = None, vb: Tensor | None = None,
+              pre: Tensor | None = None) -> Launch:
+    """Every model's head step (head.head_step's), one cluster per model: h, dh, pre [n x batch, K], labels [n x batch],
     logits and dlogits [n x batch, 16], the head's weight-shaped operands [n x K, 16], its bias and state [n x 16],
     optim [n, words], loss_sum and correct [n]; model 0's cluster moves the shared step counter."""
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
     require(loss_sum, np.float64, (n,), what="loss_sum")
     require(correct, np.int32, (n,), what="correct")
     part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
-    one = kh.head_step(_Recorder(), plan, part(h), part(labels), part(wlo), part(w16), part(bias),
+    one = kh.head_step(_Recorder(k), plan, part(h), part(labels), part(wlo), part(w16), part(bias),
                        part(optim).view((OPTIM_WORDS,)), part(logits), part(dlogits), part(dh), loss_sum.view((1,)),
                        correct.view((1,)), classes, grad_scale, step=step, mw=part(mw), vw=part(vw), mb=part(mb),
-                       vb=part(vb))
+                       vb=part(vb), pre=part(pre))
     per = lambda t, what: _models(t, n, what)  # noqa: E731
     if per(logits, "logits") != per(labels, "labels") * kh.CLASSES or per(dlogits, "dlogits") != per(
-            logits, "logits") or per(dh, "dh") != per(h, "h"):
-        raise ValueError("head_step over models: logits and dlogits [n x batch, 16], dh shaped as h")
+            logits, "logits") or per(dh, "dh") != per(h, "h") or (pre is not None and pre.shape != h.shape):
+        raise ValueError("head_step over models: logits and dlogits [n x batch, 16], dh and pre shaped as h")
     strides = (_models(h, n, "h"), _models(labels, n, "labels"), _models(wlo, n, "W lo"), _models(bias, n, "bias"))
     return _over_models(k, one, HEAD_MODELS_SOURCE, 1, n, strides, "qqqq")

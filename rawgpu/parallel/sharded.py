@@ -3,8 +3,8 @@
 `ShardedMLP` is the one-GPU model (mlp.py) over this rank's slice of every layer: at 3 hidden layers of H over N
 ranks its layers are 784 -> H/N -> H -> H/N -> classes. Where a layer's output, or its input's gradient, is a partial
 sum over the ranks, the GEMM writes it in fp32 (epilogue store32), the group sums it across the ranks, and
-kernels/elementwise.finish_sum does what the GEMM's epilogue would have done: the bias and the ReLU forward, the
-ReLU's mask backward. So with one rank every bit is the one-GPU layered step's (its long form).
+kernels/elementwise.finish_sum does what the GEMM's epilogue would have done: the bias and the activation forward,
+its derivative backward. So with one rank every bit is the one-GPU layered step's (its long form).
 
 Every rank draws its part of the model from the seed (the values one GPU draws there), so N GPUs start where one does;
 `parameters()` and `state()` give the rank's part with the padding cut off, which `join_parameters` (split.gather)
@@ -70,17 +70,18 @@ class ShardedMLP(MLP):
     # --- the forward, shared by the training step and the evaluation ---------------------------------------------
 
     def layer_forward(self, i: int, x: Tensor, out: Tensor, plan: "GemmPlan", total: Tensor | None,
-                      keep: float = kl2.NORMAL) -> list[Launch]:
+                      keep: float = kl2.NORMAL, pre: Tensor | None = None) -> list[Launch]:
         """Layer i from x into out (fp16): the GEMM with its epilogue, or, where the output is a partial sum, the
-        GEMM into `total` (fp32, out's shape), the sum over the ranks and the epilogue after it."""
+        GEMM into `total` (fp32, out's shape), the sum over the ranks and the epilogue after it. pre: where the
+        pre-activation goes for the backward (training, where the activation needs it)."""
         lay = self.layers[i]
         if not self.reduces(i):
-            return [kg.gemm(self.k, plan, x, lay.w16, out, bias=lay.b, workspace=self.workspace,
+            return [kg.gemm(self.k, plan, x, lay.w16, out, bias=lay.b, act=pre, workspace=self.workspace,
                             tickets=self.tickets, keep_b=keep)]
         count = plan.M * total.shape[1]
         return [kg.gemm(self.k, plan, x, lay.w16, total, workspace=self.workspace, tickets=self.tickets, keep_b=keep),
                 self.group.all_reduce(total, total, count),
-                ke.finish_sum(self.k, total, out, plan.M, super().forward_epilogue(i), bias=lay.b)]
+                ke.finish_sum(self.k, total, out, plan.M, super().forward_epilogue(i), bias=lay.b, act=pre)]
 
     def forward(self, x: Tensor, outs: list[Tensor], plans: list["GemmPlan"],
                 keep: list[float] | None = None) -> list[Launch]:

@@ -17,14 +17,14 @@ model: the kind's model class, then its step over the model's buffers. Callers a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .. import parallel
 from ..errors import StepUnsupported
 from ..kernels import PLANNING_SM_COUNT
-from ..recipe import Recipe
+from ..recipe import DEFAULT_ACTIVATION, Recipe
 from . import cluster, data, fused, layered, models, tensor
 from .base import Step, StepOptions
 
@@ -37,6 +37,7 @@ KINDS: dict[str, ModuleType] = {"cluster": cluster, "fused": fused, "layered": l
 ONE_GPU = tuple(kind for kind, module in KINDS.items()
                 if not module.SEVERAL_GPUS and not getattr(module, "MANY_MODELS", False))
 SWEEP_KIND = "models"  # what a sweep of many models in one step runs
+SHORT_FORM = "layered (short form)"  # how a choice names the layered step's short form
 CHOICES = ("auto",) + ONE_GPU  # what a one-GPU run may ask for (--step)
 MODES = parallel.MODES  # what a run on several GPUs may ask for (--parallel)
 
@@ -44,17 +45,23 @@ MODES = parallel.MODES  # what a run on several GPUs may ask for (--parallel)
 @dataclass(frozen=True)
 class Choice:
     """The step kind that runs, why, why every kind before it in `auto`'s order was passed over, and the ranks of
-    a model on several GPUs (0: one GPU's model)."""
+    a model on several GPUs (0: one GPU's model). fallbacks: the kinds passed over that would run the same model
+    with one width and ReLU (the architecture alone ruled them out), with why: what the launch line says."""
 
     kind: str
     reason: str
     passed_over: dict[str, str] = field(default_factory=dict)
     ranks: int = 0
+    fallbacks: dict[str, str] = field(default_factory=dict)
 
     def explain(self) -> str:
         lines = [f"{self.kind}: {self.reason}"]
         lines += [f"  not {kind}: {why}" for kind, why in self.passed_over.items()]
         return "\n".join(lines)
+
+    def fallback_note(self) -> str:
+        """'; not fused: the fused step applies ReLU only' for each fallback ('' for none)."""
+        return "".join(f"; not {kind}: {why}" for kind, why in self.fallbacks.items())
 
 
 def unsupported_reason(kind: str, recipe: Recipe, arch: str) -> str | None:
@@ -89,13 +96,26 @@ def choose(recipe: Recipe, arch: str, wanted: str = "auto", ranks: int = 0, mode
         if why := unsupported_reason(wanted, recipe, arch):
             raise StepUnsupported(f"{wanted} cannot run this recipe: {why}")
         return Choice(wanted, "asked for by name")
+    choice = _auto(recipe, arch)  # and what it would be for this model with one width and ReLU: the fallback, if any
+    if recipe.uniform and recipe.activation == DEFAULT_ACTIVATION:
+        return choice
+    plain = _auto(replace(recipe, hidden=max(recipe.hidden_widths), layers=recipe.layers,
+                          activation=DEFAULT_ACTIVATION), arch)
+    label = SHORT_FORM if plain.reason == layered.WHEN_AUTO_SHORT else plain.kind  # as passed_over names it
+    if label not in choice.passed_over:
+        return choice
+    return replace(choice, fallbacks={label: choice.passed_over[label]})
+
+
+def _auto(recipe: Recipe, arch: str) -> Choice:
+    """`auto`'s pick: the first of cluster, layered in its short form, fused (where preferred), layered."""
     passed: dict[str, str] = {}
     if (why := cluster.unsupported_reason(recipe, arch)) is None:
         return Choice("cluster", cluster.WHEN_AUTO, passed)
     passed["cluster"] = why
     if (why := layered.short_form_reason(recipe, arch)) is None:
         return Choice("layered", layered.WHEN_AUTO_SHORT, passed)
-    passed["layered (short form)"] = why
+    passed[SHORT_FORM] = why
     if (why := fused.unsupported_reason(recipe, arch) or fused.not_preferred_reason(recipe)) is None:
         return Choice("fused", fused.WHEN_AUTO, passed)
     passed["fused"] = why

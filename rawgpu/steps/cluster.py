@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 MODEL = MLP  # the buffers it runs over
 SEVERAL_GPUS = False
 SUMMARY = "one thread-block cluster keeps the whole model in shared memory (1 kernel)"
-RUNS_WHEN = (f"sm_90, batch <= {kc.ROWS}, plain SGD, fp32 accumulation, and the model fits {kc.CTAS} SMs' shared "
+RUNS_WHEN = (f"sm_90, batch <= {kc.ROWS}, plain SGD, ReLU, fp32 accumulation, and the model fits {kc.CTAS} SMs' shared "
              "memory: hidden <= 128 at 3 hidden layers")
 WHEN_AUTO = "the model fits one thread-block cluster's shared memory: no launch or DRAM round trip inside a step"
 
@@ -42,6 +42,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the cluster step runs plain SGD (no momentum, weight decay or Adam), not {recipe.optimizer_text}"
     if recipe.accum != "fp32":
         return "the cluster step accumulates in fp32 only"
+    if recipe.activation != "relu":
+        return f"the cluster step applies ReLU only, not {recipe.activation}"
     if not recipe.uniform:
         return f"the cluster step keeps one width for every hidden layer, not {recipe.hidden_label}"
     try:

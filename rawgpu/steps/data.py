@@ -51,7 +51,7 @@ class DataStep(ChainStep):
         self.fwd, self.dx, self.dw = [], [], []
         for i, (pin, pout) in enumerate(zip(padded, padded[1:])):
             self.fwd.append(plan(rows, pout, pin, "rr", model.forward_epilogue(i)))
-            self.dx.append(plan(rows, pin, pout, "rc", "drelu") if i else None)
+            self.dx.append(plan(rows, pin, pout, "rc", "dact") if i else None)
             update = plan(pin, pout, rows, "cr", self.family, states=r.state_tensors)  # one GPU's fused update
             self.dw.append(plan(pin, pout, rows, "cr", "store32", config=update.config.name, splits=update.splits,
                                 cluster=update.cluster))
@@ -92,15 +92,15 @@ class DataStep(ChainStep):
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, rows, r.steps_per_epoch,
                                optim=m.optim, schedule=schedule)]
-        out += m.forward(m.acts[0], m.acts[1:], self.fwd)
+        out += m.forward(m.acts[0], m.acts[1:], self.fwd, pres=m.pres[1:])
         out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, rows, r.classes,
                                    grad_scale=loss_scale(r.batch), mean_over=r.batch, scratch=m.exact_sums,
                                    ticket=m.exact_tickets))
         for i in range(len(m.layers) - 1, -1, -1):
             lay, x, dy = m.layers[i], m.acts[i], m.grads[i + 1]
             if self.dx[i] is not None:
-                out.append(kg.gemm(k, self.dx[i], dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
-                                   tickets=m.tickets))
+                out.append(kg.gemm(k, self.dx[i], dy, lay.w16, m.grads[i], act=m.saved_for_backward(i),
+                                   workspace=m.workspace, tickets=m.tickets))
             out.append(kg.gemm(k, self.dw[i], x, dy, self.grad_w[i], workspace=m.workspace, tickets=m.tickets))
             out.append(ke.bias_grad(k, dy, self.grad_b[i], rows, m.exact_sums, m.exact_tickets))
         out.append(m.group.all_reduce(self.gradients, self.gradients, self.gradients.size))

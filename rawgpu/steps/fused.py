@@ -35,7 +35,7 @@ MAX_BATCH = 512
 
 MODEL = MLP  # the buffers it runs over
 SEVERAL_GPUS = False
-SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases)"
+SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases; ReLU only)"
 PREFERRED_WHEN = (f"fp32 accumulation, batch <= {MAX_BATCH}, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at "
                   "batch <= 32 with plain SGD")
 WHEN_AUTO = "one kernel beats a chain of latency-bound launches at this width"
@@ -45,6 +45,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the fused step cannot run this recipe; None when it can (any GPU rawgpu supports)."""
     if recipe.accum != "fp32":
         return "the fused step accumulates in fp32 only"
+    if recipe.activation != "relu":
+        return f"the fused step applies ReLU only, not {recipe.activation}"
     if recipe.inputs != contract.FS_INPUTS:
         return f"the fused step is built for images of {contract.FS_INPUTS} pixels, these have {recipe.inputs}"
     if recipe.layers + 1 > kf.MAX_LINEAR_LAYERS:

@@ -99,8 +99,8 @@ class LayeredStep(ChainStep):
                        if kb.supported(B, plain, accum)
                        else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
             self.plans.append(LayerPlans(
-                fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_relu"),
-                dx=plan(B, pin, pout, "rc", "drelu") if i else None,
+                fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_act"),
+                dx=plan(B, pin, pout, "rc", "dact") if i else None,
                 dw=plan(pin, pout, B, "cr", update_family(r.optimizer), states=r.state_tensors),
                 bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
@@ -137,13 +137,14 @@ class LayeredStep(ChainStep):
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
                                optim=m.optim, schedule=schedule, early=self.head is not None)]
         n = len(m.layers) - (self.head is not None)  # layers with a forward GEMM
-        out += m.forward(m.acts[0], m.acts[1:n + 1], [p.fwd for p in self.plans[:n]], [pol.forward for pol in self.l2[:n]])
+        out += m.forward(m.acts[0], m.acts[1:n + 1], [p.fwd for p in self.plans[:n]],
+                         [pol.forward for pol in self.l2[:n]], pres=m.pres[1:n + 1])
         if self.head is not None:  # the head's forward, loss, backward and update in one launch
             lay = m.layers[n]
             out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.optim, m.acts[-1],
                                     m.grads[-1], m.grads[n], m.loss_sum, m.correct, r.classes, scale,
                                     step=m.counter,  # the step counter moves here
-                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb))
+                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, pre=m.pres[n]))
         else:
             out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        grad_scale=scale, scratch=m.exact_sums, ticket=m.exact_tickets))
@@ -152,14 +153,15 @@ class LayeredStep(ChainStep):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
             if isinstance(p.bwd, kb.DxSgdPlan):  # the bias too; the first layer's input needs no gradient
                 out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, m.grads[i], m.optim, m.workspace, m.tickets,
-                                     self.l2[i], bias=lay.b))
+                                     self.l2[i], bias=lay.b, pre=m.pres[i]))
             elif p.bwd is not None:  # the same with the optimiser's state
                 out.append(ku.dx_update(k, p.bwd, x, dy, lay.wlo, lay.w16, lay.mw, lay.vw, m.grads[i], m.optim,
-                                        m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb))
+                                        m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb,
+                                        pre=m.pres[i]))
             else:
                 if p.dx is not None:  # reads W16 before this layer's update rewrites it
-                    out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=x, workspace=m.workspace,
-                                       tickets=m.tickets))
+                    out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=m.saved_for_backward(i),
+                                       workspace=m.workspace, tickets=m.tickets))
                 out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
                                    workspace=m.workspace, tickets=m.tickets))
                 out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch, m.exact_sums,

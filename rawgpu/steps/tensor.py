@@ -76,7 +76,7 @@ class TensorStep(ChainStep):
                        else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
             self.plans.append(ShardPlans(
                 fwd=plan(B, pout, pin, "rr", model.forward_epilogue(i)),
-                dx=plan(B, pin, pout, "rc", "store32" if reduced else "drelu") if i and bwd is None else None,
+                dx=plan(B, pin, pout, "rc", "store32" if reduced else "dact") if i and bwd is None else None,
                 dw=(plan(pin, pout, B, "cr", update_family(r.optimizer), states=r.state_tensors)
                     if bwd is None else None),
                 bwd=bwd))
@@ -117,32 +117,33 @@ class TensorStep(ChainStep):
                                optim=m.optim, schedule=schedule)]
         for i, p in enumerate(self.plans):
             out += m.layer_forward(i, m.acts[i], m.acts[i + 1], p.fwd, self.sums.get(m.acts[i + 1].shape),
-                                   self.l2[i].forward)
+                                   self.l2[i].forward, pre=m.pres[i + 1])
         out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, B, r.classes,
                                    grad_scale=loss_scale(B), scratch=m.exact_sums, ticket=m.exact_tickets))
         for i in range(len(self.plans) - 1, -1, -1):
             lay, p, x, dy = m.layers[i], self.plans[i], m.acts[i], m.grads[i + 1]
-            # dx: fp16 with ReLU's mask, or, where it is a partial sum, the raw fp32 sums, then their sum over the
-            # ranks and the mask (after the update, so the ranks' skew meets the collective last)
+            # dx: fp16 times act', or, where it is a partial sum, the raw fp32 sums, then their sum over the ranks
+            # and act' (after the update, so the ranks' skew meets the collective last)
             reduced = m.plan.shards[i].reduce_input_grad
             total = self.sums[m.grads[i].shape] if reduced else None
             dx = (total if reduced else m.grads[i]) if i else None
             if p.dx is not None:  # reads W16 before this layer's update rewrites it
-                out.append(kg.gemm(k, p.dx, dy, lay.w16, dx, act=None if reduced else x, workspace=m.workspace,
-                                   tickets=m.tickets))
+                out.append(kg.gemm(k, p.dx, dy, lay.w16, dx, act=None if reduced else m.saved_for_backward(i),
+                                   workspace=m.workspace, tickets=m.tickets))
             if isinstance(p.bwd, kb.DxSgdPlan):  # dx in the same pass
                 out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, dx, m.optim, m.workspace, m.tickets,
-                                     self.l2[i], bias=lay.b))
+                                     self.l2[i], bias=lay.b, pre=None if reduced else m.pres[i]))
             elif p.bwd is not None:
                 out.append(ku.dx_update(k, p.bwd, x, dy, lay.wlo, lay.w16, lay.mw, lay.vw, dx, m.optim,
-                                        m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb))
+                                        m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb,
+                                        pre=None if reduced else m.pres[i]))
             else:
                 out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
                                    workspace=m.workspace, tickets=m.tickets))
                 out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, B, m.exact_sums, m.exact_tickets))
             if reduced:
                 out += [m.group.all_reduce(total, total, B * total.shape[1]),
-                        ke.finish_sum(k, total, m.grads[i], B, "drelu", act=x)]
+                        ke.finish_sum(k, total, m.grads[i], B, "dact", act=m.saved_for_backward(i))]
         out.append(kd.step_increment(k, m.counter))
         return out
 

@@ -31,6 +31,8 @@ class PeerResult:
 
 SCHEDULES = ("constant", "cosine", "linear")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# torch's nn.ReLU, GELU (the erf form; approximate="tanh"), SiLU, Tanh
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "tanh")
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Workload:
     eps: float = 1e-8
     weight_decay: float = 0.0
     schedule: str = "constant"  # over the timed steps, decaying to 0 (rawgpu's lr_at, value for value)
+    activation: str = "relu"  # between the hidden layers, as torch names it (ACTIVATIONS)
     # Initial parameters [(W [fan_in, fan_out], b [fan_out]) float32] shared by every system, so accuracy
     # differences come from numerics, not from one lucky draw of the init; None: each framework's own init.
     init: list | None = None
@@ -81,6 +84,8 @@ class Workload:
             raise ValueError(f"Workload.momentum must be in [0, 1), got {self.momentum}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"Workload.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"Workload.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"Workload.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.nesterov and not (self.optimizer == "sgd" and self.momentum > 0):

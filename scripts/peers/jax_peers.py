@@ -84,17 +84,20 @@ def _init_params(jax, jnp, widths: tuple[int, ...], seed: int):
     return params
 
 
-def model_functions(jax, jnp):
+def model_functions(jax, jnp, activation: str = "relu"):
     """(forward(params, x) -> fp32 logits, loss(params, x, y) -> mean cross-entropy): fp16 compute from the fp32
-    masters, the logits in fp32 for the softmax, as autocast does for cross_entropy (the sweep peer shares them)."""
+    masters, the logits in fp32 for the softmax, as autocast does for cross_entropy (the sweep peer shares them);
+    the activation between the hidden layers as torch defines it (gelu: the erf form, gelu_tanh: the tanh one)."""
     f16, f32 = jnp.float16, jnp.float32
+    act = {"relu": jax.nn.relu, "gelu": lambda h: jax.nn.gelu(h, approximate=False),
+           "gelu_tanh": lambda h: jax.nn.gelu(h, approximate=True), "silu": jax.nn.silu, "tanh": jnp.tanh}[activation]
 
     def forward(params, x):
         h = x.astype(f16)
         for i, (wt, b) in enumerate(params):
             h = h @ wt.astype(f16) + b.astype(f16)
             if i < len(params) - 1:
-                h = jax.nn.relu(h)
+                h = act(h)
         return h.astype(f32)
 
     def loss(params, x, y):
@@ -114,7 +117,7 @@ def _programs(jax, jnp, w: Workload) -> _Programs:
     """The compiled functions. Arrays are always arguments, never closed over: closed-over arrays would be
     baked into the program as constants (a 47 MB dataset in every compile)."""
     f32, batch, steps = jnp.float32, w.batch, w.steps
-    forward, loss_fn = model_functions(jax, jnp)
+    forward, loss_fn = model_functions(jax, jnp, w.activation)
 
     init_state, update = _optimizer(jax, jnp, w)
 

@@ -97,7 +97,7 @@ def _jax_vmap(sweep: Sweep, data) -> SweepResult:
                           dev)
     init_state, update = _optimizer(jax, jnp, w)
 
-    forward, loss_fn = model_functions(jax, jnp)
+    forward, loss_fn = model_functions(jax, jnp, w.activation)
 
     def one_model_step(params, state, order, lrs, s, train_x, train_y):
         idx = order[s]
@@ -159,7 +159,7 @@ def _torch_func(sweep: Sweep, data) -> SweepResult:
     models = []
     for seed in sweep.seeds:
         torch.manual_seed(seed)
-        models.append(mlp(nn, w.widths).to(dev))
+        models.append(mlp(nn, w.widths, w.activation).to(dev))
     stacked, buffers = stack_module_state(models)
     # every model's parameters as one row of a flat fp32 buffer [N, P], the dict's tensors views into it: the update
     # then runs over all parameters of all models in a few kernels, each model's lr broadcast along its row

@@ -57,11 +57,13 @@ def run(system: str, w: Workload, data) -> PeerResult:
 
 
 
-def mlp(nn, widths):
-    """nn.Sequential of Linear layers of these widths (inputs ... classes), ReLU between them."""
+def mlp(nn, widths, activation: str = "relu"):
+    """nn.Sequential of Linear layers of these widths (inputs ... classes), the activation between them."""
+    make = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU,
+            "tanh": nn.Tanh}[activation]
     layers = []
     for fan_in, fan_out in zip(widths, widths[1:]):
-        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+        layers += [nn.Linear(fan_in, fan_out), make()]
     return nn.Sequential(*layers[:-1])
 
 class _Setup:
@@ -79,7 +81,7 @@ class _Setup:
         order = step_indices(w.index_steps, w.batch, w.seed)
         self.order = _upload(order, dev).long().view(w.index_steps, w.batch)  # row s: the rows of step s
         torch.manual_seed(w.seed)
-        self.model = mlp(nn, w.widths).to(dev)  # fp32 masters
+        self.model = mlp(nn, w.widths, w.activation).to(dev)  # fp32 masters
         if w.init is not None:  # the shared init: nn.Linear stores W as [fan_out, fan_in]
             with torch.no_grad():
                 for layer, (wt, b) in zip(self.model[::2], w.init):
