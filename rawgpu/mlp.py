@@ -96,8 +96,8 @@ class MLP:
         # activations (saved for backward) and their gradients
         self.acts = [a.tensor(f"act{i}", (B, p), np.float16) for i, p in enumerate(padded)]  # acts[-1]: logits
         self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
-        # the hidden layers' pre-activations, where the activation's backward reads them (recipe.FROM_PREACTIVATION)
-        self.pres = [a.tensor(f"pre{i}", (B, p), np.float16) if r.saves_preactivation and 0 < i < len(padded) - 1
+        # the hidden layers' slopes act'(z), where the activation's backward reads them (recipe.SLOPE_SAVED)
+        self.slopes = [a.tensor(f"slope{i}", (B, p), np.float16) if r.saves_slope and 0 < i < len(padded) - 1
                      else None for i, p in enumerate(padded)]
         self.y = a.tensor("y", B, np.int32)
         hidden_p = max(padded[1:-1])
@@ -304,20 +304,20 @@ class MLP:
     # --- the step ----------------------------------------------------------------------------------------------
 
     def forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan],
-                keep: list[float] | None = None, pres: list[Tensor | None] | None = None) -> list[Launch]:
-        """The forward GEMMs (bias and activation fused) from x through outs; keep: each weight's L2 policy; pres:
-        where each layer's pre-activation goes for the backward (training; None: nowhere)."""
+                keep: list[float] | None = None, slopes: list[Tensor | None] | None = None) -> list[Launch]:
+        """The forward GEMMs (bias and activation fused) from x through outs; keep: each weight's L2 policy; slopes:
+        where each layer's slope act'(z) goes for the backward (training; None: nowhere)."""
         launches, inp, keep = [], x, keep or [kl2.NORMAL] * len(self.layers)
-        for lay, out, plan, keep_w, pre in zip(self.layers, outs, plans, keep, pres or [None] * len(self.layers)):
-            launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, act=pre, workspace=self.workspace,
+        for lay, out, plan, keep_w, slope in zip(self.layers, outs, plans, keep, slopes or [None] * len(self.layers)):
+            launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, act=slope, workspace=self.workspace,
                                     tickets=self.tickets, keep_b=keep_w))
             inp = out
         return launches
 
     def saved_for_backward(self, i: int) -> Tensor:
-        """What the backward of the activation of layer i's input reads (activation.cuh): its pre-activation where
+        """What the backward of the activation of layer i's input reads (activation.cuh): the slope act'(z) where
         the activation needs it, else the activation itself."""
-        return self.pres[i] if self.pres[i] is not None else self.acts[i]
+        return self.slopes[i] if self.slopes[i] is not None else self.acts[i]
 
     def step_launches(self, steps: int = 1) -> list[Launch]:
         """`steps` training steps, as the step kind runs them."""

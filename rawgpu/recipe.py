@@ -28,8 +28,8 @@ OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}  # name -> the code the kernels s
 # (contract/activation.py: ACT_*, cu/activation.cuh). gelu is torch's default erf form, gelu_tanh its approximate="tanh".
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "tanh": 4}
 # Those whose derivative needs the pre-activation z (the others' comes from their output, which the next layer reads
-# anyway): the forward saves z beside the output for the backward.
-FROM_PREACTIVATION = ("gelu", "gelu_tanh", "silu")
+# anyway): the forward saves the slope act'(z) beside the output for the backward.
+SLOPE_SAVED = ("gelu", "gelu_tanh", "silu")
 # Per optimiser: the defaults of the settings whose usual value depends on it (torch.optim's, and the lr the CLI's
 # default recipe reaches >= 98% with). The CLIs leave these unset (None) unless given, and Recipe resolves them.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},
@@ -298,9 +298,9 @@ class Recipe:
         return ACTIVATIONS[self.activation]
 
     @property
-    def saves_preactivation(self) -> bool:
-        """Whether the forward keeps each hidden layer's pre-activation for the backward (FROM_PREACTIVATION)."""
-        return self.activation in FROM_PREACTIVATION
+    def saves_slope(self) -> bool:
+        """Whether the forward keeps each hidden layer's slope act'(z) for the backward (SLOPE_SAVED)."""
+        return self.activation in SLOPE_SAVED
 
     @property
     def schedule_code(self) -> int:

@@ -98,7 +98,7 @@ class ModelStack:
         self.eval_correct = a.tensor("eval_correct", n, np.int32)
         self.acts = [a.tensor(f"act{i}", (n * B, p), np.float16) for i, p in enumerate(padded)]
         self.grads = [None] + [a.tensor(f"grad{i}", (n * B, p), np.float16) for i, p in enumerate(padded) if i]
-        self.pres = [a.tensor(f"pre{i}", (n * B, p), np.float16) if r.saves_preactivation and 0 < i < len(padded) - 1
+        self.slopes = [a.tensor(f"slope{i}", (n * B, p), np.float16) if r.saves_slope and 0 < i < len(padded) - 1
                      else None for i, p in enumerate(padded)]  # as MLP's
         self.y = a.tensor("y", n * B, np.int32)
         hidden_p = max(padded[1:-1])
@@ -205,19 +205,19 @@ class ModelStack:
         return self.step.launches(steps)
 
     def forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan], shared_input: bool,
-                pres: list[Tensor | None] | None = None) -> list[Launch]:
-        """Every model's forward GEMMs from x (one input every model reads where shared_input) through outs; pres
+                slopes: list[Tensor | None] | None = None) -> list[Launch]:
+        """Every model's forward GEMMs from x (one input every model reads where shared_input) through outs; slopes
         as MLP.forward's."""
         launches, inp = [], x
         for i, (lay, out, plan) in enumerate(zip(self.layers, outs, plans)):
-            launches.append(km.gemm(self.k, self.n, plan, inp, lay.w16, out, bias=lay.b, act=pres[i] if pres else None,
+            launches.append(km.gemm(self.k, self.n, plan, inp, lay.w16, out, bias=lay.b, act=slopes[i] if slopes else None,
                                     shared_a=shared_input and i == 0))
             inp = out
         return launches
 
     def saved_for_backward(self, i: int) -> Tensor:
         """As MLP.saved_for_backward: what the backward of layer i's input activation reads."""
-        return self.pres[i] if self.pres[i] is not None else self.acts[i]
+        return self.slopes[i] if self.slopes[i] is not None else self.acts[i]
 
     def eval_launches(self) -> list[Launch]:
         """Every model over the whole test set, eval_batch rows at a time, each chunk gathered once for all."""

@@ -4,7 +4,8 @@ GPU tests compare the device's parameters after 1 and 10 steps against this, so 
 device's conventions exactly: W is [fan_in, fan_out] (forward is ``x @ W + b``), the hidden layers
 apply the recipe's activation (ReLU by default), the loss is the batch-mean softmax cross-entropy,
 and the activation's derivative is taken from what the device saves for it: the output for relu
-(``h > 0``, so 0 at the kink) and tanh (``1 - h^2``), the pre-activation z for gelu, gelu_tanh and silu.
+(``h > 0``, so 0 at the kink) and tanh (``1 - h^2``), and for gelu, gelu_tanh and silu the slope f'(z) the
+device's forward computes and stores.
 Everything runs in float64 so the reference's own rounding is negligible next to the device's float32.
 
 ``fp16_storage=True`` rounds to fp16 exactly where the device stores fp16 (working weights, activations,
@@ -42,6 +43,7 @@ ACTIVATIONS = {
              lambda z, h: (1.0 / (1.0 + np.exp(-z))) * (1.0 + z * (1.0 - 1.0 / (1.0 + np.exp(-z))))),
     "tanh": (np.tanh, lambda z, h: 1.0 - h * h),
 }
+FROM_OUTPUT = ("relu", "tanh")  # the derivative from the stored output h; the others' from z, stored itself
 
 
 def _f64(a) -> np.ndarray:
@@ -55,22 +57,23 @@ def _rounder(fp16_storage: bool) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def forward(params: Params, x, fp16_storage: bool = False, activation: str = "relu",
-            pres: list | None = None) -> list[np.ndarray]:
+            slopes: list | None = None) -> list[np.ndarray]:
     """Return ``[x, h1, ..., h_{L-1}, logits]``: every layer's input, plus the logits.
 
-    Backprop needs each layer's input (for dW) and what the activation's derivative reads; pres, when given, gets
-    each hidden layer's pre-activation z as the device stores it (pres[i]: layer i's input's, pres[0] None).
+    Backprop needs each layer's input (for dW) and the activation's slope; slopes, when given, gets each hidden
+    layer's f'(z) as the device's backward reads it (slopes[i]: at layer i's input, slopes[0] None): from the stored
+    h for relu and tanh, else computed from z and stored as the forward does.
     """
     store = _rounder(fp16_storage)
-    act = ACTIVATIONS[activation][0]
+    act, derivative = ACTIVATIONS[activation]
     acts = [store(x)]
-    if pres is not None:
-        pres[:] = [None]
+    if slopes is not None:
+        slopes[:] = [None]
     for i, (w, b) in enumerate(params):
         z = acts[-1] @ store(w) + _f64(b)
-        if i < len(params) - 1 and pres is not None:
-            pres.append(store(z))
         acts.append(store(z if i == len(params) - 1 else act(z)))
+        if i < len(params) - 1 and slopes is not None:
+            slopes.append(derivative(None, acts[-1]) if activation in FROM_OUTPUT else store(derivative(z, None)))
     return acts
 
 
@@ -79,9 +82,8 @@ def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
     """Mean softmax cross-entropy, argmax hit count, and d(mean loss)/d(W, b) for every layer."""
     labels = np.asarray(labels, dtype=np.int64)
     store = _rounder(fp16_storage)
-    pres: list = []
-    acts = forward(params, x, fp16_storage, activation, pres)
-    derivative = ACTIVATIONS[activation][1]
+    slopes: list = []
+    acts = forward(params, x, fp16_storage, activation, slopes)
     logits = acts[-1]
     n = logits.shape[0]
     rows = np.arange(n)
@@ -101,8 +103,8 @@ def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
     for i in range(len(params) - 1, -1, -1):
         grads[i] = (acts[i].T @ delta / grad_scale, delta.sum(axis=0) / grad_scale)
         if i > 0:
-            # acts[i] is layer i-1's output, pres[i] its pre-activation as the device stored them
-            delta = store((delta @ store(params[i][0]).T) * derivative(pres[i], acts[i]))
+            # slopes[i]: the activation's derivative at layer i-1's output, as the device reads it
+            delta = store((delta @ store(params[i][0]).T) * slopes[i])
     return loss, correct, grads
 
 

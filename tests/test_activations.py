@@ -1,5 +1,5 @@
 """The hidden layers' activation (issue 46): the recipe and CLI values, which step kinds take it and what the launch
-line says where one cannot, the kernels built for it, the launchers' checks of the saved pre-activation, and the
+line says where one cannot, the kernels built for it, the launchers' checks of the slope the forward saves, and the
 float64 reference's activations against torch's definitions. The GPU's steps against that reference, for every
 activation on every kind that takes it: tests/test_mlp.py, test_models_step.py, test_sharded.py, test_replicated.py."""
 
@@ -16,7 +16,7 @@ import mlp_reference as ref
 from rawgpu import compiler, contract, steps
 from rawgpu.errors import StepUnsupported
 from rawgpu.memory import Arena
-from rawgpu.recipe import ACTIVATIONS, FROM_PREACTIVATION, Recipe
+from rawgpu.recipe import ACTIVATIONS, SLOPE_SAVED, Recipe
 
 NON_DEFAULT = [a for a in ACTIVATIONS if a != "relu"]
 
@@ -26,7 +26,7 @@ def test_a_recipe_takes_every_activation_and_refuses_others():
     for act in ACTIVATIONS:
         r = Recipe(activation=act)
         assert Recipe.from_dict(r.to_dict()) == r
-        assert r.saves_preactivation == (act in ("gelu", "gelu_tanh", "silu"))
+        assert r.saves_slope == (act in ("gelu", "gelu_tanh", "silu"))
     assert Recipe(activation="gelu").name == "784-256-256-256-10 gelu"
     with pytest.raises(ValueError, match="activation must be one of relu, gelu, gelu_tanh, silu, tanh, got 'swish'"):
         Recipe(activation="swish")
@@ -64,7 +64,7 @@ def test_a_build_applies_its_activation_where_the_source_has_one():
     for act, code in ACTIVATIONS.items():
         defines, _ = contract.build("head.cu", "sm_90", activation=act)
         assert f"-DACTIVATION={code}" in defines
-        assert f"-DACT_SAVES_INPUT={int(act in FROM_PREACTIVATION)}" in defines
+        assert f"-DACT_SAVES_SLOPE={int(act in SLOPE_SAVED)}" in defines
     assert not any("ACTIVATION" in d for d in contract.build("loss.cu", "sm_90", activation="gelu")[0])
     key = lambda source, act: compiler.cache_key(source, "sm_90", (), activation=act)  # noqa: E731
     assert key("dx_sgd.cu", "relu") != key("dx_sgd.cu", "gelu") and key("loss.cu", "relu") == key("loss.cu", "gelu")
@@ -88,7 +88,7 @@ def test_every_kernel_a_step_launches_builds_for_each_activation(activation):
         assert module.cubin
 
 
-def test_the_saved_pre_activation_goes_where_the_activation_reads_it():
+def test_the_saved_slope_goes_where_the_activation_reads_it():
     from rawgpu.kernels import dx_update as ku
     from rawgpu.kernels import head as kh
 
@@ -103,39 +103,39 @@ def test_the_saved_pre_activation_goes_where_the_activation_reads_it():
 
     a = Arena()
     x, dy, dx = (a.tensor(n, (128, 256), np.float16) for n in ("x", "dy", "dx"))
-    pre = a.tensor("pre", (128, 256), np.float16)
+    slope = a.tensor("slope", (128, 256), np.float16)
     wlo, w16 = a.tensor("wlo", (256, 256), np.int16), a.tensor("w16", (256, 256), np.float16)
     mw, optim = a.tensor("mw", (256, 256), np.float32), a.tensor("optim", contract.OPTIM_WORDS, np.float32)
     plan = ku.plan_dx_update(128, 256, 256, "sgd", "sm_90", splits=1)
-    launch = lambda k, p: ku.dx_update(k, plan, x, dy, wlo, w16, mw, None, dx, optim, pre=p)  # noqa: E731
-    assert launch(Bound("gelu"), pre)[-1] is pre and launch(Bound("relu"), None)[-1] == 0
-    with pytest.raises(ValueError, match="dx_update: gelu's backward reads the pre-activation: pass pre"):
+    launch = lambda k, p: ku.dx_update(k, plan, x, dy, wlo, w16, mw, None, dx, optim, slope=p)  # noqa: E731
+    assert launch(Bound("gelu"), slope)[-1] is slope and launch(Bound("relu"), None)[-1] == 0
+    with pytest.raises(ValueError, match="dx_update: gelu's backward reads the slope the forward saved: pass slope"):
         launch(Bound("gelu"), None)
-    with pytest.raises(ValueError, match="dx_update: pass no pre \\(tanh's backward reads the output\\)"):
-        launch(Bound("tanh"), pre)
+    with pytest.raises(ValueError, match="dx_update: pass no slope \\(tanh's backward reads the output\\)"):
+        launch(Bound("tanh"), slope)
     with pytest.raises(ValueError, match="expected shape \\(128, 256\\)"):
         launch(Bound("silu"), a.tensor("short", (64, 256), np.float16))
-    with pytest.raises(ValueError, match="pass no pre \\(no fp16 gradient to scale here\\)"):
-        ku.dx_update(Bound("gelu"), plan, x, dy, wlo, w16, mw, None, None, optim, pre=pre)
+    with pytest.raises(ValueError, match="pass no slope \\(no fp16 gradient to scale here\\)"):
+        ku.dx_update(Bound("gelu"), plan, x, dy, wlo, w16, mw, None, None, optim, slope=slope)
     head = kh.plan_head(128, 256, "sgd")
     hw = (a.tensor("hlo", (256, 16), np.int16), a.tensor("h16", (256, 16), np.float16))
     args = (a.tensor("y", 128, np.int32), *hw, a.tensor("hb", 16, np.float32), optim,
             a.tensor("logits", (128, 16), np.float16), a.tensor("dlogits", (128, 16), np.float16), dx,
             a.tensor("loss", 1, np.float64), a.tensor("correct", 1, np.int32), 10, 512.0)
-    with pytest.raises(ValueError, match="head_step: silu's backward reads the pre-activation"):
+    with pytest.raises(ValueError, match="head_step: silu's backward reads the slope the forward saved"):
         kh.head_step(Bound("silu"), head, x, *args)
-    assert kh.head_step(Bound("silu"), head, x, *args, pre=pre)[-1] is pre
+    assert kh.head_step(Bound("silu"), head, x, *args, slope=slope)[-1] is slope
 
 
-def test_a_model_keeps_pre_activations_only_where_its_backward_reads_them():
+def test_a_model_keeps_slopes_only_where_its_backward_reads_them():
     relu = steps.plan_model(Recipe(hidden=(256, 128)), arch="sm_90")
-    assert relu.pres == [None] * 4 and relu.saved_for_backward(2) is relu.acts[2]
+    assert relu.slopes == [None] * 4 and relu.saved_for_backward(2) is relu.acts[2]
     gelu = steps.plan_model(Recipe(hidden=(256, 128), activation="gelu"), arch="sm_90")
-    assert gelu.pres[0] is None and gelu.pres[3] is None
-    assert [t.shape for t in gelu.pres[1:3]] == [gelu.acts[1].shape, gelu.acts[2].shape]
-    assert gelu.saved_for_backward(1) is gelu.pres[1]
+    assert gelu.slopes[0] is None and gelu.slopes[3] is None
+    assert [t.shape for t in gelu.slopes[1:3]] == [gelu.acts[1].shape, gelu.acts[2].shape]
+    assert gelu.saved_for_backward(1) is gelu.slopes[1]
     stack = steps.plan_model(Recipe(activation="silu"), arch="sm_90", models=[Recipe(activation="silu")] * 3)
-    assert stack.pres[1].shape == stack.acts[1].shape and stack.pres[-1] is None
+    assert stack.slopes[1].shape == stack.acts[1].shape and stack.slopes[-1] is None
 
 
 def test_the_reference_activations_are_torchs():

@@ -262,7 +262,7 @@ def test_finish_sum_refuses_bad_arguments_in_one_line():
         (dict(rows=-1), ValueError, "rows=-1 is outside 0..10"),
         (dict(bias=None), ValueError, "bias_act takes a bias$"),
         (dict(act=a.tensor("a9", (10, 256), np.float16)), ValueError,
-         "finish_sum act \\(the pre-activation\\): expected shape"),
+         "finish_sum act \\(the saved slope\\): expected shape"),
         (dict(epilogue="bias", bias=None), ValueError, "bias takes a bias and no act"),
         (dict(epilogue="bias", act=act), ValueError, "bias takes a bias and no act"),
         (dict(bias=a.tensor("b16", 264, np.float16)), TypeError, "finish_sum bias: expected dtype float32"),

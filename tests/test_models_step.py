@@ -148,7 +148,7 @@ def kernels(device):
                                     (4, dict(hidden=256, layers=3, batch=128, momentum=0.9, sm_count=8)),
                                     (2, dict(hidden=600, batch=64, momentum=0.9)),  # a head of 4 CTAs
                                     (3, dict(hidden=(512, 136, 256), layers=None, batch=64, momentum=0.9)),
-                                    # the activations that read the pre-activation, and one that reads the output
+                                    # activations whose backward reads the saved slope, and one that reads the output
                                     (3, dict(activation="gelu", momentum=0.9)),
                                     (2, dict(activation="silu", optimizer="adam", lr=1e-3, hidden=(256, 128),
                                              layers=None, batch=128)),
@@ -175,8 +175,8 @@ def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, ke
             poison = np.full(stack.acts[1].shape, np.nan, np.float16)
             stack.acts[1].upload(poison)  # every model's hidden activations are written by this step
             stack.grads[1].upload(poison)
-            if stack.pres[1] is not None:
-                stack.pres[1].upload(poison)
+            if stack.slopes[1] is not None:
+                stack.slopes[1].upload(poison)
             stack.zero_metrics()
             for launch in step:
                 launch.run(stream)

@@ -16,7 +16,7 @@
 //     pieces.
 //   dx's 8 warp partials meet in shared memory in warp order; with several column ranges per row band (gridDim.z)
 //   the blocks' sums are added in range order, in a cluster or through the workspace (one_pass.cuh).
-//   act'(x) comes from the x tile already in shared memory (or the saved pre-activation). Every sum has a fixed
+//   act'(x) comes from the x tile already in shared memory (or the slope the forward saved). Every sum has a fixed
 //   order: bitwise reproducible.
 // bias != nullptr: the blocks also update the bias, b -= lr colsum(dy), with bias_update's exact fixed-point
 // column sums (the same bits), so the layer's backward needs no second kernel. Chunk c of a column range is summed by
@@ -68,11 +68,11 @@ struct DxSgdParams {
     float* workspace; int* tickets;
 };
 
-// dx: fp16, times act', or with dx_f32 fp32, the raw sums (one_pass.cuh: store_dx_pair, which reads `pre`).
+// dx: fp16, times act', or with dx_f32 fp32, the raw sums (one_pass.cuh: store_dx_pair, which reads `slope`).
 extern "C" __global__ void __launch_bounds__(dxsgd::THREADS)
 dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, const float* lr_ptr, int B, int IN,
        int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk, float* workspace, int* tickets,
-       float keep_read, float keep_hi, float keep_lo, float* bias, const half_t* pre) {
+       float keep_read, float keep_hi, float keep_lo, float* bias, const half_t* slope) {
     using namespace dxsgd;
     extern __shared__ __align__(128) u8 smem_raw[];
     if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
@@ -112,8 +112,8 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
     pdl_enter();
     load_rows<half_t, BB, BM, LDX, THREADS>(sX, x, ldx, 0, i0, B, IN, tid, normal);
     constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // dx pair i: row i / 32, columns 2 (i % 32) + {0, 1}
-    u32 zpre[ITERS];
-    load_band_pre<ITERS, THREADS, BM>(zpre, pre, lddx, do_dx && dx_f32 == 0, B, IN, i0);
+    u32 slopes[ITERS];
+    load_band_slopes<ITERS, THREADS, BM>(slopes, slope, lddx, do_dx && dx_f32 == 0, B, IN, i0);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < chunks) load_rows<half_t, BB, BN, LDY, THREADS>(sY(s), dy, lddy, 0, n_begin + s * BN, B, n_end, tid, normal);
@@ -229,6 +229,6 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
         }
     }
     static_assert(PAIRS % THREADS == 0, "whole pairs per thread");
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, zpre, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, slopes, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
                                            reinterpret_cast<float2*>(smem_raw));
 }

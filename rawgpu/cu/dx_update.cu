@@ -17,8 +17,9 @@
 //     then the optimiser's step on the joined master and the state in shared memory, written back along rows in
 //     16-byte pieces.
 //   With several column ranges per row band (gridDim.z), the blocks' dx are added in range order, in a cluster or
-//   through the workspace (one_pass.cuh). act'(x) comes from the x tile in shared memory (or the saved pre-activation:
-//   activation.cuh). Every sum has a fixed order (the bias sums are exact fixed-point integers): bitwise reproducible.
+//   through the workspace (one_pass.cuh). act'(x) comes from the x tile in shared memory (or the slope the forward
+//   saved: activation.cuh). Every sum has a fixed order (the bias sums are exact fixed-point integers): bitwise
+//   reproducible.
 // bias != nullptr: the blocks also update the bias (and its state mb, vb) by the same rule, with bias_update's
 // exact column sums (the same bits); chunk c of a column range by row band c % bands.
 // dx == nullptr: the update alone (the first layer, whose input needs no gradient).
@@ -96,7 +97,7 @@ template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS>
 RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
                               void* dx, const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx,
                               int dx_f32, int n_chunk, float* workspace, int* tickets, float keep_read,
-                              float keep_hi, float keep_lo, float* bias, float* mb, float* vb, const half_t* pre) {
+                              float keep_hi, float keep_lo, float* bias, float* mb, float* vb, const half_t* slope) {
     using namespace dxu;
     constexpr int THREADS = 32 * WARPS, BIAS_PARTS = THREADS / BN;
     using T = Tile<BB, ADAM, THREADS>;
@@ -172,8 +173,8 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     DXU_MARK(2);
     load_rows<half_t, BB, BM, LDX, THREADS>(sX, x, ldx, 0, i0, B, IN, tid, normal);
     constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // dx pair i: row i / 32, columns 2 (i % 32) + {0, 1}
-    u32 zpre[ITERS];
-    load_band_pre<ITERS, THREADS, BM>(zpre, pre, lddx, do_dx && dx_f32 == 0, B, IN, i0);
+    u32 slopes[ITERS];
+    load_band_slopes<ITERS, THREADS, BM>(slopes, slope, lddx, do_dx && dx_f32 == 0, B, IN, i0);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < chunks) load_dy(s, s);
@@ -337,15 +338,16 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         sum[it] = *reinterpret_cast<const float2*>(red + r * RED_LD + col);
     }
     DXU_MARK(8);
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, zpre, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
+    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, slopes, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
                                            reinterpret_cast<float2*>(smem_raw));
     DXU_MARK(15);
 }
 
 // x [B, IN] (the layer's input), dy [B, N], the master W16 / lo [IN, N] and the state mw, vw (same shape, ld ldw;
 // nullptr where the optimiser keeps none), dx [B, IN] or nullptr: fp16, times act', or with dx_f32 fp32, the raw
-// sums (one_pass.cuh: store_dx_pair; pre: the input's pre-activation, dx's layout, where act' needs it); opt: the
-// optimiser table (this step's values written by the gather), n_chunk: columns per range (gridDim.z ranges), workspace and tickets: the ranges' dx sums; keep_*: L2
+// sums (one_pass.cuh: store_dx_pair; slope: act' at the input, which the forward saved where the backward reads
+// it, dx's layout); opt: the optimiser table (this step's values written by the gather), n_chunk: columns per range
+// (gridDim.z ranges), workspace and tickets: the ranges' dx sums; keep_*: L2
 // policies; bias [N] with its state mb, vb (nullptr: no bias update).
 #if DXU_MODELS
 #define DXU_MODEL_PARAMS , i64 zX, i64 zDy, i64 zW, i64 zDx_bytes, i64 zBias
@@ -359,7 +361,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         if (mw) mw += model * zW;                                                                                  \
         if (vw) vw += model * zW;                                                                                  \
         if (dx) dx = static_cast<u8*>(dx) + model * zDx_bytes;                                                     \
-        if (pre) pre = reinterpret_cast<const half_t*>(reinterpret_cast<const u8*>(pre) + model * zDx_bytes);      \
+        if (slope) slope = reinterpret_cast<const half_t*>(reinterpret_cast<const u8*>(slope) + model * zDx_bytes); \
         opt += model;                                                                                              \
         if (bias) bias += model * zBias;                                                                           \
         if (mb) mb += model * zBias;                                                                               \
@@ -374,10 +376,10 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, void* dx,               \
          const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk,   \
          float* workspace, int* tickets, float keep_read, float keep_hi, float keep_lo, float* bias, float* mb,   \
-         float* vb, const half_t* pre DXU_MODEL_PARAMS) {                                                          \
+         float* vb, const half_t* slope DXU_MODEL_PARAMS) {                                                        \
         DXU_MODEL_OFFSETS                                                                                          \
         dx_update_body<BB, ADAM, STAGES, SMEM, WARPS>(x, dy, wlo, w16, mw, vw, dx, opt, B, IN, N, ldx, lddy, ldw,  \
                                                       lddx, dx_f32, n_chunk, workspace, tickets, keep_read,       \
-                                                      keep_hi, keep_lo, bias, mb, vb, pre);                       \
+                                                      keep_hi, keep_lo, bias, mb, vb, slope);                     \
     }
 DXU_FOR_EACH_KERNEL(DXU_KERNEL)  // generated: the instances this build makes (rawgpu/contract/dx_update.py)

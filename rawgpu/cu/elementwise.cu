@@ -196,7 +196,7 @@ extern "C" __global__ void apply_update_adam(const float* __restrict__ g, const 
 // rawgpu/parallel/split.py): out = the epilogue EPI of total, rows x cols fp32 (cols a multiple of 8, rows of both
 // contiguous), by fp16_epilogue2 (gemm_epilogue.cuh), so with one partial sum the bits of the GEMM with that epilogue.
 // bias: [>= cols] (bias, bias_act); act, rows x cols: what the backward reads (dact: the value the forward saved;
-// bias_act: where the pre-activation goes, for an activation whose backward needs it). 8 columns per thread, in
+// bias_act: where act'(z) goes, for an activation whose backward reads it). 8 columns per thread, in
 // 16-byte pieces (the launcher checks the alignment).
 template <int EPI>
 RG_DEVICE void finish_sum(const float* __restrict__ total, half_t* __restrict__ out, int rows, int cols,
@@ -222,12 +222,12 @@ RG_DEVICE void finish_sum(const float* __restrict__ total, half_t* __restrict__ 
             x[2] = make_float2(b1.x, b1.y);
             x[3] = make_float2(b1.z, b1.w);
         }
-        u32 h[4], z[4];
+        u32 h[4], slopes[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = fp16_epilogue2<EPI>(v[2 * k], v[2 * k + 1], x[k], &z[k]);
+        for (int k = 0; k < 4; ++k) h[k] = fp16_epilogue2<EPI>(v[2 * k], v[2 * k + 1], x[k], &slopes[k]);
         store_16(out + at, make_uint4(h[0], h[1], h[2], h[3]));
-        if (EPI == EPI_BIAS_ACT && ACT_SAVES_INPUT && act != nullptr)
-            store_16(act + at, make_uint4(z[0], z[1], z[2], z[3]));
+        if (EPI == EPI_BIAS_ACT && ACT_SAVES_SLOPE && act != nullptr)
+            store_16(act + at, make_uint4(slopes[0], slopes[1], slopes[2], slopes[3]));
     }
 }
 

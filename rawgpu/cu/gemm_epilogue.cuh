@@ -12,8 +12,8 @@ enum Layout { ROW = 0, COL = 1 };
 enum Epilogue {
     EPI_STORE = 0,      // C16 = acc
     EPI_BIAS = 1,       // C16 = acc + bias
-    EPI_BIAS_ACT = 2,   // C16 = act(acc + bias) (activation.cuh); where the backward needs it, acc + bias (fp16) to
-                        // `act` too, when given (training: evaluation passes none)
+    EPI_BIAS_ACT = 2,   // C16 = act(acc + bias) (activation.cuh); where the backward reads it, act'(acc + bias)
+                        // (fp16) to `act` too, when given (training: evaluation passes none)
     EPI_DACT = 3,       // C16 = acc * act'(z), from the value the forward saved for it in `act` (activation.cuh)
     EPI_SGD = 4,        // G = acc; SGD's step (optim.cuh: momentum `mom`, Nesterov, L2) on the master (W16, lo) of
                         // master.cuh, `out` being lo. G never touches memory.
@@ -81,18 +81,19 @@ RG_DEVICE void epilogue_inputs(const Params& p, int row, int col, float2& x, flo
 
 // The fp16 epilogues (store, bias, bias_act, dact) on two adjacent sums: the fp16 pair to write. x is the bias pair
 // (bias, bias_act) or the saved activation's (dact). Also elementwise.cu's finish_sum, which runs it on store32's
-// sums once the GPUs have added them up: with one partial sum, the bits this GEMM epilogue gives. saved: bias_act's
-// fp16 pre-activation pair, for a backward that needs it (ACT_SAVES_INPUT); untouched otherwise.
+// sums once the GPUs have added them up: with one partial sum, the bits this GEMM epilogue gives. slopes:
+// bias_act's fp16 pair of act'(z), for a backward that reads it (ACT_SAVES_SLOPE); untouched otherwise.
 template <int EPI>
-RG_DEVICE u32 fp16_epilogue2(float v0, float v1, float2 x, u32* saved = nullptr) {
+RG_DEVICE u32 fp16_epilogue2(float v0, float v1, float2 x, u32* slopes = nullptr) {
     if (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT) {
         v0 += x.x;
         v1 += x.y;
     }
     if (EPI == EPI_BIAS_ACT) {
-        if (ACT_SAVES_INPUT && saved != nullptr) *saved = pack_f16x2(v0, v1);
-        v0 = act_forward(v0);
-        v1 = act_forward(v1);
+        float d0 = 0.f, d1 = 0.f;
+        v0 = act_forward(v0, d0);
+        v1 = act_forward(v1, d1);
+        if (ACT_SAVES_SLOPE && slopes != nullptr) *slopes = pack_f16x2(d0, d1);
     }
     if (EPI == EPI_DACT) {
         v0 = act_backward(v0, x.x);
@@ -123,10 +124,10 @@ RG_DEVICE void epilogue_pair(const Params& p, const Optim& o, int row, int col, 
         *reinterpret_cast<u32*>(static_cast<short*>(p.out) + at) = lo2;
         return;
     }
-    if (EPI == EPI_BIAS_ACT && ACT_SAVES_INPUT && p.act != nullptr) {
-        u32 z2;
-        *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = fp16_epilogue2<EPI>(v0, v1, x, &z2);
-        *reinterpret_cast<u32*>(p.act + (i64)row * p.ld_act + col) = z2;
+    if (EPI == EPI_BIAS_ACT && ACT_SAVES_SLOPE && p.act != nullptr) {
+        u32 slopes;
+        *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = fp16_epilogue2<EPI>(v0, v1, x, &slopes);
+        *reinterpret_cast<u32*>(p.act + (i64)row * p.ld_act + col) = slopes;
         return;
     }
     *reinterpret_cast<u32*>(reinterpret_cast<half_t*>(p.out) + at) = fp16_epilogue2<EPI>(v0, v1, x);

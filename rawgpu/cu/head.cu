@@ -92,7 +92,7 @@ template <int ROWS, bool ADAM, u32 PER_ROW, u32 FIXED>
 RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo, half_t* w16, float* mw, float* vw,
                          float* bias, float* mb, float* vb, const Optim* opt, half_t* logits, half_t* dlogits,
                          half_t* dh, int lddh, double* loss_sum, int* correct, int B, int K, int kc, int classes,
-                         float scale, i64* step, const half_t* pre) {
+                         float scale, i64* step, const half_t* slope) {
 #if __CUDA_ARCH__ >= 900
     using namespace head;
     // Both are linear in kc, so agreeing at two points they agree at every one.
@@ -297,7 +297,7 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
     }
 
     HEAD_MARK(8);
-    // dh[:, rows] = dlogits @ W[rows, :]^T times act' (activation.cuh: from h, or the saved pre-activation): one
+    // dh[:, rows] = dlogits @ W[rows, :]^T times act' (activation.cuh: from h, or the slope the forward saved): one
     // k16 step per 16 x 8 output tile, the tiles dealt out over every warp row tile first.
     u32 fa[4];
     int fa_tile = -1;
@@ -316,7 +316,7 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
         for (int hh = 0; hh < 2; ++hh) {
             const int row = 16 * rt + g + 8 * hh;
             if (row >= B || k0 + col >= K) continue;
-            const half_t* saved = ACT_SAVES_INPUT ? pre + (i64)row * lddh + k0 + col : S.h + row * S.ldh + col;
+            const half_t* saved = ACT_SAVES_SLOPE ? slope + (i64)row * lddh + k0 + col : S.h + row * S.ldh + col;
             const float2 x = unpack_f16x2(*reinterpret_cast<const u32*>(saved));
             *reinterpret_cast<u32*>(dh + (i64)row * lddh + k0 + col) =
                 pack_f16x2(act_backward(c[2 * hh], x.x), act_backward(c[2 * hh + 1], x.y));
@@ -372,8 +372,8 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
 
 // h [B, K] (ld ldh): the top hidden layer's output; W as wlo / w16 [K, 16] with its state mw, vw (nullptr where the
 // optimiser keeps none); bias [16] with mb, vb; opt: the optimiser table (this step's values written by the gather);
-// logits, dlogits [B, 16]; dh [B, K] (ld lddh); pre: h's pre-activation, dh's layout, where act' needs it (else
-// null). kc: rows of W per CTA (a multiple of 16, C kc >= K). scale: the loss
+// logits, dlogits [B, 16]; dh [B, K] (ld lddh); slope: act' at h, which the forward saved where the backward reads
+// it (dh's layout; else null). kc: rows of W per CTA (a multiple of 16, C kc >= K). scale: the loss
 // scale over the batch. step (may be null): the training step counter, moved forward by one here. In the layered
 // step only the gather reads it, and that kernel has finished once this one's wait returns (pdl.cuh), so the counter
 // needs no launch of its own.
@@ -391,7 +391,7 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
     {                                                                                                              \
         const i64 model = blockIdx.y;                                                                              \
         h += model * z_h, dh += model * z_h;                                                                       \
-        if (pre) pre += model * z_h;                                                                               \
+        if (slope) slope += model * z_h;                                                                           \
         labels += model * z_rows, logits += model * z_rows * head::CLASSES;                                        \
         dlogits += model * z_rows * head::CLASSES;                                                                 \
         wlo += model * z_w, w16 += model * z_w;                                                                    \
@@ -412,10 +412,10 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
     name(const half_t* h, int ldh, const int* labels, short* wlo, half_t* w16, float* mw, float* vw, float* bias, \
          float* mb, float* vb, const Optim* opt, half_t* logits, half_t* dlogits, half_t* dh, int lddh,           \
          double* loss_sum, int* correct, int B, int K, int kc, int classes, float scale,                          \
-         i64* step, const half_t* pre HEAD_MODEL_PARAMS) {                                                         \
+         i64* step, const half_t* slope HEAD_MODEL_PARAMS) {                                                       \
         HEAD_MODEL_OFFSETS                                                                                         \
         head_body<ROWS, ADAM, PER_ROW, FIXED>(h, ldh, labels, wlo, w16, mw, vw, bias, mb, vb, opt, logits,         \
                                               dlogits, dh, lddh, loss_sum, correct, B, K, kc, classes, scale,     \
-                                              step, pre);                                                        \
+                                              step, slope);                                                      \
     }
 HEAD_FOR_EACH_KERNEL(HEAD_KERNEL)  // generated: the instances this build makes (rawgpu/contract/head.py: head_kernels)

@@ -7,12 +7,12 @@
 
 // Pair i of a band's dx: batch row i / (BM / 2), features i0 + 2 (i % (BM / 2)) + {0, 1}. fp16 (dx_f32 false):
 // times act' (activation.cuh) and rounded, act' from the layer's input x (the band's tile in shared memory, rows of
-// LDX halves) or, for an activation whose backward needs the pre-activation, from `z`, the pair's pre-activation
-// (load_band_pre). fp32: the raw sum (lddx in floats), a partial sum other GPUs add to; elementwise.cu's finish_sum_dact
-// applies act' and rounds their total by the same fp16_epilogue2 (parallel/sharded.py). The flag is the launch's: a
-// uniform branch, at the store only.
+// LDX halves) or, for an activation whose forward saved it, from `slope`, act' at the pair (load_band_slopes).
+// fp32: the raw sum (lddx in floats), a partial sum other GPUs add to; elementwise.cu's finish_sum_dact applies act'
+// and rounds their total by the same fp16_epilogue2 (parallel/sharded.py). The flag is the launch's: a uniform
+// branch, at the store only.
 template <int BM, int LDX>
-RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, u32 z, void* dx, int lddx, bool dx_f32, int B,
+RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, u32 slope, void* dx, int lddx, bool dx_f32, int B,
                              int IN, int i0) {
     const int r = i / (BM / 2), col = (i % (BM / 2)) * 2;
     if (r >= B || i0 + col >= IN) return;
@@ -20,7 +20,7 @@ RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, u32 z, void* dx,
         *reinterpret_cast<float2*>(static_cast<float*>(dx) + (i64)r * lddx + i0 + col) = v;
         return;
     }
-    const float2 a = unpack_f16x2(ACT_SAVES_INPUT ? z : *reinterpret_cast<const u32*>(sX + r * LDX + col));
+    const float2 a = unpack_f16x2(ACT_SAVES_SLOPE ? slope : *reinterpret_cast<const u32*>(sX + r * LDX + col));
     *reinterpret_cast<u32*>(static_cast<half_t*>(dx) + (i64)r * lddx + i0 + col) =
         fp16_epilogue2<EPI_DACT>(v.x, v.y, a);
 }
@@ -46,24 +46,25 @@ RG_DEVICE void stored_pairs(int& first, int& end) {
     }
 }
 
-// The pre-activations of the pairs this thread stores (`pre`: the layer input's, dx's layout), for store_dx_band,
-// where act' reads them and this block stores dx in fp16 (`fp16_dx`); zeros otherwise. Loaded by the kernel right
-// after it may read this step's activations (pdl_enter), so their latency passes under the pass over the weights.
+// act' at the pairs this thread stores, for store_dx_band, from `slope` (what the forward saved of the layer's input,
+// dx's layout), where the backward reads it and this block stores dx in fp16 (`fp16_dx`); zeros otherwise. Loaded
+// by the kernel right after it may read this step's activations (pdl_enter): the latency passes under its loop.
 template <int ITERS, int THREADS, int BM>
-RG_DEVICE void load_band_pre(u32 (&z)[ITERS], const half_t* pre, int lddx, bool fp16_dx, int B, int IN, int i0) {
+RG_DEVICE void load_band_slopes(u32 (&z)[ITERS], const half_t* slope, int lddx, bool fp16_dx, int B, int IN,
+                                int i0) {
     int first, end;
     stored_pairs<ITERS, THREADS>(first, end);
 #pragma unroll
     for (int k = 0; k < ITERS; ++k) {
         const int i = first + k * THREADS, r = i / (BM / 2), col = (i % (BM / 2)) * 2;
-        const bool in = ACT_SAVES_INPUT && fp16_dx && i < end && r < B && i0 + col < IN;
-        z[k] = in ? *reinterpret_cast<const u32*>(pre + (i64)r * lddx + i0 + col) : 0u;
+        const bool in = ACT_SAVES_SLOPE && fp16_dx && i < end && r < B && i0 + col < IN;
+        z[k] = in ? *reinterpret_cast<const u32*>(slope + (i64)r * lddx + i0 + col) : 0u;
     }
 }
 
 // A block's dx for its band of BM input features, as ITERS pairs per thread (pair i = threadIdx.x + it THREADS),
-// stored (store_dx_pair; z: the pre-activations of the pairs this thread stores, load_band_pre). With several column
-// ranges (gridDim.z) their sums are added in range order, from 0:
+// stored (store_dx_pair; z: act' at the pairs this thread stores, load_band_slopes). With several column ranges
+// (gridDim.z) their sums are added in range order, from 0:
 //   - launched as clusters of the band's ranges (sm_90, kernels/dx_sgd.py: reduce_in_cluster), through distributed
 //     shared memory: each block puts its sums in `scratch` (PAIRS float2, free once every thread has its sums), and
 //     block z of the cluster adds up and stores the z-th share of the pairs;

@@ -146,22 +146,23 @@ def require(t: "Tensor", dtype, shape: tuple[int, ...] | None = None, what: str 
         raise ValueError(f"{label}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
-def require_preactivation(k: "Kernels", pre: "Tensor | None", like: "Tensor | None", what: str) -> None:
-    """An activation's backward that reads the pre-activation (recipe.FROM_PREACTIVATION, as the kernels were built)
-    gets `pre`, fp16 of the shape of `like` (the gradient it scales, whose layout the kernel reads it by); the
+def require_slope(k: "Kernels", slope: "Tensor | None", like: "Tensor | None", what: str) -> None:
+    """An activation's backward that reads the slope act'(z) the forward saved (recipe.SLOPE_SAVED, as the kernels
+    were built)
+    gets `slope`, fp16 of the shape of `like` (the gradient it scales, whose layout the kernel reads it by); the
     others get none."""
     import numpy as np
 
-    from ..recipe import FROM_PREACTIVATION
+    from ..recipe import SLOPE_SAVED
 
-    if k.activation not in FROM_PREACTIVATION or like is None:
-        if pre is not None:
+    if k.activation not in SLOPE_SAVED or like is None:
+        if slope is not None:
             why = "no fp16 gradient to scale here" if like is None else f"{k.activation}'s backward reads the output"
-            raise ValueError(f"{what}: pass no pre ({why})")
+            raise ValueError(f"{what}: pass no slope ({why})")
         return
-    if pre is None:
-        raise ValueError(f"{what}: {k.activation}'s backward reads the pre-activation: pass pre")
-    require(pre, np.float16, tuple(like.shape), f"{what}: pre (the pre-activation)")
+    if slope is None:
+        raise ValueError(f"{what}: {k.activation}'s backward reads the slope the forward saved: pass slope")
+    require(slope, np.float16, tuple(like.shape), f"{what}: slope (act' saved by the forward)")
 
 
 def require_exact_sums(scratch: "Tensor | None", ticket: "Tensor | None", words: int, tickets: int, what: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from .. import contract
 from ..compiler import unit_of
 from ..recipe import cdiv
-from . import PLANNING_SM_COUNT, Kernels, require, require_preactivation, require_split_scratch
+from . import PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
 from .gemm import MAX_CLUSTER_SPLITS, has_tma, planning_capacity
 from .l2 import LayerPolicy
 
@@ -225,11 +225,11 @@ def matrix_stride(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
 
 def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor", dx: "Tensor | None",
            lr: "Tensor", workspace: "Tensor | None" = None, tickets: "Tensor | None" = None,
-           l2: "LayerPolicy | None" = None, bias: "Tensor | None" = None, pre: "Tensor | None" = None) -> "Launch":
+           l2: "LayerPolicy | None" = None, bias: "Tensor | None" = None, slope: "Tensor | None" = None) -> "Launch":
     """x [B, IN] (the layer's input), dy [B, N], the master weights as wlo (int16) and W16 [IN, N]
     (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first layer): fp16,
-    times act' (from x, or from pre, x's pre-activation of dx's shape, where the activation needs it); fp32: the raw
-    sums: a partial sum other GPUs add to (rawgpu/parallel/sharded.py; elementwise.finish_sum's dact applies act' and
+    times act' (from x, or from slope: act' at x as the forward saved it, of dx's shape, where the backward reads it);
+    fp32: the raw sums: a partial sum other GPUs add to (rawgpu/parallel/sharded.py; elementwise.finish_sum's dact applies act' and
     rounds their total the same way). l2: the
     cache policies of the weights' reads and writes (kernels/l2.py; default normal). bias [N] fp32: also updated,
     b -= lr colsum(dy), the same bits as elementwise.bias_update."""
@@ -239,7 +239,7 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
     require(w16, np.float16, wlo.shape, "W16")
     lddx, dx_f32 = dx_operand(dx, p.B, p.IN)
-    require_preactivation(k, pre, None if dx_f32 else dx, "dx_sgd")
+    require_slope(k, slope, None if dx_f32 else dx, "dx_sgd")
     require(lr, np.float32, what="lr")
     if bias is not None:
         require(bias, np.float32, what="bias")
@@ -251,5 +251,5 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     l2 = l2 or LayerPolicy()
     return k.get(SOURCE, KERNEL, SIGNATURE).bind(
         p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, ptr(dx), lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
-        dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(pre),
+        dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(slope),
         cluster=p.cluster_dims)

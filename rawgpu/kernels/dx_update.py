@@ -18,7 +18,7 @@ import numpy as np
 from .. import contract
 from ..optimizer import update_family
 from ..compiler import unit_of
-from . import PLANNING_SM_COUNT, Kernels, require, require_preactivation, require_split_scratch
+from . import PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
 from .dx_sgd import BM, OnePassPlan, dx_operand, matrix_stride, one_pass_layout
 from .l2 import LayerPolicy
 
@@ -97,12 +97,12 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
               mw: "Tensor | None", vw: "Tensor | None", dx: "Tensor | None", optim: "Tensor",
               workspace: "Tensor | None" = None, tickets: "Tensor | None" = None, l2: "LayerPolicy | None" = None,
               bias: "Tensor | None" = None, mb: "Tensor | None" = None, vb: "Tensor | None" = None,
-              pre: "Tensor | None" = None) -> "Launch":
+              slope: "Tensor | None" = None) -> "Launch":
     """x [B, IN] (the layer's input), dy [B, N], the master weights as wlo (int16) and W16 [IN, N]
     (rawgpu/master.py) with the optimiser's state mw (SGD's momentum or Adam's first moment) and vw (Adam's second),
     fp32 of W's shape or None where the optimiser keeps none; all updated. dx [B, IN] written (None: the update
-    alone, e.g. for the first layer): fp16, times act' (from x, or from pre, x's pre-activation of dx's shape, where
-    the activation needs it); fp32: the raw sums: a partial sum other GPUs add to (rawgpu/parallel/sharded.py;
+    alone, e.g. for the first layer): fp16, times act' (from x, or from slope: act' at x as the forward saved it, of
+    dx's shape, where the backward reads it); fp32: the raw sums: a partial sum other GPUs add to (rawgpu/parallel/sharded.py;
     elementwise.finish_sum's dact applies act' and rounds their total the same way). optim: the optimiser table
     (contract.Optim; the gather writes the step's values). l2: the weights' cache policies (kernels/l2.py; default normal). bias [N] fp32 with its state mb, vb: also updated, with the same bits
     as elementwise.bias_update."""
@@ -119,7 +119,7 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
         if t is not None:
             require(t, np.float32, wlo.shape, what)
     lddx, dx_f32 = dx_operand(dx, p.B, p.IN)
-    require_preactivation(k, pre, None if dx_f32 else dx, "dx_update")
+    require_slope(k, slope, None if dx_f32 else dx, "dx_update")
     require(optim, np.float32, (contract.OPTIM_WORDS,), "optim")
     if bias is not None:
         for t, what in ((bias, "bias"), (mb, "mb"), (vb, "vb")):
@@ -136,4 +136,4 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     return k.get(SOURCE, p.kernel, SIGNATURE).bind(
         p.grid, p.threads, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
         ldw, lddx, dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb),
-        ptr(pre), cluster=p.cluster_dims)
+        ptr(slope), cluster=p.cluster_dims)

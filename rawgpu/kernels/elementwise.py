@@ -150,8 +150,8 @@ FINISH_EPILOGUES = ("bias", "bias_act", "dact")  # the GEMM epilogues finish_sum
 def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str, bias: Tensor | None = None,
                act: Tensor | None = None) -> Launch:
     """out[:rows] = the GEMM epilogue `epilogue` on total[:rows], a store32 GEMM's fp32 sums after the GPUs added
-    them up (rawgpu/parallel/split.py): fp16(total + bias) (bias), fp16(act(total + bias)) (bias_act, with the
-    pre-activation to `act` when given: where the activation's backward reads it), fp16(total x act'), act' from the
+    them up (rawgpu/parallel/split.py): fp16(total + bias) (bias), fp16(act(total + bias)) (bias_act, with act'
+    to `act` when given: where the activation's backward reads it), fp16(total x act'), act' from the
     value the forward saved in `act` (dact). total fp32 and out fp16 [R, C], C a multiple of 8; bias fp32 of C
     values at least; act fp16 [R, C]. Rows from `rows` on are left alone. It rounds as the GEMM's epilogue does
     (gemm_epilogue.cuh: fp16_epilogue2): with one partial sum, the bits of the GEMM with that epilogue."""
@@ -172,7 +172,7 @@ def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str,
         if bias is None or (act is not None and epilogue == "bias"):
             raise ValueError(f"finish_sum: {epilogue} takes a bias" + (" and no act" if epilogue == "bias" else ""))
         if act is not None:
-            require(act, np.float16, total.shape, what="finish_sum act (the pre-activation)")
+            require(act, np.float16, total.shape, what="finish_sum act (the saved slope)")
         require(bias, np.float32, what="finish_sum bias")
         if bias.size < C:
             raise ValueError(f"finish_sum bias: {bias.size} values, {C} needed")

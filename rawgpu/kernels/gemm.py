@@ -337,7 +337,7 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
     The update epilogues (sgd, adam): `out` is the master's low half, w16 its high half, optim the optimiser table
     (contract.Optim), mom and var its state (as many as the plan's `states`: momentum, or Adam's two moments).
     store32: `out` is fp32, the others' fp16. act: what dact scales by (the value the forward saved for the
-    activation's derivative), or where bias_act keeps the pre-activation (training, where the backward reads it).
+    activation's derivative), or where bias_act keeps act'(z) (training, where the backward reads it).
     keep_b: the L2 policy of B's reads (kernels/l2.py), taken by the tensor-copy tile; the others read normally."""
     p = plan
     lda = _check_matrix(A, p.M, p.K, "A") if p.layout[0] == "r" else _check_matrix(A, p.K, p.M, "A (column-major)")
@@ -368,10 +368,10 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
         if act is None:
             raise ValueError("the dact epilogue needs the saved activation")
         ld_act = _check_matrix(act, p.M, p.N, "act")
-    elif act is not None:  # where bias_act keeps the pre-activation for the backward
+    elif act is not None:  # where bias_act keeps act'(z) for the backward
         if p.epilogue != "bias_act":
             raise ValueError(f"the {p.epilogue} epilogue takes no act")
-        ld_act = _check_matrix(act, p.M, p.N, "act (the pre-activation)")
+        ld_act = _check_matrix(act, p.M, p.N, "act (the slope act'(z))")
     require_split_scratch(1 if p.cluster else p.splits, workspace, tickets, p.workspace_floats, p.tickets,
                           f"split-K x{p.splits}")
     ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands

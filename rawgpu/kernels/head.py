@@ -16,7 +16,7 @@ from .. import contract
 from ..compiler import unit_of
 from ..optimizer import update_family
 from ..recipe import cdiv
-from . import Kernels, require, require_preactivation
+from . import Kernels, require, require_slope
 
 if TYPE_CHECKING:
     from ..driver import Launch
@@ -99,9 +99,9 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
               bias: "Tensor", optim: "Tensor", logits: "Tensor", dlogits: "Tensor", dh: "Tensor", loss_sum: "Tensor",
               correct: "Tensor", classes: int, grad_scale: float, step: "Tensor | None" = None,
               mw: "Tensor | None" = None, vw: "Tensor | None" = None, mb: "Tensor | None" = None,
-              vb: "Tensor | None" = None, pre: "Tensor | None" = None) -> "Launch":
-    """h [B, K] (the top hidden layer's output; pre: its pre-activation, of dh's shape, where the activation's
-    backward needs it); the head's master as wlo (int16) and W16
+              vb: "Tensor | None" = None, slope: "Tensor | None" = None) -> "Launch":
+    """h [B, K] (the top hidden layer's output; slope: act' at h as the forward saved it, of dh's shape, where the
+    backward reads it); the head's master as wlo (int16) and W16
     [K, 16] and its bias [16] (all updated) with the optimiser's state mw, vw [K, 16] and mb, vb [16] (fp32; None
     where the optimiser keeps none); optim: the optimiser table (contract.Optim); logits, dlogits [B, 16] and dh
     [B, K] written; loss_sum += the rows' cross-entropy, correct += their hits. grad_scale: the loss scale (dlogits
@@ -133,7 +133,7 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
     require(dh, np.float16, what="dh")
     if len(dh.shape) != 2 or dh.shape[0] < p.B or dh.shape[1] < p.K or dh.shape[1] % 8:
         raise ValueError(f"dh: buffer {dh.name} of shape {dh.shape} cannot hold {p.B} x {p.K}")
-    require_preactivation(k, pre, dh, "head_step")
+    require_slope(k, slope, dh, "head_step")
     require(loss_sum, np.float64, (1,), "loss_sum")
     require(correct, np.int32, (1,), "correct")
     if not 1 <= classes <= CLASSES:
@@ -146,4 +146,4 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
     return k.get(SOURCE, p.kernel, SIGNATURE).bind(
         p.ctas, THREADS, p.smem_bytes, h, h.shape[1], labels, wlo, w16, ptr(mw), ptr(vw), bias, ptr(mb), ptr(vb),
         optim, logits, dlogits, dh, dh.shape[1], loss_sum, correct, p.B, p.K, p.kc, classes, grad_scale / p.B,
-        ptr(step), ptr(pre), cluster=p.ctas)
+        ptr(step), ptr(slope), cluster=p.ctas)

@@ -164,8 +164,8 @@ def bias_update(k: Kernels, n: int, dy: Tensor, bias: Tensor, m: Tensor | None, 
 
 def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, wlo: Tensor, w16: Tensor,
               mw: Tensor | None, vw: Tensor | None, dx: Tensor | None, optim: Tensor, bias: Tensor,
-              mb: Tensor | None, vb: Tensor | None, pre: Tensor | None = None) -> Launch:
-    """Every model's one-pass backward of a layer (dx_update.dx_update's, without L2 hints): x, dy, dx and pre
+              mb: Tensor | None, vb: Tensor | None, slope: Tensor | None = None) -> Launch:
+    """Every model's one-pass backward of a layer (dx_update.dx_update's, without L2 hints): x, dy, dx and slope
     [n x batch, cols], the weight-shaped operands [n x in, out], the bias and its state [n x out], optim [n, words].
     The column ranges of a band add their dx in a cluster or not at all (plan.splits == 1): no workspace to share."""
     if dx is not None and plan.splits > 1 and not plan.cluster:
@@ -173,9 +173,9 @@ def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, 
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
     part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
     one = ku.dx_update(_Recorder(k), plan, part(x), part(dy), part(wlo), part(w16), part(mw), part(vw), part(dx),
-                       part(optim).view((OPTIM_WORDS,)), bias=part(bias), mb=part(mb), vb=part(vb), pre=part(pre))
-    if pre is not None and pre.shape != dx.shape:  # the kernel finds model m's pre at dx's model stride
-        raise ValueError(f"dx_update over models: pre {pre.shape} shaped as dx {dx.shape}")
+                       part(optim).view((OPTIM_WORDS,)), bias=part(bias), mb=part(mb), vb=part(vb), slope=part(slope))
+    if slope is not None and slope.shape != dx.shape:  # the kernel finds model m's slope at dx's model stride
+        raise ValueError(f"dx_update over models: slope {slope.shape} shaped as dx {dx.shape}")
     strides = (_models(x, n, "x"), _models(dy, n, "dy"), _models(wlo, n, "W lo"),
                0 if dx is None else _models(dx, n, "dx") * dx.dtype.itemsize, _models(bias, n, "bias"))
     return _over_models(k, one, DX_UPDATE_MODELS_SOURCE, 0, n, strides, "qqqqq")
@@ -185,8 +185,8 @@ def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, 
               bias: Tensor, optim: Tensor, logits: Tensor, dlogits: Tensor, dh: Tensor, loss_sum: Tensor,
               correct: Tensor, classes: int, grad_scale: float, step: Tensor, mw: Tensor | None = None,
               vw: Tensor | None = None, mb: Tensor | None = None, vb: Tensor | None = None,
-              pre: Tensor | None = None) -> Launch:
-    """Every model's head step (head.head_step's), one cluster per model: h, dh, pre [n x batch, K], labels [n x batch],
+              slope: Tensor | None = None) -> Launch:
+    """Every model's head step (head.head_step's), one cluster per model: h, dh, slope [n x batch, K], labels [n x batch],
     logits and dlogits [n x batch, 16], the head's weight-shaped operands [n x K, 16], its bias and state [n x 16],
     optim [n, words], loss_sum and correct [n]; model 0's cluster moves the shared step counter."""
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
@@ -196,10 +196,10 @@ def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, 
     one = kh.head_step(_Recorder(k), plan, part(h), part(labels), part(wlo), part(w16), part(bias),
                        part(optim).view((OPTIM_WORDS,)), part(logits), part(dlogits), part(dh), loss_sum.view((1,)),
                        correct.view((1,)), classes, grad_scale, step=step, mw=part(mw), vw=part(vw), mb=part(mb),
-                       vb=part(vb), pre=part(pre))
+                       vb=part(vb), slope=part(slope))
     per = lambda t, what: _models(t, n, what)  # noqa: E731
     if per(logits, "logits") != per(labels, "labels") * kh.CLASSES or per(dlogits, "dlogits") != per(
-            logits, "logits") or per(dh, "dh") != per(h, "h") or (pre is not None and pre.shape != h.shape):
-        raise ValueError("head_step over models: logits and dlogits [n x batch, 16], dh and pre shaped as h")
+            logits, "logits") or per(dh, "dh") != per(h, "h") or (slope is not None and slope.shape != h.shape):
+        raise ValueError("head_step over models: logits and dlogits [n x batch, 16], dh and slope shaped as h")
     strides = (_models(h, n, "h"), _models(labels, n, "labels"), _models(wlo, n, "W lo"), _models(bias, n, "bias"))
     return _over_models(k, one, HEAD_MODELS_SOURCE, 1, n, strides, "qqqq")

@@ -70,18 +70,18 @@ class ShardedMLP(MLP):
     # --- the forward, shared by the training step and the evaluation ---------------------------------------------
 
     def layer_forward(self, i: int, x: Tensor, out: Tensor, plan: "GemmPlan", total: Tensor | None,
-                      keep: float = kl2.NORMAL, pre: Tensor | None = None) -> list[Launch]:
+                      keep: float = kl2.NORMAL, slope: Tensor | None = None) -> list[Launch]:
         """Layer i from x into out (fp16): the GEMM with its epilogue, or, where the output is a partial sum, the
-        GEMM into `total` (fp32, out's shape), the sum over the ranks and the epilogue after it. pre: where the
-        pre-activation goes for the backward (training, where the activation needs it)."""
+        GEMM into `total` (fp32, out's shape), the sum over the ranks and the epilogue after it. slope: where the
+        slope act'(z) goes for the backward (training, where the backward reads it)."""
         lay = self.layers[i]
         if not self.reduces(i):
-            return [kg.gemm(self.k, plan, x, lay.w16, out, bias=lay.b, act=pre, workspace=self.workspace,
+            return [kg.gemm(self.k, plan, x, lay.w16, out, bias=lay.b, act=slope, workspace=self.workspace,
                             tickets=self.tickets, keep_b=keep)]
         count = plan.M * total.shape[1]
         return [kg.gemm(self.k, plan, x, lay.w16, total, workspace=self.workspace, tickets=self.tickets, keep_b=keep),
                 self.group.all_reduce(total, total, count),
-                ke.finish_sum(self.k, total, out, plan.M, super().forward_epilogue(i), bias=lay.b, act=pre)]
+                ke.finish_sum(self.k, total, out, plan.M, super().forward_epilogue(i), bias=lay.b, act=slope)]
 
     def forward(self, x: Tensor, outs: list[Tensor], plans: list["GemmPlan"],
                 keep: list[float] | None = None) -> list[Launch]:

@@ -92,7 +92,7 @@ class DataStep(ChainStep):
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, rows, r.steps_per_epoch,
                                optim=m.optim, schedule=schedule)]
-        out += m.forward(m.acts[0], m.acts[1:], self.fwd, pres=m.pres[1:])
+        out += m.forward(m.acts[0], m.acts[1:], self.fwd, slopes=m.slopes[1:])
         out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, rows, r.classes,
                                    grad_scale=loss_scale(r.batch), mean_over=r.batch, scratch=m.exact_sums,
                                    ticket=m.exact_tickets))

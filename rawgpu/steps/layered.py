@@ -138,13 +138,13 @@ class LayeredStep(ChainStep):
                                optim=m.optim, schedule=schedule, early=self.head is not None)]
         n = len(m.layers) - (self.head is not None)  # layers with a forward GEMM
         out += m.forward(m.acts[0], m.acts[1:n + 1], [p.fwd for p in self.plans[:n]],
-                         [pol.forward for pol in self.l2[:n]], pres=m.pres[1:n + 1])
+                         [pol.forward for pol in self.l2[:n]], slopes=m.slopes[1:n + 1])
         if self.head is not None:  # the head's forward, loss, backward and update in one launch
             lay = m.layers[n]
             out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.optim, m.acts[-1],
                                     m.grads[-1], m.grads[n], m.loss_sum, m.correct, r.classes, scale,
                                     step=m.counter,  # the step counter moves here
-                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, pre=m.pres[n]))
+                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, slope=m.slopes[n]))
         else:
             out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        grad_scale=scale, scratch=m.exact_sums, ticket=m.exact_tickets))
@@ -153,11 +153,11 @@ class LayeredStep(ChainStep):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
             if isinstance(p.bwd, kb.DxSgdPlan):  # the bias too; the first layer's input needs no gradient
                 out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, m.grads[i], m.optim, m.workspace, m.tickets,
-                                     self.l2[i], bias=lay.b, pre=m.pres[i]))
+                                     self.l2[i], bias=lay.b, slope=m.slopes[i]))
             elif p.bwd is not None:  # the same with the optimiser's state
                 out.append(ku.dx_update(k, p.bwd, x, dy, lay.wlo, lay.w16, lay.mw, lay.vw, m.grads[i], m.optim,
                                         m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb,
-                                        pre=m.pres[i]))
+                                        slope=m.slopes[i]))
             else:
                 if p.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=m.saved_for_backward(i),

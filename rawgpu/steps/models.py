@@ -115,12 +115,12 @@ class ModelsStep(ChainStep):
         out = [km.gather(k, n, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
                          m.optim, m.schedules, r.total_steps, early=self.head is not None, sm_count=m.sm_count)]
         top = len(self.fwd)  # layers with a forward GEMM
-        out += m.forward(m.acts[0], m.acts[1:top + 1], self.fwd, shared_input=False, pres=m.pres[1:top + 1])
+        out += m.forward(m.acts[0], m.acts[1:top + 1], self.fwd, shared_input=False, slopes=m.slopes[1:top + 1])
         if self.head is not None:
             lay = m.layers[top]
             out.append(km.head_step(k, n, self.head, m.acts[top], m.y, lay.wlo, lay.w16, lay.b, m.optim, m.acts[-1],
                                     m.grads[-1], m.grads[top], m.loss_sum, m.correct, r.classes, scale, m.counter,
-                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, pre=m.pres[top]))
+                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, slope=m.slopes[top]))
         else:
             out.append(km.softmax_xent(k, n, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        scale, scratch=m.xent_sums, ticket=m.xent_tickets))
@@ -128,7 +128,7 @@ class ModelsStep(ChainStep):
             lay, x, dy = m.layers[i], m.acts[i], m.grads[i + 1]
             if self.bwd[i] is not None:
                 out.append(km.dx_update(k, n, self.bwd[i], x, dy, lay.wlo, lay.w16, lay.mw, lay.vw,
-                                        m.grads[i] if i else None, m.optim, lay.b, lay.mb, lay.vb, pre=m.pres[i]))
+                                        m.grads[i] if i else None, m.optim, lay.b, lay.mb, lay.vb, slope=m.slopes[i]))
                 continue
             if i in self.dx:  # reads W16 before this layer's update rewrites it
                 out.append(km.gemm(k, n, self.dx[i], dy, lay.w16, m.grads[i], act=m.saved_for_backward(i)))

@@ -117,7 +117,7 @@ class TensorStep(ChainStep):
                                optim=m.optim, schedule=schedule)]
         for i, p in enumerate(self.plans):
             out += m.layer_forward(i, m.acts[i], m.acts[i + 1], p.fwd, self.sums.get(m.acts[i + 1].shape),
-                                   self.l2[i].forward, pre=m.pres[i + 1])
+                                   self.l2[i].forward, slope=m.slopes[i + 1])
         out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, B, r.classes,
                                    grad_scale=loss_scale(B), scratch=m.exact_sums, ticket=m.exact_tickets))
         for i in range(len(self.plans) - 1, -1, -1):
@@ -132,11 +132,11 @@ class TensorStep(ChainStep):
                                    workspace=m.workspace, tickets=m.tickets))
             if isinstance(p.bwd, kb.DxSgdPlan):  # dx in the same pass
                 out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, dx, m.optim, m.workspace, m.tickets,
-                                     self.l2[i], bias=lay.b, pre=None if reduced else m.pres[i]))
+                                     self.l2[i], bias=lay.b, slope=None if reduced else m.slopes[i]))
             elif p.bwd is not None:
                 out.append(ku.dx_update(k, p.bwd, x, dy, lay.wlo, lay.w16, lay.mw, lay.vw, dx, m.optim,
                                         m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb,
-                                        pre=None if reduced else m.pres[i]))
+                                        slope=None if reduced else m.slopes[i]))
             else:
                 out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
                                    workspace=m.workspace, tickets=m.tickets))
