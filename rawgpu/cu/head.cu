@@ -298,28 +298,47 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
 
     HEAD_MARK(8);
     // dh[:, rows] = dlogits @ W[rows, :]^T times act' (activation.cuh: from h, or the slope the forward saved): one
-    // k16 step per 16 x 8 output tile, the tiles dealt out over every warp row tile first.
+    // k16 step per 16 x 8 output tile, the tiles dealt out over every warp row tile first. A warp takes DH_GROUP of
+    // its tiles at a time, their saved slopes (where act' reads them) loaded together before any tile is stored.
+    constexpr int DH_GROUP = ACT_SAVES_SLOPE ? 8 : 1;
+    const int tasks = ROWS / 16 * (kc / 8);
     u32 fa[4];
     int fa_tile = -1;
-#pragma unroll 4
-    for (int task = warp; task < ROWS / 16 * (kc / 8); task += WARPS) {
-        const int rt = task % (ROWS / 16), j = task / (ROWS / 16), col = 8 * j + 2 * t;
-        if (rt != fa_tile) {  // with ROWS / 16 <= WARPS a warp keeps one row tile
-            ldmatrix_x4(fa, shared_address(S.d + (16 * rt + r8 + 8 * q1) * LDD + 8 * q2));
-            fa_tile = rt;
-        }
-        const half_t* wr = S.w + (8 * j + g) * LDW + 2 * t;
-        const u32 fb[2] = {*reinterpret_cast<const u32*>(wr), *reinterpret_cast<const u32*>(wr + 8)};
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_m16n8k16_f32(c, fa, fb);
+#pragma unroll(ACT_SAVES_SLOPE ? 1 : 4)
+    for (int first = warp; first < tasks; first += DH_GROUP * WARPS) {
+        u32 slopes[DH_GROUP][2];
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int row = 16 * rt + g + 8 * hh;
-            if (row >= B || k0 + col >= K) continue;
-            const half_t* saved = ACT_SAVES_SLOPE ? slope + (i64)row * lddh + k0 + col : S.h + row * S.ldh + col;
-            const float2 x = unpack_f16x2(*reinterpret_cast<const u32*>(saved));
-            *reinterpret_cast<u32*>(dh + (i64)row * lddh + k0 + col) =
-                pack_f16x2(act_backward(c[2 * hh], x.x), act_backward(c[2 * hh + 1], x.y));
+        for (int u = 0; u < DH_GROUP; ++u) {
+            const int task = first + u * WARPS, rt = task % (ROWS / 16), col = 8 * (task / (ROWS / 16)) + 2 * t;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int row = 16 * rt + g + 8 * hh;
+                const bool in = ACT_SAVES_SLOPE && task < tasks && row < B && k0 + col < K;
+                slopes[u][hh] = in ? *reinterpret_cast<const u32*>(slope + (i64)row * lddh + k0 + col) : 0u;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DH_GROUP; ++u) {
+            const int task = first + u * WARPS;
+            if (task >= tasks) break;
+            const int rt = task % (ROWS / 16), j = task / (ROWS / 16), col = 8 * j + 2 * t;
+            if (rt != fa_tile) {  // with ROWS / 16 <= WARPS a warp keeps one row tile
+                ldmatrix_x4(fa, shared_address(S.d + (16 * rt + r8 + 8 * q1) * LDD + 8 * q2));
+                fa_tile = rt;
+            }
+            const half_t* wr = S.w + (8 * j + g) * LDW + 2 * t;
+            const u32 fb[2] = {*reinterpret_cast<const u32*>(wr), *reinterpret_cast<const u32*>(wr + 8)};
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_m16n8k16_f32(c, fa, fb);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int row = 16 * rt + g + 8 * hh;
+                if (row >= B || k0 + col >= K) continue;
+                const float2 x = unpack_f16x2(ACT_SAVES_SLOPE ? slopes[u][hh]
+                                                              : *reinterpret_cast<const u32*>(S.h + row * S.ldh + col));
+                *reinterpret_cast<u32*>(dh + (i64)row * lddh + k0 + col) =
+                    pack_f16x2(act_backward(c[2 * hh], x.x), act_backward(c[2 * hh + 1], x.y));
+            }
         }
     }
     __syncthreads();  // every warp has read the old weights
