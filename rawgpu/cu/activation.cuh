@@ -38,7 +38,7 @@ RG_DEVICE float act_forward(float z, float& slope) {
     slope = 0.5f * (1.f + t) + 0.5f * z * dt;
     return 0.5f * z * (1.f + t);
 #elif ACTIVATION == ACT_SILU
-    const float s = 1.f / (1.f + __expf(-z));
+    const float s = __fdividef(1.f, 1.f + __expf(-z));  // 0 where exp(-z) overflows (z < -88), as the limit is
     slope = s * (1.f + z * (1.f - s));
     return z * s;
 #else

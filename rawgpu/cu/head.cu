@@ -160,6 +160,24 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
     pdl_enter();
     HEAD_MARK(2);
     if (step != nullptr && rank == 0 && tid == 0) *step += 1;
+    // The slopes act' reads in dh's tiles (where the forward saved them), DH_GROUP of a warp's tiles at a time (tile
+    // first + u WARPS): the first group's loaded here, beside h's copy, so their latency passes under the logits.
+    constexpr int DH_GROUP = ACT_SAVES_SLOPE ? 8 : 1;
+    const int tasks = ROWS / 16 * (kc / 8);
+    u32 slopes[DH_GROUP][2];
+    auto load_slopes = [&](int first) {
+#pragma unroll
+        for (int u = 0; u < DH_GROUP; ++u) {
+            const int task = first + u * WARPS, rt = task % (ROWS / 16), col = 8 * (task / (ROWS / 16)) + 2 * t;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int row = 16 * rt + g + 8 * hh;
+                const bool in = ACT_SAVES_SLOPE && task < tasks && row < B && k0 + col < K;
+                slopes[u][hh] = in ? *reinterpret_cast<const u32*>(slope + (i64)row * lddh + k0 + col) : 0u;
+            }
+        }
+    };
+    load_slopes(warp);
     const int pieces = kc / 8;
     for (int i = tid; i < ROWS * pieces; i += THREADS) {
         const int r = i / pieces, c = (i % pieces) * 8;
@@ -298,25 +316,13 @@ RG_DEVICE void head_body(const half_t* h, int ldh, const int* labels, short* wlo
 
     HEAD_MARK(8);
     // dh[:, rows] = dlogits @ W[rows, :]^T times act' (activation.cuh: from h, or the slope the forward saved): one
-    // k16 step per 16 x 8 output tile, the tiles dealt out over every warp row tile first. A warp takes DH_GROUP of
-    // its tiles at a time, their saved slopes (where act' reads them) loaded together before any tile is stored.
-    constexpr int DH_GROUP = ACT_SAVES_SLOPE ? 8 : 1;
-    const int tasks = ROWS / 16 * (kc / 8);
+    // k16 step per 16 x 8 output tile, the tiles dealt out over every warp row tile first, DH_GROUP at a time (their
+    // slopes loaded together before any tile is stored; the first group's at the start).
     u32 fa[4];
     int fa_tile = -1;
 #pragma unroll(ACT_SAVES_SLOPE ? 1 : 4)
     for (int first = warp; first < tasks; first += DH_GROUP * WARPS) {
-        u32 slopes[DH_GROUP][2];
-#pragma unroll
-        for (int u = 0; u < DH_GROUP; ++u) {
-            const int task = first + u * WARPS, rt = task % (ROWS / 16), col = 8 * (task / (ROWS / 16)) + 2 * t;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int row = 16 * rt + g + 8 * hh;
-                const bool in = ACT_SAVES_SLOPE && task < tasks && row < B && k0 + col < K;
-                slopes[u][hh] = in ? *reinterpret_cast<const u32*>(slope + (i64)row * lddh + k0 + col) : 0u;
-            }
-        }
+        if (ACT_SAVES_SLOPE && first != warp) load_slopes(first);
 #pragma unroll
         for (int u = 0; u < DH_GROUP; ++u) {
             const int task = first + u * WARPS;
