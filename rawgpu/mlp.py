@@ -98,7 +98,7 @@ class MLP:
         self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
         # the hidden layers' slopes act'(z), where the activation's backward reads them (recipe.SLOPE_SAVED)
         self.slopes = [a.tensor(f"slope{i}", (B, p), np.float16) if r.saves_slope and 0 < i < len(padded) - 1
-                     else None for i, p in enumerate(padded)]
+                       else None for i, p in enumerate(padded)]
         self.y = a.tensor("y", B, np.int32)
         hidden_p = max(padded[1:-1])
         self.eval_x = a.tensor("eval_x", (EB, padded[0]), np.float16)

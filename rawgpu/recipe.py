@@ -25,7 +25,7 @@ ACCUMS = {"fp32": "f32", "fp16": "f16"}  # the CLI's spelling -> the kernels' in
 GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
 OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}  # name -> the code the kernels switch on (contract/optim.py: OPT_*)
 # The hidden layers' activation, named as PyTorch names it -> the code the kernels are built for
-# (contract/activation.py: ACT_*, cu/activation.cuh). gelu is torch's default erf form, gelu_tanh its approximate="tanh".
+# (contract/activation.py: ACT_*, cu/activation.cuh). gelu is torch's default erf form, gelu_tanh approximate="tanh".
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "tanh": 4}
 # Those whose derivative needs the pre-activation z (the others' comes from their output, which the next layer reads
 # anyway): the forward saves the slope act'(z) beside the output for the backward.

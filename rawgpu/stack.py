@@ -99,7 +99,7 @@ class ModelStack:
         self.acts = [a.tensor(f"act{i}", (n * B, p), np.float16) for i, p in enumerate(padded)]
         self.grads = [None] + [a.tensor(f"grad{i}", (n * B, p), np.float16) for i, p in enumerate(padded) if i]
         self.slopes = [a.tensor(f"slope{i}", (n * B, p), np.float16) if r.saves_slope and 0 < i < len(padded) - 1
-                     else None for i, p in enumerate(padded)]  # as MLP's
+                       else None for i, p in enumerate(padded)]  # as MLP's
         self.y = a.tensor("y", n * B, np.int32)
         hidden_p = max(padded[1:-1])
         self.eval_h = [a.tensor(f"eval_h{i}", (n * EB, hidden_p), np.float16) for i in range(2)]
@@ -210,8 +210,8 @@ class ModelStack:
         as MLP.forward's."""
         launches, inp = [], x
         for i, (lay, out, plan) in enumerate(zip(self.layers, outs, plans)):
-            launches.append(km.gemm(self.k, self.n, plan, inp, lay.w16, out, bias=lay.b, act=slopes[i] if slopes else None,
-                                    shared_a=shared_input and i == 0))
+            launches.append(km.gemm(self.k, self.n, plan, inp, lay.w16, out, bias=lay.b,
+                                    act=slopes[i] if slopes else None, shared_a=shared_input and i == 0))
             inp = out
         return launches
 

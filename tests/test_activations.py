@@ -48,7 +48,8 @@ def test_the_cluster_and_fused_steps_keep_relu_and_the_launch_line_says_so():
     assert choice.kind == "layered"
     assert choice.fallback_note() == "; not cluster: the cluster step applies ReLU only, not gelu"
     choice = steps.choose(Recipe(activation="tanh"), "sm_86")  # fused would run this width with ReLU here
-    assert (choice.kind, choice.fallback_note()) == ("layered", "; not fused: the fused step applies ReLU only, not tanh")
+    assert choice.kind == "layered"
+    assert choice.fallback_note() == "; not fused: the fused step applies ReLU only, not tanh"
     assert steps.choose(Recipe(activation="silu"), "sm_90").fallback_note() == ""  # the short form takes it
     assert steps.choose(Recipe(), "sm_86").fallbacks == {}
     for kind in ("fused", "cluster"):

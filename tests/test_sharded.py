@@ -215,8 +215,8 @@ def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, 
     (256, 3, 128, 2, MOMENTUM, True, "relu"), (256, 3, 128, 2, MOMENTUM, False, "relu"),
     (100, 3, 32, 3, ADAM, True, "relu"), (520, 2, 64, 4, MOMENTUM, True, "relu"), (64, 1, 128, 2, ADAM, True, "relu"),
     (1024, 3, 32, 2, dict(momentum=0.0), True, "relu"),
-    # a funnel, and activations whose backward reads the slope the forward saved (in the GEMMs, the sums' epilogues and the
-    # one passes) or the output
+    # a funnel, and activations whose backward reads the slope the forward saved (in the GEMMs, the sums' epilogues and
+    # the one passes) or the output
     ((1024, 512, 256), None, 128, 2, MOMENTUM, True, "relu"), ((256, 128), None, 64, 2, ADAM, True, "gelu"),
     (256, 3, 128, 2, MOMENTUM, False, "silu"), (100, 3, 32, 3, dict(momentum=0.0), True, "tanh")])
 def test_ranks_together_train_as_one_gpu(device, stream, kernels_for, rng, hidden, layers, batch, ranks, opt, short,

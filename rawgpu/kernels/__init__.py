@@ -148,9 +148,8 @@ def require(t: "Tensor", dtype, shape: tuple[int, ...] | None = None, what: str 
 
 def require_slope(k: "Kernels", slope: "Tensor | None", like: "Tensor | None", what: str) -> None:
     """An activation's backward that reads the slope act'(z) the forward saved (recipe.SLOPE_SAVED, as the kernels
-    were built)
-    gets `slope`, fp16 of the shape of `like` (the gradient it scales, whose layout the kernel reads it by); the
-    others get none."""
+    were built) gets `slope`, fp16 of the shape of `like` (the gradient it scales, whose layout the kernel reads it
+    by); the others get none."""
     import numpy as np
 
     from ..recipe import SLOPE_SAVED

@@ -186,9 +186,9 @@ def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, 
               correct: Tensor, classes: int, grad_scale: float, step: Tensor, mw: Tensor | None = None,
               vw: Tensor | None = None, mb: Tensor | None = None, vb: Tensor | None = None,
               slope: Tensor | None = None) -> Launch:
-    """Every model's head step (head.head_step's), one cluster per model: h, dh, slope [n x batch, K], labels [n x batch],
-    logits and dlogits [n x batch, 16], the head's weight-shaped operands [n x K, 16], its bias and state [n x 16],
-    optim [n, words], loss_sum and correct [n]; model 0's cluster moves the shared step counter."""
+    """Every model's head step (head.head_step's), one cluster per model: h, dh, slope [n x batch, K], labels
+    [n x batch], logits and dlogits [n x batch, 16], the head's weight-shaped operands [n x K, 16], its bias and state
+    [n x 16], optim [n, words], loss_sum and correct [n]; model 0's cluster moves the shared step counter."""
     require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
     require(loss_sum, np.float64, (n,), what="loss_sum")
     require(correct, np.int32, (n,), what="correct")
