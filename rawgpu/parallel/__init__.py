@@ -5,6 +5,8 @@
   replicated.py  one rank's copy of a data-parallel model (the step: steps/data.py)
   ranks.py       the ranks' processes: start them, hand them one communicator id, collect their results
   nccl.py        NCCL, checked: the communicator and the collectives a step captures into its graph
+  launchers.py   a job on several hosts: which rank this process is, from torchrun's, SLURM's or Open MPI's variables
+  rendezvous.py  the ranks meet over TCP before any GPU work: rank 0 hands out NCCL's id once all agree
 
 The split's rules are the package's interface (`parallel.choose`, `parallel.plan_tensor_parallel`, ...); which step
 kind a split runs is decided with every other kind's, by `steps.choose`.
