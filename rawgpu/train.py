@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -241,6 +242,22 @@ def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, give
                          "--resume continues the saved run as it was")
 
 
+def check_launcher(parser: argparse.ArgumentParser) -> None:
+    """A process that torchrun, SLURM or mpirun started as one rank of several would train a model of its own on the
+    same GPU as the others: refused in one line until jobs on several hosts are supported (issue 43); --gpus N runs
+    one host's GPUs."""
+    from .parallel.launchers import world_from_environment
+
+    try:
+        world = world_from_environment(os.environ)
+    except ValueError:  # not a launcher's whole environment: variables of that name set for something else
+        return
+    if world is not None and world.size > 1:
+        parser.error(f"{world.launcher} started this process as rank {world.rank} of {world.size}: rawgpu.train runs "
+                     "one process per job and spreads it over one host's GPUs itself (--gpus N); jobs on several hosts "
+                     "are not supported yet")
+
+
 def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: dict[str, int]) -> rc.Recipe:
     """The recipe of the arguments on data of this shape, with the rules no single option can check."""
     if args.batch > shape["train_rows"]:
@@ -306,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm()
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_launcher(parser)
     if args.no_graph and args.steps_per_graph not in (None, 1):
         parser.error("--steps-per-graph needs graphs; drop it or --no-graph")
     ckpt = None
