@@ -18,7 +18,7 @@ import numpy as np
 
 from rawgpu.bench.timing import time_graph
 from rawgpu.data import load_mnist
-from rawgpu.recipe import Recipe
+from rawgpu.recipe import ACTIVATIONS, Recipe
 from rawgpu.session import Session
 
 
@@ -57,7 +57,8 @@ def main() -> int:
     p.add_argument("--optimizer", default=None, help="sgd, adam or adamw (default: the recipe's)")
     p.add_argument("--momentum", type=float, default=None)
     p.add_argument("--step", default="auto", help="the step kind (default auto)")
-    p.add_argument("--activation", default="relu", help="the hidden layers' activation (default relu)")
+    p.add_argument("--activation", default="relu", choices=tuple(ACTIVATIONS),
+                   help="the hidden layers' activation (default relu)")
     p.add_argument("--repeats", type=int, default=20, help="launches per timed graph")
     p.add_argument("--drop", action="store_true", help="also time the step without each launch in turn")
     args = p.parse_args()

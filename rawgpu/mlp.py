@@ -141,11 +141,7 @@ class MLP:
 
     def bind(self, kernels: Kernels) -> "MLP":
         """The compiled kernels the launches use (of the arch this model was planned for)."""
-        if kernels.arch != self.arch:
-            raise ValueError(f"the model was planned for {self.arch}, the kernels are {kernels.arch}'s")
-        if kernels.activation != self.recipe.activation:
-            raise ValueError(f"the model applies {self.recipe.activation}, the kernels were built for "
-                             f"{kernels.activation}")
+        kernels.check_serves(self.arch, self.recipe.activation, "the model")
         self.k = kernels
         return self
 

@@ -137,11 +137,7 @@ class ModelStack:
         return self
 
     def bind(self, kernels: Kernels) -> "ModelStack":
-        if kernels.arch != self.arch:
-            raise ValueError(f"the stack was planned for {self.arch}, the kernels are {kernels.arch}'s")
-        if kernels.activation != self.recipe.activation:
-            raise ValueError(f"the stack applies {self.recipe.activation}, the kernels were built for "
-                             f"{kernels.activation}")
+        kernels.check_serves(self.arch, self.recipe.activation, "the stack")
         self.k = kernels
         return self
 

@@ -163,3 +163,17 @@ def test_the_benchmarks_peers_take_the_activation_by_torchs_name():
     assert Workload(hidden=256, activation="gelu_tanh").activation == "gelu_tanh"
     with pytest.raises(ValueError, match="Workload.activation must be one of relu, gelu, gelu_tanh, silu, tanh"):
         Workload(hidden=256, activation="swish")
+
+
+def test_a_model_takes_only_kernels_built_for_its_arch_and_activation():
+    from rawgpu.kernels import Kernels
+
+    model = steps.plan_model(Recipe(activation="gelu"), arch="sm_90")
+    with pytest.raises(ValueError, match="^the model applies gelu, the kernels were built for relu$"):
+        model.bind(Kernels("sm_90"))
+    with pytest.raises(ValueError, match="^the model was planned for sm_90, the kernels are sm_86's$"):
+        model.bind(Kernels("sm_86", activation="gelu"))
+    stack = steps.plan_model(Recipe(), arch="sm_90", models=[Recipe()] * 2)
+    with pytest.raises(ValueError, match="^the stack applies relu, the kernels were built for silu$"):
+        stack.bind(Kernels("sm_90", activation="silu"))
+    assert model.bind(Kernels("sm_90", activation="gelu")).k.activation == "gelu"

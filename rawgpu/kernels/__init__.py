@@ -45,6 +45,14 @@ class Kernels:
         self._lock = threading.Lock()
         self._done = 0
 
+    def check_serves(self, arch: str, activation: str, what: str) -> None:
+        """ValueError unless these kernels are built for `arch` and apply `activation`, as `what` (a model, a stack)
+        was planned."""
+        if self.arch != arch:
+            raise ValueError(f"{what} was planned for {arch}, the kernels are {self.arch}'s")
+        if self.activation != activation:
+            raise ValueError(f"{what} applies {activation}, the kernels were built for {self.activation}")
+
     # --- building --------------------------------------------------------------------------------------------
 
     def prefetch(self, units: Iterable[Unit]) -> None:
