@@ -55,6 +55,7 @@ class RunInfo:
     step: str = ""  # how a step runs (Step.describe): "fused: 1 persistent kernel, ..." or "layered: 18 kernels"
     data: str = ""  # "fashion-mnist: 60000 + 10000 images of 28x28, 10 classes"
     resumed: str = ""  # "from run.safetensors at step 1200"
+    ranks: str = ""  # on several GPUs: how many processes, who started them, how long they took to meet
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ def header_rows(info: RunInfo) -> list[tuple[str, str]]:
                         f"{info.total_steps} steps, {info.optimizer}, lr {info.lr:g} ({info.schedule}), "
                         f"{info.accum} accum")),
             ("launch", f"{launch}; {info.step}" if info.step else launch)]
+    rows += [("ranks", info.ranks)] if info.ranks else []
     return rows + [("kernels", info.compile_note)] if info.compile_note else rows
 
 

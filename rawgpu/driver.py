@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -63,10 +64,28 @@ def call(fn: Any, *args: Any) -> Any:
 
 
 _initialized = False
+_init_lock = threading.Lock()
+
+
+def init_in_background() -> None:
+    """Start cuInit in a thread, so that the second it takes overlaps the caller's own work (reading the data): the
+    bindings let the GIL go while the driver works. init() then waits for it; its failure is init()'s to report."""
+    def quietly() -> None:
+        try:
+            init()
+        except Exception:  # noqa: BLE001 - init() in the caller raises it again, in its own words
+            pass
+
+    threading.Thread(target=quietly, daemon=True, name="rawgpu-cuinit").start()
 
 
 def init() -> None:
     """cuInit once; a missing driver or GPU becomes NoDeviceError, a driver too old for the bindings says so."""
+    with _init_lock:
+        _init()
+
+
+def _init() -> None:
     global _initialized
     if _initialized:
         return

@@ -6,6 +6,8 @@ import os
 import secrets
 from pathlib import Path
 
+_unfinished: set[Path] = set()  # the temps write_atomic is writing now
+
 
 def write_atomic(path: str | Path, data: bytes) -> Path:
     """Write to a temp file beside `path`, flush it to disk, then os.replace it there; on any failure (Ctrl-C
@@ -16,6 +18,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     path = Path(path).expanduser()
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    _unfinished.add(tmp)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -25,7 +28,17 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        _unfinished.discard(tmp)
     return path
+
+
+def remove_unfinished() -> None:
+    """Remove the temps of writes under way, for a process about to exit without unwinding (os._exit: a rank that
+    ends its job at once, parallel/job.py): the files they would have replaced stay as they were."""
+    for tmp in list(_unfinished):
+        tmp.unlink(missing_ok=True)
+        _unfinished.discard(tmp)
 
 
 def cannot_create_in(directory: str | Path) -> str | None:

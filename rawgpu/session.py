@@ -38,14 +38,14 @@ class Session:
         """step_kind: one of steps.CHOICES; a named kind that cannot run here raises StepUnsupported before any
         compile. options: settings of particular step kinds (comparisons, tests). on_compile(done, total): the
         progress of a build that is not all in the cache (units of compilation built, asked for). rank: this
-        process's rank of a model on several GPUs, on GPU rank.rank, split as rank.mode says; step_kind is then
+        process's rank of a model on several GPUs, on GPU rank.gpu, split as rank.mode says; step_kind is then
         "auto"."""
         if step_kind not in steps.CHOICES:  # a bad value fails before any GPU work
             raise ValueError(f"step kind must be one of {', '.join(steps.CHOICES)}, got {step_kind!r}")
         if rank is not None and step_kind != "auto":
             raise ValueError(f"a model on several GPUs runs the tensor- or data-parallel step, not {step_kind}")
-        self.group = None
-        self.device = Device(rank.rank if rank is not None else device_index)
+        self.group, self.nccl_seconds = None, 0.0
+        self.device = Device(rank.gpu if rank is not None else device_index)
         arch = self.device.arch
         if self.device.compute_capability < (8, 0):
             raise NoDeviceError(f"{self.device.name} is {arch}: rawgpu needs sm_80 or newer (mma.sync, cp.async)")
@@ -80,7 +80,11 @@ class Session:
             if rank is not None:
                 from .parallel import nccl
 
+                t_nccl = time.perf_counter()
                 self.group = model.group = nccl.Communicator(rank.ranks, rank.rank, rank.unique_id)
+                self.nccl_seconds = time.perf_counter() - t_nccl
+                if rank.job is not None:
+                    rank.job.watch(self.group)
             self.model = model.bind(self.kernels)
             self.model.allocate()
             self.step = self.model.step_launches()

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from . import recipe as rc
+from . import train_job
 from .cli import (add_device_option, add_step_option, check_data_options, check_step_option, count,
                   parallel_problem, program, seconds)
 from .console import RunInfo, Summary
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus", type=count(1, 64, what="GPUs"), default=1, metavar="N",
                    help="train on GPUs 0..N-1 of this machine, one process each, split as --parallel says (needs "
                         "NCCL: the multi extra, multi-cu12 with the cu12 stack); default 1")
+    r.add_argument("--rendezvous-timeout", type=seconds, default=120.0, metavar="S",
+                   help="as one rank of a launcher's job (torchrun, SLURM, mpirun, rawgpu.launch): how long rank 0 "
+                        "waits for every rank to arrive before it ends the job naming the missing ones (default 120)")
     r.add_argument("--parallel", choices=MODES, default="auto",
                    help="with --gpus: tensor (each GPU a slice of every layer; the activations are summed), data (each "
                         "GPU the whole model and 1/N of every batch; the gradients are summed) or auto (default: the "
@@ -118,7 +122,8 @@ def _run_info(trainer: Trainer, args, resumed: str) -> RunInfo:
         schedule=r.schedule, accum=r.accum, graph=not args.no_graph, steps_per_graph=trainer.steps_per_graph,
         pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step=session.step_description,
         data=(f"{data.name}: {r.train_rows} + {r.test_rows} images of {rows}x{cols}, {r.classes} classes"
-              + ("" if data.verified else ", structural checks only")), resumed=resumed)
+              + ("" if data.verified else ", structural checks only")), resumed=resumed,
+        ranks="" if trainer.rank is None else train_job.describe(trainer.rank, session.nccl_seconds))
 
 
 def summarize(trainer: Trainer, wall_seconds: float, interrupted: bool) -> Summary:
@@ -186,30 +191,17 @@ def save_note(trainer: Trainer, path: str) -> str:
     return f"{why}: nothing saved when it stopped; {kept}"
 
 
-def train_on_gpus(args: argparse.Namespace, data, recipe: rc.Recipe, t_start: float, ckpt=None) -> int:
-    """--gpus N: a process per GPU (parallel/ranks.py), each training its part of the run; rank 0 shows it."""
-    from .parallel import nccl
-    from .parallel.ranks import run_ranks
+def train_on_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
+    """--gpus N: N processes of this command, one per GPU, started as rawgpu.launch starts one host's ranks (each
+    finds its GPU and the others through torchrun's variables: train_job.py); rank 0 shows the run. A rank that fails
+    ends them all (parallel/job.py)."""
+    from . import launch
 
-    try:
-        return run_ranks(_train_rank, args.gpus, args, data, recipe, t_start, ckpt, unique_id=nccl.new_unique_id())[0]
-    except KeyboardInterrupt as exc:
-        print("rawgpu: interrupted: every GPU's process stopped"
-              + (f"; {args.save} keeps the last checkpoint saved" if args.save else ""), file=sys.stderr)
-        return interrupt_status(exc)
-
-
-def _train_rank(rank: int, ranks: int, unique_id: bytes, args, data, recipe, t_start: float, ckpt) -> int:
-    import io
-
-    from .console import Console, make_console
-    from .parallel.ranks import Rank
-
-    console = make_console("json" if args.json else "auto") if rank == 0 else Console(io.StringIO())
-    try:
-        return train(args, data, recipe, console, t_start, ckpt, Rank(ranks, rank, unique_id, args.parallel))
-    finally:
-        console.close()
+    if (count := launch.visible_gpus()) is not None and args.gpus > count:
+        parser.error(f"argument --gpus: {args.gpus} GPUs asked for, this machine has {count}")
+    saved = f"; {args.save} keeps the last checkpoint saved" if args.save else ""
+    return launch.run(lambda: launch.start(argv, args.gpus, launcher=f"rawgpu.train --gpus {args.gpus}"), 0,
+                      f"rawgpu: interrupted: every GPU's process stopped{saved}", name="rawgpu")
 
 
 def explicit_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
@@ -242,22 +234,6 @@ def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, give
                          "--resume continues the saved run as it was")
 
 
-def check_launcher(parser: argparse.ArgumentParser) -> None:
-    """A process that torchrun, SLURM or mpirun started as one rank of several would train a model of its own on the
-    same GPU as the others: refused in one line until jobs on several hosts are supported (issue 43); --gpus N runs
-    one host's GPUs."""
-    from .parallel.launchers import world_from_environment
-
-    try:
-        world = world_from_environment(os.environ)
-    except ValueError:  # not a launcher's whole environment: variables of that name set for something else
-        return
-    if world is not None and world.size > 1:
-        parser.error(f"{world.launcher} started this process as rank {world.rank} of {world.size}: rawgpu.train runs "
-                     "one process per job and spreads it over one host's GPUs itself (--gpus N); jobs on several hosts "
-                     "are not supported yet")
-
-
 def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: dict[str, int]) -> rc.Recipe:
     """The recipe of the arguments on data of this shape, with the rules no single option can check."""
     if args.batch > shape["train_rows"]:
@@ -275,13 +251,16 @@ def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: 
     return recipe
 
 
-def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Files the run reads or writes, before anything expensive."""
+def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, writes: bool = True) -> None:
+    """Files the run reads or writes, before anything expensive. writes: whether this process writes the checkpoint
+    and the plot (in a launcher's job only rank 0 does, on its own host)."""
     from .checkpoint import check_writable
 
     check_data_options(parser, args.dataset, args.data_dir)
     if args.save_every is not None and not args.save:
         parser.error("argument --save-every: needs --save PATH")
+    if not writes:
+        return
     if args.save and (problem := check_writable(args.save)):
         parser.error(f"argument --save: {problem}")
     if args.plot:
@@ -295,10 +274,11 @@ def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"argument --plot: needs matplotlib: {hint('plot')}")
 
 
-def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--gpus N > 1: the options it cannot go with, and NCCL, before the data and the GPUs."""
+def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, ranks: int) -> None:
+    """--gpus N > 1: the options it cannot go with, and NCCL, before the data and the GPUs. ranks: the processes
+    the model is split over (--gpus N, or a launcher's job)."""
     if args.gpus == 1:
-        if args.parallel != "auto":
+        if args.parallel != "auto" and ranks == 1:
             parser.error("argument --parallel: splits a model over several GPUs; add --gpus N")
         return
     if args.step != "auto":
@@ -312,18 +292,20 @@ def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"argument --gpus: {why}")
 
 
-def check_parallel(parser: argparse.ArgumentParser, args: argparse.Namespace, recipe: rc.Recipe) -> None:
-    """--parallel: the split must run the recipe on --gpus GPUs."""
-    if why := parallel_problem(recipe, args.parallel, [args.gpus]):
+def check_parallel(parser: argparse.ArgumentParser, args: argparse.Namespace, recipe: rc.Recipe, ranks: int) -> None:
+    """--parallel: the split must run the recipe on `ranks` GPUs."""
+    if why := parallel_problem(recipe, args.parallel, [ranks]):
         parser.error(f"argument --parallel: {why}")
 
 
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
+    argv = sys.argv[1:] if argv is None else argv
     stop_on_sigterm()
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_launcher(parser)
+    world = train_job.launcher_world(parser, args)  # one rank of a launcher's job, or None
+    ranks = world.size if world is not None else args.gpus
     if args.no_graph and args.steps_per_graph not in (None, 1):
         parser.error("--steps-per-graph needs graphs; drop it or --no-graph")
     ckpt = None
@@ -336,19 +318,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rawgpu: error: {exc}", file=sys.stderr)
             return 1
         check_resume(parser, args, explicit_options(parser, argv), ckpt)
-        check_parallel(parser, args, ckpt.recipe)
+        check_parallel(parser, args, ckpt.recipe, ranks)
         args.dataset = args.dataset or ckpt.dataset.get("name")
         args.save = args.save or args.resume
     args.dataset = args.dataset or "mnist"
-    check_paths(parser, args)
-    check_gpus(parser, args)
+    check_paths(parser, args, writes=world is None or world.rank == 0)
+    check_gpus(parser, args, ranks)
     from .data import known_shape, load_dataset
 
     recipe = None
     if ckpt is None and (shape := known_shape(args.dataset)) is not None:
         recipe = check_run(parser, args, shape)  # the named sets' shape is known: no need to read them first
-        check_parallel(parser, args, recipe)
+        check_parallel(parser, args, recipe, ranks)
+    if world is None and args.gpus > 1:  # the ranks read the data and start CUDA themselves, each on its GPU
+        return train_on_gpus(parser, args, argv)
+    from . import driver
     from .console import make_console
+
+    driver.init_in_background()  # CUDA's start (about a second) while the data is read
 
     console = make_console("json" if args.json else "auto")
     try:
@@ -359,19 +346,15 @@ def main(argv: list[str] | None = None) -> int:
         if ckpt is None and recipe is None:
             recipe = check_run(parser, args, dict(inputs=data.inputs, classes=data.classes,
                                                   train_rows=len(data.train_labels), test_rows=len(data.test_labels)))
-            check_parallel(parser, args, recipe)
-        from . import driver
-
+            check_parallel(parser, args, recipe, ranks)
         driver.init()
         count = driver.device_count()
         if args.device >= count:
             parser.error(f"argument --device: no GPU with index {args.device}; this machine has {count} "
                          f"(0..{count - 1})" if count else "argument --device: this machine has no CUDA GPU")
-        if args.gpus > count:
-            parser.error(f"argument --gpus: {args.gpus} GPUs asked for, this machine has {count}")
-        if args.gpus > 1:
-            console.close()  # rank 0 shows the run from its own process
-            return train_on_gpus(args, data, recipe, t_start, ckpt)
+        if world is not None:
+            console.close()  # rank 0 shows the run from the job's console
+            return train_job.run(args, data, recipe, t_start, ckpt, world, count)
         return train(args, data, recipe, console, t_start, ckpt)
     except StepUnsupported as exc:  # the step kind asked for, on this GPU's arch: a usage error too
         console.close()

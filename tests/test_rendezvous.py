@@ -71,7 +71,10 @@ class Job:
 
         def run():
             try:
-                rv.serve("127.0.0.1", 0, size, identity, UID, timeout, token, self.logged.append, ready)
+                links = rv.serve("127.0.0.1", 0, size, identity, UID, timeout, token, self.logged.append, ready)
+                self.linked = sorted(links)
+                for link in links.values():
+                    link.close()
             except rv.RendezvousError as exc:
                 self.error = str(exc)
             started.set()
@@ -85,8 +88,10 @@ class Job:
     def join_as(self, rank: int, size: int | None = None, identity: rv.Identity = SAME, token: bytes | None = None):
         def run():
             try:
-                self.results[rank] = rv.join("127.0.0.1", self.port, rank, size or self.size, identity, 10.0,
-                                             self.token if token is None else token)
+                uid, link = rv.join("127.0.0.1", self.port, rank, size or self.size, identity, 10.0,
+                                    self.token if token is None else token)
+                link.close()
+                self.results[rank] = uid
             except rv.RendezvousError as exc:
                 self.results[rank] = str(exc)
         t = threading.Thread(target=run, daemon=True)
@@ -110,7 +115,7 @@ def test_every_rank_gets_rank_0s_unique_id():
     for r in (3, 1, 2):
         job.join_as(r)
     job.finish()
-    assert job.error is None and job.results == {1: UID, 2: UID, 3: UID} and job.logged == []
+    assert job.error is None and job.results == {1: UID, 2: UID, 3: UID} and job.logged == [] and job.linked == [1, 2, 3]
 
 
 def test_strangers_malformed_oversized_and_wrong_tokens_are_refused_while_the_job_waits():
@@ -170,21 +175,3 @@ def test_a_rank_with_no_rank_0_says_so_after_its_timeout():
         rv.join("127.0.0.1", port, 1, 2, SAME, 0.5)
     with pytest.raises(ValueError, match="RAWGPU_RENDEZVOUS_TOKEN: at most 256 bytes"):
         rv.hello(1, 2, SAME, b"x" * 300)
-
-
-def test_train_started_as_one_rank_of_several_says_it_runs_one_process_per_job():
-    """Until jobs on several hosts run (issue 43), a rank torchrun or SLURM starts would train a model of its own on
-    GPU 0 beside the others: one line, exit 2, before any data or GPU work."""
-    import subprocess
-    import sys
-
-    for env in (dict(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1"),
-                dict(SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_LOCALID="0", SLURM_JOB_NODELIST="n[1-2]")):
-        p = subprocess.run([sys.executable, "-m", "rawgpu.train"], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, **env})
-        assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr
-        assert "started this process as rank" in p.stderr.strip().splitlines()[-1]
-    one = subprocess.run([sys.executable, "-m", "rawgpu.train", "--no-graph", "--steps-per-graph", "5"],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h"})
-    assert one.returncode == 2 and "--steps-per-graph needs graphs" in one.stderr  # a world of one runs as today

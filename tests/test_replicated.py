@@ -342,14 +342,16 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_resumes_from_its_checkpoint
 
 @gpu
 def test_what_each_cli_and_bench_rank_runs_with_data_parallelism(device, rng, tmp_path, capsys):
-    """`--gpus N --parallel data` runs train._train_rank in each process, `bench.py train --gpus N --parallel data`
+    """`--gpus N --parallel data` runs train.train in each process, `bench.py train --gpus N --parallel data`
     bench_rank: as the one rank of one, the first trains, reports its JSON epochs and writes a checkpoint that loads;
     the second times the run with and without its all-reduce."""
     import json
     import time
 
     from rawgpu import checkpoint, train
+    from rawgpu.console import make_console
     from rawgpu.parallel import nccl
+    from rawgpu.parallel.ranks import Rank
     from test_sharded import _bench
     from test_trainer import synthetic
 
@@ -359,7 +361,8 @@ def test_what_each_cli_and_bench_rank_runs_with_data_parallelism(device, rng, tm
     parser = train.build_parser()
     args = parser.parse_args(["--hidden", "128", "--epochs", "2", "--json", "--save", str(path), "--parallel", "data"])
     recipe = train.check_run(parser, args, dict(inputs=784, classes=10, train_rows=3000, test_rows=500))
-    assert train._train_rank(0, 1, nccl.new_unique_id(), args, data, recipe, time.perf_counter(), None) == 0
+    rank = Rank(1, 0, nccl.new_unique_id(), args.parallel)
+    assert train.train(args, data, recipe, make_console("json"), time.perf_counter(), None, rank) == 0
     epochs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["test_accuracy"] > 0.5
     assert checkpoint.load(path).step_kind == "data"

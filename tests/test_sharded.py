@@ -438,13 +438,15 @@ def test_bench_times_a_rank_through_nccl_with_and_without_its_sums(device, rng):
 
 @gpu
 def test_what_each_cli_rank_runs_trains_reports_and_saves(device, rng, tmp_path, capsys):
-    """`--gpus N` runs train._train_rank in each process; as the one rank of one it trains, prints its JSON epochs
+    """`--gpus N` runs train.train in each process; as the one rank of one it trains, prints its JSON epochs
     (rank 0 reports) and writes the checkpoint, which loads."""
     import json
     import time
 
     from rawgpu import checkpoint, train
+    from rawgpu.console import make_console
     from rawgpu.parallel import nccl
+    from rawgpu.parallel.ranks import Rank
     from test_trainer import synthetic
 
     if (why := nccl.available()) is not None:
@@ -453,7 +455,8 @@ def test_what_each_cli_rank_runs_trains_reports_and_saves(device, rng, tmp_path,
     parser = train.build_parser()
     args = parser.parse_args(["--hidden", "128", "--epochs", "2", "--json", "--save", str(path)])
     recipe = train.check_run(parser, args, dict(inputs=784, classes=10, train_rows=3000, test_rows=500))
-    assert train._train_rank(0, 1, nccl.new_unique_id(), args, data, recipe, time.perf_counter(), None) == 0
+    rank = Rank(1, 0, nccl.new_unique_id(), args.parallel)
+    assert train.train(args, data, recipe, make_console("json"), time.perf_counter(), None, rank) == 0
     epochs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["test_accuracy"] > 0.5
     ckpt = checkpoint.load(path)

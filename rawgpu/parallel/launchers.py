@@ -74,7 +74,8 @@ def world_from_environment(env: Mapping[str, str]) -> World | None:
                                  "sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT together")
         rank, size = _integer(env, "RANK"), _integer(env, "WORLD_SIZE", 1)
         local = _integer(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
-        return _world(rank, size, local, env["MASTER_ADDR"], _port(env), "torchrun", ("RANK", "WORLD_SIZE"))
+        launcher = env.get("RAWGPU_LAUNCHER", "torchrun")  # rawgpu.launch and --gpus N set torchrun's variables too
+        return _world(rank, size, local, env["MASTER_ADDR"], _port(env), launcher, ("RANK", "WORLD_SIZE"))
     if "SLURM_PROCID" in env:
         for name in ("SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST"):
             if name not in env:

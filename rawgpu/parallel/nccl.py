@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -118,6 +119,7 @@ class Communicator:
             raise ValueError(f"a communicator id is {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
         nccl = _nccl()
         self.ranks, self.rank = ranks, rank
+        self._lock = threading.Lock()  # async_error may come from another thread: never on a communicator freed
         uid = nccl.UniqueId.from_buffer(bytearray(unique_id))
         self._comm = check(nccl.comm_init_rank, f"ncclCommInitRank(rank {rank} of {ranks})", ranks, uid, rank)
 
@@ -156,10 +158,38 @@ class Communicator:
             raise ValueError(f"ncclReduceScatter: {count} x {self.ranks} ranks from {send.size} values")
         return self._bind("ncclReduceScatter", _nccl().reduce_scatter, send, recv, count, count, op)
 
+    @property
+    def alive(self) -> bool:
+        return self._comm is not None
+
+    def async_error(self) -> str | None:
+        """NCCL's name for the error an asynchronous operation of this communicator met (a peer lost, a network
+        error), or None while there is none. Safe from another thread while collectives run (NCCL's fault tolerance
+        pattern: poll this, then abort)."""
+        nccl = _nccl()
+        with self._lock:
+            if self._comm is None:
+                return None
+            result = check(nccl.comm_get_async_error, "ncclCommGetAsyncError", self._comm)
+        if result in (nccl.Result.Success, nccl.Result.InProgress):
+            return None
+        try:
+            return f"nccl{nccl.Result(result).name}"
+        except ValueError:
+            return f"NCCL result {result}"
+
+    def abort(self) -> None:
+        """End the communicator at once: collectives waiting for a rank that is gone return (ncclCommAbort)."""
+        with self._lock:
+            if self._comm is not None:
+                comm, self._comm = self._comm, None
+                check(_nccl().comm_abort, "ncclCommAbort", comm)
+
     def close(self) -> None:
-        if self._comm is not None:
-            comm, self._comm = self._comm, None
-            check(_nccl().comm_destroy, "ncclCommDestroy", comm)
+        with self._lock:
+            if self._comm is not None:
+                comm, self._comm = self._comm, None
+                check(_nccl().comm_destroy, "ncclCommDestroy", comm)
 
     def __enter__(self) -> "Communicator":
         return self

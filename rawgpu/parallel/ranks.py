@@ -2,7 +2,8 @@
 
 A rank is a fresh process ('spawn': no CUDA state carried over from the parent) that runs
 `work(rank, ranks, unique_id, *args)`, a module-level function, on GPU `rank`, and sends back its picklable result;
-`gather_to_root` brings every rank's value to rank 0 on the way (a checkpoint's parts).
+`gather_to_root` brings every rank's value to rank 0 on the way (a checkpoint's parts; in the ranks of a launcher's
+job, over the job's links: parallel/job.py).
 If a rank fails, or dies without a word, the others are stopped and the error names the rank; Ctrl-C stops every
 rank. NVLink multicast stays off in every rank's environment (parallel/nccl.py says why).
 """
@@ -13,7 +14,7 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import RawgpuError
@@ -24,13 +25,21 @@ STOP_SECONDS = 5.0  # how long a stopped rank gets to exit before it is killed
 
 @dataclass(frozen=True)
 class Rank:
-    """One process's place among the ranks: `rank` of `ranks`, on GPU `rank`, joining the communicator unique_id;
-    mode: how the ranks share the model (parallel.MODES: `auto` lets parallel.choose decide)."""
+    """One process's place among the ranks: `rank` of `ranks`, joining the communicator unique_id; mode: how the
+    ranks share the model (parallel.MODES: `auto` lets parallel.choose decide). device: its GPU on this host (None:
+    GPU `rank`, as run_ranks starts them); job: the parallel.job.Job of a rank a launcher started (None: run_ranks')."""
 
     ranks: int
     rank: int
     unique_id: bytes
     mode: str = "auto"
+    device: int | None = None
+    job: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def gpu(self) -> int:
+        """The index of this rank's GPU among the host's."""
+        return self.rank if self.device is None else self.device
 
 
 class RankError(RawgpuError):
@@ -54,6 +63,8 @@ def gather_to_root(value: Any, rank: Rank) -> list[Any] | None:
     global _sent
     if rank.ranks == 1:
         return [value]
+    if rank.job is not None:
+        return rank.job.gather(value)
     if _to_root is None:
         raise RankError("gather_to_root works in the processes run_ranks starts")
     seq, _sent = _sent, _sent + 1

@@ -104,10 +104,12 @@ def _answer(conn: socket.socket, ok: bool, payload: bytes) -> None:
 
 
 def serve(host: str, port: int, size: int, identity: Identity, unique_id: bytes, timeout: float,
-          token: bytes = b"", log: Callable[[str], None] = print, ready: Callable[[int], None] | None = None) -> None:
-    """Rank 0: listen on host:port until ranks 1..size-1 have said hello, then hand each the unique id; or tell every
-    rank that came what is wrong and raise RendezvousError with it (a rank that differs, ranks that did not arrive in
-    `timeout` seconds). ready(port): called once listening (the port the system chose where port is 0)."""
+          token: bytes = b"", log: Callable[[str], None] = print,
+          ready: Callable[[int], None] | None = None) -> dict[int, socket.socket]:
+    """Rank 0: listen on host:port until ranks 1..size-1 have said hello, then hand each the unique id and return
+    their connections, open (the job's links: parallel/job.py); or tell every rank that came what is wrong and raise
+    RendezvousError with it (a rank that differs, ranks that did not arrive in `timeout` seconds). ready(port): called
+    once listening (the port the system chose where port is 0)."""
     if len(unique_id) != UNIQUE_ID_BYTES:
         raise ValueError(f"a unique id is {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
     waiting: dict[int, socket.socket] = {}
@@ -150,17 +152,25 @@ def serve(host: str, port: int, size: int, identity: Identity, unique_id: bytes,
                 waiting[rank] = conn
             for conn in waiting.values():
                 _answer(conn, problem is None, unique_id if problem is None else problem.encode()[:MAX_ANSWER_TEXT])
+        except BaseException:
+            problem = problem or "interrupted"
+            raise
         finally:
-            for conn in waiting.values():
-                conn.close()
+            if problem is not None:
+                for conn in waiting.values():
+                    conn.close()
     if problem is not None:
         raise RendezvousError(problem)
+    for conn in waiting.values():
+        conn.settimeout(None)
+    return waiting
 
 
 def join(host: str, port: int, rank: int, size: int, identity: Identity, timeout: float,
-         token: bytes = b"") -> bytes:
+         token: bytes = b"") -> tuple[bytes, socket.socket]:
     """Rank 1..size-1: reach rank 0 (trying again until `timeout` while it is not listening yet), say hello and wait
-    for the unique id; RendezvousError with rank 0's line if the job cannot start."""
+    for the unique id; (the id, the connection, open: this rank's link to rank 0). RendezvousError with rank 0's line
+    if the job cannot start."""
     deadline = time.monotonic() + timeout
     message = hello(rank, size, identity, token)
     while True:
@@ -172,7 +182,7 @@ def join(host: str, port: int, rank: int, size: int, identity: Identity, timeout
                 raise RendezvousError(f"rendezvous: rank {rank} could not reach rank 0 at {host}:{port} in "
                                       f"{timeout:g} s ({exc.strerror or exc})") from None
             time.sleep(RETRY_SECONDS)
-    with conn:
+    try:
         try:
             conn.sendall(message)
             magic, ok, length = _ANSWER.unpack(_recv_exactly(conn, _ANSWER.size, deadline))
@@ -182,8 +192,12 @@ def join(host: str, port: int, rank: int, size: int, identity: Identity, timeout
         except (ConnectionError, OSError) as exc:
             raise RendezvousError(f"rendezvous: rank 0 at {host}:{port} ended the connection ({exc}); "
                                   "its own output says why") from None
-    if not ok:
-        raise RendezvousError(payload.decode(errors="replace"))
-    if len(payload) != UNIQUE_ID_BYTES:
-        raise RendezvousError(f"rendezvous: rank 0 sent a unique id of {len(payload)} bytes, not {UNIQUE_ID_BYTES}")
-    return payload
+        if not ok:
+            raise RendezvousError(payload.decode(errors="replace"))
+        if len(payload) != UNIQUE_ID_BYTES:
+            raise RendezvousError(f"rendezvous: rank 0 sent a unique id of {len(payload)} bytes, not {UNIQUE_ID_BYTES}")
+    except BaseException:
+        conn.close()
+        raise
+    conn.settimeout(None)
+    return payload, conn

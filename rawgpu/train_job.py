@@ -1,0 +1,82 @@
+"""`python -m rawgpu.train` as one rank of a job that a launcher started on one host or several (torchrun, SLURM,
+mpirun, rawgpu.launch): which rank it is and the options that go with that, the rendezvous, and the run, whose end
+is the whole job's (parallel/job.py): rank 0 shows the run and writes the checkpoints, in the one-GPU format."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+
+from .parallel.launchers import World
+
+
+def launcher_world(parser: argparse.ArgumentParser, args: argparse.Namespace) -> World | None:
+    """The job of several processes the environment says this process is a rank of, checked against the options;
+    None where no launcher set one (or a job of one process: an ordinary run)."""
+    from .parallel.launchers import world_from_environment
+
+    try:
+        world = world_from_environment(os.environ)
+    except ValueError as exc:
+        parser.error(f"the launcher's environment: {exc}")
+    if world is None or world.size == 1:
+        return None
+    started = f"{world.launcher} started this process as rank {world.rank} of {world.size}"
+    if args.gpus not in (1, world.size):  # --gpus N starts its ranks with N still on their command line
+        parser.error(f"argument --gpus: {started}, one process per GPU; drop --gpus")
+    if args.device:
+        parser.error(f"argument --device: {started}; its local rank ({world.local_rank}) names its GPU; drop --device")
+    from .parallel import nccl
+
+    if (why := nccl.available()) is not None:
+        parser.error(f"{started}: {why}")
+    return world
+
+
+def run(args: argparse.Namespace, data, recipe, t_start: float, ckpt, world: World, gpus_here: int) -> int:
+    """Meet the other ranks, then train as rank world.rank on GPU world.local_rank; any failure, Ctrl-C or SIGTERM
+    here, or a rank lost elsewhere, ends every rank of the job with a line naming the rank."""
+    from . import __version__
+    from .console import Console, make_console
+    from .errors import NoDeviceError
+    from .parallel.job import meet
+    from .parallel.ranks import Rank
+    from .parallel.rendezvous import Identity
+    from .train import train
+
+    if world.local_rank >= gpus_here:
+        raise NoDeviceError(f"rank {world.rank} of {world.size}: its local rank {world.local_rank} names a GPU this "
+                            f"host does not have ({gpus_here}: 0..{gpus_here - 1})")
+    what = repr(ckpt.recipe if ckpt is not None else recipe)
+    what += f"; resumed at step {ckpt.steps_done}" if ckpt is not None else ""
+
+    def log(line: str) -> None:
+        print(f"rawgpu: rank 0 of {world.size}: {line}", file=sys.stderr, flush=True)
+
+    job = meet(world, Identity.of(what, data.digest(), __version__), args.rendezvous_timeout, log)
+    root = world.rank == 0
+    console = make_console("json" if args.json else "auto") if root else Console(io.StringIO())
+    try:
+        with job.guard():
+            status = train(args, data, recipe, console, t_start, ckpt,
+                           Rank(world.size, world.rank, job.unique_id, args.parallel, world.local_rank, job))
+        job.finish()
+    finally:
+        console.close()
+        job.close()
+    return status
+
+
+def describe(rank, nccl_seconds: float) -> str:
+    """The header's line on the ranks: where they met, and how long the rendezvous and NCCL's start took."""
+    from .parallel import nccl
+
+    init = f"NCCL {nccl.version()} started in {nccl_seconds:.2f} s"
+    job = rank.job
+    if job is None:
+        return f"{rank.ranks} processes on this host, one per GPU; {init}"
+    w = job.world
+    return (f"{w.size} processes started by {w.launcher}; this is rank 0 on GPU {w.local_rank}; rendezvous at "
+            f"{w.master_host}:{w.master_port} in {job.rendezvous_seconds:.2f} s; {init}")
