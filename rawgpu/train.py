@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -277,13 +276,13 @@ def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, write
 def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, ranks: int) -> None:
     """--gpus N > 1: the options it cannot go with, and NCCL, before the data and the GPUs. ranks: the processes
     the model is split over (--gpus N, or a launcher's job)."""
+    if ranks > 1 and args.step != "auto":
+        parser.error(f"argument --{'gpus' if args.gpus > 1 else 'step'}: a model on {ranks} GPUs runs the tensor- or "
+                     f"data-parallel step, not --step {args.step}")
     if args.gpus == 1:
         if args.parallel != "auto" and ranks == 1:
             parser.error("argument --parallel: splits a model over several GPUs; add --gpus N")
         return
-    if args.step != "auto":
-        parser.error(f"argument --gpus: a model on {args.gpus} GPUs runs the tensor- or data-parallel step, not "
-                     f"--step {args.step}")
     if args.device:
         parser.error(f"argument --gpus: the run takes GPUs 0..{args.gpus - 1}; drop --device")
     from .parallel import nccl

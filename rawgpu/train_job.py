@@ -28,6 +28,9 @@ def launcher_world(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"argument --gpus: {started}, one process per GPU; drop --gpus")
     if args.device:
         parser.error(f"argument --device: {started}; its local rank ({world.local_rank}) names its GPU; drop --device")
+    if args.step != "auto":
+        parser.error(f"argument --step: {started}: a model on {world.size} GPUs runs the tensor- or data-parallel "
+                     f"step, not --step {args.step}")
     from .parallel import nccl
 
     if (why := nccl.available()) is not None:

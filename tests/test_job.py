@@ -201,6 +201,8 @@ TORCHRUN = dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1
     (TORCHRUN, ["--gpus", "3"], "argument --gpus: torchrun started this process as rank 1 of 2, one process per GPU; "
                                 "drop --gpus"),
     (TORCHRUN, ["--device", "1"], "argument --device: torchrun started this process as rank 1 of 2; its local rank"),
+    (TORCHRUN, ["--step", "fused"], "argument --step: torchrun started this process as rank 1 of 2: a model on 2 GPUs "
+                                    "runs the tensor- or data-parallel step, not --step fused"),
     (dict(RANK="1", MASTER_ADDR="h"), [], "the launcher's environment: $WORLD_SIZE is not set, but RANK is"),
     (dict(SLURM_PROCID="3", SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_NODELIST="n1"), [],
      "the launcher's environment: $SLURM_PROCID: rank 3 is not below $SLURM_NTASKS = 2"),
