@@ -68,7 +68,7 @@ _init_lock = threading.Lock()
 
 
 def init_in_background() -> None:
-    """Start cuInit in a thread, so that the second it takes overlaps the caller's own work (reading the data): the
+    """Start cuInit in a thread, so that its time overlaps the caller's own work (reading the data): the
     bindings let the GIL go while the driver works. init() then waits for it; its failure is init()'s to report."""
     def quietly() -> None:
         try:

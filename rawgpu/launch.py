@@ -59,8 +59,8 @@ def rank_environment(nnodes: int, node_rank: int, master: tuple[str, int], nproc
 
 
 def visible_gpus() -> int | None:
-    """How many GPUs this host's processes see, from NVML and CUDA_VISIBLE_DEVICES, without starting CUDA (which
-    takes a second); None where NVML cannot tell."""
+    """How many GPUs this host's processes see, from NVML and CUDA_VISIBLE_DEVICES, without starting CUDA (slow,
+    and the ranks start it themselves); None where NVML cannot tell."""
     try:
         import pynvml
 

@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import driver
     from .console import make_console
 
-    driver.init_in_background()  # CUDA's start (about a second) while the data is read
+    driver.init_in_background()  # CUDA starts while the data is read
 
     console = make_console("json" if args.json else "auto")
     try:

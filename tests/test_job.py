@@ -47,9 +47,8 @@ def _jobs(size: int) -> list[jb.Job]:
         t.join(15)
     jobs = []
     for r in range(size):
-        job = jb.Job.__new__(jb.Job)
+        job = jb.Job(World(r, size, r, "127.0.0.1", port[0], "test"), UID, links[r], 0.0)
         job.ended = []
-        jb.Job.__init__(job, World(r, size, r, "127.0.0.1", port[0], "test"), UID, links[r], 0.0)
         job.exit = job.ended.append
         jobs.append(job)
     return jobs
