@@ -2,10 +2,12 @@
 instance: which tile streams a batch of B rows past a weight fastest.
 
     python dev/forward_tiles.py [--sizes 256 1024 4096] [--batch 128] [--configs 128x128 64x128 ...] [--splits 2 4]
+                                [--shapes MxNxK ...]
 
 Timed as bench.py gemm times (rawgpu.bench.gemm.bench_ours: a CUDA graph of launches over operand copies past the L2,
 each launch overlapping the one before on sm_90, the median of the trials), split-K as the plan chooses it (or each
-of --splits, in a cluster where every cluster is resident).
+of --splits, in a cluster where every cluster is resident). --shapes: these GEMMs instead of the sizes' (a rank's
+slices of a model on several GPUs, say: N or K a fraction of H).
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ from rawgpu.cli import count
 from rawgpu.kernels import gemm as G
 
 
+def shape(text: str) -> tuple[int, int, int]:
+    try:
+        m, n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MxNxK, got {text!r}") from None
+    return m, n, k
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=count(1), nargs="+", default=[256, 1024, 4096])
@@ -28,25 +38,28 @@ def main(argv=None) -> int:
     p.add_argument("--splits", type=count(1), nargs="+", default=[None], help="split-K counts to try")
     p.add_argument("--launches", type=count(1), default=20)
     p.add_argument("--trials", type=count(1), default=15)
+    p.add_argument("--shapes", type=shape, nargs="+", default=None, metavar="MxNxK",
+                   help="GEMMs of M rows, N outputs, K inputs instead of --sizes and --batch")
     args = p.parse_args(argv)
     if (gpu := open_gpu(0, args.configs, "forward_tiles")) is None:
         return 2
     device, stream, kernels, rng = gpu
     bw = copy_bandwidth(stream)
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; forward GEMMs (bias + ReLU), us per launch")
-    for h in args.sizes:
-        for fin in sorted({784, h}):
-            default = G.plan_gemm(args.batch, h, fin, "rr", "bias_act", sm_count=device.sm_count, arch=device.arch)
-            line = f"{h:>5} {args.batch}x{h}x{fin:<5} default {default.config.name:>9}:"
-            for cfg in args.configs:
-                if (cfg, "rr", "bias_act") not in G.INSTANCES:
-                    continue
-                for split in args.splits:
-                    us, splits = bench_ours(device, stream, kernels, "fwd", args.batch, h, fin, "rr", "bias_act",
-                                            args.launches, args.trials, rng, config=cfg, split=split,
-                                            overlap=G.has_tma(device.arch))
-                    line += f"  {cfg}/{splits} {us:.2f}"
-            print(line, flush=True)
+    shapes = args.shapes or [(args.batch, h, fin) for h in args.sizes for fin in sorted({784, h})]
+    for m, n, k in shapes:
+        default = G.plan_gemm(m, n, k, "rr", "bias_act", sm_count=device.sm_count, arch=device.arch,
+                              capacity=G.cluster_capacity(kernels))
+        line = f"{m}x{n}x{k:<5} default {default.config.name}/{default.splits}:"
+        for cfg in args.configs:
+            if (cfg, "rr", "bias_act") not in G.INSTANCES:
+                continue
+            for split in args.splits:
+                us, splits = bench_ours(device, stream, kernels, "fwd", m, n, k, "rr", "bias_act",
+                                        args.launches, args.trials, rng, config=cfg, split=split,
+                                        overlap=G.has_tma(device.arch))
+                line += f"  {cfg}/{splits} {us:.2f}"
+        print(line, flush=True)
     return 0
 
 

@@ -1,7 +1,7 @@
 """One rank's part of a step on several GPUs, timed on one GPU with its all-reduces left out, beside the one-GPU step.
 
     python dev/rank_step.py [--hidden 4096 8192 16384] [--ranks 1 2 4 8] [--recipe seed default adam] [--long]
-                            [--parallel tensor|data] [--batch B]
+                            [--parallel tensor|data] [--batch B] [--kernels]
 
 What a rank of an N-GPU run computes (its slice of every layer, parallel/sharded.py; or, with --parallel data, the
 whole model over its 1/N of the batch, parallel/replicated.py) is timed here alone: the all-reduces are replaced by
@@ -9,7 +9,7 @@ nothing, so the figure is the step of an N-GPU run without its collectives, a fl
 several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Parameters are left at zero
 (the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times (rawgpu.bench.training's
 step_alone_us): CUDA events around replays of a graph of steps, median of trials. --long: the tensor-parallel step's
-long form. --batch: the recipe's batch instead.
+long form. --batch: the recipe's batch instead. --kernels: each kernel of the rank's step alone too.
 """
 
 from __future__ import annotations
@@ -17,10 +17,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rawgpu.bench.timing import time_graph
 from rawgpu.bench.training import RECIPES, NoSums, rawgpu_recipe, step_alone_us
 from rawgpu.cli import count
 from rawgpu.kernels import Kernels
 from rawgpu.steps import StepOptions, plan_model
+
+
+def kernel_times(model, stream, repeats: int, trials: int, title: str) -> None:
+    """Each kernel launch of the model's step alone, `repeats` to a graph: its own time, without the overlap with the
+    kernel before it that the step's chain allows (so the parts add up to more than the step)."""
+    print(f"# {title}", flush=True)
+    parts = []
+    for launch in model.step_launches(1):
+        if not hasattr(launch, "kernel"):  # an all-reduce left out
+            continue
+        us = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats)], repeats, trials)
+        parts.append(us)
+        print(f"#   {launch.kernel.name:<34} grid {'x'.join(map(str, launch.grid)):<12} {us:8.2f} us", flush=True)
+    print(f"#   {len(parts)} kernels, their sum {sum(parts):.1f} us", flush=True)
 
 
 def main() -> int:
@@ -33,6 +48,8 @@ def main() -> int:
     p.add_argument("--batch", type=count(1), default=None)
     p.add_argument("--steps", type=count(1), default=20, help="steps per graph")
     p.add_argument("--trials", type=count(1), default=10)
+    p.add_argument("--kernels", action="store_true",
+                   help="also each kernel of the rank's step alone, repeated in a graph (where the step's time goes)")
     args = p.parse_args()
     from rawgpu.driver import Device, Stream
 
@@ -57,6 +74,8 @@ def main() -> int:
                                ranks=n, group=NoSums()).allocate()
                 try:
                     t = step_alone_us(m, stream, args.steps, args.trials)
+                    if args.kernels:
+                        kernel_times(m, stream, args.steps, args.trials, f"{name} H={h}, rank 0 of {n}: {t:.1f} us")
                 finally:
                     m.arena.close()
                 cells.append(f"{t:9.1f} ({base / t:4.2f}x)")

@@ -12,11 +12,12 @@ with the first failure's status. Ctrl-C reaches every rank of this host, which e
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
-import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 from .cli import count, program
 
@@ -61,15 +62,8 @@ def rank_environment(nnodes: int, node_rank: int, master: tuple[str, int], nproc
 def visible_gpus() -> int | None:
     """How many GPUs this host's processes see, from NVML and CUDA_VISIBLE_DEVICES, without starting CUDA (slow,
     and the ranks start it themselves); None where NVML cannot tell."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML: the ranks find out themselves
+    count = in_fork(_nvml_gpus)
+    if count is None:
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
@@ -77,23 +71,115 @@ def visible_gpus() -> int | None:
     return count
 
 
+def _nvml_gpus() -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the ranks find out themselves
+        return None
+
+
+def in_fork(check: Callable[[], Any]) -> Any:
+    """check()'s result (None, or JSON), computed in a fork of this process: what a check loads (NVML, NCCL) stays
+    out of the process that forks the ranks next (NCCL's state does not survive a fork: the ranks would crash in
+    ncclCommInitRank). An exception in the check comes back as RuntimeError with its text."""
+    sys.stdout.flush(), sys.stderr.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            answer = {"value": check()}
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            with os.fdopen(write, "w") as out:
+                json.dump(answer, out)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as got:
+        text = got.read()
+    os.waitpid(pid, 0)
+    answer = json.loads(text) if text else {"error": "the check's process died"}
+    if "error" in answer:
+        raise RuntimeError(answer["error"])
+    return answer["value"]
+
+
 def start(train_args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
-          master: tuple[str, int] = ("127.0.0.1", 0), launcher: str = "rawgpu.launch") -> list[subprocess.Popen]:
-    """This host's `nproc` ranks, each `python -m rawgpu.train TRAIN_ARGS` with its variables. A master port 0:
-    a free one (one host)."""
+          master: tuple[str, int] = ("127.0.0.1", 0), launcher: str = "rawgpu.launch") -> list["ForkedRank"]:
+    """This host's `nproc` ranks, each `rawgpu.train TRAIN_ARGS` with its variables, forked from this process once
+    it has imported rawgpu.train (so the ranks skip Python's start and the imports). A master port 0: a free one
+    (one host)."""
+    from . import train
+
     if master[1] == 0:
         master = (master[0], free_port(master[0]))
     procs = []
     try:
         for local in range(nproc):
-            env = {**os.environ, **rank_environment(nnodes, node_rank, master, nproc, local),
-                   LAUNCHER_VARIABLE: launcher}
-            procs.append(subprocess.Popen([sys.executable, "-m", "rawgpu.train", *train_args], env=env))
+            env = {**rank_environment(nnodes, node_rank, master, nproc, local), LAUNCHER_VARIABLE: launcher}
+            procs.append(ForkedRank(lambda: train.main(list(train_args)), env))
     except BaseException:
         for p in procs:
             p.kill()
         raise
     return procs
+
+
+class ForkedRank:
+    """One rank, a fork of this process that runs `main` with `env` added to its environment and exits with its
+    status; poll/send_signal/kill/returncode as subprocess.Popen has them, for `supervise`. The fork comes before
+    this process starts CUDA or any thread (CUDA does not survive a fork)."""
+
+    def __init__(self, main: Callable[[], int | None], env: dict[str, str]):
+        sys.stdout.flush(), sys.stderr.flush()  # nothing buffered here is printed twice
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(main, env)
+
+    @staticmethod
+    def _child(main: Callable[[], int | None], env: dict[str, str]) -> None:
+        status = 1
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handlers pass signals on: not ours
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.environ.update(env)
+            status = main() or 0
+        except SystemExit as exc:  # argparse's errors
+            status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except KeyboardInterrupt:
+            status = 130
+        except BaseException:  # noqa: BLE001 - a rank must never return into the launcher's code
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush(), sys.stderr.flush()
+            finally:
+                os._exit(status)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, wait_status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(wait_status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def free_port(host: str) -> int:
@@ -104,7 +190,7 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def supervise(procs: list[subprocess.Popen], first_rank: int, quiet: bool = False, name: str = "rawgpu.launch") -> int:
+def supervise(procs: list, first_rank: int, quiet: bool = False, name: str = "rawgpu.launch") -> int:
     """Wait for every local rank; after the first failure give the rest GRACE_SECONDS to end (the job ends them),
     then kill what is left. The first failure's status (said in a line unless quiet), or 0."""
     failed: tuple[int, int] | None = None
@@ -153,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(start_ranks, first_rank: int, interrupted: str, name: str = "rawgpu.launch") -> int:
     """Start this host's ranks and supervise them to their end; the first failure's status. Ctrl-C reaches the ranks
     from the terminal too, and they end the job: wait for them, then say `interrupted`; 130. SIGTERM is passed on."""
-    procs: list[subprocess.Popen] = []
+    procs: list[ForkedRank] = []
 
     def pass_on(signum, frame) -> None:
         for p in procs:

@@ -273,21 +273,23 @@ def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, write
             parser.error(f"argument --plot: needs matplotlib: {hint('plot')}")
 
 
-def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, ranks: int) -> None:
+def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, ranks: int, launched: bool) -> None:
     """--gpus N > 1: the options it cannot go with, and NCCL, before the data and the GPUs. ranks: the processes
-    the model is split over (--gpus N, or a launcher's job)."""
+    the model is split over (--gpus N, or a launcher's job); launched: this process is one of them
+    (train_job.launcher_world checked NCCL)."""
     if ranks > 1 and args.step != "auto":
         parser.error(f"argument --{'gpus' if args.gpus > 1 else 'step'}: a model on {ranks} GPUs runs the tensor- or "
                      f"data-parallel step, not --step {args.step}")
-    if args.gpus == 1:
+    if args.gpus == 1 or launched:
         if args.parallel != "auto" and ranks == 1:
             parser.error("argument --parallel: splits a model over several GPUs; add --gpus N")
         return
     if args.device:
         parser.error(f"argument --gpus: the run takes GPUs 0..{args.gpus - 1}; drop --device")
+    from .launch import in_fork
     from .parallel import nccl
 
-    if (why := nccl.available()) is not None:
+    if (why := in_fork(nccl.available)) is not None:  # this process may fork the ranks next: NCCL stays out of it
         parser.error(f"argument --gpus: {why}")
 
 
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         args.save = args.save or args.resume
     args.dataset = args.dataset or "mnist"
     check_paths(parser, args, writes=world is None or world.rank == 0)
-    check_gpus(parser, args, ranks)
+    check_gpus(parser, args, ranks, launched=world is not None)
     from .data import known_shape, load_dataset
 
     recipe = None

@@ -6,6 +6,7 @@ same on GPUs for real: tests/test_jobs_gpu.py."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -183,12 +184,52 @@ def test_launch_waits_for_its_ranks_and_kills_those_left_after_a_failure(monkeyp
     from rawgpu import launch
 
     monkeypatch.setattr(launch, "GRACE_SECONDS", 0.5)
-    procs = [subprocess.Popen([sys.executable, "-c", c]) for c in ("import time; time.sleep(60)", "raise SystemExit(3)")]
+    procs = [launch.ForkedRank(lambda: time.sleep(60), {}), launch.ForkedRank(lambda: 3, {})]
     t = time.monotonic()
     assert launch.supervise(procs, 4) == 3 and time.monotonic() - t < 10
     assert procs[0].returncode == -9 and "rawgpu.launch: rank 5 exited with status 3" in capsys.readouterr().err
-    ok = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    ok = [launch.ForkedRank(lambda: None, {}) for _ in range(2)]
     assert launch.supervise(ok, 0) == 0
+
+
+def _exit_with(code):
+    raise SystemExit(code)
+
+
+@pytest.mark.parametrize("main,status", [
+    (lambda: 0 if os.environ.get("RAWGPU_TEST_RANK") == "7" else 5, 0),  # the rank's variables reach it
+    (lambda: _exit_with(2), 2),  # argparse's usage errors keep their status
+    (lambda: _exit_with("a message"), 1),
+    (lambda: 1 / 0, 1),  # a bug is a traceback and status 1, never a return into the launcher
+    (lambda: os.kill(os.getpid(), signal.SIGINT), 130),  # Ctrl-C is the rank's, not the launcher's handler
+])
+def test_a_forked_rank_runs_main_with_its_variables_and_exits_with_its_status(main, status):
+    from rawgpu import launch
+
+    previous = signal.signal(signal.SIGINT, lambda *_: None)  # the launcher's own handler must not reach the rank
+    try:
+        rank = launch.ForkedRank(main, {"RAWGPU_TEST_RANK": "7"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 30
+    while rank.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rank.returncode == status and "RAWGPU_TEST_RANK" not in os.environ
+
+
+def test_a_check_in_a_fork_returns_its_answer_and_leaves_what_it_loads_out_of_this_process():
+    from rawgpu import launch
+
+    def load() -> list:
+        sys.rawgpu_test_loaded = True  # as a library's state would be
+        return [os.getpid(), "loaded"]
+
+    assert launch.in_fork(load)[1] == "loaded" and launch.in_fork(load)[0] != os.getpid()
+    assert not hasattr(sys, "rawgpu_test_loaded") and launch.in_fork(lambda: None) is None
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        launch.in_fork(lambda: 1 / 0)
+    with pytest.raises(RuntimeError, match="died"):
+        launch.in_fork(lambda: os._exit(3))
 
 
 # --- rawgpu.train as one rank of a job ------------------------------------------------------------------------------

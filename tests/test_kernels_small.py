@@ -31,12 +31,15 @@ gpu = pytest.mark.gpu
 
 # --- CPU: launchers against the kernel sources ------------------------------------------------------------------
 
+DECLARATION = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)'
+
+
 def _kernel_signatures() -> dict[str, str]:
     """name -> signature letters, read from the `extern "C" __global__` declarations of our .cu files."""
     out = {}
     for src in ("data.cu", "loss.cu", "elementwise.cu"):
         text = (SOURCE_DIR / src).read_text()
-        for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', text):
+        for name, params in re.findall(DECLARATION, text):
             letters = ""
             for p in (p.strip() for p in params.split(",") if p.strip()):
                 if "*" in p:

@@ -29,10 +29,10 @@
 #else
 #define XENT_MODEL_PARAMS
 #endif
-extern "C" __global__ void softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ labels,
-                                        int batch, int classes, float inv_batch, half_t* __restrict__ dlogits,
-                                        double* loss_sum, int* correct, int block_rows, i64* scratch,
-                                        int* ticket XENT_MODEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(XENT_MAX_WARPS * 32)
+softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ labels, int batch, int classes,
+             float inv_batch, half_t* __restrict__ dlogits, double* loss_sum, int* correct, int block_rows,
+             i64* scratch, int* ticket XENT_MODEL_PARAMS) {
 #if XENT_MODELS
     {
         const i64 model = blockIdx.y;

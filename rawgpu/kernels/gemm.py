@@ -52,11 +52,13 @@ TMA_MIN_BYTES = 4 << 20
 # to ROW_TILE_MIN_BYTES of weight the 32-row tiles, which read the weight once per 32 rows (from L2 after the first),
 # beat every tile of more rows; the copy engine's from TMA_MIN_BYTES_BATCH, its 128-column form (which reads x half as
 # often) on TMA128_MIN_COLUMNS or more. From ROW_TILE_MIN_BYTES the copy engine's 128-row tile, which reads each
-# weight tile once, wins: the four reads of a weight through L2 cost more than the DRAM stream.
+# weight tile once, wins: the four reads of a weight through L2 cost more than the DRAM stream; but only from
+# ROW_TILE_MIN_COLUMNS on: narrower (a rank's slice of a wide layer), its few column tiles must split K.
 BATCH_STREAM_ROWS = 256
 TMA_MIN_BYTES_BATCH = 1 << 20
 TMA128_MIN_COLUMNS = 4096
 ROW_TILE_MIN_BYTES = 12 << 20
+ROW_TILE_MIN_COLUMNS = 4096
 ROW_TILE = "tma128x64"
 # Above BATCH_STREAM_ROWS rows x @ W and dy @ W^T are arithmetic: on sm_90 the warpgroup-MMA tiles run them faster
 # than every mma.sync tile (docs/history.md: Batches above 256), once N fills their 128 columns; the 256-column form
@@ -151,7 +153,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
-      TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES);
+      TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES
+      and ROW_TILE_MIN_COLUMNS);
     - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
       the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles;
     - otherwise the smallest M tile that covers the batch.
@@ -170,7 +173,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     if (M <= 32 or batch_forward) and ("stream", layout, epilogue) in INSTANCES:
         weight = 2 * K * N
         if has_tma(arch) and ("tma", layout, epilogue) in INSTANCES:
-            if batch_forward and weight >= ROW_TILE_MIN_BYTES and (ROW_TILE, layout, epilogue) in INSTANCES:
+            if (batch_forward and weight >= ROW_TILE_MIN_BYTES and N >= ROW_TILE_MIN_COLUMNS
+                    and (ROW_TILE, layout, epilogue) in INSTANCES):
                 return ROW_TILE
             if (batch_forward and weight >= TMA_MIN_BYTES_BATCH and N >= TMA128_MIN_COLUMNS
                     and ("tma128", layout, epilogue) in INSTANCES):
@@ -295,8 +299,12 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     elif cfg.tma and cfg.bm > 32:
         s = stream_splits(tiles, k_tiles, sm_count)  # the row tiles: one block per SM (dev/forward_tiles.py)
     elif (name == "stream" or cfg.tma) and clusters:
-        # the tensor-copy tile streams best unsplit from a quarter of the SMs on (docs/history.md)
-        s = cluster_splits(tiles, k_tiles, room) if name == "stream" or 8 * tiles <= sm_count else 1
+        # the tensor-copy tile streams best unsplit from an eighth of the SMs on (docs/history.md), but in two
+        # splits while its tiles are a quarter of the SMs or fewer and K is long (dev/forward_tiles.py --shapes)
+        if name == "stream" or 8 * tiles <= sm_count:
+            s = cluster_splits(tiles, k_tiles, room)
+        else:
+            s = 2 if 4 * tiles <= sm_count and k_tiles > LONG_K_TILES else 1
         wide = stream_splits(tiles, k_tiles, sm_count)
         if s > 1 and wide > MAX_CLUSTER_SPLITS and k_tiles > LONG_K_TILES:
             s = wide  # a few tiles of long K: more splits through the workspace beat 8 in a cluster
