@@ -88,7 +88,7 @@ def in_fork(check: Callable[[], Any]) -> Any:
     """check()'s result (None, or JSON), computed in a fork of this process: what a check loads (NVML, NCCL) stays
     out of the process that forks the ranks next (NCCL's state does not survive a fork: the ranks would crash in
     ncclCommInitRank). An exception in the check comes back as RuntimeError with its text."""
-    sys.stdout.flush(), sys.stderr.flush()
+    _flush()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -110,6 +110,11 @@ def in_fork(check: Callable[[], Any]) -> Any:
     if "error" in answer:
         raise RuntimeError(answer["error"])
     return answer["value"]
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def start(train_args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
@@ -139,7 +144,7 @@ class ForkedRank:
     this process starts CUDA or any thread (CUDA does not survive a fork)."""
 
     def __init__(self, main: Callable[[], int | None], env: dict[str, str]):
-        sys.stdout.flush(), sys.stderr.flush()  # nothing buffered here is printed twice
+        _flush()  # nothing buffered here is printed twice
         self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid == 0:
@@ -153,8 +158,10 @@ class ForkedRank:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             os.environ.update(env)
             status = main() or 0
-        except SystemExit as exc:  # argparse's errors
+        except SystemExit as exc:  # argparse's errors; a message is printed as Python prints it at exit
             status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
         except KeyboardInterrupt:
             status = 130
         except BaseException:  # noqa: BLE001 - a rank must never return into the launcher's code
@@ -163,7 +170,7 @@ class ForkedRank:
             traceback.print_exc()
         finally:
             try:
-                sys.stdout.flush(), sys.stderr.flush()
+                _flush()
             finally:
                 os._exit(status)
 

@@ -192,6 +192,14 @@ def test_launch_waits_for_its_ranks_and_kills_those_left_after_a_failure(monkeyp
     assert launch.supervise(ok, 0) == 0
 
 
+def _ended(rank, seconds: float = 30) -> int | None:
+    """The forked rank's status once it has ended (None if it has not within `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while rank.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return rank.returncode
+
+
 def _exit_with(code):
     raise SystemExit(code)
 
@@ -199,7 +207,7 @@ def _exit_with(code):
 @pytest.mark.parametrize("main,status", [
     (lambda: 0 if os.environ.get("RAWGPU_TEST_RANK") == "7" else 5, 0),  # the rank's variables reach it
     (lambda: _exit_with(2), 2),  # argparse's usage errors keep their status
-    (lambda: _exit_with("a message"), 1),
+    (lambda: _exit_with("a message"), 1),  # printed, as Python prints it
     (lambda: 1 / 0, 1),  # a bug is a traceback and status 1, never a return into the launcher
     (lambda: os.kill(os.getpid(), signal.SIGINT), 130),  # Ctrl-C is the rank's, not the launcher's handler
 ])
@@ -211,10 +219,14 @@ def test_a_forked_rank_runs_main_with_its_variables_and_exits_with_its_status(ma
         rank = launch.ForkedRank(main, {"RAWGPU_TEST_RANK": "7"})
     finally:
         signal.signal(signal.SIGINT, previous)
-    deadline = time.monotonic() + 30
-    while rank.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert rank.returncode == status and "RAWGPU_TEST_RANK" not in os.environ
+    assert _ended(rank) == status and "RAWGPU_TEST_RANK" not in os.environ
+
+
+def test_a_forked_rank_prints_the_message_it_exits_with(capfd):
+    from rawgpu import launch
+
+    rank = launch.ForkedRank(lambda: _exit_with("rawgpu: error: a message"), {})
+    assert _ended(rank) == 1 and "rawgpu: error: a message" in capfd.readouterr().err
 
 
 def test_a_check_in_a_fork_returns_its_answer_and_leaves_what_it_loads_out_of_this_process():
