@@ -1,8 +1,10 @@
 // Experiment (not the product): an sm_90a GEMM on Hopper's warpgroup MMA (wgmma), to measure what it gives over
-// gemm.cu's mma.sync tiles at large M (docs/perf.md: Batches above 256). C[M, N] fp16 = A[M, K] @ B, A row-major; B
-// either column-major (Bt [N, K], K contiguous: dy @ W^T) or row-major ([K, N], N contiguous: x @ W, wgmma's
-// transposed B). Block: warpgroup 0 produces (one thread issues the tensor copies), warpgroups 1 and 2 each multiply
-// 64 rows of the 128-row tile; BN columns; K in 64-wide stages of 128-byte swizzled rows, as gemm_tma.cu loads them.
+// gemm.cu's mma.sync tiles at large M (docs/perf.md: Batches above 256). C[M, N] fp16 = A[M, K] @ B, A row-major
+// (K contiguous) or, with COLA, column-major (At [K, M], M contiguous: x^T @ dy, the weight gradient, with wgmma's
+// transposed A: two panels of 64 k-rows x 64 m-columns per stage, one per consumer warpgroup); B either column-major
+// (Bt [N, K], K contiguous: dy @ W^T) or row-major ([K, N], N contiguous: x @ W, wgmma's transposed B). Block:
+// warpgroup 0 produces (one thread issues the tensor copies), warpgroups 1 and 2 each multiply 64 rows of the 128-row
+// tile; BN columns; K in 64-wide stages of 128-byte swizzled rows, as gemm_tma.cu loads them.
 #include "common.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"  // the product's wrappers (rawgpu/ptx)
@@ -10,7 +12,7 @@
 // ROWB: B row-major [K, N] (BN / 64 panels of 64 k-rows x 64 columns); else Bt [N, K] (BN rows of 64 k).
 // SWAP: the row-major B's descriptor with its two byte offsets the other way round (which one wgmma wants is what
 // the experiment finds out).
-template <int BN, int STAGES, bool ROWB, bool SWAP>
+template <int BN, int STAGES, bool ROWB, bool SWAP, bool COLA = false>
 RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, half_t* C, int M, int N, int K) {
 #if __CUDA_ARCH__ >= 900
     constexpr int BM = 128, BK = 64, A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
@@ -34,7 +36,12 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, half_t* 
                 if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);
                 u8* a = tiles + s * STAGE;
                 mbar_arrive_expect_tx(&full[s], STAGE);
-                tma_load_2d(a, mapA, kt * BK, m0, &full[s]);
+                if (COLA) {
+                    tma_load_2d(a, mapA, m0, kt * BK, &full[s]);
+                    tma_load_2d(a + 8192, mapA, m0 + 64, kt * BK, &full[s]);
+                } else {
+                    tma_load_2d(a, mapA, kt * BK, m0, &full[s]);
+                }
                 if (ROWB) {
 #pragma unroll
                     for (int j = 0; j < BN / 64; ++j)
@@ -53,14 +60,16 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, half_t* 
     for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % STAGES;
         mbar_wait(&full[s], (kt / STAGES) & 1);
+        // this warpgroup's part of A: 64 rows of 128 bytes, or (COLA) its 64 x 64 panel, the same 8 KB further on
         const u32 a = shared_address(tiles + s * STAGE) + rows * 128, b = shared_address(tiles + s * STAGE) + A_BYTES;
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-            const u64 da = smem_desc(a + kk * 32, 16, 1024);
+            // A column-major as B row-major: a k16 step is 16 k-rows of 128 bytes
+            const u64 da = COLA ? smem_desc(a + kk * 2048, 8192, 1024) : smem_desc(a + kk * 32, 16, 1024);
             const u64 db = ROWB ? (SWAP ? smem_desc(b + kk * 2048, 1024, 8192) : smem_desc(b + kk * 2048, 8192, 1024))
                                 : smem_desc(b + kk * 32, 16, 1024);
-            Wg<BN>::template mma<ROWB ? 1 : 0>(d, da, db);
+            Wg<BN>::template mma<ROWB ? 1 : 0, COLA ? 1 : 0>(d, da, db);
         }
         wg_commit();
         wg_wait<1>();  // the k-tile before this one is done: its stage may refill
@@ -81,15 +90,17 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, half_t* 
 #endif
 }
 
-#define WG_INSTANCE(name, BN, STAGES, ROWB, SWAP)                                                                     \
+#define WG_INSTANCE(name, BN, STAGES, ROWB, SWAP, COLA)                                                               \
     extern "C" __global__ void __launch_bounds__(384, 1)                                                             \
         name(const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, half_t* C, int M, int N, \
              int K) {                                                                                                 \
-        gemm_wgmma<BN, STAGES, ROWB, SWAP>(&mapA, &mapB, C, M, N, K);                                                \
+        gemm_wgmma<BN, STAGES, ROWB, SWAP, COLA>(&mapA, &mapB, C, M, N, K);                                          \
     }
-WG_INSTANCE(wg_rc_128, 128, 6, false, false)
-WG_INSTANCE(wg_rc_256, 256, 4, false, false)
-WG_INSTANCE(wg_rr_128, 128, 6, true, false)
-WG_INSTANCE(wg_rr_128_swap, 128, 6, true, true)
-WG_INSTANCE(wg_rr_256, 256, 4, true, false)
-WG_INSTANCE(wg_rr_256_swap, 256, 4, true, true)
+WG_INSTANCE(wg_rc_128, 128, 6, false, false, false)
+WG_INSTANCE(wg_rc_256, 256, 4, false, false, false)
+WG_INSTANCE(wg_rr_128, 128, 6, true, false, false)
+WG_INSTANCE(wg_rr_128_swap, 128, 6, true, true, false)
+WG_INSTANCE(wg_rr_256, 256, 4, true, false, false)
+WG_INSTANCE(wg_rr_256_swap, 256, 4, true, true, false)
+WG_INSTANCE(wg_cr_128, 128, 6, true, false, true)
+WG_INSTANCE(wg_cr_256, 256, 4, true, false, true)

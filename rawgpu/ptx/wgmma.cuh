@@ -17,8 +17,9 @@ RG_DEVICE void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory
 RG_DEVICE void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> RG_DEVICE void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
 
-// D[64 x 128] (+)= A[64 x 16] B[16 x 128], both from shared memory descriptors; TRANS_B: B is N-contiguous.
-template <int TRANS_B>
+// D[64 x 128] (+)= A[64 x 16] B[16 x 128], both from shared memory descriptors; TRANS_B: B is N-contiguous;
+// TRANS_A: A is M-contiguous (x^T of a row-major x, the weight gradient's).
+template <int TRANS_B, int TRANS_A = 0>
 RG_DEVICE void wgmma_n128(float (&d)[64], u64 da, u64 db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
@@ -26,7 +27,7 @@ RG_DEVICE void wgmma_n128(float (&d)[64], u64 da, u64 db) {
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, 1, 1, 1, 0, %66;\n"
+        "%64, %65, 1, 1, 1, %67, %66;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -35,10 +36,10 @@ RG_DEVICE void wgmma_n128(float (&d)[64], u64 da, u64 db) {
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "n"(TRANS_B));
+        : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
 }
-// D[64 x 256] (+)= A[64 x 16] B[16 x 256], both from shared memory descriptors; TRANS_B: B is N-contiguous.
-template <int TRANS_B>
+// D[64 x 256] (+)= A[64 x 16] B[16 x 256], as wgmma_n128.
+template <int TRANS_B, int TRANS_A = 0>
 RG_DEVICE void wgmma_n256(float (&d)[128], u64 da, u64 db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
@@ -50,7 +51,7 @@ RG_DEVICE void wgmma_n256(float (&d)[128], u64 da, u64 db) {
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "%128, %129, 1, 1, 1, 0, %130;\n"
+        "%128, %129, 1, 1, 1, %131, %130;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -69,13 +70,15 @@ RG_DEVICE void wgmma_n256(float (&d)[128], u64 da, u64 db) {
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
           "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "n"(TRANS_B));
+        : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
 }
 
 template <int BN> struct Wg;
 template <> struct Wg<128> {
-    template <int T> static RG_DEVICE void mma(float (&d)[64], u64 a, u64 b) { wgmma_n128<T>(d, a, b); }
+    template <int T, int TA = 0>
+    static RG_DEVICE void mma(float (&d)[64], u64 a, u64 b) { wgmma_n128<T, TA>(d, a, b); }
 };
 template <> struct Wg<256> {
-    template <int T> static RG_DEVICE void mma(float (&d)[128], u64 a, u64 b) { wgmma_n256<T>(d, a, b); }
+    template <int T, int TA = 0>
+    static RG_DEVICE void mma(float (&d)[128], u64 a, u64 b) { wgmma_n256<T, TA>(d, a, b); }
 };
