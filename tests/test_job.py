@@ -80,11 +80,12 @@ def test_a_part_goes_over_as_safetensors_and_comes_back_bit_for_bit():
     assert {k: (v.dtype, v.tobytes()) for k, v in s2.items()} == {k: (v.dtype, v.tobytes()) for k, v in state.items()}
 
 
-def test_rank_0_gathers_every_ranks_part_in_rank_order_over_the_links():
+@pytest.mark.parametrize("size", [3, 8])
+def test_rank_0_gathers_every_ranks_part_in_rank_order_over_the_links(size):
     rng = np.random.default_rng(2)
-    jobs = _jobs(3)
+    jobs = _jobs(size)
     parts = [_part(rng) for _ in jobs]
-    for r in (2, 1):
+    for r in reversed(range(1, size)):
         assert jobs[r].gather(parts[r]) is None
     got = jobs[0].gather(parts[0])
     assert [g[0][0][0].tobytes() for g in got] == [p[0][0][0].tobytes() for p in parts]
@@ -96,14 +97,18 @@ def test_rank_0_gathers_every_ranks_part_in_rank_order_over_the_links():
     assert all(job.ended == [] for job in jobs)  # links closed after BYE: nobody failed
 
 
-def test_a_rank_that_dies_ends_every_other_rank_with_a_line_naming_it(capfd):
-    jobs = _jobs(3)
-    jobs[2].links[0].conn.shutdown(socket.SHUT_RDWR)  # rank 2's process dies: its socket closes without BYE
-    assert _wait_for(lambda: jobs[0].ended and jobs[1].ended)
-    assert jobs[0].ended == [jb.FAILED] and jobs[1].ended == [jb.FAILED]
+@pytest.mark.parametrize("size,dead", [(3, 2), (8, 5)])
+def test_a_rank_that_dies_ends_every_other_rank_with_a_line_naming_it(capfd, size, dead):
+    jobs = _jobs(size)
+    jobs[dead].links[0].conn.shutdown(socket.SHUT_RDWR)  # its process dies: its socket closes without BYE
+    others = [job for r, job in enumerate(jobs) if r != dead]
+    assert _wait_for(lambda: all(job.ended for job in others))
+    assert all(job.ended == [jb.FAILED] for job in others)
     err = capfd.readouterr().err
-    assert "rawgpu: rank 0 of 3: error: rank 2 of 3 ended without a word (it died or was killed); the job stopped" in err
-    assert "rawgpu: rank 1 of 3: error: rank 2 of 3 ended without a word (it died or was killed); the job stopped" in err
+    for r in range(size):
+        line = (f"rawgpu: rank {r} of {size}: error: rank {dead} of {size} ended without a word (it died or was "
+                "killed); the job stopped")
+        assert (line in err) == (r != dead), line
     for job in jobs:
         job.close()
 
@@ -162,8 +167,11 @@ def test_launch_gives_each_local_rank_torchruns_variables():
 
     args = build_parser().parse_args(["--nnodes", "3", "--node-rank", "2", "--master-addr", "node0:1234",
                                       "--nproc-per-node", "4", "--", "--hidden", "256"])
-    assert rank_environment(args.nnodes, args.node_rank, args.master_addr, args.nproc_per_node, 1) == dict(RANK="9", WORLD_SIZE="12", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4",
-                                             MASTER_ADDR="node0", MASTER_PORT="1234")
+    assert rank_environment(args.nnodes, args.node_rank, args.master_addr, args.nproc_per_node, 1) == dict(
+        RANK="9", WORLD_SIZE="12", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4", MASTER_ADDR="node0", MASTER_PORT="1234")
+    second_of_two_eights = [rank_environment(2, 1, ("node0", 1234), 8, local) for local in range(8)]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in second_of_two_eights] == [
+        (str(8 + local), str(local), "16") for local in range(8)]
     assert build_parser().parse_args(["--master-addr", "[::1]:7", "--nproc-per-node", "1"]).master_addr == ("::1", 7)
 
 

@@ -110,12 +110,14 @@ class Job:
             s.sendall(data)
 
 
-def test_every_rank_gets_rank_0s_unique_id():
-    job = Job(4)
-    for r in (3, 1, 2):
+@pytest.mark.parametrize("size", [4, 8, 16])  # one host of 4 or 8 GPUs, two hosts of 8
+def test_every_rank_gets_rank_0s_unique_id(size):
+    job = Job(size)
+    for r in reversed(range(1, size)):
         job.join_as(r)
     job.finish()
-    assert job.error is None and job.results == {1: UID, 2: UID, 3: UID} and job.logged == [] and job.linked == [1, 2, 3]
+    ranks = list(range(1, size))
+    assert job.error is None and job.results == dict.fromkeys(ranks, UID) and job.logged == [] and job.linked == ranks
 
 
 def test_strangers_malformed_oversized_and_wrong_tokens_are_refused_while_the_job_waits():

@@ -58,14 +58,15 @@ def test_the_gemms_write_fp32_where_the_ranks_sum(arch, short):
     assert m.step.kernel_count() == 1 + 4 + (4 if one_pass else 3 + 8) + 3 + 2
 
 
-def test_joining_the_ranks_parts_gives_the_whole_model_back(rng):
+@pytest.mark.parametrize("ranks", [3, 8])
+def test_joining_the_ranks_parts_gives_the_whole_model_back(rng, ranks):
     recipe = Recipe(hidden=100, layers=3, batch=32)
     widths = recipe.widths
-    plan = parallel.plan_tensor_parallel(widths, 32, 3)
+    plan = parallel.plan_tensor_parallel(widths, 32, ranks)
     whole = [(rng.standard_normal((a, b)), rng.standard_normal(b)) for a, b in zip(widths, widths[1:])]
     parts, states = [], []
-    for rank in range(3):
-        m = plan_model(recipe, "tensor", ranks=3, rank=rank)
+    for rank in range(ranks):
+        m = plan_model(recipe, "tensor", ranks=ranks, rank=rank)
         mine, state = [], {}
         for i, ((w, b), lay) in enumerate(zip(whole, m.layers)):
             wp = np.zeros((plan.widths[i], plan.widths[i + 1]))
