@@ -125,6 +125,18 @@ def _valid_calls(k, t):
                     t["optim"], "adam")
 
 
+def test_the_loss_gives_one_block_a_warp_per_row_and_spread_blocks_eight_warps():
+    """A batch in one block runs its rows one after another per warp: it gets the most warps. Blocks that spread a
+    larger batch (or a sweep's models) over the GPU keep the 8 warps their rows per block were chosen for."""
+    k, t = _Recorder(), _plan()
+    kl.softmax_xent(k, t["logits"], t["y"], t["dlogits"], t["loss"], t["correct"], 10)
+    kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
+                    ticket=t["sum_tickets"])
+    kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
+                    ticket=t["sum_tickets"], block_rows=16)
+    assert [(c[3][0], c[4][0]) for c in k.calls] == [(1, 1024), (64, 256), (256, 256)]
+
+
 def test_launchers_match_the_kernel_sources():
     sigs = _kernel_signatures()
     k = _Recorder()

@@ -10,9 +10,13 @@ from ..memory import Tensor
 from . import Kernels, require, require_exact_sums
 
 SRC = "loss.cu"
-THREADS = XENT_MAX_THREADS  # a warp per row: small enough for 10 classes; softmax_xent's per-warp sums are sized for it
-ONE_BLOCK_ROWS = 256  # up to here one block takes the whole batch (the short steps' batches)
-BLOCK_ROWS = 64  # above, each block takes this many rows (8 per warp), and their sums meet exactly
+# A warp per row (enough for 10 classes). One block takes a batch of up to ONE_BLOCK_ROWS rows, its rows one after
+# another per warp: it gets the most warps (softmax_xent's per-warp sums are sized for them). Above, blocks of
+# BLOCK_ROWS rows (or the caller's block_rows) spread the rows over the GPU in 8 warps each, and their sums meet exactly.
+THREADS = XENT_MAX_THREADS
+SPREAD_THREADS = 256
+ONE_BLOCK_ROWS = 256
+BLOCK_ROWS = 64
 
 
 def xent_blocks(batch: int) -> int:
@@ -56,7 +60,7 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
     if blocks > 1:
         require_exact_sums(scratch, ticket, 2, 1, f"softmax_xent over {batch} rows")
     return k.get(SRC, "softmax_xent", "pipiifpppipp").bind(
-        blocks, THREADS, 0, logits, logits.shape[1], labels, batch, classes, grad_scale / mean_over,
+        blocks, THREADS if blocks == 1 else SPREAD_THREADS, 0, logits, logits.shape[1], labels, batch, classes, grad_scale / mean_over,
         0 if dlogits is None else dlogits, loss_sum, correct,
         batch if blocks == 1 else (BLOCK_ROWS if block_rows is None else block_rows),
         0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
