@@ -62,7 +62,10 @@ def rank_environment(nnodes: int, node_rank: int, master: tuple[str, int], nproc
 def visible_gpus() -> int | None:
     """How many GPUs this host's processes see, from NVML and CUDA_VISIBLE_DEVICES, without starting CUDA (slow,
     and the ranks start it themselves); None where NVML cannot tell."""
-    count = in_fork(_nvml_gpus)
+    try:
+        count = in_fork(_nvml_gpus)
+    except RuntimeError:  # the check's process died inside NVML: the ranks find out themselves
+        return None
     if count is None:
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -289,7 +289,11 @@ def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, ranks:
     from .launch import in_fork
     from .parallel import nccl
 
-    if (why := in_fork(nccl.available)) is not None:  # this process may fork the ranks next: NCCL stays out of it
+    try:
+        why = in_fork(nccl.available)  # this process may fork the ranks next: NCCL stays out of it
+    except RuntimeError as exc:  # loading NCCL killed the check's process
+        why = f"NCCL could not be loaded ({exc})"
+    if why is not None:
         parser.error(f"argument --gpus: {why}")
 
 

@@ -283,3 +283,19 @@ def test_train_as_one_rank_without_nccl_says_how_to_install_it():
     one = _run("rawgpu.train", "--no-graph", "--steps-per-graph", "5", env=dict(RANK="0", WORLD_SIZE="1",
                                                                              MASTER_ADDR="h"))
     assert one.returncode == 2 and "--steps-per-graph needs graphs" in one.stderr  # a world of one runs as today
+
+
+def test_a_check_whose_process_dies_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """Loading NCCL or NVML may kill the process that checks it: --gpus N says so in one line; the GPU count is
+    then unknown (the ranks find out themselves)."""
+    from rawgpu import launch, train
+    from rawgpu.parallel import nccl
+
+    monkeypatch.setattr(nccl, "available", lambda: os._exit(11))
+    with pytest.raises(SystemExit) as stop:
+        train.main(["--gpus", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and "argument --gpus: NCCL could not be loaded" in err[-1]
+    assert not any("Traceback" in line for line in err)
+    monkeypatch.setattr(launch, "_nvml_gpus", lambda: os._exit(11))
+    assert launch.visible_gpus() is None
