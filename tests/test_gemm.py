@@ -640,6 +640,26 @@ def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", ["wg128", "wg256"])
+@pytest.mark.parametrize("epi,opt", [("store", "plain"), ("update", "plain"), ("update", "momentum"),
+                                     ("update", "nesterov"), ("update", "adam"), ("update", "adamw")])
+@pytest.mark.parametrize("M,N,K", [(304, 136, 200), (264, 264, 784), (1024, 1024, 1024), (136, 520, 4104)])
+def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, epi, opt, config):
+    """x^T @ dy on the sm_90a tiles (A column-major: wgmma's transposed A) against float64, with every optimiser's
+    update fused: partial tiles in M and N, K below a k-tile's multiple and longer than the pipeline; bitwise
+    repeatable. sm_90 only."""
+    if not G.has_wgmma(device.arch):
+        pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
+    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "cr", epi, "f32", opt=opt, config=config,
+                               repeat=2)
+    assert plan.config.name == config and plan.splits == 1
+    for got in runs:
+        check_case(plan, got, ref)
+    for key in runs[0]:
+        assert np.array_equal(runs[0][key], runs[1][key]), f"{key} differs between identical runs"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
 @pytest.mark.parametrize("config,epi,opt", [("staged", "update", "plain"), ("staged", "update", "momentum"),
                                             ("staged", "update", "nesterov"), ("staged", "store", "plain"),
@@ -677,13 +697,15 @@ def test_persistent_store(device, stream, kernels, rng, M, N, K, accum):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["staged", "outer64", "32x128"])
+@pytest.mark.parametrize("config", ["staged", "outer64", "32x128", "wg128"])
 def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, config):
     """The update joins the master's halves, steps and splits again (cu/master.cuh): at lr = 0 every bit must come
     back, for weights from random bit patterns across the whole fp16 range, tiny ones included. (Inputs in the form
     split gives; -0 becomes +0 under any update, as in an fp32 master.)"""
     from rawgpu.memory import Arena
 
+    if config.startswith("wg") and not G.has_wgmma(device.arch):
+        pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
     M, N, K = 72, 136, 32
     w = rng.integers(0, 2**32, (M, N), dtype=np.uint64).astype(np.uint32).view(np.float32)
     w = np.where(np.isfinite(w) & (np.abs(w) < 60000), w, np.float32(0.5)).astype(np.float32)

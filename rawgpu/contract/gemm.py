@@ -105,6 +105,7 @@ EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
 UPDATE_EPILOGUES = ("sgd", "adam")  # the weight update fused into x^T @ dy, one per optimiser family (EPI_SGD, EPI_ADAM)
 ACCUMULATORS = ("f32", "f16")
 TMA_ROLES = [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact")]
+WG_DW_ROLES = [("cr", "store"), ("cr", "sgd"), ("cr", "adam")]  # the weight gradient on warpgroup MMA, and its updates
 # (layout, epilogue) pairs every general tile compiles
 _ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
                    ("rr", "bias"), ("rr", "bias_act"), ("rc", "dact"), ("cr", "sgd"), ("cr", "adam")]
@@ -120,7 +121,7 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("persist", "cr", "store")]
                              + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
                              + [("tma128x64", "rr", epi) for epi in ("store", "bias_act")]
-                             + [(c, lay, epi) for c in ("wg128", "wg256") for lay, epi in TMA_ROLES])
+                             + [(c, lay, epi) for c in ("wg128", "wg256") for lay, epi in TMA_ROLES + WG_DW_ROLES])
 # store32, an fp32 sum other GPUs add to (rawgpu/parallel/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)
@@ -204,8 +205,8 @@ def _gemm_header(kernel: str | None = None) -> str:
 
 
 def _row_a_instances(source: str, accs: str, kernel: str | None) -> list[str]:
-    """The instance lines of a source fed by the tensor copy engine, whose A is always row-major: the macro `accs`
-    (name, config, B's layout, epilogue) per (config, layout, epilogue); with `kernel`, that one kernel alone."""
+    """The instance lines of gemm_tma.cu, whose A is always row-major: the macro `accs` (name, config, B's layout,
+    epilogue) per (config, layout, epilogue); with `kernel`, that one kernel alone."""
     lines = []
     for c, lay, epi in _instances_of(source):
         if lay[0] != "r":
@@ -232,14 +233,21 @@ def _gemm_tma_header(kernel: str | None = None) -> str:
 
 def _gemm_wgmma_header(kernel: str | None = None) -> str:
     """gemm_wgmma.cu's WgConfig typedefs (with asserts that the template's fixed shape is the table's) and instances:
-    WG_ACCS (gemm_wgmma.cu's macro) per (config, layout, epilogue), A always row-major; with `kernel`, that one
-    kernel alone."""
+    WG_ACCS (gemm_wgmma.cu's macro: name, config, A's and B's layouts, epilogue) per (config, layout, epilogue); with
+    `kernel`, that one kernel alone."""
     lines = []
     for c in (c for c in CONFIGS.values() if c.source == GEMM_WGMMA_SOURCE):
         lines.append(f"typedef WgConfig<{c.bn}, {c.stages}> {c.c_name};  // {c.note}")
         lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::THREADS == "
                      f'{c.threads}, "{c.name}: its shape in rawgpu/contract/gemm.py");')
-    return "\n".join(lines + [""] + _row_a_instances(GEMM_WGMMA_SOURCE, "WG_ACCS", kernel)) + "\n"
+    lines.append("")
+    for c, lay, epi in _instances_of(GEMM_WGMMA_SOURCE):
+        name = instance_name(c.name, lay, epi)
+        line = (f"WG_ACCS({name}, {c.c_name}, {_C_LAYOUT[lay[0]]}, {_C_LAYOUT[lay[1]]}, "
+                f"EPI_{epi.upper()})")
+        if (line := _one_kernel(name, line, kernel)) is not None:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def nvrtc_arch(source: str, arch: str) -> str:

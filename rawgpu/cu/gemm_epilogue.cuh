@@ -30,13 +30,14 @@ struct Params {
 };
 
 // The parameters of the kernels fed by the tensor copy engine (gemm_tma.cu, gemm_wgmma.cu: kernels/gemm.py binds
-// both alike, TMA_SIGNATURE) and the Params they make of them: the maps take A's and B's places.
+// both alike, TMA_SIGNATURE) and the Params they make of them: the maps take A's and B's places. The optimiser's
+// pointers serve gemm_wgmma.cu's weight updates; the others' get nulls.
 #define GEMM_TMA_PARAMS                                                                                              \
     const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB, void *out, int M, int N, int K,  \
-        int ldc, int k_chunk, const float *bias, half_t *act, int ld_act, float *workspace, int *tickets,      \
-        float keep_b
-#define GEMM_TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, nullptr, nullptr,      \
-                       nullptr, nullptr, workspace, tickets}
+        int ldc, int k_chunk, const float *bias, half_t *act, int ld_act, float *mom, float *var, half_t *w16,       \
+        const Optim *opt, float *workspace, int *tickets, float keep_b
+#define GEMM_TMA_ARGS {nullptr, nullptr, out, M, N, K, 0, 0, ldc, k_chunk, bias, act, ld_act, mom, var, w16, opt,    \
+                       workspace, tickets}
 // One such kernel: extern "C" name(GEMM_TMA_PARAMS), running the device function FN<CFG, LB, EPI, ACC16>.
 #define GEMM_TMA_INSTANCE(name, FN, CFG, LB, EPI, ACC16)                                  \
     extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(GEMM_TMA_PARAMS) { \

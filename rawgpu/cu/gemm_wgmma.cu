@@ -10,10 +10,11 @@
 //   tile by BN columns, four m64nBNk16 wgmma per 64-wide k-tile. A stage is released once the wgmma that read it has
 //   completed (wgmma.wait_group 1: the k-tile before the current one). B row-major ([K, N], x @ W) is BN / 64 panels
 //   of 64 k-rows x 64 columns, read with wgmma's transposed B; B column-major (W^T stored [N, K], dy @ W^T) is BN
-//   rows of 64 k. Edges: the copy engine zero-fills outside the matrices; the epilogue writes only inside.
-//   The sums of a tile are in one order (K ascending), so results are bitwise reproducible. No split-K: the planner
-//   gives these tiles only shapes with enough tiles.
-//   Epilogues: gemm_epilogue.cuh's, per pair of outputs (no weight updates: those run on gemm.cu's staged tile).
+//   rows of 64 k. A column-major (x stored [K, M]: the weight gradient x^T @ dy) is two such panels, one per
+//   consumer warpgroup, read with wgmma's transposed A. Edges: the copy engine zero-fills outside the matrices; the
+//   epilogue writes only inside. The sums of a tile are in one order (K ascending), so results are bitwise
+//   reproducible. No split-K: the planner gives these tiles only shapes with enough tiles.
+//   Epilogues: gemm_epilogue.cuh's, per pair of outputs, the weight updates (sgd, adam) included.
 // Built for sm_90a only (compiler.py: contract.nvrtc_arch); every other build's body traps (kernels/gemm.py never
 // picks these tiles there), as does the fp16-accumulating twin of each instance (fp16 accumulation runs on gemm.cu).
 #include "common.cuh"
@@ -37,9 +38,9 @@ struct WgConfig {
     static_assert(BN == 128 || BN == 256, "m64n128k16 or m64n256k16");
 };
 
-template <class Cfg, int LB, int EPI, bool ACC16>
+template <class Cfg, int LA, int LB, int EPI, bool ACC16>
 RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Params& p, float keep_b) {
-    static_assert(!EPI_UPDATES(EPI), "the weight update runs on gemm.cu's staged tile");
+    static_assert(LA == ROW || LB == ROW, "A column-major comes with B row-major (x^T @ dy)");
 #if RG_WGMMA
     if constexpr (ACC16) {
         __trap();  // fp16 accumulation runs on gemm.cu's tiles
@@ -70,7 +71,12 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                     if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);
                     u8* a = tiles + s * Cfg::STAGE_BYTES;
                     mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);
-                    tma_load_2d(a, mapA, kt * BK, m0, &full[s]);
+                    if (LA == ROW) {
+                        tma_load_2d(a, mapA, kt * BK, m0, &full[s]);
+                    } else {  // two panels of 64 k-rows x 64 m-columns
+                        tma_load_2d(a, mapA, m0, kt * BK, &full[s]);
+                        tma_load_2d(a + 8192, mapA, m0 + 64, kt * BK, &full[s]);
+                    }
                     if (LB == ROW) {
 #pragma unroll
                         for (int j = 0; j < BN / 64; ++j)
@@ -90,15 +96,17 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         for (int kt = 0; kt < k_tiles; ++kt) {
             const int s = kt % STAGES;
             mbar_wait(&full[s], (kt / STAGES) & 1);
+            // this warpgroup's A: its 64 rows of 128 bytes, or (column-major) its panel, the same 8 KB further on
             const u32 a = shared_address(tiles + s * Cfg::STAGE_BYTES) + rows * 128, b = a - rows * 128 + Cfg::A_BYTES;
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; ++kk) {
-                // A: K-major 128-byte rows, 8-row groups 1024 bytes apart; a k16 step is 32 bytes along the row.
-                // B row-major: 64-column panels 8 KB apart, 8 k-rows 1024 bytes apart, a k16 step 16 rows.
-                const u64 da = smem_desc(a + kk * 32, 16, 1024);
+                // Row-major A: K-major 128-byte rows, 8-row groups 1024 bytes apart; a k16 step is 32 bytes along the
+                // row. B row-major (and A column-major): 64-column panels 8 KB apart, 8 k-rows 1024 bytes apart, a
+                // k16 step 16 rows.
+                const u64 da = LA == ROW ? smem_desc(a + kk * 32, 16, 1024) : smem_desc(a + kk * 2048, 8192, 1024);
                 const u64 db = LB == ROW ? smem_desc(b + kk * 2048, 8192, 1024) : smem_desc(b + kk * 32, 16, 1024);
-                Wg<BN>::template mma<LB == ROW ? 1 : 0>(d, da, db);
+                Wg<BN>::template mma<LB == ROW ? 1 : 0, LA == COL ? 1 : 0>(d, da, db);
             }
             wg_commit();
             wg_wait<1>();  // the k-tile before this one has been multiplied: its stage may refill
@@ -106,7 +114,8 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         }
         wg_wait<0>();
         // The accumulators' rows and columns (wgmma.cuh), a pair of outputs at a time.
-        const Optim no_update = {};  // these epilogues update nothing
+        Optim o = {};  // the optimiser with this step's values (the gather wrote them before pdl_enter returned)
+        if (EPI_UPDATES(EPI)) o = *p.opt;
         const int warp = t / 32, lane = t % 32, r0 = m0 + rows + warp * 16 + lane / 4;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
@@ -117,7 +126,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                 if (row < p.M && col < p.N) {
                     float2 x, y, z;
                     epilogue_inputs<EPI>(p, row, col, x, y, z);
-                    epilogue_pair<EPI>(p, no_update, row, col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], x, y, z);
+                    epilogue_pair<EPI>(p, o, row, col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], x, y, z);
                 }
             }
         }
@@ -129,11 +138,15 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, with gemm_tma.cu's parameters -------
 // The WgConfig typedefs and the instance list are rawgpu/contract/gemm.py's table (CONFIGS, INSTANCES), generated into
-// gemm_wgmma_instances.cuh.
-#define WG_INSTANCE(name, CFG, LB, EPI, ACC16) GEMM_TMA_INSTANCE(name, gemm_wgmma, CFG, LB, EPI, ACC16)
+// gemm_wgmma_instances.cuh. Unlike gemm_tma.cu's, A may be column-major (the weight gradient).
+#define WG_INSTANCE(name, CFG, LA, LB, EPI, ACC16)                                        \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(GEMM_TMA_PARAMS) { \
+        const Params p = GEMM_TMA_ARGS;                                                   \
+        gemm_wgmma<CFG, LA, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                     \
+    }
 
-#define WG_ACCS(name, CFG, LB, EPI)             \
-    WG_INSTANCE(name##_f32, CFG, LB, EPI, false) \
-    WG_INSTANCE(name##_f16, CFG, LB, EPI, true)
+#define WG_ACCS(name, CFG, LA, LB, EPI)             \
+    WG_INSTANCE(name##_f32, CFG, LA, LB, EPI, false) \
+    WG_INSTANCE(name##_f16, CFG, LA, LB, EPI, true)
 
 #include "gemm_wgmma_instances.cuh"  // generated: typedef WgConfig<BN, STAGES> Cfg_<name>; WG_ACCS per instance

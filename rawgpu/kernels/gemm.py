@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SOURCE = contract.GEMM_SOURCE
 SIGNATURE = "pppiiiiiiippipppppp"  # GEMM_PARAMS in gemm.cu (tests/test_compiler.py checks it against the PTX)
 TMA_SOURCE = contract.GEMM_TMA_SOURCE
-TMA_SIGNATURE = "ttpiiiiippippf"  # GEMM_TMA_PARAMS in gemm_epilogue.cuh (tests/test_compiler.py checks the PTX)
+TMA_SIGNATURE = "ttpiiiiippippppppf"  # GEMM_TMA_PARAMS in gemm_epilogue.cuh (tests/test_compiler.py checks the PTX)
 MAX_SPLITS = 16
 # How many clusters of s one-block-per-SM CTAs fit the GPU at once is set by its GPCs, not its SM count (fewer than
 # SMs / s where a GPC's SMs are not a multiple of s): `cluster_capacity` asks the driver. Without a GPU, plans assume this share of
@@ -156,7 +156,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES
       and ROW_TILE_MIN_COLUMNS);
     - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
-      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles;
+      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles; not yet
+      x^T @ dy, whose instances (every update) wait for a store32 of their own (see store32 below);
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
     a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit."""
@@ -183,7 +184,7 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
                 return "tma"
         return "stream"
     if (M > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32" and N >= WGMMA_MIN_N and K >= 64
-            and ("wg128", layout, epilogue) in INSTANCES):
+            and layout != "cr" and ("wg128", layout, epilogue) in INSTANCES):
         return "wg256" if cdiv(M, 128) * cdiv(N, 256) >= WGMMA_WIDE_SHARE * sm_count else "wg128"
     if M <= 32:
         return "32x128"
@@ -384,7 +385,8 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
                           f"split-K x{p.splits}")
     ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands
     if p.config.tma:
-        return _bind_tma(k, p, A, B, out, lda, ldb, ptr(bias), ptr(act), ld_act, ptr(workspace), ptr(tickets), keep_b)
+        return _bind_tma(k, p, A, B, out, lda, ldb, (ptr(bias), ptr(act), ld_act, ptr(mom), ptr(var), ptr(w16),
+                                                     ptr(optim), ptr(workspace), ptr(tickets)), keep_b)
     kernel = k.get(SOURCE, p.kernel, SIGNATURE)
     return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
                        A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
@@ -392,19 +394,22 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
                        ptr(workspace), ptr(tickets), cluster=p.cluster_dims)
 
 
-def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", lda: int, ldb: int,
-              bias, act, ld_act: int, workspace, tickets, keep_b: float) -> "Launch":
+def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", lda: int, ldb: int, rest: tuple,
+              keep_b: float) -> "Launch":
     """The tensor-copy instances take tensor maps of A and B (boxes of 64 along the contiguous dimension, one
     128-byte swizzled row each) in place of pointers and strides; the maps hold the matrices' true extents, so the
-    copy engine zero-fills the edges."""
+    copy engine zero-fills the edges. rest: the pointers and ld_act every GEMM takes, in GEMM_TMA_PARAMS' order."""
     from ..driver import tensor_map_2d
 
     cfg = p.config
-    map_a = tensor_map_2d(A.ptr, p.K, p.M, 2 * lda, cfg.bk, cfg.bm)
+    if p.layout[0] == "r":  # [M, K]: BM rows of 64 k
+        map_a = tensor_map_2d(A.ptr, p.K, p.M, 2 * lda, cfg.bk, cfg.bm)
+    else:                   # [K, M] (the warpgroup-MMA tiles alone): 64-column panels of 64 k-rows
+        map_a = tensor_map_2d(A.ptr, p.M, p.K, 2 * lda, 64, cfg.bk)
     if p.layout[1] == "r":  # [K, N]: 64-column panels of 64 k-rows
         map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
     else:                   # [N, K]: BN rows of 64 k
         map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
     kernel = k.get(p.source, p.kernel, TMA_SIGNATURE)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
-                       p.k_chunk, bias, act, ld_act, workspace, tickets, float(keep_b), cluster=p.cluster_dims)
+                       p.k_chunk, *rest, float(keep_b), cluster=p.cluster_dims)
