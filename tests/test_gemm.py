@@ -260,7 +260,8 @@ def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_
     assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE,
                                      "wg128", "wg256"}
     assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {"32x128", "64x128", "128x128",
-                                                                                    "staged", "staged32"}
+                                                                                    "staged", "staged32", "wg128",
+                                                                                    "wg256"}
     with pytest.raises(ValueError, match="no compiled GEMM instance"):
         G.plan_gemm(8192, 8192, 32, "cc", "store32")
 
@@ -278,7 +279,8 @@ def test_a_weight_gradient_in_fp32_runs_the_tile_and_splits_of_one_gpus_update(a
 
 def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     """x @ W and dy @ W^T of more than 256 rows run on the sm_90a warpgroup-MMA tiles (256 columns where those still
-    fill half the SMs), never split, with fp32 accumulation, N >= 128 and K >= 64; elsewhere the tiles before."""
+    fill half the SMs), never split, with fp32 accumulation, N >= 128 and K >= 64, and so does x^T @ dy of a batch
+    above 256 with enough tiles; elsewhere the tiles before."""
     for layout, epi in (("rr", "bias_act"), ("rc", "dact"), ("rr", "store32"), ("rc", "store")):
         p = G.plan_gemm(4096, 1024, 1024, layout, epi, arch="sm_90")
         assert (p.config.name, p.splits, p.config.threads, p.source) == ("wg256", 1, 384, "gemm_wgmma.cu"), layout
@@ -288,8 +290,14 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     for args, kw in [((256, 1024, 1024, "rr", "store"), {}),  # a batch the streaming tiles take
                      ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
                      ((4096, 16, 1024, "rr", "bias"), {}), ((4096, 1024, 16, "rc", "dact"), {}),
-                     ((4096, 104, 1024, "rr", "bias_act"), {}), ((4096, 1024, 4096, "cr", "sgd"), {"states": 1})]:
+                     ((4096, 104, 1024, "rr", "bias_act"), {}),
+                     ((784, 256, 1024, "cr", "sgd"), {"states": 1}),  # 14 tiles: the split tiles win
+                     ((4096, 4096, 128, "cr", "sgd"), {"states": 1}), ((4096, 4096, 256, "cr", "adam"), {"states": 2})]:
         assert not G.plan_gemm(*args, arch="sm_90", **kw).config.wgmma, (args, kw)
+    # x^T @ dy of a batch above 256 with its update, from 0.4 x SMs of 128 x 128 tiles on; its fp32 gradient alike
+    assert G.plan_gemm(4096, 1024, 4096, "cr", "sgd", arch="sm_90", states=1).config.name == "wg256"
+    for epi, states in (("sgd", 1), ("adam", 2), ("store32", 0)):
+        assert G.plan_gemm(1024, 1024, 1024, "cr", epi, arch="sm_90", states=states).config.name == "wg128", epi
     for arch in ("sm_86", "sm_80", "sm_100"):
         assert G.plan_gemm(4096, 1024, 1024, "rr", "bias_act", arch=arch).config.name == "128x128"
     with pytest.raises(ValueError, match="needs the warpgroup MMA of sm_90, not sm_100"):
@@ -641,8 +649,9 @@ def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["wg128", "wg256"])
-@pytest.mark.parametrize("epi,opt", [("store", "plain"), ("update", "plain"), ("update", "momentum"),
-                                     ("update", "nesterov"), ("update", "adam"), ("update", "adamw")])
+@pytest.mark.parametrize("epi,opt", [("store", "plain"), ("store32", "plain"), ("update", "plain"),
+                                     ("update", "momentum"), ("update", "nesterov"), ("update", "adam"),
+                                     ("update", "adamw")])
 @pytest.mark.parametrize("M,N,K", [(304, 136, 200), (264, 264, 784), (1024, 1024, 1024), (136, 520, 4104)])
 def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, epi, opt, config):
     """x^T @ dy on the sm_90a tiles (A column-major: wgmma's transposed A) against float64, with every optimiser's

@@ -105,7 +105,7 @@ EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
 UPDATE_EPILOGUES = ("sgd", "adam")  # the weight update fused into x^T @ dy, one per optimiser family (EPI_SGD, EPI_ADAM)
 ACCUMULATORS = ("f32", "f16")
 TMA_ROLES = [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact")]
-WG_DW_ROLES = [("cr", "store"), ("cr", "sgd"), ("cr", "adam")]  # the weight gradient on warpgroup MMA, and its updates
+WG_DW_ROLES = [("cr", "store"), ("cr", "sgd"), ("cr", "adam"), ("cr", "store32")]  # the weight gradient, its updates
 # (layout, epilogue) pairs every general tile compiles
 _ROLE_INSTANCES = [("rr", "store"), ("rc", "store"), ("cr", "store"), ("cc", "store"),
                    ("rr", "bias"), ("rr", "bias_act"), ("rc", "dact"), ("cr", "sgd"), ("cr", "adam")]

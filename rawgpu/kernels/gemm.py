@@ -65,6 +65,9 @@ ROW_TILE = "tma128x64"
 # reads A half as often and wins while its tiles still number half the SMs or more.
 WGMMA_MIN_N = 128
 WGMMA_WIDE_SHARE = 0.5
+# x^T @ dy with its update on those tiles, unsplit: from 64 tiles of 128 x 128 on 132 SMs 1.2-2x the split mma.sync
+# tiles, at 14 and fewer slower (docs/history.md: The weight gradient on warpgroup MMA)
+WGMMA_DW_SHARE = 0.4
 
 
 def has_tma(arch: str) -> bool:
@@ -156,8 +159,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES
       and ROW_TILE_MIN_COLUMNS);
     - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
-      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles; not yet
-      x^T @ dy, whose instances (every update) wait for a store32 of their own (see store32 below);
+      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles; x^T @ dy of
+      a batch above BATCH_STREAM_ROWS too (with its update), from WGMMA_DW_SHARE x SMs of 128 x 128 tiles on;
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
     a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit."""
@@ -183,8 +186,10 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
             if weight >= (TMA_MIN_BYTES_BATCH if batch_forward else TMA_MIN_BYTES):
                 return "tma"
         return "stream"
+    few_tiles = cdiv(M, 128) * cdiv(N, 128) < WGMMA_DW_SHARE * sm_count
     if (M > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32" and N >= WGMMA_MIN_N and K >= 64
-            and layout != "cr" and ("wg128", layout, epilogue) in INSTANCES):
+            and ("wg128", layout, epilogue) in INSTANCES
+            and (layout != "cr" or (K > BATCH_STREAM_ROWS and not few_tiles))):
         return "wg256" if cdiv(M, 128) * cdiv(N, 256) >= WGMMA_WIDE_SHARE * sm_count else "wg128"
     if M <= 32:
         return "32x128"
