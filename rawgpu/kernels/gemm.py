@@ -65,8 +65,8 @@ ROW_TILE = "tma128x64"
 # reads A half as often and wins while its tiles still number half the SMs or more.
 WGMMA_MIN_N = 128
 WGMMA_WIDE_SHARE = 0.5
-# x^T @ dy with its update on those tiles, unsplit: from 64 tiles of 128 x 128 on 132 SMs 1.2-2x the split mma.sync
-# tiles, at 14 and fewer slower (docs/history.md: The weight gradient on warpgroup MMA)
+# x^T @ dy with its update on those tiles, unsplit, beats the split mma.sync tiles once its 128 x 128 tiles number this
+# share of the SMs (docs/history.md: The weight gradient on warpgroup MMA)
 WGMMA_DW_SHARE = 0.4
 
 
