@@ -34,11 +34,15 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
     for name, cfg in G.CONFIGS.items():
         if (name, layout, "store") not in G.INSTANCES or (cfg.tma and not G.has_tma(arch)) or (M <= 32 < cfg.bm):
             continue
+        if cfg.wgmma and not G.has_wgmma(arch):
+            continue
         k_tiles = -(-K // cfg.bk)
         for s in (1, 2, 3, 4, 6, 8, 12, 16):
             if s == 1 or k_tiles // s >= 1:
-                out.append((name, s, False))
-                if 1 < s <= G.MAX_CLUSTER_SPLITS and G.has_tma(arch) and not cfg.staged:
+                if s == 1 or not (cfg.wgmma or cfg.persistent):  # these split only in a cluster (cr), or not at all
+                    out.append((name, s, False))
+                if (1 < s <= G.MAX_CLUSTER_SPLITS and G.has_tma(arch) and not cfg.staged and not cfg.persistent
+                        and (layout == "cr" or not cfg.wgmma)):
                     out.append((name, s, True))
     return out
 

@@ -258,9 +258,9 @@ def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_
     store = {(c, lay) for c, lay, e in G.INSTANCES if e == "store" and lay in ("rr", "rc")}
     assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32" and lay != "cr"} == store
     assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE,
-                                     "wg128", "wg256"}
+                                     "wg128", "wg256", "wg128x2"}
     assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {"32x128", "64x128", "128x128",
-                                                                                    "staged", "staged32", "wg128",
+                                                                                    "staged", "staged32", "wg128", "wg128x2",
                                                                                     "wg256"}
     with pytest.raises(ValueError, match="no compiled GEMM instance"):
         G.plan_gemm(8192, 8192, 32, "cc", "store32")
@@ -280,7 +280,7 @@ def test_a_weight_gradient_in_fp32_runs_the_tile_and_splits_of_one_gpus_update(a
 def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     """x @ W and dy @ W^T of more than 256 rows run on the sm_90a warpgroup-MMA tiles (256 columns where those still
     fill half the SMs), never split, with fp32 accumulation, N >= 128 and K >= 64, and so does x^T @ dy of a batch
-    above 256 with enough tiles; elsewhere the tiles before."""
+    above 256 at any N, split over a cluster where its tiles are few; elsewhere the tiles before."""
     for layout, epi in (("rr", "bias_act"), ("rc", "dact"), ("rr", "store32"), ("rc", "store")):
         p = G.plan_gemm(4096, 1024, 1024, layout, epi, arch="sm_90")
         assert (p.config.name, p.splits, p.config.threads, p.source) == ("wg256", 1, 384, "gemm_wgmma.cu"), layout
@@ -291,19 +291,43 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
                      ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
                      ((4096, 16, 1024, "rr", "bias"), {}), ((4096, 1024, 16, "rc", "dact"), {}),
                      ((4096, 104, 1024, "rr", "bias_act"), {}),
-                     ((784, 256, 1024, "cr", "sgd"), {"states": 1}),  # 14 tiles: the split tiles win
                      ((4096, 4096, 128, "cr", "sgd"), {"states": 1}), ((4096, 4096, 256, "cr", "adam"), {"states": 2})]:
         assert not G.plan_gemm(*args, arch="sm_90", **kw).config.wgmma, (args, kw)
-    # x^T @ dy of a batch above 256 with its update, from 0.4 x SMs of 128 x 128 tiles on; its fp32 gradient alike
-    assert G.plan_gemm(4096, 1024, 4096, "cr", "sgd", arch="sm_90", states=1).config.name == "wg256"
+    # x^T @ dy of a batch above 256 with its update, its fp32 gradient alike; K split over a cluster while the tiles
+    # leave SMs idle (one CTA per SM, two k-tiles a split at least)
+    p = G.plan_gemm(4096, 1024, 4096, "cr", "sgd", arch="sm_90", states=1)
+    assert (p.config.name, p.splits) == ("wg256", 1)
     for epi, states in (("sgd", 1), ("adam", 2), ("store32", 0)):
-        assert G.plan_gemm(1024, 1024, 1024, "cr", epi, arch="sm_90", states=states).config.name == "wg128", epi
+        p = G.plan_gemm(1024, 1024, 1024, "cr", epi, arch="sm_90", states=states, capacity=H100_CLUSTERS)
+        assert (p.config.name, p.splits, p.cluster) == ("wg128", 2, True), epi  # 64 tiles: 2 splits of 8 k-tiles
+    # as many splits as leave every tile's cluster resident: 14 tiles in clusters of 8, 32 of 3 (4 would not fit)
+    for (M, N, K), splits in (((784, 256, 1024), 8), ((256, 256, 4096), 8), ((256, 256, 512), 4),
+                              ((784, 1024, 4096), 2), ((4096, 4096, 4096), 1), ((256, 16, 4096), 8),
+                              ((4096, 16, 4096), 3), ((8192, 16, 4096), 2)):
+        p = G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1, capacity=H100_CLUSTERS)
+        assert p.config.wgmma and p.splits == splits and p.cluster == (splits > 1), (M, N, K)
+        assert p.grid[2] == splits and p.cluster_dims == ((1, 1, splits) if splits > 1 else (1, 1, 1))
+        assert p.workspace_floats == 0 and p.tickets == 0  # the splits meet in distributed shared memory
+    # a weight of 4096 rows or more over a batch of at most 1024: two CTAs an SM, whole tiles (the head's too)
+    for M, N, K in ((4096, 4096, 1024), (8192, 8192, 512), (4096, 16, 1024), (8192, 16, 300)):
+        p = G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1, capacity=H100_CLUSTERS)
+        assert (p.config.name, p.splits, p.config.threads) == ("wg128x2", 1, 288), (M, N, K)
+        assert p.smem_bytes == 3 * (128 + 128) * 64 * 2 + 1024  # twice fits an SM
+    for M, N, K in ((4096, 4096, 2048), (2048, 2048, 1024), (784, 4096, 1024)):
+        assert G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1).config.name != "wg128x2", (M, N, K)
     for arch in ("sm_86", "sm_80", "sm_100"):
         assert G.plan_gemm(4096, 1024, 1024, "rr", "bias_act", arch=arch).config.name == "128x128"
     with pytest.raises(ValueError, match="needs the warpgroup MMA of sm_90, not sm_100"):
         G.plan_gemm(4096, 1024, 1024, "rr", "store", config="wg128", arch="sm_100")
-    with pytest.raises(ValueError, match="takes no split-K"):
+    with pytest.raises(ValueError, match="split K only as wg128's x\\^T @ dy"):
         G.plan_gemm(4096, 1024, 1024, "rr", "store", config="wg128", arch="sm_90", splits=2)
+    with pytest.raises(ValueError, match="config wg256"):
+        G.plan_gemm(256, 256, 4096, "cr", "store", config="wg256", arch="sm_90", splits=2)
+    assert G.plan_gemm(256, 256, 4096, "cr", "store", config="wg256", arch="sm_90").splits == 1
+    with pytest.raises(ValueError, match="in a cluster of at most 8"):
+        G.plan_gemm(256, 256, 4096, "cr", "store", config="wg128", arch="sm_90", splits=16)
+    with pytest.raises(ValueError, match="no cluster"):
+        G.plan_gemm(256, 256, 4096, "cr", "store", config="wg128", arch="sm_90", splits=4, cluster=False)
 
 
 class _NoKernels:
@@ -630,7 +654,7 @@ def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["wg128", "wg256"])
+@pytest.mark.parametrize("config", ["wg128", "wg256", "wg128x2"])
 @pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact"),
                                         ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K", [(300, 136, 200), (257, 264, 784), (1024, 1024, 1024), (4096, 512, 64)])
@@ -648,20 +672,29 @@ def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["wg128", "wg256"])
+@pytest.mark.parametrize("config", ["wg128", "wg256", "wg128x2"])
 @pytest.mark.parametrize("epi,opt", [("store", "plain"), ("store32", "plain"), ("update", "plain"),
                                      ("update", "momentum"), ("update", "nesterov"), ("update", "adam"),
                                      ("update", "adamw")])
-@pytest.mark.parametrize("M,N,K", [(304, 136, 200), (264, 264, 784), (1024, 1024, 1024), (136, 520, 4104)])
-def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, epi, opt, config):
+@pytest.mark.parametrize("M,N,K,splits", [(304, 136, 200, 1), (264, 264, 784, 1), (1024, 1024, 1024, 1),
+                                          (136, 520, 4104, 1), (304, 136, 200, None), (264, 264, 1000, None),
+                                          (256, 256, 4096, None), (136, 520, 4104, 3), (264, 16, 1000, None)])
+def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, splits, epi, opt, config):
     """x^T @ dy on the sm_90a tiles (A column-major: wgmma's transposed A) against float64, with every optimiser's
-    update fused: partial tiles in M and N, K below a k-tile's multiple and longer than the pipeline; bitwise
+    update fused: partial tiles in M and N (a head's 16 columns), K below a k-tile's multiple and longer than the
+    pipeline, whole and split over a cluster (the planner's splits, or 3 with a shorter last split); bitwise
     repeatable. sm_90 only."""
     if not G.has_wgmma(device.arch):
         pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
+    if config != G.WGMMA_SPLIT_CONFIG and splits not in (None, 1):
+        with pytest.raises(ValueError, match="split K only as"):
+            run_case(device, stream, kernels, rng, M, N, K, "cr", epi, "f32", opt=opt, config=config, splits=splits)
+        return
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "cr", epi, "f32", opt=opt, config=config,
-                               repeat=2)
-    assert plan.config.name == config and plan.splits == 1
+                               splits=splits, repeat=2)
+    assert plan.config.name == config and plan.cluster == (plan.splits > 1)
+    planned = G.wgmma_splits(plan.tiles[0] * plan.tiles[1], -(-K // 64), device.sm_count, G.cluster_capacity(kernels))
+    assert plan.splits == (splits or (planned if config == G.WGMMA_SPLIT_CONFIG else 1))
     for got in runs:
         check_case(plan, got, ref)
     for key in runs[0]:

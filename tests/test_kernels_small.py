@@ -127,14 +127,14 @@ def _valid_calls(k, t):
 
 def test_the_loss_gives_one_block_a_warp_per_row_and_spread_blocks_eight_warps():
     """A batch in one block runs its rows one after another per warp: it gets the most warps. Blocks that spread a
-    larger batch (or a sweep's models) over the GPU keep the 8 warps their rows per block were chosen for."""
+    larger batch (or a sweep's models) over the GPU keep 8 warps, two rows a warp unless the caller gives the rows."""
     k, t = _Recorder(), _plan()
     kl.softmax_xent(k, t["logits"], t["y"], t["dlogits"], t["loss"], t["correct"], 10)
     kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
                     ticket=t["sum_tickets"])
     kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
-                    ticket=t["sum_tickets"], block_rows=16)
-    assert [(c[3][0], c[4][0]) for c in k.calls] == [(1, 1024), (64, 256), (256, 256)]
+                    ticket=t["sum_tickets"], block_rows=64)
+    assert [(c[3][0], c[4][0]) for c in k.calls] == [(1, 1024), (256, 256), (64, 256)]
 
 
 def test_launchers_match_the_kernel_sources():
@@ -177,6 +177,18 @@ def test_bias_grad_geometry_covers_every_column(cols):
     (_, _, _, grid, block, _, _), = k.calls
     tx, ty, _ = block
     assert tx * ty == 256 and grid[0] * tx * 8 >= cols and (grid[0] - 1) * tx * 8 < cols
+
+
+def test_bias_sums_spread_long_batches_over_about_256_blocks():
+    """Up to 256 rows one range; above, ranges of 64-256 rows (a multiple of the block's 32 row threads) that make
+    about 256 blocks with the column tiles."""
+    assert ke.bias_blocks(256, 256) == (8, 4, 1, 256)
+    assert ke.bias_blocks(256, 1024) == (8, 4, 16, 64)     # 64 blocks: no range below 64 rows
+    assert ke.bias_blocks(256, 4096) == (8, 4, 64, 64)     # 256 blocks
+    assert ke.bias_blocks(1024, 4096) == (8, 16, 16, 256)  # 256 blocks
+    assert ke.bias_blocks(4096, 4096) == (8, 64, 16, 256)  # no range above 256 rows
+    assert ke.bias_blocks(10, 60000) == (2, 1, 235, 256)
+    assert ke.bias_blocks(16, 1000) == (2, 1, 16, 64)
 
 
 def test_launchers_refuse_bad_buffers_before_compiling():
@@ -504,7 +516,7 @@ def _xent_reference(logits: np.ndarray, labels: np.ndarray, classes: int):
 @pytest.mark.parametrize("classes,ld", [(10, 16), (10, 10), (13, 24), (40, 48)])
 @pytest.mark.parametrize("batch", [1, 7, 32, 128, 256, 257, 1000, 4096])
 def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
-    """Loss, hits and dlogits against float64; one block up to 256 rows, above it blocks of 64 rows whose sums meet
+    """Loss, hits and dlogits against float64; one block up to 256 rows, above it blocks of 16 rows whose sums meet
     exactly (the scratch and ticket left zero); metrics accumulate over launches; bitwise repeatable."""
     logits = (rng.standard_normal((batch + 2, ld)) * 3).astype(np.float16)
     labels = rng.integers(0, classes, size=batch).astype(np.int32)
@@ -525,7 +537,7 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
         device.synchronize()
         zero = kl.zero_metrics(kern, t_loss, t_corr)
         train = kl.softmax_xent(kern, t_z, t_lab, t_d, t_loss, t_corr, batch, classes, scratch=sums, ticket=tickets)
-        assert kl.xent_blocks(batch) == (1 if batch <= 256 else -(-batch // 64))
+        assert kl.xent_blocks(batch) == (1 if batch <= 256 else -(-batch // 16))
         zero.run(stream)
         train.run(stream)
         d1, loss1, corr1 = t_d.download(), t_loss.download(), t_corr.download()

@@ -36,12 +36,13 @@ class GemmConfig:
     tma: bool = False  # fed by the sm_90 tensor copy engine (TmaConfig in gemm_tma.cu): one more warp, the producer
     persistent: bool = False  # a resident grid walks the tiles (gemm_persistent_store in gemm.cu)
     wgmma: bool = False  # Hopper's warpgroup MMA (WgConfig in gemm_wgmma.cu, sm_90a): three warpgroups, one producing
+    ctas_per_sm: int = 1  # wgmma: the CTAs its __launch_bounds__ promise registers for (one's epilogue beside another's MMA)
     note: str = field(default="", compare=False, repr=False)  # why the tile exists (a comment in the header)
 
     @property
     def threads(self) -> int:
-        if self.wgmma:
-            return 128 * (self.warps_m * self.warps_n + 1)  # its warps_m x warps_n are consumer warpgroups
+        if self.wgmma:  # its warps_m x warps_n are consumer warpgroups, beside a producing warpgroup (or warp)
+            return 128 * self.warps_m * self.warps_n + (128 if self.ctas_per_sm == 1 else 32)
         return 32 * (self.warps_m * self.warps_n + self.tma)
 
     @property
@@ -99,6 +100,8 @@ CONFIGS = {c.name: c for c in (
                note="batches above 256 on sm_90a: warpgroup MMA, 128 columns"),
     GemmConfig("wg256", 128, 256, 64, 2, 1, 4, tma=True, wgmma=True,
                note="the same, 256 columns: half the re-reads of A where the tiles still fill the GPU"),
+    GemmConfig("wg128x2", 128, 128, 64, 2, 1, 3, tma=True, wgmma=True, ctas_per_sm=2,
+               note="wg128 in half the shared memory and 85 registers a thread: two CTAs an SM"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
@@ -121,7 +124,8 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("persist", "cr", "store")]
                              + [(c, lay, epi) for c in ("tma", "tma128") for lay, epi in TMA_ROLES]
                              + [("tma128x64", "rr", epi) for epi in ("store", "bias_act")]
-                             + [(c, lay, epi) for c in ("wg128", "wg256") for lay, epi in TMA_ROLES + WG_DW_ROLES])
+                             + [(c, lay, epi) for c in ("wg128", "wg256", "wg128x2")
+                                for lay, epi in TMA_ROLES + WG_DW_ROLES])
 # store32, an fp32 sum other GPUs add to (rawgpu/parallel/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)
@@ -237,7 +241,7 @@ def _gemm_wgmma_header(kernel: str | None = None) -> str:
     `kernel`, that one kernel alone."""
     lines = []
     for c in (c for c in CONFIGS.values() if c.source == GEMM_WGMMA_SOURCE):
-        lines.append(f"typedef WgConfig<{c.bn}, {c.stages}> {c.c_name};  // {c.note}")
+        lines.append(f"typedef WgConfig<{c.bn}, {c.stages}, {c.ctas_per_sm}> {c.c_name};  // {c.note}")
         lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::THREADS == "
                      f'{c.threads}, "{c.name}: its shape in rawgpu/contract/gemm.py");')
     lines.append("")

@@ -5,15 +5,19 @@
 // the swizzled shared tiles the copy engine writes and runs asynchronously, reaches cuBLAS's (docs/perf.md: Batches
 // above 256).
 //
-//   Block: three warpgroups. Warpgroup 0 produces (one thread issues every copy: the 128 x 64 A tile and B's 64 k
-//   rows, as gemm_tma.cu loads them, 128-byte swizzled), warpgroups 1 and 2 each multiply 64 rows of the 128-row
-//   tile by BN columns, four m64nBNk16 wgmma per 64-wide k-tile. A stage is released once the wgmma that read it has
+//   Block: three warpgroups (two CTAs an SM: two and a warp). Warpgroup 0 (the warp after them) produces (one thread
+//   issues every copy: the 128 x 64 A tile and B's 64 k rows, as gemm_tma.cu loads them, 128-byte swizzled), the
+//   two consumer warpgroups each multiply 64 rows of the 128-row tile by BN columns, four m64nBNk16 wgmma per 64-wide
+//   k-tile. A stage is released once the wgmma that read it has
 //   completed (wgmma.wait_group 1: the k-tile before the current one). B row-major ([K, N], x @ W) is BN / 64 panels
 //   of 64 k-rows x 64 columns, read with wgmma's transposed B; B column-major (W^T stored [N, K], dy @ W^T) is BN
 //   rows of 64 k. A column-major (x stored [K, M]: the weight gradient x^T @ dy) is two such panels, one per
 //   consumer warpgroup, read with wgmma's transposed A. Edges: the copy engine zero-fills outside the matrices; the
 //   epilogue writes only inside. The sums of a tile are in one order (K ascending), so results are bitwise
-//   reproducible. No split-K: the planner gives these tiles only shapes with enough tiles.
+//   reproducible. Split-K only for the 128-column weight gradient (few tiles, a long batch), within a cluster of
+//   1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and finish_cluster_splits
+//   adds them in split order and runs the epilogue, spread over the cluster. The other instances compile without
+//   that path (SPLITS): it slowed the unsplit 256-column weight gradient (docs/history.md).
 //   Epilogues: gemm_epilogue.cuh's, per pair of outputs, the weight updates (sgd, adam) included.
 // Built for sm_90a only (compiler.py: contract.nvrtc_arch); every other build's body traps (kernels/gemm.py never
 // picks these tiles there), as does the fp16-accumulating twin of each instance (fp16 accumulation runs on gemm.cu).
@@ -30,9 +34,12 @@
 #define RG_WGMMA 0
 #endif
 
-template <int BN_, int STAGES_>
+// CTAS: the CTAs an SM runs at once. With one, warpgroup 0 produces; with two (half the registers a thread), a
+// single warp after the two consumer warpgroups does.
+template <int BN_, int STAGES_, int CTAS_>
 struct WgConfig {
-    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, THREADS = 384;
+    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_;
+    static constexpr int THREADS = CTAS == 1 ? 384 : 288, PRODUCER = CTAS == 1 ? 0 : 2;  // the producer's warpgroup
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr u32 SMEM = STAGES * STAGE_BYTES + 1024;  // + slack to align the tiles to 1024 bytes
     static_assert(BN == 128 || BN == 256, "m64n128k16 or m64n256k16");
@@ -50,8 +57,13 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         __shared__ u64 full[STAGES], empty[STAGES];
         if (dynamic_smem_bytes() < Cfg::SMEM) __trap();  // launcher/kernel mismatch
         u8* tiles = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
-        const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-        const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * BN, k_tiles = (p.K + BK - 1) / BK;
+        const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, consumer = Cfg::PRODUCER == 0 ? wg - 1 : wg;
+        const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * BN;
+        constexpr bool SPLITS = LA == COL && BN == 128 && Cfg::CTAS == 1;  // the instances kernels/gemm.py splits
+        const int k_begin = SPLITS ? blockIdx.z * p.k_chunk : 0;
+        const int k_tiles = (min(p.K, k_begin + p.k_chunk) - k_begin + BK - 1) / BK;
+        const bool split = SPLITS && gridDim.z > 1;
+        if (gridDim.z > 1 && (!SPLITS || cluster_ctas() != gridDim.z)) __trap();  // splits meet only in a cluster
         if (tid == 0) {
             prefetch_tensor_map(mapA);
             prefetch_tensor_map(mapB);
@@ -63,37 +75,37 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         }
         __syncthreads();
         pdl_enter();  // A (and the epilogue's inputs) may come from the kernel before (pdl.cuh)
-        if (wg == 0) {
+        if (wg == Cfg::PRODUCER) {
             if (t == 0) {
                 const u64 policy_b = l2_policy(keep_b);  // kernels/l2.py
                 for (int kt = 0; kt < k_tiles; ++kt) {
                     const int s = kt % STAGES;
                     if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);
                     u8* a = tiles + s * Cfg::STAGE_BYTES;
+                    const int k = k_begin + kt * BK;
                     mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);
                     if (LA == ROW) {
-                        tma_load_2d(a, mapA, kt * BK, m0, &full[s]);
+                        tma_load_2d(a, mapA, k, m0, &full[s]);
                     } else {  // two panels of 64 k-rows x 64 m-columns
-                        tma_load_2d(a, mapA, m0, kt * BK, &full[s]);
-                        tma_load_2d(a + 8192, mapA, m0 + 64, kt * BK, &full[s]);
+                        tma_load_2d(a, mapA, m0, k, &full[s]);
+                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);
                     }
                     if (LB == ROW) {
 #pragma unroll
                         for (int j = 0; j < BN / 64; ++j)
-                            tma_load_2d_policy(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, kt * BK, &full[s],
-                                               policy_b);
+                            tma_load_2d_policy(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s], policy_b);
                     } else {
-                        tma_load_2d_policy(a + Cfg::A_BYTES, mapB, kt * BK, n0, &full[s], policy_b);
+                        tma_load_2d_policy(a + Cfg::A_BYTES, mapB, k, n0, &full[s], policy_b);
                     }
                 }
             }
-            return;
+            if (!split) return;  // else the producers' threads help finish the cluster's tile below
         }
         float d[BN / 2];
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
-        const int rows = (wg - 1) * 64;  // this warpgroup's rows of the tile
-        for (int kt = 0; kt < k_tiles; ++kt) {
+        const int rows = consumer * 64;  // this warpgroup's rows of the tile
+        for (int kt = 0; kt < k_tiles && (!SPLITS || wg != Cfg::PRODUCER); ++kt) {
             const int s = kt % STAGES;
             mbar_wait(&full[s], (kt / STAGES) & 1);
             // this warpgroup's A: its 64 rows of 128 bytes, or (column-major) its panel, the same 8 KB further on
@@ -117,6 +129,22 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         Optim o = {};  // the optimiser with this step's values (the gather wrote them before pdl_enter returned)
         if (EPI_UPDATES(EPI)) o = *p.opt;
         const int warp = t / 32, lane = t % 32, r0 = m0 + rows + warp * 16 + lane / 4;
+        if (SPLITS && split) {  // the partial tile into the pipeline's memory once every wgmma has read it; the fix-up
+            constexpr int LD = CLUSTER_PART_LD(BN);
+            __syncthreads();
+            static_assert(Cfg::BM * LD * 4 <= STAGES * Cfg::STAGE_BYTES, "the partial tile fits the pipeline");
+            float* part = reinterpret_cast<float*>(tiles);
+            if (wg != Cfg::PRODUCER) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        *reinterpret_cast<float2*>(part + (r0 - m0 + 8 * h) * LD + j * 8 + 2 * (lane % 4)) =
+                            make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+            }
+            finish_cluster_splits<EPI, Cfg::BM, BN, Cfg::THREADS>(p, o, part, m0, n0);
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int col = n0 + j * 8 + 2 * (lane % 4);
@@ -139,10 +167,10 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, with gemm_tma.cu's parameters -------
 // The WgConfig typedefs and the instance list are rawgpu/contract/gemm.py's table (CONFIGS, INSTANCES), generated into
 // gemm_wgmma_instances.cuh. Unlike gemm_tma.cu's, A may be column-major (the weight gradient).
-#define WG_INSTANCE(name, CFG, LA, LB, EPI, ACC16)                                        \
-    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(GEMM_TMA_PARAMS) { \
-        const Params p = GEMM_TMA_ARGS;                                                   \
-        gemm_wgmma<CFG, LA, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                     \
+#define WG_INSTANCE(name, CFG, LA, LB, EPI, ACC16)                                                \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, CFG::CTAS) name(GEMM_TMA_PARAMS) { \
+        const Params p = GEMM_TMA_ARGS;                                                           \
+        gemm_wgmma<CFG, LA, LB, EPI, ACC16>(&mapA, &mapB, p, keep_b);                             \
     }
 
 #define WG_ACCS(name, CFG, LA, LB, EPI)             \

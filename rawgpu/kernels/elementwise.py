@@ -49,7 +49,12 @@ def fill_f32(k: Kernels, t: Tensor, value: float) -> Launch:
     return k.get(SRC, "fill_f32", "pqf").bind(blocks_for(t.size, THREADS, 4), THREADS, 0, t, t.size, value)
 
 
-BIAS_SPLIT_ROWS = 256  # rows per block of bias_update above this many: the row ranges' sums meet exactly
+# bias_update's rows per block: above BIAS_SPLIT_ROWS rows, ranges of rows run in blocks of their own, whose sums meet
+# exactly; enough ranges for about BIAS_BLOCKS blocks (a block's 32 row threads each add their rows one after another:
+# few long ranges leave the SMs idle, many short ones queue on the sums), from BIAS_MIN_RANGE to BIAS_SPLIT_ROWS rows.
+BIAS_SPLIT_ROWS = 256
+BIAS_MIN_RANGE = 64
+BIAS_BLOCKS = 256
 
 
 def bias_update(k: Kernels, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tensor | None, optim: Tensor,
@@ -81,15 +86,20 @@ def bias_grad(k: Kernels, dy: Tensor, grad: Tensor, rows: int, scratch: Tensor |
     return _bias_sums(k, dy, grad.shape[0], rows, None, None, None, None, grad, scratch, tickets)
 
 
-def bias_blocks(cols: int, rows: int) -> tuple[int, int, int]:
-    """bias_update's block columns (tx), column tiles and row ranges for a layer: the block shape depends only on
-    cols; above BIAS_SPLIT_ROWS rows the row ranges need the exact-sum buffers (a word per column, a ticket per
-    tile)."""
+def bias_blocks(cols: int, rows: int) -> tuple[int, int, int, int]:
+    """bias_update's block columns (tx), column tiles, row ranges and rows per range for a layer: the block shape
+    depends only on cols; above BIAS_SPLIT_ROWS rows the row ranges need the exact-sum buffers (a word per column, a
+    ticket per tile)."""
     groups = -(-cols // 8)  # 8 columns per thread
     tx = 1
     while tx < min(groups, 8):
         tx *= 2
-    return tx, max(1, -(-cols // (8 * tx))), max(1, -(-rows // BIAS_SPLIT_ROWS))
+    tiles = max(1, -(-cols // (8 * tx)))
+    if rows <= BIAS_SPLIT_ROWS:
+        return tx, tiles, 1, BIAS_SPLIT_ROWS
+    per_range = 32 * -(-rows * tiles // (32 * BIAS_BLOCKS))  # a multiple of the block's 32 row threads
+    per_range = min(BIAS_SPLIT_ROWS, max(BIAS_MIN_RANGE, per_range))
+    return tx, tiles, -(-rows // per_range), per_range
 
 
 def _bias_sums(k: Kernels, dy: Tensor, cols: int, rows: int, bias: Tensor | None, m: Tensor | None,
@@ -100,12 +110,12 @@ def _bias_sums(k: Kernels, dy: Tensor, cols: int, rows: int, bias: Tensor | None
         raise ValueError(f"bias dy: expected shape [rows, ld >= {cols}], got {dy.shape}")
     if not 0 <= rows <= dy.shape[0]:
         raise ValueError(f"bias dy: rows={rows} is outside 0..{dy.shape[0]}")
-    tx, tiles, ranges = bias_blocks(cols, rows)
+    tx, tiles, ranges, per_range = bias_blocks(cols, rows)
     if ranges > 1:
         require_exact_sums(scratch, tickets, cols, tiles, f"bias sums over {rows} rows")
     return k.get(SRC, "bias_update", "piiipppppipp").bind(
         (tiles, ranges), (tx, THREADS // tx), 0, dy, dy.shape[1], rows, cols,
-        *(0 if t is None else t for t in (bias, m, v, optim, grad)), BIAS_SPLIT_ROWS,
+        *(0 if t is None else t for t in (bias, m, v, optim, grad)), per_range,
         *((scratch, tickets) if ranges > 1 else (0, 0)))
 
 

@@ -65,9 +65,17 @@ ROW_TILE = "tma128x64"
 # reads A half as often and wins while its tiles still number half the SMs or more.
 WGMMA_MIN_N = 128
 WGMMA_WIDE_SHARE = 0.5
-# x^T @ dy with its update on those tiles, unsplit, beats the split mma.sync tiles once its 128 x 128 tiles number this
-# share of the SMs (docs/history.md: The weight gradient on warpgroup MMA)
-WGMMA_DW_SHARE = 0.4
+# x^T @ dy of a batch above BATCH_STREAM_ROWS on those tiles too, with its update; where its tiles are few, K splits
+# over a cluster of up to MAX_CLUSTER_SPLITS CTAs (one per SM, every split WGMMA_MIN_K_TILES_PER_SPLIT k-tiles at
+# least), the splits meeting in distributed shared memory (docs/history.md: The weight gradient on warpgroup MMA)
+WGMMA_MIN_K_TILES_PER_SPLIT = 2
+WGMMA_SPLIT_CONFIG = "wg128"  # the one whose x^T @ dy instances are built to split (cu/gemm_wgmma.cu: SPLITS)
+# x^T @ dy of a weight of WGMMA_PAIR_MIN_ROWS rows or more over a batch of at most WGMMA_PAIR_MAX_K: its update costs as
+# much as its multiply, and the 128-column tile two CTAs an SM ("wg128x2": one's update beside the other's multiply)
+# beats the one-CTA tiles, whole or split (dev/gemm_variants.py; docs/history.md)
+WGMMA_PAIR_CONFIG = "wg128x2"
+WGMMA_PAIR_MIN_ROWS = 4096
+WGMMA_PAIR_MAX_K = 1024
 
 
 def has_tma(arch: str) -> bool:
@@ -160,7 +168,9 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       and ROW_TILE_MIN_COLUMNS);
     - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
       the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles; x^T @ dy of
-      a batch above BATCH_STREAM_ROWS too (with its update), from WGMMA_DW_SHARE x SMs of 128 x 128 tiles on;
+      a batch above BATCH_STREAM_ROWS too, at any N (with its update; K split over a cluster where its tiles are
+      few: the head's 16 columns in a 128-column tile still beat the mma.sync tiles' splits through the workspace;
+      two CTAs an SM from WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K);
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
     a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit."""
@@ -186,10 +196,12 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
             if weight >= (TMA_MIN_BYTES_BATCH if batch_forward else TMA_MIN_BYTES):
                 return "tma"
         return "stream"
-    few_tiles = cdiv(M, 128) * cdiv(N, 128) < WGMMA_DW_SHARE * sm_count
-    if (M > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32" and N >= WGMMA_MIN_N and K >= 64
-            and ("wg128", layout, epilogue) in INSTANCES
-            and (layout != "cr" or (K > BATCH_STREAM_ROWS and not few_tiles))):
+    batch = K if layout == "cr" else M
+    if (batch > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32" and K >= 64
+            and (N >= WGMMA_MIN_N or layout == "cr")
+            and ("wg128", layout, epilogue) in INSTANCES):
+        if layout == "cr" and M >= WGMMA_PAIR_MIN_ROWS and K <= WGMMA_PAIR_MAX_K:
+            return WGMMA_PAIR_CONFIG
         return "wg256" if cdiv(M, 128) * cdiv(N, 256) >= WGMMA_WIDE_SHARE * sm_count else "wg128"
     if M <= 32:
         return "32x128"
@@ -206,6 +218,17 @@ def choose_splits(tiles: int, k_tiles: int, sm_count: int, bytes_per_k_tile: int
     want = cdiv(2 * sm_count, tiles)
     most = max(1, min(k_tiles // MIN_K_TILES_PER_SPLIT, 2 * k_tiles * bytes_per_k_tile // SPLIT_MIN_BYTES))
     return max(1, min(MAX_SPLITS, want, most))
+
+
+def wgmma_splits(tiles: int, k_tiles: int, sm_count: int, capacity: Sequence[int]) -> int:
+    """The warpgroup-MMA tile (one CTA per SM) on few tiles: split K over a cluster while every split's CTA still
+    has an SM of its own, every split WGMMA_MIN_K_TILES_PER_SPLIT k-tiles at least, and every tile's cluster is
+    resident at once (capacity: cluster_capacity's, as for the streaming tiles, also one CTA per SM)."""
+    most = min(MAX_CLUSTER_SPLITS, k_tiles // WGMMA_MIN_K_TILES_PER_SPLIT, sm_count // max(tiles, 1))
+    for s in range(most, 1, -1):
+        if tiles <= capacity[s]:
+            return s
+    return 1
 
 
 def stream_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
@@ -300,6 +323,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"GEMM config {name} needs the warpgroup MMA of sm_90, not {arch}")
     if splits is not None:
         s = int(splits)
+    elif name == WGMMA_SPLIT_CONFIG and layout == "cr":
+        s = wgmma_splits(tiles, k_tiles, sm_count, room)
     elif cfg.persistent or cfg.wgmma:
         s = 1
     elif cfg.tma and cfg.bm > 32:
@@ -320,15 +345,23 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile)
     if not 1 <= s <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
-    if (cfg.persistent or cfg.wgmma) and s != 1:
+    if cfg.persistent and s != 1:
         raise ValueError(f"GEMM config {name} runs whole tiles: it takes no split-K (asked for {s} splits)")
+    if cfg.wgmma and s > 1 and (name != WGMMA_SPLIT_CONFIG or layout != "cr" or s > MAX_CLUSTER_SPLITS
+                                or cluster is False):
+        raise ValueError(f"the warpgroup-MMA tiles split K only as {WGMMA_SPLIT_CONFIG}'s x^T @ dy (cr), in a cluster "
+                         f"of at most {MAX_CLUSTER_SPLITS} (asked: {s} splits, config {name}, layout {layout}"
+                         + (", no cluster)" if cluster is False else ")"))
     k_chunk = cdiv(k_tiles, s) * cfg.bk
     s = cdiv(K, k_chunk)  # no empty splits
     clusters_ok = has_tma(arch) and s <= MAX_CLUSTER_SPLITS and not cfg.staged
     if cluster and s > 1 and not clusters_ok:
         raise ValueError(f"split-K within a cluster needs sm_90 or later, at most {MAX_CLUSTER_SPLITS} splits and a "
                          f"tile without the staged epilogue (here {arch}, {s} splits, config {name})")
-    in_cluster = s > 1 and clusters_ok and tiles <= room[s] if cluster is None else bool(cluster) and s > 1
+    if cluster is not None:
+        in_cluster = bool(cluster) and s > 1
+    else:  # the warpgroup-MMA tile's splits meet only in a cluster
+        in_cluster = s > 1 and clusters_ok and (cfg.wgmma or tiles <= room[s])
     blocks = min(tiles, PERSIST_BLOCKS_PER_SM * sm_count) if cfg.persistent else 0
     return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, states, in_cluster, blocks)
 

@@ -12,11 +12,12 @@ from . import Kernels, require, require_exact_sums
 SRC = "loss.cu"
 # A warp per row (enough for 10 classes). One block takes a batch of up to ONE_BLOCK_ROWS rows, its rows one after
 # another per warp: it gets the most warps (softmax_xent's per-warp sums are sized for them). Above, blocks of
-# BLOCK_ROWS rows (or the caller's block_rows) spread the rows over the GPU in 8 warps each, and their sums meet exactly.
+# BLOCK_ROWS rows (or the caller's block_rows) spread the rows over the GPU in 8 warps each, two rows a warp (a warp's
+# rows are dependent round trips: more of them per warp is slower, not cheaper), and their sums meet exactly.
 THREADS = XENT_MAX_THREADS
 SPREAD_THREADS = 256
 ONE_BLOCK_ROWS = 256
-BLOCK_ROWS = 64
+BLOCK_ROWS = 16
 
 
 def xent_blocks(batch: int) -> int:
