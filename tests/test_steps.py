@@ -44,10 +44,17 @@ def test_auto_says_why_it_passed_every_kind_over():
     choice = steps.choose(Recipe(hidden=2048, batch=512), "sm_90")  # a batch past the short form, wide: 18 kernels
     assert choice.kind == "layered"
     assert list(choice.passed_over) == ["cluster", "layered (short form)", "fused"]
-    assert "at most 32" in choice.passed_over["cluster"] and "hidden 2048 > 1024" in choice.passed_over["fused"]
-    assert "in 18 kernels" in choice.passed_over["fused"]
+    assert "at most 32" in choice.passed_over["cluster"] and "hidden 2048 > 512" in choice.passed_over["fused"]
+    assert "on warpgroup MMA" in choice.passed_over["fused"]
+    before_sm90 = steps.choose(Recipe(hidden=2048, batch=512), "sm_86").passed_over["fused"]
+    assert "hidden 2048 > 1024" in before_sm90 and "in 18 kernels" in before_sm90
     assert "batch <= 256" in choice.passed_over["layered (short form)"]
-    assert steps.choose(Recipe(hidden=1024, batch=512), "sm_90").kind == "fused"
+    for batch in (384, 512):  # above the short form's batches: the fused step up to 512 wide, warpgroup MMA above
+        assert steps.choose(Recipe(hidden=512, batch=batch), "sm_90").kind == "fused"
+        wide = steps.choose(Recipe(hidden=1024, batch=batch), "sm_90")
+        assert wide.kind == "layered" and "hidden 1024 > 512" in wide.passed_over["fused"]
+        assert "on warpgroup MMA" in wide.passed_over["fused"]
+        assert steps.choose(Recipe(hidden=1024, batch=batch), "sm_86").kind == "fused"  # mma.sync tiles there
     for arch in ("sm_86", "sm_90"):  # above batch 512 the layered step's GEMM tiles win at every width
         large = steps.choose(Recipe(hidden=128, batch=1024), arch)
         assert large.kind == "layered" and "batch 1024 > 512" in large.passed_over["fused"]

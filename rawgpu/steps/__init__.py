@@ -116,7 +116,7 @@ def _auto(recipe: Recipe, arch: str) -> Choice:
     if (why := layered.short_form_reason(recipe, arch)) is None:
         return Choice("layered", layered.WHEN_AUTO_SHORT, passed)
     passed[SHORT_FORM] = why
-    if (why := fused.unsupported_reason(recipe, arch) or fused.not_preferred_reason(recipe)) is None:
+    if (why := fused.unsupported_reason(recipe, arch) or fused.not_preferred_reason(recipe, arch)) is None:
         return Choice("fused", fused.WHEN_AUTO, passed)
     passed["fused"] = why
     return Choice("layered", layered.WHEN_AUTO, passed)

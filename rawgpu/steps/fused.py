@@ -16,6 +16,7 @@ from .. import contract, optimizer
 from ..kernels import dx_sgd as kb
 from ..kernels import elementwise as ke
 from ..kernels import fused as kf
+from ..kernels import gemm as kg
 from ..mlp import MLP
 from ..recipe import Recipe, loss_scale
 from .base import Step, StepOptions
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 # the fused step's 32x32 blocks stream the weights slower (docs/history.md).
 MAX_HIDDEN_VS_ONE_PASS = 512
 MAX_HIDDEN = 1024
+# On sm_90 above the short form's batches the layered step's GEMMs run on warpgroup MMA, and beat the fused step above
+# this width (docs/history.md: The fused step against the layered step above batch 256).
+MAX_HIDDEN_VS_WGMMA = 512
 # The largest batch `auto` gives it: above, the layered step's GEMM tiles beat its per-block row loops at every width
 # (docs/history.md: Batches above 256).
 MAX_BATCH = 512
@@ -37,7 +41,7 @@ MODEL = MLP  # the buffers it runs over
 SEVERAL_GPUS = False
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases; ReLU only)"
 PREFERRED_WHEN = (f"fp32 accumulation, batch <= {MAX_BATCH}, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at "
-                  "batch <= 32 with plain SGD")
+                  f"batch <= 32 with plain SGD and <= {MAX_HIDDEN_VS_WGMMA} above batch {kg.BATCH_STREAM_ROWS} on sm_90")
 WHEN_AUTO = "one kernel beats a chain of latency-bound launches at this width"
 
 
@@ -54,16 +58,17 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     return None
 
 
-def not_preferred_reason(recipe: Recipe) -> str | None:
-    """Why `auto` passes the fused step over although it could run; None when `auto` takes it."""
+def not_preferred_reason(recipe: Recipe, arch: str) -> str | None:
+    """Why `auto` passes the fused step over on a GPU of `arch` although it could run; None when `auto` takes it."""
     if recipe.batch > MAX_BATCH:
         return (f"batch {recipe.batch} > {MAX_BATCH}: the layered step's GEMM tiles run batches this large faster than "
                 "the fused step's per-block rows")
     one_pass = kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum)
-    limit = MAX_HIDDEN_VS_ONE_PASS if one_pass else MAX_HIDDEN
+    limit, how = (MAX_HIDDEN_VS_ONE_PASS, "with its one-pass backward") if one_pass else (MAX_HIDDEN, "in 18 kernels")
+    if recipe.batch > kg.BATCH_STREAM_ROWS and kg.has_wgmma(arch) and MAX_HIDDEN_VS_WGMMA < limit:
+        limit, how = MAX_HIDDEN_VS_WGMMA, "on warpgroup MMA"
     if (widest := max(recipe.padded_widths[1:-1])) > limit:
-        how = "with its one-pass backward" if one_pass else "in 18 kernels"
-        return (f"hidden {widest} > {limit}: the layered step {how} streams weights this wide faster than the fused "
+        return (f"hidden {widest} > {limit}: the layered step {how} runs weights this wide faster than the fused "
                 "step's 32x32 blocks")
     return None
 
