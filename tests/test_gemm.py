@@ -259,9 +259,8 @@ def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_
     assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32" and lay != "cr"} == store
     assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE,
                                      "wg128", "wg256", "wg128x2"}
-    assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {"32x128", "64x128", "128x128",
-                                                                                    "staged", "staged32", "wg128", "wg128x2",
-                                                                                    "wg256"}
+    assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {
+        "32x128", "64x128", "128x128", "staged", "staged32", "wg128", "wg128x2", "wg256"}
     with pytest.raises(ValueError, match="no compiled GEMM instance"):
         G.plan_gemm(8192, 8192, 32, "cc", "store32")
 

@@ -36,7 +36,7 @@ class GemmConfig:
     tma: bool = False  # fed by the sm_90 tensor copy engine (TmaConfig in gemm_tma.cu): one more warp, the producer
     persistent: bool = False  # a resident grid walks the tiles (gemm_persistent_store in gemm.cu)
     wgmma: bool = False  # Hopper's warpgroup MMA (WgConfig in gemm_wgmma.cu, sm_90a): three warpgroups, one producing
-    ctas_per_sm: int = 1  # wgmma: the CTAs its __launch_bounds__ promise registers for (one's epilogue beside another's MMA)
+    ctas_per_sm: int = 1  # wgmma: the CTAs an SM runs, by __launch_bounds__ (one's epilogue beside another's MMA)
     note: str = field(default="", compare=False, repr=False)  # why the tile exists (a comment in the header)
 
     @property

@@ -41,7 +41,8 @@ MODEL = MLP  # the buffers it runs over
 SEVERAL_GPUS = False
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases; ReLU only)"
 PREFERRED_WHEN = (f"fp32 accumulation, batch <= {MAX_BATCH}, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at "
-                  f"batch <= 32 with plain SGD and <= {MAX_HIDDEN_VS_WGMMA} above batch {kg.BATCH_STREAM_ROWS} on sm_90")
+                  f"batch <= 32 with plain SGD and <= {MAX_HIDDEN_VS_WGMMA} above batch {kg.BATCH_STREAM_ROWS} "
+                  "on sm_90")
 WHEN_AUTO = "one kernel beats a chain of latency-bound launches at this width"
 
 
