@@ -39,10 +39,10 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
         k_tiles = -(-K // cfg.bk)
         for s in (1, 2, 3, 4, 6, 8, 12, 16):
             if s == 1 or k_tiles // s >= 1:
-                if s == 1 or not (cfg.wgmma or cfg.persistent):  # these split only in a cluster (cr), or not at all
+                if s == 1 or not (cfg.wgmma or cfg.persistent):  # these split in a cluster (split_k's cr) or not at all
                     out.append((name, s, False))
                 if (1 < s <= G.MAX_CLUSTER_SPLITS and G.has_tma(arch) and not cfg.staged and not cfg.persistent
-                        and (layout == "cr" or not cfg.wgmma)):
+                        and (not cfg.wgmma or (cfg.split_k and layout == "cr"))):
                     out.append((name, s, True))
     return out
 

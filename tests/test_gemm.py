@@ -685,7 +685,7 @@ def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, s
     repeatable. sm_90 only."""
     if not G.has_wgmma(device.arch):
         pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
-    if config != G.WGMMA_SPLIT_CONFIG and splits not in (None, 1):
+    if not G.CONFIGS[config].split_k and splits not in (None, 1):
         with pytest.raises(ValueError, match="split K only as"):
             run_case(device, stream, kernels, rng, M, N, K, "cr", epi, "f32", opt=opt, config=config, splits=splits)
         return
@@ -693,7 +693,7 @@ def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, s
                                splits=splits, repeat=2)
     assert plan.config.name == config and plan.cluster == (plan.splits > 1)
     planned = G.wgmma_splits(plan.tiles[0] * plan.tiles[1], -(-K // 64), device.sm_count, G.cluster_capacity(kernels))
-    assert plan.splits == (splits or (planned if config == G.WGMMA_SPLIT_CONFIG else 1))
+    assert plan.splits == (splits or (planned if G.CONFIGS[config].split_k else 1))
     for got in runs:
         check_case(plan, got, ref)
     for key in runs[0]:

@@ -37,6 +37,7 @@ class GemmConfig:
     persistent: bool = False  # a resident grid walks the tiles (gemm_persistent_store in gemm.cu)
     wgmma: bool = False  # Hopper's warpgroup MMA (WgConfig in gemm_wgmma.cu, sm_90a): three warpgroups, one producing
     ctas_per_sm: int = 1  # wgmma: the CTAs an SM runs, by __launch_bounds__ (one's epilogue beside another's MMA)
+    split_k: bool = False  # wgmma: its x^T @ dy may split K over a cluster (only these instances carry the fix-up)
     note: str = field(default="", compare=False, repr=False)  # why the tile exists (a comment in the header)
 
     @property
@@ -96,12 +97,12 @@ CONFIGS = {c.name: c for c in (
                                                                "the SMs"),
     GemmConfig("tma128x64", 128, 64, 64, 4, 1, 8, tma=True, note="a batch of up to 128 rows reads each weight tile "
                                                                  "once"),
-    GemmConfig("wg128", 128, 128, 64, 2, 1, 6, tma=True, wgmma=True,  # warps_m: 2 consumer warpgroups of 64 rows
+    GemmConfig("wg128", 128, 128, 64, 2, 1, 6, tma=True, wgmma=True, split_k=True,  # warps_m: 2 consumer warpgroups
                note="batches above 256 on sm_90a: warpgroup MMA, 128 columns"),
     GemmConfig("wg256", 128, 256, 64, 2, 1, 4, tma=True, wgmma=True,
                note="the same, 256 columns: half the re-reads of A where the tiles still fill the GPU"),
     GemmConfig("wg128x2", 128, 128, 64, 2, 1, 3, tma=True, wgmma=True, ctas_per_sm=2,
-               note="wg128 in half the shared memory and 85 registers a thread: two CTAs an SM"),
+               note="wg128 in 3 stages, with a producing warp for a warpgroup: two CTAs an SM"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
@@ -241,7 +242,8 @@ def _gemm_wgmma_header(kernel: str | None = None) -> str:
     `kernel`, that one kernel alone."""
     lines = []
     for c in (c for c in CONFIGS.values() if c.source == GEMM_WGMMA_SOURCE):
-        lines.append(f"typedef WgConfig<{c.bn}, {c.stages}, {c.ctas_per_sm}> {c.c_name};  // {c.note}")
+        lines.append(f"typedef WgConfig<{c.bn}, {c.stages}, {c.ctas_per_sm}, {str(c.split_k).lower()}> {c.c_name};  "
+                     f"// {c.note}")
         lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::THREADS == "
                      f'{c.threads}, "{c.name}: its shape in rawgpu/contract/gemm.py");')
     lines.append("")

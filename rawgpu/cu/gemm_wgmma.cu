@@ -16,8 +16,8 @@
 //   epilogue writes only inside. The sums of a tile are in one order (K ascending), so results are bitwise
 //   reproducible. Split-K only for the 128-column weight gradient (few tiles, a long batch), within a cluster of
 //   1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and finish_cluster_splits
-//   adds them in split order and runs the epilogue, spread over the cluster. The other instances compile without
-//   that path (SPLITS): it slowed the unsplit 256-column weight gradient (docs/history.md).
+//   adds them in split order and runs the epilogue, spread over the cluster. Only the configs the table marks
+//   (SPLIT_K, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one (docs/history.md).
 //   Epilogues: gemm_epilogue.cuh's, per pair of outputs, the weight updates (sgd, adam) included.
 // Built for sm_90a only (compiler.py: contract.nvrtc_arch); every other build's body traps (kernels/gemm.py never
 // picks these tiles there), as does the fp16-accumulating twin of each instance (fp16 accumulation runs on gemm.cu).
@@ -35,10 +35,11 @@
 #endif
 
 // CTAS: the CTAs an SM runs at once. With one, warpgroup 0 produces; with two (half the registers a thread), a
-// single warp after the two consumer warpgroups does.
-template <int BN_, int STAGES_, int CTAS_>
+// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster.
+template <int BN_, int STAGES_, int CTAS_, bool SPLIT_K_>
 struct WgConfig {
     static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_;
+    static constexpr bool SPLIT_K = SPLIT_K_;
     static constexpr int THREADS = CTAS == 1 ? 384 : 288, PRODUCER = CTAS == 1 ? 0 : 2;  // the producer's warpgroup
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr u32 SMEM = STAGES * STAGE_BYTES + 1024;  // + slack to align the tiles to 1024 bytes
@@ -59,7 +60,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         u8* tiles = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
         const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, consumer = Cfg::PRODUCER == 0 ? wg - 1 : wg;
         const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * BN;
-        constexpr bool SPLITS = LA == COL && BN == 128 && Cfg::CTAS == 1;  // the instances kernels/gemm.py splits
+        constexpr bool SPLITS = LA == COL && Cfg::SPLIT_K;  // the instances kernels/gemm.py may split
         const int k_begin = SPLITS ? blockIdx.z * p.k_chunk : 0;
         const int k_tiles = (min(p.K, k_begin + p.k_chunk) - k_begin + BK - 1) / BK;
         const bool split = SPLITS && gridDim.z > 1;
@@ -177,4 +178,4 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
     WG_INSTANCE(name##_f32, CFG, LA, LB, EPI, false) \
     WG_INSTANCE(name##_f16, CFG, LA, LB, EPI, true)
 
-#include "gemm_wgmma_instances.cuh"  // generated: typedef WgConfig<BN, STAGES> Cfg_<name>; WG_ACCS per instance
+#include "gemm_wgmma_instances.cuh"  // generated: typedef WgConfig<...> Cfg_<name>; WG_ACCS per instance

@@ -69,7 +69,6 @@ WGMMA_WIDE_SHARE = 0.5
 # over a cluster of up to MAX_CLUSTER_SPLITS CTAs (one per SM, every split WGMMA_MIN_K_TILES_PER_SPLIT k-tiles at
 # least), the splits meeting in distributed shared memory (docs/history.md: The weight gradient on warpgroup MMA)
 WGMMA_MIN_K_TILES_PER_SPLIT = 2
-WGMMA_SPLIT_CONFIG = "wg128"  # the one whose x^T @ dy instances are built to split (cu/gemm_wgmma.cu: SPLITS)
 # x^T @ dy of a weight of WGMMA_PAIR_MIN_ROWS rows or more over a batch of at most WGMMA_PAIR_MAX_K: its update costs as
 # much as its multiply, and the 128-column tile two CTAs an SM ("wg128x2": one's update beside the other's multiply)
 # beats the one-CTA tiles, whole or split (dev/gemm_variants.py; docs/history.md)
@@ -224,11 +223,7 @@ def wgmma_splits(tiles: int, k_tiles: int, sm_count: int, capacity: Sequence[int
     """The warpgroup-MMA tile (one CTA per SM) on few tiles: split K over a cluster while every split's CTA still
     has an SM of its own, every split WGMMA_MIN_K_TILES_PER_SPLIT k-tiles at least, and every tile's cluster is
     resident at once (capacity: cluster_capacity's, as for the streaming tiles, also one CTA per SM)."""
-    most = min(MAX_CLUSTER_SPLITS, k_tiles // WGMMA_MIN_K_TILES_PER_SPLIT, sm_count // max(tiles, 1))
-    for s in range(most, 1, -1):
-        if tiles <= capacity[s]:
-            return s
-    return 1
+    return resident_splits(tiles, min(k_tiles // WGMMA_MIN_K_TILES_PER_SPLIT, sm_count // max(tiles, 1)), capacity)
 
 
 def stream_splits(tiles: int, k_tiles: int, sm_count: int) -> int:
@@ -245,9 +240,13 @@ def cluster_splits(tiles: int, k_tiles: int, capacity: Sequence[int]) -> int:
     enough that the most splits win, down to one k-tile each, as long as every tile's cluster is resident at once (a
     second wave of clusters costs more than fewer splits save); below STREAM_SPLIT_MIN_K_TILES a split still costs
     more than it saves."""
-    if k_tiles < STREAM_SPLIT_MIN_K_TILES:
-        return 1
-    for s in range(min(MAX_CLUSTER_SPLITS, k_tiles), 1, -1):
+    return 1 if k_tiles < STREAM_SPLIT_MIN_K_TILES else resident_splits(tiles, k_tiles, capacity)
+
+
+def resident_splits(tiles: int, most: int, capacity: Sequence[int]) -> int:
+    """The most splits, up to `most` and MAX_CLUSTER_SPLITS, at which every tile's cluster is resident at once
+    (capacity[s]: how many clusters of s one-block-per-SM CTAs the GPU runs at once, cluster_capacity's)."""
+    for s in range(min(MAX_CLUSTER_SPLITS, most), 1, -1):
         if tiles <= capacity[s]:
             return s
     return 1
@@ -323,7 +322,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"GEMM config {name} needs the warpgroup MMA of sm_90, not {arch}")
     if splits is not None:
         s = int(splits)
-    elif name == WGMMA_SPLIT_CONFIG and layout == "cr":
+    elif cfg.split_k and layout == "cr":
         s = wgmma_splits(tiles, k_tiles, sm_count, room)
     elif cfg.persistent or cfg.wgmma:
         s = 1
@@ -347,10 +346,10 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
     if cfg.persistent and s != 1:
         raise ValueError(f"GEMM config {name} runs whole tiles: it takes no split-K (asked for {s} splits)")
-    if cfg.wgmma and s > 1 and (name != WGMMA_SPLIT_CONFIG or layout != "cr" or s > MAX_CLUSTER_SPLITS
-                                or cluster is False):
-        raise ValueError(f"the warpgroup-MMA tiles split K only as {WGMMA_SPLIT_CONFIG}'s x^T @ dy (cr), in a cluster "
-                         f"of at most {MAX_CLUSTER_SPLITS} (asked: {s} splits, config {name}, layout {layout}"
+    if cfg.wgmma and s > 1 and (not cfg.split_k or layout != "cr" or s > MAX_CLUSTER_SPLITS or cluster is False):
+        split_k = ", ".join(c.name for c in CONFIGS.values() if c.split_k)
+        raise ValueError(f"the warpgroup-MMA tiles split K only as {split_k}'s x^T @ dy (cr), in a cluster of at most "
+                         f"{MAX_CLUSTER_SPLITS} (asked: {s} splits, config {name}, layout {layout}"
                          + (", no cluster)" if cluster is False else ")"))
     k_chunk = cdiv(k_tiles, s) * cfg.bk
     s = cdiv(K, k_chunk)  # no empty splits
