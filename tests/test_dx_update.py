@@ -96,6 +96,24 @@ def test_every_instance_built_for_a_part_fits_its_shared_memory_twice_over(arch)
     assert len(contract.dxu_kernels("sm_90")) == 8, "sm_90 builds every batch tile and family"
 
 
+def test_the_weight_gradient_runs_on_warpgroup_mma_on_sm_90_from_64_rows():
+    wg = {bb: contract.dxu_wgmma(bb, "sm_90") for bb in contract.DXU_BATCHES}
+    assert wg == {32: False, 64: True, 128: True, 256: True}
+    assert not any(contract.dxu_wgmma(bb, arch) for bb in contract.DXU_BATCHES for arch in ("sm_80", "sm_86", "sm_89"))
+    assert contract.nvrtc_arch(U.SOURCE, "sm_90") == "sm_90a", "wgmma is an sm_90a feature"
+    assert contract.nvrtc_arch(contract.DX_UPDATE_MODELS_SOURCE, "sm_90") == "sm_90a"
+    assert contract.nvrtc_arch(U.SOURCE, "sm_86") == "sm_86"
+    _, headers = contract.build(U.SOURCE, "sm_90")
+    made = headers["dx_update_instances.cuh"]
+    for bb in contract.DXU_BATCHES:  # X(name, BB, ADAM, STAGES, SMEM, WARPS, WG): the flag the kernel compiles
+        assert f"X(dx_update_b{bb}_sgd, {bb}, false, " in made
+        assert made.split(f"X(dx_update_b{bb}_sgd, ")[1].split(")")[0].endswith("true" if wg[bb] else "false")
+    # the swizzled x and dy tiles are 64 halves a row where the padded ones are 72, plus 1 KB to align them
+    padded = 2 * 64 * 72 * 2 + 64 * 72 * 4 + 128 * 72 * 2
+    assert contract.dxu_stage_bytes(128, "sgd", "sm_90") == padded - 128 * 8 * 2
+    assert contract.dxu_stage_bytes(128, "sgd", "sm_86") == padded
+
+
 def test_what_runs_where():
     assert U.unsupported_reason(256, "adam", "f32", "sm_90") is None
     assert U.unsupported_reason(128, "sgd", "f32", "sm_80") is None

@@ -24,8 +24,8 @@ from .cluster import (  # noqa: F401
 from .dx_sgd import (  # noqa: F401
     DX_SGD_BM, DX_SGD_BN, DX_SGD_MAX_BATCH, DX_SGD_THREADS, dx_sgd_smem_bytes, dx_sgd_stages)
 from .dx_update import (  # noqa: F401
-    DXU_BATCHES, DXU_BM, DXU_BN, DXU_FAMILIES, DXU_MAX_STAGES, DXU_WARPS, dxu_kernel_name, dxu_kernels, dxu_smem_bytes,
-    dxu_stage_bytes, dxu_stages)
+    DXU_BATCHES, DXU_BM, DXU_BN, DXU_FAMILIES, DXU_MAX_STAGES, DXU_WARPS, DXU_WGMMA_MIN_BATCH, dxu_kernel_name,
+    dxu_kernels, dxu_smem_bytes, dxu_stage_bytes, dxu_stages, dxu_wgmma)
 from .elementwise import EW_THREADS  # noqa: F401
 from .fused import (  # noqa: F401
     FS_HEADER_FIELDS, FS_INPUTS, FS_KERNELS, FS_LAYER_FIELDS, FS_LD, FS_MAX_LAYERS, FS_PANEL_LD, FS_T, FS_THREADS,
@@ -33,7 +33,7 @@ from .fused import (  # noqa: F401
 from .gemm import (  # noqa: F401
     ACCUMULATORS, CONFIGS, EPILOGUES, GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, INSTANCES, LAYOUTS,
     MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM, STREAM_CONFIG, TMA_ROLES, UPDATE_EPILOGUES, GemmConfig, all_kernel_names,
-    config_for, instance_name, kernel_name, nvrtc_arch, stream_stages)
+    config_for, instance_name, kernel_name, stream_stages)
 from .head import (  # noqa: F401
     HEAD_BATCHES, HEAD_CLASSES, HEAD_FAMILIES, HEAD_MAX_CTAS, HEAD_THREADS, head_kernel_name, head_kernels,
     head_smem_bytes, head_smem_fixed, head_smem_per_row)
@@ -42,4 +42,4 @@ from .models import (  # noqa: F401
     DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE,
     HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, MODEL_ACCUM, MODEL_CONFIGS, MODEL_ROLES, gemm_model_kernels)
 from .optim import OPTIM_WORDS, Optim  # noqa: F401
-from .sources import SOURCES, build, main, split_kernels  # noqa: F401
+from .sources import SOURCES, build, main, nvrtc_arch, split_kernels  # noqa: F401

@@ -19,29 +19,47 @@ def dxu_kernel_name(batch_tile: int, family: str) -> str:
     return f"dx_update_b{batch_tile}_{family}"
 
 
-def dxu_stage_bytes(batch_tile: int, family: str) -> int:
+DXU_WGMMA_MIN_BATCH = 64  # the smallest batch tile whose x^T @ dy runs on warpgroup MMA (docs/history.md)
+
+
+def dxu_wgmma(batch_tile: int, arch: str) -> bool:
+    """Whether an instance's weight gradient x^T @ dy runs on warpgroup MMA (sm_90, whose builds are sm_90a:
+    sources.nvrtc_arch), asynchronously beside dx's mma.sync, reading x and dy from 128-byte-swizzled tiles. At 32
+    rows its two k-steps do not pay for the wait."""
+    return arch == "sm_90" and batch_tile >= DXU_WGMMA_MIN_BATCH
+
+
+def _tile_row_halves(batch_tile: int, arch: str) -> int:
+    """Halves per row of dx_update.cu's x and dy tiles: 64 (128 swizzled bytes) for warpgroup MMA, else padded by 8."""
+    return DXU_BN if dxu_wgmma(batch_tile, arch) else DXU_BN + 8
+
+
+def dxu_stage_bytes(batch_tile: int, family: str, arch: str) -> int:
     """One pipeline stage of dx_update.cu: W16 and lo (BM rows of BN + 8 halves), one fp32 state tile per state the
-    family may keep (rows of BN + 8 floats), the dy chunk (rows of BN + 8 halves)."""
+    family may keep (rows of BN + 8 floats), the dy chunk (batch rows: _tile_row_halves)."""
     states = 2 if family == "adam" else 1
-    return 2 * DXU_BM * (DXU_BN + 8) * 2 + states * DXU_BM * (DXU_BN + 8) * 4 + batch_tile * (DXU_BN + 8) * 2
+    return (2 * DXU_BM * (DXU_BN + 8) * 2 + states * DXU_BM * (DXU_BN + 8) * 4
+            + batch_tile * _tile_row_halves(batch_tile, arch) * 2)
 
 
-def _dxu_fixed_bytes(batch_tile: int) -> int:
-    """dx_update.cu's shared memory beside the pipeline: the x tile (rows of BM + 8 halves), the bias partials (one
-    64-bit sum per thread)."""
-    return batch_tile * (DXU_BM + 8) * 2 + 32 * DXU_WARPS[batch_tile] * 8
+def _dxu_fixed_bytes(batch_tile: int, arch: str) -> int:
+    """dx_update.cu's shared memory beside the pipeline: the x tile (batch rows: _tile_row_halves), the bias partials
+    (one 64-bit sum per thread) and, for swizzled tiles, 1 KB to align them to the swizzle's 1024-byte period."""
+    slack = 1024 if dxu_wgmma(batch_tile, arch) else 0
+    return batch_tile * _tile_row_halves(batch_tile, arch) * 2 + 32 * DXU_WARPS[batch_tile] * 8 + slack
 
 
 def dxu_stages(batch_tile: int, family: str, arch: str) -> int:
     """The pipeline depth that fits the part's shared memory beside the x tile and the bias partials (< 2: the
     instance is not built for this part)."""
-    room = block_smem_limit(arch) - 1024 - _dxu_fixed_bytes(batch_tile)  # 1 KB: the kernel's static shared memory
-    return min(DXU_MAX_STAGES, room // dxu_stage_bytes(batch_tile, family))
+    room = block_smem_limit(arch) - 1024 - _dxu_fixed_bytes(batch_tile, arch)  # 1 KB: the kernel's static memory
+    return min(DXU_MAX_STAGES, room // dxu_stage_bytes(batch_tile, family, arch))
 
 
 def dxu_smem_bytes(batch_tile: int, family: str, arch: str) -> int:
-    """dx_update.cu's Tile<BB, ADAM, THREADS>::smem(STAGES) (the kernel asserts they agree)."""
-    return dxu_stages(batch_tile, family, arch) * dxu_stage_bytes(batch_tile, family) + _dxu_fixed_bytes(batch_tile)
+    """dx_update.cu's Tile<BB, ADAM, THREADS, SW>::smem(STAGES) (the kernel asserts they agree)."""
+    return (dxu_stages(batch_tile, family, arch) * dxu_stage_bytes(batch_tile, family, arch)
+            + _dxu_fixed_bytes(batch_tile, arch))
 
 
 def dxu_kernels(arch: str) -> list[str]:
@@ -51,9 +69,11 @@ def dxu_kernels(arch: str) -> list[str]:
 
 def dx_update_facts(arch: str, kernel: str | None = None):
     defines = {"DXU_BM": DXU_BM, "DXU_BN": DXU_BN}
-    made = [f"X({dxu_kernel_name(bb, f)}, {bb}, {'true' if f == 'adam' else 'false'}, {dxu_stages(bb, f, arch)}, "
-            f"{dxu_smem_bytes(bb, f, arch)}, {DXU_WARPS[bb]})" for bb in DXU_BATCHES for f in DXU_FAMILIES
+    cpp = lambda flag: "true" if flag else "false"  # noqa: E731
+    made = [f"X({dxu_kernel_name(bb, f)}, {bb}, {cpp(f == 'adam')}, {dxu_stages(bb, f, arch)}, "
+            f"{dxu_smem_bytes(bb, f, arch)}, {DXU_WARPS[bb]}, {cpp(dxu_wgmma(bb, arch))})"
+            for bb in DXU_BATCHES for f in DXU_FAMILIES
             if dxu_stages(bb, f, arch) >= 2 and kernel in (None, dxu_kernel_name(bb, f))]
-    instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES, WARPS) each.\n"
+    instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES, WARPS, WG) each.\n"
                  f"#define DXU_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
     return defines, {"dx_update_instances.cuh": header(__name__, "dx_update.cu", instances)}

@@ -256,12 +256,6 @@ def _gemm_wgmma_header(kernel: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def nvrtc_arch(source: str, arch: str) -> str:
-    """The architecture NVRTC builds `source` for on a GPU of `arch`: gemm_wgmma.cu's warpgroup MMA needs sm_90's
-    arch-specific features (sm_90a; the cubin loads on sm_90 parts only, the only ones with wgmma)."""
-    return "sm_90a" if source == GEMM_WGMMA_SOURCE and arch == "sm_90" else arch
-
-
 def epilogue_facts(arch: str):  # gemm_epilogue.cuh
     return {"GEMM_MAX_CLUSTER_SPLITS": MAX_CLUSTER_SPLITS}, {}
 

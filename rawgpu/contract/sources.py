@@ -49,6 +49,17 @@ _INSTANCE_FACTS = (cluster_facts, fused_facts, gemm_facts, gemm_tma_facts, gemm_
                    head_facts, gemm_models_facts)
 
 
+# The sources that run Hopper's warpgroup MMA on sm_90: gemm_wgmma.cu's tiles, dx_update.cu's weight gradient
+# (contract/dx_update.py: dxu_wgmma).
+SM90A_SOURCES = (GEMM_WGMMA_SOURCE, "dx_update.cu", DX_UPDATE_MODELS_SOURCE)
+
+
+def nvrtc_arch(source: str, arch: str) -> str:
+    """The architecture NVRTC builds `source` for on a GPU of `arch`: warpgroup MMA needs sm_90's arch-specific
+    features (sm_90a; the cubin loads on sm_90 parts only, the only ones with wgmma)."""
+    return "sm_90a" if source in SM90A_SOURCES and arch == "sm_90" else arch
+
+
 def split_kernels(source: str, arch: str | None = None) -> list[str]:
     """The kernels of a source of many template instances, each of which builds alone (a unit of compilation and
     of the cache), so that a step compiles only what it launches; [] for a source that builds whole. arch: only

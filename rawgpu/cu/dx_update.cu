@@ -13,7 +13,10 @@
 //   contract.DXU_WARPS). Per chunk:
 //     dx:  the batch's BB rows x the block's 64 features, split over the warps (BB / 32 row groups of 32 rows
 //          times WARPS / (BB / 32) feature groups), each over the whole chunk: dx += dy[:, chunk] @ W[rows, chunk]^T;
-//     G:   x^T[64 x BB] @ dy[BB x 64] on a WARPS / 4 x 4 warp grid (64 / (WARPS / 4) x 16 per warp);
+//     G:   x^T[64 x BB] @ dy[BB x 64]: in the instances marked WG (sm_90, contract.dxu_wgmma) as warpgroup MMA,
+//          each of the WARPS / 4 warpgroups 64 x 64 / (WARPS / 4) of it, issued before dx and running
+//          asynchronously beside dx's mma.sync (x and dy then sit in 128-byte-swizzled tiles, wgmma's layout);
+//          otherwise on a WARPS / 4 x 4 warp grid of mma.sync (64 / (WARPS / 4) x 16 per warp);
 //     then the optimiser's step on the joined master and the state in shared memory, written back along rows in
 //     16-byte pieces.
 //   With several column ranges per row band (gridDim.z), the blocks' dx are added in range order, in a cluster or
@@ -29,7 +32,7 @@
 // a cluster, and the update waits for the dx block to hold a chunk before overwriting it (one_pass.cuh: apart_*).
 // Instances (rawgpu/contract/dx_update.py: DXU_*): per batch tile BB (32, 64, 128, 256) and optimiser family (SGD's
 // rule, with the momentum mw or without it when mw is null; Adam's, mw and vw both given), each with its pipeline
-// depth.
+// depth and whether G runs on warpgroup MMA (WG).
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
 #include "master.cuh"
@@ -47,25 +50,36 @@
 #if !defined(DXU_BM) || !defined(DXU_BN)
 #error "dx_update.cu is built with rawgpu/contract/dx_update.py's defines (rawgpu/compiler.py passes them)"
 #endif
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // an sm_90a build (rawgpu/contract/sources.py: nvrtc_arch)
+#define DXU_WGMMA 1
+#include "wgmma.cuh"
+#include "tma.cuh"  // fence_proxy_async
+#else
+#define DXU_WGMMA 0
+#endif
 
 namespace dxu {
 constexpr int BM = DXU_BM, BN = DXU_BN;
 constexpr int LDW = BN + 8;     // halves per W16 (and lo) row in shared memory: conflict-free pair access
 constexpr int LDS = BN + 8;     // floats per state row: conflict-free float2 pairs
-constexpr int LDY = BN + 8;     // halves per dy row
-constexpr int LDX = BM + 8;     // halves per x row
 constexpr int RED_LD = BM + 8;  // floats per row of the gathered dx
 static_assert(BM == 64 && BN == 64, "the warp grids below are laid out for 64 x 64 chunks");
 
 // The shared memory of one instance: STAGES x [W16 | lo | m | (v) | dy], then the x tile and the bias partials.
-template <int BB, bool ADAM, int THREADS>
+// SW: x and dy as warpgroup MMA reads them, in 128-byte rows, swizzled (l2.cuh: tile_index).
+template <int BB, bool ADAM, int THREADS, bool SW>
 struct Tile {
+    static constexpr int LDY = SW ? BN : BN + 8;  // halves per dy row
+    static constexpr int LDX = SW ? BM : BM + 8;  // halves per x row
     static constexpr int BIAS_PARTS = THREADS / BN;  // threads per bias column
     static constexpr int STATES = ADAM ? 2 : 1;
     static constexpr int W_BYTES = BM * LDW * 2, S_BYTES = BM * LDS * 4, Y_BYTES = BB * LDY * 2;
     static constexpr int STAGE_BYTES = 2 * W_BYTES + STATES * S_BYTES + Y_BYTES;
     static constexpr int X_BYTES = BB * LDX * 2, BIAS_BYTES = BIAS_PARTS * BN * 8;
-    static constexpr u32 smem(int stages) { return (u32)(stages * STAGE_BYTES + X_BYTES + BIAS_BYTES); }
+    static constexpr int ALIGN = SW ? 1024 : 0;  // slack to start the tiles on the swizzle's period
+    static constexpr u32 smem(int stages) { return (u32)(stages * STAGE_BYTES + X_BYTES + BIAS_BYTES + ALIGN); }
+    static_assert(!SW || (STAGE_BYTES % 1024 == 0 && 2 * W_BYTES % 1024 == 0 && S_BYTES % 1024 == 0),
+                  "every stage's dy and the x tile start on a 1024-byte boundary");
 };
 }  // namespace dxu
 
@@ -93,27 +107,32 @@ __device__ unsigned long long dxu_profile[RG_PROFILE_MARKS + 2];
 #define DXU_MODELS 0
 #endif
 
-template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS>
+template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS, bool SW>
 RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
                               void* dx, const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx,
                               int dx_f32, int n_chunk, float* workspace, int* tickets, float keep_read,
                               float keep_hi, float keep_lo, float* bias, float* mb, float* vb, const half_t* slope) {
     using namespace dxu;
     constexpr int THREADS = 32 * WARPS, BIAS_PARTS = THREADS / BN;
-    using T = Tile<BB, ADAM, THREADS>;
+    using T = Tile<BB, ADAM, THREADS, SW>;
+    constexpr int LDX = T::LDX, LDY = T::LDY;
+    static_assert(!SW || DXU_WGMMA, "warpgroup MMA needs an sm_90a build (contract.dxu_wgmma, sources.nvrtc_arch)");
     static_assert(T::smem(STAGES) == SMEM, "rawgpu/contract/dx_update.py's shared memory must be this layout's");
     static_assert(STAGES >= 2 && BB % 32 == 0 && BB <= 32 * WARPS, "a pipeline, and whole 32-row groups");
     static_assert(BB * RED_LD * 4 <= STAGES * T::STAGE_BYTES, "the gathered dx reuses the pipeline");
     extern __shared__ __align__(128) u8 smem_raw[];
     if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
-    auto stage = [&](int s) { return smem_raw + s * T::STAGE_BYTES; };
+    u8* const tiles = smem_raw + (SW ? (1024 - (shared_address(smem_raw) & 1023)) & 1023 : 0);
+    auto stage = [&](int s) { return tiles + s * T::STAGE_BYTES; };
     auto sW = [&](int s) { return reinterpret_cast<half_t*>(stage(s)); };
     auto sL = [&](int s) { return reinterpret_cast<short*>(stage(s) + T::W_BYTES); };
     auto sM = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * T::W_BYTES); };
     auto sV = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * T::W_BYTES + T::S_BYTES); };
     auto sY = [&](int s) { return reinterpret_cast<half_t*>(stage(s) + 2 * T::W_BYTES + T::STATES * T::S_BYTES); };
-    half_t* sX = reinterpret_cast<half_t*>(smem_raw + STAGES * T::STAGE_BYTES);
-    i64* sBias = reinterpret_cast<i64*>(smem_raw + STAGES * T::STAGE_BYTES + T::X_BYTES);
+    half_t* sX = reinterpret_cast<half_t*>(tiles + STAGES * T::STAGE_BYTES);
+    i64* sBias = reinterpret_cast<i64*>(tiles + STAGES * T::STAGE_BYTES + T::X_BYTES);
+    auto at_x = [](int r, int col) { return tile_index<half_t, LDX, SW>(r, col); };
+    auto at_y = [](int r, int col) { return tile_index<half_t, LDY, SW>(r, col); };
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int g = lane / 4, t = lane % 4, r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
@@ -160,7 +179,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         if (ADAM) load_rows<float, BM, BN, LDS, THREADS>(sV(s), vw, ldw, i0, n, IN, n_end, tid, normal);
     };
     auto load_dy = [&](int s, int c) {
-        load_rows<half_t, BB, BN, LDY, THREADS>(sY(s), dy, lddy, 0, n_begin + c * BN, B, n_end, tid, normal);
+        load_tile<half_t, BB, BN, LDY, THREADS, SW>(sY(s), dy, lddy, 0, n_begin + c * BN, B, n_end, tid, normal);
     };
     // Launched overlapping the kernel before (pdl.cuh): the first chunks of this layer's weights and state
     // (written a step ago) are fetched at once; x, dy and the step's optimiser values only once that kernel has
@@ -171,7 +190,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     DXU_MARK(1);
     pdl_enter();
     DXU_MARK(2);
-    load_rows<half_t, BB, BM, LDX, THREADS>(sX, x, ldx, 0, i0, B, IN, tid, normal);
+    load_tile<half_t, BB, BM, LDX, THREADS, SW>(sX, x, ldx, 0, i0, B, IN, tid, normal);
     constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // dx pair i: row i / 32, columns 2 (i % 32) + {0, 1}
     u32 slopes[ITERS];
     load_band_slopes<ITERS, THREADS, BM>(slopes, slope, lddx, do_dx && dx_f32 == 0, B, IN, i0);
@@ -186,15 +205,24 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     constexpr int WR = BB / 32, WC = WARPS / WR, DXN = BM / WC / 8;
     static_assert(WR * WC == WARPS && DXN >= 1 && DXN * 8 * WC == BM, "the dx warp grid covers the tile");
     const int wr = warp / WC, wc = warp % WC;
-    // G: warp (wm, wn) owns rows [GR wm, +GR) of W and columns [16 wn, +16) of the chunk, GR = 16 GMT
-    constexpr int GR = BM / (WARPS / 4), GMT = GR / 16;
+    // G: warp (wm, wn) owns rows [GR wm, +GR) of W and columns [16 wn, +16) of the chunk, GR = 16 GMT, as GF
+    // m16n8 fragments, fragment f at rows GR wm + 16 (f / 2) + (0..15), columns 16 wn + 8 (f % 2) + (0..7). With
+    // warpgroup MMA, warpgroup wn = warp / 4 owns columns [GN wn, +GN), GN = 64 / (WARPS / 4), its warp wm = warp % 4
+    // rows [16 wm, +16): fragment f at columns GN wn + 8 f (wgmma.cuh's accumulators).
+    constexpr int GR = BM / (WARPS / 4), GMT = GR / 16, GF = 2 * GMT, GN = BN / (WARPS / 4);
     static_assert(WARPS % 4 == 0 && GMT >= 1 && GMT * 16 * (WARPS / 4) == BM, "the G warp grid covers the chunk");
-    const int wm = warp / 4, wn = warp % 4;
+    static_assert(!SW || GN == 8 * GF, "a warpgroup's columns are its warps' fragments");
+    const int wm = SW ? warp % 4 : warp / 4, wn = SW ? warp / 4 : warp % 4;
+    auto g_row = [&](int f) { return SW ? 16 * wm : GR * wm + 16 * (f / 2); };  // + g + 8 h
+    auto g_col = [&](int f) { return SW ? GN * wn + 8 * f : 16 * wn + 8 * (f % 2); };  // + 2 t
     float dxacc[2][DXN][4];
     zero_fragments(dxacc);
 
     for (int c = 0; c < chunks; ++c) {
         cp_async_wait<STAGES - 2>();
+#if DXU_WGMMA
+        fence_proxy_async();  // this thread's copies are visible to the warpgroup MMA's reads
+#endif
         __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
         apart_report(&apart_held, c);
         const int next = c + STAGES - 1;
@@ -216,12 +244,31 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
 #else
         const bool bias_here = do_update && bias != nullptr && c % (int)gridDim.x == (int)blockIdx.x;  // uniform
 #endif
-        if (bias_here) {  // column tid % BN, every BIAS_PARTS-th row: exact integers, so any grouping gives the same sum
+        if (bias_here) {  // column tid % BN, every BIAS_PARTS-th row: exact integers, any grouping the same sum
             const int col = tid % BN;
             i64 sum = 0;
-            for (int r = tid / BN; r < B; r += BIAS_PARTS) sum += f16_fixed24(y[r * LDY + col]);
+            for (int r = tid / BN; r < B; r += BIAS_PARTS) sum += f16_fixed24(y[at_y(r, col)]);
             sBias[tid] = sum;
         }
+        float gacc[GF][4];  // G for this warp's fragments
+        zero_fragments(gacc);
+#if DXU_WGMMA
+        // G = x^T @ dy on warpgroup MMA (x^T: M-contiguous, dy: N-contiguous; 16 batch rows a step), issued now, in
+        // the background of dx's products, and waited for after them
+        if (SW && do_update && !(DXU_ABLATE & 2)) {  // uniform in the block
+            wg_fence();
+            const u32 xa = shared_address(sX), ya = shared_address(y) + 2 * GN * wn;
+#pragma unroll
+            for (int kk = 0; kk < BB / 16; ++kk) {
+                const u64 da = smem_desc(xa + kk * 2048, 8192, 1024), db = smem_desc(ya + kk * 2048, 8192, 1024);
+                if constexpr (GN == 16)
+                    wgmma_n16<1, 1>(reinterpret_cast<float(&)[8]>(gacc), da, db);
+                else
+                    wgmma_n32<1, 1>(reinterpret_cast<float(&)[16]>(gacc), da, db);
+            }
+            wg_commit();
+        }
+#endif
 
         // dx += dy[:, chunk] @ W[rows, chunk]^T with the old weights (before this chunk's update)
         if (do_dx && !(DXU_ABLATE & 1)) {
@@ -230,7 +277,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
                 u32 fa[2][4];
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt)
-                    ldmatrix_x4(fa[mt], shared_address(y + (32 * wr + 16 * mt + r8 + 8 * q1) * LDY + 16 * ks + 8 * q2));
+                    ldmatrix_x4(fa[mt], shared_address(y + at_y(32 * wr + 16 * mt + r8 + 8 * q1, 16 * ks + 8 * q2)));
 #pragma unroll
                 for (int j = 0; j < DXN; ++j) {
                     const half_t* row = w + (8 * (DXN * wc + j) + g) * LDW + 16 * ks + 2 * t;
@@ -242,11 +289,15 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         }
         if (c == 0) DXU_MARK(4);
         if (!do_update) continue;  // the next chunk's top barrier keeps its stage until every warp has read it
+#if DXU_WGMMA
+        if (SW && !(DXU_ABLATE & 2)) {
+            wg_wait<0>();
+            wg_hold(reinterpret_cast<float(&)[GF * 4]>(gacc));
+        }
+#endif
         // G = x^T @ dy for this warp's GR x 16 of the chunk, the batch in k16 steps
-        float gacc[GMT][2][4];
-        zero_fragments(gacc);
 #pragma unroll 4
-        for (int kk = 0; kk < (DXU_ABLATE & 2 ? 0 : BB / 16); ++kk) {
+        for (int kk = 0; kk < (SW || (DXU_ABLATE & 2) ? 0 : BB / 16); ++kk) {
             u32 fx[GMT][4], r[4];
 #pragma unroll
             for (int mt = 0; mt < GMT; ++mt)
@@ -255,8 +306,8 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             const u32 fb0[2] = {r[0], r[1]}, fb1[2] = {r[2], r[3]};
 #pragma unroll
             for (int mt = 0; mt < GMT; ++mt) {
-                mma_m16n8k16_f32(gacc[mt][0], fx[mt], fb0);
-                mma_m16n8k16_f32(gacc[mt][1], fx[mt], fb1);
+                mma_m16n8k16_f32(gacc[2 * mt], fx[mt], fb0);
+                mma_m16n8k16_f32(gacc[2 * mt + 1], fx[mt], fb1);
             }
         }
         __syncthreads();  // every warp has read the old weights; the bias partials are in
@@ -272,30 +323,28 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             if (vb != nullptr) vb[col] = vc;
         }
 #pragma unroll
-        for (int mt = 0; mt < (DXU_ABLATE & 4 ? 0 : GMT); ++mt)
+        for (int f = 0; f < (DXU_ABLATE & 4 ? 0 : GF); ++f)
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = GR * wm + 16 * mt + g + 8 * h, col = 16 * wn + 8 * j + 2 * t;
-                    u32& hi2 = *reinterpret_cast<u32*>(w + r * LDW + col);
-                    u32& lo2 = *reinterpret_cast<u32*>(wl + r * LDW + col);
-                    float2 wv = master_join2(hi2, lo2);
-                    const float2 grad = make_float2(gacc[mt][j][2 * h], gacc[mt][j][2 * h + 1]);
-                    float2* m2 = reinterpret_cast<float2*>(ms + r * LDS + col);
-                    if (ADAM) {
-                        float2* v2 = reinterpret_cast<float2*>(vs + r * LDS + col);
-                        float2 m = *m2, v = *v2;
-                        optim_adam2(wv, grad, m, v, o);
-                        *m2 = m;
-                        *v2 = v;
-                    } else {
-                        float2 m = has_m ? *m2 : make_float2(0.f, 0.f);
-                        optim_sgd2(wv, grad, m, o);
-                        if (has_m) *m2 = m;
-                    }
-                    master_split2(wv, hi2, lo2);
+            for (int h = 0; h < 2; ++h) {
+                const int r = g_row(f) + g + 8 * h, col = g_col(f) + 2 * t;
+                u32& hi2 = *reinterpret_cast<u32*>(w + r * LDW + col);
+                u32& lo2 = *reinterpret_cast<u32*>(wl + r * LDW + col);
+                float2 wv = master_join2(hi2, lo2);
+                const float2 grad = make_float2(gacc[f][2 * h], gacc[f][2 * h + 1]);
+                float2* m2 = reinterpret_cast<float2*>(ms + r * LDS + col);
+                if (ADAM) {
+                    float2* v2 = reinterpret_cast<float2*>(vs + r * LDS + col);
+                    float2 m = *m2, v = *v2;
+                    optim_adam2(wv, grad, m, v, o);
+                    *m2 = m;
+                    *v2 = v;
+                } else {
+                    float2 m = has_m ? *m2 : make_float2(0.f, 0.f);
+                    optim_sgd2(wv, grad, m, o);
+                    if (has_m) *m2 = m;
                 }
+                master_split2(wv, hi2, lo2);
+            }
         apart_wait(&apart_held, c);  // the old weights of chunk c are no longer read elsewhere
         __syncthreads();
         if (c == 0) DXU_MARK(6);
@@ -327,7 +376,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     }
     __syncthreads();  // the pipeline's memory now takes the block's dx
 
-    float* red = reinterpret_cast<float*>(smem_raw);  // [BB][RED_LD]
+    float* red = reinterpret_cast<float*>(tiles);  // [BB][RED_LD]
     store_fragments(red + 32 * wr * RED_LD + 8 * DXN * wc, RED_LD, dxacc);
     __syncthreads();
     static_assert(PAIRS % THREADS == 0, "whole pairs per thread");
@@ -338,8 +387,8 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         sum[it] = *reinterpret_cast<const float2*>(red + r * RED_LD + col);
     }
     DXU_MARK(8);
-    store_dx_band<ITERS, THREADS, BM, LDX>(sum, sX, slopes, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
-                                           reinterpret_cast<float2*>(smem_raw));
+    store_dx_band<ITERS, THREADS, BM, LDX, SW>(sum, sX, slopes, dx, lddx, dx_f32 != 0, B, IN, i0, workspace, tickets,
+                                               reinterpret_cast<float2*>(tiles));
     DXU_MARK(15);
 }
 
@@ -371,15 +420,15 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
 #define DXU_MODEL_PARAMS
 #define DXU_MODEL_OFFSETS
 #endif
-#define DXU_KERNEL(name, BB, ADAM, STAGES, SMEM, WARPS)                                                             \
+#define DXU_KERNEL(name, BB, ADAM, STAGES, SMEM, WARPS, WG)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, 1)                                                    \
     name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, void* dx,               \
          const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk,   \
          float* workspace, int* tickets, float keep_read, float keep_hi, float keep_lo, float* bias, float* mb,   \
          float* vb, const half_t* slope DXU_MODEL_PARAMS) {                                                        \
         DXU_MODEL_OFFSETS                                                                                          \
-        dx_update_body<BB, ADAM, STAGES, SMEM, WARPS>(x, dy, wlo, w16, mw, vw, dx, opt, B, IN, N, ldx, lddy, ldw,  \
-                                                      lddx, dx_f32, n_chunk, workspace, tickets, keep_read,       \
-                                                      keep_hi, keep_lo, bias, mb, vb, slope);                     \
+        dx_update_body<BB, ADAM, STAGES, SMEM, WARPS, WG>(x, dy, wlo, w16, mw, vw, dx, opt, B, IN, N, ldx, lddy, ldw, \
+                                                          lddx, dx_f32, n_chunk, workspace, tickets, keep_read,   \
+                                                          keep_hi, keep_lo, bias, mb, vb, slope);                 \
     }
 DXU_FOR_EACH_KERNEL(DXU_KERNEL)  // generated: the instances this build makes (rawgpu/contract/dx_update.py)

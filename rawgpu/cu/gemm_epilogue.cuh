@@ -142,6 +142,11 @@ RG_DEVICE void zero_fragments(float (&a)[M][N][4]) {
 #pragma unroll
         for (int j = 0; j < N; ++j) a[i][j][0] = a[i][j][1] = a[i][j][2] = a[i][j][3] = 0.f;
 }
+template <int N>
+RG_DEVICE void zero_fragments(float (&a)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.f;
+}
 template <int M, int N>
 RG_DEVICE void zero_fragments(u32 (&a)[M][N][2]) {
 #pragma unroll

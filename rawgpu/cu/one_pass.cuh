@@ -4,14 +4,16 @@
 #include "gemm_epilogue.cuh"
 #include "cluster.cuh"
 #include "ldmatrix.cuh"  // shared_address
+#include "l2.cuh"        // tile_index
 
 // Pair i of a band's dx: batch row i / (BM / 2), features i0 + 2 (i % (BM / 2)) + {0, 1}. fp16 (dx_f32 false):
 // times act' (activation.cuh) and rounded, act' from the layer's input x (the band's tile in shared memory, rows of
-// LDX halves) or, for an activation whose forward saved it, from `slope`, act' at the pair (load_band_slopes).
+// LDX halves, swizzled where SW128: l2.cuh's tile_index) or, for an activation whose forward saved it, from
+// `slope`, act' at the pair (load_band_slopes).
 // fp32: the raw sum (lddx in floats), a partial sum other GPUs add to; elementwise.cu's finish_sum_dact applies act'
 // and rounds their total by the same fp16_epilogue2 (parallel/sharded.py). The flag is the launch's: a uniform
 // branch, at the store only.
-template <int BM, int LDX>
+template <int BM, int LDX, bool SW128 = false>
 RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, u32 slope, void* dx, int lddx, bool dx_f32, int B,
                              int IN, int i0) {
     const int r = i / (BM / 2), col = (i % (BM / 2)) * 2;
@@ -20,7 +22,8 @@ RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, u32 slope, void*
         *reinterpret_cast<float2*>(static_cast<float*>(dx) + (i64)r * lddx + i0 + col) = v;
         return;
     }
-    const float2 a = unpack_f16x2(ACT_SAVES_SLOPE ? slope : *reinterpret_cast<const u32*>(sX + r * LDX + col));
+    const half_t* xp = sX + tile_index<half_t, LDX, SW128>(r, col);
+    const float2 a = unpack_f16x2(ACT_SAVES_SLOPE ? slope : *reinterpret_cast<const u32*>(xp));
     *reinterpret_cast<u32*>(static_cast<half_t*>(dx) + (i64)r * lddx + i0 + col) =
         fp16_epilogue2<EPI_DACT>(v.x, v.y, a);
 }
@@ -70,7 +73,7 @@ RG_DEVICE void load_band_slopes(u32 (&z)[ITERS], const half_t* slope, int lddx, 
 //     block z of the cluster adds up and stores the z-th share of the pairs;
 //   - otherwise in the workspace, by the last block to take the band's ticket (the others return).
 // Both add the same values in the same order: the same bits.
-template <int ITERS, int THREADS, int BM, int LDX>
+template <int ITERS, int THREADS, int BM, int LDX, bool SW128 = false>
 RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, const u32 (&z)[ITERS], void* dx, int lddx,
                              bool dx_f32, int B, int IN, int i0, float* workspace, int* tickets, float2* scratch) {
     constexpr int PAIRS = ITERS * THREADS;
@@ -87,8 +90,8 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, const u32 (
         for (int k = 0; k < ITERS; ++k) {
             const int i = first + k * THREADS;
             if (i < end)
-                store_dx_pair<BM, LDX>(i, cluster_sum_f2<MAX_CLUSTER_SPLITS>(base + 8u * (u32)i, (int)gridDim.z), sX,
-                                       z[k], dx, lddx, dx_f32, B, IN, i0);
+                store_dx_pair<BM, LDX, SW128>(i, cluster_sum_f2<MAX_CLUSTER_SPLITS>(base + 8u * (u32)i, (int)gridDim.z),
+                                              sX, z[k], dx, lddx, dx_f32, B, IN, i0);
         }
         cluster_sync();  // the other blocks have read this one's sums before it leaves
         return;
@@ -100,7 +103,7 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, const u32 (
     }
 #pragma unroll
     for (int it = 0; it < ITERS; ++it)
-        store_dx_pair<BM, LDX>(threadIdx.x + it * THREADS, sum[it], sX, z[it], dx, lddx, dx_f32, B, IN, i0);
+        store_dx_pair<BM, LDX, SW128>(threadIdx.x + it * THREADS, sum[it], sX, z[it], dx, lddx, dx_f32, B, IN, i0);
 }
 
 // dx and the update apart (gridDim.y == 2, kernels/dx_sgd.py: apart): the block at y = 0 reads the old W16 for dx

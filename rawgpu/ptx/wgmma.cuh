@@ -1,6 +1,6 @@
 // Hopper's warpgroup MMA (sm_90a): shared-memory matrix descriptors, the fences and groups around the asynchronous
-// MMA, and m64n128k16 / m64n256k16 with fp32 accumulators (cu/gemm_wgmma.cu; dev/wgmma). Callers build for sm_90a
-// only (contract.nvrtc_arch) and guard with __CUDA_ARCH_FEAT_SM90_ALL.
+// MMA, and m64n128k16 / m64n256k16 (cu/gemm_wgmma.cu; dev/wgmma) and m64n16k16 / m64n32k16 (cu/dx_update.cu) with
+// fp32 accumulators. Callers build for sm_90a only (contract.nvrtc_arch) and guard with __CUDA_ARCH_FEAT_SM90_ALL.
 //
 // The accumulators of m64nNk16 over a warpgroup: warp w holds rows 16 w .. 16 w + 15; per 8 columns j, a thread's
 // d[4 j], d[4 j + 1] are (row lane / 4, columns 8 j + 2 (lane % 4) + 0, 1) and d[4 j + 2], d[4 j + 3] the same 8 rows
@@ -71,6 +71,33 @@ RG_DEVICE void wgmma_n256(float (&d)[128], u64 da, u64 db) {
           "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
+}
+
+// D[64 x 16] (+)= A[64 x 16] B[16 x 16], as wgmma_n128 (a B of 16 columns may start inside a swizzled 128-byte row).
+template <int TRANS_B, int TRANS_A = 0>
+RG_DEVICE void wgmma_n16(float (&d)[8], u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, %11, %10;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
+}
+// D[64 x 32] (+)= A[64 x 16] B[16 x 32], as wgmma_n16.
+template <int TRANS_B, int TRANS_A = 0>
+RG_DEVICE void wgmma_n32(float (&d)[16], u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, %19, %18;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
+}
+// The compiler sees the accumulators of an asynchronous MMA change only where its asm says so: after wg_wait, pass
+// each through this so no read of them moves above the wait.
+template <int N>
+RG_DEVICE void wg_hold(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 template <int BN> struct Wg;
