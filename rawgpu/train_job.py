@@ -61,6 +61,7 @@ def run(args: argparse.Namespace, data, recipe, t_start: float, ckpt, world: Wor
     job = meet(world, Identity.of(what, data.digest(), __version__), args.rendezvous_timeout, log)
     root = world.rank == 0
     console = make_console("json" if args.json else "auto") if root else Console(io.StringIO())
+    status = None
     try:
         with job.guard():
             status = train(args, data, recipe, console, t_start, ckpt,
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace, data, recipe, t_start: float, ckpt, world: Wor
     finally:
         console.close()
         job.close()
-    return status
+    return status if status is not None else job.end_status  # the guard ended the job (a real end exits first)
 
 
 def describe(rank, nccl_seconds: float) -> str:

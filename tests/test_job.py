@@ -136,6 +136,31 @@ def test_a_rank_that_fails_or_is_interrupted_stops_the_job_from_where_it_is(capf
         job.close()
 
 
+def test_a_failure_while_another_thread_ends_the_job_waits_for_that_end(capfd):
+    """Rank 0 dies; rank 1's link thread begins the job's end (its abort then fails the run in the main thread):
+    the guard must not return before that end has left the process (here: recorded it), or the run would go on to a
+    traceback after the job's line (seen on 2 x H200, 2026-11-27)."""
+    jobs = _jobs(2)
+    slow_exit = threading.Event()
+
+    def exit_slowly(status):  # as os._exit after ncclCommAbort: a while after the line
+        time.sleep(0.5)
+        jobs[1].ended.append(status)
+        slow_exit.set()
+
+    jobs[1].exit = exit_slowly
+    jobs[0].links[1].conn.shutdown(socket.SHUT_RDWR)  # rank 0's process dies: its socket closes without BYE
+    assert _wait_for(lambda: jobs[1].end_status is not None)
+    with jobs[1].guard():
+        raise RuntimeError("ncclCommAbort'ed under the step")
+    assert slow_exit.is_set() and jobs[1].ended == [jb.FAILED] and jobs[1].end_status == jb.FAILED
+    err = capfd.readouterr().err
+    assert "rawgpu: rank 1 of 2: error: rank 0 of 2 ended without a word (it died or was killed); the job stopped" in err
+    assert "out of luck" not in err and "ncclCommAbort'ed" not in err, "the first end's line is the only one"
+    for job in jobs:
+        job.close()
+
+
 def test_a_malformed_message_on_a_link_ends_the_job_naming_the_rank(capfd):
     jobs = _jobs(2)
     jobs[1].links[0].conn.sendall(b"GARBAGE!" * 4)

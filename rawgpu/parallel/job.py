@@ -120,6 +120,8 @@ class Job:
         self.exit = os._exit  # how the job's end leaves the process: at once, without unwinding (tests record it)
         self._state = "running"  # then "done" (BYE sent) or "ending" (the job's end is under way here)
         self._lock = threading.Lock()
+        self.end_status: int | None = None  # the status the job's end leaves with, once it has begun
+        self._ended = threading.Event()  # end() has come back from self.exit (only where tests record it)
         for link in self.links.values():
             link.thread.start()
 
@@ -169,6 +171,7 @@ class Job:
             if self._state != "running":
                 return
             self._state = "ending"
+            self.end_status = status
         for peer, link in self.links.items():
             if self.world.rank == 0 or peer == 0:
                 with contextlib.suppress(OSError):
@@ -188,6 +191,7 @@ class Job:
                 self._comm.abort()
         stopper.cancel()
         self.exit(status)
+        self._ended.set()
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -205,6 +209,9 @@ class Job:
         except BaseException as exc:  # noqa: BLE001 - any failure of this rank is the job's end
             what = str(exc) if isinstance(exc, RawgpuError) else f"{type(exc).__name__}: {exc}"
             self.end(f"{self.name} failed: {what}", own=True)
+            # Where the end was already under way in a link's thread (its abort is often what failed here), that
+            # thread prints the line and leaves the process: wait for it rather than go on as if the run had ended.
+            self._ended.wait(ABORT_SECONDS + 2)
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
