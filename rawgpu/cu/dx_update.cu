@@ -179,7 +179,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         if (ADAM) load_rows<float, BM, BN, LDS, THREADS>(sV(s), vw, ldw, i0, n, IN, n_end, tid, normal);
     };
     auto load_dy = [&](int s, int c) {
-        load_tile<half_t, BB, BN, LDY, THREADS, SW>(sY(s), dy, lddy, 0, n_begin + c * BN, B, n_end, tid, normal);
+        load_rows<half_t, BB, BN, LDY, THREADS, SW>(sY(s), dy, lddy, 0, n_begin + c * BN, B, n_end, tid, normal);
     };
     // Launched overlapping the kernel before (pdl.cuh): the first chunks of this layer's weights and state
     // (written a step ago) are fetched at once; x, dy and the step's optimiser values only once that kernel has
@@ -190,7 +190,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     DXU_MARK(1);
     pdl_enter();
     DXU_MARK(2);
-    load_tile<half_t, BB, BM, LDX, THREADS, SW>(sX, x, ldx, 0, i0, B, IN, tid, normal);
+    load_rows<half_t, BB, BM, LDX, THREADS, SW>(sX, x, ldx, 0, i0, B, IN, tid, normal);
     constexpr int PAIRS = BB * BM / 2, ITERS = PAIRS / THREADS;  // dx pair i: row i / 32, columns 2 (i % 32) + {0, 1}
     u32 slopes[ITERS];
     load_band_slopes<ITERS, THREADS, BM>(slopes, slope, lddx, do_dx && dx_f32 == 0, B, IN, i0);

@@ -28,22 +28,6 @@ RG_DEVICE void cp_async_16_policy(void* smem, const void* gmem, bool valid, u64 
                  :: "r"(shared_address(smem)), "l"(gmem), "r"(valid ? 16 : 0), "l"(policy));
 }
 
-// A block's THREADS copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) of g (row stride ld) into s
-// (row stride LD), with a cache policy; rows >= R and columns >= C are zero-filled (C is a multiple of the piece).
-template <class T, int ROWS, int COLS, int LD, int THREADS>
-RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid, u64 policy) {
-    constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
-#pragma unroll
-    for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
-        const int i = it * THREADS + tid;
-        if (CHUNKS % THREADS == 0 || i < CHUNKS) {
-            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
-            const bool valid = r0 + r < R && c0 + c < C;
-            cp_async_16_policy(s + r * LD + c, valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g, valid, policy);
-        }
-    }
-}
-
 // Where element (r, col) of a shared tile sits: rows of LD elements, or (SW128) rows of 128 bytes whose 16-byte
 // pieces are 128-byte swizzled (piece p of row r at p ^ (r % 8)), the layout warpgroup MMA and the copy engine read;
 // such a tile starts on a 1024-byte boundary (the swizzle's period).
@@ -54,23 +38,22 @@ RG_DEVICE int tile_index(int r, int col) {
     return SW128 ? r * LD + ((((col / PIECE) ^ r) & 7) * PIECE) + col % PIECE : r * LD + col;
 }
 
-// load_rows into a tile laid out as tile_index<T, LD, SW128> says.
-template <class T, int ROWS, int COLS, int LD, int THREADS, bool SW128>
-RG_DEVICE void load_tile(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid, u64 policy) {
-    if constexpr (!SW128) {
-        load_rows<T, ROWS, COLS, LD, THREADS>(s, g, ld, r0, c0, R, C, tid, policy);
-    } else {
-        constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
-        static_assert(COLS == LD, "a swizzled tile is loaded whole rows at a time");
+// A block's THREADS copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) of g (row stride ld) into s
+// (laid out as tile_index<T, LD, SW128> says), with a cache policy; rows >= R and columns >= C are zero-filled (C is
+// a multiple of the piece).
+template <class T, int ROWS, int COLS, int LD, int THREADS, bool SW128 = false>
+RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid, u64 policy) {
+    constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
+    static_assert(!SW128 || COLS == LD, "a swizzled tile is loaded whole rows at a time");
 #pragma unroll
-        for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
-            const int i = it * THREADS + tid;
-            if (CHUNKS % THREADS == 0 || i < CHUNKS) {
-                const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
-                const bool valid = r0 + r < R && c0 + c < C;
-                cp_async_16_policy(s + tile_index<T, LD, true>(r, c), valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g,
-                                   valid, policy);
-            }
+    for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
+        const int i = it * THREADS + tid;
+        if (CHUNKS % THREADS == 0 || i < CHUNKS) {
+            const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;
+            const bool valid = r0 + r < R && c0 + c < C;
+            T* to = s + r * LD + c;
+            if constexpr (SW128) to = s + tile_index<T, LD, true>(r, c);
+            cp_async_16_policy(to, valid ? g + (i64)(r0 + r) * ld + (c0 + c) : g, valid, policy);
         }
     }
 }
