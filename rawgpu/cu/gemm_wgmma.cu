@@ -76,6 +76,10 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         }
         __syncthreads();
         pdl_enter();  // A (and the epilogue's inputs) may come from the kernel before (pdl.cuh)
+        // The bias of the tile's columns, for the epilogue: loaded under the main loop
+        __shared__ __align__(16) float bias_tile[EPI == EPI_BIAS || EPI == EPI_BIAS_ACT ? BN : 1];
+        if ((EPI == EPI_BIAS || EPI == EPI_BIAS_ACT) && wg != Cfg::PRODUCER)
+            for (int i = consumer * 128 + t; i < BN; i += 256) bias_tile[i] = n0 + i < p.N ? p.bias[n0 + i] : 0.f;
         if (wg == Cfg::PRODUCER) {
             if (t == 0) {
                 const u64 policy_b = l2_policy(keep_b);  // kernels/l2.py
@@ -126,6 +130,26 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
             if (kt > 0 && t == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
         }
         wg_wait<0>();
+        // dact's saved activation for this warpgroup's 64 rows, in 16-byte row pieces, into its halves of A in the
+        // stages (free now: its wgmma have read them; the other warpgroup reads only its own and B): 64-column chunk
+        // c in stage c's, its 16-byte pieces swizzled by row (act_at) so that the epilogue's pair reads, 8 rows a
+        // warp, fall in 8 bank groups.
+        auto act_at = [&](int r, int c) {  // r, c: within this warpgroup's 64 rows and the tile's BN columns
+            return tiles + (c / 64) * Cfg::STAGE_BYTES + (rows + r) * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16)
+                   + (c % 8) * 2;
+        };
+        if constexpr (EPI == EPI_DACT) {
+            static_assert(LA == ROW && BN / 64 <= STAGES, "dact's chunks fit the A halves of the stages");
+#pragma unroll 4
+            for (int i = t; i < 64 * BN / 8; i += 128) {
+                const int r = i / (BN / 8), c = (i % (BN / 8)) * 8, row = m0 + rows + r, col = n0 + c;
+                const bool in = row < p.M && col < p.N;
+                *reinterpret_cast<uint4*>(act_at(r, c)) = in ? load_16(p.act + (i64)row * p.ld_act + col) : uint4{};
+            }
+            asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // this warpgroup's pieces are in
+        }
+        if constexpr (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT)
+            asm volatile("bar.sync 1, 256;" ::: "memory");  // both consumer warpgroups: the bias tile is in
         // The accumulators' rows and columns (wgmma.cuh), a pair of outputs at a time.
         Optim o = {};  // the optimiser with this step's values (the gather wrote them before pdl_enter returned)
         if (EPI_UPDATES(EPI)) o = *p.opt;
@@ -154,7 +178,15 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                 const int row = r0 + 8 * h;
                 if (row < p.M && col < p.N) {
                     float2 x, y, z;
-                    epilogue_inputs<EPI>(p, row, col, x, y, z);
+                    if constexpr (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT) {
+                        x = *reinterpret_cast<const float2*>(bias_tile + col - n0);
+                        y = z = make_float2(0.f, 0.f);
+                    } else if constexpr (EPI == EPI_DACT) {
+                        x = unpack_f16x2(*reinterpret_cast<const u32*>(act_at(row - m0 - rows, col - n0)));
+                        y = z = make_float2(0.f, 0.f);
+                    } else {
+                        epilogue_inputs<EPI>(p, row, col, x, y, z);
+                    }
                     epilogue_pair<EPI>(p, o, row, col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], x, y, z);
                 }
             }
