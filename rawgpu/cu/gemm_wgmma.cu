@@ -18,7 +18,9 @@
 //   1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and finish_cluster_splits
 //   adds them in split order and runs the epilogue, spread over the cluster. Only the configs the table marks
 //   (SPLIT_K, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one (docs/history.md).
-//   Epilogues: gemm_epilogue.cuh's, per pair of outputs, the weight updates (sgd, adam) included.
+//   Epilogues: gemm_epilogue.cuh's, per pair of outputs, the weight updates (sgd, adam) included; the bias and dact's
+//   saved activation are read from shared memory (staged under the main loop, and into the warpgroup's freed halves
+//   of A), not per pair from global memory.
 // Built for sm_90a only (compiler.py: contract.nvrtc_arch); every other build's body traps (kernels/gemm.py never
 // picks these tiles there), as does the fp16-accumulating twin of each instance (fp16 accumulation runs on gemm.cu).
 #include "common.cuh"
