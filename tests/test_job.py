@@ -139,7 +139,7 @@ def test_a_rank_that_fails_or_is_interrupted_stops_the_job_from_where_it_is(capf
 def test_a_failure_while_another_thread_ends_the_job_waits_for_that_end(capfd):
     """Rank 0 dies; rank 1's link thread begins the job's end (its abort then fails the run in the main thread):
     the guard must not return before that end has left the process (here: recorded it), or the run would go on to a
-    traceback after the job's line (seen on 2 x H200, 2026-11-27)."""
+    traceback after the job's line."""
     jobs = _jobs(2)
     slow_exit = threading.Event()
 
