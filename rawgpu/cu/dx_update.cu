@@ -221,7 +221,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     for (int c = 0; c < chunks; ++c) {
         cp_async_wait<STAGES - 2>();
 #if DXU_WGMMA
-        fence_proxy_async();  // this thread's copies are visible to the warpgroup MMA's reads
+        if constexpr (SW) fence_proxy_async();  // this thread's copies are visible to the warpgroup MMA's reads
 #endif
         __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
         apart_report(&apart_held, c);

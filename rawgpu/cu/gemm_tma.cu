@@ -12,7 +12,7 @@
 //     fragments; their partial sums meet once, in shared memory, in warp order.
 //   - BM > 32 (a batch of up to BM rows reads each weight tile once, not once per 32 rows): warp w takes rows
 //     [w WM, (w + 1) WM) and the whole k-tile; the warps' rows are disjoint, so there is nothing to add up.
-//   Shared tiles are 128-byte rows written with the 128-byte swizzle (tma.cuh: swizzle_128b), so ldmatrix is
+//   Shared tiles are 128-byte rows written with the 128-byte swizzle (common.cuh: swizzle_128b), so ldmatrix is
 //   conflict-free with no padding. A is row-major [M, K]: rows m, K contiguous. B row-major [K, N] (x @ W) is
 //   BN / 64 panels of 64 k-rows x 64 columns, one copy each; B column-major (W^T, stored [N, K]) is BN rows of 64
 //   k, one copy.

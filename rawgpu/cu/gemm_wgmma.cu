@@ -137,8 +137,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         // c in stage c's, its 16-byte pieces swizzled by row (act_at) so that the epilogue's pair reads, 8 rows a
         // warp, fall in 8 bank groups.
         auto act_at = [&](int r, int c) {  // r, c: within this warpgroup's 64 rows and the tile's BN columns
-            return tiles + (c / 64) * Cfg::STAGE_BYTES + (rows + r) * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16)
-                   + (c % 8) * 2;
+            return tiles + (c / 64) * Cfg::STAGE_BYTES + swizzle_128b(rows + r, (c % 64) / 8) + (c % 8) * 2;
         };
         if constexpr (EPI == EPI_DACT) {
             static_assert(LA == ROW && BN / 64 <= STAGES, "dact's chunks fit the A halves of the stages");

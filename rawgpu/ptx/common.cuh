@@ -42,6 +42,12 @@ RG_DEVICE float2 unpack_f16x2(u32 v) {
 RG_DEVICE uint4 load_16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 RG_DEVICE void store_16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of 128-byte rows written with the 128-byte
+// swizzle: the chunk index is XORed with the row's position in its 8-row (1024-byte) group, so the 8 rows an
+// ldmatrix reads at one column sit in 8 different bank groups. The one rule for the layout that TMA writes, warpgroup
+// MMA reads and our own copies (l2.cuh: load_rows) write.
+RG_DEVICE u32 swizzle_128b(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
 // Loads that skip L1 (L2 is the coherence point between blocks of one launch): for data other blocks of the
 // same launch write. Vector forms need their natural alignment.
 RG_DEVICE float4 load_cg_f4(const float* p) {

@@ -29,13 +29,13 @@ RG_DEVICE void cp_async_16_policy(void* smem, const void* gmem, bool valid, u64 
 }
 
 // Where element (r, col) of a shared tile sits: rows of LD elements, or (SW128) rows of 128 bytes whose 16-byte
-// pieces are 128-byte swizzled (piece p of row r at p ^ (r % 8)), the layout warpgroup MMA and the copy engine read;
-// such a tile starts on a 1024-byte boundary (the swizzle's period).
+// pieces are 128-byte swizzled (common.cuh: swizzle_128b), the layout warpgroup MMA and the copy engine read; such a
+// tile starts on a 1024-byte boundary (the swizzle's period).
 template <class T, int LD, bool SW128>
 RG_DEVICE int tile_index(int r, int col) {
     constexpr int PIECE = 16 / sizeof(T);
     static_assert(!SW128 || LD * sizeof(T) == 128, "a swizzled tile's rows are 128 bytes");
-    return SW128 ? r * LD + ((((col / PIECE) ^ r) & 7) * PIECE) + col % PIECE : r * LD + col;
+    return SW128 ? int(swizzle_128b(r, col / PIECE)) / int(sizeof(T)) + col % PIECE : r * LD + col;
 }
 
 // A block's THREADS copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) of g (row stride ld) into s

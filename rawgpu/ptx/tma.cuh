@@ -76,8 +76,3 @@ RG_DEVICE void tma_load_2d_policy(void* dst, const TensorMap* map, int x, int y,
            "l"(policy)
         : "memory");
 }
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of 128-byte rows written with the 128-byte
-// swizzle: the chunk index is XORed with the row's position in its 8-row (1024-byte) group, so the 8 rows an
-// ldmatrix reads at one column sit in 8 different bank groups.
-RG_DEVICE u32 swizzle_128b(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
