@@ -1,11 +1,13 @@
 """Per-kernel GPU time of one training step: each launch of the step alone, repeated in a graph, then the whole step.
 
     python dev/step_kernels.py --hidden H [H ...] [--batch B] [--optimizer sgd|adam|adamw] [--momentum MU]
-                               [--step KIND] [--activation A] [--repeats N] [--drop]
+                               [--step KIND] [--activation A] [--repeats N] [--drop] [--chain]
 
 Where a step's time goes, kernel by kernel (a kernel alone does not overlap the one before it, so the parts add up
 to more than the whole). --drop also times the step without each launch in turn: what that launch adds to the
 step's critical path, i.e. what fusing it into a neighbour could save at most (the numbers, not the results, count).
+--chain: the layered step with every launch in one chain (StepOptions(branches=False)); --drop needs it where the step
+has side streams (a launch dropped from a fork or join would leave the graph unjoined).
 Timed as scripts/bench.py times (rawgpu.bench.timing.time_graph): CUDA events around graph replays, median of trials.
 """
 
@@ -20,10 +22,12 @@ from rawgpu.bench.timing import time_graph
 from rawgpu.data import load_mnist
 from rawgpu.recipe import ACTIVATIONS, Recipe
 from rawgpu.session import Session
+from rawgpu.steps import StepOptions
 
 
-def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool) -> None:
-    session = Session(Recipe(hidden=hidden, total_steps=1000, **recipe_kw), step_kind=kind)
+def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool, chain: bool) -> None:
+    session = Session(Recipe(hidden=hidden, total_steps=1000, **recipe_kw), step_kind=kind,
+                      options=StepOptions(branches=not chain))
     model, stream = session.model, session.stream
     model.upload_data(load_mnist())
     model.init_parameters(stream)
@@ -36,12 +40,15 @@ def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool) -
     print(f"H={hidden} {recipe_kw.get('activation', 'relu')} {session.step_description}: {whole:.1f} us per step")
     parts = []
     for launch in launches:
-        us = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats)], repeats, 10)
+        alone = launch.alone()
+        us = time_graph(stream, lambda: [alone.run(stream) for _ in range(repeats)], repeats, 10)
         parts.append(us)
         grid = "x".join(map(str, launch.grid))
         print(f"  {launch.kernel.name:<34} grid {grid:<12} {us:8.2f} us")
     print(f"  {'sum of the parts':<47} {sum(parts):8.2f} us")
-    if drop:
+    if drop and any(launch.side or launch.joins for launch in launches):
+        print("  --drop: this step has side streams; run it with --chain")
+    elif drop:
         for i, skipped in enumerate(launches):
             rest = launches[:i] + launches[i + 1:]
             us = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in rest],
@@ -61,11 +68,12 @@ def main() -> int:
                    help="the hidden layers' activation (default relu)")
     p.add_argument("--repeats", type=int, default=20, help="launches per timed graph")
     p.add_argument("--drop", action="store_true", help="also time the step without each launch in turn")
+    p.add_argument("--chain", action="store_true", help="every launch in one chain (no side streams)")
     args = p.parse_args()
     kw = {"batch": args.batch, "activation": args.activation}
     kw.update({k: v for k, v in (("optimizer", args.optimizer), ("momentum", args.momentum)) if v is not None})
     for h in args.hidden:
-        profile(h, kw, args.step, args.repeats, args.drop)
+        profile(h, kw, args.step, args.repeats, args.drop, args.chain)
     return 0
 
 

@@ -231,6 +231,11 @@ class Stream:
         """Whether everything queued on the stream has finished; never blocks."""
         return _finished(_cu().cuStreamQuery(self.handle), "cuStreamQuery")
 
+    def wait(self, event: "Event") -> None:
+        """Work queued here from now on starts after the work before the event's last record (in a capture: a
+        dependency of the graph, which joins this stream to the capture)."""
+        call(_cu().cuStreamWaitEvent, self.handle, event.handle, 0)
+
     def close(self) -> None:
         if self.handle is not None:
             call(_cu().cuStreamDestroy, self.handle)
@@ -238,10 +243,12 @@ class Stream:
 
 
 class Event:
-    """A timing event; `elapsed_ms(start, end)` reads the time between two recorded events."""
+    """A timing event; `elapsed_ms(start, end)` reads the time between two recorded events. timing=False: an event
+    only for ordering streams (Stream.wait), which the driver records more cheaply."""
 
-    def __init__(self):
-        self.handle = call(_cu().cuEventCreate, 0)
+    def __init__(self, timing: bool = True):
+        flags = 0 if timing else int(_cu().CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        self.handle = call(_cu().cuEventCreate, flags)
 
     def record(self, stream: Stream) -> "Event":
         call(_cu().cuEventRecord, self.handle, stream.handle)
@@ -595,13 +602,16 @@ class Launch:
     is a cluster along x, a tuple its extent along each axis (each must divide the grid's).
     programmatic: the launch may start while the previous kernel in the stream still runs (programmatic dependent
     launch, sm_90+); only for kernels that keep the contract of ptx/pdl.cuh. See `overlapping()`.
+    side, joins: where it runs beside a chain of launches (`beside()`, `after()`: SideStream).
     """
 
     def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_bytes: int, args: PackedArgs,
-                 cooperative: bool = False, cluster: Sequence[int] | int = 1, programmatic: bool = False):
+                 cooperative: bool = False, cluster: Sequence[int] | int = 1, programmatic: bool = False,
+                 side: "SideStream | None" = None, joins: tuple["SideStream", ...] = ()):
         self.kernel, self.grid, self.block, self.shared_bytes, self.args = kernel, _dim3(grid), _dim3(block), int(shared_bytes), args
         self.cluster_dims = _dim3(cluster)
         self.cooperative, self.cluster, self.programmatic = cooperative, math.prod(self.cluster_dims), bool(programmatic)
+        self.side, self.joins = side, tuple(joins)
         if any(g % c for g, c in zip(self.grid, self.cluster_dims)):
             raise ValueError(f"cluster of {cluster} CTAs must divide the grid {self.grid}")
         kernel.ensure_shared(self.shared_bytes)
@@ -613,8 +623,25 @@ class Launch:
         inside the kernel (griddepcontrol.wait, ptx/pdl.cuh) instead of in the launch queue."""
         if self.cooperative:
             raise ValueError(f"{self.kernel.name}: a cooperative launch cannot overlap the kernel before it")
-        return Launch(self.kernel, self.grid, self.block, self.shared_bytes, self.args, cluster=self.cluster_dims,
-                      programmatic=True)
+        return self._with(programmatic=True)
+
+    def beside(self, side: "SideStream") -> "Launch":
+        """The same launch on `side`'s stream: it starts after everything issued on the caller's stream before it
+        (and the side's launch before it), and what the caller issues next does not wait for it."""
+        return self._with(side=side)
+
+    def after(self, *sides: "SideStream") -> "Launch":
+        """The same launch, starting only after everything issued on `sides` before it (their join)."""
+        return self._with(joins=self.joins + sides)
+
+    def alone(self) -> "Launch":
+        """The same launch on the caller's stream, neither beside a chain nor joining one (to time it by itself)."""
+        return self._with(side=None, joins=())
+
+    def _with(self, **changes: Any) -> "Launch":
+        now = dict(cooperative=self.cooperative, cluster=self.cluster_dims, programmatic=self.programmatic,
+                   side=self.side, joins=self.joins)
+        return Launch(self.kernel, self.grid, self.block, self.shared_bytes, self.args, **{**now, **changes})
 
     def _extended_config(self) -> Any:
         cu, attrs = _cu(), []
@@ -634,6 +661,10 @@ class Launch:
         return _launch_config(self.grid, self.block, self.shared_bytes, attrs)
 
     def run(self, stream: Stream) -> None:
+        for side in self.joins:
+            side.join(stream)
+        if self.side is not None:
+            stream = self.side.fork(stream)
         if self._config is not None:
             self._config.hStream = stream.handle
             kind = ("cooperative" if self.cooperative else f"cluster of {self.cluster}" if self.cluster > 1
@@ -646,8 +677,42 @@ class Launch:
                                    stream.handle, self.args.address, 0), f"cuLaunchKernel({self.kernel.name})")
 
     def __repr__(self) -> str:
-        extra = ", programmatic" if self.programmatic else ""
+        extra = (", programmatic" if self.programmatic else "") + (f", beside {self.side.name}" if self.side else "")
         return f"Launch({self.kernel.name}, grid={self.grid}, block={self.block}, smem={self.shared_bytes}{extra})"
+
+
+class SideStream:
+    """A stream beside the one a chain of launches is issued on, for launches off the chain's critical path
+    (Launch.beside, Launch.after). Captured into a graph, its forks and joins are the graph's branches. Its stream
+    and events are made at first use: a step is planned before there is a context."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._stream: Stream | None = None
+        self._fork = self._done = None
+
+    def fork(self, main: Stream) -> Stream:
+        """The side's stream, ordered after everything issued on `main` so far."""
+        if self._stream is None:
+            self._stream, self._fork, self._done = Stream(), Event(timing=False), Event(timing=False)
+        self._fork.record(main)
+        self._stream.wait(self._fork)
+        return self._stream
+
+    def join(self, main: Stream) -> None:
+        """Order what `main` issues next after everything issued on the side so far."""
+        if self._stream is not None:
+            self._done.record(self._stream)
+            main.wait(self._done)
+
+    def close(self) -> None:
+        for handle in (self._fork, self._done, self._stream):
+            if handle is not None:
+                handle.close()
+        self._stream = self._fork = self._done = None
+
+    def __repr__(self) -> str:
+        return f"SideStream({self.name})"
 
 
 def launch(kernel: Kernel, grid: Any, block: Any, shared_bytes: int, stream: Stream, *args: Any) -> None:

@@ -106,10 +106,7 @@ class MLP:
         self.eval_logits = a.tensor("eval_logits", (EB, padded[-1]), np.float16)
         self.eval_y = a.tensor("eval_y", EB, np.int32)
         self.tail_fwd: list[kg.GemmPlan] = []  # the last, shorter chunk's forward plans
-        # sums over blocks that meet exactly (ptx/exact_sum.cuh: the loss over many rows, a bias's row ranges): a word
-        # per column of the widest layer and a ticket per column tile; every launch leaves them zero
-        self.exact_sums = a.tensor("exact_sums", max(2, max(padded)), np.int64)
-        self.exact_tickets = a.tensor("exact_tickets", max(1, cdiv(max(padded), 8)), np.int32)
+        self.exact_sums, self.exact_tickets = self.exact_scratch("")
         # parameters and optimiser state
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
@@ -133,11 +130,23 @@ class MLP:
         """The step its kind planned over this model's buffers (it reserved its own in the arena); then the split-K
         scratch both need: GEMMs run one after another, each leaves its tickets at zero, so all share one."""
         self.step = step
-        plans = self.eval_plans + self.tail_fwd + step.split_plans()
-        a = self.arena
-        self.workspace = a.tensor("splitk_workspace", max(1, max(p.workspace_floats for p in plans)), np.float32)
-        self.tickets = a.tensor("splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32)
+        self.workspace, self.tickets = self.splitk_scratch("", self.eval_plans + self.tail_fwd + step.split_plans())
         return self
+
+    def exact_scratch(self, prefix: str) -> tuple[Tensor, Tensor]:
+        """Scratch for sums over blocks that meet exactly (ptx/exact_sum.cuh: the loss over many rows, a bias's row
+        ranges), for launches that run one after another: a word per column of the widest layer and a ticket per
+        column tile; every launch leaves them zero."""
+        widest = max(self.padded)
+        return (self.arena.tensor(f"{prefix}exact_sums", max(2, widest), np.int64),
+                self.arena.tensor(f"{prefix}exact_tickets", max(1, cdiv(widest, 8)), np.int32))
+
+    def splitk_scratch(self, prefix: str, plans: list) -> tuple[Tensor, Tensor]:
+        """The split-K partials and tickets of `plans`' GEMMs, for launches that run one after another: each leaves
+        its tickets at zero, so all share one."""
+        return (self.arena.tensor(f"{prefix}splitk_workspace", max(1, max(p.workspace_floats for p in plans)),
+                                  np.float32),
+                self.arena.tensor(f"{prefix}splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32))
 
     def bind(self, kernels: Kernels) -> "MLP":
         """The compiled kernels the launches use (of the arch this model was planned for)."""

@@ -152,6 +152,7 @@ class Session:
         context_synchronize()  # nothing queued may still use the memory
         if self.group is not None:
             self.group.close()
+        self.model.step.close()
         self.model.arena.close()
         self.stream.close()
         self.device.close()

@@ -52,7 +52,8 @@ def test_unsupported_recipes_say_why(changes, arch, reason):
 
 @pytest.mark.parametrize("changes,arch,kind", [
     ({}, "sm_90", "cluster"), ({}, "sm_86", "fused"), (dict(batch=64), "sm_90", "layered"),
-    (dict(batch=512), "sm_90", "fused"), (dict(hidden=256), "sm_90", "layered"), (dict(hidden=512), "sm_90", "layered"),
+    (dict(batch=300), "sm_90", "fused"), (dict(batch=512), "sm_90", "layered"), (dict(batch=512), "sm_86", "fused"),
+    (dict(hidden=256), "sm_90", "layered"), (dict(hidden=512), "sm_90", "layered"),
     (dict(hidden=256), "sm_86", "fused"), (dict(hidden=256, momentum=0.9), "sm_90", "layered"),
     (dict(hidden=256, momentum=0.9, accum="fp16"), "sm_90", "layered"),
     (dict(hidden=2048), "sm_90", "layered"), (dict(hidden=2048), "sm_86", "layered")])

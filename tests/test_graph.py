@@ -184,3 +184,44 @@ def test_exception_inside_capture_is_reported(setup):
     with pytest.raises(GraphCaptureError, match="ValueError: planned failure"):
         capture(stream, boom)
     stream.synchronize()
+
+
+@pytest.mark.gpu
+def test_a_side_stream_forks_and_joins_as_the_chain_orders_it(setup):
+    """A launch beside the chain starts after the chain's launches before it, a launch after the side waits for it:
+    eagerly and as a graph (a fork and a join edge), 200 rounds give the bits of the same launches in one stream."""
+    s, stream = setup, setup["stream"]
+    axpby, inc = s["launches"][0].kernel, s["launches"][1].kernel
+    side = driver.SideStream("test side")
+    x, y, c = s["x"], s["y"], s["c"]
+    chain = [axpby.bind(17, 256, 0, y, x, 0.75, 0.5, N),   # y from x
+             axpby.bind(9, 128, 0, x, y, -0.25, 1.0, N),   # x from y: beside, after the launch above
+             inc.bind(1, 1, 0, c, 1),                      # the chain goes on meanwhile
+             axpby.bind(5, 1024, 0, y, x, 0.5, 0.5, N)]    # reads x: after the side
+    placed = [chain[0], chain[1].beside(side), chain[2], chain[3].after(side)]
+    try:
+        results = []
+        for launches, graphed in ((chain, False), (placed, False), (placed, True)):
+            _reset(s)
+            if graphed:
+                graph = capture(stream, lambda: [launch.run(stream) for launch in launches])
+                nodes, edges = graph.nodes(), sorted(graph.edges())
+                assert len(nodes) == 4
+                by_grid = {n.grid[0]: n.index for n in nodes}
+                a, b, cnt, d = by_grid[17], by_grid[9], by_grid[1], by_grid[5]
+                assert edges == sorted([(a, b), (a, cnt), (b, d), (cnt, d)]), edges
+                for _ in range(200):
+                    graph.launch(stream)
+                graph.close()
+            else:
+                for _ in range(200):
+                    for launch in launches:
+                        launch.run(stream)
+            stream.synchronize()
+            results.append((x.download(), y.download(), c.download()))
+        for got in results[1:]:
+            for a, b in zip(results[0], got):
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert results[0][2][0] == 200 and np.isfinite(results[0][0]).all()
+    finally:
+        side.close()

@@ -75,8 +75,8 @@ def kernels(device):
 
 
 def _model(kernels, device, stream, data, recipe: Recipe, perm, step_kind: str = "auto", overlap: bool = True,
-           short: bool = True):
-    options = StepOptions(overlap=overlap, short=short)
+           short: bool = True, branches: bool = True):
+    options = StepOptions(overlap=overlap, short=short, branches=branches)
     model = plan_model(recipe, step_kind, kernels=kernels, sm_count=device.sm_count, options=options).allocate()
     model.upload_data(data)
     model.init_parameters(stream)
@@ -267,13 +267,16 @@ def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stre
 @pytest.mark.parametrize("hidden,batch,opt,short", [(2048, 32, PLAIN, True), (256, 64, MOMENTUM, True),
                                                    (1000, 128, PLAIN, True), (1024, 128, ADAM, True),
                                                    (4096, 256, ADAMW, True), (256, 64, MOMENTUM, False),
-                                                   (1024, 128, ADAM, False)])
+                                                   (1024, 128, ADAM, False), (256, 1024, MOMENTUM, True),
+                                                   (1000, 600, ADAM, True)])
 def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden, batch, opt, short):
-    """The layered step with each kernel overlapping the one before (programmatic dependent launch, sm_90+) against
-    the same step launched strictly one after another: 60 steps as graphs of 20, parameters equal bit for bit. A
-    kernel that read its predecessor's output before griddepcontrol.wait would differ. The shapes cover the
-    tensor-copy forward, dx_sgd, dx_update with every batch tile's kind of split, the head kernel, split-K tickets
-    and (short=False) the cp.async GEMMs with momentum and Adam."""
+    """The layered step with each kernel overlapping the one before (programmatic dependent launch, sm_90+) and,
+    outside the short form, the weight and bias updates on side streams, against the same step launched strictly
+    one after another in one chain: 60 steps as graphs of 20, parameters equal bit for bit. A kernel that read its
+    predecessor's output before griddepcontrol.wait, or a side launch forked before its inputs were ready or joined
+    too late, would differ. The shapes cover the tensor-copy forward, dx_sgd, dx_update with every batch tile's kind
+    of split, the head kernel, split-K tickets, (short=False) the cp.async GEMMs with momentum and Adam, and (batch
+    600, 1024) the warpgroup-MMA GEMMs."""
     from rawgpu.graph import capture
 
     if int(device.arch.removeprefix("sm_")) < 90:
@@ -284,12 +287,21 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
                     total_steps=60, seed=int(rng.integers(1 << 30)))
     results = []
     for overlap in (False, True):
-        model = _model(kernels, device, stream, data, recipe, perm, "layered", overlap=overlap, short=short)
+        model = _model(kernels, device, stream, data, recipe, perm, "layered", overlap=overlap, short=short,
+                       branches=overlap)
         try:
             assert model.step.overlap == overlap
+            branched = model.step.sides is not None
+            long = not short or layered_step.short_form_reason(recipe, device.arch) is not None
+            assert branched == (overlap and long)
             graph = capture(stream, run_launches(model.step_launches(20), stream))
-            kinds = {kind for _, _, kind in graph.typed_edges()}
-            assert kinds == {"programmatic" if overlap else "default"}, kinds
+            edges = graph.typed_edges()
+            kinds = {kind for _, _, kind in edges}
+            fan_out = max(sum(a == i for a, _, _ in edges) for i in range(len(graph.nodes())))
+            if overlap:  # every launch overlaps its predecessors, on the chain and across forks and joins
+                assert kinds == {"programmatic"} and (fan_out > 1) == branched, (kinds, fan_out)
+            else:  # one chain, each launch after the one before
+                assert kinds == {"default"} and fan_out == 1, (kinds, fan_out)
             for _ in range(3):
                 graph.launch(stream)
             graph.close()

@@ -15,7 +15,7 @@ from rawgpu import recipe as rc
 from rawgpu import steps
 from rawgpu import train
 from rawgpu.errors import StepUnsupported
-from rawgpu.steps import plan_model
+from rawgpu.steps import StepOptions, plan_model
 from rawgpu.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,16 +44,19 @@ def test_auto_says_why_it_passed_every_kind_over():
     choice = steps.choose(Recipe(hidden=2048, batch=512), "sm_90")  # a batch past the short form, wide: 18 kernels
     assert choice.kind == "layered"
     assert list(choice.passed_over) == ["cluster", "layered (short form)", "fused"]
-    assert "at most 32" in choice.passed_over["cluster"] and "hidden 2048 > 512" in choice.passed_over["fused"]
+    assert "at most 32" in choice.passed_over["cluster"] and "batch 512 > 320" in choice.passed_over["fused"]
     assert "on warpgroup MMA" in choice.passed_over["fused"]
     before_sm90 = steps.choose(Recipe(hidden=2048, batch=512), "sm_86").passed_over["fused"]
     assert "hidden 2048 > 1024" in before_sm90 and "in 18 kernels" in before_sm90
     assert "batch <= 256" in choice.passed_over["layered (short form)"]
-    for batch in (384, 512):  # above the short form's batches: the fused step up to 512 wide, warpgroup MMA above
-        assert steps.choose(Recipe(hidden=512, batch=batch), "sm_90").kind == "fused"
-        wide = steps.choose(Recipe(hidden=1024, batch=batch), "sm_90")
-        assert wide.kind == "layered" and "hidden 1024 > 512" in wide.passed_over["fused"]
-        assert "on warpgroup MMA" in wide.passed_over["fused"]
+    # above the short form's batches on sm_90: the fused step up to batch 320 and 256 wide, warpgroup MMA beyond
+    assert steps.choose(Recipe(hidden=256, batch=300), "sm_90").kind == "fused"
+    wide = steps.choose(Recipe(hidden=512, batch=300), "sm_90")
+    assert wide.kind == "layered" and "hidden 512 > 256" in wide.passed_over["fused"]
+    for batch in (384, 512):
+        large = steps.choose(Recipe(hidden=128, batch=batch), "sm_90")
+        assert large.kind == "layered" and f"batch {batch} > 320" in large.passed_over["fused"]
+        assert "on warpgroup MMA" in large.passed_over["fused"]
         assert steps.choose(Recipe(hidden=1024, batch=batch), "sm_86").kind == "fused"  # mma.sync tiles there
     for arch in ("sm_86", "sm_90"):  # above batch 512 the layered step's GEMM tiles win at every width
         large = steps.choose(Recipe(hidden=128, batch=1024), arch)
@@ -201,6 +204,17 @@ def test_parameter_tables_point_each_field_at_its_buffer():
     assert len(words) == 28 + 4 * 8 and words[28:33] == ["wlo_0", "w16_0", "b_0", hex(784), hex(128)]
 
 
+class _Bound(tuple):
+    """What _BindingKernels' bind returns: (kernel name, packed args, side stream's name or None, joined sides' names),
+    placed as driver.Launch places a launch."""
+
+    def beside(self, side):
+        return _Bound((self[0], self[1], side.name, self[3]))
+
+    def after(self, *sides):
+        return _Bound((*self[:3], self[3] + tuple(s.name for s in sides)))
+
+
 class _BindingKernels:
     """Kernels that bind without a GPU: each launcher's checks and argument packing run, nothing is loaded."""
 
@@ -212,7 +226,7 @@ class _BindingKernels:
 
         class Bound:
             def bind(self, grid, block, smem, *args, **kw):
-                return (name, PackedArgs(signature, args))
+                return _Bound((name, PackedArgs(signature, args), None, ()))
         return Bound()
 
 
@@ -235,3 +249,36 @@ def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypa
     assert plan_model(Recipe(hidden=1024, optimizer="adam"), arch="sm_90").step.kernel_count() == 8
     assert plan_model(Recipe(hidden=1024), "layered", arch="sm_86").step.kernel_count() == 18
     assert plan_model(Recipe(hidden=1024, batch=512), "layered", arch="sm_90").step.kernel_count() == 18
+
+
+@pytest.mark.parametrize("arch,recipe", [("sm_90", Recipe(hidden=256, batch=1024)),
+                                         ("sm_90", Recipe(hidden=1000, batch=600, optimizer="adam", layers=2)),
+                                         ("sm_86", Recipe(hidden=512)), ("sm_80", Recipe(hidden=100, accum="fp16"))])
+def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, monkeypatch):
+    """Every layer's dW GEMM with its update runs on the weights' side stream and its bias update on the biases',
+    forked where their inputs are ready: the bias update right after the launch that wrote its dy (before the layer's
+    dx GEMM), the dW GEMM right after the dx GEMM, which reads W16 before the update rewrites it; the step counter
+    joins both sides. StepOptions(branches=False) keeps every launch in the chain."""
+    monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))
+    for branches in (True, False):
+        model = plan_model(recipe, "layered", arch=arch, options=StepOptions(branches=branches))
+        model.arena.base, model.arena._allocated = 1 << 40, True
+        model.k = _BindingKernels(arch)
+        step = model.step._one_step()
+        names, sides = [b[0] for b in step], [b[2] for b in step]
+        dw = [i for i, n in enumerate(names) if "_cr_" in n]
+        bias = [i for i, n in enumerate(names) if n == "bias_update"]
+        dx = [i for i, n in enumerate(names) if "_rc_" in n]
+        assert len(dw) == len(bias) == len(dx) + 1 == recipe.layers + 1, names
+        if not branches:
+            assert sides == [None] * len(step) and step[-1][3] == (), step
+            continue
+        assert {sides[i] for i in dw} == {"weight updates"} and {sides[i] for i in bias} == {"bias updates"}
+        assert all(s is None for i, s in enumerate(sides) if i not in dw + bias), sides
+        writes_dy = [names.index("softmax_xent")] + dx  # the chain's launch that writes each layer's dy, top down
+        forked_after = lambda i: max(j for j in range(i) if sides[j] is None)  # noqa: E731 - the chain's launch before
+        for layer, (b, w) in enumerate(zip(bias, dw)):
+            assert forked_after(b) == writes_dy[layer], names  # the bias forks as soon as its dy is there
+            # the dW GEMM forks after its dx GEMM has read W16 (the first layer's, which has none, after its dy)
+            assert forked_after(w) == (dx[layer] if layer < len(dx) else writes_dy[layer]), names
+        assert names[-1] == "step_increment" and set(step[-1][3]) == {"weight updates", "bias updates"}

@@ -19,11 +19,14 @@ class StepOptions:
 
     overlap: layered step on sm_90+, each kernel starts while the one before still runs (programmatic dependent
     launch). short: layered step, its short form wherever it runs (False: one kernel per layer and role, as where it
-    does not). l2_bytes, l2_budget: layered step, the GPU's L2 size and the share of it one weight may keep between
-    two reads (budget 0 or no size: no cache hints). fused_grid: blocks of the fused kernel (default one per SM)."""
+    does not). branches: layered step outside its short form, each layer's weight and bias updates on streams beside
+    the chain of dx GEMMs (False: all in one chain). l2_bytes, l2_budget: layered step, the GPU's L2 size and the
+    share of it one weight may keep between two reads (budget 0 or no size: no cache hints). fused_grid: blocks of
+    the fused kernel (default one per SM)."""
 
     overlap: bool = True
     short: bool = True
+    branches: bool = True
     l2_bytes: int = 0
     l2_budget: float = DEFAULT_BUDGET
     fused_grid: int | None = None
@@ -68,6 +71,10 @@ class Step:
 
     def allocated(self) -> None:
         """The arena exists: upload parameter tables, check the GPU can run the launches."""
+
+    def close(self) -> None:
+        """Free what the kind made on the GPU beside the arena (streams); the session calls it before the context
+        goes."""
 
     def parameters_set(self, stream: "Stream") -> None:
         """The master weights were just written: derive whatever copies of them this kind keeps."""

@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 # the fused step's 32x32 blocks stream the weights slower (docs/history.md).
 MAX_HIDDEN_VS_ONE_PASS = 512
 MAX_HIDDEN = 1024
-# On sm_90 above the short form's batches the layered step's GEMMs run on warpgroup MMA, and beat the fused step above
-# this width (docs/history.md: The fused step against the layered step above batch 256).
-MAX_HIDDEN_VS_WGMMA = 512
+# On sm_90 above the short form's batches the layered step's GEMMs run on warpgroup MMA, its updates beside the chain
+# of dx GEMMs, and beat the fused step above this width or this batch (docs/history.md: The fused step against the
+# layered step above batch 256; the batches measured: 300 the fused step's, 384 the layered step's).
+MAX_HIDDEN_VS_WGMMA = 256
+MAX_BATCH_VS_WGMMA = 320
 # The largest batch `auto` gives it: above, the layered step's GEMM tiles beat its per-block row loops at every width
 # (docs/history.md: Batches above 256).
 MAX_BATCH = 512
@@ -41,8 +43,8 @@ MODEL = MLP  # the buffers it runs over
 SEVERAL_GPUS = False
 SUMMARY = "the whole step in one persistent cooperative kernel (grid-wide barriers between phases; ReLU only)"
 PREFERRED_WHEN = (f"fp32 accumulation, batch <= {MAX_BATCH}, hidden <= {MAX_HIDDEN}, or <= {MAX_HIDDEN_VS_ONE_PASS} at "
-                  f"batch <= 32 with plain SGD and <= {MAX_HIDDEN_VS_WGMMA} above batch {kg.BATCH_STREAM_ROWS} "
-                  "on sm_90")
+                  f"batch <= 32 with plain SGD, and on sm_90 above batch {kg.BATCH_STREAM_ROWS} batch <= "
+                  f"{MAX_BATCH_VS_WGMMA} and hidden <= {MAX_HIDDEN_VS_WGMMA}")
 WHEN_AUTO = "one kernel beats a chain of latency-bound launches at this width"
 
 
@@ -64,9 +66,13 @@ def not_preferred_reason(recipe: Recipe, arch: str) -> str | None:
     if recipe.batch > MAX_BATCH:
         return (f"batch {recipe.batch} > {MAX_BATCH}: the layered step's GEMM tiles run batches this large faster than "
                 "the fused step's per-block rows")
+    wgmma = recipe.batch > kg.BATCH_STREAM_ROWS and kg.has_wgmma(arch)
+    if wgmma and recipe.batch > MAX_BATCH_VS_WGMMA:
+        return (f"batch {recipe.batch} > {MAX_BATCH_VS_WGMMA}: the layered step on warpgroup MMA runs batches this "
+                "large faster than the fused step's per-block rows")
     one_pass = kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum)
     limit, how = (MAX_HIDDEN_VS_ONE_PASS, "with its one-pass backward") if one_pass else (MAX_HIDDEN, "in 18 kernels")
-    if recipe.batch > kg.BATCH_STREAM_ROWS and kg.has_wgmma(arch) and MAX_HIDDEN_VS_WGMMA < limit:
+    if wgmma and MAX_HIDDEN_VS_WGMMA < limit:
         limit, how = MAX_HIDDEN_VS_WGMMA, "on warpgroup MMA"
     if (widest := max(recipe.padded_widths[1:-1])) > limit:
         return (f"hidden {widest} > {limit}: the layered step {how} runs weights this wide faster than the fused "

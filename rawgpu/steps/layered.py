@@ -8,6 +8,11 @@ writes the step's optimiser values. On sm_90 every kernel starts while the one b
 dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints (kernels/l2.py). Runs every recipe on
 every GPU: the step for fp16 accumulation, for GPUs before sm_90 at widths the fused step does not take, and for
 batches above 512 (above 256 at large widths).
+
+Outside the short form the chain a step waits on is the forward and the dx GEMMs: nothing later in a step reads a
+layer's updated weight or bias, so each layer's dW GEMM with its update and its bias update run on side streams
+(driver.SideStream), forked from the chain where their inputs are ready, one side for the weights and one for the
+biases, each with its own split-K and exact-sum scratch, and joined before the step counter moves.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
+from ..driver import SideStream
 from ..mlp import MLP
 from ..optimizer import update_family
 from ..recipe import PADDED_CLASSES, Recipe, loss_scale
@@ -76,8 +82,9 @@ class LayerPlans:
 class LayeredStep(ChainStep):
     kind = "layered"
 
-    def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float):
-        """overlap, short, l2_bytes, l2_budget: see StepOptions."""
+    def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float,
+                 branches: bool = True):
+        """overlap, short, branches, l2_bytes, l2_budget: see StepOptions."""
         super().__init__(model, overlap)
         r, arch, B = model.recipe, model.arch, model.recipe.batch
         padded = r.padded_widths
@@ -105,6 +112,17 @@ class LayeredStep(ChainStep):
                 bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
                               l2_bytes, l2_budget)
+        apart = [lp.dw for lp in self.plans if lp.bwd is None]  # layers whose dW GEMM and bias update run apart
+        self.sides = None
+        if branches and apart and self.head is None:  # step_increment joins the sides (the head kernel moves it)
+            self.sides = _Sides(model, apart)
+
+    def counters(self) -> list:
+        return self.sides.counters() if self.sides else []
+
+    def close(self) -> None:
+        if self.sides:
+            self.sides.close()
 
     def kernel_units(self) -> set:
         layers = self.plans[:len(self.plans) - (self.head is not None)]  # the head kernel runs the last one's
@@ -125,7 +143,8 @@ class LayeredStep(ChainStep):
 
     def describe(self) -> str:
         how = ", each overlapping the one before (programmatic dependent launch)" if self.overlap else ""
-        return f"layered: {self.kernel_count()} kernels{how}"
+        beside = ", the weight and bias updates on 2 side streams" if self.sides else ""
+        return f"layered: {self.kernel_count()} kernels{how}{beside}"
 
     def _one_step(self) -> list["Launch"]:
         """gather (+ the step's optimiser values), forward, loss, backward with fused updates, step counter += 1."""
@@ -159,18 +178,41 @@ class LayeredStep(ChainStep):
                                         m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb,
                                         slope=m.slopes[i]))
             else:
+                sd = self.sides
+                bias = ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch,
+                                      sd.sums if sd else m.exact_sums, sd.sum_tickets if sd else m.exact_tickets)
+                if sd:  # from here on: dy is ready
+                    out.append(bias.beside(sd.biases))
                 if p.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=m.saved_for_backward(i),
                                        workspace=m.workspace, tickets=m.tickets))
-                out.append(kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
-                                   workspace=m.workspace, tickets=m.tickets))
-                out.append(ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch, m.exact_sums,
-                                          m.exact_tickets))
+                dw = kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
+                             workspace=sd.workspace if sd else m.workspace, tickets=sd.tickets if sd else m.tickets)
+                out += [dw.beside(sd.weights)] if sd else [dw, bias]  # beside: after the dx GEMM has read W16
             dy = m.grads[i]
         if self.head is None:
-            out.append(kd.step_increment(k, m.counter))
+            counter = kd.step_increment(k, m.counter)
+            out.append(counter.after(self.sides.weights, self.sides.biases) if self.sides else counter)
         return out
 
 
+class _Sides:
+    """The layered step's side streams (one for the weight updates, one for the bias updates) and the scratch each
+    needs of its own, as it runs beside the chain's GEMMs and softmax: split-K partials and tickets for the dW
+    GEMMs, exact sums and tickets for the bias updates (every launch leaves them zero)."""
+
+    def __init__(self, model: "MLP", dw_plans: list):
+        self.weights, self.biases = SideStream("weight updates"), SideStream("bias updates")
+        self.workspace, self.tickets = model.splitk_scratch("side_", dw_plans)
+        self.sums, self.sum_tickets = model.exact_scratch("side_")
+
+    def counters(self) -> list:
+        return [self.workspace, self.tickets, self.sums, self.sum_tickets]
+
+    def close(self) -> None:
+        self.weights.close()
+        self.biases.close()
+
+
 def build(model: "MLP", options: StepOptions) -> LayeredStep:
-    return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget)
+    return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget, options.branches)
