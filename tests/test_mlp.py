@@ -285,33 +285,35 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=3, batch=batch, **{"lr": 0.05, **opt}, schedule="cosine",
                     total_steps=60, seed=int(rng.integers(1 << 30)))
+    long = not short or layered_step.short_form_reason(recipe, device.arch) is not None
+    # one chain of plain launches; overlapping with the side streams (the product on sm_90); and where the step has
+    # sides, plain launches with them (the product before sm_90)
     results = []
-    for overlap in (False, True):
+    for overlap, branches in ((False, False), (True, True)) + (((False, True),) if long else ()):
         model = _model(kernels, device, stream, data, recipe, perm, "layered", overlap=overlap, short=short,
-                       branches=overlap)
+                       branches=branches)
         try:
             assert model.step.overlap == overlap
             branched = model.step.sides is not None
-            long = not short or layered_step.short_form_reason(recipe, device.arch) is not None
-            assert branched == (overlap and long)
+            assert branched == (branches and long)
             graph = capture(stream, run_launches(model.step_launches(20), stream))
             edges = graph.typed_edges()
             kinds = {kind for _, _, kind in edges}
             fan_out = max(sum(a == i for a, _, _ in edges) for i in range(len(graph.nodes())))
-            if overlap:  # every launch overlaps its predecessors, on the chain and across forks and joins
-                assert kinds == {"programmatic"} and (fan_out > 1) == branched, (kinds, fan_out)
-            else:  # one chain, each launch after the one before
-                assert kinds == {"default"} and fan_out == 1, (kinds, fan_out)
+            # overlapping, every launch overlaps its predecessors, on the chain and across forks and joins
+            assert kinds == {"programmatic" if overlap else "default"} and (fan_out > 1) == branched, (kinds, fan_out)
             for _ in range(3):
                 graph.launch(stream)
             graph.close()
             assert model.step_count() == 60
             results.append(model.parameters())
         finally:
+            model.step.close()
             model.arena.close()
-    for (ws, bs), (wo, bo) in zip(*results):
-        assert np.array_equal(ws.view(np.uint32), wo.view(np.uint32))
-        assert np.array_equal(bs.view(np.uint32), bo.view(np.uint32))
+    for other in results[1:]:
+        for (ws, bs), (wo, bo) in zip(results[0], other):
+            assert np.array_equal(ws.view(np.uint32), wo.view(np.uint32))
+            assert np.array_equal(bs.view(np.uint32), bo.view(np.uint32))
 
 
 @gpu
