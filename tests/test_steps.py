@@ -15,6 +15,7 @@ from rawgpu import recipe as rc
 from rawgpu import steps
 from rawgpu import train
 from rawgpu.errors import StepUnsupported
+from rawgpu.kernels.elementwise import BIAS_SPLIT_ROWS
 from rawgpu.steps import StepOptions, plan_model
 from rawgpu.recipe import Recipe
 
@@ -258,7 +259,8 @@ def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, m
     """Every layer's dW GEMM with its update runs on the weights' side stream and its bias update on the biases',
     forked where their inputs are ready: the bias update right after the launch that wrote its dy (before the layer's
     dx GEMM), the dW GEMM right after the dx GEMM, which reads W16 before the update rewrites it; the step counter
-    joins both sides. StepOptions(branches=False) keeps every launch in the chain."""
+    joins both sides; no launch of a side touches the chain's split-K or exact-sum scratch, nor one of the chain a
+    side's. StepOptions(branches=False) keeps every launch in the chain."""
     monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))
     for branches in (True, False):
         model = plan_model(recipe, "layered", arch=arch, options=StepOptions(branches=branches))
@@ -282,3 +284,10 @@ def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, m
             # the dW GEMM forks after its dx GEMM has read W16 (the first layer's, which has none, after its dy)
             assert forked_after(w) == (dx[layer] if layer < len(dx) else writes_dy[layer]), names
         assert names[-1] == "step_increment" and set(step[-1][3]) == {"weight updates", "bias updates"}
+        addresses = lambda b: {getattr(v, "value", None) for v in b[1].values}  # noqa: E731 - its packed args
+        side_scratch = {t.ptr for t in model.step.sides.counters()}
+        chain_scratch = {t.ptr for t in (model.workspace, model.tickets, model.exact_sums, model.exact_tickets)}
+        for b, side in zip(step, sides):
+            assert not addresses(b) & (chain_scratch if side else side_scratch), (b[0], side)
+        if recipe.batch > BIAS_SPLIT_ROWS:  # the bias updates' row ranges meet in exact sums
+            assert all(addresses(step[i]) & side_scratch for i in bias), "a bias update without its side's sums"

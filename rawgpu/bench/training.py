@@ -54,10 +54,11 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
     timed). step_kind: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
     programmatic dependent launch; "long": the layered step without its short form, one kernel per layer and
-    role; "chain": the default step with every launch in one chain, no side streams); fused_grid: blocks of the fused step (None: one per SM); l2_budget: the share of
-    the L2 the layered step's cache hints may keep per weight (None: the default); recipe: batch, optimiser and
-    schedule (default RECIPES["seed"]'s), the schedule running over `steps`. Returns a dict with system,
-    us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial parameters, for the peers) and note."""
+    role; "chain": the default step with every launch in one chain, no side streams); fused_grid: blocks of the
+    fused step (None: one per SM); l2_budget: the share of the L2 the layered step's cache hints may keep per weight
+    (None: the default); recipe: batch, optimiser and schedule (default RECIPES["seed"]'s), the schedule running over
+    `steps`. Returns a dict with system, us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial
+    parameters, for the peers) and note."""
     from ..session import Session
     from ..steps import StepOptions
 

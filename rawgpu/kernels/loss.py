@@ -61,7 +61,8 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
     if blocks > 1:
         require_exact_sums(scratch, ticket, 2, 1, f"softmax_xent over {batch} rows")
     return k.get(SRC, "softmax_xent", "pipiifpppipp").bind(
-        blocks, THREADS if blocks == 1 else SPREAD_THREADS, 0, logits, logits.shape[1], labels, batch, classes, grad_scale / mean_over,
+        blocks, THREADS if blocks == 1 else SPREAD_THREADS, 0, logits, logits.shape[1], labels, batch, classes,
+        grad_scale / mean_over,
         0 if dlogits is None else dlogits, loss_sum, correct,
         batch if blocks == 1 else (BLOCK_ROWS if block_rows is None else block_rows),
         0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)

@@ -32,7 +32,7 @@ MAX_HIDDEN_VS_ONE_PASS = 512
 MAX_HIDDEN = 1024
 # On sm_90 above the short form's batches the layered step's GEMMs run on warpgroup MMA, its updates beside the chain
 # of dx GEMMs, and beat the fused step above this width or this batch (docs/history.md: The fused step against the
-# layered step above batch 256; the batches measured: 300 the fused step's, 384 the layered step's).
+# layered step above batch 256).
 MAX_HIDDEN_VS_WGMMA = 256
 MAX_BATCH_VS_WGMMA = 320
 # The largest batch `auto` gives it: above, the layered step's GEMM tiles beat its per-block row loops at every width

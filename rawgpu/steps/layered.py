@@ -167,6 +167,8 @@ class LayeredStep(ChainStep):
         else:
             out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        grad_scale=scale, scratch=m.exact_sums, ticket=m.exact_tickets))
+        sd = self.sides  # where the updates run beside the chain: their streams, and scratch of their own
+        scratch = sd or m  # the updates' split-K and exact-sum scratch
         dy = m.grads[n]
         for i in range(n - 1, -1, -1):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
@@ -178,36 +180,36 @@ class LayeredStep(ChainStep):
                                         m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb,
                                         slope=m.slopes[i]))
             else:
-                sd = self.sides
-                bias = ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch,
-                                      sd.sums if sd else m.exact_sums, sd.sum_tickets if sd else m.exact_tickets)
-                if sd:  # from here on: dy is ready
+                bias = ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch, scratch.exact_sums,
+                                      scratch.exact_tickets)
+                if sd:  # forked here, as soon as its dy is written
                     out.append(bias.beside(sd.biases))
                 if p.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=m.saved_for_backward(i),
                                        workspace=m.workspace, tickets=m.tickets))
                 dw = kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
-                             workspace=sd.workspace if sd else m.workspace, tickets=sd.tickets if sd else m.tickets)
+                             workspace=scratch.workspace, tickets=scratch.tickets)
                 out += [dw.beside(sd.weights)] if sd else [dw, bias]  # beside: after the dx GEMM has read W16
             dy = m.grads[i]
         if self.head is None:
             counter = kd.step_increment(k, m.counter)
-            out.append(counter.after(self.sides.weights, self.sides.biases) if self.sides else counter)
+            out.append(counter.after(sd.weights, sd.biases) if sd else counter)
         return out
 
 
 class _Sides:
     """The layered step's side streams (one for the weight updates, one for the bias updates) and the scratch each
-    needs of its own, as it runs beside the chain's GEMMs and softmax: split-K partials and tickets for the dW
-    GEMMs, exact sums and tickets for the bias updates (every launch leaves them zero)."""
+    needs of its own, as it runs beside the chain's GEMMs and softmax, named as the model names its own: split-K
+    partials and tickets for the dW GEMMs, exact sums and tickets for the bias updates (every launch leaves them
+    zero)."""
 
     def __init__(self, model: "MLP", dw_plans: list):
         self.weights, self.biases = SideStream("weight updates"), SideStream("bias updates")
         self.workspace, self.tickets = model.splitk_scratch("side_", dw_plans)
-        self.sums, self.sum_tickets = model.exact_scratch("side_")
+        self.exact_sums, self.exact_tickets = model.exact_scratch("side_")
 
     def counters(self) -> list:
-        return [self.workspace, self.tickets, self.sums, self.sum_tickets]
+        return [self.workspace, self.tickets, self.exact_sums, self.exact_tickets]
 
     def close(self) -> None:
         self.weights.close()
