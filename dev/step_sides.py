@@ -4,11 +4,12 @@ timed as dev/step_kernels.py times a step (CUDA events around graph replays, med
     python dev/step_sides.py --hidden H [H ...] [--batch B] [--optimizer sgd|adam|adamw] [--repeats N]
 
 Arrangements, from the product's launch list (steps/layered.py):
-  chain            every launch in one chain (StepOptions(branches=False))
-  product          the weight updates on one side stream, the bias updates on another
-  first-dw-alone   the first layer's dW GEMM (the last launch forked, after the second layer's dx GEMM) on a third
-                   side of its own, beside the second layer's dW GEMM instead of after it
-  first-dw-biases  the first layer's dW GEMM on the biases' side, after the first layer's bias update
+  chain              every launch in one chain (StepOptions(branches=False))
+  product            the weight updates on one side stream, the bias updates on another, and the first layer's dW
+                     GEMM (forked where the second layer's is, after the last dx GEMM) on a third side of its own
+  first-dw-weights   the first layer's dW GEMM queued behind the second layer's on the weights' side (the product
+                     before, 2026-11-27; this experiment moved it to a side of its own)
+  first-dw-biases    the first layer's dW GEMM on the biases' side, after the first layer's bias update
 Only the step above batch 256 (or with --batch at most 256 and the short form's kinds ruled out) has side streams.
 """
 
@@ -21,27 +22,26 @@ import numpy as np
 
 from rawgpu.bench.timing import time_graph
 from rawgpu.data import load_mnist
-from rawgpu.driver import SideStream
 from rawgpu.graph import capture
 from rawgpu.mlp import run_launches
 from rawgpu.recipe import Recipe
 from rawgpu.session import Session
 from rawgpu.steps import StepOptions
 
-ARRANGEMENTS = ("chain", "product", "first-dw-alone", "first-dw-biases")
+ARRANGEMENTS = ("chain", "product", "first-dw-weights", "first-dw-biases")
 
 
-def arranged(launches: list, how: str, biases: SideStream, third: SideStream) -> list:
-    """One step's launches (the product's) with the first layer's dW GEMM moved as `how` says."""
+def arranged(launches: list, how: str, sides) -> list:
+    """One step's launches (the product's) with the first layer's dW GEMM moved as `how` says. It keeps the split-K
+    scratch of the product's first side, which no other dW GEMM touches (they run one after another here)."""
     if how == "product":
         return launches
     first_dw = max(i for i, launch in enumerate(launches) if "_cr_" in launch.kernel.name)
     out = list(launches)
-    if how == "first-dw-alone":
-        out[first_dw] = launches[first_dw].beside(third)
-        out[-1] = launches[-1].after(third)  # the step counter joins the third side too
+    if how == "first-dw-weights":
+        out[first_dw] = launches[first_dw].beside(sides.weights)
     else:  # after the first layer's bias update on the biases' side, which forks at the same point
-        moved = launches[first_dw].beside(biases)
+        moved = launches[first_dw].beside(sides.biases)
         out.pop(first_dw)
         out.insert(len(out) - 1, moved)
     return out
@@ -63,7 +63,7 @@ def profile(hidden: int, recipe_kw: dict, repeats: int, data) -> None:
     reference = None
     for branches in (False, True):  # one session at a time: the chain's, then the product's
         session = Session(recipe, options=StepOptions(branches=branches))
-        model, stream, third = session.model, session.stream, SideStream("first layer's dW")
+        model, stream = session.model, session.stream
         try:
             model.upload_data(data)
             model.set_permutation(np.random.default_rng(0).permutation(60000))
@@ -73,7 +73,7 @@ def profile(hidden: int, recipe_kw: dict, repeats: int, data) -> None:
                 return
             for how in ARRANGEMENTS[1:] if branches else ARRANGEMENTS[:1]:
                 launches = model.step_launches(1)
-                launches = arranged(launches, how, sides.biases, third) if branches else launches
+                launches = arranged(launches, how, sides) if branches else launches
                 params = parameters_after(session, launches, 20)
                 reference = reference if reference is not None else params
                 same = all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(params, reference))
@@ -81,7 +81,6 @@ def profile(hidden: int, recipe_kw: dict, repeats: int, data) -> None:
                 print(f"H={hidden} batch {recipe.batch} {how:<16} {us:8.2f} us per step   "
                       f"bits {'the same' if same else 'DIFFER'}")
         finally:
-            third.close()
             session.close()
 
 

@@ -690,6 +690,7 @@ class SideStream:
         self.name = name
         self._stream: Stream | None = None
         self._fork = self._done = None
+        self._open = False  # forked since the last join: a join without one has nothing to wait for
 
     def fork(self, main: Stream) -> Stream:
         """The side's stream, ordered after everything issued on `main` so far."""
@@ -697,19 +698,23 @@ class SideStream:
             self._stream, self._fork, self._done = Stream(), Event(timing=False), Event(timing=False)
         self._fork.record(main)
         self._stream.wait(self._fork)
+        self._open = True
         return self._stream
 
     def join(self, main: Stream) -> None:
-        """Order what `main` issues next after everything issued on the side so far."""
-        if self._stream is not None:
+        """Order what `main` issues next after everything issued on the side so far (what it issued before its last
+        join is ordered already; waiting on it again would tie a graph capture to work outside it)."""
+        if self._open:
             self._done.record(self._stream)
             main.wait(self._done)
+            self._open = False
 
     def close(self) -> None:
         for handle in (self._fork, self._done, self._stream):
             if handle is not None:
                 handle.close()
         self._stream = self._fork = self._done = None
+        self._open = False
 
     def __repr__(self) -> str:
         return f"SideStream({self.name})"

@@ -144,9 +144,9 @@ class MLP:
     def splitk_scratch(self, prefix: str, plans: list) -> tuple[Tensor, Tensor]:
         """The split-K partials and tickets of `plans`' GEMMs, for launches that run one after another: each leaves
         its tickets at zero, so all share one."""
-        return (self.arena.tensor(f"{prefix}splitk_workspace", max(1, max(p.workspace_floats for p in plans)),
+        return (self.arena.tensor(f"{prefix}splitk_workspace", max([1] + [p.workspace_floats for p in plans]),
                                   np.float32),
-                self.arena.tensor(f"{prefix}splitk_tickets", max(1, max(p.tickets for p in plans)), np.int32))
+                self.arena.tensor(f"{prefix}splitk_tickets", max([1] + [p.tickets for p in plans]), np.int32))
 
     def bind(self, kernels: Kernels) -> "MLP":
         """The compiled kernels the launches use (of the arch this model was planned for)."""

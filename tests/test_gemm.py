@@ -288,7 +288,7 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     assert G.plan_gemm(257, 1024, 1024, "rc", "dact", arch="sm_90").config.name == "wg128"
     for args, kw in [((256, 1024, 1024, "rr", "store"), {}),  # a batch the streaming tiles take
                      ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
-                     ((4096, 16, 1024, "rr", "bias"), {}), ((4096, 1024, 16, "rc", "dact"), {}),
+                     ((4096, 1024, 16, "rc", "dact"), {}),
                      ((4096, 104, 1024, "rr", "bias_act"), {}),
                      ((4096, 4096, 128, "cr", "sgd"), {"states": 1}), ((4096, 4096, 256, "cr", "adam"), {"states": 2})]:
         assert not G.plan_gemm(*args, arch="sm_90", **kw).config.wgmma, (args, kw)
@@ -316,6 +316,15 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
         assert G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1).config.name != "wg128x2", (M, N, K)
     for arch in ("sm_86", "sm_80", "sm_100"):
         assert G.plan_gemm(4096, 1024, 1024, "rr", "bias_act", arch=arch).config.name == "128x128"
+        assert G.plan_gemm(4096, 16, 1024, "rr", "bias", arch=arch).config.name == "128x128"  # measured on sm_90
+    # narrower than WGMMA_MIN_N, x @ W streams on sm_90 while its 32-row tiles are one wave (the head's 16 columns);
+    # dy @ W^T does not
+    for M, N, K in ((257, 16, 256), (4096, 16, 1024), (132 * 32, 16, 8192), (1024, 64, 784)):
+        p = G.plan_gemm(M, N, K, "rr", "bias" if N == 16 else "bias_act", arch="sm_90", sm_count=132)
+        assert p.config.name == "stream" and p.grid[0] == -(-M // 32), (M, N, K)
+    for M, N, sms in ((4096, 72, 132), (132 * 32 + 1, 16, 132), (60000, 16, 132), (4096, 16, 108)):
+        assert G.plan_gemm(M, N, 1024, "rr", "bias_act", arch="sm_90", sm_count=sms).config.name == "128x128"
+    assert G.plan_gemm(4096, 16, 1024, "rc", "dact", arch="sm_90").config.name == "128x128"
     with pytest.raises(ValueError, match="needs the warpgroup MMA of sm_90, not sm_100"):
         G.plan_gemm(4096, 1024, 1024, "rr", "store", config="wg128", arch="sm_100")
     with pytest.raises(ValueError, match="split K only as wg128's x\\^T @ dy"):
@@ -643,9 +652,10 @@ def test_split_k_matches_no_split_and_is_bitwise_reproducible(device, stream, ke
 @pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias"), ("rr", "bias_act"), ("rc", "store"),
                                         ("rc", "dact"), ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K,splits", [(1, 72, 200, None), (17, 136, 1000, None), (32, 520, 4104, 3),
-                                          (32, 64, 64, None)])
+                                          (32, 64, 64, None), (600, 16, 1024, None), (4096, 16, 4096, 2)])
 def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, accum):
-    """The deep-pipeline tile on shapes with partial tiles, short K (fewer k-tiles than stages) and split-K."""
+    """The deep-pipeline tile on shapes with partial tiles, short K (fewer k-tiles than stages) and split-K, and over
+    many row tiles (the head's forward at a large batch)."""
     plan, (got,), ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, accum, splits=splits,
                                  config="stream")
     assert plan.config.stages == G.stream_stages(device.arch)

@@ -223,5 +223,10 @@ def test_a_side_stream_forks_and_joins_as_the_chain_orders_it(setup):
             for a, b in zip(results[0], got):
                 assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
         assert results[0][2][0] == 200 and np.isfinite(results[0][0]).all()
+        # a join with no fork since the side's last join waits for nothing (what the side ran is ordered already):
+        # a capture of it holds no tie to work outside the capture
+        graph = capture(stream, lambda: [launch.run(stream) for launch in (chain[0], chain[3].after(side))])
+        assert len(graph.nodes()) == 2 and len(graph.edges()) == 1
+        graph.close()
     finally:
         side.close()

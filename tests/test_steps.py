@@ -256,11 +256,12 @@ def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypa
                                          ("sm_90", Recipe(hidden=1000, batch=600, optimizer="adam", layers=2)),
                                          ("sm_86", Recipe(hidden=512)), ("sm_80", Recipe(hidden=100, accum="fp16"))])
 def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, monkeypatch):
-    """Every layer's dW GEMM with its update runs on the weights' side stream and its bias update on the biases',
-    forked where their inputs are ready: the bias update right after the launch that wrote its dy (before the layer's
-    dx GEMM), the dW GEMM right after the dx GEMM, which reads W16 before the update rewrites it; the step counter
-    joins both sides; no launch of a side touches the chain's split-K or exact-sum scratch, nor one of the chain a
-    side's. StepOptions(branches=False) keeps every launch in the chain."""
+    """Every layer's dW GEMM with its update runs on the weights' side stream (the first layer's on a side of its
+    own) and its bias update on the biases', forked where their inputs are ready: the bias update right after the
+    launch that wrote its dy (before the layer's dx GEMM), the dW GEMM right after the dx GEMM, which reads W16 before
+    the update rewrites it; the step counter joins every side; no launch of a side touches the chain's split-K or
+    exact-sum scratch, nor one of the chain a side's, and the two weight sides' split-K scratch is apart.
+    StepOptions(branches=False) keeps every launch in the chain."""
     monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))
     for branches in (True, False):
         model = plan_model(recipe, "layered", arch=arch, options=StepOptions(branches=branches))
@@ -275,7 +276,9 @@ def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, m
         if not branches:
             assert sides == [None] * len(step) and step[-1][3] == (), step
             continue
-        assert {sides[i] for i in dw} == {"weight updates"} and {sides[i] for i in bias} == {"bias updates"}
+        first = "first layer's weight update"
+        assert [sides[i] for i in dw] == ["weight updates"] * recipe.layers + [first], names  # top down
+        assert {sides[i] for i in bias} == {"bias updates"}
         assert all(s is None for i, s in enumerate(sides) if i not in dw + bias), sides
         writes_dy = [names.index("softmax_xent")] + dx  # the chain's launch that writes each layer's dy, top down
         forked_after = lambda i: max(j for j in range(i) if sides[j] is None)  # noqa: E731 - the chain's launch before
@@ -283,11 +286,14 @@ def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, m
             assert forked_after(b) == writes_dy[layer], names  # the bias forks as soon as its dy is there
             # the dW GEMM forks after its dx GEMM has read W16 (the first layer's, which has none, after its dy)
             assert forked_after(w) == (dx[layer] if layer < len(dx) else writes_dy[layer]), names
-        assert names[-1] == "step_increment" and set(step[-1][3]) == {"weight updates", "bias updates"}
+        assert names[-1] == "step_increment" and set(step[-1][3]) == {"weight updates", first, "bias updates"}
         addresses = lambda b: {getattr(v, "value", None) for v in b[1].values}  # noqa: E731 - its packed args
         side_scratch = {t.ptr for t in model.step.sides.counters()}
         chain_scratch = {t.ptr for t in (model.workspace, model.tickets, model.exact_sums, model.exact_tickets)}
         for b, side in zip(step, sides):
             assert not addresses(b) & (chain_scratch if side else side_scratch), (b[0], side)
+        splitk = {side.name: {t.ptr for t in pair} for side, pair in model.step.sides.splitk.items()}
+        for i in dw:  # the first layer's dW GEMM runs beside the second's: neither touches the other's split-K scratch
+            assert not addresses(step[i]) & splitk["weight updates" if sides[i] == first else first], names[i]
         if recipe.batch > BIAS_SPLIT_ROWS:  # the bias updates' row ranges meet in exact sums
             assert all(addresses(step[i]) & side_scratch for i in bias), "a bias update without its side's sums"

@@ -65,6 +65,11 @@ ROW_TILE = "tma128x64"
 # reads A half as often and wins while its tiles still number half the SMs or more.
 WGMMA_MIN_N = 128
 WGMMA_WIDE_SHARE = 0.5
+# Narrower than that, x @ W of more rows (the head's 16 columns) streams too on sm_90 while its row tiles are one
+# wave: a 128-column mma.sync tile would be mostly padding, and its split-K partials cost more than the streaming
+# tile's one pass over the rows; in many waves of one-block-per-SM tiles the streaming tile loses (dev/forward_tiles.py
+# --shapes 4096x16x1024: 10.1 us against 17.2; 60000x16x1024: 115 against 73; docs/history.md)
+NARROW_STREAM_COLUMNS = CONFIGS[contract.STREAM_CONFIG].bn
 # x^T @ dy of a batch above BATCH_STREAM_ROWS on those tiles too, with its update; where its tiles are few, K splits
 # over a cluster of up to MAX_CLUSTER_SPLITS CTAs (one per SM, every split WGMMA_MIN_K_TILES_PER_SPLIT k-tiles at
 # least), the splits meeting in distributed shared memory (docs/history.md: The weight gradient on warpgroup MMA)
@@ -164,7 +169,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
     - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES
-      and ROW_TILE_MIN_COLUMNS);
+      and ROW_TILE_MIN_COLUMNS); on sm_90 at more rows too while N <= NARROW_STREAM_COLUMNS (the head) and its row
+      tiles fit one wave;
     - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
       the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles; x^T @ dy of
       a batch above BATCH_STREAM_ROWS too, at any N (with its update; K split over a cluster where its tiles are
@@ -182,7 +188,9 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
         if epilogue == "store" and cdiv(M, persist.bm) * cdiv(N, persist.bn) > PERSIST_BLOCKS_PER_SM * sm_count:
             return "persist"
         return "staged32" if epilogue == "adam" else "staged"
-    batch_forward = 32 < M <= BATCH_STREAM_ROWS and layout == "rr"
+    stream_rows = CONFIGS[contract.STREAM_CONFIG].bm
+    narrow = 0 < N <= NARROW_STREAM_COLUMNS and cdiv(M, stream_rows) <= sm_count and has_wgmma(arch)
+    batch_forward = layout == "rr" and (32 < M <= BATCH_STREAM_ROWS or M > BATCH_STREAM_ROWS and narrow)
     if (M <= 32 or batch_forward) and ("stream", layout, epilogue) in INSTANCES:
         weight = 2 * K * N
         if has_tma(arch) and ("tma", layout, epilogue) in INSTANCES:

@@ -12,7 +12,9 @@ batches above 512 (above 256 at large widths).
 Outside the short form the chain a step waits on is the forward and the dx GEMMs: nothing later in a step reads a
 layer's updated weight or bias, so each layer's dW GEMM with its update and its bias update run on side streams
 (driver.SideStream), forked from the chain where their inputs are ready, one side for the weights and one for the
-biases, each with its own split-K and exact-sum scratch, and joined before the step counter moves.
+biases, each with its own split-K and exact-sum scratch, and joined before the step counter moves. The first layer's
+dW GEMM forks where the second layer's does (after the last dx GEMM), so it has a third side of its own rather than
+queueing behind that one.
 """
 
 from __future__ import annotations
@@ -112,10 +114,10 @@ class LayeredStep(ChainStep):
                 bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
                               l2_bytes, l2_budget)
-        apart = [lp.dw for lp in self.plans if lp.bwd is None]  # layers whose dW GEMM and bias update run apart
-        self.sides = None
-        if branches and apart and self.head is None:  # step_increment joins the sides (the head kernel moves it)
-            self.sides = _Sides(model, apart)
+        # Outside the short form every layer's dW GEMM and bias update run apart from its dx (no one-pass backward,
+        # no head kernel: step_increment joins the sides where the head kernel would move the counter).
+        apart = all(lp.bwd is None for lp in self.plans) and self.head is None
+        self.sides = _Sides(model, [lp.dw for lp in self.plans]) if branches and apart else None
 
     def counters(self) -> list:
         return self.sides.counters() if self.sides else []
@@ -143,7 +145,7 @@ class LayeredStep(ChainStep):
 
     def describe(self) -> str:
         how = ", each overlapping the one before (programmatic dependent launch)" if self.overlap else ""
-        beside = ", the weight and bias updates on 2 side streams" if self.sides else ""
+        beside = f", the weight and bias updates on {len(self.sides.streams)} side streams" if self.sides else ""
         return f"layered: {self.kernel_count()} kernels{how}{beside}"
 
     def _one_step(self) -> list["Launch"]:
@@ -168,7 +170,7 @@ class LayeredStep(ChainStep):
             out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
                                        grad_scale=scale, scratch=m.exact_sums, ticket=m.exact_tickets))
         sd = self.sides  # where the updates run beside the chain: their streams, and scratch of their own
-        scratch = sd or m  # the updates' split-K and exact-sum scratch
+        exact = sd or m  # the bias updates' exact-sum scratch
         dy = m.grads[n]
         for i in range(n - 1, -1, -1):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
@@ -180,40 +182,45 @@ class LayeredStep(ChainStep):
                                         m.workspace, m.tickets, self.l2[i], bias=lay.b, mb=lay.mb, vb=lay.vb,
                                         slope=m.slopes[i]))
             else:
-                bias = ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch, scratch.exact_sums,
-                                      scratch.exact_tickets)
+                bias = ke.bias_update(k, dy, lay.b, lay.mb, lay.vb, m.optim, r.batch, exact.exact_sums,
+                                      exact.exact_tickets)
                 if sd:  # forked here, as soon as its dy is written
                     out.append(bias.beside(sd.biases))
                 if p.dx is not None:  # reads W16 before this layer's update rewrites it
                     out.append(kg.gemm(k, p.dx, dy, lay.w16, m.grads[i], act=m.saved_for_backward(i),
                                        workspace=m.workspace, tickets=m.tickets))
+                side = sd and (sd.first if i == 0 else sd.weights)
+                workspace, tickets = sd.splitk[side] if sd else (m.workspace, m.tickets)
                 dw = kg.gemm(k, p.dw, x, dy, lay.wlo, mom=lay.mw, var=lay.vw, w16=lay.w16, optim=m.optim,
-                             workspace=scratch.workspace, tickets=scratch.tickets)
-                out += [dw.beside(sd.weights)] if sd else [dw, bias]  # beside: after the dx GEMM has read W16
+                             workspace=workspace, tickets=tickets)
+                out += [dw.beside(side)] if sd else [dw, bias]  # beside: after the dx GEMM has read W16
             dy = m.grads[i]
         if self.head is None:
             counter = kd.step_increment(k, m.counter)
-            out.append(counter.after(sd.weights, sd.biases) if sd else counter)
+            out.append(counter.after(*sd.streams) if sd else counter)
         return out
 
 
 class _Sides:
-    """The layered step's side streams (one for the weight updates, one for the bias updates) and the scratch each
-    needs of its own, as it runs beside the chain's GEMMs and softmax, named as the model names its own: split-K
-    partials and tickets for the dW GEMMs, exact sums and tickets for the bias updates (every launch leaves them
-    zero)."""
+    """The layered step's side streams (the weight updates, the first layer's weight update, the bias updates) and
+    the scratch each needs of its own, as they run beside the chain's GEMMs and softmax and beside each other, named
+    as the model names its own: split-K partials and tickets for the dW GEMMs, exact sums and tickets for the bias
+    updates (every launch leaves them zero)."""
 
     def __init__(self, model: "MLP", dw_plans: list):
-        self.weights, self.biases = SideStream("weight updates"), SideStream("bias updates")
-        self.workspace, self.tickets = model.splitk_scratch("side_", dw_plans)
+        self.weights, self.first = SideStream("weight updates"), SideStream("first layer's weight update")
+        self.biases = SideStream("bias updates")
+        self.streams = (self.weights, self.first, self.biases)
+        self.splitk = {self.weights: model.splitk_scratch("side_", dw_plans[1:]),  # by the stream its dW GEMMs run on
+                       self.first: model.splitk_scratch("side_first_", dw_plans[:1])}
         self.exact_sums, self.exact_tickets = model.exact_scratch("side_")
 
     def counters(self) -> list:
-        return [self.workspace, self.tickets, self.exact_sums, self.exact_tickets]
+        return [t for pair in self.splitk.values() for t in pair] + [self.exact_sums, self.exact_tickets]
 
     def close(self) -> None:
-        self.weights.close()
-        self.biases.close()
+        for side in self.streams:
+            side.close()
 
 
 def build(model: "MLP", options: StepOptions) -> LayeredStep:
