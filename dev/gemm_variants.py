@@ -75,7 +75,9 @@ def run(args) -> int:
             print(f"{h:>5} {role:>7} {layer:>10} {f'{M}x{N}x{K}':>17}  default: plain {plain:.2f} us (split {splits}), "
                   f"fused {fused:.2f} us ({row['fused_pct_copy']:.1f}% copy)", flush=True)
             for cfg in args.variants:  # the same GEMM with another tile configuration
-                if (cfg, layout, "store") in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or layout == "cr"):
+                # at batch-sized M only the tiles that cover it in one row of tiles; above BATCH_STREAM_ROWS any
+                if (cfg, layout, "store") in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or layout == "cr"
+                                                              or M > G.BATCH_STREAM_ROWS):
                     us, sp = timed(role, M, N, K, layout, "store", config=cfg)
                     row[f"plain_us_{cfg}"] = us
                     line = f"      variant {cfg}: plain {us:.2f} us (split {sp})"

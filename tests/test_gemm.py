@@ -666,10 +666,12 @@ def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout,
 @pytest.mark.parametrize("config", ["wg128", "wg256", "wg128x2"])
 @pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact"),
                                         ("rr", "store32"), ("rc", "store32")])
-@pytest.mark.parametrize("M,N,K", [(300, 136, 200), (257, 264, 784), (1024, 1024, 1024), (4096, 512, 64)])
+@pytest.mark.parametrize("M,N,K", [(300, 136, 200), (257, 264, 784), (1024, 1024, 1024), (4096, 512, 64),
+                                   (600, 264, 16)])
 def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi, config):
     """The sm_90a tiles against float64: partial tiles in M, N (below and above the tile's columns) and K (a k-tile
-    the copy engine zero-fills), every epilogue they take; bitwise repeatable. sm_90 only."""
+    the copy engine zero-fills, K below one k-tile as the head's dx), every epilogue they take; bitwise repeatable.
+    sm_90 only."""
     if not G.has_wgmma(device.arch):
         pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, "f32", config=config, repeat=2)
