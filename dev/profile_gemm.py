@@ -44,7 +44,8 @@ def run(args) -> int:
             bench_ours(device, stream, kernels, role, M, N, K, layout, e, 1, 1, rng)
         for cfg in args.variants:
             for e in dict.fromkeys((epi, "store")):
-                if (cfg, layout, e) in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or layout == "cr"):
+                if (cfg, layout, e) in G.INSTANCES and (M <= G.CONFIGS[cfg].bm or layout == "cr"
+                                                        or M > G.BATCH_STREAM_ROWS):  # as gemm_variants.py
                     bench_ours(device, stream, kernels, role, M, N, K, layout, e, 1, 1, rng, config=cfg)
         if not args.no_torch:
             bench_torch(role, M, N, K, 1, 1, device.l2_bytes)

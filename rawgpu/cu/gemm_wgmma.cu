@@ -37,11 +37,14 @@
 #endif
 
 // CTAS: the CTAs an SM runs at once. With one, warpgroup 0 produces; with two (half the registers a thread), a
-// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster.
-template <int BN_, int STAGES_, int CTAS_, bool SPLIT_K_>
+// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster. MC
+// (experiment): x @ W in clusters of MC CTAs along M, which share B's k-tiles: each loads every MC-th 64-column panel
+// into all of them (TMA multicast), and a stage refills once the consumers of all of them have released it.
+template <int BN_, int STAGES_, int CTAS_, bool SPLIT_K_, int MC_ = 1>
 struct WgConfig {
-    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_;
+    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_, MC = MC_;
     static constexpr bool SPLIT_K = SPLIT_K_;
+    static_assert(MC == 1 || (CTAS == 1 && !SPLIT_K && (BN / 64) % MC == 0), "multicast: one CTA an SM, whole tiles");
     static constexpr int THREADS = CTAS == 1 ? 384 : 288, PRODUCER = CTAS == 1 ? 0 : 2;  // the producer's warpgroup
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr u32 SMEM = STAGES * STAGE_BYTES + 1024;  // + slack to align the tiles to 1024 bytes
@@ -55,7 +58,8 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
     if constexpr (ACC16) {
         __trap();  // fp16 accumulation runs on gemm.cu's tiles
     } else {
-        constexpr int BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+        constexpr int BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, MC = Cfg::MC;
+        static_assert(MC == 1 || (LA == ROW && LB == ROW), "multicast: x @ W alone");
         extern __shared__ __align__(1024) u8 smem_raw[];
         __shared__ u64 full[STAGES], empty[STAGES];
         if (dynamic_smem_bytes() < Cfg::SMEM) __trap();  // launcher/kernel mismatch
@@ -71,12 +75,17 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
             prefetch_tensor_map(mapA);
             prefetch_tensor_map(mapB);
             for (int s = 0; s < STAGES; ++s) {
-                mbar_init(&full[s], 1);   // the producer's arrival, plus the stage's bytes
-                mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+                mbar_init(&full[s], 1);        // the producer's arrival, plus the stage's bytes
+                mbar_init(&empty[s], 2 * MC);  // one arrival per consumer warpgroup (of every CTA sharing the stage)
             }
             fence_proxy_async();
+            if constexpr (MC > 1) fence_mbarrier_init_cluster();
         }
-        __syncthreads();
+        if constexpr (MC > 1) {
+            cluster_sync();  // every CTA's barriers are initialised before any copy or arrival reaches them
+        } else {
+            __syncthreads();
+        }
         pdl_enter();  // A (and the epilogue's inputs) may come from the kernel before (pdl.cuh)
         // The bias of the tile's columns, for the epilogue: loaded under the main loop
         __shared__ __align__(16) float bias_tile[EPI == EPI_BIAS || EPI == EPI_BIAS_ACT ? BN : 1];
@@ -97,7 +106,13 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                         tma_load_2d(a, mapA, m0, k, &full[s]);
                         tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);
                     }
-                    if (LB == ROW) {
+                    if (LB == ROW && MC > 1) {  // this CTA's share of the panels, into every CTA of the cluster
+#pragma unroll
+                        for (int j = 0; j < BN / 64; ++j)
+                            if (j % MC == (int)cluster_rank())
+                                tma_load_2d_multicast(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s],
+                                                      (u16)((1 << MC) - 1), policy_b);
+                    } else if (LB == ROW) {
 #pragma unroll
                         for (int j = 0; j < BN / 64; ++j)
                             tma_load_2d_policy(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s], policy_b);
@@ -105,6 +120,10 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                         tma_load_2d_policy(a + Cfg::A_BYTES, mapB, k, n0, &full[s], policy_b);
                     }
                 }
+            }
+            if constexpr (MC > 1) {
+                cluster_sync_any();  // no CTA leaves while another may still copy into it or arrive on its barriers
+                return;
             }
             if (!split) return;  // else the producers' threads help finish the cluster's tile below
         }
@@ -129,7 +148,15 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
             }
             wg_commit();
             wg_wait<1>();  // the k-tile before this one has been multiplied: its stage may refill
-            if (kt > 0 && t == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
+            if (kt > 0 && t == 0) {
+                if constexpr (MC > 1) {  // in every CTA of the cluster: each one's producer writes into this stage
+                    const u32 bar = shared_address(&empty[(kt - 1) % STAGES]);
+#pragma unroll
+                    for (int r = 0; r < MC; ++r) cluster_mbar_arrive(cluster_address(bar, (u32)r));
+                } else {
+                    mbar_arrive(&empty[(kt - 1) % STAGES]);
+                }
+            }
         }
         wg_wait<0>();
         // dact's saved activation for this warpgroup's 64 rows, in 16-byte row pieces, into its halves of A in the
@@ -192,6 +219,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                 }
             }
         }
+        if constexpr (MC > 1) cluster_sync_any();  // as the producer's, above
     }
 #else
     __trap();  // wgmma is sm_90a's

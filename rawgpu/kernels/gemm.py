@@ -112,11 +112,14 @@ class GemmPlan:
 
     @property
     def cluster_dims(self) -> tuple[int, int, int]:
+        if self.config.multicast > 1:
+            return (self.config.multicast, 1, 1)
         return (1, 1, self.splits) if self.cluster else (1, 1, 1)
 
     @property
     def tiles(self) -> tuple[int, int]:
-        return cdiv(self.M, self.config.bm), cdiv(self.N, self.config.bn)
+        mc = self.config.multicast  # a whole number of clusters along M (the extra tile's CTA writes nothing)
+        return cdiv(cdiv(self.M, self.config.bm), mc) * mc, cdiv(self.N, self.config.bn)
 
     @property
     def grid(self) -> tuple[int, int, int]:

@@ -75,6 +75,18 @@ RG_DEVICE void cluster_store_async_f2(u32 address, float a, float b, u32 bar) {
                  :: "r"(address), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(bar) : "memory");
 }
 
+// One arrival on the mbarrier at cluster address `bar` (cluster_address), in any CTA: the default .release.cta, for
+// releasing shared memory this thread's reads have finished with (wgmma.wait_group); .release.cluster would compile
+// to a GPU-wide memory barrier before every arrival.
+RG_DEVICE void cluster_mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+// cluster_sync for threads that need not arrive together (no .aligned: any subset of a warp may execute it).
+RG_DEVICE void cluster_sync_any() {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
 // Initialised mbarriers become visible to the other CTAs' st.async (before the cluster_sync that follows).
 RG_DEVICE void fence_mbarrier_init_cluster() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 

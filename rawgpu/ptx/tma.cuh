@@ -67,6 +67,17 @@ RG_DEVICE void tma_load_2d(void* dst, const TensorMap* map, int x, int y, u64* b
         : "memory");
 }
 
+// tma_load_2d into the same shared offset of every CTA of the cluster in `mask`, counting the bytes on each one's
+// barrier at `bar`'s offset (sm_90 clusters).
+RG_DEVICE void tma_load_2d_multicast(void* dst, const TensorMap* map, int x, int y, u64* bar, u16 mask, u64 policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;"
+        :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar)),
+           "h"(mask), "l"(policy)
+        : "memory");
+}
+
 // tma_load_2d with an L2 cache policy (l2.cuh).
 RG_DEVICE void tma_load_2d_policy(void* dst, const TensorMap* map, int x, int y, u64* bar, u64 policy) {
     asm volatile(
