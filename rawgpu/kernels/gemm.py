@@ -456,8 +456,8 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_a = tensor_map_2d(A.ptr, p.M, p.K, 2 * lda, 64, cfg.bk)
     if p.layout[1] == "r":  # [K, N]: 64-column panels of 64 k-rows
         map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
-    else:                   # [N, K]: BN rows of 64 k
-        map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
+    else:                   # [N, K]: BN rows of 64 k (each CTA of a multicast cluster copies its share of them)
+        map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn // cfg.multicast)
     kernel = k.get(p.source, p.kernel, TMA_SIGNATURE)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
                        p.k_chunk, *rest, float(keep_b), cluster=p.cluster_dims)
