@@ -78,6 +78,9 @@ WGMMA_MIN_K_TILES_PER_SPLIT = 2
 # much as its multiply, and the 128-column tile two CTAs an SM ("wg128x2": one's update beside the other's multiply)
 # beats the one-CTA tiles, whole or split (dev/gemm_variants.py; docs/history.md)
 WGMMA_PAIR_CONFIG = "wg128x2"
+# The warpgroup-MMA tiles with a form in 2-CTA clusters along M that share B's k-tiles by TMA multicast (the same
+# products in the same order: the same bits). Not chosen by the planner yet: StepOptions(multicast=True) runs them.
+MULTICAST_PAIRS = {"wg256": "wg256mc"}
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
 
