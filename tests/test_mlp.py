@@ -90,6 +90,13 @@ def _batch(data, perm, step, batch):
     return x, data.train_labels[rows].astype(np.int64)
 
 
+def _assert_same_bits(params, others) -> None:
+    """Two models' parameters (model.parameters()), equal bit for bit."""
+    for (w, b), (wo, bo) in zip(params, others, strict=True):
+        assert np.array_equal(w.view(np.uint32), wo.view(np.uint32))
+        assert np.array_equal(b.view(np.uint32), bo.view(np.uint32))
+
+
 def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
@@ -311,9 +318,7 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
             model.step.close()
             model.arena.close()
     for other in results[1:]:
-        for (ws, bs), (wo, bo) in zip(results[0], other):
-            assert np.array_equal(ws.view(np.uint32), wo.view(np.uint32))
-            assert np.array_equal(bs.view(np.uint32), bo.view(np.uint32))
+        _assert_same_bits(results[0], other)
 
 
 @gpu
@@ -345,9 +350,7 @@ def test_multicast_pairs_change_no_bit(device, stream, kernels, rng, opt):
         finally:
             model.step.close()
             model.arena.close()
-    for (ws, bs), (wo, bo) in zip(*results):
-        assert np.array_equal(ws.view(np.uint32), wo.view(np.uint32))
-        assert np.array_equal(bs.view(np.uint32), bo.view(np.uint32))
+    _assert_same_bits(*results)
 
 
 @gpu
