@@ -450,12 +450,11 @@ def main(argv=None) -> int:
                    help="rawgpu training steps per graph launch (default 100; JAX's fori_loop peer runs all steps as "
                         "one program)")
     t.add_argument("--rawgpu-variants", nargs="*", default=[],
-                   choices=ONE_GPU + ("serial", "long", "chain", "multicast"),
+                   choices=ONE_GPU + ("serial", "long", "chain"),
                    help="also time these rawgpu step implementations (rows rawgpu-cluster, rawgpu-fused, "
                         "rawgpu-layered; rawgpu-serial: the default step without programmatic dependent launch; "
                         "rawgpu-long: the layered step without its short form; rawgpu-chain: the default step with "
-                        "every launch in one chain, no side streams; rawgpu-multicast: the default step with its "
-                        "128 x 256 warpgroup-MMA tiles in 2-CTA multicast pairs)")
+                        "every launch in one chain, no side streams)")
     t.add_argument("--gpus", type=positive, nargs="+", default=None, metavar="N",
                    help="rawgpu alone, on one GPU and on N GPUs of this machine (split as --parallel says, one "
                         "process per GPU; needs rawgpu[multi]): us/step, speed-up over one GPU, time in the "

@@ -252,28 +252,6 @@ def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypa
     assert plan_model(Recipe(hidden=1024, batch=512), "layered", arch="sm_90").step.kernel_count() == 18
 
 
-def test_multicast_option_puts_the_wide_warpgroup_tiles_in_pairs(monkeypatch):
-    """StepOptions(multicast=True) runs every GEMM the planner gives a tile with a multicast pair on that pair, and
-    changes nothing else; where no such tile is planned (or before sm_90) the step is the planner's."""
-    monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))
-    from rawgpu.kernels import gemm as kg
-
-    for arch, recipe in (("sm_90", Recipe(hidden=1024, batch=4096)), ("sm_90", Recipe(hidden=4096, batch=1024,
-                                                                                        optimizer="adam")),
-                         ("sm_90", Recipe(hidden=256, batch=1024)), ("sm_86", Recipe(hidden=1024, batch=4096))):
-        plans = {}
-        for multicast in (False, True):
-            model = plan_model(recipe, "layered", arch=arch, options=StepOptions(multicast=multicast))
-            plans[multicast] = [p for lp in model.step.plans for p in (lp.fwd, lp.dx, lp.dw) if p is not None]
-        paired = 0
-        for plain, pair in zip(plans[False], plans[True]):
-            expect = kg.MULTICAST_PAIRS.get(plain.config.name, plain.config.name)
-            assert pair.config.name == expect and (pair.M, pair.N, pair.K, pair.epilogue) == (
-                plain.M, plain.N, plain.K, plain.epilogue)
-            paired += expect != plain.config.name
-        assert (paired > 0) == (arch == "sm_90" and recipe.hidden >= 1024), (arch, recipe.hidden, paired)
-
-
 @pytest.mark.parametrize("arch,recipe", [("sm_90", Recipe(hidden=256, batch=1024)),
                                          ("sm_90", Recipe(hidden=1000, batch=600, optimizer="adam", layers=2)),
                                          ("sm_86", Recipe(hidden=512)), ("sm_80", Recipe(hidden=100, accum="fp16"))])

@@ -54,8 +54,7 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     steps, `steps_per_launch` per graph launch; GPU time summed over epochs (the per-epoch shuffle upload is not
     timed). step_kind: the step kind ("auto", "cluster", "fused", "layered", or "serial": the default step without
     programmatic dependent launch; "long": the layered step without its short form, one kernel per layer and
-    role; "chain": the default step with every launch in one chain, no side streams; "multicast": the default step
-    with its 128 x 256 warpgroup-MMA tiles in multicast pairs, StepOptions.multicast); fused_grid: blocks of the
+    role; "chain": the default step with every launch in one chain, no side streams); fused_grid: blocks of the
     fused step (None: one per SM); l2_budget: the share of the L2 the layered step's cache hints may keep per weight
     (None: the default); recipe: batch, optimiser and schedule (default RECIPES["seed"]'s), the schedule running over
     `steps`. Returns a dict with system, us_per_step, test_accuracy, nodes, step_kind, parameters, init (the initial
@@ -67,11 +66,9 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
     serial = step_kind == "serial"  # the default step, each kernel launched only when the one before has finished
     long = step_kind == "long"  # the layered step as it runs where its short form does not
     chain = step_kind == "chain"  # the default step without side streams
-    multicast = step_kind == "multicast"  # the default step with the warpgroup tiles' multicast pairs
     budget = {} if l2_budget is None else {"l2_budget": l2_budget}
-    options = StepOptions(overlap=not serial, short=not long, branches=not chain, fused_grid=fused_grid,
-                          multicast=multicast, **budget)
-    kind = "auto" if serial or chain or multicast else "layered" if long else step_kind
+    options = StepOptions(overlap=not serial, short=not long, branches=not chain, fused_grid=fused_grid, **budget)
+    kind = "auto" if serial or chain else "layered" if long else step_kind
     session = Session(recipe, device_index, step_kind=kind, options=options)
     if session.compile_seconds:
         print(f"# H={h} {step_kind}: {session.compile_note}", flush=True)

@@ -105,7 +105,7 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("wg128x2", 128, 128, 64, 2, 1, 3, tma=True, wgmma=True, ctas_per_sm=2,
                note="wg128 in 3 stages, with a producing warp for a warpgroup: two CTAs an SM"),
     GemmConfig("wg256mc", 128, 256, 64, 2, 1, 4, tma=True, wgmma=True, multicast=2,
-               note="wg256 in pairs along M sharing B's loads (TMA multicast); not yet planned"),
+               note="wg256 in pairs along M sharing B's loads (TMA multicast); x @ W only, not yet planned"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
@@ -130,7 +130,7 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("tma128x64", "rr", epi) for epi in ("store", "bias_act")]
                              + [(c, lay, epi) for c in ("wg128", "wg256", "wg128x2")
                                 for lay, epi in TMA_ROLES + WG_DW_ROLES]
-                             + [("wg256mc", lay, epi) for lay, epi in TMA_ROLES + WG_DW_ROLES])
+                             + [("wg256mc", "rr", epi) for epi in ("store", "bias_act")])
 # store32, an fp32 sum other GPUs add to (rawgpu/parallel/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)

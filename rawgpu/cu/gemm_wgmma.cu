@@ -37,10 +37,9 @@
 #endif
 
 // CTAS: the CTAs an SM runs at once. With one, warpgroup 0 produces; with two (half the registers a thread), a
-// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster. MC: clusters
-// of MC CTAs along M, which share B's k-tiles: each loads every MC-th 64-column panel of a row-major B, or its MC-th
-// of a column-major B's rows, into all of them (TMA multicast); a stage refills once the consumers of all of them have
-// released it.
+// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster. MC
+// (experiment): x @ W in clusters of MC CTAs along M, which share B's k-tiles: each loads every MC-th 64-column panel
+// into all of them (TMA multicast), and a stage refills once the consumers of all of them have released it.
 template <int BN_, int STAGES_, int CTAS_, bool SPLIT_K_, int MC_ = 1>
 struct WgConfig {
     static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_, MC = MC_;
@@ -60,6 +59,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         __trap();  // fp16 accumulation runs on gemm.cu's tiles
     } else {
         constexpr int BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, MC = Cfg::MC;
+        static_assert(MC == 1 || (LA == ROW && LB == ROW), "multicast: x @ W alone");
         extern __shared__ __align__(1024) u8 smem_raw[];
         __shared__ u64 full[STAGES], empty[STAGES];
         if (dynamic_smem_bytes() < Cfg::SMEM) __trap();  // launcher/kernel mismatch
@@ -116,10 +116,6 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 #pragma unroll
                         for (int j = 0; j < BN / 64; ++j)
                             tma_load_2d_policy(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s], policy_b);
-                    } else if (MC > 1) {  // BN / MC of B's rows (the map's box), into every CTA of the cluster
-                        const int part = (int)cluster_rank() * (BN / MC);
-                        tma_load_2d_multicast(a + Cfg::A_BYTES + part * 128, mapB, k, n0 + part, &full[s],
-                                              (u16)((1 << MC) - 1), policy_b);
                     } else {
                         tma_load_2d_policy(a + Cfg::A_BYTES, mapB, k, n0, &full[s], policy_b);
                     }

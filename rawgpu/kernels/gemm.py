@@ -68,7 +68,7 @@ WGMMA_WIDE_SHARE = 0.5
 # Narrower than that, x @ W of more rows (the head's 16 columns) streams too on sm_90 while its row tiles are one
 # wave: a 128-column mma.sync tile would be mostly padding, and its split-K partials cost more than the streaming
 # tile's one pass over the rows; in many waves of one-block-per-SM tiles the streaming tile loses (dev/forward_tiles.py
-# --shapes 4096x16x1024: 10.1 us against 17.2; 60000x16x1024: 115 against 73; docs/history.md)
+# --shapes; docs/history.md: the head's forward on the streaming tile)
 NARROW_STREAM_COLUMNS = CONFIGS[contract.STREAM_CONFIG].bn
 # x^T @ dy of a batch above BATCH_STREAM_ROWS on those tiles too, with its update; where its tiles are few, K splits
 # over a cluster of up to MAX_CLUSTER_SPLITS CTAs (one per SM, every split WGMMA_MIN_K_TILES_PER_SPLIT k-tiles at
@@ -78,9 +78,6 @@ WGMMA_MIN_K_TILES_PER_SPLIT = 2
 # much as its multiply, and the 128-column tile two CTAs an SM ("wg128x2": one's update beside the other's multiply)
 # beats the one-CTA tiles, whole or split (dev/gemm_variants.py; docs/history.md)
 WGMMA_PAIR_CONFIG = "wg128x2"
-# The warpgroup-MMA tiles with a form in 2-CTA clusters along M that share B's k-tiles by TMA multicast (the same
-# products in the same order: the same bits). Not chosen by the planner yet: StepOptions(multicast=True) runs them.
-MULTICAST_PAIRS = {"wg256": "wg256mc"}
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
 
@@ -459,8 +456,8 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_a = tensor_map_2d(A.ptr, p.M, p.K, 2 * lda, 64, cfg.bk)
     if p.layout[1] == "r":  # [K, N]: 64-column panels of 64 k-rows
         map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
-    else:                   # [N, K]: BN rows of 64 k (each CTA of a multicast cluster copies its share of them)
-        map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn // cfg.multicast)
+    else:                   # [N, K]: BN rows of 64 k
+        map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
     kernel = k.get(p.source, p.kernel, TMA_SIGNATURE)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
                        p.k_chunk, *rest, float(keep_b), cluster=p.cluster_dims)

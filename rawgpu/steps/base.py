@@ -22,9 +22,7 @@ class StepOptions:
     does not). branches: layered step outside its short form, each layer's weight and bias updates on streams beside
     the chain of dx GEMMs (False: all in one chain). l2_bytes, l2_budget: layered step, the GPU's L2 size and the
     share of it one weight may keep between two reads (budget 0 or no size: no cache hints). fused_grid: blocks of
-    the fused kernel (default one per SM). multicast: layered step, every GEMM planned on a warpgroup-MMA tile that
-    has a multicast pair (kernels/gemm.py: MULTICAST_PAIRS) runs on the pair instead: the same bits, to time the
-    pairs in whole steps before the planner chooses them."""
+    the fused kernel (default one per SM)."""
 
     overlap: bool = True
     short: bool = True
@@ -32,7 +30,6 @@ class StepOptions:
     l2_bytes: int = 0
     l2_budget: float = DEFAULT_BUDGET
     fused_grid: int | None = None
-    multicast: bool = False
 
 
 class Step:

@@ -85,19 +85,14 @@ class LayeredStep(ChainStep):
     kind = "layered"
 
     def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float,
-                 branches: bool = True, multicast: bool = False):
-        """overlap, short, branches, l2_bytes, l2_budget, multicast: see StepOptions."""
+                 branches: bool = True):
+        """overlap, short, branches, l2_bytes, l2_budget: see StepOptions."""
         super().__init__(model, overlap)
         r, arch, B = model.recipe, model.arch, model.recipe.batch
         padded = r.padded_widths
         plain, accum = r.plain_sgd, r.kernel_accum
-        planned = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
-                                    capacity=model.cluster_capacity)
-
-        def plan(*args, **kw) -> kg.GemmPlan:
-            p = planned(*args, **kw)
-            pair = kg.MULTICAST_PAIRS.get(p.config.name) if multicast else None
-            return planned(*args, config=pair, **kw) if pair else p
+        plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
+                                 capacity=model.cluster_capacity)
         # the head's forward, loss, backward and update as one cluster kernel where it runs (sm_90)
         self.head = (kh.plan_head(B, padded[-2], r.optimizer)
                      if short and kh.unsupported_reason(B, accum, padded[-1], arch) is None else None)
@@ -229,5 +224,4 @@ class _Sides:
 
 
 def build(model: "MLP", options: StepOptions) -> LayeredStep:
-    return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget, options.branches,
-                       options.multicast)
+    return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget, options.branches)
