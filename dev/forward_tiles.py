@@ -2,12 +2,13 @@
 instance: which tile streams a batch of B rows past a weight fastest.
 
     python dev/forward_tiles.py [--sizes 256 1024 4096] [--batch 128] [--configs 128x128 64x128 ...] [--splits 2 4]
-                                [--shapes MxNxK ...]
+                                [--shapes MxNxK ...] [--epilogue store|bias_act] [--cublas]
 
 Timed as bench.py gemm times (rawgpu.bench.gemm.bench_ours: a CUDA graph of launches over operand copies past the L2,
 each launch overlapping the one before on sm_90, the median of the trials), split-K as the plan chooses it (or each
 of --splits, in a cluster where every cluster is resident). --shapes: these GEMMs instead of the sizes' (a rank's
-slices of a model on several GPUs, say: N or K a fraction of H).
+slices of a model on several GPUs, say: N or K a fraction of H). --cublas: torch.matmul's time for each shape beside
+(a plain product: compare it with --epilogue store).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rawgpu.bench.gemm import bench_ours, open_gpu
+from rawgpu.bench.gemm import bench_ours, bench_torch, open_gpu
 from rawgpu.bench.timing import copy_bandwidth
 from rawgpu.cli import count
 from rawgpu.kernels import gemm as G
@@ -40,25 +41,29 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=count(1), default=15)
     p.add_argument("--shapes", type=shape, nargs="+", default=None, metavar="MxNxK",
                    help="GEMMs of M rows, N outputs, K inputs instead of --sizes and --batch")
+    p.add_argument("--epilogue", default="bias_act", choices=("store", "bias_act"), help="default: bias_act")
+    p.add_argument("--cublas", action="store_true", help="time torch.matmul on each shape too")
     args = p.parse_args(argv)
     if (gpu := open_gpu(0, args.configs, "forward_tiles")) is None:
         return 2
     device, stream, kernels, rng = gpu
     bw = copy_bandwidth(stream)
-    print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; forward GEMMs (bias + ReLU), us per launch")
+    print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; forward GEMMs ({args.epilogue}), us per launch")
     shapes = args.shapes or [(args.batch, h, fin) for h in args.sizes for fin in sorted({784, h})]
     for m, n, k in shapes:
-        default = G.plan_gemm(m, n, k, "rr", "bias_act", sm_count=device.sm_count, arch=device.arch,
+        default = G.plan_gemm(m, n, k, "rr", args.epilogue, sm_count=device.sm_count, arch=device.arch,
                               capacity=G.cluster_capacity(kernels))
         line = f"{m}x{n}x{k:<5} default {default.config.name}/{default.splits}:"
         for cfg in args.configs:
-            if (cfg, "rr", "bias_act") not in G.INSTANCES:
+            if (cfg, "rr", args.epilogue) not in G.INSTANCES:
                 continue
             for split in args.splits:
-                us, splits = bench_ours(device, stream, kernels, "fwd", m, n, k, "rr", "bias_act",
+                us, splits = bench_ours(device, stream, kernels, "fwd", m, n, k, "rr", args.epilogue,
                                         args.launches, args.trials, rng, config=cfg, split=split,
                                         overlap=G.has_tma(device.arch))
                 line += f"  {cfg}/{splits} {us:.2f}"
+        if args.cublas and (us := bench_torch("fwd", m, n, k, args.launches, args.trials, device.l2_bytes)):
+            line += f"  cublas {us:.2f}"
         print(line, flush=True)
     return 0
 

@@ -260,7 +260,7 @@ def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_
     assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE,
                                      "wg128", "wg256", "wg128x2", "wg256mc"}
     assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {
-        "32x128", "64x128", "128x128", "staged", "staged32", "wg128", "wg128x2", "wg256"}
+        "32x128", "64x128", "128x128", "staged", "staged32", "wg128", "wg128x2", "wg256", "wg256mc"}
     with pytest.raises(ValueError, match="no compiled GEMM instance"):
         G.plan_gemm(8192, 8192, 32, "cc", "store32")
 
@@ -278,12 +278,18 @@ def test_a_weight_gradient_in_fp32_runs_the_tile_and_splits_of_one_gpus_update(a
 
 def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     """x @ W and dy @ W^T of more than 256 rows run on the sm_90a warpgroup-MMA tiles (256 columns where those still
-    fill half the SMs), never split, with fp32 accumulation, N >= 128 and K >= 64, and so does x^T @ dy of a batch
-    above 256 at any N, split over a cluster where its tiles are few; elsewhere the tiles before."""
+    fill half the SMs; in multicast pairs from 12 k-tiles on), never split, with fp32 accumulation, N >= 128 and
+    K >= 64, and so does x^T @ dy of a batch above 256 at any N, split over a cluster where its tiles are few;
+    elsewhere the tiles before."""
     for layout, epi in (("rr", "bias_act"), ("rc", "dact"), ("rr", "store32"), ("rc", "store")):
-        p = G.plan_gemm(4096, 1024, 1024, layout, epi, arch="sm_90")
-        assert (p.config.name, p.splits, p.config.threads, p.source) == ("wg256", 1, 384, "gemm_wgmma.cu"), layout
-        assert p.smem_bytes == 4 * (128 + 256) * 64 * 2 + 1024
+        for K, config, cluster in ((704, "wg256", (1, 1, 1)), (768, "wg256mc", (2, 1, 1)),
+                                   (1024, "wg256mc", (2, 1, 1))):
+            p = G.plan_gemm(4096, 1024, K, layout, epi, arch="sm_90")
+            assert (p.config.name, p.splits, p.config.threads, p.source) == (config, 1, 384, "gemm_wgmma.cu"), layout
+            assert p.smem_bytes == 4 * (128 + 256) * 64 * 2 + 1024 and p.cluster_dims == cluster
+    p = G.plan_gemm(600, 4096, 1024, "rr", "bias_act", arch="sm_90")
+    assert (p.config.name, p.tiles) == ("wg256mc", (6, 16))  # 5 row tiles: the pair past M writes nothing
+    assert G.plan_gemm(128, 32768, 4096, "cr", "store", arch="sm_90").config.name == "wg256"  # one row tile: no pair
     assert G.plan_gemm(1024, 256, 256, "rr", "store", arch="sm_90").config.name == "wg128"  # 8 x 1 wide tiles: few
     assert G.plan_gemm(257, 1024, 1024, "rc", "dact", arch="sm_90").config.name == "wg128"
     for args, kw in [((256, 1024, 1024, "rr", "store"), {}),  # a batch the streaming tiles take
@@ -295,7 +301,7 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     # x^T @ dy of a batch above 256 with its update, its fp32 gradient alike; K split over a cluster while the tiles
     # leave SMs idle (one CTA per SM, two k-tiles a split at least)
     p = G.plan_gemm(4096, 1024, 4096, "cr", "sgd", arch="sm_90", states=1)
-    assert (p.config.name, p.splits) == ("wg256", 1)
+    assert (p.config.name, p.splits) == ("wg256mc", 1)
     for epi, states in (("sgd", 1), ("adam", 2), ("store32", 0)):
         p = G.plan_gemm(1024, 1024, 1024, "cr", epi, arch="sm_90", states=states, capacity=H100_CLUSTERS)
         assert (p.config.name, p.splits, p.cluster) == ("wg128", 2, True), epi  # 64 tiles: 2 splits of 8 k-tiles
@@ -305,7 +311,7 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
                               ((4096, 16, 4096), 3), ((8192, 16, 4096), 2)):
         p = G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1, capacity=H100_CLUSTERS)
         assert p.config.wgmma and p.splits == splits and p.cluster == (splits > 1), (M, N, K)
-        assert p.grid[2] == splits and p.cluster_dims == ((1, 1, splits) if splits > 1 else (1, 1, 1))
+        assert p.grid[2] == splits and p.cluster_dims == ((1, 1, splits) if splits > 1 else (p.config.multicast, 1, 1))
         assert p.workspace_floats == 0 and p.tickets == 0  # the splits meet in distributed shared memory
     # a weight of 4096 rows or more over a batch of at most 1024: two CTAs an SM, whole tiles (the head's too)
     for M, N, K in ((4096, 4096, 1024), (8192, 8192, 512), (4096, 16, 1024), (8192, 16, 300)):
@@ -682,24 +688,33 @@ def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi,
         assert np.array_equal(runs[0][key], runs[1][key]), f"{key} differs between identical runs"
 
 
+MULTICAST_ROLES = [("rr", "store", "plain"), ("rr", "bias_act", "plain"), ("rr", "store32", "plain"),
+                   ("rc", "store", "plain"), ("rc", "dact", "plain"), ("rc", "store32", "plain"),
+                   ("cr", "store", "plain"), ("cr", "store32", "plain"), ("cr", "update", "momentum"),
+                   ("cr", "update", "adam")]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("epi", ["store", "bias_act", "store32"])
+@pytest.mark.parametrize("layout,epi,opt", MULTICAST_ROLES)
 @pytest.mark.parametrize("M,N,K", [(300, 136, 200), (257, 264, 784), (1024, 1024, 1024), (4096, 512, 64),
                                    (600, 264, 16), (130, 512, 1000), (4096, 1024, 1024)])
-def test_multicast_pair_gives_the_single_tiles_bits(device, stream, kernels, M, N, K, epi):
-    """Experiment (wg256mc): wg256 in clusters of two CTAs along M that share B's loads gives wg256's bits (the same
-    products in the same order), on odd tile counts too (the pair's second CTA past M writes nothing)."""
+def test_multicast_pair_gives_the_single_tiles_bits(device, stream, kernels, M, N, K, layout, epi, opt):
+    """wg256mc (wg256 in clusters of two CTAs along M that share B's loads) gives wg256's bits (the same products in
+    the same order) for x @ W, dy @ W^T and x^T @ dy with its updates, on odd tile counts too (the pair's CTA past M
+    writes nothing)."""
     if not G.has_wgmma(device.arch):
         pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
+    M = M if layout[0] == "r" else -(-M // 8) * 8  # column-major A: M is its contiguous dimension
     runs = {}
     for config in ("wg256", "wg256mc"):
-        plan, runs[config], ref = run_case(device, stream, kernels, np.random.default_rng(M * N + K), M, N, K, "rr",
-                                           epi, "f32", config=config, repeat=2)
+        plan, runs[config], ref = run_case(device, stream, kernels, np.random.default_rng(M * N + K), M, N, K, layout,
+                                           epi, "f32", config=config, repeat=2, opt=opt)
         for got in runs[config]:
             check_case(plan, got, ref)
     assert plan.cluster_dims == (2, 1, 1) and plan.grid[0] % 2 == 0
     for got in runs["wg256mc"]:
-        assert np.array_equal(got["out"].view(np.uint8), runs["wg256"][0]["out"].view(np.uint8))
+        for key, value in runs["wg256"][0].items():
+            assert np.array_equal(got[key].view(np.uint8), value.view(np.uint8)), key
 
 
 @pytest.mark.gpu

@@ -134,6 +134,7 @@ REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), 
     ((1024, 512, 256), None, 128, MOMENTUM, "fp32", "layered", "silu"),
     ((100, 520, 64), None, 64, ADAMW, "fp32", "layered", "gelu"),
     (256, 3, 128, MOMENTUM, "fp32", "layered-long", "gelu"), (256, 3, 128, ADAM, "fp32", "layered-long", "tanh"),
+    (256, 2, 1024, ADAM, "fp32", "layered", "gelu"),  # above batch 256: the warpgroup-MMA tiles' staged slopes
     (1024, 2, 300, MOMENTUM, "fp32", "layered", "gelu_tanh"), ((64, 128), None, 32, PLAIN, "fp32", "layered-long",
                                                                 "silu")]])
 def test_parameters_match_float64_reference(device, stream, kernels_for, rng, hidden, layers, batch, opt, accum,

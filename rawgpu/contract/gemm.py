@@ -38,7 +38,7 @@ class GemmConfig:
     wgmma: bool = False  # Hopper's warpgroup MMA (WgConfig in gemm_wgmma.cu, sm_90a): three warpgroups, one producing
     ctas_per_sm: int = 1  # wgmma: the CTAs an SM runs, by __launch_bounds__ (one's epilogue beside another's MMA)
     split_k: bool = False  # wgmma: its x^T @ dy may split K over a cluster (only these instances carry the fix-up)
-    multicast: int = 1  # wgmma, x @ W: CTAs along M in a cluster, each loading its share of B's panels into all
+    multicast: int = 1  # wgmma: CTAs along M in a cluster, each loading its share of B's k-tile into all
     note: str = field(default="", compare=False, repr=False)  # why the tile exists (a comment in the header)
 
     @property
@@ -105,7 +105,7 @@ CONFIGS = {c.name: c for c in (
     GemmConfig("wg128x2", 128, 128, 64, 2, 1, 3, tma=True, wgmma=True, ctas_per_sm=2,
                note="wg128 in 3 stages, with a producing warp for a warpgroup: two CTAs an SM"),
     GemmConfig("wg256mc", 128, 256, 64, 2, 1, 4, tma=True, wgmma=True, multicast=2,
-               note="wg256 in pairs along M sharing B's loads (TMA multicast); x @ W only, not yet planned"),
+               note="wg256 in pairs along M sharing B's loads (TMA multicast), for long K"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
@@ -130,7 +130,7 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("tma128x64", "rr", epi) for epi in ("store", "bias_act")]
                              + [(c, lay, epi) for c in ("wg128", "wg256", "wg128x2")
                                 for lay, epi in TMA_ROLES + WG_DW_ROLES]
-                             + [("wg256mc", "rr", epi) for epi in ("store", "bias_act")])
+                             + [("wg256mc", lay, epi) for lay, epi in TMA_ROLES + WG_DW_ROLES])
 # store32, an fp32 sum other GPUs add to (rawgpu/parallel/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)

@@ -18,9 +18,10 @@
 //   1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and finish_cluster_splits
 //   adds them in split order and runs the epilogue, spread over the cluster. Only the configs the table marks
 //   (SPLIT_K, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one (docs/history.md).
-//   Epilogues: gemm_epilogue.cuh's, per pair of outputs, the weight updates (sgd, adam) included; the bias and dact's
-//   saved activation are read from shared memory (staged under the main loop, and into the warpgroup's freed halves
-//   of A), not per pair from global memory.
+//   Epilogues: gemm_epilogue.cuh's, through the pipeline's shared memory once the tile's last wgmma are done, so that
+//   global memory sees whole 16-byte pieces of rows: staged_epilogue (fp16 and store32; the bias staged under the main
+//   loop), staged_update (the weight updates, sgd and adam); per pair of outputs where the planes do not fit (wg128x2's
+//   updates) and for a split tile.
 // Built for sm_90a only (compiler.py: contract.nvrtc_arch); every other build's body traps (kernels/gemm.py never
 // picks these tiles there), as does the fp16-accumulating twin of each instance (fp16 accumulation runs on gemm.cu).
 #include "common.cuh"
@@ -28,6 +29,7 @@
 #include "tma.cuh"
 #include "pdl.cuh"
 #include "l2.cuh"
+#include "cp_async.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RG_WGMMA 1
@@ -37,9 +39,10 @@
 #endif
 
 // CTAS: the CTAs an SM runs at once. With one, warpgroup 0 produces; with two (half the registers a thread), a
-// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster. MC
-// (experiment): x @ W in clusters of MC CTAs along M, which share B's k-tiles: each loads every MC-th 64-column panel
-// into all of them (TMA multicast), and a stage refills once the consumers of all of them have released it.
+// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster. MC: clusters
+// of MC CTAs along M, which share B's k-tiles: each loads every MC-th 64-column panel of a row-major B, or its MC-th
+// of a column-major B's rows, into all of them (TMA multicast); a stage refills once the consumers of all of them have
+// released it.
 template <int BN_, int STAGES_, int CTAS_, bool SPLIT_K_, int MC_ = 1>
 struct WgConfig {
     static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_, MC = MC_;
@@ -51,6 +54,153 @@ struct WgConfig {
     static_assert(BN == 128 || BN == 256, "m64n128k16 or m64n256k16");
 };
 
+// Byte b of row r (of a warpgroup's 64) in a plane of its outputs in shared memory: 128-byte chunks of 64 rows, their
+// 16-byte pieces swizzled by row.
+RG_DEVICE u8* plane_at(u8* plane, int r, int b) {
+    return plane + (b / 128) * 8192 + swizzle_128b(r, b % 128 / 16) + b % 16;
+}
+
+// The epilogues that write fp16 (store, bias, bias_act, dact) or store32's fp32, after both consumer warpgroups'
+// last wgmma (the pipeline's memory is free): each warpgroup writes its 64 x BN outputs into shared memory, 128-byte
+// swizzled chunks of 64 rows (a warp's fragment stores then fall in distinct bank groups), and copies them out in
+// 16-byte pieces, a warp a row of the tile at a time, so that global memory sees whole lines, not the fragments'
+// 16 bytes a row. dact's saved activation comes in the same way, into the outputs' place; bias_act's act'(z) (where
+// the backward reads it) goes out through a second plane. C's and act's rows are whole 16-byte pieces (N and the
+// strides multiples of 8, 16-byte aligned: kernels/gemm.py checks), so a piece is inside or outside whole.
+template <class Cfg, int EPI>
+RG_DEVICE void staged_epilogue(const Params& p, u8* tiles, const float* bias_tile, const float (&d)[Cfg::BN / 2],
+                               int consumer, int warp, int lane, int row0, int n0) {
+    constexpr int BN = Cfg::BN, E = EPI == EPI_STORE32 ? 4 : 2, ROW_BYTES = BN * E, PIECES = ROW_BYTES / 16;
+    constexpr int PLANE = 64 * ROW_BYTES;  // one warpgroup's outputs
+    static_assert((EPI == EPI_BIAS_ACT ? 4 : 2) * PLANE <= Cfg::STAGES * Cfg::STAGE_BYTES, "the planes fit");
+    const bool slopes = EPI == EPI_BIAS_ACT && ACT_SAVES_SLOPE && p.act != nullptr;
+    u8* out_plane = tiles + consumer * PLANE;
+    u8* slope_plane = tiles + (2 + consumer) * PLANE;
+    const int t = warp * 32 + lane;
+    if constexpr (EPI == EPI_DACT) {
+        for (int i = t; i < 64 * PIECES; i += 128) {
+            const int r = i / PIECES, q = i % PIECES, row = row0 + r, col = n0 + q * 8;
+            store_16(plane_at(out_plane, r, q * 16),
+                     row < p.M && col < p.N ? load_16(p.act + (i64)row * p.ld_act + col) : uint4{});
+        }
+        asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // this warpgroup's pieces are in
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int c = j * 8 + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + lane / 4 + 8 * h;
+            const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+            u8* o = plane_at(out_plane, r, c * E);
+            if constexpr (EPI == EPI_STORE32) {
+                *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
+            } else {
+                float2 x = make_float2(0.f, 0.f);
+                if constexpr (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT)
+                    x = *reinterpret_cast<const float2*>(bias_tile + c);
+                if constexpr (EPI == EPI_DACT) x = unpack_f16x2(*reinterpret_cast<const u32*>(o));
+                u32 slope = 0;
+                *reinterpret_cast<u32*>(o) = fp16_epilogue2<EPI>(v0, v1, x, &slope);
+                if (slopes) *reinterpret_cast<u32*>(plane_at(slope_plane, r, c * E)) = slope;
+            }
+        }
+    }
+    asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // the warpgroup's outputs are in
+    u8* out = static_cast<u8*>(p.out);
+    for (int i = t; i < 64 * PIECES; i += 128) {
+        const int r = i / PIECES, q = i % PIECES, row = row0 + r, col = n0 + q * (16 / E);
+        if (row < p.M && col < p.N) {
+            store_16(out + ((i64)row * p.ldc + col) * E, load_16(plane_at(out_plane, r, q * 16)));
+            if (slopes) store_16(p.act + (i64)row * p.ld_act + col, load_16(plane_at(slope_plane, r, q * 16)));
+        }
+    }
+}
+
+// The weight updates (sgd, adam), the same way, 64 columns at a time: each warpgroup copies the chunk's master halves
+// and optimiser state into shared memory (cp.async, 16-byte pieces, the next chunk's in flight during this one's
+// arithmetic), updates them there from its accumulators, and writes them back in 16-byte pieces. Where the two
+// buffers of both warpgroups do not fit the pipeline's memory (UpdatePlanes::STAGED false), it runs per pair.
+template <class Cfg, int EPI>
+struct UpdatePlanes {
+    static constexpr int STATES = EPI == EPI_ADAM ? 2 : 1;  // fp32 planes: momentum (if any), Adam's second moment
+    static constexpr int BUF = 2 * 8192 + STATES * 16384;    // w16 and lo (64 x 64 fp16), the states (64 x 64 fp32)
+    static constexpr bool STAGED = 4 * BUF <= Cfg::STAGES * Cfg::STAGE_BYTES;
+};
+
+template <class Cfg, int EPI>
+RG_DEVICE void staged_update(const Params& p, const Optim& o, u8* tiles, const float (&d)[Cfg::BN / 2], int consumer,
+                             int warp, int lane, int row0, int n0) {
+    using P = UpdatePlanes<Cfg, EPI>;
+    const int t = warp * 32 + lane;
+    const bool mom = EPI == EPI_ADAM || p.mom != nullptr;
+    u8* arrays[4] = {reinterpret_cast<u8*>(p.w16), static_cast<u8*>(p.out), reinterpret_cast<u8*>(p.mom),
+                     reinterpret_cast<u8*>(p.var)};
+    const int sizes[4] = {2, 2, 4, 4}, count = EPI == EPI_ADAM ? 4 : mom ? 3 : 2;
+    auto plane = [&](int buf, int a) {  // array a's 64 x 64 in buffer buf: w16, lo, then the fp32 states
+        return tiles + (consumer * 2 + buf) * P::BUF + (a < 2 ? a * 8192 : 16384 + (a - 2) * 16384);
+    };
+    // every 16-byte piece of array a's 64 rows x 64 columns from column c0: fn(row in the plane, byte, global address)
+    auto pieces = [&](int a, int c0, auto fn) {
+        const int per_row = 64 * sizes[a] / 16;
+#pragma unroll 1
+        for (int i = t; i < 64 * per_row; i += 128) {
+            const int r = i / per_row, q = i % per_row, row = row0 + r, col = c0 + q * 16 / sizes[a];
+            if (row < p.M && col < p.N) fn(r, q * 16, arrays[a] + ((i64)row * p.ldc + col) * sizes[a]);
+        }
+    };
+    auto load = [&](int chunk) {
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+            if (a < count)
+                pieces(a, n0 + chunk * 64,
+                       [&](int r, int b, u8* g) { cp_async_16(plane_at(plane(chunk % 2, a), r, b), g, true); });
+        cp_async_commit();
+    };
+    load(0);
+#pragma unroll  // whole: the accumulators are indexed by constants alone, so they stay in registers
+    for (int chunk = 0; chunk < Cfg::BN / 64; ++chunk) {
+        if (chunk + 1 < Cfg::BN / 64) {
+            load(chunk + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // the chunk's pieces are in
+        const int buf = chunk % 2;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int j = chunk * 8 + jj, r = warp * 16 + lane / 4 + 8 * h, c = jj * 8 + 2 * (lane % 4);
+                u32* hi = reinterpret_cast<u32*>(plane_at(plane(buf, 0), r, c * 2));
+                u32* lo = reinterpret_cast<u32*>(plane_at(plane(buf, 1), r, c * 2));
+                float2* m = reinterpret_cast<float2*>(plane_at(plane(buf, 2), r, c * 4));
+                float2* v = reinterpret_cast<float2*>(plane_at(plane(buf, 3), r, c * 4));
+                float2 w = master_join2(*hi, *lo), y = mom ? *m : make_float2(0.f, 0.f), z = make_float2(0.f, 0.f);
+                const float2 g = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+                if constexpr (EPI == EPI_SGD) {
+                    optim_sgd2(w, g, y, o);
+                } else {
+                    z = *v;
+                    optim_adam2(w, g, y, z, o);
+                    *v = z;
+                }
+                if (mom) *m = y;
+                master_split2(w, *hi, *lo);
+                asm volatile("" ::: "memory");  // a pair at a time: no next pair's loads hoisted, fewer registers live
+            }
+        }
+        asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // the chunk's results are in
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+            if (a < count)
+                pieces(a, n0 + chunk * 64,
+                       [&](int r, int b, u8* g) { store_16(g, load_16(plane_at(plane(buf, a), r, b))); });
+        asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // read out before the buffer refills
+    }
+}
+
 template <class Cfg, int LA, int LB, int EPI, bool ACC16>
 RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Params& p, float keep_b) {
     static_assert(LA == ROW || LB == ROW, "A column-major comes with B row-major (x^T @ dy)");
@@ -59,7 +209,6 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         __trap();  // fp16 accumulation runs on gemm.cu's tiles
     } else {
         constexpr int BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, MC = Cfg::MC;
-        static_assert(MC == 1 || (LA == ROW && LB == ROW), "multicast: x @ W alone");
         extern __shared__ __align__(1024) u8 smem_raw[];
         __shared__ u64 full[STAGES], empty[STAGES];
         if (dynamic_smem_bytes() < Cfg::SMEM) __trap();  // launcher/kernel mismatch
@@ -116,6 +265,10 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 #pragma unroll
                         for (int j = 0; j < BN / 64; ++j)
                             tma_load_2d_policy(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s], policy_b);
+                    } else if (MC > 1) {  // BN / MC of B's rows (the map's box), into every CTA of the cluster
+                        const int part = (int)cluster_rank() * (BN / MC);
+                        tma_load_2d_multicast(a + Cfg::A_BYTES + part * 128, mapB, k, n0 + part, &full[s],
+                                              (u16)((1 << MC) - 1), policy_b);
                     } else {
                         tma_load_2d_policy(a + Cfg::A_BYTES, mapB, k, n0, &full[s], policy_b);
                     }
@@ -159,29 +312,28 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
             }
         }
         wg_wait<0>();
-        // dact's saved activation for this warpgroup's 64 rows, in 16-byte row pieces, into its halves of A in the
-        // stages (free now: its wgmma have read them; the other warpgroup reads only its own and B): 64-column chunk
-        // c in stage c's, its 16-byte pieces swizzled by row (act_at) so that the epilogue's pair reads, 8 rows a
-        // warp, fall in 8 bank groups.
-        auto act_at = [&](int r, int c) {  // r, c: within this warpgroup's 64 rows and the tile's BN columns
-            return tiles + (c / 64) * Cfg::STAGE_BYTES + swizzle_128b(rows + r, (c % 64) / 8) + (c % 8) * 2;
-        };
-        if constexpr (EPI == EPI_DACT) {
-            static_assert(LA == ROW && BN / 64 <= STAGES, "dact's chunks fit the A halves of the stages");
-#pragma unroll 4
-            for (int i = t; i < 64 * BN / 8; i += 128) {
-                const int r = i / (BN / 8), c = (i % (BN / 8)) * 8, row = m0 + rows + r, col = n0 + c;
-                const bool in = row < p.M && col < p.N;
-                *reinterpret_cast<uint4*>(act_at(r, c)) = in ? load_16(p.act + (i64)row * p.ld_act + col) : uint4{};
+        wg_hold(d);  // no read of the sums above the wait
+        const int warp = t / 32, lane = t % 32;
+        if constexpr (!EPI_UPDATES(EPI)) {
+            if (!(SPLITS && split)) {
+                asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' wgmma are done (and the bias is in)
+                staged_epilogue<Cfg, EPI>(p, tiles, bias_tile, d, consumer, warp, lane, m0 + rows, n0);
+                if constexpr (MC > 1) cluster_sync_any();  // as the producer's, above
+                return;
             }
-            asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // this warpgroup's pieces are in
         }
-        if constexpr (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT)
-            asm volatile("bar.sync 1, 256;" ::: "memory");  // both consumer warpgroups: the bias tile is in
-        // The accumulators' rows and columns (wgmma.cuh), a pair of outputs at a time.
         Optim o = {};  // the optimiser with this step's values (the gather wrote them before pdl_enter returned)
         if (EPI_UPDATES(EPI)) o = *p.opt;
-        const int warp = t / 32, lane = t % 32, r0 = m0 + rows + warp * 16 + lane / 4;
+        if constexpr (EPI_UPDATES(EPI) && UpdatePlanes<Cfg, EPI>::STAGED) {
+            if (!(SPLITS && split)) {
+                asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' wgmma are done
+                staged_update<Cfg, EPI>(p, o, tiles, d, consumer, warp, lane, m0 + rows, n0);
+                if constexpr (MC > 1) cluster_sync_any();  // as the producer's, above
+                return;
+            }
+        }
+        // Otherwise (and a split tile) a pair of outputs at a time, each thread its own accumulators'.
+        const int r0 = m0 + rows + warp * 16 + lane / 4;
         if (SPLITS && split) {  // the partial tile into the pipeline's memory once every wgmma has read it; the fix-up
             constexpr int LD = CLUSTER_PART_LD(BN);
             __syncthreads();
@@ -206,15 +358,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                 const int row = r0 + 8 * h;
                 if (row < p.M && col < p.N) {
                     float2 x, y, z;
-                    if constexpr (EPI == EPI_BIAS || EPI == EPI_BIAS_ACT) {
-                        x = *reinterpret_cast<const float2*>(bias_tile + col - n0);
-                        y = z = make_float2(0.f, 0.f);
-                    } else if constexpr (EPI == EPI_DACT) {
-                        x = unpack_f16x2(*reinterpret_cast<const u32*>(act_at(row - m0 - rows, col - n0)));
-                        y = z = make_float2(0.f, 0.f);
-                    } else {
-                        epilogue_inputs<EPI>(p, row, col, x, y, z);
-                    }
+                    epilogue_inputs<EPI>(p, row, col, x, y, z);
                     epilogue_pair<EPI>(p, o, row, col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], x, y, z);
                 }
             }

@@ -80,6 +80,12 @@ WGMMA_MIN_K_TILES_PER_SPLIT = 2
 WGMMA_PAIR_CONFIG = "wg128x2"
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
+# The 256-column tile in pairs of CTAs along M that load B's k-tiles once for both (TMA multicast) from
+# MULTICAST_MIN_K_TILES k-tiles on: a third fewer operand bytes per product, where the tile reads from L2 faster than
+# it multiplies otherwise; over fewer k-tiles the pair's lockstep and cluster barriers cost more than that saves
+# (dev/forward_tiles.py --configs wg256 wg256mc; docs/history.md: the staged epilogue and the multicast pair)
+MULTICAST_CONFIG = "wg256mc"
+MULTICAST_MIN_K_TILES = 12
 
 
 def has_tma(arch: str) -> bool:
@@ -212,7 +218,11 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
             and ("wg128", layout, epilogue) in INSTANCES):
         if layout == "cr" and M >= WGMMA_PAIR_MIN_ROWS and K <= WGMMA_PAIR_MAX_K:
             return WGMMA_PAIR_CONFIG
-        return "wg256" if cdiv(M, 128) * cdiv(N, 256) >= WGMMA_WIDE_SHARE * sm_count else "wg128"
+        if cdiv(M, 128) * cdiv(N, 256) < WGMMA_WIDE_SHARE * sm_count:
+            return "wg128"
+        if cdiv(K, 64) >= MULTICAST_MIN_K_TILES and M > 128 and (MULTICAST_CONFIG, layout, epilogue) in INSTANCES:
+            return MULTICAST_CONFIG
+        return "wg256"
     if M <= 32:
         return "32x128"
     if M <= 64:
@@ -417,6 +427,9 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
         require(out, np.float16, what="C")
     if len(out.shape) != 2 or out.shape[0] < p.M or out.shape[1] < p.N or out.shape[1] % 8:
         raise ValueError(f"output {out.name} of shape {out.shape} cannot hold {p.M} x {p.N} (stride multiple of 8)")
+    for t in (out, act):  # the warpgroup-MMA epilogues write (and dact reads) whole 16-byte pieces of a row
+        if t is not None and t.offset % 16:
+            raise ValueError(f"{t.name} starts {t.offset} bytes into the arena: it must be 16-byte aligned")
     if p.epilogue in ("bias", "bias_act"):
         if bias is None or bias.dtype != np.float32 or bias.size < p.N:
             raise ValueError(f"epilogue {p.epilogue} needs an fp32 bias of at least {p.N} values")
@@ -456,8 +469,8 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_a = tensor_map_2d(A.ptr, p.M, p.K, 2 * lda, 64, cfg.bk)
     if p.layout[1] == "r":  # [K, N]: 64-column panels of 64 k-rows
         map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
-    else:                   # [N, K]: BN rows of 64 k
-        map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn)
+    else:                   # [N, K]: BN rows of 64 k (a multicast pair's CTAs copy BN / 2 each)
+        map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn // cfg.multicast)
     kernel = k.get(p.source, p.kernel, TMA_SIGNATURE)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
                        p.k_chunk, *rest, float(keep_b), cluster=p.cluster_dims)
