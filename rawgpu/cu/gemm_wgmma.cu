@@ -64,7 +64,7 @@ RG_DEVICE u8* plane_at(u8* plane, int r, int b) {
 // last wgmma (the pipeline's memory is free): each warpgroup writes its 64 x BN outputs into shared memory, 128-byte
 // swizzled chunks of 64 rows (a warp's fragment stores then fall in distinct bank groups), and copies them out in
 // 16-byte pieces, a warp a row of the tile at a time, so that global memory sees whole lines, not the fragments'
-// 16 bytes a row. dact's saved activation comes in the same way, into the outputs' place; bias_act's act'(z) (where
+// 16 bytes a row. dact's saved activation comes in by cp.async, into the outputs' place; bias_act's act'(z) (where
 // the backward reads it) goes out through a second plane. C's and act's rows are whole 16-byte pieces (N and the
 // strides multiples of 8, 16-byte aligned: kernels/gemm.py checks), so a piece is inside or outside whole.
 template <class Cfg, int EPI>
@@ -77,12 +77,14 @@ RG_DEVICE void staged_epilogue(const Params& p, u8* tiles, const float* bias_til
     u8* out_plane = tiles + consumer * PLANE;
     u8* slope_plane = tiles + (2 + consumer) * PLANE;
     const int t = warp * 32 + lane;
-    if constexpr (EPI == EPI_DACT) {
+    if constexpr (EPI == EPI_DACT) {  // every piece in flight at once (cp.async), zeros outside the matrix
         for (int i = t; i < 64 * PIECES; i += 128) {
             const int r = i / PIECES, q = i % PIECES, row = row0 + r, col = n0 + q * 8;
-            store_16(plane_at(out_plane, r, q * 16),
-                     row < p.M && col < p.N ? load_16(p.act + (i64)row * p.ld_act + col) : uint4{});
+            const bool in = row < p.M && col < p.N;
+            cp_async_16(plane_at(out_plane, r, q * 16), in ? p.act + (i64)row * p.ld_act + col : p.act, in);
         }
+        cp_async_commit();
+        cp_async_wait<0>();
         asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // this warpgroup's pieces are in
     }
 #pragma unroll
