@@ -81,9 +81,9 @@ WGMMA_PAIR_CONFIG = "wg128x2"
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
 # The 256-column tile in pairs of CTAs along M that load B's k-tiles once for both (TMA multicast) from
-# MULTICAST_MIN_K_TILES k-tiles on: a third fewer operand bytes per product, where the tile reads from L2 faster than
-# it multiplies otherwise; over fewer k-tiles the pair's lockstep and cluster barriers cost more than that saves
-# (dev/forward_tiles.py --configs wg256 wg256mc; docs/history.md: the staged epilogue and the multicast pair)
+# MULTICAST_MIN_K_TILES k-tiles on: a third fewer bytes from L2 per product, which bound the single tile's main loop;
+# over fewer k-tiles the pair's lockstep and cluster barriers cost more than that saves (dev/forward_tiles.py
+# --configs wg256 wg256mc; docs/history.md: the staged epilogues and the multicast pair)
 MULTICAST_CONFIG = "wg256mc"
 MULTICAST_MIN_K_TILES = 12
 
@@ -181,7 +181,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       and ROW_TILE_MIN_COLUMNS); on sm_90 at more rows too while N <= NARROW_STREAM_COLUMNS (the head) and its row
       tiles fit one wave;
     - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
-      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles; x^T @ dy of
+      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles (in multicast
+      pairs from MULTICAST_MIN_K_TILES k-tiles and two row tiles on); x^T @ dy of
       a batch above BATCH_STREAM_ROWS too, at any N (with its update; K split over a cluster where its tiles are
       few: the head's 16 columns in a 128-column tile still beat the mma.sync tiles' splits through the workspace;
       two CTAs an SM from WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K);
