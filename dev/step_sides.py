@@ -21,7 +21,9 @@ import sys
 import numpy as np
 
 from rawgpu.bench.timing import time_graph
+from rawgpu.cli import count
 from rawgpu.data import load_mnist
+from rawgpu.errors import RawgpuError
 from rawgpu.graph import capture
 from rawgpu.mlp import run_launches
 from rawgpu.recipe import Recipe
@@ -86,15 +88,20 @@ def profile(hidden: int, recipe_kw: dict, repeats: int, data) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, nargs="+", default=[256])
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--optimizer", default=None, help="sgd, adam or adamw (default: the recipe's)")
-    p.add_argument("--repeats", type=int, default=20, help="steps per timed graph")
+    p.add_argument("--hidden", type=count(1), nargs="+", default=[256])
+    p.add_argument("--batch", type=count(1), default=1024)
+    p.add_argument("--optimizer", default=None, choices=("sgd", "adam", "adamw"),
+                   help="the optimiser (default: the recipe's)")
+    p.add_argument("--repeats", type=count(1), default=20, help="steps per timed graph")
     args = p.parse_args()
     kw = {"batch": args.batch} | ({"optimizer": args.optimizer} if args.optimizer else {})
-    data = load_mnist()
-    for h in args.hidden:
-        profile(h, kw, args.repeats, data)
+    try:
+        data = load_mnist()
+        for h in args.hidden:
+            profile(h, kw, args.repeats, data)
+    except RawgpuError as exc:
+        print(f"step_sides: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -231,6 +231,19 @@ def test_gemm_variants_tensor_copy_tiles_need_sm90():
     assert variants_error(["stream"], "sm_86") is None
 
 
+def test_the_gemm_dev_scripts_without_a_gpu_say_so_in_one_line(capsys, monkeypatch):
+    from rawgpu import driver
+    from rawgpu.bench.gemm import open_gpu
+    from rawgpu.errors import NoDeviceError
+
+    def no_device(index):
+        raise NoDeviceError("no NVIDIA driver found; rawgpu needs an NVIDIA GPU")
+
+    monkeypatch.setattr(driver, "Device", no_device)
+    assert open_gpu(0, [], "forward_tiles") is None
+    assert capsys.readouterr().err == "forward_tiles: error: no NVIDIA driver found; rawgpu needs an NVIDIA GPU\n"
+
+
 def test_a_data_dir_without_the_files_is_a_usage_error_before_any_gpu_work(capsys, tmp_path, monkeypatch):
     (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")  # one of the four: present (not checked for content)
     monkeypatch.setattr(train, "train", lambda *a: pytest.fail("training started"))
