@@ -19,6 +19,7 @@ import sys
 from rawgpu.bench.gemm import bench_ours, bench_torch, open_gpu
 from rawgpu.bench.timing import copy_bandwidth
 from rawgpu.cli import count
+from rawgpu.errors import RawgpuError
 from rawgpu.kernels import gemm as G
 
 
@@ -44,6 +45,14 @@ def main(argv=None) -> int:
     p.add_argument("--epilogue", default="bias_act", choices=("store", "bias_act"), help="default: bias_act")
     p.add_argument("--cublas", action="store_true", help="time torch.matmul on each shape too")
     args = p.parse_args(argv)
+    try:
+        return run(args)
+    except RawgpuError as exc:  # no GPU, out of memory, a build that fails: one line
+        print(f"forward_tiles: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run(args) -> int:
     if (gpu := open_gpu(0, args.configs, "forward_tiles")) is None:
         return 2
     device, stream, kernels, rng = gpu

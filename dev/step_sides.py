@@ -101,7 +101,7 @@ def main() -> int:
             profile(h, kw, args.repeats, data)
     except RawgpuError as exc:
         print(f"step_sides: error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     return 0
 
 

@@ -212,14 +212,16 @@ def test_big_models_evaluate_in_chunks_and_plans_refuse_bad_recipes():
         Recipe(schedule="steep")
 
 
-def test_profile_gemm_without_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
+@pytest.mark.parametrize("script,argv", [("profile_gemm", ["--hidden", "256"]),
+                                         ("forward_tiles", ["--shapes", "4096x1024x64", "--cublas"])])
+def test_gemm_dev_scripts_without_gpu_are_one_line_and_exit_1(monkeypatch, capsys, script, argv):
     _no_gpu(monkeypatch)
-    spec = importlib.util.spec_from_file_location("profile_gemm", ROOT / "dev" / "profile_gemm.py")
+    spec = importlib.util.spec_from_file_location(script, ROOT / "dev" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(["--hidden", "256"]) == 1
+    assert module.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["profile_gemm: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU"]
+    assert err == [f"{script}: error: no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU"]
 
 
 def test_gemm_variants_tensor_copy_tiles_need_sm90():
@@ -229,19 +231,6 @@ def test_gemm_variants_tensor_copy_tiles_need_sm90():
     assert why is not None and "tma tma128" in why and "sm_90" in why and "sm_86" in why and "\n" not in why
     assert variants_error(["stream", "tma"], "sm_90") is None
     assert variants_error(["stream"], "sm_86") is None
-
-
-def test_the_gemm_dev_scripts_without_a_gpu_say_so_in_one_line(capsys, monkeypatch):
-    from rawgpu import driver
-    from rawgpu.bench.gemm import open_gpu
-    from rawgpu.errors import NoDeviceError
-
-    def no_device(index):
-        raise NoDeviceError("no NVIDIA driver found; rawgpu needs an NVIDIA GPU")
-
-    monkeypatch.setattr(driver, "Device", no_device)
-    assert open_gpu(0, [], "forward_tiles") is None
-    assert capsys.readouterr().err == "forward_tiles: error: no NVIDIA driver found; rawgpu needs an NVIDIA GPU\n"
 
 
 def test_a_data_dir_without_the_files_is_a_usage_error_before_any_gpu_work(capsys, tmp_path, monkeypatch):

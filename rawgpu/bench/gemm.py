@@ -13,7 +13,6 @@ import numpy as np
 from .. import driver as drv
 from .. import master, optimizer
 from ..contract import OPTIM_WORDS
-from ..errors import RawgpuError
 from ..kernels import Kernels
 from ..kernels import dx_sgd as D
 from ..kernels import dx_update as U
@@ -221,13 +220,9 @@ def variants_error(variants: list[str], arch: str) -> str | None:
 
 
 def open_gpu(device_index: int, variants: list[str], prog: str):
-    """(device, stream, kernels, rng) for timing GEMMs, or None after a one-line error when there is no usable GPU
-    or a variant cannot run on this one (the dev scripts' shared set-up)."""
-    try:
-        device = drv.Device(device_index)
-    except RawgpuError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return None
+    """(device, stream, kernels, rng) for timing GEMMs, or None after a one-line error when a variant cannot run on
+    this GPU (the dev scripts' shared set-up)."""
+    device = drv.Device(device_index)
     if why := variants_error(variants, device.arch):
         print(f"{prog}: error: {why}", file=sys.stderr)
         return None
