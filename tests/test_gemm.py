@@ -246,8 +246,8 @@ def test_store32_is_planned_as_store(arch, layout):
         assert replace(fp32, epilogue="store") == store, (M, N, K)
         chosen.add(fp32.config.name)
     assert chosen == {("sm_86", "rr"): {"stream", "128x128"}, ("sm_86", "rc"): {"stream", "64x128", "128x128"},
-                      ("sm_90", "rr"): {"stream", "tma", "tma128", G.ROW_TILE, "wg128"},
-                      ("sm_90", "rc"): {"stream", "tma", "64x128", "128x128", "wg128"}}[arch, layout]
+                      ("sm_90", "rr"): {"stream", "tma", "tma128", G.ROW_TILE, "wg64", "wg128"},
+                      ("sm_90", "rc"): {"stream", "tma", "64x128", "128x128", "wg64", "wg128"}}[arch, layout]
     if arch == "sm_90" and layout == "rr":  # batch 128: the tensor-copy tiles, split or not
         assert G.plan_gemm(128, 4096, 4096, "rr", "store32", arch=arch).config.name == G.ROW_TILE
         assert G.plan_gemm(128, 1024, 1024, "rr", "store32", arch=arch).config.name == "tma"
@@ -258,9 +258,9 @@ def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_
     store = {(c, lay) for c, lay, e in G.INSTANCES if e == "store" and lay in ("rr", "rc")}
     assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32" and lay != "cr"} == store
     assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE,
-                                     "wg128", "wg256", "wg128x2", "wg256mc"}
+                                     "wg128", "wg256", "wg128x2", "wg256mc", "wg64"}
     assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {
-        "32x128", "64x128", "128x128", "staged", "staged32", "wg128", "wg128x2", "wg256", "wg256mc"}
+        "32x128", "64x128", "128x128", "staged", "staged32", "wg128", "wg128x2", "wg256", "wg256mc", "wg64"}
     with pytest.raises(ValueError, match="no compiled GEMM instance"):
         G.plan_gemm(8192, 8192, 32, "cc", "store32")
 
@@ -290,8 +290,15 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     p = G.plan_gemm(600, 4096, 1024, "rr", "bias_act", arch="sm_90")
     assert (p.config.name, p.tiles) == ("wg256mc", (6, 16))  # 5 row tiles: the pair past M writes nothing
     assert G.plan_gemm(128, 32768, 4096, "cr", "store", arch="sm_90").config.name == "wg256"  # one row tile: no pair
-    assert G.plan_gemm(1024, 256, 256, "rr", "store", arch="sm_90").config.name == "wg128"  # 8 x 1 wide tiles: few
-    assert G.plan_gemm(257, 1024, 1024, "rc", "dact", arch="sm_90").config.name == "wg128"
+    # few tiles: the 64-column tile while its tiles are one wave (the head's dy @ W^T of K = 16 too), else wg128
+    for M, N, K, layout, epi in ((1024, 256, 256, "rr", "store"), (257, 1024, 1024, "rc", "dact"),
+                                 (1024, 1024, 784, "rr", "bias_act"), (4096, 256, 256, "rc", "dact"),
+                                 (1024, 1024, 16, "rc", "dact"), (4096, 256, 16, "rc", "store")):
+        p = G.plan_gemm(M, N, K, layout, epi, arch="sm_90", sm_count=132)
+        assert (p.config.name, p.splits, p.config.threads, p.tiles[0] * p.tiles[1] <= 132) == ("wg64", 1, 384, True)
+    for M, N, K in ((1024, 2048, 2048), (2048, 1024, 1024), (4096, 512, 512)):  # 256 tiles of 64 columns: two waves
+        assert G.plan_gemm(M, N, K, "rr", "bias_act", arch="sm_90", sm_count=132).config.name == "wg128", (M, N, K)
+    assert G.plan_gemm(4096, 1024, 16, "rc", "dact", arch="sm_90", sm_count=132).config.name == "128x128"
     for args, kw in [((256, 1024, 1024, "rr", "store"), {}),  # a batch the streaming tiles take
                      ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
                      ((4096, 1024, 16, "rc", "dact"), {}),
@@ -303,8 +310,13 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     p = G.plan_gemm(4096, 1024, 4096, "cr", "sgd", arch="sm_90", states=1)
     assert (p.config.name, p.splits) == ("wg256mc", 1)
     for epi, states in (("sgd", 1), ("adam", 2), ("store32", 0)):
+        # 128 tiles of 64 columns over 16 k-tiles: whole; over 64 k-tiles: 64 tiles of 128 in 2 splits of 32
         p = G.plan_gemm(1024, 1024, 1024, "cr", epi, arch="sm_90", states=states, capacity=H100_CLUSTERS)
-        assert (p.config.name, p.splits, p.cluster) == ("wg128", 2, True), epi  # 64 tiles: 2 splits of 8 k-tiles
+        assert (p.config.name, p.splits, p.cluster) == ("wg64", 1, False), epi
+        p = G.plan_gemm(1024, 1024, 4096, "cr", epi, arch="sm_90", states=states, capacity=H100_CLUSTERS)
+        assert (p.config.name, p.splits, p.cluster) == ("wg128", 2, True), epi
+    assert G.plan_gemm(784, 1024, 512, "cr", "sgd", arch="sm_90", states=1).config.name == "wg64"  # 112 tiles
+    assert G.plan_gemm(256, 1024, 1024, "cr", "sgd", arch="sm_90", states=1).config.name == "wg128"  # 32: too few
     # as many splits as leave every tile's cluster resident: 14 tiles in clusters of 8, 32 of 3 (4 would not fit)
     for (M, N, K), splits in (((784, 256, 1024), 8), ((256, 256, 4096), 8), ((256, 256, 512), 4),
                               ((784, 1024, 4096), 2), ((4096, 4096, 4096), 1), ((256, 16, 4096), 8),
@@ -669,7 +681,7 @@ def test_streaming_config(device, stream, kernels, rng, M, N, K, splits, layout,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["wg128", "wg256", "wg128x2"])
+@pytest.mark.parametrize("config", ["wg128", "wg256", "wg128x2", "wg64"])
 @pytest.mark.parametrize("layout,epi", [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact"),
                                         ("rr", "store32"), ("rc", "store32")])
 @pytest.mark.parametrize("M,N,K", [(300, 136, 200), (257, 264, 784), (1024, 1024, 1024), (4096, 512, 64),
@@ -718,7 +730,7 @@ def test_multicast_pair_gives_the_single_tiles_bits(device, stream, kernels, M, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["wg128", "wg256", "wg128x2"])
+@pytest.mark.parametrize("config", ["wg128", "wg256", "wg128x2", "wg64"])
 @pytest.mark.parametrize("epi,opt", [("store", "plain"), ("store32", "plain"), ("update", "plain"),
                                      ("update", "momentum"), ("update", "nesterov"), ("update", "adam"),
                                      ("update", "adamw")])
@@ -785,7 +797,7 @@ def test_persistent_store(device, stream, kernels, rng, M, N, K, accum):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["staged", "outer64", "32x128", "wg128"])
+@pytest.mark.parametrize("config", ["staged", "outer64", "32x128", "wg128", "wg64"])
 def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, config):
     """The update joins the master's halves, steps and splits again (cu/master.cuh): at lr = 0 every bit must come
     back, for weights from random bit patterns across the whole fp16 range, tiny ones included. (Inputs in the form

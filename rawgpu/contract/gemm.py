@@ -106,6 +106,8 @@ CONFIGS = {c.name: c for c in (
                note="wg128 in 3 stages, with a producing warp for a warpgroup: two CTAs an SM"),
     GemmConfig("wg256mc", 128, 256, 64, 2, 1, 4, tma=True, wgmma=True, multicast=2,
                note="wg256 in pairs along M sharing B's loads (TMA multicast), for long K"),
+    GemmConfig("wg64", 128, 64, 64, 2, 1, 8, tma=True, wgmma=True,
+               note="64 columns: twice wg128's tiles, for GEMMs whose 128-column tiles leave SMs idle"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
@@ -130,7 +132,7 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("tma128x64", "rr", epi) for epi in ("store", "bias_act")]
                              + [(c, lay, epi) for c in ("wg128", "wg256", "wg128x2")
                                 for lay, epi in TMA_ROLES + WG_DW_ROLES]
-                             + [("wg256mc", lay, epi) for lay, epi in TMA_ROLES + WG_DW_ROLES])
+                             + [(c, lay, epi) for c in ("wg256mc", "wg64") for lay, epi in TMA_ROLES + WG_DW_ROLES])
 # store32, an fp32 sum other GPUs add to (rawgpu/parallel/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)

@@ -7,10 +7,10 @@
 //
 //   Block: three warpgroups (two CTAs an SM: two and a warp). Warpgroup 0 (the warp after them) produces (one thread
 //   issues every copy: the 128 x 64 A tile and B's 64 k rows, as gemm_tma.cu loads them, 128-byte swizzled), the
-//   two consumer warpgroups each multiply 64 rows of the 128-row tile by BN columns, four m64nBNk16 wgmma per 64-wide
-//   k-tile. A stage is released once the wgmma that read it has
-//   completed (wgmma.wait_group 1: the k-tile before the current one). B row-major ([K, N], x @ W) is BN / 64 panels
-//   of 64 k-rows x 64 columns, read with wgmma's transposed B; B column-major (W^T stored [N, K], dy @ W^T) is BN
+//   two consumer warpgroups each multiply 64 rows of the 128-row tile by BN columns (64, 128 or 256: the 64-column
+//   tile gives a small GEMM one wave of twice the CTAs), four m64nBNk16 wgmma per 64-wide k-tile. A stage is released
+//   once the wgmma that read it has completed (wgmma.wait_group 1: the k-tile before the current one). B row-major
+//   ([K, N], x @ W) is BN / 64 panels of 64 k-rows x 64 columns, read with wgmma's transposed B; B column-major (W^T stored [N, K], dy @ W^T) is BN
 //   rows of 64 k. A column-major (x stored [K, M]: the weight gradient x^T @ dy) is two such panels, one per
 //   consumer warpgroup, read with wgmma's transposed A. Edges: the copy engine zero-fills outside the matrices; the
 //   epilogue writes only inside. The sums of a tile are in one order (K ascending), so results are bitwise
@@ -51,7 +51,7 @@ struct WgConfig {
     static constexpr int THREADS = CTAS == 1 ? 384 : 288, PRODUCER = CTAS == 1 ? 0 : 2;  // the producer's warpgroup
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr u32 SMEM = STAGES * STAGE_BYTES + 1024;  // + slack to align the tiles to 1024 bytes
-    static_assert(BN == 128 || BN == 256, "m64n128k16 or m64n256k16");
+    static_assert(BN == 64 || BN == 128 || BN == 256, "m64n64k16, m64n128k16 or m64n256k16");
 };
 
 // Byte b of row r (of a warpgroup's 64) in a plane of its outputs in shared memory: 128-byte chunks of 64 rows, their
@@ -78,11 +78,11 @@ RG_DEVICE void staged_epilogue(const Params& p, u8* tiles, const float* bias_til
     u8* slope_plane = tiles + (2 + consumer) * PLANE;
     const int t = warp * 32 + lane;
     if constexpr (EPI == EPI_DACT) {  // every piece in flight at once (cp.async), zeros outside the matrix
-        for (int i = t; i < 64 * PIECES; i += 128) {
-            const int r = i / PIECES, q = i % PIECES, row = row0 + r, col = n0 + q * 8;
-            const bool in = row < p.M && col < p.N;
-            cp_async_16(plane_at(out_plane, r, q * 16), in ? p.act + (i64)row * p.ld_act + col : p.act, in);
-        }
+        const u64 normal = l2_policy(0.f);
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c)  // a 128-byte chunk of the rows at a time
+            load_rows<half_t, 64, 64, 64, 128, true, true>(reinterpret_cast<half_t*>(out_plane + c * 8192), p.act,
+                                                           p.ld_act, row0, n0 + c * 64, p.M, p.N, t, normal);
         cp_async_commit();
         cp_async_wait<0>();
         asm volatile("bar.sync %0, 128;" :: "r"(2 + consumer) : "memory");  // this warpgroup's pieces are in
@@ -136,27 +136,39 @@ RG_DEVICE void staged_update(const Params& p, const Optim& o, u8* tiles, const f
     using P = UpdatePlanes<Cfg, EPI>;
     const int t = warp * 32 + lane;
     const bool mom = EPI == EPI_ADAM || p.mom != nullptr;
-    u8* arrays[4] = {reinterpret_cast<u8*>(p.w16), static_cast<u8*>(p.out), reinterpret_cast<u8*>(p.mom),
-                     reinterpret_cast<u8*>(p.var)};
-    const int sizes[4] = {2, 2, 4, 4}, count = EPI == EPI_ADAM ? 4 : mom ? 3 : 2;
+    const int count = EPI == EPI_ADAM ? 4 : mom ? 3 : 2;
+    auto array = [&](int a) -> u8* {  // w16, lo, then the fp32 states (selected, not indexed: no local memory)
+        return a == 0 ? reinterpret_cast<u8*>(p.w16) : a == 1 ? static_cast<u8*>(p.out)
+             : a == 2 ? reinterpret_cast<u8*>(p.mom) : reinterpret_cast<u8*>(p.var);
+    };
+    auto size = [](int a) { return a < 2 ? 2 : 4; };
     auto plane = [&](int buf, int a) {  // array a's 64 x 64 in buffer buf: w16, lo, then the fp32 states
         return tiles + (consumer * 2 + buf) * P::BUF + (a < 2 ? a * 8192 : 16384 + (a - 2) * 16384);
     };
     // every 16-byte piece of array a's 64 rows x 64 columns from column c0: fn(row in the plane, byte, global address)
     auto pieces = [&](int a, int c0, auto fn) {
-        const int per_row = 64 * sizes[a] / 16;
+        const int per_row = 64 * size(a) / 16;
 #pragma unroll 1
         for (int i = t; i < 64 * per_row; i += 128) {
-            const int r = i / per_row, q = i % per_row, row = row0 + r, col = c0 + q * 16 / sizes[a];
-            if (row < p.M && col < p.N) fn(r, q * 16, arrays[a] + ((i64)row * p.ldc + col) * sizes[a]);
+            const int r = i / per_row, q = i % per_row, row = row0 + r, col = c0 + q * 16 / size(a);
+            if (row < p.M && col < p.N) fn(r, q * 16, array(a) + ((i64)row * p.ldc + col) * size(a));
         }
     };
-    auto load = [&](int chunk) {
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-            if (a < count)
-                pieces(a, n0 + chunk * 64,
-                       [&](int r, int b, u8* g) { cp_async_16(plane_at(plane(chunk % 2, a), r, b), g, true); });
+    auto load = [&](int chunk) {  // l2.cuh's rows, a 128-byte chunk at a time: 64 columns of 16 bits or 32 of fp32
+        const u64 normal = l2_policy(0.f);
+#pragma unroll 1
+        for (int a = 0; a < count; ++a)
+#pragma unroll 1
+            for (int h = 0; h < size(a) / 2; ++h) {
+                u8* s = plane(chunk % 2, a) + h * 8192;
+                const int c0 = n0 + chunk * 64 + h * 32;
+                if (a < 2)
+                    load_rows<half_t, 64, 64, 64, 128, true, true>(reinterpret_cast<half_t*>(s),
+                        reinterpret_cast<const half_t*>(array(a)), p.ldc, row0, c0, p.M, p.N, t, normal);
+                else
+                    load_rows<float, 64, 32, 32, 128, true, true>(reinterpret_cast<float*>(s),
+                        reinterpret_cast<const float*>(array(a)), p.ldc, row0, c0, p.M, p.N, t, normal);
+            }
         cp_async_commit();
     };
     load(0);

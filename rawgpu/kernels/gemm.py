@@ -86,6 +86,13 @@ WGMMA_PAIR_MAX_K = 1024
 # --configs wg256 wg256mc; docs/history.md: the staged epilogues and the multicast pair)
 MULTICAST_CONFIG = "wg256mc"
 MULTICAST_MIN_K_TILES = 12
+# The 64-column tile where its tiles are one wave: twice the 128-column tile's CTAs on a GEMM whose 128-column tiles
+# would leave half the SMs idle (the head's dy @ W^T of K = 16 too); x^T @ dy on it, unsplit, where those tiles fill
+# half the SMs or more over at most WG64_MAX_K_TILES k-tiles: it beats the 128-column tile's cluster splits, which win
+# over more k-tiles by their fewer bytes per product (dev/gemm_variants.py --variants wg64 wg128; docs/history.md:
+# the 64-column tile)
+WG64_CONFIG = "wg64"
+WG64_MAX_K_TILES = 16
 
 
 def has_tma(arch: str) -> bool:
@@ -180,12 +187,14 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES
       and ROW_TILE_MIN_COLUMNS); on sm_90 at more rows too while N <= NARROW_STREAM_COLUMNS (the head) and its row
       tiles fit one wave;
-    - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation, N >= WGMMA_MIN_N and K >= 64:
-      the warpgroup-MMA tile, its 256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles (in multicast
-      pairs from MULTICAST_MIN_K_TILES k-tiles and two row tiles on); x^T @ dy of
-      a batch above BATCH_STREAM_ROWS too, at any N (with its update; K split over a cluster where its tiles are
-      few: the head's 16 columns in a 128-column tile still beat the mma.sync tiles' splits through the workspace;
-      two CTAs an SM from WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K);
+    - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation and N >= WGMMA_MIN_N: the
+      warpgroup-MMA tile, its 64-column form where that makes one wave of tiles, else (K >= 64) its 256-column form
+      where that still makes WGMMA_WIDE_SHARE x SMs tiles (in multicast pairs from MULTICAST_MIN_K_TILES k-tiles and
+      two row tiles on), its 128-column one where not; x^T @ dy of a batch above BATCH_STREAM_ROWS too, at any N
+      (with its update; the 64-column tile where that makes one wave filling half the SMs or more over at most
+      WG64_MAX_K_TILES k-tiles; else K split over a cluster where its tiles are few: the head's 16 columns in a
+      128-column tile still beat the mma.sync tiles' splits through the workspace; two CTAs an SM from
+      WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K);
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
     a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit."""
@@ -214,16 +223,21 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
                 return "tma"
         return "stream"
     batch = K if layout == "cr" else M
-    if (batch > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32" and K >= 64
+    if (batch > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32"
             and (N >= WGMMA_MIN_N or layout == "cr")
             and ("wg128", layout, epilogue) in INSTANCES):
         if layout == "cr" and M >= WGMMA_PAIR_MIN_ROWS and K <= WGMMA_PAIR_MAX_K:
             return WGMMA_PAIR_CONFIG
-        if cdiv(M, 128) * cdiv(N, 256) < WGMMA_WIDE_SHARE * sm_count:
-            return "wg128"
-        if cdiv(K, 64) >= MULTICAST_MIN_K_TILES and M > 128 and (MULTICAST_CONFIG, layout, epilogue) in INSTANCES:
-            return MULTICAST_CONFIG
-        return "wg256"
+        narrow_tiles = cdiv(M, 128) * cdiv(N, 64)  # the 64-column tile's
+        if narrow_tiles <= sm_count and (layout != "cr" or 2 * narrow_tiles >= sm_count
+                                         and cdiv(K, 64) <= WG64_MAX_K_TILES):
+            return WG64_CONFIG
+        if K >= 64:
+            if cdiv(M, 128) * cdiv(N, 256) < WGMMA_WIDE_SHARE * sm_count:
+                return "wg128"
+            if cdiv(K, 64) >= MULTICAST_MIN_K_TILES and M > 128 and (MULTICAST_CONFIG, layout, epilogue) in INSTANCES:
+                return MULTICAST_CONFIG
+            return "wg256"
     if M <= 32:
         return "32x128"
     if M <= 64:

@@ -40,13 +40,15 @@ RG_DEVICE int tile_index(int r, int col) {
 
 // A block's THREADS copy ROWS x COLS elements of T (16-byte pieces) at global (r0, c0) of g (row stride ld) into s
 // (laid out as tile_index<T, LD, SW128> says), with a cache policy; rows >= R and columns >= C are zero-filled (C is
-// a multiple of the piece).
-template <class T, int ROWS, int COLS, int LD, int THREADS, bool SW128 = false>
+// a multiple of the piece). ROLLED keeps the loop a loop: for callers whose live registers leave no room for every
+// copy's address at once.
+template <class T, int ROWS, int COLS, int LD, int THREADS, bool SW128 = false, bool ROLLED = false>
 RG_DEVICE void load_rows(T* s, const T* g, int ld, int r0, int c0, int R, int C, int tid, u64 policy) {
     constexpr int PIECE = 16 / sizeof(T), PER_ROW = COLS / PIECE, CHUNKS = ROWS * PER_ROW;
+    constexpr int ITERATIONS = (CHUNKS + THREADS - 1) / THREADS;
     static_assert(!SW128 || COLS == LD, "a swizzled tile is loaded whole rows at a time");
-#pragma unroll
-    for (int it = 0; it < (CHUNKS + THREADS - 1) / THREADS; ++it) {
+#pragma unroll(ROLLED ? 1 : ITERATIONS)
+    for (int it = 0; it < ITERATIONS; ++it) {
         const int i = it * THREADS + tid;
         if (CHUNKS % THREADS == 0 || i < CHUNKS) {
             const int r = i / PER_ROW, c = (i % PER_ROW) * PIECE;

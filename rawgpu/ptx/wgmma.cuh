@@ -1,6 +1,6 @@
 // Hopper's warpgroup MMA (sm_90a): shared-memory matrix descriptors, the fences and groups around the asynchronous
-// MMA, and m64n128k16 / m64n256k16 (cu/gemm_wgmma.cu; dev/wgmma) and m64n16k16 / m64n32k16 (cu/dx_update.cu) with
-// fp32 accumulators. Callers build for sm_90a only (contract.nvrtc_arch) and guard with __CUDA_ARCH_FEAT_SM90_ALL.
+// MMA, and m64n64k16 / m64n128k16 / m64n256k16 (cu/gemm_wgmma.cu; dev/wgmma) and m64n16k16 / m64n32k16
+// (cu/dx_update.cu) with fp32 accumulators. Callers build for sm_90a only (contract.nvrtc_arch) and guard with __CUDA_ARCH_FEAT_SM90_ALL.
 //
 // The accumulators of m64nNk16 over a warpgroup: warp w holds rows 16 w .. 16 w + 15; per 8 columns j, a thread's
 // d[4 j], d[4 j + 1] are (row lane / 4, columns 8 j + 2 (lane % 4) + 0, 1) and d[4 j + 2], d[4 j + 3] the same 8 rows
@@ -73,6 +73,20 @@ RG_DEVICE void wgmma_n256(float (&d)[128], u64 da, u64 db) {
         : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
 }
 
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64], as wgmma_n128.
+template <int TRANS_B, int TRANS_A = 0>
+RG_DEVICE void wgmma_n64(float (&d)[32], u64 da, u64 db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, 1, 1, 1, %35, %34;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
+}
 // D[64 x 16] (+)= A[64 x 16] B[16 x 16], as wgmma_n128 (a B of 16 columns may start inside a swizzled 128-byte row).
 template <int TRANS_B, int TRANS_A = 0>
 RG_DEVICE void wgmma_n16(float (&d)[8], u64 da, u64 db) {
@@ -101,6 +115,10 @@ RG_DEVICE void wg_hold(float (&d)[N]) {
 }
 
 template <int BN> struct Wg;
+template <> struct Wg<64> {
+    template <int T, int TA = 0>
+    static RG_DEVICE void mma(float (&d)[32], u64 a, u64 b) { wgmma_n64<T, TA>(d, a, b); }
+};
 template <> struct Wg<128> {
     template <int T, int TA = 0>
     static RG_DEVICE void mma(float (&d)[64], u64 a, u64 b) { wgmma_n128<T, TA>(d, a, b); }
