@@ -19,7 +19,7 @@ import sys
 from rawgpu.bench.gemm import bench_ours, bench_torch, open_gpu
 from rawgpu.bench.timing import copy_bandwidth
 from rawgpu.cli import count
-from rawgpu.errors import RawgpuError
+from rawgpu.errors import run_cli
 from rawgpu.kernels import gemm as G
 
 
@@ -45,11 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--epilogue", default="bias_act", choices=("store", "bias_act"), help="default: bias_act")
     p.add_argument("--cublas", action="store_true", help="time torch.matmul on each shape too")
     args = p.parse_args(argv)
-    try:
-        return run(args)
-    except RawgpuError as exc:  # no GPU, out of memory, a build that fails: one line
-        print(f"forward_tiles: error: {exc}", file=sys.stderr)
-        return 1
+    return run_cli(lambda: run(args), "forward_tiles")
 
 
 def run(args) -> int:

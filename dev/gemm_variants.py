@@ -22,7 +22,7 @@ from rawgpu.bench.gemm import bench_ours, min_bytes, mlp_gemms, open_gpu
 from rawgpu.bench.timing import copy_bandwidth
 from rawgpu.bench.training import HIDDEN
 from rawgpu.cli import count
-from rawgpu.errors import RawgpuError
+from rawgpu.errors import run_cli
 from rawgpu.kernels import gemm as G
 
 
@@ -125,11 +125,7 @@ def main(argv=None) -> int:
         p.error("nothing to compare: give --variants CONFIG ... and/or --sweep (bench.py gemm times the default plan)")
     if args.quick:
         args.sizes, args.trials = [256, 8192], 10
-    try:
-        return run(args)
-    except RawgpuError as exc:
-        print(f"gemm_variants: error: {exc}", file=sys.stderr)
-        return 1
+    return run_cli(lambda: run(args), "gemm_variants")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,10 @@ caches as ncu leaves them. The launches are scripts/bench.py's (rawgpu.bench.gem
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rawgpu.bench.gemm import bench_ours, bench_torch, mlp_gemms, open_gpu
 from rawgpu.cli import count
-from rawgpu.errors import RawgpuError
+from rawgpu.errors import run_cli
 from rawgpu.kernels import gemm as G
 
 
@@ -25,11 +24,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="*", default=[], choices=sorted(G.CONFIGS))
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        return run(args)
-    except RawgpuError as exc:
-        print(f"profile_gemm: error: {exc}", file=sys.stderr)
-        return 1
+    return run_cli(lambda: run(args), "profile_gemm")
 
 
 def run(args) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from rawgpu.bench.timing import time_graph
 from rawgpu.cli import count
 from rawgpu.data import load_mnist
-from rawgpu.errors import RawgpuError
+from rawgpu.errors import run_cli
 from rawgpu.graph import capture
 from rawgpu.mlp import run_launches
 from rawgpu.recipe import Recipe
@@ -95,14 +95,14 @@ def main() -> int:
     p.add_argument("--repeats", type=count(1), default=20, help="steps per timed graph")
     args = p.parse_args()
     kw = {"batch": args.batch} | ({"optimizer": args.optimizer} if args.optimizer else {})
-    try:
+
+    def work() -> int:
         data = load_mnist()
         for h in args.hidden:
             profile(h, kw, args.repeats, data)
-    except RawgpuError as exc:
-        print(f"step_sides: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return run_cli(work, "step_sides")
 
 
 if __name__ == "__main__":

@@ -66,15 +66,15 @@ def interrupt_status(exc: KeyboardInterrupt) -> int:
     return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
 
 
-def run_cli(work: Callable[[], int]) -> int:
-    """A CLI's work after its arguments are parsed: a RawgpuError becomes one line on stderr and exit 1, Ctrl-C
-    exit 130, SIGTERM exit 143."""
+def run_cli(work: Callable[[], int], prog: str = "rawgpu") -> int:
+    """A CLI's work after its arguments are parsed (the product's and the dev scripts', `prog` naming it): a
+    RawgpuError becomes one line on stderr and exit 1, Ctrl-C exit 130, SIGTERM exit 143."""
     stop_on_sigterm()
     try:
         return work()
     except RawgpuError as exc:
-        print(f"rawgpu: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        print("rawgpu: interrupted" if not isinstance(exc, Terminated) else "rawgpu: terminated", file=sys.stderr)
+        print(f"{prog}: interrupted" if not isinstance(exc, Terminated) else f"{prog}: terminated", file=sys.stderr)
         return interrupt_status(exc)

@@ -31,7 +31,7 @@ from rawgpu.bench.gemm import bench_dx_update, open_gpu
 from rawgpu.bench.timing import copy_bandwidth, time_graph
 from rawgpu.cli import count
 from rawgpu.compiler import compile_file, compile_source
-from rawgpu.errors import RawgpuError
+from rawgpu.errors import run_cli
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_update as U
 from rawgpu.memory import Arena
@@ -102,11 +102,7 @@ def main(argv=None) -> int:
         if args.max_stages < 2:
             p.error("--max-stages must be at least 2 (the kernel is a pipeline)")
         contract.dx_update.DXU_MAX_STAGES = args.max_stages  # the build and the plan both read it there
-    try:
-        return run(args)
-    except RawgpuError as exc:  # no GPU, out of memory, a build that fails: one line
-        print(f"backward_limits: error: {exc}", file=sys.stderr)
-        return 1
+    return run_cli(lambda: run(args), "backward_limits")
 
 
 def run(args) -> int:

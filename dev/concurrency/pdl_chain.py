@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from rawgpu import compiler, driver
-from rawgpu.errors import RawgpuError
+from rawgpu.errors import run_cli
 from rawgpu.graph import capture
 from rawgpu.memory import Arena
 
@@ -59,11 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after-ns", type=int, default=4000, help="busy work after it")
     p.add_argument("--no-graph", action="store_true", help="launch one by one instead of replaying a graph")
     args = p.parse_args(argv)
-    try:
-        return run(args)
-    except RawgpuError as exc:  # no GPU, a build that fails, out of memory: one line
-        print(f"pdl_chain: error: {exc}", file=sys.stderr)
-        return 1
+    return run_cli(lambda: run(args), "pdl_chain")
 
 
 def run(args: argparse.Namespace) -> int:
