@@ -760,6 +760,18 @@ def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, s
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("opt", ["momentum", "adam"])
+@pytest.mark.parametrize("M,N", [(264, 136), (1024, 1024), (784, 16)])
+def test_weight_gradient_over_the_whole_training_set(device, stream, kernels, M, N, opt):
+    """x^T @ dy with its update over a batch of 60000 rows, the most a recipe allows (938 k-tiles, many rounds of the
+    pipeline's stages), on the tile and splits the planner gives this GPU (warpgroup MMA on sm_90), against float64."""
+    plan, (got,), ref = run_case(device, stream, kernels, np.random.default_rng(M + N), M, N, 60000, "cr", "update",
+                                 "f32", opt=opt)
+    assert plan.config.wgmma == G.has_wgmma(device.arch)
+    check_case(plan, got, ref)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("accum", ["f32", "f16"])
 @pytest.mark.parametrize("config,epi,opt", [("staged", "update", "plain"), ("staged", "update", "momentum"),
                                             ("staged", "update", "nesterov"), ("staged", "store", "plain"),
