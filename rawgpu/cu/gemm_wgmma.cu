@@ -6,22 +6,22 @@
 // above 256).
 //
 //   Block: three warpgroups (two CTAs an SM: two and a warp). Warpgroup 0 (the warp after them) produces (one thread
-//   issues every copy: the 128 x 64 A tile and B's 64 k rows, as gemm_tma.cu loads them, 128-byte swizzled), the
-//   two consumer warpgroups each multiply 64 rows of the 128-row tile by BN columns (64, 128 or 256: the 64-column
-//   tile gives a small GEMM one wave of twice the CTAs), four m64nBNk16 wgmma per 64-wide k-tile. A stage is released
-//   once the wgmma that read it has completed (wgmma.wait_group 1: the k-tile before the current one). B row-major
-//   ([K, N], x @ W) is BN / 64 panels of 64 k-rows x 64 columns, read with wgmma's transposed B; B column-major (W^T stored [N, K], dy @ W^T) is BN
-//   rows of 64 k. A column-major (x stored [K, M]: the weight gradient x^T @ dy) is two such panels, one per
-//   consumer warpgroup, read with wgmma's transposed A. Edges: the copy engine zero-fills outside the matrices; the
-//   epilogue writes only inside. The sums of a tile are in one order (K ascending), so results are bitwise
-//   reproducible. Split-K only for the 128-column weight gradient (few tiles, a long batch), within a cluster of
-//   1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and finish_cluster_splits
-//   adds them in split order and runs the epilogue, spread over the cluster. Only the configs the table marks
-//   (SPLIT_K, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one (docs/history.md).
-//   Epilogues: gemm_epilogue.cuh's, through the pipeline's shared memory once the tile's last wgmma are done, so that
-//   global memory sees whole 16-byte pieces of rows: staged_epilogue (fp16 and store32; the bias staged under the main
-//   loop), staged_update (the weight updates, sgd and adam); per pair of outputs where the planes do not fit (wg128x2's
-//   updates) and for a split tile.
+//   issues every copy: the 128 x 64 A tile and B's 64 k rows, as gemm_tma.cu loads them, 128-byte swizzled), the two
+//   consumer warpgroups each multiply 64 rows of the 128-row tile by BN columns (64, 128 or 256: the 64-column tile
+//   gives a small GEMM one wave of twice the CTAs), four m64nBNk16 wgmma per 64-wide k-tile. A stage is released once
+//   the wgmma that read it has completed (wgmma.wait_group 1: the k-tile before the current one). B row-major ([K, N],
+//   x @ W) is BN / 64 panels of 64 k-rows x 64 columns, read with wgmma's transposed B; B column-major (W^T stored
+//   [N, K], dy @ W^T) is BN rows of 64 k. A column-major (x stored [K, M]: the weight gradient x^T @ dy) is two such
+//   panels, one per consumer warpgroup, read with wgmma's transposed A. Edges: the copy engine zero-fills outside the
+//   matrices; the epilogue writes only inside. The sums of a tile are in one order (K ascending), so results are
+//   bitwise reproducible. Split-K only for the 128-column weight gradient (few tiles, a long batch), within a cluster
+//   of 1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and
+//   finish_cluster_splits adds them in split order and runs the epilogue, spread over the cluster. Only the configs the
+//   table marks (SPLIT_K, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one
+//   (docs/history.md). Epilogues: gemm_epilogue.cuh's, through the pipeline's shared memory once the tile's last wgmma
+//   are done, so that global memory sees whole 16-byte pieces of rows: staged_epilogue (fp16 and store32; the bias
+//   staged under the main loop), staged_update (the weight updates, sgd and adam); per pair of outputs where the planes
+//   do not fit (wg128x2's updates) and for a split tile.
 // Built for sm_90a only (compiler.py: contract.nvrtc_arch); every other build's body traps (kernels/gemm.py never
 // picks these tiles there), as does the fp16-accumulating twin of each instance (fp16 accumulation runs on gemm.cu).
 #include "common.cuh"

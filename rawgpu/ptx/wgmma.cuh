@@ -1,6 +1,7 @@
 // Hopper's warpgroup MMA (sm_90a): shared-memory matrix descriptors, the fences and groups around the asynchronous
 // MMA, and m64n64k16 / m64n128k16 / m64n256k16 (cu/gemm_wgmma.cu; dev/wgmma) and m64n16k16 / m64n32k16
-// (cu/dx_update.cu) with fp32 accumulators. Callers build for sm_90a only (contract.nvrtc_arch) and guard with __CUDA_ARCH_FEAT_SM90_ALL.
+// (cu/dx_update.cu) with fp32 accumulators. Callers build for sm_90a only (contract.nvrtc_arch) and guard with
+// __CUDA_ARCH_FEAT_SM90_ALL.
 //
 // The accumulators of m64nNk16 over a warpgroup: warp w holds rows 16 w .. 16 w + 15; per 8 columns j, a thread's
 // d[4 j], d[4 j + 1] are (row lane / 4, columns 8 j + 2 (lane % 4) + 0, 1) and d[4 j + 2], d[4 j + 3] the same 8 rows
@@ -87,6 +88,7 @@ RG_DEVICE void wgmma_n64(float (&d)[32], u64 da, u64 db) {
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "n"(TRANS_B), "n"(TRANS_A));
 }
+
 // D[64 x 16] (+)= A[64 x 16] B[16 x 16], as wgmma_n128 (a B of 16 columns may start inside a swizzled 128-byte row).
 template <int TRANS_B, int TRANS_A = 0>
 RG_DEVICE void wgmma_n16(float (&d)[8], u64 da, u64 db) {
