@@ -360,22 +360,39 @@ def _assemble(spec: DatasetSpec, found: Mapping[str, Found]) -> Dataset:
 
 def _download(spec: DatasetSpec, file: FileSpec, cache: Path, mirrors: Sequence[str], progress: Progress | None,
               where: str) -> Found:
-    """Try each mirror in turn; the first verified copy wins, failures leave nothing behind."""
+    """Try each mirror in turn; the first verified copy wins, failures leave nothing behind (not even the cache
+    folders this call created, when they stay empty)."""
+    created = [d for d in (cache, *cache.parents) if not d.exists()]  # innermost first
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"{cache}: cannot create the cache directory ({e.strerror or e}); {spec.hint}") from None
-    reason = "no download mirrors configured"
-    for mirror in mirrors:
-        url = mirror.rstrip("/") + f"/{file.name}.gz"
+    found = None
+    try:
+        reason = "no download mirrors configured"
+        for mirror in mirrors:
+            url = mirror.rstrip("/") + f"/{file.name}.gz"
+            try:
+                found = _fetch_verified(url, spec, file, cache, progress)
+                return found
+            except DataError as e:
+                reason = _one_line(e)  # already names the URL
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                reason = f"{url}: {_one_line(e) or type(e).__name__}"
+        raise DataError(f"{spec.title} file {file.name} not found in {where} and download failed ({reason}); "
+                        f"{spec.hint}")
+    finally:
+        if found is None:  # failed or interrupted
+            _remove_empty(created)
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove these folders, innermost first, while they are empty (best effort: another process may fill one)."""
+    for folder in folders:
         try:
-            return _fetch_verified(url, spec, file, cache, progress)
-        except DataError as e:
-            reason = _one_line(e)  # already names the URL
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            reason = f"{url}: {_one_line(e) or type(e).__name__}"
-    raise DataError(f"{spec.title} file {file.name} not found in {where} and download failed ({reason}); "
-                    f"{spec.hint}")
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _fetch_verified(url: str, spec: DatasetSpec, file: FileSpec, cache: Path, progress: Progress | None) -> Found:

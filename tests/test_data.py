@@ -538,6 +538,18 @@ def test_unusable_mirror_url(small, tmp_path):
     assert cache_listing(tmp_path / "cache" / "mnist") == []
 
 
+def test_a_failed_download_leaves_no_folder_it_created(small, tmp_path):
+    """The cache folders the download made are removed when it fails (they would stay empty); one that was there
+    before stays."""
+    with pytest.raises(DataError):
+        load_mnist(mirrors=["nonsense-scheme://127.0.0.1/"])
+    assert not (tmp_path / "cache").exists()
+    (tmp_path / "cache").mkdir()
+    with pytest.raises(DataError):
+        load_mnist(mirrors=["nonsense-scheme://127.0.0.1/"])
+    assert (tmp_path / "cache").is_dir() and not (tmp_path / "cache" / "mnist").exists()
+
+
 @pytest.mark.parametrize("bad_mode", ["garbage", "drop", "404"])
 def test_falls_back_to_next_mirror(small, http_server, tmp_path, bad_mode):
     served = tmp_path / "served"
