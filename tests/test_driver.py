@@ -372,9 +372,10 @@ def watchdog(monkeypatch):
 def test_waits_poll_until_done_or_the_caller_s_timeout(watchdog):
     answers = iter([False, False, True])
     assert watchdog.wait_until(lambda: next(answers), "step 3") is True
+    watchdog.set_watchdog(60.0)  # the caller's timeout ends the wait, not the watchdog (which would give the GPU up)
     start = time.monotonic()
     assert watchdog.wait_until(lambda: False, "step 3", timeout=0.05) is False  # the caller decides: not given up
-    assert 0.05 <= time.monotonic() - start < 1.0
+    assert time.monotonic() - start >= 0.05  # a lower bound only: a loaded machine may take longer, never shorter
     assert watchdog.gpu_given_up() is None
 
 
@@ -382,10 +383,8 @@ def test_the_watchdog_gives_the_gpu_up_and_every_later_wait_fails_at_once(watchd
     watchdog.set_watchdog(0.05)
     with pytest.raises(GpuHangError, match=r"^the GPU has not finished step 7 in 0.05 s: it has stopped"):
         watchdog.wait_until(lambda: False, "step 7")
-    start = time.monotonic()
-    with pytest.raises(GpuHangError, match="step 7"):  # the first reason stays
-        watchdog.wait_until(lambda: True, "step 8")
-    assert time.monotonic() - start < 0.01
+    with pytest.raises(GpuHangError, match="step 7"):  # the first reason stays; at once: the GPU is not even asked
+        watchdog.wait_until(lambda: pytest.fail("a given-up GPU was polled"), "step 8")
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="positive number of seconds"):
             watchdog.set_watchdog(bad)
@@ -396,16 +395,16 @@ def test_a_signal_ends_a_wait_for_a_gpu_that_never_finishes(watchdog):
     def alarm(signum, frame):
         raise KeyboardInterrupt
 
+    watchdog.set_watchdog(20.0)  # a wait the signal did not end would end by the watchdog: GpuHangError, not this
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, 0.1)
-    start = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
             watchdog.wait_until(lambda: False, "step 1")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert time.monotonic() - start < 0.5
+    assert watchdog.gpu_given_up() is None
 
 
 def test_queries_read_not_ready_as_unfinished_and_name_other_errors(fake_binding, watchdog):
