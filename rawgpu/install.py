@@ -36,3 +36,35 @@ def hint(extra: str) -> str:
     where = origin()
     command = f'pip install "{where}[{stack()},{name}]"'
     return command + (" in the rawgpu checkout" if where == "." else "")
+
+
+def nccl_packages() -> tuple[str, ...]:
+    """The CUDA stacks whose NCCL package (nvidia-nccl-cu12, -cu13) is installed here."""
+    found = []
+    for name in STACKS:
+        try:
+            metadata.distribution(f"nvidia-nccl-{name}")
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return tuple(found)
+
+
+def nccl_stack_problem() -> str | None:
+    """Why the NCCL installed here does not go with the CUDA stack (its bindings' major version): NCCL of the other
+    stack, which `pip install ".[cu12,multi]"` (or ".[cu13,multi-cu12]") brings; one line ending in the command
+    that sets it right, or None (no NCCL, no bindings, or the matching one alone). Checked before NCCL is loaded."""
+    from .driver import bindings_major
+
+    try:
+        here = "cu12" if bindings_major() == 12 else "cu13"
+    except ImportError:
+        return None
+    other = next(s for s in STACKS if s != here)
+    if other not in nccl_packages():
+        return None
+    where = origin()
+    command = (f'pip uninstall -y nvidia-nccl-{other} && pip install "{where}[{here},{MULTI[here]}]"'
+               + (" in the rawgpu checkout" if where == "." else ""))
+    return (f"NCCL is installed for the other CUDA stack (nvidia-nccl-{other} beside the {here} bindings); "
+            f"several GPUs need the {here} one: {command}")

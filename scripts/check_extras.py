@@ -8,7 +8,9 @@ in the checkout, which need nothing but the standard library.
 For cu13 and cu12, `pip install --dry-run --ignore-installed --report` resolves ".[STACK,MULTI,plot,test]" (MULTI:
 rawgpu/install.py's NCCL extra for the stack) from the package index, and every package the resolution would install
 is checked: none built for the other stack (a name ending in -cu12 or -cu13), and cuda-bindings of the stack's major
-version. One line per stack; exit 1 if any mixes.
+version. Then the wrong pairs (".[cu12,multi]", ".[cu13,multi-cu12]": a stack with the other's NCCL) must not
+resolve at all: each NCCL extra pins its stack's cuda-bindings. One line per stack and per wrong pair; exit 1 if any
+mixes or a wrong pair resolves.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def resolve(stack: str) -> dict:
         return json.loads(report.read_text())
 
 
+def wrong_pair_resolves(stack: str) -> str | None:
+    """Whether `stack` with the other stack's NCCL extra resolves (it must not): the extras, or None when pip
+    refuses them as conflicting."""
+    other = next(s for s in STACKS if s != stack)
+    extras = f"{stack},{MULTI[other]}"
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
+                        f"{ROOT}[{extras}]"], capture_output=True, text=True)
+    return extras if p.returncode == 0 or "conflict" not in p.stderr.lower() else None
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--report-only"]:  # check a report made elsewhere
         reports = {argv[2]: json.loads(Path(argv[1]).read_text())}
@@ -55,6 +67,13 @@ def main(argv: list[str]) -> int:
         count = len(report.get("install", []))
         print(f"check_extras: {stack}: {count} packages" + (f", MIXED: {', '.join(bad)}" if bad else ", one stack"))
         failed += bool(bad)
+    if argv[:1] != ["--report-only"]:
+        for stack in STACKS:
+            other = next(s for s in STACKS if s != stack)
+            wrong = wrong_pair_resolves(stack)
+            print(f"check_extras: {stack} with {MULTI[other]}: " + ("RESOLVES (mixes the stacks)" if wrong else
+                                                                    "refused by pip, as it must be"))
+            failed += bool(wrong)
     return 1 if failed else 0
 
 
