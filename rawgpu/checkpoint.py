@@ -20,7 +20,7 @@ Files are written atomically: a temp file in the same directory, flushed to disk
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,8 @@ def load(path: str | Path) -> Checkpoint:
         step_kind = meta["step_kind"]
     except (KeyError, ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: corrupt checkpoint metadata ({' '.join(str(e).split())})") from None
+    if why := _dataset_problem(dataset, recipe) or _progress_problem(progress, recipe):
+        raise CheckpointError(f"{path}: corrupt checkpoint metadata: {why}")
     weights, state = [], {}
     widths = recipe.widths
     for i, (fan_in, fan_out) in enumerate(zip(widths, widths[1:])):
@@ -142,6 +144,65 @@ def load(path: str | Path) -> Checkpoint:
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             raise CheckpointError(f"{path}: layer {i} holds NaN or infinite weights")
     return Checkpoint(recipe, step_kind, dataset, weights, state, progress, str(path))
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _dataset_problem(dataset: Any, recipe: Recipe) -> str | None:
+    """Why the `dataset` metadata cannot be this model's (one line naming the field), or None: an object whose name
+    is a string (or null) and whose image_shape, where given, is [rows, cols] of the first layer's width."""
+    if not isinstance(dataset, dict):
+        return f"dataset is {_json_kind(dataset)}, not an object"
+    if not isinstance(dataset.get("name"), (str, type(None))):
+        return f"dataset name is {_json_kind(dataset['name'])}, not a string"
+    shape = dataset.get("image_shape")
+    if shape is None:
+        return None
+    if not (isinstance(shape, list) and len(shape) == 2 and all(_is_count(n) and n > 0 for n in shape)):
+        return f"dataset image_shape is {json.dumps(shape)}, not [rows, cols]"
+    if shape[0] * shape[1] != recipe.inputs:
+        return (f"dataset image_shape {shape[0]}x{shape[1]} is {shape[0] * shape[1]} pixels, but the first layer "
+                f"takes {recipe.inputs}")
+    return None
+
+
+def _progress_problem(progress: Any, recipe: Recipe) -> str | None:
+    """Why the `progress` metadata cannot continue this run (one line naming the field), or None: an object with
+    steps_done and epoch_correct counts, numbers for the epoch's loss sum and the training time, and a history of
+    epochs as trainer.EpochStats records them."""
+    if not isinstance(progress, dict):
+        return f"progress is {_json_kind(progress)}, not an object"
+    steps = progress.get("steps_done", 0)
+    if not _is_count(steps):
+        return f"progress steps_done is {json.dumps(steps)}, not a step count"
+    if recipe.total_steps and steps > recipe.total_steps:
+        return f"progress steps_done {steps} is past the run's {recipe.total_steps} steps"
+    if not _is_count(progress.get("epoch_correct", 0)):
+        return f"progress epoch_correct is {json.dumps(progress['epoch_correct'])}, not a count"
+    for name in ("epoch_loss_sum", "train_seconds"):
+        if not _is_number(progress.get(name, 0.0)):
+            return f"progress {name} is {json.dumps(progress[name])}, not a number"
+    history = progress.get("history", [])
+    if not isinstance(history, list):
+        return f"progress history is {_json_kind(history)}, not an array"
+    from .console import EpochStats  # what the trainer records per epoch
+
+    names = {f.name for f in fields(EpochStats)}
+    for i, epoch in enumerate(history):
+        if not isinstance(epoch, dict) or set(epoch) != names or not all(map(_is_number, epoch.values())):
+            return f"progress history entry {i} is not an epoch's record ({', '.join(sorted(names))}: numbers)"
+    return None
 
 
 def _take(arrays: dict[str, np.ndarray], name: str, dtype, shape: tuple[int, ...], path) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""What the CLIs share (train, evaluate, predict, compile, scripts/inspect_graph.py): argument types, the options
-every one of them takes, and the name each goes by in its usage line."""
+"""What the CLIs share (train, evaluate, predict, compile, sweep, launch, scripts/inspect_graph.py): argument types,
+the options every one of them takes (--device, --step, --version), and the name each goes by in its usage line."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from . import recipe as rc
 from . import steps
@@ -36,8 +37,23 @@ def program(name: str) -> str:
 
 
 def add_device_option(parser) -> None:
-    """`--device`: the GPU index, a non-negative integer (every CLI shares it)."""
-    parser.add_argument("--device", type=count(0, what="index"), default=0, help="GPU index (default 0)")
+    """`--device`: the GPU index, a non-negative integer (every CLI shares it, and its rule with the Python API's
+    device=: recipe.RUN_OPTIONS)."""
+    parser.add_argument("--device", type=rc.argument_type("device", rc.RUN_OPTIONS["device"]), default=0,
+                        metavar="INDEX", help="GPU index (default 0)")
+
+
+def add_version_option(parser) -> None:
+    """`--version`: print "rawgpu VERSION" and exit 0 (every CLI takes it)."""
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"rawgpu {__version__}")
+
+
+def usage_error(parser: argparse.ArgumentParser, exc: ValueError) -> NoReturn:
+    """A setting the run's rules refused (recipe.SettingError, naming the parameter), as a usage error naming the
+    flag ("argument --epochs: must be >= 1, got 0"); another ValueError as its own text (exit 2 either way)."""
+    parser.error(exc.usage() if isinstance(exc, rc.SettingError) else str(exc))
 
 
 def add_step_option(parser) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from . import recipe as rc
 from .errors import RawgpuError, StepUnsupported, run_cli
 from .files import cannot_create_in
-from .cli import add_step_option, count, program
+from .cli import add_step_option, add_version_option, count, program, usage_error
 
 # The SM count a recipe is planned for when no GPU is here: the largest chip of each arch (the plan's split-K
 # choices, and so a few GEMM instances, follow it; an instance the GPU's own plan needs beyond these builds then).
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "~/.cache/rawgpu)")
     p.add_argument("--jobs", type=count(1, 1024, what="count"), default=os.cpu_count() or 1,
                    help="parallel builds (default: the CPU count)")
+    add_version_option(p)
     return p
 
 
@@ -88,7 +89,10 @@ def prebuild(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         units, planned = compiler.all_units(arch), "every kernel unit"
     else:
         sms = args.sms or (here[1] if here is not None and here[0] == arch else TYPICAL_SMS.get(arch, 108))
-        recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])
+        try:
+            recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])
+        except ValueError as exc:  # a setting the recipe refuses (rc.SettingError names it): a usage error
+            usage_error(parser, exc)
         from .session import kernel_units
         from .steps import choose
 

@@ -33,7 +33,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from rawgpu.errors import DataError
-from rawgpu.recipe import MAX_CLASSES, MAX_INPUTS
+from rawgpu.recipe import MAX_CLASSES, MAX_INPUTS, SettingError, SettingTypeError, shown
 
 TIMEOUT_S = 30.0  # per socket operation, so a stalled mirror fails instead of hanging
 CHUNK = 1 << 16
@@ -167,6 +167,21 @@ def dataset_spec(name: str) -> DatasetSpec:
     if spec is None:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
     return spec
+
+
+def check_data_argument(data: object, *, none_ok: bool = False, also: tuple[str, ...] = (),
+                        name: str = "data") -> None:
+    """The data a Trainer or a Sweep is given: a Dataset, a name of DATASET_NAMES (or of `also`), or None where
+    none_ok; else a SettingError naming the parameter (SettingTypeError for another type), one line."""
+    names = (*also, *DATASET_NAMES)
+    if isinstance(data, Dataset) or (data is None and none_ok):
+        return
+    what = f"a Dataset, one of {', '.join(names)}" + (" or None" if none_ok else "")
+    if isinstance(data, str):
+        if data not in names:
+            raise SettingError(name, f"must be {what}, got {data!r}")
+        return
+    raise SettingTypeError(name, f"must be {what}, got {shown(data)}")
 
 
 def known_shape(name: str) -> dict[str, int] | None:

@@ -9,7 +9,7 @@ import sys
 
 from .data import DATASET_NAMES
 from .errors import run_cli
-from .cli import add_device_option, program
+from .cli import add_device_option, add_version_option, program
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the test set to use (default: the checkpoint's dataset)")
     p.add_argument("--data-dir", default=None, help="directory with the four IDX files (default: as rawgpu.train)")
     add_device_option(p)
+    add_version_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     return p
 

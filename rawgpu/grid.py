@@ -8,10 +8,12 @@ optimiser's), and the grid itself (no empty list, no value twice) before any GPU
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from .recipe import Recipe, optimizer_conflict
+from .recipe import Recipe, SettingError, SettingTypeError, check_setting, optimizer_conflict, shown
 
 # setting -> the Recipe fields it sets (betas: a pair)
 SWEPT: dict[str, tuple[str, ...]] = {"lr": ("lr",), "momentum": ("momentum",), "weight_decay": ("weight_decay",),
@@ -29,6 +31,20 @@ class Grid:
     seeds: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
+        axes = self.axes
+        if isinstance(axes, Mapping):  # {"lr": [0.1, 0.2]}: the same axes, in the dict's order
+            axes = tuple(axes.items())
+        if not _is_list(axes) or not all(_is_list(axis) and len(axis) == 2 and isinstance(axis[0], str)
+                                         for axis in axes):
+            raise SettingTypeError("axes", "must be (setting, values) pairs, e.g. ((\"lr\", (0.01, 0.1)),) or "
+                                           f"{{\"lr\": [0.01, 0.1]}}, got {shown(self.axes)}")
+        for name, values in axes:
+            if not _is_list(values):
+                raise SettingTypeError("axes", f"{name}'s values must be a list, got {shown(values)}")
+        if not _is_list(self.seeds):
+            raise SettingTypeError("seeds", f"must be a list of integers >= 0, e.g. range(8), got {shown(self.seeds)}")
+        object.__setattr__(self, "axes", tuple((name, tuple(values)) for name, values in axes))  # frozen: set here
+        object.__setattr__(self, "seeds", tuple(self.seeds))
         names = [name for name, _ in self.axes]
         for name, values in self.axes:
             if name not in SWEPT:
@@ -58,8 +74,8 @@ class Grid:
         out = []
         for i, point in enumerate(self.points()):
             given = {name: value for name, value in point.items() if name in SWEPT}
-            if why := optimizer_conflict(base.optimizer, given):
-                raise ValueError(f"{why.removeprefix('argument --')} (swept)")
+            if (error := optimizer_conflict(base.optimizer, given)) is not None:
+                raise SettingError(error.name, f"{error.cli_reason} (swept)")
             changes: dict[str, Any] = {"seed": point["seed"]}
             for name, value in given.items():
                 changes.update(zip(SWEPT[name], value if name == "betas" else (value,)))
@@ -112,3 +128,35 @@ def _check_values(name: str, values) -> None:
         if key in seen:
             raise ValueError(f"{name}: {v} is given twice")
         seen.add(key)
+
+
+def _is_list(value: Any) -> bool:
+    """A list of values as a grid takes them: any iterable of known length but a string or a mapping."""
+    return isinstance(value, Iterable) and hasattr(value, "__len__") and not isinstance(value, (str, bytes, Mapping))
+
+
+def check_sweep(models: Any, base: Any = None, *, data: Any = "mnist", epochs: Any = None, steps: Any = None,
+                device: Any = 0, out: Any = None, save_best: Any = 0, save_all: Any = False, together: Any = None,
+                chunk: Any = None) -> None:
+    """Sweep's arguments, before anything is loaded or built: SettingError (a ValueError; SettingTypeError, also a
+    TypeError, for the wrong type) naming the parameter in one line. The run's settings by the rules a single run
+    takes (recipe.check_setting), the data by data.check_data_argument."""
+    from .data import check_data_argument
+
+    if not isinstance(models, Grid) and not (_is_list(models) and all(isinstance(r, Recipe) for r in models)):
+        bad = next((r for r in models if not isinstance(r, Recipe)), models) if _is_list(models) else models
+        raise SettingTypeError("models", f"must be a Grid or a list of Recipes, got {shown(bad)}")
+    if base is not None and not isinstance(base, Recipe):
+        raise SettingTypeError("base", f"must be a Recipe or None, got {shown(base)}")
+    check_data_argument(data)
+    for name, value in (("epochs", epochs), ("steps", steps), ("device", device)):
+        check_setting(name, value, none_ok=name != "device")
+    if out is not None and not isinstance(out, (str, Path)):
+        raise SettingTypeError("out", f"must be a folder's path or None, got {shown(out)}")
+    if not isinstance(save_best, int) or isinstance(save_best, bool) or save_best < 0:
+        raise SettingError("save_best", f"must be an integer >= 0 (the checkpoints kept), got {shown(save_best)}")
+    for name, value, none_ok in (("save_all", save_all, False), ("together", together, True)):
+        if not (isinstance(value, bool) or (value is None and none_ok)):
+            raise SettingTypeError(name, f"must be True or False{' or None' if none_ok else ''}, got {shown(value)}")
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise SettingError("chunk", f"must be >= 1 models, got {shown(chunk)}")

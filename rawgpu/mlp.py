@@ -97,7 +97,7 @@ class MLP:
         self.acts = [a.tensor(f"act{i}", (B, p), np.float16) for i, p in enumerate(padded)]  # acts[-1]: logits
         self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
         # the hidden layers' slopes act'(z), where the activation's backward reads them (recipe.SLOPE_SAVED)
-        self.slopes = [a.tensor(f"slope{i}", (B, p), np.float16) if r.saves_slope and 0 < i < len(padded) - 1
+        self.slopes = [a.tensor(f"slope{i}", (B, p), np.float16) if r._saves_slope and 0 < i < len(padded) - 1
                        else None for i, p in enumerate(padded)]
         self.y = a.tensor("y", B, np.int32)
         hidden_p = max(padded[1:-1])
@@ -110,7 +110,7 @@ class MLP:
         # parameters and optimiser state
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
-            pin, pout, states = padded[i], padded[i + 1], r.state_tensors
+            pin, pout, states = padded[i], padded[i + 1], r._state_tensors
             self.layers.append(Layer(
                 widths[i], widths[i + 1],
                 a.tensor(f"wlo_{i}", (pin, pout), np.int16), a.tensor(f"w16_{i}", (pin, pout), np.float16),
@@ -119,11 +119,11 @@ class MLP:
                 a.tensor(f"mb_{i}", pout, np.float32) if states else None,
                 a.tensor(f"vw_{i}", (pin, pout), np.float32) if states > 1 else None,
                 a.tensor(f"vb_{i}", pout, np.float32) if states > 1 else None,
-                eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", self.forward_epilogue(i), accum=r.kernel_accum,
+                eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", self.forward_epilogue(i), accum=r._kernel_accum,
                                       sm_count=sm_count, arch=self.arch, capacity=self.cluster_capacity)))
             if self.eval_tail:
                 self.tail_fwd.append(kg.plan_gemm(self.eval_tail, pout, pin, "rr", self.forward_epilogue(i),
-                                                  accum=r.kernel_accum, sm_count=sm_count, arch=self.arch,
+                                                  accum=r._kernel_accum, sm_count=sm_count, arch=self.arch,
                                                   capacity=self.cluster_capacity))
 
     def attach(self, step: Any) -> "MLP":
@@ -169,7 +169,7 @@ class MLP:
 
     def layer_widths(self) -> tuple[list[int], list[int]]:
         """The layers' true widths (inputs, hidden ..., classes) and the padded ones the buffers hold."""
-        return self.recipe.widths, self.recipe.padded_widths
+        return self.recipe.widths, self.recipe._padded_widths
 
     def forward_epilogue(self, i: int) -> str:
         """Layer i's forward GEMM epilogue: bias and the activation, the head's bias alone."""
@@ -434,7 +434,7 @@ def eval_batch(r: Recipe, models: int = 1) -> int:
     """Rows per evaluation chunk of `models` models of r reading one shared input: the whole test set when their
     activations fit EVAL_ACTIVATION_BUDGET, else equal chunks (padded to 8 rows) of at most the budget; the last
     chunk may be shorter."""
-    per_row = 2 * (pad8(r.inputs) + models * (2 * max(r.padded_widths[1:-1]) + PADDED_CLASSES))
+    per_row = 2 * (pad8(r.inputs) + models * (2 * max(r._padded_widths[1:-1]) + PADDED_CLASSES))
     chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
     return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 

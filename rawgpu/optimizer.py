@@ -26,14 +26,14 @@ def update_family(optimizer: str) -> str:
 def state_names(recipe: Recipe) -> tuple[str, ...]:
     """The optimiser's fp32 values per parameter as torch.optim names them, in the order the kernels take them (m,
     then v): what checkpoints call them."""
-    return ("momentum",)[:recipe.state_tensors] if recipe.optimizer == "sgd" else ("exp_avg", "exp_avg_sq")
+    return ("momentum",)[:recipe._state_tensors] if recipe.optimizer == "sgd" else ("exp_avg", "exp_avg_sq")
 
 
 def hyperparameters(recipe: Recipe) -> Optim:
     """The table with the recipe's settings and the values of step 0 at the peak lr."""
     r, s = recipe, loss_scale(recipe.batch)
     sgd = r.optimizer == "sgd"
-    o = Optim(kind=r.optimizer_code, nesterov=int(r.nesterov), beta1=r.momentum if sgd else r.beta1,
+    o = Optim(kind=r._optimizer_code, nesterov=int(r.nesterov), beta1=r.momentum if sgd else r.beta1,
               beta2=0.0 if sgd else r.beta2, m_rate=0.0 if sgd else 1.0 - r.beta1, v_rate=0.0 if sgd else 1.0 - r.beta2,
               eps=0.0 if sgd else r.eps * s, l2=0.0 if r.optimizer == "adamw" else r.weight_decay * s,
               wd=r.weight_decay if r.optimizer == "adamw" else 0.0, scale=s,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .errors import run_cli
-from .cli import add_device_option, program
+from .cli import add_device_option, add_version_option, program
 
 SHOWN = 20  # images listed on the terminal; --out writes them all
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", default=None,
                    help="write every prediction to FILE.csv or FILE.json instead of listing them")
     add_device_option(p)
+    add_version_option(p)
     return p
 
 

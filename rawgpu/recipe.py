@@ -1,9 +1,12 @@
 """The recipe: everything that shapes a run (model, batch, optimiser, schedule, numerics), stated once.
 
 Defaults, limits and choices live in `OPTIONS`; `Recipe` validates against them and the CLIs build their
-argparse options from them (`add_options`), so a default or a limit is written in one place. The padding
-rule, the schedule codes the kernels read, the accumulator spelling and the loss-scaled learning rate are
-here too. A leaf module: it imports nothing from rawgpu, so every layer may use it.
+argparse options from them (`add_options`), so a default or a limit is written in one place. A run's settings
+beyond the recipe (its length, the GPU index) are checked here too (`plan_run`, `check_setting`), for the Python
+API and the CLIs alike: a bad one raises `SettingError` naming the parameter ("epochs: must be >= 1, got 0"), which
+a CLI words as its flag ("argument --epochs: ..."). The padding rule, the schedule codes the kernels read, the
+accumulator spelling and the loss-scaled learning rate are here too, as underscore names (the kernels' business,
+not the API's). A leaf module: it imports nothing from rawgpu, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 import argparse
 import math
 import numbers
-from dataclasses import dataclass, fields
-from typing import Any, Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping
 
 INPUTS = 784  # MNIST's shape, the default: 28 x 28 pixels, 10 classes, 60000 + 10000 images
 CLASSES = 10
@@ -61,6 +64,36 @@ def loss_scale(batch: int) -> float:
     return float(GRAD_SCALE_PER_SAMPLE * (1 << max(0, (batch - 1).bit_length())))
 
 
+# The Python API's names that a CLI spells otherwise (the rest: --NAME with "_" as "-").
+FLAG_NAMES = {"warmup_steps": "warmup", "beta1": "betas", "beta2": "betas"}
+
+
+class SettingError(ValueError):
+    """A setting of a run that cannot be, in one line naming the parameter as the Python API names it:
+    str() is "NAME: REASON" ("epochs: must be >= 1, got 0"). `usage()` words it for a CLI, naming the flag
+    ("argument --epochs: must be >= 1, got 0"); cli_reason: the reason as a CLI says it, where it names other
+    settings by their flags (default: the reason)."""
+
+    def __init__(self, name: str, reason: str, cli_reason: str | None = None):
+        super().__init__(f"{name}: {reason}")
+        self.name, self.reason, self.cli_reason = name, reason, cli_reason or reason
+
+    def flag(self, flags: Mapping[str, str] | None = None) -> str:
+        """The CLI's flag for the parameter: flags[name] where given, else --NAME (FLAG_NAMES' spelling)."""
+        if flags and self.name in flags:
+            return flags[self.name]
+        return "--" + FLAG_NAMES.get(self.name, self.name).replace("_", "-")
+
+    def usage(self, flags: Mapping[str, str] | None = None) -> str:
+        """The error as a CLI's usage line says it: 'argument --FLAG: REASON'."""
+        return f"argument {self.flag(flags)}: {self.cli_reason}"
+
+
+class SettingTypeError(SettingError, TypeError):
+    """A setting of the wrong type (a string where a number goes, an int where a Recipe goes): a TypeError, and a
+    SettingError (so a ValueError too) with the same one line."""
+
+
 @dataclass(frozen=True)
 class Option:
     """One recipe setting as the CLI offers it: default, type, range (low_open: low itself is excluded),
@@ -77,22 +110,21 @@ class Option:
     nargs: int | str | None = None  # a tuple of this many values (--betas B1 B2), or "+" (--hidden: one or more)
 
     def check(self, name: str, value: Any, shown: str | None = None) -> None:
-        """ValueError 'NAME must be ...' when value is out of range or not a choice. shown: the value as the user
-        typed it, for the message."""
+        """SettingError 'NAME: must be ...' when value is out of range or not a choice (SettingTypeError when it is
+        not of this option's type). shown: the value as the user typed it, for the message."""
         got = shown if shown is not None else value
         if not self.has_kind(value):
-            raise ValueError(f"{name} must be {self.describe()}, got {got!r}")
+            raise SettingTypeError(name, f"must be {self.describe()}, got {got!r}")
         if self.choices is not None:
             if value not in self.choices:
-                raise ValueError(f"{name} must be one of {', '.join(self.choices)}, got {got!r}")
+                raise SettingError(name, f"must be one of {', '.join(self.choices)}, got {got!r}")
             return
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {got!r}")
+            raise SettingError(name, f"must be finite, got {got!r}")
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            raise ValueError(f"{name} must be {'>' if self.low_open else '>='} {self.low:g}, got {got}")
+            raise SettingError(name, f"must be {'>' if self.low_open else '>='} {self.low:g}, got {got}")
         if self.high is not None and value > self.high:
-            raise ValueError(f"{name} must be <= {self.high:g}, got {got}")
-
+            raise SettingError(name, f"must be <= {self.high:g}, got {got}")
 
     def has_kind(self, value: Any) -> bool:
         """Whether value is of this option's type (a bool is no number here, and an int is a float)."""
@@ -109,7 +141,7 @@ class Option:
         if self.choices is not None:
             return f"one of {', '.join(self.choices)}"
         if self.kind is bool:
-            return "true or false"
+            return "True or False"
         what = {int: "an integer", float: "a number"}.get(self.kind, self.kind.__name__)
         if self.low is not None and self.high is not None and not self.low_open:
             return f"{what} in {self.low:g}..{self.high:g}"
@@ -147,6 +179,15 @@ OPTIONS: dict[str, Option] = {
     "seed": Option(0, int, 0, 2**63 - 1, help="seed for the initial weights and the shuffles"),
 }
 DEFAULTS = {name: opt.default for name, opt in OPTIONS.items()}
+# The recipe's fields that are no CLI option (the dataset sets the shape; the run sets total_steps), with their ranges.
+SHAPE_OPTIONS: dict[str, Option] = {
+    "inputs": Option(INPUTS, int, 1, MAX_INPUTS, help="pixels per image"),
+    "classes": Option(CLASSES, int, 2, MAX_CLASSES, help="classes"),
+    "train_rows": Option(TRAIN_ROWS, int, 1, help="training images"),
+    "test_rows": Option(TEST_ROWS, int, 1, help="test images"),
+    "total_steps": Option(0, int, 0, help="the schedule's length (0: no decay)"),
+    "lr_min": Option(0.0, float, 0.0, help="the schedule's floor"),
+}
 DEFAULT_ACTIVATION = DEFAULTS["activation"]  # what a kernel build applies unless told (compiler, Kernels)
 MAX_WIDTH_LIST = 16  # hidden layers a width list may give (one width for all: up to OPTIONS["layers"].high)
 
@@ -182,30 +223,34 @@ class Recipe:
 
     def __post_init__(self):
         self._resolve_widths()
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        OPTIONS["optimizer"].check("optimizer", self.optimizer)
+        if (error := optimizer_conflict(self.optimizer, self._given())) is not None:
+            if error.name == "betas":  # the API's fields: beta1 and beta2
+                error = SettingError("beta1" if self.beta1 != DEFAULTS["betas"][0] else "beta2", error.reason,
+                                     error.cli_reason)
+            raise error
         for name, default in {"momentum": 0.0, **OPTIMIZER_DEFAULTS[self.optimizer]}.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)  # frozen: resolved once, here
         for f in fields(self):
             name = {"warmup_steps": "warmup", "beta1": "betas", "beta2": "betas"}.get(f.name, f.name)
-            option = OPTIONS.get(name)
+            option = OPTIONS.get(name) or SHAPE_OPTIONS.get(name)
             if option is not None and name != "hidden":  # checked width by width in _resolve_widths
                 option.check(f.name, getattr(self, f.name))
-        if self.nesterov and not (self.optimizer == "sgd" and self.momentum > 0):
-            raise ValueError("nesterov needs the sgd optimizer with momentum > 0")
-        if self.total_steps < 0 or self.lr_min < 0:
-            raise ValueError(f"total_steps ({self.total_steps}) and lr_min ({self.lr_min}) must be >= 0")
-        if not 1 <= self.inputs <= MAX_INPUTS:
-            raise ValueError(f"inputs must be 1..{MAX_INPUTS} pixels per image, got {self.inputs}")
-        if not 2 <= self.classes <= MAX_CLASSES:
-            raise ValueError(f"classes must be 2..{MAX_CLASSES}, got {self.classes}")
-        if self.test_rows < 1:
-            raise ValueError(f"test_rows must be >= 1, got {self.test_rows}")
-        if not 1 <= self.batch <= self.train_rows:
-            raise ValueError(f"batch must be <= the {self.train_rows} training images, got {self.batch}")
+        if self.nesterov and not self.momentum > 0:
+            raise SettingError("nesterov", "needs momentum > 0")
+        if self.batch > self.train_rows:
+            raise SettingError("batch", f"must be <= the {self.train_rows} training images, got {self.batch}")
         if why := model_size_problem(self.widths):
-            raise ValueError(f"hidden {self.hidden_label}: {why}")
+            raise SettingError("hidden", f"{self.hidden_label}: {why}")
+
+    def _given(self) -> dict[str, Any]:
+        """The optimiser settings as given, before the optimiser's defaults fill them in: for optimizer_conflict,
+        which refuses those of another optimiser (betas and eps count as given where they are not the defaults)."""
+        betas = (self.beta1, self.beta2)
+        return {"momentum": self.momentum, "nesterov": self.nesterov,
+                "betas": None if betas == DEFAULTS["betas"] else betas,
+                "eps": None if self.eps == DEFAULTS["eps"] else self.eps}
 
     def _resolve_widths(self) -> None:
         """hidden as a width list (any sequence) or one width; layers from the list, else DEFAULTS'. A list of one
@@ -214,13 +259,15 @@ class Recipe:
         if isinstance(hidden, (list, tuple)):
             widths = tuple(hidden)
             if not widths:
-                raise ValueError("hidden needs at least one width")
+                raise SettingError("hidden", "needs at least one width")
             if len(widths) > MAX_WIDTH_LIST:
-                raise ValueError(f"hidden takes at most {MAX_WIDTH_LIST} widths (one per layer), got {len(widths)}")
+                raise SettingError("hidden",
+                                   f"takes at most {MAX_WIDTH_LIST} widths (one per layer), got {len(widths)}")
             for w in widths:
                 OPTIONS["hidden"].check("hidden", w)
             if layers is not None and layers != len(widths):
-                raise ValueError(f"a width list sets the layer count: {len(widths)} widths, layers {layers}")
+                raise SettingError("layers",
+                                   f"a width list sets the layer count: {len(widths)} widths, layers {layers}")
             hidden, layers = (int(widths[0]) if len(set(widths)) == 1 else tuple(int(w) for w in widths)), len(widths)
         else:
             OPTIONS["hidden"].check("hidden", hidden)
@@ -269,7 +316,7 @@ class Recipe:
         return [self.inputs, *self.hidden_widths, self.classes]
 
     @property
-    def padded_widths(self) -> list[int]:
+    def _padded_widths(self) -> list[int]:
         """What the buffers hold: every width padded to 8, the classes to PADDED_CLASSES."""
         return [pad8(w) for w in self.widths[:-1]] + [PADDED_CLASSES]
 
@@ -289,41 +336,41 @@ class Recipe:
         return widths if self.activation == DEFAULTS["activation"] else f"{widths} {self.activation}"
 
     @property
-    def kernel_accum(self) -> str:
+    def _kernel_accum(self) -> str:
         """The accumulator as the kernels spell it (instance suffix)."""
         return ACCUMS[self.accum]
 
     @property
-    def activation_code(self) -> int:
+    def _activation_code(self) -> int:
         return ACTIVATIONS[self.activation]
 
     @property
-    def saves_slope(self) -> bool:
+    def _saves_slope(self) -> bool:
         """Whether the forward keeps each hidden layer's slope act'(z) for the backward (SLOPE_SAVED)."""
         return self.activation in SLOPE_SAVED
 
     @property
-    def schedule_code(self) -> int:
+    def _schedule_code(self) -> int:
         return SCHEDULES[self.schedule]
 
     @property
-    def optimizer_code(self) -> int:
+    def _optimizer_code(self) -> int:
         return OPTIMIZERS[self.optimizer]
 
     @property
-    def uses_momentum(self) -> bool:
+    def _uses_momentum(self) -> bool:
         """SGD with a momentum buffer."""
         return self.optimizer == "sgd" and self.momentum > 0
 
     @property
-    def plain_sgd(self) -> bool:
+    def _plain_sgd(self) -> bool:
         """SGD without momentum or weight decay: w -= lr g, the update the batch-32 fast steps fuse."""
         return self.optimizer == "sgd" and self.momentum == 0 and self.weight_decay == 0
 
     @property
-    def state_tensors(self) -> int:
+    def _state_tensors(self) -> int:
         """fp32 optimiser values per weight: 0 (plain SGD), 1 (SGD's momentum), 2 (Adam's two moments)."""
-        return 2 if self.optimizer != "sgd" else int(self.uses_momentum)
+        return 2 if self.optimizer != "sgd" else int(self._uses_momentum)
 
     @property
     def optimizer_text(self) -> str:
@@ -336,23 +383,35 @@ class Recipe:
         return f"{name} (betas {self.beta1:g}, {self.beta2:g}, eps {self.eps:g}{wd})"
 
     @property
-    def scaled_lr(self) -> tuple[float, float]:
+    def _scaled_lr(self) -> tuple[float, float]:
         """(lr, lr_min) / loss_scale(batch): what the updates multiply the scaled gradients by."""
         s = loss_scale(self.batch)
         return self.lr / s, self.lr_min / s
 
-    def step_flops(self) -> int:
+    def _step_flops(self) -> int:
         """Useful FLOPs of one step: forward, weight gradient, and input gradient below the first layer."""
         w = self.widths
         return sum(2 * self.batch * a * b * (3 if i else 2) for i, (a, b) in enumerate(zip(w, w[1:])))
 
-    def step_bytes(self, bytes_per_weight: int = 10) -> int:
+    def _step_bytes(self, bytes_per_weight: int = 10) -> int:
         """The weight traffic of one step: 10 B per weight with the split master (master.py: the forward reads
         W16; the update reads and writes W16 and lo), 8 more per fp32 optimiser value (read and write): 18 with
         momentum, 26 with Adam."""
         w = self.widths
         weights = sum(a * b for a, b in zip(w, w[1:]))
-        return weights * (bytes_per_weight + 8 * self.state_tensors)
+        return weights * (bytes_per_weight + 8 * self._state_tensors)
+
+    def __getattr__(self, name: str) -> Any:
+        """The internals above by their old names, without the underscore, for the modules that still spell them so
+        (rawgpu/steps, kernels, parallel): found here only, so they stay out of dir(), help() and completion."""
+        if name in _OLD_INTERNAL_NAMES:
+            return getattr(self, f"_{name}")
+        raise AttributeError(f"'Recipe' object has no attribute {name!r}")
+
+
+_OLD_INTERNAL_NAMES = frozenset(("padded_widths", "kernel_accum", "activation_code", "saves_slope", "schedule_code",
+                                 "optimizer_code", "uses_momentum", "plain_sgd", "state_tensors", "scaled_lr",
+                                 "step_flops", "step_bytes"))
 
 
 def argument_type(name: str, option: Option) -> Callable[[str], Any]:
@@ -365,8 +424,8 @@ def argument_type(name: str, option: Option) -> Callable[[str], Any]:
                 f"expected {'an integer' if option.kind is int else 'a number'}, got {text!r}") from None
         try:
             option.check(name, value, shown=text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name} ")) from None
+        except SettingError as exc:
+            raise argparse.ArgumentTypeError(exc.reason) from None
         return value
     parse.__name__ = name  # argparse names the type in some messages
     return parse
@@ -412,23 +471,76 @@ def run_length(batch: int, epochs: int, steps: int | None, train_rows: int = TRA
 
 def run_total(recipe: Recipe, epochs: int | None, steps: int | None) -> int:
     """The training steps of a run of `recipe` given `epochs` or `steps` (steps win); with neither, the recipe's
-    total_steps, else DEFAULTS' epochs. Trainer and Sweep size their runs by this one rule."""
+    total_steps, else DEFAULTS' epochs (plan_run checks them first)."""
     if epochs is None and steps is None and recipe.total_steps:
         steps = recipe.total_steps
     total, _ = run_length(recipe.batch, epochs or DEFAULTS["epochs"], steps, recipe.train_rows)
     return total
 
 
-def optimizer_conflict(optimizer: str, given: dict[str, Any]) -> str | None:
-    """Why settings given (name -> value, None when not given) do not go with `optimizer`, as a usage error naming
-    the option ("argument --momentum: ..."); None when they do."""
+# A run's settings beyond the recipe, with their ranges (the CLIs' flags of the same names take the same).
+RUN_OPTIONS: dict[str, Option] = {
+    "epochs": OPTIONS["epochs"],
+    "steps": Option(None, int, 1, help="training steps of the run; overrides epochs"),
+    "device": Option(0, int, 0, help="GPU index"),
+    "steps_per_graph": Option(None, int, 1, help="training steps captured into one CUDA graph"),
+    "graphs": Option(True, bool, help="replay CUDA graphs (False: launch the kernels one by one)"),
+}
+
+
+def check_setting(name: str, value: Any, none_ok: bool = True) -> None:
+    """SettingError naming `name` when `value` is not what the run setting `name` (RUN_OPTIONS, else OPTIONS)
+    takes; None passes where none_ok (the setting left to its default)."""
+    if value is None and none_ok:
+        return
+    (RUN_OPTIONS.get(name) or OPTIONS[name]).check(name, value)
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """A value as a message shows it: its repr, or its type where the repr is long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"a {type(value).__name__}"
+
+
+def recipe_or_default(recipe: Any, name: str = "recipe") -> Recipe:
+    """`recipe`, or the default Recipe for None; SettingTypeError naming `name` for anything else."""
+    if recipe is None:
+        return Recipe()
+    if not isinstance(recipe, Recipe):
+        raise SettingTypeError(name, f"must be a Recipe (rawgpu.Recipe(hidden=..., ...)), got {shown(recipe)}")
+    return recipe
+
+
+def plan_run(recipe: Recipe, epochs: int | None = None, steps: int | None = None) -> Recipe:
+    """`recipe` with its run's length as total_steps: `epochs` epochs, or `steps` steps (steps win); with neither,
+    the recipe's total_steps, else DEFAULTS' epochs. The one owner of a run's rules, for Trainer, Sweep's trainers
+    and the CLIs: SettingError naming the parameter where epochs or steps is not >= 1, or a warm-up goes with the
+    constant schedule or is not shorter than the run."""
+    check_setting("epochs", epochs)
+    check_setting("steps", steps)
+    total = run_total(recipe, epochs, steps)
+    if recipe.warmup_steps and recipe.schedule == "constant":
+        raise SettingError("warmup_steps", "a warm-up ramps up to a decaying schedule: use schedule cosine or linear",
+                           "a warm-up ramps up to a decaying schedule: use --schedule cosine or linear")
+    if recipe.warmup_steps >= total:
+        raise SettingError("warmup_steps", f"{recipe.warmup_steps} steps is not shorter than the run ({total} steps)")
+    return replace(recipe, total_steps=total)
+
+
+def optimizer_conflict(optimizer: str, given: dict[str, Any]) -> SettingError | None:
+    """The SettingError of settings given (name -> value, None or False when not given) that do not go with
+    `optimizer` (momentum and nesterov are SGD's, betas and eps Adam's), naming the first; None when they all go.
+    Recipe raises it; the CLIs, which see what was typed, word it as "argument --momentum: ..." (usage())."""
     only = SGD_ONLY if optimizer != "sgd" else ADAM_ONLY
     wrong = [name for name in only if given.get(name) not in (None, False)]
     if wrong:
-        return (f"argument --{wrong[0]}: applies to " + ("--optimizer sgd" if optimizer != "sgd" else
-                                                         "--optimizer adam and adamw") + f", not {optimizer}")
+        name = wrong[0]
+        takes = "sgd" if optimizer != "sgd" else "adam and adamw"
+        leave = "; leave it unset (None)" if name == "momentum" else ""
+        return SettingError(name, f"applies to optimizer {takes}, not {optimizer}{leave}",
+                            f"applies to --optimizer {takes}, not {optimizer}")
     if given.get("nesterov") and given.get("momentum") == 0:
-        return "argument --nesterov: needs momentum > 0"
+        return SettingError("nesterov", "needs momentum > 0")
     return None
 
 
@@ -467,22 +579,19 @@ def hidden_of(values: int | list[int], layers: int | None) -> tuple[int | tuple[
     return tuple(widths), len(widths)
 
 
-def from_args(args: argparse.Namespace, total_steps: int, **shape: int) -> Recipe:
+def from_args(args: argparse.Namespace, total_steps: int = 0, **shape: int) -> Recipe:
     """The recipe of parsed CLI arguments (options missing from `args` keep their defaults; optimiser settings
-    left unset take the optimiser's). ValueError when a setting does not go with the optimiser. shape: the data's
-    inputs, classes, train_rows and test_rows (default MNIST's)."""
+    left unset take the optimiser's). SettingError (usage() names the flag) where a setting does not go with the
+    optimiser or the others; ValueError "argument --NAME: ..." for --hidden and --layers (hidden_of). shape: the
+    data's inputs, classes, train_rows and test_rows (default MNIST's)."""
     get = lambda name: getattr(args, name, DEFAULTS[name])  # noqa: E731
     optimizer = get("optimizer")
     given = {name: getattr(args, name, None) for name in SGD_ONLY + ADAM_ONLY}
     given["momentum"] = getattr(args, "momentum", None)
-    if why := optimizer_conflict(optimizer, given):
-        raise ValueError(why)
+    if (error := optimizer_conflict(optimizer, given)) is not None:  # what was typed, defaults or not
+        raise error
     betas, eps = get("betas") or DEFAULTS["betas"], get("eps") or DEFAULTS["eps"]
     hidden, layers = hidden_of(get("hidden"), getattr(args, "layers", None))
-    widths = [shape.get("inputs", INPUTS), *layer_widths(hidden, layers), shape.get("classes", CLASSES)]
-    if why := model_size_problem(widths):
-        label = f"{hidden} x {layers} layers" if isinstance(hidden, int) else "-".join(map(str, hidden))
-        raise ValueError(f"argument --hidden: {label}: {why}")
     return Recipe(hidden=hidden, layers=layers, batch=get("batch"), optimizer=optimizer, lr=get("lr"),
                   momentum=get("momentum"), nesterov=bool(get("nesterov")), beta1=betas[0], beta2=betas[1], eps=eps,
                   weight_decay=get("weight_decay"), schedule=get("schedule"), warmup_steps=get("warmup"),

@@ -24,7 +24,7 @@ from .mlp import common_units, eval_batch, seed_of
 from .recipe import SCHEDULES, Recipe, cdiv
 
 # What every model of one stack shares: the buffers' shapes, the kernels' families and build, the run's length.
-SHARED_FIELDS = ("widths", "batch", "kernel_accum", "state_tensors", "activation", "train_rows", "test_rows",
+SHARED_FIELDS = ("widths", "batch", "accum", "_state_tensors", "activation", "train_rows", "test_rows",
                  "total_steps", "steps_per_epoch")
 
 
@@ -37,7 +37,7 @@ def stack_problem(recipes: Sequence[Recipe]) -> str | None:
     for field in SHARED_FIELDS:
         values = {repr(getattr(r, field)) for r in recipes}
         if len(values) > 1:
-            return f"the models differ in {field} ({', '.join(sorted(values))}): one stack shares it"
+            return f"the models differ in {field.lstrip('_')} ({', '.join(sorted(values))}): one stack shares it"
     return None
 
 
@@ -72,7 +72,7 @@ class ModelStack:
         self.choice: Any = None
         self.step: Any = None
         self.arena = a = Arena()
-        B, widths, padded = r.batch, r.widths, r.padded_widths
+        B, widths, padded = r.batch, r.widths, r._padded_widths
         self.rows, self.padded = B, padded
         # shared: the data, the step counter, the evaluation's input
         self.images = a.tensor("train_images", (r.train_rows, r.inputs), np.uint8)
@@ -98,7 +98,7 @@ class ModelStack:
         self.eval_correct = a.tensor("eval_correct", n, np.int32)
         self.acts = [a.tensor(f"act{i}", (n * B, p), np.float16) for i, p in enumerate(padded)]
         self.grads = [None] + [a.tensor(f"grad{i}", (n * B, p), np.float16) for i, p in enumerate(padded) if i]
-        self.slopes = [a.tensor(f"slope{i}", (n * B, p), np.float16) if r.saves_slope and 0 < i < len(padded) - 1
+        self.slopes = [a.tensor(f"slope{i}", (n * B, p), np.float16) if r._saves_slope and 0 < i < len(padded) - 1
                        else None for i, p in enumerate(padded)]  # as MLP's
         self.y = a.tensor("y", n * B, np.int32)
         hidden_p = max(padded[1:-1])
@@ -111,7 +111,7 @@ class ModelStack:
         self.bias_tickets = a.tensor("bias_tickets", (n, cdiv(widest, 8)), np.int32)
         self.layers: list[StackLayer] = []
         for i in range(len(widths) - 1):
-            pin, pout, states = padded[i], padded[i + 1], r.state_tensors
+            pin, pout, states = padded[i], padded[i + 1], r._state_tensors
             self.layers.append(StackLayer(
                 widths[i], widths[i + 1],
                 a.tensor(f"wlo_{i}", (n * pin, pout), np.int16), a.tensor(f"w16_{i}", (n * pin, pout), np.float16),
@@ -270,6 +270,6 @@ class ModelStack:
 
 def schedule_row(r: Recipe) -> tuple[float, float, float, float]:
     """A model's row of the schedule table (kernels/models.py: gather): lr0, lr_min, warmup steps, kind code."""
-    lr0, lr_min = r.scaled_lr
+    lr0, lr_min = r._scaled_lr
     kind = SCHEDULES.get(r.schedule, r.schedule)
     return float(np.float32(lr0)), float(np.float32(lr_min)), float(r.warmup_steps), float(kind)

@@ -20,19 +20,16 @@ from .graph import capture
 from .kernels import Kernels
 from .kernels.data import lr_at
 from .mlp import run_launches
-from .recipe import Recipe, cdiv, run_total
+from .recipe import Recipe, cdiv, plan_run
 from .trainer import INTERRUPT_GRACE, RunPlan, _data_shape, auto_steps_per_graph, dataset_record
 
 STEP_KIND = steps.SWEEP_KIND
 
 
 def stack_recipes(recipes: Sequence[Recipe], data: Dataset, epochs: int | None, steps_: int | None) -> list[Recipe]:
-    """The recipes as Trainer sets them for `data` and the run's length (each model's own)."""
-    out = []
-    for r in recipes:
-        r = replace(r, **_data_shape(data))
-        out.append(replace(r, total_steps=run_total(r, epochs, steps_)))
-    return out
+    """The recipes as Trainer sets them for `data` and the run's length (each model's own, by recipe.plan_run's
+    rules)."""
+    return [plan_run(replace(r, **_data_shape(data)), epochs, steps_) for r in recipes]
 
 
 def stack_bytes(recipes: Sequence[Recipe], arch: str = "sm_90") -> int:
@@ -132,7 +129,7 @@ class StackTrainer:
         self.train_seconds += seconds
         loss_sums, correct = self.stack.train_metrics()
         test_loss, test_acc = self.stack.eval_metrics()
-        flops, traffic = r.step_flops() * N, r.step_bytes() * N
+        flops, traffic = r._step_flops() * N, r._step_bytes() * N
         out = []
         for m, rm in enumerate(self.recipes):
             out.append(EpochStats(

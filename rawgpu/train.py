@@ -14,14 +14,14 @@ from pathlib import Path
 
 from . import recipe as rc
 from . import train_job
-from .cli import (add_device_option, add_step_option, check_data_options, check_step_option, count,
-                  parallel_problem, program, seconds)
+from .cli import (add_device_option, add_step_option, add_version_option, check_data_options, check_step_option,
+                  count, parallel_problem, program, seconds, usage_error)
 from .console import RunInfo, Summary
 from .driver import WATCHDOG_SECONDS, set_watchdog
 from .errors import RawgpuError, StepUnsupported, interrupt_status, stop_on_sigterm
 from .data import DATASET_NAMES
 from .steps import MODES
-from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged
+from .trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged, check_resumable
 
 RECIPE_OPTIONS = ("hidden", "layers", "activation", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov",
                   "betas", "eps", "weight_decay", "schedule", "warmup", "accum", "seed")
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_options(p.add_argument_group("model"), RECIPE_OPTIONS[:3])
     o = p.add_argument_group("optimisation")
     rc.add_options(o, RECIPE_OPTIONS[3:5])
-    o.add_argument("--steps", type=count(1), default=None,
+    o.add_argument("--steps", type=rc.argument_type("steps", rc.RUN_OPTIONS["steps"]), default=None, metavar="STEPS",
                    help="total training steps; overrides --epochs (the benchmark workload uses 5000)")
     rc.add_options(o, RECIPE_OPTIONS[5:])
     d = p.add_argument_group("data and checkpoints")
@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give the GPU up when work it was given has not finished after S seconds: one line, exit 1 "
                         f"(a stopped GPU or driver; default {WATCHDOG_SECONDS:g})")
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
+    add_version_option(p)
     return p
 
 
@@ -147,10 +148,10 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
                   graphs=not args.no_graph, on_compile=console.compiling, rank=rank)
     root = rank is None or rank.rank == 0
     if ckpt is not None:
-        trainer = Trainer.load(ckpt, data=data, **common)
+        trainer = Trainer._load(ckpt, data=data, **common)
         resumed = f"from {args.resume} at step {trainer.steps_done} of {trainer.plan.total_steps}"
     else:
-        trainer = Trainer(recipe, data=data, step=args.step, **common)
+        trainer = Trainer._make(recipe, data=data, step=args.step, **common)
         resumed = ""
     with trainer:
         console.start(_run_info(trainer, args, resumed))
@@ -234,20 +235,34 @@ def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, give
 
 
 def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: dict[str, int]) -> rc.Recipe:
-    """The recipe of the arguments on data of this shape, with the rules no single option can check."""
-    if args.batch > shape["train_rows"]:
-        parser.error(f"argument --batch: {args.batch} is more than the {shape['train_rows']} training images")
-    plan = make_plan(args, shape["train_rows"])
-    if args.warmup and args.schedule == "constant":
-        parser.error("argument --warmup: a warm-up ramps up to a decaying schedule: use --schedule cosine or linear")
-    if args.warmup >= plan.total_steps:
-        parser.error(f"argument --warmup: {args.warmup} steps is not shorter than the run ({plan.total_steps} steps)")
+    """The recipe of the arguments on data of this shape, checked by the rules the Python API applies (Recipe and
+    recipe.plan_run: the batch against the training images, the warm-up against the schedule and the run's length,
+    the optimiser's settings), each failure a usage error naming the flag."""
     try:
-        recipe = make_recipe(args, plan, shape)
-    except ValueError as exc:  # a setting that does not go with the optimiser: "argument --NAME: ..."
-        parser.error(str(exc))
+        recipe = rc.plan_run(rc.from_args(args, 0, **shape), args.epochs, args.steps)
+    except ValueError as exc:  # recipe.SettingError names the parameter; hidden_of's the flag
+        usage_error(parser, exc)
     check_step_option(parser, recipe, args.step)
     return recipe
+
+
+def check_resumed_data(args: argparse.Namespace, ckpt) -> None:
+    """--resume: the data the run continues on must be the checkpoint's (its images, classes and training set), which
+    a named set's table says before any file is read or the GPU is opened; CheckpointError naming the file. The idx
+    set (read from --data-dir) is checked once it is read, as Trainer.load checks any data."""
+    from .checkpoint import CheckpointError
+    from .data import known_shape
+
+    name = args.dataset or ckpt.dataset.get("name")
+    if name not in DATASET_NAMES:
+        raise CheckpointError(f"{args.resume}: the checkpoint names no known dataset ({name!r}); pass --dataset")
+    shape, r = known_shape(name), ckpt.recipe
+    if shape is None:
+        return
+    if (shape["inputs"], shape["train_rows"]) != (r.inputs, r.train_rows) or shape["classes"] > r.classes:
+        raise CheckpointError(f"{args.resume}: trained on {r.train_rows} images of {r.inputs} pixels and {r.classes} "
+                              f"classes; {name} has {shape['train_rows']} of {shape['inputs']} pixels and "
+                              f"{shape['classes']} classes: --resume continues on the checkpoint's data")
 
 
 def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, writes: bool = True) -> None:
@@ -286,15 +301,19 @@ def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, ranks:
         return
     if args.device:
         parser.error(f"argument --gpus: the run takes GPUs 0..{args.gpus - 1}; drop --device")
+    from .install import nccl_stack_problem
     from .launch import in_fork
     from .parallel import nccl
 
-    try:
-        why = in_fork(nccl.available)  # this process may fork the ranks next: NCCL stays out of it
-    except RuntimeError as exc:  # loading NCCL killed the check's process
-        why = f"NCCL could not be loaded ({exc})"
-    if why is not None:
-        parser.error(f"argument --gpus: {why}")
+    why = nccl_stack_problem()  # NCCL of the other CUDA stack: refused before it is loaded
+    if why is None:
+        try:
+            why = in_fork(nccl.available)  # this process may fork the ranks next: NCCL stays out of it
+        except RuntimeError as exc:  # loading NCCL killed the check's process
+            why = f"NCCL could not be loaded ({exc})"
+    if why is not None:  # the installation's failing, not the arguments': one line, exit 1
+        print(f"rawgpu: error: --gpus {args.gpus}: {why}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def check_parallel(parser: argparse.ArgumentParser, args: argparse.Namespace, recipe: rc.Recipe, ranks: int) -> None:
@@ -319,11 +338,12 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             ckpt = load(args.resume)  # a file: cheap, before the data and the GPU
+            check_resume(parser, args, explicit_options(parser, argv), ckpt)
+            check_parallel(parser, args, ckpt.recipe, ranks)
+            check_resumed_data(args, ckpt)
         except CheckpointError as exc:
             print(f"rawgpu: error: {exc}", file=sys.stderr)
             return 1
-        check_resume(parser, args, explicit_options(parser, argv), ckpt)
-        check_parallel(parser, args, ckpt.recipe, ranks)
         args.dataset = args.dataset or ckpt.dataset.get("name")
         args.save = args.save or args.resume
     args.dataset = args.dataset or "mnist"
@@ -352,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             recipe = check_run(parser, args, dict(inputs=data.inputs, classes=data.classes,
                                                   train_rows=len(data.train_labels), test_rows=len(data.test_labels)))
             check_parallel(parser, args, recipe, ranks)
+        if ckpt is not None:
+            check_resumable(ckpt, data, args.resume)  # the data read (the idx set's shape): before the GPU too
         driver.init()
         count = driver.device_count()
         if args.device >= count:

@@ -22,11 +22,11 @@ import numpy as np
 
 from . import checkpoint as ck
 from .console import EpochStats
-from .data import DATASET_NAMES, Dataset, load_dataset
+from .data import DATASET_NAMES, Dataset, check_data_argument, load_dataset
 from .errors import RawgpuError
 from .parallel.ranks import Rank, gather_to_root
-from .recipe import Recipe, cdiv, run_total
-from .steps import resumed
+from .recipe import Recipe, SettingError, SettingTypeError, cdiv, check_setting, plan_run, recipe_or_default, shown
+from .steps import CHOICES, resumed
 
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
@@ -195,30 +195,45 @@ class Trainer:
 
     def __init__(self, recipe: Recipe | None = None, *, data: Dataset | str | None = "mnist",
                  data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
-                 device: int = 0, step: str = "auto", options=None, steps_per_graph: int | None = None,
-                 graphs: bool = True, rank: Rank | None = None,
+                 device: int = 0, step: str = "auto", steps_per_graph: int | None = None, graphs: bool = True,
                  on_compile: Callable[[int, int], None] | None = None,
-                 download_progress: Callable[[str, int, int | None], None] | None = None,
-                 _checkpoint: ck.Checkpoint | None = None):
+                 download_progress: Callable[[str, int, int | None], None] | None = None):
         """recipe: the model and optimiser (default: the CLI's default recipe); its data shape is set from `data`.
         data: a Dataset, a name in data.DATASET_NAMES (loaded from data_dir, the cache or a download), or None
         (predict only). epochs / steps: the run's length (default the recipe's total_steps, else DEFAULTS' epochs).
-        step: the step kind (steps.CHOICES). steps_per_graph: steps captured into one CUDA graph (None:
-        auto_steps_per_graph); graphs=False launches the kernels one by one. rank: this process's part of a model
-        split over several GPUs (ranks.Rank; every rank makes the same calls, rank 0 alone writes checkpoints).
-        on_compile(done, total): the progress of a kernel build that is not all in the cache."""
+        device: the GPU's index. step: the step kind (steps.CHOICES). steps_per_graph: steps captured into one CUDA
+        graph (None: auto_steps_per_graph); graphs=False launches the kernels one by one. on_compile(done, total):
+        the progress of a kernel build that is not all in the cache. Every argument is checked before the data is
+        read and the GPU is opened: a bad one raises a ValueError or TypeError naming it in one line."""
+        self._setup(recipe, data=data, data_dir=data_dir, epochs=epochs, steps=steps, device=device, step=step,
+                    steps_per_graph=steps_per_graph, graphs=graphs, on_compile=on_compile,
+                    download_progress=download_progress)
+
+    @classmethod
+    def _make(cls, recipe: Recipe | None = None, *, rank: Rank | None = None, options=None,
+              checkpoint: ck.Checkpoint | None = None, **public) -> "Trainer":
+        """Trainer(recipe, **public) with what the package alone passes: rank, this process's part of a model split
+        over several GPUs (ranks.Rank; every rank makes the same calls, rank 0 alone writes checkpoints); options, the
+        step's StepOptions; checkpoint, the state to start from (Trainer.load)."""
+        self = cls.__new__(cls)
+        self._setup(recipe, rank=rank, options=options, checkpoint=checkpoint, **public)
+        return self
+
+    def _setup(self, recipe, *, data="mnist", data_dir=None, epochs=None, steps=None, device=0, step="auto",
+               steps_per_graph=None, graphs=True, on_compile=None, download_progress=None, rank=None, options=None,
+               checkpoint: ck.Checkpoint | None = None) -> None:
         self._session = None
         self.closed = False
-        recipe = recipe or Recipe()
+        recipe = check_arguments(recipe, data=data, epochs=epochs, steps=steps, device=device, step=step,
+                                 steps_per_graph=steps_per_graph, graphs=graphs, on_compile=on_compile,
+                                 download_progress=download_progress)
         if isinstance(data, str):
-            if data not in DATASET_NAMES:
-                raise ValueError(f"data must be a Dataset or one of {', '.join(DATASET_NAMES)}, got {data!r}")
             data = load_dataset(data, data_dir, progress=download_progress)
         self.data: Dataset | None = data
-        if data is not None and _checkpoint is None:
+        if data is not None and checkpoint is None:
             recipe = replace(recipe, **_data_shape(data))  # validates batch <= the training images too
-        if _checkpoint is None:
-            recipe = replace(recipe, total_steps=run_total(recipe, epochs, steps))
+        if checkpoint is None:
+            recipe = plan_run(recipe, epochs, steps)
         self.recipe = recipe
         self.plan = RunPlan(cdiv(recipe.total_steps, recipe.steps_per_epoch), recipe.total_steps,
                             recipe.steps_per_epoch)
@@ -231,13 +246,13 @@ class Trainer:
         self._epoch_metrics = (0.0, 0)  # a resumed epoch's loss sum and hits before it was saved
         self._image_shape = tuple(data.image_shape) if data is not None else None
         self.rank = rank
-        if _checkpoint is not None:
-            step = resumed(_checkpoint.step_kind, rank.ranks if rank is not None else 0)
-            self.history = [EpochStats(**h) for h in _checkpoint.progress.get("history", [])]
-            self.train_seconds = float(_checkpoint.progress.get("train_seconds", 0.0))
-            self._epoch_metrics = (float(_checkpoint.progress.get("epoch_loss_sum", 0.0)),
-                                   int(_checkpoint.progress.get("epoch_correct", 0)))
-            self._image_shape = self._image_shape or tuple(_checkpoint.dataset.get("image_shape") or ()) or None
+        if checkpoint is not None:
+            step = resumed(checkpoint.step_kind, rank.ranks if rank is not None else 0)
+            progress = checkpoint.progress  # checked by checkpoint.load
+            self.history = [EpochStats(**h) for h in progress.get("history", [])]
+            self.train_seconds = float(progress.get("train_seconds", 0.0))
+            self._epoch_metrics = (float(progress.get("epoch_loss_sum", 0.0)), int(progress.get("epoch_correct", 0)))
+            self._image_shape = self._image_shape or tuple(checkpoint.dataset.get("image_shape") or ()) or None
         from .session import Session
 
         self._session = Session(recipe, device, on_compile=on_compile, step_kind=step, options=options, rank=rank)
@@ -246,24 +261,36 @@ class Trainer:
             self.model.upload_data(data)
         else:
             self.model.prepare_predict()
-        if _checkpoint is None:
+        if checkpoint is None:
             self.model.init_parameters(self.stream)
             self.steps_done = 0
         else:
-            self.model.set_state([b for _, b in _checkpoint.weights], _checkpoint.state, _checkpoint.steps_done,
+            self.model.set_state([b for _, b in checkpoint.weights], checkpoint.state, checkpoint.steps_done,
                                  self.stream)
-            self.steps_done = _checkpoint.steps_done
+            self.steps_done = checkpoint.steps_done
         self._graphs: dict[str, Any] = {}
 
     # --- loading ------------------------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, source: str | Path | ck.Checkpoint, *, data: Dataset | str | None = "checkpoint", data_dir: str | Path | None = None,
-             device: int = 0, on_compile: Callable[[int, int], None] | None = None,
-             download_progress: Callable[[str, int, int | None], None] | None = None, **kw) -> "Trainer":
+    def load(cls, source: str | Path | ck.Checkpoint, *, data: Dataset | str | None = "checkpoint",
+             data_dir: str | Path | None = None, device: int = 0, steps_per_graph: int | None = None,
+             graphs: bool = True, on_compile: Callable[[int, int], None] | None = None,
+             download_progress: Callable[[str, int, int | None], None] | None = None) -> "Trainer":
         """A trainer at the state a checkpoint saved: `fit` continues its run to the end, `evaluate`/`predict` use
         it. data: "checkpoint" (the dataset the checkpoint names, from data_dir or the cache), a name, a Dataset,
-        or None (predict only). The data's image shape and classes must be the model's."""
+        or None (predict only). The data's image shape and classes must be the model's. The other arguments are
+        Trainer's."""
+        return cls._load(source, data=data, data_dir=data_dir, device=device, steps_per_graph=steps_per_graph,
+                         graphs=graphs, on_compile=on_compile, download_progress=download_progress)
+
+    @classmethod
+    def _load(cls, source: str | Path | ck.Checkpoint, *, data: Dataset | str | None = "checkpoint",
+              data_dir: str | Path | None = None, download_progress=None, **kw) -> "Trainer":
+        """Trainer.load, with what Trainer._make also takes (rank, options)."""
+        check_data_argument(data, none_ok=True, also=("checkpoint",))
+        if not isinstance(source, (str, Path, ck.Checkpoint)):
+            raise SettingTypeError("source", f"must be a checkpoint's path or a Checkpoint, got {shown(source)}")
         ckpt = source if isinstance(source, ck.Checkpoint) else ck.load(source)
         path = ckpt.path
         if isinstance(data, str):
@@ -277,8 +304,8 @@ class Trainer:
         if data is not None and (len(data.train_labels), len(data.test_labels)) != (recipe.train_rows,
                                                                                     recipe.test_rows):
             recipe = replace(recipe, **_data_shape(data))  # evaluation on another set of the same shape
-        return cls(recipe, data=data, device=device, on_compile=on_compile, _checkpoint=replace(ckpt, recipe=recipe),
-                   **kw)._remember(ckpt, path)
+        return cls._make(recipe, data=data, checkpoint=replace(ckpt, recipe=recipe),
+                         **kw)._remember(ckpt, path)
 
     def _remember(self, ckpt: ck.Checkpoint, path) -> "Trainer":
         self._trained_on = (ckpt.dataset.get("name"), ckpt.recipe.train_rows, str(path))
@@ -326,9 +353,8 @@ class Trainer:
         if self.data is None:
             raise RawgpuError("this trainer has no training data: load it with data=...")
         trained_on = getattr(self, "_trained_on", None)
-        if trained_on and (trained_on[0], trained_on[1]) != (self.data.name, len(self.data.train_labels)):
-            raise ck.CheckpointError(f"{trained_on[2]}: trained on {trained_on[0]} ({trained_on[1]} images); resuming "
-                                     f"needs the same data, got {self.data.name} ({len(self.data.train_labels)})")
+        if trained_on:
+            _check_same_data(*trained_on, self.data)
 
     def _run_epochs(self, on_epoch, progress, saves: _SavePolicy, stop: int, events: list) -> bool:
         """The epoch loop, from the current step to step `stop`. True when it ends at an epoch boundary (the run's
@@ -413,7 +439,7 @@ class Trainer:
         seconds, eval_seconds = start.elapsed_ms(end) / 1e3, end.elapsed_ms(eval_end) / 1e3
         loss_sum, correct = m.train_metrics(self.stream)
         test_loss, test_acc = m.eval_metrics()
-        flops, traffic = r.step_flops(), r.step_bytes()
+        flops, traffic = r._step_flops(), r._step_bytes()
         ran = n - started
         self.train_seconds += seconds
         train_loss = loss_sum / (n * r.batch)
@@ -577,3 +603,35 @@ def check_fits(ckpt: ck.Checkpoint, data: Dataset, path) -> None:
         was = f"{shape[0]}x{shape[1]} images" if shape else f"{r.inputs}-pixel images"
         raise ck.CheckpointError(f"{path}: the model takes {was} and {r.classes} classes; {data.name} has "
                                  f"{data.image_shape[0]}x{data.image_shape[1]} images and {data.classes} classes")
+
+
+def check_arguments(recipe: Any, *, data: Any = "mnist", epochs: Any = None, steps: Any = None, device: Any = 0,
+                    step: Any = "auto", steps_per_graph: Any = None, graphs: Any = True, on_compile: Any = None,
+                    download_progress: Any = None) -> Recipe:
+    """Trainer's arguments, before the data is read or the GPU opened (recipe.check_setting's rules, which the CLIs
+    share): the recipe (the default one for None), or a SettingError / SettingTypeError naming the parameter."""
+    recipe = recipe_or_default(recipe)
+    check_data_argument(data, none_ok=True)
+    for name, value in (("epochs", epochs), ("steps", steps), ("device", device), ("steps_per_graph", steps_per_graph),
+                        ("graphs", graphs)):
+        check_setting(name, value, none_ok=name not in ("device", "graphs"))
+    if step not in CHOICES:
+        raise (SettingError if isinstance(step, str) else SettingTypeError)(
+            "step", f"must be one of {', '.join(CHOICES)}, got {shown(step)}")
+    for name, value in (("on_compile", on_compile), ("download_progress", download_progress)):
+        if value is not None and not callable(value):
+            raise SettingTypeError(name, f"must be a function or None, got {shown(value)}")
+    return recipe
+
+
+def _check_same_data(name: str | None, train_rows: int, path, data: Dataset) -> None:
+    if (name, train_rows) != (data.name, len(data.train_labels)):
+        raise ck.CheckpointError(f"{path}: trained on {name} ({train_rows} images); resuming needs the same data, "
+                                 f"got {data.name} ({len(data.train_labels)})")
+
+
+def check_resumable(ckpt: ck.Checkpoint, data: Dataset, path) -> None:
+    """CheckpointError unless the run the checkpoint saved can continue on `data`: the model's images and classes
+    (check_fits), and the same training set (name and size), as fit checks before it continues."""
+    check_fits(ckpt, data, path)
+    _check_same_data(ckpt.dataset.get("name"), ckpt.recipe.train_rows, path, data)

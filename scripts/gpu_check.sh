@@ -2,8 +2,33 @@
 # Everything a GPU session must verify, in one device call: GPU info, all tests (GPU ones included), timings.
 # Usage on the device: bash scripts/gpu_check.sh [extra pytest args]. Logs go to $OUT when it is set.
 set -uo pipefail
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAWGPU_DATA=${RAWGPU_DATA:-.data/mnist}
-OUT=${OUT:-/tmp/rawgpu-out}; mkdir -p "$OUT"
+usage() {
+    cat <<'USAGE'
+usage: bash scripts/gpu_check.sh [PYTEST_ARGS...]
+
+Everything a GPU session must verify, from any directory: the GPU and driver, the whole test suite (GPU tests
+included; PYTEST_ARGS are passed to pytest), a warm-cache session, a cold and a warm training run, the graph
+inspector and the benchmark (BENCH_ARGS overrides its arguments), and on several GPUs the split runs.
+Logs go to $OUT (default /tmp/rawgpu-out). Exit status: pytest's; 1 without a usable GPU.
+USAGE
+}
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+OUT=${OUT:-/tmp/rawgpu-out}; OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd) || exit 1  # where it was started from
+cd "$(dirname "$0")/.." || exit 1  # the repository root, wherever it was started from
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAWGPU_DATA=${RAWGPU_DATA:-.data/mnist} OUT
+# No GPU: one line and exit 1, before anything runs (the checks below need one).
+if ! why=$(python3 -c "
+import sys
+from rawgpu import driver
+from rawgpu.errors import RawgpuError
+try:
+    print(driver.device_count())
+except RawgpuError as exc:
+    sys.exit(str(exc))
+" 2>&1); then
+    echo "gpu_check: error: ${why##*$'\n'}" >&2
+    exit 1
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv,noheader
 python3 -c "import cuda.bindings, numpy; from rawgpu import compiler; print('cuda-bindings', cuda.bindings.__version__, 'nvrtc', compiler.nvrtc_version(), 'numpy', numpy.__version__)"
 python3 -m pytest -q -rs "$@" 2>&1 | tee "$OUT/pytest.log"

@@ -17,7 +17,7 @@ from pathlib import Path
 from rawgpu import recipe as rc
 from rawgpu.errors import RawgpuError, StepUnsupported
 from rawgpu.files import write_atomic
-from rawgpu.cli import add_device_option, add_step_option, check_step_option, count
+from rawgpu.cli import add_device_option, add_step_option, check_step_option, count, usage_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])
+    try:
+        recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])
+    except ValueError as exc:  # a setting the recipe refuses (rc.SettingError names it): a usage error
+        usage_error(parser, exc)
     check_step_option(parser, recipe, args.step)
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a pipe: wide enough for kernel names
     out = Path(args.out)

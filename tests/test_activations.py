@@ -26,9 +26,9 @@ def test_a_recipe_takes_every_activation_and_refuses_others():
     for act in ACTIVATIONS:
         r = Recipe(activation=act)
         assert Recipe.from_dict(r.to_dict()) == r
-        assert r.saves_slope == (act in ("gelu", "gelu_tanh", "silu"))
+        assert r._saves_slope == (act in ("gelu", "gelu_tanh", "silu"))
     assert Recipe(activation="gelu").name == "784-256-256-256-10 gelu"
-    with pytest.raises(ValueError, match="activation must be one of relu, gelu, gelu_tanh, silu, tanh, got 'swish'"):
+    with pytest.raises(ValueError, match="activation: must be one of relu, gelu, gelu_tanh, silu, tanh, got 'swish'"):
         Recipe(activation="swish")
     assert Recipe.from_dict({k: v for k, v in Recipe().to_dict().items() if k != "activation"}).activation == "relu"
 

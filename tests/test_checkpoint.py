@@ -25,7 +25,8 @@ def make(rng, recipe: Recipe, steps_done: int = 7) -> ck.Checkpoint:
         for name in optimizer.state_names(recipe):
             state[f"layers.{i}.{name}_weight"] = rng.standard_normal((a, b)).astype(np.float32)
             state[f"layers.{i}.{name}_bias"] = rng.standard_normal(b).astype(np.float32)
-    return ck.Checkpoint(recipe, "fused", {"name": "idx", "image_shape": [3, 4], "classes": recipe.classes}, weights,
+    shape = [3, 4] if recipe.inputs == 12 else [1, recipe.inputs]  # the image shape of the first layer's width
+    return ck.Checkpoint(recipe, "fused", {"name": "idx", "image_shape": shape, "classes": recipe.classes}, weights,
                          state, {"steps_done": steps_done, "history": []})
 
 
@@ -43,7 +44,7 @@ def test_round_trip_keeps_every_bit_and_the_metadata(rng, tmp_path, opt):
         np.testing.assert_array_equal(w, w2)
         np.testing.assert_array_equal(b, b2)
     assert sorted(back.state) == sorted(saved.state)
-    assert len(back.state) == 2 * len(recipe.widths[1:]) * (1 + recipe.state_tensors)
+    assert len(back.state) == 2 * len(recipe.widths[1:]) * (1 + recipe._state_tensors)
     for name, value in saved.state.items():
         np.testing.assert_array_equal(value.view(np.uint8), back.state[name].view(np.uint8))
     assert [p.name for p in tmp_path.iterdir()] == ["a.safetensors"]  # no temp file left
@@ -115,6 +116,86 @@ def test_another_format_a_wrong_tensor_and_nan_weights_are_refused(rng, tmp_path
         ck.load(ck.save(tmp_path / "nan.safetensors", saved))
 
 
+def _with_metadata(path: Path, **changes: str) -> Path:
+    """The checkpoint at `path` rewritten with some of its metadata strings replaced (the tensors as they were)."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="np") as f:
+        meta, arrays = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+    save_file(arrays, str(path), metadata={**meta, **changes})
+    return path
+
+
+@pytest.mark.parametrize("field, text, message", [
+    ("progress", json.dumps("steps 7"), "progress is a string, not an object"),
+    ("progress", json.dumps([7]), "progress is an array, not an object"),
+    ("progress", json.dumps({"steps_done": -1}), "progress steps_done is -1, not a step count"),
+    ("progress", json.dumps({"steps_done": 41}), "progress steps_done 41 is past the run's 40 steps"),
+    ("progress", json.dumps({"train_seconds": "1 s"}), 'progress train_seconds is "1 s", not a number'),
+    ("progress", json.dumps({"history": [{"epoch": 1}]}), "progress history entry 0 is not an epoch's record"),
+    ("dataset", json.dumps("idx"), "dataset is a string, not an object"),
+    ("dataset", json.dumps({"name": "idx", "image_shape": [3, 5]}),
+     "dataset image_shape 3x5 is 15 pixels, but the first layer takes 12"),
+    ("dataset", json.dumps({"name": "idx", "image_shape": [12]}), "dataset image_shape is [12], not [rows, cols]"),
+])
+def test_metadata_that_cannot_be_the_model_s_is_one_line_naming_the_file_and_the_field(rng, tmp_path, field, text,
+                                                                                       message):
+    recipe = Recipe(hidden=8, layers=1, batch=4, inputs=12, classes=3, train_rows=20, test_rows=5, total_steps=40)
+    path = _with_metadata(ck.save(tmp_path / "m.safetensors", make(rng, recipe)), **{field: text})
+    with pytest.raises(ck.CheckpointError) as info:
+        ck.load(path)
+    assert str(info.value).startswith(f"{path}: corrupt checkpoint metadata: {message}")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("tool", ["evaluate", "predict", "Trainer.load", "train --resume"])
+def test_a_checkpoint_whose_progress_is_a_string_is_one_line_and_exit_1_everywhere(rng, tmp_path, capsys,
+                                                                                   monkeypatch, tool):
+    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
+    recipe = Recipe(hidden=8, layers=1, batch=4, inputs=12, classes=3, train_rows=20, test_rows=5, total_steps=40)
+    path = _with_metadata(ck.save(tmp_path / "m.safetensors", make(rng, recipe)), progress=json.dumps("x"))
+    want = f"{path}: corrupt checkpoint metadata: progress is a string, not an object"
+    if tool == "Trainer.load":
+        from rawgpu import Trainer
+
+        with pytest.raises(ck.CheckpointError) as info:
+            Trainer.load(path, data=None)
+        assert str(info.value) == want
+        return
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 4), np.uint8))
+    argv = {"evaluate": [str(path)], "predict": [str(path), str(tmp_path / "x.npy")],
+            "train --resume": ["--resume", str(path)]}[tool]
+    assert {"evaluate": evaluate, "predict": predict, "train --resume": train}[tool].main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"rawgpu: error: {want}"]
+
+
+def test_resume_checks_the_data_against_the_checkpoint_before_the_gpu(rng, tmp_path, capsys, monkeypatch):
+    """A named set's shape is known from its table: checked before any file is read; the idx set's once read, still
+    before the GPU. Both are the checkpoint's error (exit 1), naming the file."""
+    from test_trainer import synthetic, write_idx
+
+    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.driver.init_in_background", lambda: None)
+    recipe = Recipe(hidden=8, layers=1, batch=4, inputs=12, classes=3, train_rows=20, test_rows=5, total_steps=40)
+    saved = make(rng, recipe)
+    saved.dataset["name"] = "mnist"  # a model of 3x4 images that says it trained on MNIST (28x28)
+    path = ck.save(tmp_path / "named.safetensors", saved)
+    monkeypatch.setattr("rawgpu.data.load_dataset", lambda *a, **k: pytest.fail("the data was read"))
+    assert train.main(["--resume", str(path)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"rawgpu: error: {path}: trained on 20 images of 12 pixels and 3 classes; mnist has 60000 of 784 pixels and "
+        "10 classes: --resume continues on the checkpoint's data"]
+    monkeypatch.undo()
+    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.driver.init_in_background", lambda: None)
+    path = ck.save(tmp_path / "idx.safetensors", make(rng, recipe))
+    other = write_idx(tmp_path / "other", synthetic(rng, 20, 5, rows=4, cols=4, classes=3))
+    assert train.main(["--resume", str(path), "--data-dir", str(other)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"rawgpu: error: {path}: the model takes 3x4 images and 3 classes; idx has 4x4 images and 3 classes"]
+
+
 def test_recipe_from_dict_refuses_unknown_and_badly_typed_fields():
     r = Recipe(hidden=100, inputs=35, classes=3, train_rows=500, test_rows=50, batch=20)
     assert Recipe.from_dict(json.loads(json.dumps(r.to_dict()))) == r
@@ -122,7 +203,7 @@ def test_recipe_from_dict_refuses_unknown_and_badly_typed_fields():
         Recipe.from_dict({**r.to_dict(), "colour": 1})
     with pytest.raises(ValueError, match="recipe field hidden has a bad value"):
         Recipe.from_dict({**r.to_dict(), "hidden": "wide"})
-    with pytest.raises(ValueError, match="batch must be <= the 500 training images"):
+    with pytest.raises(ValueError, match="^batch: must be <= the 500 training images, got 501$"):
         Recipe(batch=501, train_rows=500)
     adam = Recipe(optimizer="adamw", beta1=0.8, eps=1e-6)
     assert Recipe.from_dict(json.loads(json.dumps(adam.to_dict()))) == adam

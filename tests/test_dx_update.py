@@ -271,7 +271,7 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
                             dx=with_dx, roles=roles)
     assert plan.splits > 1 or not cluster
     assert roles is None or plan.roles == roles
-    states = OPTIMIZERS[opt].state_tensors
+    states = OPTIMIZERS[opt]._state_tensors
     o = table(opt, lr=0.05 / 64)
     x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
     dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)

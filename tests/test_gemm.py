@@ -455,7 +455,7 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
     recipe = OPTIMIZERS[opt]
     states = 0
     if epilogue == "update":  # the optimiser's own epilogue
-        epilogue, states = ("adam" if recipe.optimizer != "sgd" else "sgd"), recipe.state_tensors
+        epilogue, states = ("adam" if recipe.optimizer != "sgd" else "sgd"), recipe._state_tensors
     plan = G.plan_gemm(M, N, K, layout, epilogue, accum, sm_count=device.sm_count, splits=splits, config=config,
                        arch=device.arch, states=states, cluster=cluster, capacity=G.cluster_capacity(kernels))
     a = _f16(rng, (M, K) if layout[0] == "r" else (K, M))
@@ -785,7 +785,7 @@ def test_staged_epilogue(device, stream, kernels, rng, M, N, K, splits, config, 
     weight and state tiles after the fix-up); and the fp32 gradient data parallelism sums (store32), per pair."""
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "cr", epi, accum, splits=splits, opt=opt,
                                config=config, repeat=2)
-    assert plan.config.staged and plan.states == (OPTIMIZERS[opt].state_tensors if epi == "update" else 0)
+    assert plan.config.staged and plan.states == (OPTIMIZERS[opt]._state_tensors if epi == "update" else 0)
     for got in runs:
         check_case(plan, got, ref)
     for key in runs[0]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rawgpu.grid import Grid, describe_point, parse_seeds
+from rawgpu.grid import Grid, check_sweep, describe_point, parse_seeds
 from rawgpu.recipe import Recipe
 
 
@@ -51,9 +51,51 @@ def test_seeds_are_lists_or_ranges(texts, seeds):
     (lambda: parse_seeds(["a"]), "seeds are integers or ranges such as 0-7, got 'a'"),
     (lambda: Grid((("momentum", (0.9,)),)).recipes(Recipe(optimizer="adam")),
      "momentum: applies to --optimizer sgd, not adam \\(swept\\)"),
-    (lambda: Grid((("lr", (0.1, -1.0)),)).recipes(Recipe()), "model 1 \\(lr -1, seed 0\\): lr must be"),
+    (lambda: Grid((("lr", (0.1, -1.0)),)).recipes(Recipe()), "model 1 \\(lr -1, seed 0\\): lr: must be"),
 ])
 def test_a_bad_grid_is_one_line(make, message):
     with pytest.raises(ValueError, match=message) as exc:
         make()
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("make, kind, message", [
+    (lambda: Grid(seeds=5), TypeError, "seeds: must be a list of integers >= 0, e.g. range(8), got 5"),
+    (lambda: Grid(seeds="0-7"), TypeError, "seeds: must be a list of integers >= 0, e.g. range(8), got '0-7'"),
+    (lambda: Grid(axes={"lr": 0.1}), TypeError, "axes: lr's values must be a list, got 0.1"),
+    (lambda: Grid(axes=("lr", (0.1,))), TypeError, "axes: must be (setting, values) pairs, e.g. ((\"lr\", "
+                                                   "(0.01, 0.1)),) or {\"lr\": [0.01, 0.1]}, got ('lr', (0.1,))"),
+])
+def test_a_grid_of_the_wrong_shape_is_one_line_naming_the_parameter(make, kind, message):
+    with pytest.raises(kind) as info:
+        make()
+    assert str(info.value) == message
+
+
+def test_a_grid_takes_a_dict_of_lists_and_ranges():
+    grid = Grid(axes={"lr": [0.1, 0.2], "momentum": (0.0, 0.9)}, seeds=range(3))
+    assert grid == Grid((("lr", (0.1, 0.2)), ("momentum", (0.0, 0.9))), (0, 1, 2)) and grid.models == 12
+
+
+@pytest.mark.parametrize("kw, kind, message", [
+    (dict(models="lr"), TypeError, "models: must be a Grid or a list of Recipes, got 'lr'"),
+    (dict(models=[Recipe(), "lr"]), TypeError, "models: must be a Grid or a list of Recipes, got 'lr'"),
+    (dict(models=Grid(), base="sgd"), TypeError, "base: must be a Recipe or None, got 'sgd'"),
+    (dict(models=Grid(), epochs=0), ValueError, "epochs: must be >= 1, got 0"),
+    (dict(models=Grid(), epochs=-1), ValueError, "epochs: must be >= 1, got -1"),
+    (dict(models=Grid(), steps=-5), ValueError, "steps: must be >= 1, got -5"),
+    (dict(models=Grid(), device=-1), ValueError, "device: must be >= 0, got -1"),
+    (dict(models=Grid(), data=42), TypeError, "data: must be a Dataset, one of mnist, fashion-mnist, kmnist, idx, "
+                                              "got 42"),
+    (dict(models=Grid(), save_best=-1), ValueError, "save_best: must be an integer >= 0 (the checkpoints kept), "
+                                                    "got -1"),
+    (dict(models=Grid(), together="yes"), TypeError, "together: must be True or False or None, got 'yes'"),
+    (dict(models=Grid(), chunk=0), ValueError, "chunk: must be >= 1 models, got 0"),
+])
+def test_a_sweep_s_arguments_are_checked_by_the_rules_of_a_run(kw, kind, message):
+    """grid.check_sweep: what Sweep(...) checks first (its arguments, before the data is read or a model built)."""
+    with pytest.raises(kind) as info:
+        check_sweep(**kw)
+    assert str(info.value) == message
+    check_sweep(Grid(), Recipe(), data="mnist", epochs=2, steps=None, device=1, out="runs", save_best=2,
+                together=None, chunk=4)  # good ones pass

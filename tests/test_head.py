@@ -104,7 +104,7 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas, opt):
 
     classes, scale = 10, np.float32(512.0 / B)
     plan = H.plan_head(B, K, OPTIMIZERS[opt].optimizer, ctas)
-    states = OPTIMIZERS[opt].state_tensors
+    states = OPTIMIZERS[opt]._state_tensors
     o = table(opt, lr=0.01)
     h = np.maximum(rng.uniform(-1, 1, (B, K)), 0).astype(np.float16)  # a ReLU output: about half zero
     w = np.zeros((K, 16), np.float32)

@@ -730,7 +730,7 @@ def test_bias_update(kern, device, stream, rng, rows, cols, pad, opt):
     g = dy[:rows, :cols].astype(np.float64).sum(axis=0)
     sentinel = np.float32(7.0)
     recipe = OPTIMIZERS[opt]
-    states = recipe.state_tensors
+    states = recipe._state_tensors
     table = optimizer.step_values(optimizer.hyperparameters(recipe), 2, 0.05)
     bias0 = rng.standard_normal(cols).astype(np.float32)
     m0 = rng.standard_normal(cols).astype(np.float32)

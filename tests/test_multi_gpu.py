@@ -31,7 +31,7 @@ def _train_rank(rank, ranks, unique_id, recipe, data, steps, mode):
     from rawgpu import Trainer
     from rawgpu.parallel.ranks import Rank
 
-    with Trainer(recipe, data=data, steps=steps, rank=Rank(ranks, rank, unique_id, mode)) as t:
+    with Trainer._make(recipe, data=data, steps=steps, rank=Rank(ranks, rank, unique_id, mode)) as t:
         t.fit()
         ckpt = t.checkpoint()  # every rank takes part; rank 0 gets the joined model
         return (t.model.kind, [h.test_accuracy for h in t.history],
@@ -55,7 +55,7 @@ def test_two_gpus_train_as_one_does(device, rng, mode, batch):
     recipe = Recipe(hidden=256, batch=batch, momentum=0.9, lr=0.05, seed=int(rng.integers(1 << 30)))
     kind, history, weights = run_ranks(_train_rank, 2, recipe, data, 20, mode)[0]
     assert kind == mode
-    with Trainer(recipe, data=data, steps=20, step="layered", options=StepOptions(short=False)) as one:
+    with Trainer._make(recipe, data=data, steps=20, step="layered", options=StepOptions(short=False)) as one:
         init = [(w.copy(), b.copy()) for w, b in one.parameters()]
         one.fit()
         expect, accuracy = one.parameters(), one.history[-1].test_accuracy

@@ -31,8 +31,8 @@ def run(module: str, *args: str, env: dict | None = None) -> subprocess.Complete
 
 @pytest.mark.parametrize("recipe, kind, expect", [
     (DEFAULT, "fused", {("fused_step.cu", "fused_steps")}),
-    (replace(DEFAULT, optimizer="adam", lr=1e-3), "fused", {("fused_step.cu", "fused_steps_adam")}),
-    (replace(DEFAULT, optimizer="adamw", lr=1e-3), "layered", {("dx_update.cu", "dx_update_b128_adam"),
+    (replace(DEFAULT, optimizer="adam", lr=1e-3, momentum=None), "fused", {("fused_step.cu", "fused_steps_adam")}),
+    (replace(DEFAULT, optimizer="adamw", lr=1e-3, momentum=None), "layered", {("dx_update.cu", "dx_update_b128_adam"),
                                                                ("head.cu", "head_step_b128_adam")}),
     (SEED, "layered", {("dx_sgd.cu", None), ("head.cu", "head_step_b32_sgd")}),
     (DEFAULT, "layered", {("dx_update.cu", "dx_update_b128_sgd"), ("head.cu", "head_step_b128_sgd")}),
@@ -53,7 +53,7 @@ def test_a_plan_names_its_units_and_only_its_own(recipe, kind, expect):
 
 
 def test_the_layered_steps_gemms_before_sm90_are_the_units_named():
-    units = set(kernel_units(replace(DEFAULT, optimizer="adamw", lr=1e-3), "sm_86", 84, "layered"))
+    units = set(kernel_units(replace(DEFAULT, optimizer="adamw", lr=1e-3, momentum=None), "sm_86", 84, "layered"))
     assert ("gemm.cu", "gemm_staged32_cr_adam_f32") in units and not any(s == "dx_update.cu" for s, _ in units)
     short = set(kernel_units(DEFAULT, "sm_90", 132, "layered"))
     assert not any(k and "_cr_" in k for _, k in short), "the short form launches no dW GEMM"

@@ -372,13 +372,13 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
     data = synthetic(rng, 3000, 500)
     recipe = Recipe(hidden=256, batch=64, momentum=0.9, lr=0.05, seed=int(rng.integers(1 << 30)))
     total, path = 2 * (3000 // 64) - 3, tmp_path / "tp.safetensors"
-    with Trainer(recipe, data=data, steps=total, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id()),
-                 options=StepOptions(short=False)) as tp:
+    with Trainer._make(recipe, data=data, steps=total, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id()),
+                       options=StepOptions(short=False)) as tp:
         assert tp.model.kind == "tensor" and "tensor parallel over 1 GPU" in tp.session.step_description
         tp.fit(save_to=path)
         got, history = state_of(tp), tp.history
-    with Trainer(recipe, data=data, steps=total, steps_per_graph=4, step="layered",
-                 options=StepOptions(short=False)) as one:
+    with Trainer._make(recipe, data=data, steps=total, steps_per_graph=4, step="layered",
+                       options=StepOptions(short=False)) as one:
         one.fit()
         expect, params = state_of(one), one.parameters()
         assert [h.test_accuracy for h in history] == [h.test_accuracy for h in one.history]
@@ -391,10 +391,10 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
         assert loaded.evaluate().accuracy == history[-1].test_accuracy
     # and the other way: a one-GPU checkpoint from inside an epoch, resumed as a rank, ends where one GPU does
     mid = tmp_path / "mid.safetensors"
-    with Trainer(recipe, data=data, steps=total, step="layered", options=StepOptions(short=False)) as first:
+    with Trainer._make(recipe, data=data, steps=total, step="layered", options=StepOptions(short=False)) as first:
         first.fit(stop_at=3000 // 64 + 11, save_to=mid)
-    with Trainer.load(mid, data=data, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id()),
-                      options=StepOptions(short=False)) as resumed:
+    with Trainer._load(mid, data=data, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id()),
+                       options=StepOptions(short=False)) as resumed:
         assert resumed.model.kind == "tensor"
         resumed.fit()
         for g, e in zip(state_of(resumed), expect):

@@ -35,7 +35,7 @@ def test_every_recipe_has_a_step_on_every_arch(arch):
         assert steps.unsupported_reason(choice.kind, r, arch) is None
         if arch != "sm_90":
             assert choice.kind in ("fused", "layered"), (r, choice)
-        if not r.plain_sgd:  # the cluster step runs plain SGD only
+        if not r._plain_sgd:  # the cluster step runs plain SGD only
             assert choice.kind != "cluster", (r, choice)
         short = arch == "sm_90" and r.accum == "fp32" and r.batch <= 256  # the short form runs every optimiser
         assert short == (choice.kind == "cluster" or "short" in choice.reason), (r, choice)
@@ -122,14 +122,20 @@ def test_the_parser_defaults_are_the_recipe_defaults():
 
 
 @pytest.mark.parametrize("changes,message", [
-    (dict(hidden=0), "hidden must be >= 1, got 0"), (dict(layers=65), "layers must be <= 64, got 65"),
-    (dict(batch=60001), "batch must be <= 60000"), (dict(lr=0.0), "lr must be > 0"),
-    (dict(momentum=1.0), "momentum must be <= 0.999"), (dict(schedule="steep"), "schedule must be one of"),
-    (dict(accum="bf16"), "accum must be one of fp32, fp16"), (dict(warmup_steps=-1), "warmup_steps must be >= 0"),
-    (dict(lr=float("nan")), "lr must be finite"), (dict(optimizer="lion"), "optimizer must be one of sgd, adam"),
-    (dict(optimizer="adam", beta2=1.0), "beta2 must be <= 0.999999"), (dict(optimizer="adam", eps=0.0), "eps must be > 0"),
-    (dict(weight_decay=-0.1), "weight_decay must be >= 0"), (dict(nesterov=True, momentum=0.0), "nesterov needs"),
-    (dict(optimizer="adam", nesterov=True), "nesterov needs the sgd optimizer")])
+    (dict(hidden=0), "hidden: must be >= 1, got 0"), (dict(layers=65), "layers: must be <= 64, got 65"),
+    (dict(batch=60001), "batch: must be <= 60000"), (dict(lr=0.0), "lr: must be > 0"),
+    (dict(momentum=1.0), "momentum: must be <= 0.999"), (dict(schedule="steep"), "schedule: must be one of"),
+    (dict(accum="bf16"), "accum: must be one of fp32, fp16"), (dict(warmup_steps=-1), "warmup_steps: must be >= 0"),
+    (dict(lr=float("nan")), "lr: must be finite"), (dict(optimizer="lion"), "optimizer: must be one of sgd, adam"),
+    (dict(optimizer="adam", beta2=1.0), "beta2: must be <= 0.999999"), (dict(optimizer="adam", eps=0.0), "eps: must be > 0"),
+    (dict(weight_decay=-0.1), "weight_decay: must be >= 0"), (dict(nesterov=True, momentum=0.0), "nesterov: needs"),
+    (dict(optimizer="adam", nesterov=True), "nesterov: applies to optimizer sgd, not adam"),
+    (dict(optimizer="adam", momentum=0.5), "^momentum: applies to optimizer sgd, not adam; leave it unset \\(None\\)$"),
+    (dict(optimizer="adamw", momentum=0.9), "^momentum: applies to optimizer sgd, not adamw"),
+    (dict(beta1=0.5), "^beta1: applies to optimizer adam and adamw, not sgd$"),
+    (dict(eps=1e-6), "^eps: applies to optimizer adam and adamw, not sgd$"),
+    (dict(inputs=0), "^inputs: must be >= 1, got 0$"), (dict(classes=17), "^classes: must be <= 16, got 17$"),
+    (dict(total_steps=-1), "^total_steps: must be >= 0, got -1$"), (dict(test_rows=0), "^test_rows: must be >= 1")])
 def test_the_recipe_checks_the_same_limits_as_the_cli(changes, message):
     with pytest.raises(ValueError, match=message):
         Recipe(**changes)
@@ -138,23 +144,23 @@ def test_the_recipe_checks_the_same_limits_as_the_cli(changes, message):
 def test_loss_scaled_learning_rate_and_padding_are_stated_once():
     r = Recipe(batch=128, lr=0.05, lr_min=0.001)
     assert rc.loss_scale(128) == 16 * 128 and rc.loss_scale(129) == 16 * 256 and rc.loss_scale(1) == 16
-    assert r.scaled_lr == (0.05 / rc.loss_scale(128), 0.001 / rc.loss_scale(128))
-    assert r.padded_widths == [784, 256, 256, 256, 16]
-    assert Recipe(hidden=100).padded_widths == [784, 104, 104, 104, 16]
+    assert r._scaled_lr == (0.05 / rc.loss_scale(128), 0.001 / rc.loss_scale(128))
+    assert r._padded_widths == [784, 256, 256, 256, 16]
+    assert Recipe(hidden=100)._padded_widths == [784, 104, 104, 104, 16]
     assert rc.cdiv(7, 2) == 4 and rc.pad8(9) == 16 and rc.PADDED_CLASSES == 16
-    assert r.kernel_accum == "f32" and r.schedule_code == rc.SCHEDULES["cosine"]
+    assert r._kernel_accum == "f32" and r._schedule_code == rc.SCHEDULES["cosine"]
 
 
 def test_each_optimiser_resolves_its_defaults_and_counts_its_state():
     sgd, adam, adamw = Recipe(), Recipe(optimizer="adam"), Recipe(optimizer="adamw")
-    assert (sgd.lr, sgd.momentum, sgd.weight_decay, sgd.state_tensors) == (0.05, 0.9, 0.0, 1)
-    assert (adam.lr, adam.weight_decay, adam.state_tensors, adam.beta1, adam.beta2, adam.eps) == (1e-3, 0.0, 2, 0.9,
+    assert (sgd.lr, sgd.momentum, sgd.weight_decay, sgd._state_tensors) == (0.05, 0.9, 0.0, 1)
+    assert (adam.lr, adam.weight_decay, adam._state_tensors, adam.beta1, adam.beta2, adam.eps) == (1e-3, 0.0, 2, 0.9,
                                                                                                    0.999, 1e-8)
     assert (adamw.lr, adamw.weight_decay) == (1e-3, 0.01) and Recipe(optimizer="adam", lr=0.01).lr == 0.01
-    assert Recipe(momentum=0.0).plain_sgd and not Recipe(momentum=0.0, weight_decay=1e-4).plain_sgd
-    assert not adam.plain_sgd and not adam.uses_momentum and Recipe(momentum=0.0).state_tensors == 0
+    assert Recipe(momentum=0.0)._plain_sgd and not Recipe(momentum=0.0, weight_decay=1e-4)._plain_sgd
+    assert not adam._plain_sgd and not adam._uses_momentum and Recipe(momentum=0.0)._state_tensors == 0
     weights = sum(a * b for a, b in zip(adam.widths, adam.widths[1:]))
-    assert adam.step_bytes() == 26 * weights and sgd.step_bytes() == 18 * weights
+    assert adam._step_bytes() == 26 * weights and sgd._step_bytes() == 18 * weights
     assert sgd.optimizer_text == "SGD with momentum 0.9"
     assert Recipe(momentum=0.5, nesterov=True, weight_decay=0.1).optimizer_text == \
         "SGD with Nesterov momentum 0.5, weight decay 0.1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -30,9 +31,9 @@ FAKE_MNIST = Dataset("mnist", *[np.zeros(shape, np.uint8) for shape in ((60000, 
     (["--batch", "0"], "argument --batch: must be >= 1, got 0"),
     (["--watchdog", "0"], "argument --watchdog: must be a positive number of seconds, got '0'"),
     (["--save", "/proc/run.safetensors"], "argument --save: cannot write in /proc"),
-    (["--hidden", "1000000000"], "argument --hidden: 1000000000 x 3 layers: 2,000,000,797,000,000,010 parameters "
+    (["--hidden", "1000000000"], "argument --hidden: 1000000000 x 3: 2,000,000,797,000,000,010 parameters "
                                  "need at least 20,000,007,970 GB (10 bytes per weight), more than any machine holds"),
-    (["--hidden", "200000000", "--layers", "1"], "argument --hidden: 200000000 x 1 layers: 159,000,000,010 "),
+    (["--hidden", "200000000", "--layers", "1"], "argument --hidden: 200000000 x 1: 159,000,000,010 "),
     (["--watchdog", "inf"], "argument --watchdog: must be a positive number of seconds, got 'inf'"),
     (["--batch", "60001"], "argument --batch: must be <= 60000, got 60001"),
     (["--lr", "0"], "argument --lr: must be > 0, got 0"),
@@ -198,8 +199,8 @@ def test_model_plan_pads_widths_and_sizes_the_arena():
     dataset = 60000 * 784 + 60000 + 10000 * 784 + 10000
     assert dataset < model.arena.peak_bytes < dataset + 64 * 2**20
     weights = 784 * 256 + 256 * 256 * 2 + 2560
-    assert Recipe(momentum=0.0).step_bytes() == 10 * weights  # the split master (rawgpu/master.py)
-    assert Recipe(momentum=0.0).step_bytes(12) == 12 * weights and Recipe(momentum=0.9).step_bytes() == 18 * weights
+    assert Recipe(momentum=0.0)._step_bytes() == 10 * weights  # the split master (rawgpu/master.py)
+    assert Recipe(momentum=0.0)._step_bytes(12) == 12 * weights and Recipe(momentum=0.9)._step_bytes() == 18 * weights
     assert plan_model(Recipe(momentum=0.0), sm_count=132).layers[0].mw is None
 
 
@@ -325,19 +326,20 @@ def test_the_save_note_says_what_the_checkpoint_file_holds(tmp_path):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("hidden", 1.5, "hidden must be an integer >= 1, got 1.5"),
-    ("hidden", True, "hidden must be an integer >= 1, got True"),
-    ("hidden", "wide", "hidden must be an integer >= 1, got 'wide'"),
-    ("layers", 2.0, "layers must be an integer in 1..64, got 2.0"),
-    ("lr", "fast", "lr must be a number > 0, got 'fast'"),
-    ("nesterov", 1, "nesterov must be true or false, got 1"),
-    ("optimizer", 3, "optimizer must be one of sgd, adam, adamw, got 3"),
-    ("hidden", 10**9, "hidden 1000000000 x 3: 2,000,000,797,000,000,010 parameters need at least"),
+    ("hidden", 1.5, "hidden: must be an integer >= 1, got 1.5"),
+    ("hidden", True, "hidden: must be an integer >= 1, got True"),
+    ("hidden", "wide", "hidden: must be an integer >= 1, got 'wide'"),
+    ("layers", 2.0, "layers: must be an integer in 1..64, got 2.0"),
+    ("lr", "fast", "lr: must be a number > 0, got 'fast'"),
+    ("nesterov", 1, "nesterov: must be True or False, got 1"),
+    ("optimizer", 3, "optimizer: must be one of sgd, adam, adamw, got 3"),
+    ("hidden", 10**9, "hidden: 1000000000 x 3: 2,000,000,797,000,000,010 parameters need at least"),
 ])
 def test_a_recipe_names_a_field_of_the_wrong_kind_and_what_it_takes(field, value, message):
     with pytest.raises(ValueError) as info:
         Recipe(**{field: value})
     assert str(info.value).startswith(message)
+    assert isinstance(info.value, TypeError) == (value != 10**9)  # the wrong kind is a TypeError too
     assert Recipe(hidden=np.int64(128), lr=np.float32(0.1)).hidden == 128  # numpy's numbers are numbers
 
 
@@ -346,9 +348,142 @@ def test_the_package_lists_its_api_and_errors():
 
     names = dir(rawgpu)
     for name in ("Trainer", "Recipe", "Evaluation", "TrainingDiverged", "RawgpuError", "CheckpointError",
-                 "GpuHangError", "NoDeviceError", "OutOfMemoryError", "DataError", "StepUnsupported"):
+                 "GpuHangError", "NoDeviceError", "OutOfMemoryError", "DataError", "StepUnsupported", "Dataset",
+                 "load_dataset", "EpochStats", "Terminated", "SettingError", "Sweep", "Grid"):
         assert name in names and name in rawgpu.__all__
+        assert getattr(rawgpu, name).__name__ == name
+    assert not [name for name in names if name.startswith("_") and name != "__version__"]
     assert issubclass(rawgpu.CheckpointError, rawgpu.RawgpuError) and rawgpu.GpuHangError.__module__ == "rawgpu.errors"
+
+
+@pytest.mark.parametrize("make, argv, name, reason", [
+    (lambda T: T(epochs=0), ["--epochs", "0"], "epochs", "must be >= 1, got 0"),
+    (lambda T: T(steps=0), ["--steps", "0"], "steps", "must be >= 1, got 0"),
+    (lambda T: T(device=-1), ["--device", "-1"], "device", "must be >= 0, got -1"),
+    (lambda T: T(Recipe(warmup_steps=500), epochs=1), ["--warmup", "500", "--epochs", "1"], "warmup_steps",
+     "500 steps is not shorter than the run (468 steps)"),
+    (lambda T: T(Recipe(hidden=10**9)), ["--hidden", "1000000000"], "hidden",
+     "1000000000 x 3: 2,000,000,797,000,000,010 parameters need at least"),
+])
+def test_the_api_and_the_cli_refuse_a_run_by_the_same_rule(monkeypatch, capsys, make, argv, name, reason):
+    """One owner (recipe.py) checks a run: the API names the parameter, the CLI the flag, with the same reason."""
+    from rawgpu import Trainer
+
+    monkeypatch.setattr("rawgpu.trainer.load_dataset", lambda *a, **k: FAKE_MNIST)
+    monkeypatch.setattr("rawgpu.session.Session", lambda *a, **k: pytest.fail("the GPU was opened"))
+    with pytest.raises(ValueError) as info:
+        make(Trainer)
+    assert str(info.value).startswith(f"{name}: {reason}")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    flag = {"warmup_steps": "warmup"}.get(name, name)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"python -m rawgpu.train: error: argument --{flag}: {reason}")
+
+
+@pytest.mark.parametrize("tool", ["train", "evaluate", "predict", "compile"])
+def test_every_cli_says_its_version(capsys, tool):
+    import importlib
+
+    import rawgpu
+
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"rawgpu.{tool}").main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out == f"rawgpu {rawgpu.__version__}\n"
+
+
+def test_python_m_rawgpu_lists_the_commands(capsys):
+    import subprocess
+
+    import rawgpu
+    from rawgpu.__main__ import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m rawgpu.COMMAND [options]" in out
+    for command in ("train", "evaluate", "predict", "compile", "sweep", "launch"):
+        assert f"\n  {command} " in out
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"rawgpu {rawgpu.__version__}\n"
+    assert main(["train"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "rawgpu: error: unknown argument 'train'; run python -m rawgpu.train")
+    p = subprocess.run([sys.executable, "-m", "rawgpu"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and "python -m rawgpu.COMMAND --help" in p.stdout and p.stderr == ""
+
+
+def test_several_gpus_without_nccl_is_one_line_and_exit_1(monkeypatch, capsys):
+    """Missing NCCL is the installation's failing, not an argument's: exit 1, not 2 (as a launcher's rank)."""
+    from rawgpu import install
+    from rawgpu.parallel import nccl
+
+    monkeypatch.setattr(install, "nccl_stack_problem", lambda: None)
+    monkeypatch.setattr(nccl, "available", lambda: "several GPUs need NCCL, which is not installed: pip install x")
+    with pytest.raises(SystemExit) as info:
+        train.main(["--gpus", "2"])
+    assert info.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "rawgpu: error: --gpus 2: several GPUs need NCCL, which is not installed: pip install x"]
+
+
+def test_nccl_of_the_other_cuda_stack_is_refused_before_it_is_loaded_with_the_command(monkeypatch, capsys):
+    from rawgpu import driver, install
+    from rawgpu.parallel import nccl
+
+    monkeypatch.setattr(install, "origin", lambda: "/src/rawgpu")
+    monkeypatch.setattr(driver, "bindings_major", lambda: 12)
+    monkeypatch.setattr(install, "nccl_packages", lambda: ("cu13",))  # pip install ".[cu12,multi]" did this
+    why = ("NCCL is installed for the other CUDA stack (nvidia-nccl-cu13 beside the cu12 bindings); several GPUs "
+           'need the cu12 one: pip uninstall -y nvidia-nccl-cu13 && pip install "/src/rawgpu[cu12,multi-cu12]"')
+    assert install.nccl_stack_problem() == why
+    monkeypatch.setattr(nccl, "available", lambda: pytest.fail("NCCL was loaded"))
+    with pytest.raises(SystemExit) as info:
+        train.main(["--gpus", "2"])
+    assert info.value.code == 1 and capsys.readouterr().err.strip().splitlines() == [f"rawgpu: error: --gpus 2: {why}"]
+    monkeypatch.setattr(install, "nccl_packages", lambda: ("cu12",))
+    assert install.nccl_stack_problem() is None
+    monkeypatch.setattr(driver, "bindings_major", lambda: 13)
+    monkeypatch.setattr(install, "nccl_packages", lambda: ("cu12", "cu13"))  # both: the cu12 one must go
+    assert install.nccl_stack_problem().startswith("NCCL is installed for the other CUDA stack (nvidia-nccl-cu12 ")
+
+    def no_bindings():
+        raise ImportError("No module named 'cuda'")
+    monkeypatch.setattr(driver, "bindings_major", no_bindings)
+    assert install.nccl_stack_problem() is None
+
+
+def test_each_nccl_extra_pins_its_stack_so_the_wrong_pair_cannot_install():
+    """".[cu12,multi]" would install NCCL for CUDA 13 beside the CUDA 12 bindings: each NCCL extra pins its stack's
+    cuda-bindings, so pip refuses the pair (scripts/check_extras.py checks it against the index). And the license is
+    the SPDX string current setuptools wants."""
+    import re
+
+    from rawgpu import install
+
+    text = (ROOT / "pyproject.toml").read_text()
+    lines = {line.split("=")[0].strip(): line for line in text.splitlines() if "=" in line}
+    pin = lambda line: re.search(r'"cuda-bindings([^"]*)"', line).group(1)  # noqa: E731
+    for stack, multi in install.MULTI.items():
+        assert pin(lines[multi]) == pin(lines[stack]), multi
+    assert pin(lines["multi"]) != pin(lines["multi-cu12"])
+    assert 'license = "MIT"' in text and '"setuptools>=77"' in text
+
+
+def test_gpu_check_says_its_usage_and_needs_a_gpu_from_any_directory(tmp_path):
+    import subprocess
+
+    script = ROOT / "scripts" / "gpu_check.sh"
+    help_ = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert help_.returncode == 0 and help_.stdout.startswith("usage: bash scripts/gpu_check.sh") and not help_.stderr
+    from conftest import _gpu_status
+
+    if _gpu_status()[0] is not None:
+        return  # with a GPU it runs everything: the GPU session's own call
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and p.stdout == "" and len(lines) == 1 and lines[0].startswith("gpu_check: error: ")
+    assert not (tmp_path / "out" / "pytest.log").exists()  # nothing ran
 
 
 def test_install_hints_are_commands_that_work_for_this_installation(monkeypatch):

@@ -74,6 +74,72 @@ def test_auto_steps_per_graph_is_one_progress_tick_within_bounds():
     assert auto_steps_per_graph(10**7) == MAX_AUTO_STEPS_PER_GRAPH
 
 
+@pytest.mark.parametrize("make, kind, message", [
+    (lambda T: T(epochs=0), ValueError, "epochs: must be >= 1, got 0"),
+    (lambda T: T(epochs=-1), ValueError, "epochs: must be >= 1, got -1"),
+    (lambda T: T(epochs=2.5), TypeError, "epochs: must be an integer >= 1, got 2.5"),
+    (lambda T: T(steps=0), ValueError, "steps: must be >= 1, got 0"),
+    (lambda T: T(device=-1), ValueError, "device: must be >= 0, got -1"),
+    (lambda T: T(device="0"), TypeError, "device: must be an integer >= 0, got '0'"),
+    (lambda T: T(data=42), TypeError, "data: must be a Dataset, one of mnist, fashion-mnist, kmnist, idx or None, "
+                                      "got 42"),
+    (lambda T: T(data="cifar"), ValueError, "data: must be a Dataset, one of mnist, fashion-mnist, kmnist, idx or "
+                                            "None, got 'cifar'"),
+    (lambda T: T("notarecipe"), TypeError, "recipe: must be a Recipe (rawgpu.Recipe(hidden=..., ...)), got "
+                                           "'notarecipe'"),
+    (lambda T: T(step="fast"), ValueError, "step: must be one of auto, cluster, fused, layered, got 'fast'"),
+    (lambda T: T(steps_per_graph=0), ValueError, "steps_per_graph: must be >= 1, got 0"),
+    (lambda T: T(graphs="no"), TypeError, "graphs: must be True or False, got 'no'"),
+    (lambda T: T(on_compile=3), TypeError, "on_compile: must be a function or None, got 3"),
+    (lambda T: T(Recipe(warmup_steps=10, schedule="constant"), data=None), ValueError,
+     "warmup_steps: a warm-up ramps up to a decaying schedule: use schedule cosine or linear"),
+    (lambda T: T(Recipe(warmup_steps=100), data=None, steps=100), ValueError,
+     "warmup_steps: 100 steps is not shorter than the run (100 steps)"),
+    (lambda T: T(Recipe(batch=600), data=synthetic(np.random.default_rng(0), 500, 10)), ValueError,
+     "batch: must be <= the 500 training images, got 600"),
+    (lambda T: T.load(42), TypeError, "source: must be a checkpoint's path or a Checkpoint, got 42"),
+    (lambda T: T.load("x.safetensors", data=3.5), TypeError,
+     "data: must be a Dataset, one of checkpoint, mnist, fashion-mnist, kmnist, idx or None, got 3.5"),
+])
+def test_bad_arguments_are_one_line_naming_the_parameter_before_the_data_or_the_gpu(monkeypatch, make, kind,
+                                                                                      message):
+    """The API checks what the CLI checks, by the same rules (recipe.py), and names the parameter, not a flag."""
+    from rawgpu import SettingError, Trainer
+
+    monkeypatch.setattr("rawgpu.trainer.load_dataset", lambda *a, **k: pytest.fail("the data was read"))
+    monkeypatch.setattr("rawgpu.session.Session", lambda *a, **k: pytest.fail("the GPU was opened"))
+    with pytest.raises(kind) as info:
+        make(Trainer)
+    assert str(info.value) == message and isinstance(info.value, SettingError)
+
+
+def test_the_public_signatures_show_the_public_parameters_alone():
+    """rank, options and the checkpoint to start from are the package's business (Trainer._make, Trainer._load)."""
+    import inspect
+
+    from rawgpu import Trainer
+
+    public = ["recipe", "data", "data_dir", "epochs", "steps", "device", "step", "steps_per_graph", "graphs",
+              "on_compile", "download_progress"]
+    assert list(inspect.signature(Trainer).parameters) == public
+    assert list(inspect.signature(Trainer.load).parameters) == ["source", "data", "data_dir", "device",
+                                                                "steps_per_graph", "graphs", "on_compile",
+                                                                "download_progress"]
+    for hidden in ("rank", "options", "checkpoint", "_checkpoint"):
+        assert hidden not in inspect.signature(Trainer).parameters
+
+
+def test_the_recipe_keeps_the_kernels_codes_out_of_its_public_surface():
+    r = Recipe(hidden=100, optimizer="adam", activation="gelu")
+    internals = ("padded_widths", "kernel_accum", "activation_code", "saves_slope", "schedule_code", "optimizer_code",
+                 "uses_momentum", "plain_sgd", "state_tensors", "scaled_lr", "step_flops", "step_bytes")
+    assert not set(internals) & {name for name in dir(r) if not name.startswith("_")}
+    assert r._padded_widths == [784, 104, 104, 104, 16] and r._activation_code == 1 and r._optimizer_code == 1
+    assert r.padded_widths == r._padded_widths  # the old names still resolve for rawgpu/steps, kernels, parallel
+    with pytest.raises(AttributeError, match="'Recipe' object has no attribute 'colour'"):
+        r.colour
+
+
 # Each kind where it runs on this GPU: the fused step (momentum), the layered step in 18 kernels (momentum, fp16
 # accumulation) and in its short form, and the cluster step (batch 32, plain SGD, sm_90).
 KINDS = [

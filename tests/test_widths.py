@@ -23,7 +23,7 @@ def test_a_width_list_sets_the_layers_and_names_the_model():
     r = Recipe(hidden=(1024, 512, 256))
     assert (r.layers, r.hidden_widths, r.uniform) == (3, (1024, 512, 256), False)
     assert r.widths == [784, 1024, 512, 256, 10] and r.name == "784-1024-512-256-10"
-    assert r.padded_widths == [784, 1024, 512, 256, 16] and r.hidden_label == "1024-512-256"
+    assert r._padded_widths == [784, 1024, 512, 256, 16] and r.hidden_label == "1024-512-256"
     assert r.parameters == 784 * 1024 + 1024 + 1024 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10
     # one width for every layer is that width: one recipe, one name for one model
     assert Recipe(hidden=[256, 256, 256]) == Recipe(hidden=256) == Recipe(hidden=256, layers=3)
@@ -32,11 +32,11 @@ def test_a_width_list_sets_the_layers_and_names_the_model():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(hidden=(0, 512)), "hidden must be >= 1, got 0"),
-    (dict(hidden=()), "hidden needs at least one width"),
+    (dict(hidden=(0, 512)), "hidden: must be >= 1, got 0"),
+    (dict(hidden=()), "hidden: needs at least one width"),
     (dict(hidden=(64,) * (MAX_WIDTH_LIST + 1)), f"at most {MAX_WIDTH_LIST} widths"),
     (dict(hidden=(512, 256), layers=3), "a width list sets the layer count: 2 widths, layers 3"),
-    (dict(hidden=(512, 2.5)), "hidden must be an integer >= 1, got 2.5"),
+    (dict(hidden=(512, 2.5)), "hidden: must be an integer >= 1, got 2.5"),
 ])
 def test_bad_width_lists_say_why(kw, message):
     with pytest.raises(ValueError, match=message):

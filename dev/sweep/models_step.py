@@ -49,7 +49,7 @@ def main(argv=None) -> int:
             recipes = [replace(base, seed=i, lr=base.lr * (1 + i % 4)) for i in range(n)]
             for ctas, splits in ((c, s) for c in args.head_ctas for s in args.first_splits):
                 us, alone = one(args, base, recipes, kernels, device, stream, data, rng, ctas, splits)
-                weights = sum(a * b for a, b in zip(base.padded_widths, base.padded_widths[1:]))
+                weights = sum(a * b for a, b in zip(base._padded_widths, base._padded_widths[1:]))
                 floor = n * weights * 20 / (bw * 1e9) * 1e6
                 knobs = f"  head ctas {ctas or 'plan'}, first splits {splits or 'plan'}" if len(args.head_ctas) + len(
                     args.first_splits) > 2 else ""
@@ -71,7 +71,7 @@ def one(args, base, recipes, kernels, device, stream, data, rng, ctas: int, spli
     n = len(recipes)
     stack = steps.plan_model(base, kernels=kernels, sm_count=device.sm_count, models=recipes,
                              options=StepOptions(overlap=not args.no_overlap))
-    step, padded = stack.step, base.padded_widths
+    step, padded = stack.step, base._padded_widths
     if ctas and step.head is not None:
         step.head = kh.plan_head(base.batch, padded[-2], base.optimizer, ctas=ctas)
     if splits and step.bwd[0] is not None:

@@ -129,7 +129,7 @@ def bench_dx_update(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits
     state) on rotating copies, each launch overlapping the one before: microseconds per launch and the column-range
     count. splits, cluster, roles as bench_dx_sgd takes them (None: the plan's choice)."""
     recipe = Recipe(optimizer=opt) if opt != "sgd" else Recipe(momentum=0.9)
-    states = recipe.state_tensors
+    states = recipe._state_tensors
     plan = U.plan_dx_update(B, IN, N, opt, device.arch, device.sm_count, splits,
                             capacity=G.cluster_capacity(kernels), cluster=cluster, dx=with_dx,
                             roles=roles if with_dx else None)
