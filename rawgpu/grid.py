@@ -16,6 +16,9 @@ from typing import Any
 from .recipe import Recipe, SettingError, SettingTypeError, check_setting, optimizer_conflict, shown
 
 # setting -> the Recipe fields it sets (betas: a pair)
+MAX_MODELS = 100_000  # a sweep's models: far past what a GPU trains in a day at the smallest size, and what the
+# grid's checks, the results file and the ranking handle in a second; a grid of more is refused before it is made
+
 SWEPT: dict[str, tuple[str, ...]] = {"lr": ("lr",), "momentum": ("momentum",), "weight_decay": ("weight_decay",),
                                      "betas": ("beta1", "beta2"), "eps": ("eps",), "warmup": ("warmup_steps",),
                                      "schedule": ("schedule",)}
@@ -52,6 +55,8 @@ class Grid:
             if names.count(name) > 1:
                 raise ValueError(f"{name} is swept twice: give all its values in one list")
             _check_values(name, values)
+        if self.models > MAX_MODELS:
+            raise ValueError(f"{self.describe()} is {self.models:,} models; a sweep trains at most {MAX_MODELS:,}")
         _check_values("seeds", self.seeds)
         if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
             raise ValueError(f"seeds must be integers >= 0, got {list(self.seeds)}")
@@ -114,6 +119,9 @@ def parse_seeds(texts: list[str]) -> tuple[int, ...]:
             raise ValueError(f"seeds are integers or ranges such as 0-7, got {text!r}") from None
         if lo < 0 or hi < lo:
             raise ValueError(f"a seed range runs from a seed >= 0 up to a later one, got {text!r}")
+        if len(seeds) + hi - lo + 1 > MAX_MODELS:  # counted before the range is made
+            raise ValueError(f"{text!r} makes more than {MAX_MODELS:,} seeds; a sweep trains at most {MAX_MODELS:,} "
+                             "models")
         seeds += range(lo, hi + 1)
     _check_values("seeds", seeds)
     return tuple(seeds)

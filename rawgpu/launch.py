@@ -1,9 +1,10 @@
 """`python -m rawgpu.launch`: start the ranks of one host of a job on several (the part torchrun plays, without it).
 
     python -m rawgpu.launch --nnodes 2 --node-rank 0 --master-addr node0:29500 --nproc-per-node 4 -- --hidden 8192
+    python -m rawgpu.launch --command sweep ... -- --lr 0.01 0.02 0.05 0.1 --seeds 0-15 --out sweep
 
 Run it once on each host, with that host's --node-rank: it starts --nproc-per-node processes of `rawgpu.train`
-(the arguments after --), each with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
+(or `rawgpu.sweep`: --command; the arguments after --), each with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
 so each is one rank on GPU LOCAL_RANK of this host; they meet at the master's address (rank 0 is local rank 0 of
 node 0). The job ends itself when a rank fails (parallel/job.py); this launcher then waits for its ranks and exits
 with the first failure's status. Ctrl-C reaches every rank of this host, which ends the job on every host.
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from .cli import count, program
+from .cli import add_version_option, count, program
 
 POLL_SECONDS = 0.1
 GRACE_SECONDS = 15.0  # after a rank fails, how long the others get to end before they are killed
@@ -47,9 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "one host)")
     p.add_argument("--nproc-per-node", type=count(1, 64, what="processes"), required=True, metavar="G",
                    help="ranks on this host, one per GPU: GPUs 0..G-1 of those CUDA_VISIBLE_DEVICES shows")
-    p.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- TRAIN ARGS",
-                   help="the arguments of python -m rawgpu.train, after --")
+    p.add_argument("--command", choices=COMMANDS, default="train",
+                   help="what every rank runs: python -m rawgpu.train (default) or rawgpu.sweep (each rank trains its "
+                        "share of the grid; rank 0 writes the results)")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
+                   help="the arguments of that command, after --")
+    add_version_option(p)
     return p
+
+
+COMMANDS = ("train", "sweep")
+
+
+def command_main(command: str):
+    """The module whose main() a rank runs."""
+    from importlib import import_module
+
+    return import_module(f".{command}", __package__)
 
 
 def rank_environment(nnodes: int, node_rank: int, master: tuple[str, int], nproc: int, local: int) -> dict[str, str]:
@@ -121,11 +136,12 @@ def _flush() -> None:
 
 
 def start(train_args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
-          master: tuple[str, int] = ("127.0.0.1", 0), launcher: str = "rawgpu.launch") -> list["ForkedRank"]:
-    """This host's `nproc` ranks, each `rawgpu.train TRAIN_ARGS` with its variables, forked from this process once
-    it has imported rawgpu.train (so the ranks skip Python's start and the imports). A master port 0: a free one
-    (one host)."""
-    from . import train
+          master: tuple[str, int] = ("127.0.0.1", 0), launcher: str = "rawgpu.launch",
+          command: str = "train") -> list["ForkedRank"]:
+    """This host's `nproc` ranks, each `rawgpu.<command> TRAIN_ARGS` with its variables, forked from this process
+    once it has imported that command (so the ranks skip Python's start and the imports). A master port 0: a free
+    one (one host)."""
+    program = command_main(command)
 
     if master[1] == 0:
         master = (master[0], free_port(master[0]))
@@ -133,7 +149,7 @@ def start(train_args: list[str], nproc: int, nnodes: int = 1, node_rank: int = 0
     try:
         for local in range(nproc):
             env = {**rank_environment(nnodes, node_rank, master, nproc, local), LAUNCHER_VARIABLE: launcher}
-            procs.append(ForkedRank(lambda: train.main(list(train_args)), env))
+            procs.append(ForkedRank(lambda: program.main(list(train_args)), env))
     except BaseException:
         for p in procs:
             p.kill()
@@ -237,12 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         if any(a == banned or a.startswith(banned + "=") for a in train_args):
             parser.error(f"{banned} is not for the ranks: each rank takes GPU LOCAL_RANK; --nproc-per-node sets "
                          "how many")
-    from . import train
-
-    train.build_parser().parse_args(train_args)  # a bad train argument: one usage line here, not one per rank
+    command_main(args.command).build_parser().parse_args(train_args)  # a bad argument: one line here, not per rank
     if (gpus := visible_gpus()) is not None and args.nproc_per_node > gpus:
         parser.error(f"argument --nproc-per-node: {args.nproc_per_node} ranks, this host has {gpus} GPUs")
-    return run(lambda: start(train_args, args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr),
+    return run(lambda: start(train_args, args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr,
+                             command=args.command),
                args.node_rank * args.nproc_per_node, "rawgpu.launch: interrupted: every rank of this host stopped")
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from . import recipe as rc
-from .cli import add_device_option, check_data_options, count, program
+from .cli import add_device_option, add_version_option, check_data_options, count, program, seconds
 from .data import DATASET_NAMES
 from .errors import RawgpuError, interrupt_status, stop_on_sigterm
 from .grid import SWEPT, Grid, describe_point, parse_seeds
@@ -34,7 +34,10 @@ def _pair(text: str) -> tuple[float, float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected B1,B2 (two numbers), got {text!r}") from None
     for name, b in (("beta1", b1), ("beta2", b2)):
-        rc.OPTIONS["betas"].check(name, b, shown=text)
+        try:
+            rc.OPTIONS["betas"].check(name, b, shown=text)
+        except rc.SettingError as exc:
+            raise argparse.ArgumentTypeError(f"{name} {exc.reason}") from None
     return b1, b2
 
 
@@ -87,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_option(r)
     r.add_argument("--gpus", type=count(1, 64, what="GPUs"), default=1, metavar="N",
                    help="spread the models over GPUs 0..N-1, one process each (every model ends as on one GPU)")
+    r.add_argument("--rendezvous-timeout", type=seconds, default=120.0, metavar="S",
+                   help="as one rank of a launcher's job (torchrun, SLURM, mpirun, rawgpu.launch --command sweep): "
+                        "how long rank 0 waits for every rank to arrive (default 120)")
     r.add_argument("--chunk", type=count(1, what="models"), default=None, metavar="K",
                    help="train at most K models in one step at a time (default: all that fit the GPU's memory)")
     r.add_argument("--one-at-a-time", action="store_true",
@@ -95,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true",
                    help="print one JSON object per epoch with every model trained together (one per model and epoch "
                         "as each finishes when they train one at a time), nothing else")
+    add_version_option(p)
     return p
 
 
@@ -163,12 +170,28 @@ def check_output(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM before any model trained (the set-up: data, GPU)
+        print("rawgpu: interrupted before the sweep started", file=sys.stderr)
+        return interrupt_status(exc)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     grid, base = grid_of(parser, args)
     check_data_options(parser, args.dataset, args.data_dir)
-    check_output(parser, args)
-    say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))  # noqa: E731
+    from . import sweep_job
+
+    world = sweep_job.launcher_world(parser, args)  # one rank of a launcher's job, or None
+    if world is None or world.rank == 0:
+        check_output(parser, args)
+    else:  # rank 0 alone writes the results, the checkpoints and the plot, on its host
+        args.out = args.resume = args.plot = None
+        args.save_best, args.save_all = 0, False
+    quiet = args.json or (world is not None and world.rank != 0)
+    say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))  # noqa: E731
     say(f"sweep: {grid.size_line(base)}, {args.steps} steps each" if args.steps else
         f"sweep: {grid.size_line(base)}, {args.epochs or rc.DEFAULTS['epochs']} epochs each")
     from .sweeper import Sweep
@@ -180,9 +203,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.gpus > (gpus_here := driver.device_count()):
                 parser.error(f"argument --gpus: {args.gpus} GPUs asked for, this machine has {gpus_here}")
         except RawgpuError as exc:
-            print(f"sweep: error: {exc}", file=sys.stderr)
+            print(f"rawgpu: error: {exc}", file=sys.stderr)
             return 1
 
+    from .parallel.job import meeting_or_fail
+
+    meeting = meeting_or_fail(world, args.rendezvous_timeout)  # a rank's: overlaps the set-up
     t0, done = time.perf_counter(), 0
     try:
         sweep = Sweep(grid, base, data=args.dataset, data_dir=args.data_dir, epochs=args.epochs, steps=args.steps,
@@ -198,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"argument --resume: {exc}")
             say(f"resumed: {kept} of {grid.models} models already trained in {args.resume}")
 
-        live = LiveView(sweep) if sys.stdout.isatty() and not args.json else None
+        live = LiveView(sweep) if sys.stdout.isatty() and not args.json and world is None else None
 
         def on_model(result) -> None:
             nonlocal done
@@ -247,21 +273,34 @@ def main(argv: list[str] | None = None) -> int:
                 on_model(result)
 
         try:
-            sweep.fit(on_model=on_model_done, gpus=args.gpus, on_start=on_start, on_epoch=on_epoch)
+            if world is not None:
+                sweep_job.run(sweep, world, args.rendezvous_timeout, meeting,
+                              [r.index for r in sweep.results if not r.done], on_model)
+                if world.rank != 0:
+                    return 0
+            else:
+                sweep.fit(on_model=on_model_done, gpus=args.gpus, on_start=on_start, on_epoch=on_epoch)
         except ValueError as exc:  # the models do not fit the GPU's memory
-            print(f"sweep: error: {exc}", file=sys.stderr)
+            print(f"rawgpu: error: {exc}", file=sys.stderr)
             return 2
         finally:
             if live is not None:
                 live.close()
     except KeyboardInterrupt as exc:
-        print(f"sweep: interrupted after {done} more model(s)"
+        print(f"rawgpu: interrupted after {done} more model(s)"
               + (f"; {args.out}/results.json keeps the finished ones: --resume {args.out}" if args.out else ""),
               file=sys.stderr)
         return interrupt_status(exc)
     except RawgpuError as exc:
-        print(f"sweep: error: {exc}", file=sys.stderr)
+        if world is not None:
+            from .parallel.job import fail
+
+            fail(world, str(exc))
+        print(f"rawgpu: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if meeting is not None:
+            meeting.close()
     if args.plot:
         sweep.plot(args.plot)
         say(f"plot: {args.plot}")

@@ -21,7 +21,7 @@ from . import checkpoint as ck
 from .console import EpochStats
 from .data import Dataset, load_dataset
 from .files import write_atomic
-from .grid import Grid, describe_point
+from .grid import Grid, check_sweep, describe_point
 from .recipe import Recipe, cdiv, run_total
 
 RESULTS_FORMAT = "rawgpu-sweep-results"
@@ -75,6 +75,8 @@ class Sweep:
                  data_dir: str | Path | None = None, epochs: int | None = None, steps: int | None = None,
                  device: int = 0, out: str | Path | None = None, save_best: int = 0, save_all: bool = False,
                  together: bool | None = None, chunk: int | None = None):
+        check_sweep(models, base, data=data, epochs=epochs, steps=steps, device=device, out=out, save_best=save_best,
+                    save_all=save_all, together=together, chunk=chunk)
         if isinstance(models, Grid):
             self.grid, self.base = models, base or Recipe()
             self.recipes = models.recipes(self.base)  # every model checked before any GPU work
@@ -251,6 +253,17 @@ class Sweep:
                   on_report=trained)
         return self.results
 
+    def take(self, index: int, history: list[EpochStats], checkpoint: bytes = b"") -> ModelResult:
+        """Model `index` as another process trained it (a rank of a job on several hosts): its history, and its
+        checkpoint's bytes where this sweep keeps it (save_all, or save_best while it is among the best); the results
+        on disk brought up to date."""
+        result = self.results[index]
+        result.history, result.checkpoint = history, None
+        if checkpoint:
+            self._keep(result, lambda path: write_atomic(path, checkpoint))
+        self.write()
+        return result
+
     def _prune(self) -> None:
         """save_best: only the best K models keep their files."""
         if self.save_all or not self.save_best:
@@ -339,29 +352,38 @@ class Sweep:
 
 def _fit_share(rank: int, ranks: int, unique_id: bytes, shares: list, data: Dataset, epochs: int | None,
                steps: int | None, keep: Path | None, together: bool) -> int:
-    """GPU `rank`'s models of a sweep on several, shares[rank] (a process of parallel.ranks.run_ranks): each trained
-    as Sweep.fit trains it (together: all in one step, as many as fit at a time), its checkpoint written to `keep` when
-    given, and reported as it finishes."""
+    """GPU `rank`'s models of a sweep on several, shares[rank] (a process of parallel.ranks.run_ranks), each reported
+    as it finishes (train_share)."""
     from .parallel.ranks import report
+
+    return train_share(shares[rank], data, epochs, steps, keep, together, rank,
+                       lambda index, history, path: report((index, history, path)))
+
+
+def train_share(share: list[tuple[int, Recipe]], data: Dataset, epochs: int | None, steps: int | None,
+                keep: Path | None, together: bool, device: int,
+                done: Callable[[int, list[EpochStats], str | None], Any]) -> int:
+    """One GPU's models of a sweep spread over several, (index in the whole sweep, recipe) each: trained as Sweep.fit
+    trains them (together: all in one step, as many as fit at a time), each one's checkpoint written to `keep` when
+    given; done(index, history, checkpoint path or None) as each finishes. Returns how many."""
     from .trainer import Trainer
 
-    share = shares[rank]
     if together and share:
-        sweep = Sweep([r for _, r in share], data=data, epochs=epochs, steps=steps, device=rank, together=True,
+        sweep = Sweep([r for _, r in share], data=data, epochs=epochs, steps=steps, device=device, together=True,
                       out=keep.parent if keep is not None else None, save_all=keep is not None)
         for result, (index, _) in zip(sweep.results, share):
             result.index = index  # the checkpoints' names are the whole sweep's
-        sweep.write = lambda: None  # the parent process writes the results
-        sweep.fit(on_model=lambda r: report((r.index, r.history, r.checkpoint)))
+        sweep.write = lambda: None  # whoever called writes the results
+        sweep.fit(on_model=lambda r: done(r.index, r.history, r.checkpoint))
         return len(share)
     for index, recipe in share:
-        with Trainer(recipe, data=data, epochs=epochs, steps=steps, device=rank) as trainer:
+        with Trainer(recipe, data=data, epochs=epochs, steps=steps, device=device) as trainer:
             trainer.fit()
             path = None
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
                 path = str(trainer.save(keep / f"model-{index}.safetensors"))
-            report((index, trainer.history, path))
+            done(index, trainer.history, path)
     return len(share)
 
 

@@ -359,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         return train_on_gpus(parser, args, argv)
     from . import driver
     from .console import make_console
+    from .parallel.job import meeting_or_fail
 
+    meeting = meeting_or_fail(world, args.rendezvous_timeout)  # a rank's: overlaps the data and CUDA's start
     driver.init_in_background()  # CUDA starts while the data is read
 
     console = make_console("json" if args.json else "auto")
@@ -381,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"(0..{count - 1})" if count else "argument --device: this machine has no CUDA GPU")
         if world is not None:
             console.close()  # rank 0 shows the run from the job's console
-            return train_job.run(args, data, recipe, t_start, ckpt, world, count)
+            return train_job.run(args, data, recipe, t_start, ckpt, world, count, meeting)
         return train(args, data, recipe, console, t_start, ckpt)
     except StepUnsupported as exc:  # the step kind asked for, on this GPU's arch: a usage error too
         console.close()
@@ -389,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RawgpuError as exc:
         console.close()
+        if world is not None:
+            from .parallel.job import fail
+
+            fail(world, str(exc))
         print(f"rawgpu: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
@@ -397,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         return interrupt_status(exc)
     finally:
         console.close()
+        if meeting is not None:
+            meeting.close()
 
 
 if __name__ == "__main__":

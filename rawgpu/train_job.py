@@ -31,16 +31,21 @@ def launcher_world(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.step != "auto":
         parser.error(f"argument --step: {started}: a model on {world.size} GPUs runs the tensor- or data-parallel "
                      f"step, not --step {args.step}")
+    from .install import nccl_stack_problem
     from .parallel import nccl
 
-    if (why := nccl.available()) is not None:
-        parser.error(f"{started}: {why}")
+    if (why := nccl_stack_problem() or nccl.available()) is not None:  # the installation's failing: exit 1
+        from .parallel.job import fail
+
+        fail(world, why)
     return world
 
 
-def run(args: argparse.Namespace, data, recipe, t_start: float, ckpt, world: World, gpus_here: int) -> int:
+def run(args: argparse.Namespace, data, recipe, t_start: float, ckpt, world: World, gpus_here: int,
+        meeting=None) -> int:
     """Meet the other ranks, then train as rank world.rank on GPU world.local_rank; any failure, Ctrl-C or SIGTERM
-    here, or a rank lost elsewhere, ends every rank of the job with a line naming the rank."""
+    here, or a rank lost elsewhere, ends every rank of the job with a line naming the rank. meeting: what
+    parallel.job.start_meeting started for the rendezvous."""
     from . import __version__
     from .console import Console, make_console
     from .errors import NoDeviceError
@@ -58,7 +63,7 @@ def run(args: argparse.Namespace, data, recipe, t_start: float, ckpt, world: Wor
     def log(line: str) -> None:
         print(f"rawgpu: rank 0 of {world.size}: {line}", file=sys.stderr, flush=True)
 
-    job = meet(world, Identity.of(what, data.digest(), __version__), args.rendezvous_timeout, log)
+    job = meet(world, Identity.of(what, data.digest(), __version__), args.rendezvous_timeout, log, meeting)
     root = world.rank == 0
     console = make_console("json" if args.json else "auto") if root else Console(io.StringIO())
     status = None

@@ -99,3 +99,13 @@ def test_a_sweep_s_arguments_are_checked_by_the_rules_of_a_run(kw, kind, message
     assert str(info.value) == message
     check_sweep(Grid(), Recipe(), data="mnist", epochs=2, steps=None, device=1, out="runs", save_best=2,
                 together=None, chunk=4)  # good ones pass
+
+
+def test_a_grid_past_the_bound_is_refused_before_it_is_made():
+    from rawgpu.grid import MAX_MODELS, Grid, parse_seeds
+
+    with pytest.raises(ValueError, match=r"^'0-100000000' makes more than 100,000 seeds"):
+        parse_seeds(["0-100000000"])  # counted, not expanded: at once
+    assert len(parse_seeds([f"0-{MAX_MODELS - 1}"])) == MAX_MODELS
+    with pytest.raises(ValueError, match=r"^2 lr x 100000 seeds is 200,000 models; a sweep trains at most 100,000$"):
+        Grid({"lr": [0.1, 0.2]}, seeds=range(MAX_MODELS))

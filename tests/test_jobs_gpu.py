@@ -1,8 +1,10 @@
-"""Jobs a launcher starts, on GPUs for real (issue 43): two "nodes" of one 4-GPU host (CUDA_VISIBLE_DEVICES 0,1 and
-2,3, NCCL's transport between all ranks forced onto sockets) train as the host's 4 GPUs do; ranks that die, are
+"""Jobs a launcher starts, on GPUs for real (issues 43 and 62): two "nodes" of one 4-GPU host (CUDA_VISIBLE_DEVICES 0,1
+and 2,3, NCCL's transport between all ranks forced onto sockets) train as the host's 4 GPUs do; ranks that die, are
 killed or interrupted end every other rank within 10 s with a line naming them, leaving no half-written file; ranks
-that differ or never come end the job at the rendezvous. Each rank is its own `python -m rawgpu.train` or
-`python -m rawgpu.launch` process, under a hard timeout. On the CPU: tests/test_job.py."""
+that differ or never come end the job at the rendezvous; real torchrun, on one host and as two, trains the model
+`--gpus 2` trains; a sweep spread over two "hosts" writes what one GPU's sweep writes. Each rank is its own
+`python -m rawgpu.train` / `rawgpu.sweep`, `rawgpu.launch` or torchrun process, under a hard timeout. On the CPU:
+tests/test_job.py, tests/test_torchrun.py."""
 
 from __future__ import annotations
 
@@ -234,7 +236,9 @@ def test_the_rendezvous_ends_a_job_whose_ranks_differ_or_never_come(device, rng,
     assert f"rendezvous: ranks 1, 2 of 3 did not arrive at 127.0.0.1:{port} in 2 s" in stderr.strip().splitlines()[-1]
     [(code, _, stderr)] = _finish([_start("rawgpu.train", *data, "--rendezvous-timeout", "1",
                                           env=_env(RANK="1", **env))], 120)
-    assert code == 1 and f"rank 1 could not reach rank 0 at 127.0.0.1:{port} in 1 s" in stderr
+    assert code == 1 and stderr.strip().splitlines()[-1] == (
+        f"rawgpu: error: rank 1 of 2: rendezvous: could not reach rank 0 at 127.0.0.1:{port} in 1 s "
+        "(Connection refused)")
 
 
 def test_a_local_rank_beyond_the_hosts_gpus_is_one_line(device, rng, tmp_path):
@@ -249,3 +253,142 @@ def test_a_local_rank_beyond_the_hosts_gpus_is_one_line(device, rng, tmp_path):
     assert f"its local rank {n} names a GPU this host does not have" in p.stderr.strip().splitlines()[-1]
 
 
+
+
+# --- real torchrun (issue 62) ---------------------------------------------------------------------------------------
+
+
+def _need_torchrun() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torchrun comes with torch, which is not installed here")
+
+
+def _torchrun(*args: str, env: dict[str, str], **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, **popen)
+
+
+def test_torchrun_on_one_host_and_as_two_trains_the_model_gpus_2_trains(device, rng, tmp_path):
+    """torchrun's agent holds MASTER_PORT with its own store: the ranks meet through it (parallel/torchrun_store.py).
+    --standalone, and two torchruns of one GPU each meeting over c10d, end with exit 0 and --gpus 2's checkpoint."""
+    _need_gpus(2)
+    _need_torchrun()
+    data = _data(tmp_path, rng)
+    args = ["-m", "rawgpu.train", "--dataset", "idx", "--data-dir", str(data), "--hidden", "512", "--epochs", "2",
+            "--json"]
+    [(code, want, stderr)] = _finish([_start("rawgpu.train", *args[2:], "--gpus", "2", "--save",
+                                             str(tmp_path / "gpus.safetensors"), env=_env())])
+    assert code == 0, stderr
+    [(code, got, stderr)] = _finish([_torchrun("--standalone", "--nproc-per-node", "2", *args, "--save",
+                                               str(tmp_path / "standalone.safetensors"), env=_env())])
+    assert code == 0, stderr
+    assert [e["test_accuracy"] for e in _epochs(got)] == [e["test_accuracy"] for e in _epochs(want)]
+    assert _tensors(tmp_path / "standalone.safetensors") == _tensors(tmp_path / "gpus.safetensors")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    nodes = [_torchrun("--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                       "--rdzv-endpoint", endpoint, "--rdzv-id", "test", *args, "--save",
+                       str(tmp_path / "nodes.safetensors"), env=_env(CUDA_VISIBLE_DEVICES=str(r), **SOCKETS))
+             for r in range(2)]
+    results = _finish(nodes)
+    assert all(code == 0 for code, _, _ in results), [err for _, _, err in results]
+    outs = [out for _, out, _ in results if _epochs(out)]  # torchrun decides which node holds rank 0
+    assert len(outs) == 1 and [e["test_accuracy"] for e in _epochs(outs[0])] == \
+        [e["test_accuracy"] for e in _epochs(want)]
+    assert _tensors(tmp_path / "nodes.safetensors") == _tensors(tmp_path / "gpus.safetensors")
+
+
+def test_a_rank_killed_under_torchrun_ends_the_job_in_one_line(device, rng, tmp_path):
+    _need_gpus(2)
+    _need_torchrun()
+    args, save = _long_run(tmp_path, rng)
+    error_files = tmp_path / "logs"
+    p = _torchrun("--standalone", "--nproc-per-node", "2", "--log-dir", str(error_files), "-m", "rawgpu.train",
+                  *args, env=_env())
+    try:
+        _wait_for_first_epoch(p)
+        ranks = subprocess.run(["pgrep", "-f", "-P", str(p.pid), "rawgpu.train"], capture_output=True, text=True)
+        pids = [int(x) for x in ranks.stdout.split()]
+        assert len(pids) == 2, ranks.stdout
+        # rank 1: the worker whose environment says so
+        victim = next(pid for pid in pids if "RANK=1" in Path(f"/proc/{pid}/environ").read_text().split("\0"))
+        os.kill(victim, signal.SIGKILL)
+        [(code, _, stderr)] = _finish([p], 60)
+    finally:
+        p.kill()
+    assert code != 0
+    assert "rawgpu: rank 0 of 2: error: rank 1 of 2 ended without a word (it died or was killed); the job stopped" \
+        in stderr.splitlines()
+    # torchrun's agent prints its own ChildFailedError traceback; no rank printed one (no frame of rawgpu's)
+    assert not any(line.strip().startswith("File ") and "rawgpu" in line for line in stderr.splitlines()), stderr
+    _nothing_half_written(save)
+
+
+def _sweep_results(folder: Path) -> list[tuple]:
+    doc = json.loads((folder / "results.json").read_text())
+    return [(m["index"], m["best_accuracy"], [e["train_loss"] for e in m["epochs"]]) for m in doc["models"]]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "rawgpu.launch"])
+def test_a_sweep_over_two_hosts_writes_what_one_gpu_writes_and_resumes_a_dead_ranks_models(device, rng, tmp_path,
+                                                                                          launcher):
+    _need_gpus(2)
+    if launcher == "torchrun":
+        _need_torchrun()
+    data = _data(tmp_path, rng)
+    grid = ["--dataset", "idx", "--data-dir", str(data), "--hidden", "256", "--lr", "0.02", "0.05", "--seeds", "0-2",
+            "--epochs", "2", "--save-best", "2"]
+    [(code, _, stderr)] = _finish([_start("rawgpu.sweep", *grid, "--out", str(tmp_path / "one"), env=_env())])
+    assert code == 0, stderr
+    out = tmp_path / "two"
+    if launcher == "torchrun":
+        endpoint = f"127.0.0.1:{_free_port()}"
+        procs = [_torchrun("--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                           "--rdzv-endpoint", endpoint, "--rdzv-id", "sweep", "-m", "rawgpu.sweep", *grid, "--out",
+                           str(out), env=_env(CUDA_VISIBLE_DEVICES=str(r))) for r in range(2)]
+    else:
+        master = f"127.0.0.1:{_free_port()}"
+        procs = [_start("rawgpu.launch", "--command", "sweep", "--nnodes", "2", "--node-rank", str(r),
+                        "--master-addr", master, "--nproc-per-node", "1", "--", *grid, "--out", str(out),
+                        env=_env(CUDA_VISIBLE_DEVICES=str(r))) for r in range(2)]
+    results = _finish(procs)
+    assert all(code == 0 for code, _, _ in results), [err for _, _, err in results]
+    assert _sweep_results(out) == _sweep_results(tmp_path / "one")
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert kept == sorted(p.name for p in (tmp_path / "one" / "checkpoints").iterdir()) and len(kept) == 2
+    for name in kept:
+        assert _tensors(out / "checkpoints" / name) == _tensors(tmp_path / "one" / "checkpoints" / name)
+
+
+def test_a_sweeps_rank_that_dies_is_named_and_resume_trains_its_models_again(device, rng, tmp_path):
+    _need_gpus(2)
+    data = _data(tmp_path, rng)
+    grid = ["--dataset", "idx", "--data-dir", str(data), "--hidden", "256", "--lr", "0.01", "0.02", "0.05", "0.1",
+            "--seeds", "0-3", "--epochs", "3", "--one-at-a-time"]
+    [(code, _, stderr)] = _finish([_start("rawgpu.sweep", *grid, "--out", str(tmp_path / "one"), env=_env())])
+    assert code == 0, stderr
+    out = tmp_path / "two"
+    master = f"127.0.0.1:{_free_port()}"
+    nodes = [_start("rawgpu.launch", "--command", "sweep", "--nnodes", "2", "--node-rank", str(r), "--master-addr",
+                    master, "--nproc-per-node", "1", "--", *grid, "--out", str(out),
+                    env=_env(CUDA_VISIBLE_DEVICES=str(r)), start_new_session=True) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "results.json").exists() or not any(
+                m["epochs"] for m in json.loads((out / "results.json").read_text())["models"]):
+            assert time.monotonic() < deadline and nodes[0].poll() is None, nodes[0].stderr.read()
+            time.sleep(0.05)
+        os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1: its launcher and its rank
+        (c0, _, err0), _ = _finish(nodes, 60)
+    finally:
+        for p in nodes:
+            os.killpg(p.pid, signal.SIGKILL) if p.poll() is None else None
+    assert c0 == 1 and "rawgpu: rank 0 of 2: error: rank 1 of 2 ended without a word (it died or was killed); the " \
+                       "job stopped" in err0.splitlines(), err0
+    finished = sum(bool(m["epochs"]) for m in json.loads((out / "results.json").read_text())["models"])
+    assert 1 <= finished < 16
+    [(code, stdout, stderr)] = _finish([_start("rawgpu.sweep", *grid, "--resume", str(out), env=_env())])
+    assert code == 0, stderr
+    assert f"resumed: {finished} of 16 models already trained" in stdout
+    assert _sweep_results(out) == _sweep_results(tmp_path / "one")

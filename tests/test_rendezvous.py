@@ -137,7 +137,8 @@ def test_strangers_malformed_oversized_and_wrong_tokens_are_refused_while_the_jo
     assert job.error is None and job.results == {1: UID, 2: UID}
     reasons = [line.split(": ", 2)[2] for line in job.logged]
     assert reasons == ["not a rawgpu rank (wrong magic or version)", "closed early",
-                       "a token of 60000 bytes (at most 256)", "a wrong token", "rank 7 is not one of 1..2",
+                       "a token of 60000 bytes (at most 256)",
+                       "a wrong token ($RAWGPU_RENDEZVOUS_TOKEN differs from rank 0's)", "rank 7 is not one of 1..2",
                        "rank 1 came already"], job.logged
     assert all(line.startswith("rendezvous: refused 127.0.0.1:") for line in job.logged)
 
@@ -166,14 +167,81 @@ def test_ranks_that_never_come_are_named_after_the_timeout():
     job = Job(4, timeout=1.0)
     job.join_as(2)
     job.finish()
-    assert job.error == f"rendezvous: ranks 1, 3 of 4 did not arrive at 127.0.0.1:0 in 1 s" == job.results[2]
+    line = f"rendezvous: ranks 1, 3 of 4 did not arrive at 127.0.0.1:{job.port} in 1 s"  # the port it listened on
+    assert job.error == line == job.results[2]
 
 
 def test_a_rank_with_no_rank_0_says_so_after_its_timeout():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # free once closed: nobody listens there
-    with pytest.raises(rv.RendezvousError, match=f"rank 1 could not reach rank 0 at 127.0.0.1:{port} in 0.5 s"):
+    with pytest.raises(rv.RendezvousError, match=f"^rendezvous: could not reach rank 0 at 127.0.0.1:{port} in 0.5 s "
+                                                 r"\(Connection refused\)$"):
         rv.join("127.0.0.1", port, 1, 2, SAME, 0.5)
     with pytest.raises(ValueError, match="RAWGPU_RENDEZVOUS_TOKEN: at most 256 bytes"):
         rv.hello(1, 2, SAME, b"x" * 300)
+
+
+def test_a_rank_with_a_wrong_token_is_told_why_while_rank_0_goes_on_waiting():
+    job = Job(2, token=b"right", timeout=3.0)
+    with pytest.raises(rv.RendezvousError, match=r"^rendezvous: rank 0 refused this rank: a wrong token "
+                                                 r"\(\$RAWGPU_RENDEZVOUS_TOKEN differs from rank 0's\)$"):
+        rv.join("127.0.0.1", job.port, 1, 2, SAME, 3.0, b"wrong")
+    job.join_as(1)
+    job.finish()
+    assert job.error is None and job.results == {1: UID} and len(job.logged) == 1
+
+
+def test_a_port_in_use_is_one_line_naming_the_address():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(rv.RendezvousError, match=rf"^rendezvous: rank 0 cannot listen at 127.0.0.1:{port}: "
+                                                     r"Address already in use \(another program holds it"):
+            rv.serve("127.0.0.1", port, 2, SAME, UID, 1.0)
+
+
+def test_a_master_host_that_does_not_resolve_fails_at_once_not_after_the_timeout():
+    t = time.monotonic()
+    with pytest.raises(rv.RendezvousError, match=r"^rendezvous: rank 0's host 'no-such-host.invalid' is not known"):
+        rv.join("no-such-host.invalid", 29500, 1, 2, SAME, 60.0)
+    assert time.monotonic() - t < 30  # not the 60 s timeout: a name that does not resolve is final
+
+
+def _meet_ranks_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_that_real_mpirun_starts_meet_and_gather_to_rank_0():
+    """Open MPI's variables as mpirun sets them (the rendezvous part: no GPU, no NCCL). Needs Debian's openmpi-bin."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed here (Debian: apt-get install openmpi-bin)")
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "MASTER_ADDR=127.0.0.1",
+                        "-x", f"MASTER_PORT={_meet_ranks_port()}", "-x", f"PYTHONPATH={root}", sys.executable,
+                        str(root / "tests" / "meet_ranks.py")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [f"rank {r} of 4 (Open MPI): part of rank {r}" for r in range(4)]
+
+
+def test_ranks_with_slurms_variables_meet_at_the_node_lists_first_host():
+    """srun's variables, set by hand as srun sets them on one node (SLURM itself is not here)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "localhost",
+           "MASTER_PORT": str(_meet_ranks_port())}
+    procs = [subprocess.Popen([sys.executable, str(root / "tests" / "meet_ranks.py")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}) for r in range(3)]
+    out = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], out
+    assert out[0][0].splitlines() == [f"rank {r} of 3 (SLURM): part of rank {r}" for r in range(3)]

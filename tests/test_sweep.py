@@ -157,7 +157,7 @@ def test_the_size_line_comes_before_any_gpu_work(tmp_path, capsys, monkeypatch):
                      str(idx), "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert out.splitlines()[0].startswith("sweep: 8 models: 2 lr x 4 seeds, 784-32-32-32-10, batch 128, ")
-    assert code == 1 and err.startswith("sweep: error: ") and len(err.strip().splitlines()) == 1
+    assert code == 1 and err.startswith("rawgpu: error: ") and len(err.strip().splitlines()) == 1
 
 
 def test_a_sweep_splits_its_models_into_steps_that_fit_the_gpus_memory(rng):
@@ -299,7 +299,7 @@ def test_a_signal_keeps_the_finished_models_and_resume_ends_as_the_uninterrupted
     code, _, err, _ = interrupt_train(args + ["--out", str(tmp_path / "cut")], "model 1/4", root,
                                       getattr(signal, sig), command)
     assert code == (130 if sig == "SIGINT" else 143), err
-    assert err.strip().splitlines()[-1].startswith("sweep: interrupted after") and "--resume" in err
+    assert err.strip().splitlines()[-1].startswith("rawgpu: interrupted after") and "--resume" in err
     saved = json.loads((tmp_path / "cut" / "results.json").read_text())["models"]
     assert 1 <= sum(len(m["epochs"]) == 2 for m in saved) < 4
     resumed = subprocess.run(command + args + ["--resume", str(tmp_path / "cut")], cwd=root, capture_output=True,
@@ -310,3 +310,15 @@ def test_a_signal_keeps_the_finished_models_and_resume_ends_as_the_uninterrupted
     assert whole.returncode == 0, whole.stderr
     cells = lambda folder: [row[:6] for row in csv.reader((tmp_path / folder / "results.csv").open())]  # noqa: E731
     assert cells("cut") == cells("whole")
+
+
+@pytest.mark.parametrize("stop,status", [(KeyboardInterrupt, 130), ("terminated", 143)])
+def test_ctrl_c_or_sigterm_during_the_set_up_is_one_line_not_a_traceback(monkeypatch, capsys, stop, status):
+    from rawgpu import errors, sweep
+
+    def interrupted(*args):
+        raise errors.Terminated() if stop == "terminated" else KeyboardInterrupt()
+
+    monkeypatch.setattr(sweep, "check_data_options", interrupted)  # while the data is being looked for
+    assert sweep.main(["--lr", "0.1"]) == status
+    assert capsys.readouterr().err == "rawgpu: interrupted before the sweep started\n"

@@ -20,14 +20,14 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 import numpy as np
 
 from .. import files
 from ..errors import RawgpuError
 from . import rendezvous
-from .launchers import World
+from .launchers import World, tell_launcher
 
 _FRAME = struct.Struct("!4sBQ")  # magic, kind, length of the payload that follows
 _MAGIC = b"RGJL"
@@ -181,11 +181,12 @@ class Job:
         stopper.start()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        sys.stderr.write(f"rawgpu: {self.name}: {'error: ' if status == FAILED else ''}{line}"
-                         + ("" if own else "; the job stopped") + "\n")  # one write: one line among the ranks'
+        said = f"{self.name}: {'error: ' if status == FAILED else ''}{line}" + ("" if own else "; the job stopped")
+        sys.stderr.write(f"rawgpu: {said}\n")  # one write: one line among the ranks'
         with contextlib.suppress(Exception):
             sys.stderr.flush()
         files.remove_unfinished()
+        tell_launcher(said)
         if self._comm is not None:
             with contextlib.suppress(Exception):
                 self._comm.abort()
@@ -202,7 +203,8 @@ class Job:
             self.end(f"{self.name} was stopped by {what}", 128 + signum, own=True)
 
         # SIGINT ignored stays ignored (a background job of a script), as in run_ranks' ranks
-        stops = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+        stops = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN
+                 and threading.current_thread() is threading.main_thread()]  # (ranks as threads: tests)
         handlers = {s: signal.signal(s, on_signal) for s in stops}
         try:
             yield
@@ -223,19 +225,116 @@ class Job:
             link.conn.close()
 
 
-def meet(world: World, identity: rendezvous.Identity, timeout: float, log=print) -> Job:
+def fail(world: World, line: str) -> NoReturn:
+    """End this rank before its job began (or without one): one line naming it, on stderr and where its launcher
+    looks; exit 1."""
+    if not line.startswith(f"rank {world.rank} of"):
+        line = f"rank {world.rank} of {world.size}: {line}"
+    print(f"rawgpu: error: {line}", file=sys.stderr, flush=True)
+    tell_launcher(line)
+    raise SystemExit(1)
+
+
+class Meeting:
+    """What this rank needs to meet the others, taken when the run starts so that it overlaps the data's loading and
+    CUDA's start (start_meeting); meet() uses it. Rank 0's listening socket (a port in use is said at once), and
+    under torchrun with its agent's store the child that writes rank 0's port there or reads it
+    (torchrun_store.py). close() lets go of what meet() did not take."""
+
+    def __init__(self, world: World, timeout: float):
+        self.server, self.exchange, self._published = None, None, None
+        if world.store_key is not None:
+            from .torchrun_store import PortExchange
+
+            self.exchange = PortExchange(world.master_host, world.master_port, world.store_key, timeout,
+                                         publishing=world.rank == 0)
+        if world.rank == 0:
+            try:
+                self.server = rendezvous.listen(world.master_host, 0 if self.exchange else world.master_port)
+            except BaseException:
+                self.close()
+                raise
+            if self.exchange is not None:  # written while the run goes on; meet() waits for it
+                port, errors = self.server.getsockname()[1], []
+                thread = threading.Thread(target=lambda: _capture(errors, self.exchange.publish, port), daemon=True)
+                thread.start()
+                self._published = (thread, errors)
+
+    def port_of_rank_0(self, world: World) -> int:
+        return self.exchange.lookup() if self.exchange is not None else world.master_port
+
+    def wait_published(self) -> None:
+        """Rank 0: its port is in torchrun's store (StoreError where it could not be written)."""
+        if self._published is not None:
+            thread, errors = self._published
+            thread.join()
+            if errors:
+                raise errors[0]
+
+    def close(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def _capture(errors: list, fn, *args) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits for it
+        errors.append(exc)
+
+
+def start_meeting(world: World, timeout: float) -> Meeting:
+    """This rank's Meeting, started now (see Meeting). RendezvousError: rank 0 cannot listen, in one line."""
+    try:
+        return Meeting(world, timeout)
+    except rendezvous.RendezvousError as exc:
+        raise rendezvous.RendezvousError(f"rank {world.rank} of {world.size}: {exc}") from None
+
+
+def meeting_or_fail(world: World | None, timeout: float) -> Meeting | None:
+    """For the CLIs: start_meeting, or fail() with its line; None for a process that is no rank of a job."""
+    if world is None:
+        return None
+    try:
+        return start_meeting(world, timeout)
+    except rendezvous.RendezvousError as exc:
+        fail(world, str(exc))
+
+
+def meet(world: World, identity: rendezvous.Identity, timeout: float, log=print, meeting: Meeting | None = None,
+         nccl: bool = True) -> Job:
     """The rendezvous of this rank (rank 0 serves NCCL's id at the master's address, the others fetch it), then the
-    job with its links. RendezvousError: the ranks could not meet (one line naming the rank)."""
-    from . import nccl
+    job with its links. meeting: start_meeting's (default: started here). nccl: False for a job that needs no
+    communicator (a sweep's). RendezvousError: the ranks could not meet, in one line naming this rank, the address
+    and the cause."""
+    from .torchrun_store import StoreError
 
     token = os.environ.get(rendezvous.TOKEN_VARIABLE, "").encode()
     t = time.perf_counter()
-    if world.rank == 0:
-        unique_id = nccl.new_unique_id()
-        links = rendezvous.serve(world.master_host, world.master_port, world.size, identity, unique_id, timeout,
-                                 token, log)
-    else:
-        unique_id, conn = rendezvous.join(world.master_host, world.master_port, world.rank, world.size, identity,
-                                          timeout, token)
-        links = {0: conn}
+    try:
+        meeting = meeting if meeting is not None else Meeting(world, timeout)
+        if world.rank == 0:
+            if nccl:
+                from . import nccl as nccl_module
+
+                unique_id = nccl_module.new_unique_id()
+            else:
+                unique_id = bytes(rendezvous.UNIQUE_ID_BYTES)
+            meeting.wait_published()
+            server, meeting.server = meeting.server, None  # serve() closes it
+            links = rendezvous.serve(world.master_host, server.getsockname()[1], world.size, identity, unique_id,
+                                     timeout, token, log, server=server)
+        else:
+            unique_id, conn = rendezvous.join(world.master_host, meeting.port_of_rank_0(world), world.rank,
+                                              world.size, identity, timeout, token)
+            links = {0: conn}
+    except (rendezvous.RendezvousError, StoreError) as exc:
+        line = str(exc)
+        raise rendezvous.RendezvousError(line if line.startswith(f"rank {world.rank} of")
+                                         else f"rank {world.rank} of {world.size}: {line}") from None
+    finally:
+        if meeting is not None:
+            meeting.close()
     return Job(world, unique_id, links, time.perf_counter() - t)

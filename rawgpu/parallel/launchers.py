@@ -1,6 +1,8 @@
 """Which rank of a job on several hosts this process is, from the environment the launchers people use set.
 
-  torchrun and the Kubernetes training operators   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+  torchrun and the Kubernetes training operators   RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (where
+                                                    TORCHELASTIC_USE_AGENT_STORE=True, torchrun's own store holds
+                                                    that port: torchrun_store.py)
   SLURM (srun)                                      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is the
                                                     first host of SLURM_JOB_NODELIST, its port MASTER_PORT
   Open MPI (mpirun)                                 OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK; MASTER_ADDR, MASTER_PORT
@@ -10,9 +12,14 @@ half-set or inconsistent environment in one line naming the variable; None where
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Mapping
+
+from .torchrun_store import agent_store_key
 
 DEFAULT_PORT = 29500  # torchrun's, where a launcher gives the host but no port
 
@@ -28,6 +35,7 @@ class World:
     master_host: str
     master_port: int
     launcher: str
+    store_key: str | None = None  # torchrun's agent keeps its store on master_port: rank 0's port is under this key
 
 
 def _integer(env: Mapping[str, str], name: str, low: int = 0) -> int:
@@ -75,7 +83,8 @@ def world_from_environment(env: Mapping[str, str]) -> World | None:
         rank, size = _integer(env, "RANK"), _integer(env, "WORLD_SIZE", 1)
         local = _integer(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
         launcher = env.get("RAWGPU_LAUNCHER", "torchrun")  # rawgpu.launch and --gpus N set torchrun's variables too
-        return _world(rank, size, local, env["MASTER_ADDR"], _port(env), launcher, ("RANK", "WORLD_SIZE"))
+        world = _world(rank, size, local, env["MASTER_ADDR"], _port(env), launcher, ("RANK", "WORLD_SIZE"))
+        return replace(world, store_key=agent_store_key(env))
     if "SLURM_PROCID" in env:
         for name in ("SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST"):
             if name not in env:
@@ -101,3 +110,18 @@ def _world(rank: int, size: int, local: int, host: str, port: int, launcher: str
     if not host.strip():
         raise ValueError("the master's host is empty ($MASTER_ADDR)")
     return World(rank, size, local, host.strip(), port, launcher)
+
+
+ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
+
+
+def tell_launcher(line: str, env: Mapping[str, str] = os.environ) -> None:
+    """Leave this rank's one-line failure where torchrun looks for it (its error file), so that torchrun's summary of
+    the failed job shows the line rather than a hint to enable tracebacks. Nothing where no launcher asked for it."""
+    if path := env.get(ERROR_FILE_VARIABLE):
+        from ..files import write_atomic
+
+        try:
+            write_atomic(path, json.dumps({"message": line, "timestamp": int(time.time())}).encode())
+        except OSError:
+            pass  # the line is on stderr already; torchrun then says the rank failed without it

@@ -34,6 +34,10 @@ class NcclError(RawgpuError):
 @lru_cache(maxsize=1)
 def _nccl() -> Any:
     """Import the bindings lazily: planning and the CLI's checks never need them, and one GPU never does."""
+    from ..install import nccl_stack_problem
+
+    if (why := nccl_stack_problem()) is not None:
+        raise NcclError(why)
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     try:
         from nccl.bindings import nccl

@@ -12,8 +12,10 @@ in constant time.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
+import os
 import socket
 import struct
 import time
@@ -91,9 +93,20 @@ def _read_hello(conn: socket.socket, token: bytes) -> tuple[int, int, Identity]:
         raise ValueError(f"a token of {token_len} bytes (at most {MAX_TOKEN_BYTES})")
     theirs = _recv_exactly(conn, token_len, deadline) if token_len else b""
     if not hmac.compare_digest(theirs, token):
-        raise ValueError("a wrong token")
+        raise _Refused(f"a wrong token (${TOKEN_VARIABLE} differs from rank 0's)")
     d = DIGEST_BYTES
     return rank, size, Identity(digests[:d], digests[d:2 * d], digests[2 * d:])
+
+
+class _Refused(ValueError):
+    """A rawgpu rank's hello that rank 0 refuses, telling it why (a wrong token)."""
+
+
+def _refuse(conn: socket.socket, addr: tuple, why: str, log: Callable[[str], None]) -> None:
+    """Log the refusal, tell the peer why, and go on waiting for the job's ranks."""
+    log(f"rendezvous: refused {addr[0]}:{addr[1]}: {why}")
+    _answer(conn, False, f"rendezvous: rank 0 refused this rank: {why}".encode()[:MAX_ANSWER_TEXT])
+    conn.close()
 
 
 def _answer(conn: socket.socket, ok: bool, payload: bytes) -> None:
@@ -103,21 +116,36 @@ def _answer(conn: socket.socket, ok: bool, payload: bytes) -> None:
         pass  # a rank gone already learns nothing more from us
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """Rank 0's listening socket at host:port (0: a port the system picks), taken as early as the run can: the ranks
+    that come before rank 0 serves wait in its backlog, and a port in use is said at once. RendezvousError: one line
+    with the address and the cause."""
+    try:
+        return socket.create_server((host, port), reuse_port=False, backlog=128)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)  # create_server adds the address to strerror
+        hint = ("another program holds it: give the job another port" if exc.errno == errno.EADDRINUSE else
+                "is the master's address one of this host's?")
+        raise RendezvousError(f"rendezvous: rank 0 cannot listen at {host}:{port}: {why} ({hint})") from None
+
+
 def serve(host: str, port: int, size: int, identity: Identity, unique_id: bytes, timeout: float,
           token: bytes = b"", log: Callable[[str], None] = print,
-          ready: Callable[[int], None] | None = None) -> dict[int, socket.socket]:
-    """Rank 0: listen on host:port until ranks 1..size-1 have said hello, then hand each the unique id and return
-    their connections, open (the job's links: parallel/job.py); or tell every rank that came what is wrong and raise
-    RendezvousError with it (a rank that differs, ranks that did not arrive in `timeout` seconds). ready(port): called
-    once listening (the port the system chose where port is 0)."""
+          ready: Callable[[int], None] | None = None, server: socket.socket | None = None) -> dict[int, socket.socket]:
+    """Rank 0: listen on host:port (or on `server`, listen()'s socket) until ranks 1..size-1 have said hello, then
+    hand each the unique id and return their connections, open (the job's links: parallel/job.py); or tell every rank
+    that came what is wrong and raise RendezvousError with it (a rank that differs, ranks that did not arrive in
+    `timeout` seconds). ready(port): called once listening (the port the system chose where port is 0)."""
     if len(unique_id) != UNIQUE_ID_BYTES:
         raise ValueError(f"a unique id is {UNIQUE_ID_BYTES} bytes, got {len(unique_id)}")
     waiting: dict[int, socket.socket] = {}
     problem: str | None = None
     deadline = time.monotonic() + timeout
-    with socket.create_server((host, port), reuse_port=False) as server:
+    server = server if server is not None else listen(host, port)
+    with server:
+        port = server.getsockname()[1]
         if ready is not None:
-            ready(server.getsockname()[1])
+            ready(port)
         try:
             while len(waiting) < size - 1 and problem is None:
                 left = deadline - time.monotonic()
@@ -133,6 +161,9 @@ def serve(host: str, port: int, size: int, identity: Identity, unique_id: bytes,
                     continue
                 try:
                     rank, their_size, theirs = _read_hello(conn, token)
+                except _Refused as exc:  # a rawgpu rank, told why, so that it ends with the reason
+                    _refuse(conn, addr, str(exc), log)
+                    continue
                 except (ValueError, ConnectionError, OSError, struct.error) as exc:
                     log(f"rendezvous: refused {addr[0]}:{addr[1]}: {exc}")
                     conn.close()
@@ -140,12 +171,10 @@ def serve(host: str, port: int, size: int, identity: Identity, unique_id: bytes,
                 if their_size != size:
                     problem = f"rendezvous: rank {rank} says the job has {their_size} ranks, rank 0 says {size}"
                 elif not 1 <= rank < size:
-                    log(f"rendezvous: refused {addr[0]}:{addr[1]}: rank {rank} is not one of 1..{size - 1}")
-                    conn.close()
+                    _refuse(conn, addr, f"rank {rank} is not one of 1..{size - 1}", log)
                     continue
                 elif rank in waiting:
-                    log(f"rendezvous: refused {addr[0]}:{addr[1]}: rank {rank} came already")
-                    conn.close()
+                    _refuse(conn, addr, f"rank {rank} came already", log)
                     continue
                 elif (what := identity.differs_in(theirs)) is not None:
                     problem = f"rendezvous: rank {rank} has another {what} than rank 0"
@@ -177,9 +206,12 @@ def join(host: str, port: int, rank: int, size: int, identity: Identity, timeout
         try:
             conn = socket.create_connection((host, port), timeout=max(0.01, deadline - time.monotonic()))
             break
+        except socket.gaierror as exc:  # no such host: waiting would not help
+            raise RendezvousError(f"rendezvous: rank 0's host {host!r} is not known here "
+                                  f"({exc.strerror or exc})") from None
         except OSError as exc:
             if time.monotonic() + RETRY_SECONDS >= deadline:
-                raise RendezvousError(f"rendezvous: rank {rank} could not reach rank 0 at {host}:{port} in "
+                raise RendezvousError(f"rendezvous: could not reach rank 0 at {host}:{port} in "
                                       f"{timeout:g} s ({exc.strerror or exc})") from None
             time.sleep(RETRY_SECONDS)
     try:
