@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rawgpu.bench.gemm import bench_dx_sgd, bench_dx_update, open_gpu
-from rawgpu.bench.timing import copy_bandwidth
-from rawgpu.cli import count
+from benchmarks.gemm import bench_dx_sgd, bench_dx_update, open_gpu
+from benchmarks.timing import copy_bandwidth
+from rawgpu.cli.common import count
 from rawgpu.kernels import dx_sgd as D
 from rawgpu.kernels import dx_update as U
-from rawgpu.recipe import cdiv
+from rawgpu.model.recipe import cdiv
 
 
 def main(argv=None) -> int:

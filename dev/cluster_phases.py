@@ -15,10 +15,10 @@ import sys
 
 import numpy as np
 
-from rawgpu.errors import RawgpuError
+from rawgpu.runtime.errors import RawgpuError
 from rawgpu.kernels import cluster as kc
-from rawgpu.memory import Arena
-from rawgpu.recipe import Recipe
+from rawgpu.runtime.memory import Arena
+from rawgpu.model.recipe import Recipe
 from rawgpu.steps import plan_model
 
 from fused_phases import add_profile_args, at_least, profiling_setup  # beside this script: its folder is on the path

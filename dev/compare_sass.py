@@ -58,7 +58,7 @@ def dump(arch: str, out: Path, jobs: int) -> None:
     """Child mode: build every source of the importable `rawgpu` for `arch` (RAWGPU_CACHE says where) and write
     {"package": path, "kernels": {source/kernel: sha256}, "resources": {source/kernel: ptxas numbers}}."""
     import rawgpu
-    from rawgpu import compiler
+    from rawgpu.runtime import compiler
 
     def build(source: str):
         return source, compiler.compile_source(source, arch)

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from rawgpu.driver import Device, Stream
+from rawgpu.runtime.driver import Device, Stream
 from rawgpu.kernels import Kernels
 
 

@@ -4,7 +4,7 @@ instance: which tile streams a batch of B rows past a weight fastest.
     python dev/forward_tiles.py [--sizes 256 1024 4096] [--batch 128] [--configs 128x128 64x128 ...] [--splits 2 4]
                                 [--shapes MxNxK ...] [--epilogue store|bias_act] [--cublas]
 
-Timed as bench.py gemm times (rawgpu.bench.gemm.bench_ours: a CUDA graph of launches over operand copies past the L2,
+Timed as bench.py gemm times (benchmarks.gemm.bench_ours: a CUDA graph of launches over operand copies past the L2,
 each launch overlapping the one before on sm_90, the median of the trials), split-K as the plan chooses it (or each
 of --splits, in a cluster where every cluster is resident). --shapes: these GEMMs instead of the sizes' (a rank's
 slices of a model on several GPUs, say: N or K a fraction of H). --cublas: torch.matmul's time for each shape beside
@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rawgpu.bench.gemm import bench_ours, bench_torch, open_gpu
-from rawgpu.bench.timing import copy_bandwidth
-from rawgpu.cli import count
-from rawgpu.errors import run_cli
+from benchmarks.gemm import bench_ours, bench_torch, open_gpu
+from benchmarks.timing import copy_bandwidth
+from rawgpu.cli.common import count
+from rawgpu.runtime.errors import run_cli
 from rawgpu.kernels import gemm as G
 
 

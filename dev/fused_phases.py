@@ -14,14 +14,14 @@ import sys
 
 import numpy as np
 
-from rawgpu import compiler
-from rawgpu.data import load_mnist
-from rawgpu.driver import Device, Event, Module, Stream
-from rawgpu.errors import RawgpuError
+from rawgpu.runtime import compiler
+from rawgpu.data.datasets import load_mnist
+from rawgpu.runtime.driver import Device, Event, Module, Stream
+from rawgpu.runtime.errors import RawgpuError
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import fused as kf
-from rawgpu.memory import Arena
-from rawgpu.recipe import TRAIN_ROWS, Recipe
+from rawgpu.runtime.memory import Arena
+from rawgpu.model.recipe import TRAIN_ROWS, Recipe
 from rawgpu.steps import plan_model
 
 

@@ -4,7 +4,7 @@ tile config and split count that fits each shape (--sweep: the data behind rawgp
     python dev/gemm_variants.py --variants stream tma [--sizes 256 8192]
     python dev/gemm_variants.py --sweep [--sizes 4096] [--json sweep.json]
 
-Each GEMM is timed as bench.py gemm times it (rawgpu.bench.gemm.bench_ours: a CUDA graph of
+Each GEMM is timed as bench.py gemm times it (benchmarks.gemm.bench_ours: a CUDA graph of
 --launches launches rotating over operand copies past the L2, the median of --trials replays). Per shape the default
 plan comes first (plain: C = A @ B stored in fp16, launched after the launch before; fused: the step's kernel,
 launched as the step launches it), then each variant and the sweep's best.
@@ -18,11 +18,11 @@ import json
 import sys
 from pathlib import Path
 
-from rawgpu.bench.gemm import bench_ours, min_bytes, mlp_gemms, open_gpu
-from rawgpu.bench.timing import copy_bandwidth
-from rawgpu.bench.training import HIDDEN
-from rawgpu.cli import count
-from rawgpu.errors import run_cli
+from benchmarks.gemm import bench_ours, min_bytes, mlp_gemms, open_gpu
+from benchmarks.timing import copy_bandwidth
+from benchmarks.training import HIDDEN
+from rawgpu.cli.common import count
+from rawgpu.runtime.errors import run_cli
 from rawgpu.kernels import gemm as G
 
 

@@ -17,11 +17,11 @@ import sys
 
 import numpy as np
 
-from rawgpu import compiler
-from rawgpu.data import load_mnist
-from rawgpu.driver import Launch, Module, copy_device_to_host, copy_host_to_device
-from rawgpu.recipe import Recipe
-from rawgpu.session import Session
+from rawgpu.runtime import compiler
+from rawgpu.data.datasets import load_mnist
+from rawgpu.runtime.driver import Launch, Module, copy_device_to_host, copy_host_to_device
+from rawgpu.model.recipe import Recipe
+from rawgpu.training.session import Session
 
 KERNELS = {  # source, define, stamp buffer, marks in the order they are passed
     "head": ("head.cu", "-DHEAD_PROFILE", "head_profile",

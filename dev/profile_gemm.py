@@ -3,16 +3,16 @@
 Run under Nsight Compute on the device, e.g.
   ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum,... python3 dev/profile_gemm.py
 No timing here: scripts/bench.py gemm and dev/gemm_variants.py time; this only gives ncu the kernels, each with cold
-caches as ncu leaves them. The launches are scripts/bench.py's (rawgpu.bench.gemm).
+caches as ncu leaves them. The launches are scripts/bench.py's (benchmarks.gemm).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from rawgpu.bench.gemm import bench_ours, bench_torch, mlp_gemms, open_gpu
-from rawgpu.cli import count
-from rawgpu.errors import run_cli
+from benchmarks.gemm import bench_ours, bench_torch, mlp_gemms, open_gpu
+from rawgpu.cli.common import count
+from rawgpu.runtime.errors import run_cli
 from rawgpu.kernels import gemm as G
 
 

@@ -7,7 +7,7 @@ What a rank of an N-GPU run computes (its slice of every layer, parallel/sharded
 whole model over its 1/N of the batch, parallel/replicated.py) is timed here alone: the all-reduces are replaced by
 nothing, so the figure is the step of an N-GPU run without its collectives, a floor for it, not a measurement of
 several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Parameters are left at zero
-(the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times (rawgpu.bench.training's
+(the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times (benchmarks.training's
 step_alone_us): CUDA events around replays of a graph of steps, median of trials. --long: the tensor-parallel step's
 long form. --batch: the recipe's batch instead. --kernels: each kernel of the rank's step alone too.
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rawgpu.bench.timing import time_graph
-from rawgpu.bench.training import RECIPES, NoSums, rawgpu_recipe, step_alone_us
-from rawgpu.cli import count
+from benchmarks.timing import time_graph
+from benchmarks.training import RECIPES, NoSums, rawgpu_recipe, step_alone_us
+from rawgpu.cli.common import count
 from rawgpu.kernels import Kernels
 from rawgpu.steps import StepOptions, plan_model
 
@@ -51,7 +51,7 @@ def main() -> int:
     p.add_argument("--kernels", action="store_true",
                    help="also each kernel of the rank's step alone, repeated in a graph (where the step's time goes)")
     args = p.parse_args()
-    from rawgpu.driver import Device, Stream
+    from rawgpu.runtime.driver import Device, Stream
 
     device = Device(0)
     kernels, stream = Kernels(device.arch), Stream()

@@ -41,9 +41,14 @@ def report() -> None:
 
 def main() -> int:
     t = time.time()
-    from rawgpu import data, driver, mlp, session, train, trainer
+    from rawgpu.data import datasets as data
+    from rawgpu.runtime import driver
+    from rawgpu.model import mlp
+    from rawgpu.training import session, trainer
+    from rawgpu.cli import train
     from rawgpu.kernels import Kernels
-    from rawgpu.parallel import job, nccl
+    from rawgpu.jobs import job
+    from rawgpu.runtime import nccl
 
     PHASES.append(("import rawgpu.train", t, time.time()))
     timed(driver, "init", "cuInit")

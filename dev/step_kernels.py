@@ -8,7 +8,7 @@ to more than the whole). --drop also times the step without each launch in turn:
 step's critical path, i.e. what fusing it into a neighbour could save at most (the numbers, not the results, count).
 --chain: the layered step with every launch in one chain (StepOptions(branches=False)); --drop needs it where the step
 has side streams (a launch dropped from a fork or join would leave the graph unjoined).
-Timed as scripts/bench.py times (rawgpu.bench.timing.time_graph): CUDA events around graph replays, median of trials.
+Timed as scripts/bench.py times (benchmarks.timing.time_graph): CUDA events around graph replays, median of trials.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import sys
 
 import numpy as np
 
-from rawgpu.bench.timing import time_graph
-from rawgpu.data import load_mnist
-from rawgpu.recipe import ACTIVATIONS, Recipe
-from rawgpu.session import Session
+from benchmarks.timing import time_graph
+from rawgpu.data.datasets import load_mnist
+from rawgpu.model.recipe import ACTIVATIONS, Recipe
+from rawgpu.training.session import Session
 from rawgpu.steps import StepOptions
 
 

@@ -20,14 +20,14 @@ import sys
 
 import numpy as np
 
-from rawgpu.bench.timing import time_graph
-from rawgpu.cli import count
-from rawgpu.data import load_mnist
-from rawgpu.errors import run_cli
-from rawgpu.graph import capture
-from rawgpu.mlp import run_launches
-from rawgpu.recipe import Recipe
-from rawgpu.session import Session
+from benchmarks.timing import time_graph
+from rawgpu.cli.common import count
+from rawgpu.data.datasets import load_mnist
+from rawgpu.runtime.errors import run_cli
+from rawgpu.runtime.graph import capture
+from rawgpu.model.mlp import run_launches
+from rawgpu.model.recipe import Recipe
+from rawgpu.training.session import Session
 from rawgpu.steps import StepOptions
 
 ARRANGEMENTS = ("chain", "product", "first-dw-weights", "first-dw-biases")

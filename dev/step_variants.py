@@ -1,6 +1,6 @@
 """Training-step experiments beside `scripts/bench.py train`: the layered step's L2 cache hints at other budgets
 (--l2-budgets) and the fused step with other grids (--fused-grid), each timed as bench.py times rawgpu
-(rawgpu.bench.training.bench_rawgpu, the reference workload of batch 32, lr 0.003, plain SGD on
+(benchmarks.training.bench_rawgpu, the reference workload of batch 32, lr 0.003, plain SGD on
 MNIST, warm-up excluded, GPU time of `--steps` steps).
 
     python dev/step_variants.py --l2-budgets 0 0.3 0.9 [--sizes 4096 8192]
@@ -19,10 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-from rawgpu import driver as drv
-from rawgpu.bench.training import HIDDEN, bench_rawgpu
-from rawgpu.cli import count
-from rawgpu.errors import RawgpuError
+from rawgpu.runtime import driver as drv
+from benchmarks.training import HIDDEN, bench_rawgpu
+from rawgpu.cli.common import count
+from rawgpu.runtime.errors import RawgpuError
 from rawgpu.kernels.l2 import DEFAULT_BUDGET as DEFAULT_L2_BUDGET
 
 
@@ -66,7 +66,7 @@ def timed_rows(args, h: int, mnist) -> list[dict]:
 
 
 def run(args) -> int:
-    from rawgpu.data import load_mnist
+    from rawgpu.data.datasets import load_mnist
 
     device = drv.Device(args.device)
     mnist = load_mnist(args.data_dir)

@@ -3,7 +3,7 @@
 The Python API is `Trainer` (train, evaluate, predict, save, load) and `Recipe` (the model and optimiser), `Sweep`
 (many models over a `Grid` of settings and seeds), `load_dataset` and its `Dataset`, `EpochStats` (what each epoch
 reports), with `RawgpuError` and its kinds for what can go wrong (and `SettingError` for a bad argument, which names
-it); nothing touches the GPU until a Trainer is made. Each is imported on first use, so `import rawgpu.recipe` stays
+it); nothing touches the GPU until a Trainer is made. Each is imported on first use, so `import rawgpu.model.recipe` stays
 light.
 """
 
@@ -14,11 +14,11 @@ def _homes() -> dict[str, str]:
     """Each public name -> the module that defines it (imported on first use)."""
     errors = ("RawgpuError", "NoDeviceError", "CudaError", "GpuHangError", "CompileError", "OutOfMemoryError",
               "GraphCaptureError", "DataError", "StepUnsupported", "Terminated")
-    return {"Recipe": "recipe", "SettingError": "recipe", "Trainer": "trainer", "Evaluation": "trainer",
-            "TrainingDiverged": "trainer", "EpochStats": "console", "Sweep": "sweeper", "Grid": "grid",
-            "Dataset": "data", "load_dataset": "data", "CheckpointError": "checkpoint",
-            **{name: "errors" for name in errors}}
-
+    return {"Recipe": "model.recipe", "SettingError": "model.recipe", "Trainer": "training.trainer",
+            "Evaluation": "training.trainer", "TrainingDiverged": "training.trainer", "EpochStats": "training.stats",
+            "Sweep": "training.sweep", "Grid": "training.grid", "Dataset": "data.datasets",
+            "load_dataset": "data.datasets", "CheckpointError": "training.checkpoint",
+            **{name: "runtime.errors" for name in errors}}
 
 __all__ = sorted(_homes()) + ["__version__"]
 

@@ -22,7 +22,7 @@ each replay, after warm-up; the median over `--trials` replays, divided by the l
 
 Experiments live in dev/ (dev/README.md): other tile configs and the tile/split sweep (dev/gemm_variants.py), the
 step under other L2 budgets and fused-step grids (dev/step_variants.py). They and this file time with the same code,
-rawgpu.bench (timing, gemm, training): keep its signatures stable. rawgpu comes from the installed package, or from
+benchmarks (timing, gemm, training): keep its signatures stable. rawgpu comes from the installed package, or from
 the checkout with PYTHONPATH=.; the peers are scripts/peers, found beside this file (a script's folder is on its path).
 """
 
@@ -39,18 +39,18 @@ from pathlib import Path
 
 import numpy as np
 
-from rawgpu import driver as drv
-from rawgpu.bench.gemm import bench_dx_sgd, bench_ours, bench_torch, min_bytes, mlp_gemms
-from rawgpu.bench.timing import copy_bandwidth, launch_floor
-from rawgpu.bench.training import (HIDDEN, RECIPES, bench_rank, bench_rawgpu, bench_rawgpu_models, describe,
-                                   rawgpu_recipe, with_optimizer)
-from rawgpu.cli import parallel_problem
-from rawgpu.errors import RawgpuError
-from rawgpu.files import write_atomic
+from rawgpu.runtime import driver as drv
+from benchmarks.gemm import bench_dx_sgd, bench_ours, bench_torch, min_bytes, mlp_gemms
+from benchmarks.timing import copy_bandwidth, launch_floor
+from benchmarks.training import (HIDDEN, RECIPES, bench_rank, bench_rawgpu, bench_rawgpu_models, describe,
+                                 rawgpu_recipe, with_optimizer)
+from rawgpu.cli.common import parallel_problem
+from rawgpu.runtime.errors import RawgpuError
+from rawgpu.runtime.files import write_atomic
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_sgd as D
 from rawgpu.kernels import gemm as G
-from rawgpu.recipe import ACTIVATIONS, DEFAULTS, OPTIMIZER_DEFAULTS
+from rawgpu.model.recipe import ACTIVATIONS, DEFAULTS, OPTIMIZER_DEFAULTS
 from rawgpu.steps import MODES, ONE_GPU
 
 
@@ -111,7 +111,7 @@ def cmd_gemm(args) -> int:
 
 def cmd_train_gpus(args) -> int:
     """--gpus: rawgpu alone on one GPU and split over N of them, each H: us/step, speed-up, time in the sums."""
-    from rawgpu.data import load_mnist
+    from rawgpu.data.datasets import load_mnist
 
     sizes = train_sizes(args)
     smallest = sizes[0] if args.hidden else min(sizes)
@@ -124,8 +124,8 @@ def cmd_train_gpus(args) -> int:
         print(f"bench: error: argument --gpus: {max(args.gpus)} GPUs asked for, this machine has {count}",
               file=sys.stderr)
         return 2
-    from rawgpu.parallel import nccl
-    from rawgpu.parallel.ranks import run_ranks
+    from rawgpu.runtime import nccl
+    from rawgpu.runtime.ranks import run_ranks
 
     if max(args.gpus) > 1:
         if (why := nccl.available()) is not None:
@@ -231,7 +231,7 @@ def train_sizes(args) -> list:
 
 
 def cmd_train(args) -> int:
-    from rawgpu.data import load_mnist
+    from rawgpu.data.datasets import load_mnist
 
     if args.gpus:
         return cmd_train_gpus(args)
@@ -346,7 +346,7 @@ def cmd_sweep(args) -> int:
     from peers import sweeps
     from peers.common import Workload, mnist_arrays
 
-    from rawgpu.data import load_mnist
+    from rawgpu.data.datasets import load_mnist
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

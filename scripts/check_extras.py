@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rawgpu.install import MULTI, STACKS
+from rawgpu.runtime.install import MULTI, STACKS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ USAGE
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 OUT=${OUT:-/tmp/rawgpu-out}; OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd) || exit 1  # where it was started from
 cd "$(dirname "$0")/.." || exit 1  # the repository root, wherever it was started from
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAWGPU_DATA=${RAWGPU_DATA:-.data/mnist} OUT
+export PYTHONPATH=.:scripts${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAWGPU_DATA=${RAWGPU_DATA:-.data/mnist} OUT
 # No GPU: one line and exit 1, before anything runs (the checks below need one).
 if ! why=$(python3 -c "
 import sys

@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rawgpu import recipe as rc
-from rawgpu.errors import RawgpuError, StepUnsupported
-from rawgpu.files import write_atomic
-from rawgpu.cli import add_device_option, add_step_option, check_step_option, count, usage_error
+from rawgpu.model import recipe as rc
+from rawgpu.runtime.errors import RawgpuError, StepUnsupported
+from rawgpu.runtime.files import write_atomic
+from rawgpu.cli.common import add_device_option, add_step_option, check_step_option, count, usage_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)  # an unusable --out fails here, before any GPU work
         if not os.access(out.parent, os.W_OK) or out.is_dir():
             raise OSError(13, "not a writable file path", str(out))
-        from rawgpu.session import Session
+        from rawgpu.training.session import Session
 
         session = Session(recipe, args.device, step_kind=args.step)
         console.print(f"kernels: {session.compile_note}")

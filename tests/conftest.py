@@ -15,7 +15,7 @@ import pytest
 @functools.lru_cache(maxsize=1)
 def _gpu_status() -> tuple[object | None, str]:
     try:
-        from rawgpu.driver import Device
+        from rawgpu.runtime.driver import Device
 
         return Device(0), ""
     except Exception as exc:  # NoDeviceError, or anything the bindings raise without a driver
@@ -133,14 +133,14 @@ def device():
 
 @pytest.fixture(scope="session")
 def stream(device):
-    from rawgpu.driver import Stream
+    from rawgpu.runtime.driver import Stream
 
     return Stream()
 
 
 @pytest.fixture(scope="session")
 def kernels_for(device):
-    """The device's kernels built for an activation (rawgpu.recipe.ACTIVATIONS), one Kernels per activation."""
+    """The device's kernels built for an activation (rawgpu.model.recipe.ACTIVATIONS), one Kernels per activation."""
     from rawgpu.kernels import Kernels
 
     built: dict = {}

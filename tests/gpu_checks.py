@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rawgpu import master
+from rawgpu.model import master
 
 
 def run_twice(launch, stream, state: list, poisoned: list, outputs: list) -> list[list[np.ndarray]]:
@@ -85,7 +85,7 @@ class LateDxKernels:
         self.arch, self.activation, self._modules = arch, "relu", []
 
     def get(self, source: str, name: str, signature: str):
-        from rawgpu import compiler, driver
+        from rawgpu.runtime import compiler, driver
 
         unit = compiler.unit_of(source, name)  # one instance of a many-instance source, or the whole small source
         built = compiler.compile_source(unit[0], self.arch, (f"-DAPART_LATE_DX_NS={self.LATE_NS}",), kernel=unit[1])

@@ -7,8 +7,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rawgpu import compiler, driver, train
-from rawgpu.trainer import Trainer
+from rawgpu.runtime import compiler, driver
+from rawgpu.cli import train
+from rawgpu.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 SPIN_NS = 10 * 10**9

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from rawgpu.parallel import job, rendezvous
-from rawgpu.parallel.launchers import world_from_environment
+from rawgpu.jobs import job, rendezvous
+from rawgpu.jobs.launchers import world_from_environment
 
 world = world_from_environment(os.environ)
 if world is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rawgpu import master, optimizer
-from rawgpu.recipe import Recipe
+from rawgpu.model import master, optimizer
+from rawgpu.model.recipe import Recipe
 
 # Optimisers the update kernels are checked with.
 OPTIMIZERS = {"plain": Recipe(momentum=0.0), "momentum": Recipe(momentum=0.9),

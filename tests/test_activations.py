@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import mlp_reference as ref
-from rawgpu import compiler, contract, steps
-from rawgpu.errors import StepUnsupported
-from rawgpu.memory import Arena
-from rawgpu.recipe import ACTIVATIONS, SLOPE_SAVED, Recipe
+from rawgpu.runtime import compiler
+from rawgpu import contract, steps
+from rawgpu.runtime.errors import StepUnsupported
+from rawgpu.runtime.memory import Arena
+from rawgpu.model.recipe import ACTIVATIONS, SLOPE_SAVED, Recipe
 
 NON_DEFAULT = [a for a in ACTIVATIONS if a != "relu"]
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rawgpu import checkpoint as ck
-from rawgpu import evaluate, optimizer, predict, train
-from rawgpu.recipe import Recipe
+from rawgpu.training import checkpoint as ck
+from rawgpu.cli import evaluate, predict, train
+from rawgpu.model import optimizer
+from rawgpu.model.recipe import Recipe
 
 
 def make(rng, recipe: Recipe, steps_done: int = 7) -> ck.Checkpoint:
@@ -152,7 +153,7 @@ def test_metadata_that_cannot_be_the_model_s_is_one_line_naming_the_file_and_the
 @pytest.mark.parametrize("tool", ["evaluate", "predict", "Trainer.load", "train --resume"])
 def test_a_checkpoint_whose_progress_is_a_string_is_one_line_and_exit_1_everywhere(rng, tmp_path, capsys,
                                                                                    monkeypatch, tool):
-    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.runtime.driver.init", lambda: pytest.fail("the GPU was opened"))
     recipe = Recipe(hidden=8, layers=1, batch=4, inputs=12, classes=3, train_rows=20, test_rows=5, total_steps=40)
     path = _with_metadata(ck.save(tmp_path / "m.safetensors", make(rng, recipe)), progress=json.dumps("x"))
     want = f"{path}: corrupt checkpoint metadata: progress is a string, not an object"
@@ -175,20 +176,20 @@ def test_resume_checks_the_data_against_the_checkpoint_before_the_gpu(rng, tmp_p
     before the GPU. Both are the checkpoint's error (exit 1), naming the file."""
     from test_trainer import synthetic, write_idx
 
-    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
-    monkeypatch.setattr("rawgpu.driver.init_in_background", lambda: None)
+    monkeypatch.setattr("rawgpu.runtime.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.runtime.driver.init_in_background", lambda: None)
     recipe = Recipe(hidden=8, layers=1, batch=4, inputs=12, classes=3, train_rows=20, test_rows=5, total_steps=40)
     saved = make(rng, recipe)
     saved.dataset["name"] = "mnist"  # a model of 3x4 images that says it trained on MNIST (28x28)
     path = ck.save(tmp_path / "named.safetensors", saved)
-    monkeypatch.setattr("rawgpu.data.load_dataset", lambda *a, **k: pytest.fail("the data was read"))
+    monkeypatch.setattr("rawgpu.data.datasets.load_dataset", lambda *a, **k: pytest.fail("the data was read"))
     assert train.main(["--resume", str(path)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"rawgpu: error: {path}: trained on 20 images of 12 pixels and 3 classes; mnist has 60000 of 784 pixels and "
         "10 classes: --resume continues on the checkpoint's data"]
     monkeypatch.undo()
-    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
-    monkeypatch.setattr("rawgpu.driver.init_in_background", lambda: None)
+    monkeypatch.setattr("rawgpu.runtime.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.runtime.driver.init_in_background", lambda: None)
     path = ck.save(tmp_path / "idx.safetensors", make(rng, recipe))
     other = write_idx(tmp_path / "other", synthetic(rng, 20, 5, rows=4, cols=4, classes=3))
     assert train.main(["--resume", str(path), "--data-dir", str(other)]) == 1
@@ -243,7 +244,7 @@ def test_resume_refuses_options_that_change_the_run(rng, tmp_path, capsys, monke
 
 @pytest.mark.parametrize("tool", [train, evaluate, predict])
 def test_a_corrupt_checkpoint_is_one_line_and_exit_1_before_any_gpu_work(tool, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.runtime.driver.init", lambda: pytest.fail("the GPU was opened"))
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x00" * 40)
     argv = {train: ["--resume", str(bad)], evaluate: [str(bad)], predict: [str(bad), str(bad)]}[tool]
@@ -253,7 +254,7 @@ def test_a_corrupt_checkpoint_is_one_line_and_exit_1_before_any_gpu_work(tool, t
 
 
 def test_predict_refuses_images_of_another_size_before_any_gpu_work(rng, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.runtime.driver.init", lambda: pytest.fail("the GPU was opened"))
     recipe = Recipe(hidden=8, layers=1, batch=4, inputs=12, classes=3, train_rows=20, test_rows=5)
     path = ck.save(tmp_path / "m.safetensors", make(rng, recipe))
     np.save(tmp_path / "x.npy", np.zeros((2, 4, 4), np.uint8))

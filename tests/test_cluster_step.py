@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rawgpu.kernels import cluster as kc
-from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
+from rawgpu.model.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
 from rawgpu.steps import cluster as cluster_step
 from rawgpu.steps import plan_model
 
@@ -136,8 +136,8 @@ def test_cluster_step_trains_mnist(device, stream, rng):
         pytest.skip(f"the cluster step needs sm_90 thread-block clusters; this GPU is {device.arch}")
     import mlp_reference as ref
     from rawgpu.kernels import Kernels
-    from rawgpu.data import load_mnist
-    from rawgpu.errors import DataError
+    from rawgpu.data.datasets import load_mnist
+    from rawgpu.runtime.errors import DataError
 
     try:
         mnist = load_mnist(download=False)

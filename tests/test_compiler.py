@@ -12,8 +12,9 @@ import re
 
 import pytest
 
-from rawgpu import compiler, contract
-from rawgpu.errors import CompileError
+from rawgpu.runtime import compiler
+from rawgpu import contract
+from rawgpu.runtime.errors import CompileError
 
 from whole_builds import ARCHS  # what the session builds whole
 

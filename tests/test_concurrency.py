@@ -126,7 +126,7 @@ def test_a_signal_ends_a_run_whose_gpu_never_finishes_within_2_s(sig, status, de
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
 def test_the_experiment_and_the_stand_in_for_a_hung_gpu_build(arch):
     """dev/concurrency/pdl_chain.cu (docs/design.md's experiment) and tests/kernels/spin.cu still compile."""
-    from rawgpu import compiler
+    from rawgpu.runtime import compiler
 
     for path, kernels in ((ROOT / "dev" / "concurrency" / "pdl_chain.cu", ["pdl_handoff", "pdl_link"]),
                           (ROOT / "tests" / "kernels" / "spin.cu", ["spin"])):
@@ -137,7 +137,7 @@ def test_the_experiment_and_the_stand_in_for_a_hung_gpu_build(arch):
 def test_the_launch_chain_experiment_refuses_a_missing_gpu_in_one_line(monkeypatch, capsys):
     import importlib.util
 
-    from rawgpu.errors import NoDeviceError
+    from rawgpu.runtime.errors import NoDeviceError
 
     def no_gpu(*args):
         raise NoDeviceError("no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU")

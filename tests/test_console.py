@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from rawgpu import console as con
-from rawgpu.console import EpochStats, GpuReading, GpuReadings, RunInfo, Summary, make_console
+from rawgpu.cli import console as con
+from rawgpu.cli.console import EpochStats, GpuReading, GpuReadings, RunInfo, Summary, make_console
 
 INFO = RunInfo(device_name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0), sm_count=132,
                driver_version="580.159.04 (CUDA 13.0)", nvrtc_version="13.0", model="784-256-256-256-10",

@@ -1,4 +1,4 @@
-"""Tests for rawgpu.data: dataset lookup, verification and download, and IDX sets of any size.
+"""Tests for rawgpu.data.datasets: dataset lookup, verification and download, and IDX sets of any size.
 
 Most tests use tiny synthetic IDX files with a dataset's spec in DATASETS swapped for one with matching
 checksums, so they need no real data and run in milliseconds. Downloads go to a local HTTP server on 127.0.0.1.
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rawgpu import data
-from rawgpu.data import FileSpec, load_dataset, load_mnist
-from rawgpu.errors import DataError
-from rawgpu.recipe import MAX_CLASSES, MAX_INPUTS
+from rawgpu.data import datasets as data
+from rawgpu.data.datasets import FileSpec, load_dataset, load_mnist
+from rawgpu.runtime.errors import DataError
+from rawgpu.model.recipe import MAX_CLASSES, MAX_INPUTS
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_DATASETS = dict(data.DATASETS)

@@ -11,10 +11,10 @@ import weakref
 import numpy as np
 import pytest
 
-from rawgpu import driver
-from rawgpu.compiler import compile_source
-from rawgpu.errors import CudaError, GpuHangError, NoDeviceError, OutOfMemoryError
-from rawgpu.memory import Arena
+from rawgpu.runtime import driver
+from rawgpu.runtime.compiler import compile_source
+from rawgpu.runtime.errors import CudaError, GpuHangError, NoDeviceError, OutOfMemoryError
+from rawgpu.runtime.memory import Arena
 
 
 def test_check_passes_values_and_raises_named_errors():
@@ -425,7 +425,7 @@ def test_queries_read_not_ready_as_unfinished_and_name_other_errors(fake_binding
 
 
 def test_sigterm_stops_like_ctrl_c_and_exits_143():
-    from rawgpu.errors import Terminated, interrupt_status, run_cli
+    from rawgpu.runtime.errors import Terminated, interrupt_status, run_cli
 
     assert interrupt_status(KeyboardInterrupt()) == 130 and interrupt_status(Terminated()) == 143
     previous = signal.getsignal(signal.SIGTERM)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu import master
+from rawgpu.model import master
 from rawgpu.kernels import dx_sgd as D
-from rawgpu.memory import Arena
+from rawgpu.runtime.memory import Arena
 
 # --- CPU ---------------------------------------------------------------------------------------------------------
 
@@ -77,7 +77,7 @@ def check_dx_operand(launch, dx_at: int, lddx_at: int) -> None:
     argument dx_at, lddx and the kernel's dx_f32 flag at lddx_at and after): fp16 stored masked (flag 0), fp32 the
     raw sums (flag 1), the stride in elements either way; other dtypes, a stride not a multiple of 8, too few rows
     and a start that breaks the pair stores refused in one line."""
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     a = Arena()
     dx = lambda shape, dtype: a.tensor(f"dx{len(a.slots)}", shape, dtype)  # noqa: E731

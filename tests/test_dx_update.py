@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu import contract, master, optimizer
+from rawgpu import contract
+from rawgpu.model import master, optimizer
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import dx_update as U
 
@@ -130,7 +131,7 @@ def test_bad_plans_are_refused(kw, msg):
 
 
 def test_dx_is_fp16_masked_or_fp32_raw_sums():
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     a, k = Arena(), Bound()
     x, dy = a.tensor("x", (32, 520), np.float16), a.tensor("dy", (32, 1000), np.float16)
@@ -265,7 +266,7 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
     runs' outputs."""
     from gpu_checks import assert_same_bytes, run_twice
 
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     plan = U.plan_dx_update(B, IN, N, OPTIMIZERS[opt].optimizer, device.arch, device.sm_count, splits, cluster=cluster,
                             dx=with_dx, roles=roles)
@@ -334,7 +335,7 @@ def test_lr_zero_keeps_every_master_bit_with_plain_sgd(device, stream, kernels, 
     """At lr 0 plain SGD's step is w - 0 g: the master's halves come back bit for bit (the split is exact), for
     masters in the form split gives (below 2^-16 a weight split from fp32 can tie between two fp16 subnormals, and
     the update writes the other, equal, form: cu/master.cuh)."""
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     B, IN, N = 128, 256, 320
     plan = U.plan_dx_update(B, IN, N, "sgd", device.arch, device.sm_count)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rawgpu.kernels import fused as kf
-from rawgpu.recipe import TRAIN_ROWS, Recipe
+from rawgpu.model.recipe import TRAIN_ROWS, Recipe
 from rawgpu.steps import StepOptions, plan_model
 
 gpu = pytest.mark.gpu

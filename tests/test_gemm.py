@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rawgpu import master, optimizer
+from rawgpu.model import master, optimizer
 from rawgpu.contract import OPTIM_WORDS
-from rawgpu.recipe import Recipe
+from rawgpu.model.recipe import Recipe
 from rawgpu.kernels import gemm as G
 
 from optim_reference import OPTIMIZERS, TABLE_STEP, update_reference
@@ -376,7 +376,7 @@ class _Recorder:
 
 
 def test_store32_binds_an_fp32_output_and_refuses_others():
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     a = Arena()  # planned, never allocated: no GPU needed
     M, N, K = 32, 264, 1000
@@ -450,7 +450,7 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
              opt="plain", repeat=1, config=None, cluster=None):
     """Build fresh random operands, run the GEMM (poisoned outputs), return (outputs, references). opt: the update
     epilogue's optimiser (OPTIMIZERS)."""
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     recipe = OPTIMIZERS[opt]
     states = 0
@@ -814,7 +814,7 @@ def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, 
     """The update joins the master's halves, steps and splits again (cu/master.cuh): at lr = 0 every bit must come
     back, for weights from random bit patterns across the whole fp16 range, tiny ones included. (Inputs in the form
     split gives; -0 becomes +0 under any update, as in an fp32 master.)"""
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     if config.startswith("wg") and not G.has_wgmma(device.arch):
         pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
@@ -934,7 +934,7 @@ def test_store32_then_finish_sum_gives_the_fused_epilogues_bits(device, stream, 
     gives every bit of the GEMM with that epilogue, on the same plan (tile, splits, cluster: split-K cases included);
     the sum and the result also against float64, every output poisoned first."""
     from rawgpu.kernels import elementwise as ke
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     epi = "bias_act" if layout == "rr" else "dact"
     fused = G.plan_gemm(M, N, K, layout, epi, accum, sm_count=device.sm_count, arch=device.arch,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu import driver
-from rawgpu.compiler import compile_source
-from rawgpu.errors import CudaError, GraphCaptureError
-from rawgpu.graph import Node, capture
-from rawgpu.memory import Arena
+from rawgpu.runtime import driver
+from rawgpu.runtime.compiler import compile_source
+from rawgpu.runtime.errors import CudaError, GraphCaptureError
+from rawgpu.runtime.graph import Node, capture
+from rawgpu.runtime.memory import Arena
 
 N = 4099
 
@@ -21,7 +21,7 @@ class _Stream:
 
 @pytest.fixture
 def fake_graphs(monkeypatch):
-    """rawgpu.driver's graph functions over a made-up graph: nodes 10..13, edges 12 -> 10 and 11 -> 12 (programmatic);
+    """rawgpu.runtime.driver's graph functions over a made-up graph: nodes 10..13, edges 12 -> 10 and 11 -> 12 (programmatic);
     `log` records what was called."""
     log = []
     kernels = {10: ("axpby_f32", (17, 1, 1), (256, 1, 1), 0), 12: ("increment_i64", (1, 1, 1), (32, 1, 1), 1024)}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rawgpu.grid import Grid, check_sweep, describe_point, parse_seeds
-from rawgpu.recipe import Recipe
+from rawgpu.training.grid import Grid, check_sweep, describe_point, parse_seeds
+from rawgpu.model.recipe import Recipe
 
 
 def test_every_model_is_the_base_recipe_with_its_point_and_seed():
@@ -102,7 +102,7 @@ def test_a_sweep_s_arguments_are_checked_by_the_rules_of_a_run(kw, kind, message
 
 
 def test_a_grid_past_the_bound_is_refused_before_it_is_made():
-    from rawgpu.grid import MAX_MODELS, Grid, parse_seeds
+    from rawgpu.training.grid import MAX_MODELS, Grid, parse_seeds
 
     with pytest.raises(ValueError, match=r"^'0-100000000' makes more than 100,000 seeds"):
         parse_seeds(["0-100000000"])  # counted, not expanded: at once

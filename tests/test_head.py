@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu import contract, master, optimizer
+from rawgpu import contract
+from rawgpu.model import master, optimizer
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import head as H
 
@@ -59,7 +60,7 @@ def test_bad_plans_are_refused(kw, msg):
 
 def test_the_layered_step_uses_it_on_sm90_only():
     from rawgpu.steps import plan_model
-    from rawgpu.recipe import Recipe
+    from rawgpu.model.recipe import Recipe
 
     r = Recipe(hidden=4096, layers=3, batch=32, lr=0.003, momentum=0.0)
     ours = plan_model(r, "layered", arch="sm_90")
@@ -100,7 +101,7 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas, opt):
         pytest.skip(f"the head kernel needs thread-block clusters (sm_90+); this GPU is {device.arch}")
     from gpu_checks import assert_same_bytes, run_twice
 
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.memory import Arena
 
     classes, scale = 10, np.float32(512.0 / B)
     plan = H.plan_head(B, K, OPTIMIZERS[opt].optimizer, ctas)

@@ -1,4 +1,4 @@
-"""Tests for rawgpu.images: reading PNG, .npy and IDX images for prediction, writing predictions.
+"""Tests for rawgpu.data.images: reading PNG, .npy and IDX images for prediction, writing predictions.
 
 The PNGs come from a small encoder below that applies each filter type itself, so the decoder's unfiltering is
 checked against an independent implementation, byte for byte. Images are 5x7 (not square) to catch transposes.
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rawgpu import files
-from rawgpu.errors import DataError
-from rawgpu.images import read_images, write_predictions
+from rawgpu.runtime import files
+from rawgpu.runtime.errors import DataError
+from rawgpu.data.images import read_images, write_predictions
 
 SHAPE = (5, 7)
 LUMA = np.array([0.299, 0.587, 0.114])

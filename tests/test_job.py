@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from rawgpu import files
-from rawgpu.parallel import job as jb
-from rawgpu.parallel import rendezvous as rv
-from rawgpu.parallel.launchers import World
+from rawgpu.runtime import files
+from rawgpu.jobs import job as jb
+from rawgpu.jobs import rendezvous as rv
+from rawgpu.jobs.launchers import World
 
 UID = bytes(range(128))
 SAME = rv.Identity.of("recipe", "data", "0.1")
@@ -188,7 +188,8 @@ def _run(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess
 
 
 def test_launch_gives_each_local_rank_torchruns_variables():
-    from rawgpu.launch import build_parser, rank_environment
+    from rawgpu.cli.launch import build_parser
+    from rawgpu.jobs.processes import rank_environment
 
     args = build_parser().parse_args(["--nnodes", "3", "--node-rank", "2", "--master-addr", "node0:1234",
                                       "--nproc-per-node", "4", "--", "--hidden", "256"])
@@ -214,7 +215,7 @@ def test_launch_refuses_bad_arguments_in_one_line_before_starting_a_rank(args, m
 
 
 def test_launch_waits_for_its_ranks_and_kills_those_left_after_a_failure(monkeypatch, capsys):
-    from rawgpu import launch
+    from rawgpu.jobs import processes as launch
 
     monkeypatch.setattr(launch, "GRACE_SECONDS", 0.5)
     procs = [launch.ForkedRank(lambda: time.sleep(60), {}), launch.ForkedRank(lambda: 3, {})]
@@ -245,7 +246,7 @@ def _exit_with(code):
     (lambda: os.kill(os.getpid(), signal.SIGINT), 130),  # Ctrl-C is the rank's, not the launcher's handler
 ])
 def test_a_forked_rank_runs_main_with_its_variables_and_exits_with_its_status(main, status):
-    from rawgpu import launch
+    from rawgpu.jobs import processes as launch
 
     previous = signal.signal(signal.SIGINT, lambda *_: None)  # the launcher's own handler must not reach the rank
     try:
@@ -256,14 +257,14 @@ def test_a_forked_rank_runs_main_with_its_variables_and_exits_with_its_status(ma
 
 
 def test_a_forked_rank_prints_the_message_it_exits_with(capfd):
-    from rawgpu import launch
+    from rawgpu.jobs import processes as launch
 
     rank = launch.ForkedRank(lambda: _exit_with("rawgpu: error: a message"), {})
     assert _ended(rank) == 1 and "rawgpu: error: a message" in capfd.readouterr().err
 
 
 def test_a_check_in_a_fork_returns_its_answer_and_leaves_what_it_loads_out_of_this_process():
-    from rawgpu import launch
+    from rawgpu.jobs import processes as launch
 
     def load() -> list:
         sys.rawgpu_test_loaded = True  # as a library's state would be
@@ -299,7 +300,7 @@ def test_train_as_one_rank_refuses_what_does_not_go_with_it_in_one_line(env, arg
 
 
 def test_train_as_one_rank_without_nccl_says_how_to_install_it():
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import nccl
 
     if nccl.available() is None:
         pytest.skip("NCCL is installed here: the ranks of a job run (tests/test_jobs_gpu.py)")
@@ -314,8 +315,9 @@ def test_train_as_one_rank_without_nccl_says_how_to_install_it():
 def test_a_check_whose_process_dies_is_one_line_not_a_traceback(monkeypatch, capsys):
     """Loading NCCL or NVML may kill the process that checks it: --gpus N says so in one line; the GPU count is
     then unknown (the ranks find out themselves)."""
-    from rawgpu import launch, train
-    from rawgpu.parallel import nccl
+    from rawgpu.cli import train
+    from rawgpu.jobs import processes as launch
+    from rawgpu.runtime import nccl
 
     monkeypatch.setattr(nccl, "available", lambda: os._exit(11))
     with pytest.raises(SystemExit) as stop:

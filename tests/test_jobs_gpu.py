@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rawgpu.data import load_dataset
+from rawgpu.data.datasets import load_dataset
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,8 +29,8 @@ FAULT_SECONDS = 10.0  # every other rank has exited this long after one died
 
 
 def _need_gpus(n: int) -> None:
-    from rawgpu import driver
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import driver
+    from rawgpu.runtime import nccl
 
     if (why := nccl.available()) is not None:
         pytest.skip(why)
@@ -162,7 +162,7 @@ def _wait_for_first_epoch(rank0: subprocess.Popen) -> None:
 
 
 def _nothing_half_written(save: Path) -> None:
-    from rawgpu import checkpoint
+    from rawgpu.training import checkpoint
 
     assert [p.name for p in save.parent.iterdir() if p.name.endswith(".tmp")] == []
     if save.exists():
@@ -242,7 +242,7 @@ def test_the_rendezvous_ends_a_job_whose_ranks_differ_or_never_come(device, rng,
 
 
 def test_a_local_rank_beyond_the_hosts_gpus_is_one_line(device, rng, tmp_path):
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     _need_gpus(1)
     n = driver.device_count()

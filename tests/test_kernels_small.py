@@ -14,15 +14,16 @@ import re
 import numpy as np
 import pytest
 
-from rawgpu import driver, master, optimizer
+from rawgpu.runtime import driver
+from rawgpu.model import master, optimizer
 from rawgpu.contract import OPTIM_WORDS
-from rawgpu.compiler import SOURCE_DIR
+from rawgpu.runtime.compiler import SOURCE_DIR
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import data as kd
 from rawgpu.kernels import elementwise as ke
 from rawgpu.kernels import loss as kl
-from rawgpu.memory import Arena, Tensor
-from rawgpu.recipe import Recipe
+from rawgpu.runtime.memory import Arena, Tensor
+from rawgpu.model.recipe import Recipe
 
 from optim_reference import OPTIMIZERS, update_reference
 

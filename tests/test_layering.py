@@ -14,11 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED_DIRS = ("rawgpu", "scripts", "dev")
-DRIVER = Path("rawgpu/driver.py")
+DRIVER = Path("rawgpu/runtime/driver.py")
 BINDING = "cuda.bindings.driver"
 
 
-# --- only rawgpu/driver.py touches the driver binding ------------------------------------------------------------
+# --- only rawgpu/runtime/driver.py touches the driver binding ------------------------------------------------------------
 
 def binding_uses(source: str) -> list[tuple[int, str]]:
     """(line, what) for every use of `_cu` and every way of reaching `cuda.bindings.driver` in `source`."""
@@ -64,13 +64,13 @@ def test_only_driver_touches_the_binding():
         if rel == DRIVER:
             continue
         offenders += [f"{rel}:{line}: {what}" for line, what in binding_uses(path.read_text())]
-    assert not offenders, ("only rawgpu/driver.py may use the driver binding; add a checked function there "
+    assert not offenders, ("only rawgpu/runtime/driver.py may use the driver binding; add a checked function there "
                            "instead of:\n  " + "\n  ".join(offenders))
 
 
 @pytest.mark.parametrize("source", [
     "from rawgpu import driver\ndriver._cu().cuInit(0)",
-    "from rawgpu.driver import _cu",
+    "from rawgpu.runtime.driver import _cu",
     "from cuda.bindings import driver",
     "from cuda.bindings.driver import CUresult",
     "import cuda.bindings.driver as cu",
@@ -85,7 +85,7 @@ def test_binding_scan_sees_every_way_in(source):
 @pytest.mark.parametrize("source", [
     "from cuda.bindings import nvrtc",
     "from rawgpu import driver\ndriver.mem_info()",
-    '"""Talks to cuda.bindings.driver only through rawgpu.driver."""',
+    '"""Talks to cuda.bindings.driver only through rawgpu.runtime.driver."""',
 ])
 def test_binding_scan_allows_the_rest(source):
     assert binding_uses(source) == []
@@ -104,8 +104,8 @@ def nccl_uses(source: str) -> list[int]:
 
 def test_only_the_nccl_module_touches_nccls_bindings():
     offenders = [f"{p.relative_to(ROOT)}:{line}" for p in _python_files(*SCANNED_DIRS)
-                 if p.relative_to(ROOT) != Path("rawgpu/parallel/nccl.py") for line in nccl_uses(p.read_text())]
-    assert not offenders, ("only rawgpu/parallel/nccl.py may import nccl4py; call it instead:\n  "
+                 if p.relative_to(ROOT) != Path("rawgpu/runtime/nccl.py") for line in nccl_uses(p.read_text())]
+    assert not offenders, ("only rawgpu/runtime/nccl.py may import nccl4py; call it instead:\n  "
                            + "\n  ".join(offenders))
     assert nccl_uses("from nccl.bindings import nccl") and nccl_uses("import nccl.core")
     assert nccl_uses("from . import nccl") == [], "rawgpu's own module is not the binding"
@@ -141,27 +141,30 @@ def module_names(root: Path, package: str) -> dict[str, Path]:
     return names
 
 
-def _top_level_imports(body: list[ast.stmt], type_only: bool = False):
-    """Import statements that run when the module is imported: not inside functions, nor under `if TYPE_CHECKING:`
-    unless type_only (a type checker follows those too)."""
+def _top_level_imports(body: list[ast.stmt], type_only: bool = False, deferred: bool = False):
+    """Import statements that run when the module is imported: not inside functions (unless deferred: those run when
+    the function does), nor under `if TYPE_CHECKING:` unless type_only (a type checker follows those too)."""
     for stmt in body:
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
             yield stmt
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if deferred:
+                yield from _top_level_imports(stmt.body, type_only, deferred)
             continue
         elif isinstance(stmt, ast.If) and _dotted(stmt.test).split(".")[-1] == "TYPE_CHECKING" and not type_only:
-            yield from _top_level_imports(stmt.orelse, type_only)
+            yield from _top_level_imports(stmt.orelse, type_only, deferred)
         else:  # if/try/with/class bodies run at import time too
             for field in ("body", "orelse", "finalbody", "handlers"):
                 inner = getattr(stmt, field, [])
                 if field == "handlers":
                     inner = [s for h in inner for s in h.body]
-                yield from _top_level_imports(inner, type_only)
+                yield from _top_level_imports(inner, type_only, deferred)
 
 
-def import_graph(root: Path, package: str, type_only: bool = False) -> dict[str, dict[str, int]]:
+def import_graph(root: Path, package: str, type_only: bool = False,
+                 deferred: bool = False) -> dict[str, dict[str, int]]:
     """module -> {imported module: line} over module-level imports between modules of `package` (type_only: those
-    under `if TYPE_CHECKING:` too).
+    under `if TYPE_CHECKING:` too; deferred: those inside functions too).
 
     Importing a.b.c runs a and a.b first, so those count too, except the importer's own parent packages: Python
     has imported them before the importer's first line runs, so they run nothing new. Naming its own package
@@ -172,7 +175,7 @@ def import_graph(root: Path, package: str, type_only: bool = False) -> dict[str,
         is_package = path.name == "__init__.py"
         own_package = name if is_package else name.rpartition(".")[0]
         already = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}  # parents, imported first
-        for stmt in _top_level_imports(ast.parse(path.read_text(), str(path)).body, type_only):
+        for stmt in _top_level_imports(ast.parse(path.read_text(), str(path)).body, type_only, deferred):
             if isinstance(stmt, ast.Import):
                 explicit = [a.name for a in stmt.names]
             else:
@@ -249,19 +252,58 @@ def _describe(graph: dict[str, dict[str, int]], cycle: list[str], files: dict[st
 
 
 def test_no_import_cycle_inside_rawgpu():
-    graph = import_graph(ROOT, "rawgpu")
+    """Not at module level, nor through imports inside functions: a deferred import that closes a circle hides a
+    design that runs both ways (the layers below say which way)."""
+    graph = import_graph(ROOT, "rawgpu", deferred=True)
     files = module_names(ROOT, "rawgpu")
     cycles = find_cycles(graph)
-    assert not cycles, ("module-level import cycle(s) inside rawgpu; move one import into the function that needs "
-                        "it, or the shared code into a module both can import:\n  "
-                        + "\n  ".join(_describe(graph, c, files) for c in cycles))
+    assert not cycles, ("import cycle(s) inside rawgpu; move the shared code into a module both can import, on the "
+                        "lower layer:\n  " + "\n  ".join(_describe(graph, c, files) for c in cycles))
+
+
+# --- the layers: a module imports its own layer and those below, never one above ------------------------------------
+
+# Bottom up, as docs/design.md draws them. cu/ and ptx/ (the CUDA sources) sit beside contract/, which says what
+# they share with Python. The top level: the package's face (__init__: names imported on first use) and the entry
+# points (python -m rawgpu.X runs cli/X.py).
+LAYERS = ("contract", "runtime", "kernels", "model", "data", "steps", "training", "jobs", "cli", "")
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    folder = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
+    return LAYERS.index(folder)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    graph = import_graph(ROOT, "rawgpu", type_only=True, deferred=True)
+    files = module_names(ROOT, "rawgpu")
+    upward = [f"{files[m].relative_to(ROOT)}:{line}: {m} ({LAYERS[layer_of(m)] or 'top'}) imports {n} "
+              f"({LAYERS[layer_of(n)] or 'top'})" for m, imports in sorted(graph.items())
+              for n, line in imports.items() if layer_of(n) > layer_of(m) and n != "rawgpu"]  # the face: __version__
+    assert not upward, "imports from a higher layer:\n  " + "\n  ".join(upward)
+    folders = {p.parent.name for p in (ROOT / "rawgpu").glob("*/__init__.py")}
+    assert folders == set(LAYERS) - {""}, "every folder of rawgpu is a layer of LAYERS, in its place"
+    top = sorted(p.name for p in (ROOT / "rawgpu").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "compile.py", "evaluate.py", "launch.py", "predict.py", "sweep.py",
+                   "train.py"], "the top level: the package's face and the entry points alone"
+
+
+def test_the_layer_rule_sees_deferred_and_relative_imports(tmp_path):
+    _write_package(tmp_path, {"rawgpu/__init__.py": "", "rawgpu/runtime/__init__.py": "",
+                              "rawgpu/model/__init__.py": "", "rawgpu/model/m.py": "x = 1\n",
+                              "rawgpu/runtime/r.py": "def f():\n    from ..model import m\n    return m\n"})
+    graph = import_graph(tmp_path, "rawgpu", deferred=True)
+    assert graph["rawgpu.runtime.r"] == {"rawgpu.model": 2, "rawgpu.model.m": 2}
+    assert layer_of("rawgpu.runtime.r") < layer_of("rawgpu.model.m") and layer_of("rawgpu.train") == len(LAYERS) - 1
 
 
 def test_models_never_import_the_steps_that_run_over_them():
     """steps.plan_model builds a model, then its step over the model's buffers: the step modules import the model
     classes, never the other way, not even for types."""
     graph = import_graph(ROOT, "rawgpu", type_only=True)
-    models = ["rawgpu.mlp"] + [m for m in graph if m.startswith("rawgpu.parallel.")]
+    models = ["rawgpu.model.mlp", "rawgpu.model.stack", "rawgpu.steps.sharded", "rawgpu.steps.replicated"]
+    splits = {"rawgpu.steps.split", "rawgpu.steps.sharded", "rawgpu.steps.replicated"}  # models and their rules
     for model in models:
         reach, todo = set(), [model]
         while todo:
@@ -269,7 +311,8 @@ def test_models_never_import_the_steps_that_run_over_them():
                 if n not in reach:
                     reach.add(n)
                     todo.append(n)
-        assert not {m for m in reach if m == "rawgpu.steps" or m.startswith("rawgpu.steps.")}, model
+        assert not {m for m in reach if (m == "rawgpu.steps" or m.startswith("rawgpu.steps.")) and m not in splits}, \
+            model
 
 
 def _write_package(root: Path, files: dict[str, str]) -> None:
@@ -318,7 +361,7 @@ def test_every_package_is_installed():
     fails after `pip install .` (what CI and users run)."""
     import re
 
-    line = re.search(r"^packages = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    line = re.search(r"^packages = \[(.*?)\]$", (ROOT / "pyproject.toml").read_text(), re.M | re.S).group(1)
     listed = {name.strip().strip('"') for name in line.split(",")}
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "rawgpu").rglob("__init__.py")}
     assert found == listed

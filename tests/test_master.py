@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu import master
+from rawgpu.model import master
 
 
 def _random_floats(rng, n: int) -> np.ndarray:

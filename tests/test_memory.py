@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu.errors import OutOfMemoryError, RawgpuError
-from rawgpu.memory import ALIGNMENT, Arena
+from rawgpu.runtime.errors import OutOfMemoryError, RawgpuError
+from rawgpu.runtime.memory import ALIGNMENT, Arena
 
 
 def test_plan_aligns_and_never_overlaps(rng):
@@ -59,7 +59,7 @@ def test_duplicate_and_negative_and_late_buffers_are_refused():
 
 def test_oversize_plan_is_refused_before_allocating(monkeypatch):
     """The needed-vs-free check runs against the driver's free-memory figure, faked here so it runs on CPU too."""
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     def mem_alloc(n):  # pragma: no cover - must not be reached
         raise AssertionError("allocated despite the plan not fitting")
@@ -76,7 +76,7 @@ def test_oversize_plan_is_refused_before_allocating(monkeypatch):
 
 def test_driver_refusing_a_plan_that_fitted_says_both_sizes(monkeypatch):
     """Free memory can shrink between the check and the allocation (another process): still OutOfMemoryError."""
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     def mem_alloc(n):
         raise OutOfMemoryError(f"not enough GPU memory: cuMemAlloc({n} B) failed: CUDA_ERROR_OUT_OF_MEMORY")
@@ -94,7 +94,7 @@ def test_driver_refusing_a_plan_that_fitted_says_both_sizes(monkeypatch):
 def test_copies_are_fenced_by_context_synchronize(monkeypatch):
     """Uploads, fills and zeroing wait for queued kernels before and for the copy after (non-blocking streams are
     not ordered with these calls); downloads only before, since the copy back returns with the data."""
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     calls = []
     monkeypatch.setattr(driver, "init", lambda: None)

@@ -41,12 +41,12 @@ import numpy as np
 import pytest
 
 import mlp_reference as ref
-from rawgpu import optimizer
+from rawgpu.model import optimizer
 from gpu_checks import interrupt_train
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import data as kd
-from rawgpu.mlp import run_launches
-from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
+from rawgpu.model.mlp import run_launches
+from rawgpu.model.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
 from rawgpu.steps import StepOptions, plan_model
 from rawgpu.steps import layered as layered_step
 
@@ -201,7 +201,7 @@ def test_parameters_match_float64_reference(device, stream, kernels_for, rng, hi
 @pytest.mark.parametrize("step_kind,opt", [("layered", MOMENTUM), ("fused", MOMENTUM), ("layered", ADAMW),
                                            ("fused", ADAM)])
 def test_graph_and_eager_give_identical_parameters_after_100_steps(device, stream, kernels, rng, step_kind, opt):
-    from rawgpu.graph import capture
+    from rawgpu.runtime.graph import capture
 
     data = FakeMNIST(rng)
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
@@ -278,7 +278,7 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
     too late, would differ. The shapes cover the tensor-copy forward, dx_sgd, dx_update with every batch tile's kind
     of split, the head kernel, split-K tickets, (short=False) the cp.async GEMMs with momentum and Adam, and (batch
     600, 1024) the warpgroup-MMA GEMMs."""
-    from rawgpu.graph import capture
+    from rawgpu.runtime.graph import capture
 
     if int(device.arch.removeprefix("sm_")) < 90:
         pytest.skip(f"programmatic dependent launch needs sm_90; this GPU is {device.arch}")
@@ -321,7 +321,7 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
 @pytest.mark.gpu_exclusive  # asserts on the device-wide free figure, which other processes move
 @pytest.mark.parametrize("step_kind", ["layered", "fused"])
 def test_no_device_allocation_while_training(device, stream, kernels, rng, step_kind):
-    from rawgpu.graph import capture
+    from rawgpu.runtime.graph import capture
 
     data = FakeMNIST(rng)
     model = _model(kernels, device, stream, data, Recipe(hidden=512, batch=32), rng.permutation(TRAIN_ROWS),
@@ -350,8 +350,8 @@ def test_no_device_allocation_while_training(device, stream, kernels, rng, step_
 
 @pytest.fixture(scope="module")
 def mnist():
-    from rawgpu.data import load_mnist
-    from rawgpu.errors import DataError
+    from rawgpu.data.datasets import load_mnist
+    from rawgpu.runtime.errors import DataError
 
     try:
         return load_mnist(download=False)

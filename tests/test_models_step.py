@@ -16,10 +16,10 @@ import pytest
 import mlp_reference as ref
 from rawgpu import steps
 from rawgpu.steps import models as models_step
-from rawgpu.errors import StepUnsupported
+from rawgpu.runtime.errors import StepUnsupported
 from rawgpu.kernels import Kernels
-from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
-from rawgpu.stack import ModelStack, stack_problem
+from rawgpu.model.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
+from rawgpu.model.stack import ModelStack, stack_problem
 from rawgpu.steps.base import StepOptions
 
 gpu = pytest.mark.gpu

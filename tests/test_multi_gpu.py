@@ -10,15 +10,15 @@ import json
 import numpy as np
 import pytest
 
-from rawgpu.recipe import Recipe
+from rawgpu.model.recipe import Recipe
 
 pytestmark = pytest.mark.gpu
 SPLITS = ("tensor", "data")
 
 
 def _need_gpus(n: int) -> None:
-    from rawgpu import driver
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import driver
+    from rawgpu.runtime import nccl
 
     if (why := nccl.available()) is not None:
         pytest.skip(why)
@@ -29,7 +29,7 @@ def _need_gpus(n: int) -> None:
 def _train_rank(rank, ranks, unique_id, recipe, data, steps, mode):
     """One rank's run (a process of ranks.run_ranks): rank 0 returns the whole model and the history."""
     from rawgpu import Trainer
-    from rawgpu.parallel.ranks import Rank
+    from rawgpu.runtime.ranks import Rank
 
     with Trainer._make(recipe, data=data, steps=steps, rank=Rank(ranks, rank, unique_id, mode)) as t:
         t.fit()
@@ -46,7 +46,7 @@ def test_two_gpus_train_as_one_does(device, rng, mode, batch):
     within 5% of the change), to the same test accuracy within a point. At batch 1024 each data-parallel rank's 512
     rows take the large-batch weight gradients (on sm_90 warpgroup MMA, K split over a cluster)."""
     from rawgpu import Trainer
-    from rawgpu.parallel.ranks import run_ranks
+    from rawgpu.runtime.ranks import run_ranks
     from rawgpu.steps import StepOptions
     from test_trainer import synthetic
 
@@ -70,7 +70,8 @@ def test_two_gpus_train_as_one_does(device, rng, mode, batch):
 def test_the_cli_trains_on_two_gpus_and_saves_a_one_gpu_checkpoint(device, rng, tmp_path, mode):
     """`python -m rawgpu.train --gpus 2 --parallel MODE`: rank 0 reports every epoch, the checkpoint is the one-GPU
     format and loads on one GPU to the accuracy the run reported."""
-    from rawgpu import Trainer, checkpoint
+    from rawgpu import Trainer
+    from rawgpu.training import checkpoint
     from test_trainer import cli, synthetic, write_idx
 
     _need_gpus(2)
@@ -94,7 +95,7 @@ def test_the_benchmark_times_every_split_on_two_gpus(device, tmp_path):
     import sys
     from pathlib import Path
 
-    from rawgpu.data import load_mnist
+    from rawgpu.data.datasets import load_mnist
 
     _need_gpus(2)
     try:

@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from rawgpu.parallel import nccl
+from rawgpu.runtime import nccl
 
 
 # --- CPU: a fake binding that records what it is asked -----------------------------------------------------------
@@ -147,7 +147,7 @@ def test_without_the_extra_every_use_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_nccl)
     try:
         why = nccl.available()
-        from rawgpu.install import hint
+        from rawgpu.runtime.install import hint
 
         assert "not installed" in why and why.endswith(hint("multi"))
         with pytest.raises(nccl.NcclError, match="pip install"):
@@ -181,8 +181,8 @@ def one_rank(device):
 def test_one_ranks_collectives_in_a_cuda_graph_give_their_inputs(device, stream, one_rank, rng):
     """With one rank each collective is a copy: captured into one CUDA graph and replayed twice, every output
     (poisoned before each replay) is its input bit for bit."""
-    from rawgpu.graph import capture
-    from rawgpu.memory import Arena
+    from rawgpu.runtime.graph import capture
+    from rawgpu.runtime.memory import Arena
 
     x = rng.standard_normal(1000).astype(np.float32)
     h = rng.standard_normal(520).astype(np.float16)

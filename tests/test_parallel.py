@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rawgpu import parallel as P
+from rawgpu.steps import split as P
 
 
 def test_layers_alternate_columns_and_rows_and_the_head_follows_the_last_hidden_layer():

@@ -53,7 +53,7 @@ def test_mnist_arrays_flattens_and_copies(monkeypatch):
 
     from peers.common import mnist_arrays
 
-    import rawgpu.data
+    import rawgpu.data.datasets
 
     def ro(a):
         a.setflags(write=False)
@@ -62,7 +62,7 @@ def test_mnist_arrays_flattens_and_copies(monkeypatch):
     fake = SimpleNamespace(train_images=ro(np.zeros((3, 28, 28), np.uint8)), train_labels=ro(np.arange(3, dtype=np.uint8)),
                            test_images=ro(np.ones((2, 784), np.uint8)), test_labels=ro(np.arange(2, dtype=np.uint8)))
     seen = []
-    monkeypatch.setattr(rawgpu.data, "load_mnist", lambda d=None: seen.append(d) or fake)
+    monkeypatch.setattr(rawgpu.data.datasets, "load_mnist", lambda d=None: seen.append(d) or fake)
     arrays = mnist_arrays("somewhere")
     assert seen == ["somewhere"]
     assert [a.shape for a in arrays] == [(3, 784), (3,), (2, 784), (2,)]

@@ -1,4 +1,4 @@
-"""Tests for rawgpu.plot: the training-curve PNG, its path checks, and a missing matplotlib."""
+"""Tests for rawgpu.training.plot: the training-curve PNG, its path checks, and a missing matplotlib."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rawgpu.errors import RawgpuError
-from rawgpu.plot import PlotUnavailable, check_plot_path, plot_available, write_plot
+from rawgpu.runtime.errors import RawgpuError
+from rawgpu.training.plot import PlotUnavailable, check_plot_path, plot_available, write_plot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -95,7 +95,7 @@ def test_missing_matplotlib(tmp_path, monkeypatch):
     assert plot_available() is False
     with pytest.raises(PlotUnavailable) as info:
         write_plot(tmp_path / "run.png", [1], [0.3], [0.9])
-    from rawgpu.install import hint
+    from rawgpu.runtime.install import hint
 
     assert str(info.value) == f"--plot needs matplotlib: {hint('plot')}"
     assert isinstance(info.value, RawgpuError)
@@ -105,7 +105,7 @@ def test_missing_matplotlib(tmp_path, monkeypatch):
 @needs_matplotlib
 def test_leaves_pyplot_and_the_backend_alone(tmp_path):
     """A fresh interpreter, so no other test has imported pyplot: drawing must not import it either."""
-    code = ("import sys; from rawgpu.plot import write_plot; "
+    code = ("import sys; from rawgpu.training.plot import write_plot; "
             f"write_plot({str(tmp_path / 'run.png')!r}, [1], [0.3], [0.9]); "
             "print('matplotlib.pyplot' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rawgpu import compiler, contract
-from rawgpu.recipe import Recipe
-from rawgpu.session import kernel_units
+from rawgpu.runtime import compiler
+from rawgpu import contract
+from rawgpu.model.recipe import Recipe
+from rawgpu.training.session import kernel_units
 
 gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +122,7 @@ def test_a_session_builds_exactly_the_units_its_plan_names(device, rng, recipe, 
     from test_trainer import synthetic
 
     from rawgpu.steps import StepOptions, choose
-    from rawgpu.trainer import Trainer
+    from rawgpu.training.trainer import Trainer
 
     if kind == "cluster" and device.arch != "sm_90":
         pytest.skip("the cluster step runs on sm_90")

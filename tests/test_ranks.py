@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from rawgpu.errors import RawgpuError
-from rawgpu.parallel import ranks as ranks_module
-from rawgpu.parallel.ranks import Rank, RankError, gather_to_root, run_ranks
+from rawgpu.runtime.errors import RawgpuError
+from rawgpu.runtime import ranks as ranks_module
+from rawgpu.runtime.ranks import Rank, RankError, gather_to_root, run_ranks
 
 UID = bytes(range(128))
 
@@ -104,7 +104,7 @@ def test_ctrl_c_stops_every_rank(tmp_path):
 
     # A foreground run gets Ctrl-C; pytest itself may run with SIGINT ignored (`pytest &` from a script), which the
     # child would inherit, so the child puts Python's own handler back, as an interactive start has it.
-    code = ("import signal, sys, test_ranks; from rawgpu.parallel.ranks import run_ranks\n"
+    code = ("import signal, sys, test_ranks; from rawgpu.runtime.ranks import run_ranks\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "try:\n    run_ranks(test_ranks.sleep_and_say, 2, sys.argv[1], unique_id=bytes(128))\n"
             "except KeyboardInterrupt:\n    sys.exit(130)\n")

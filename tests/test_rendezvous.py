@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from rawgpu.parallel import rendezvous as rv
-from rawgpu.parallel.launchers import DEFAULT_PORT, World, first_host, world_from_environment
+from rawgpu.jobs import rendezvous as rv
+from rawgpu.jobs.launchers import DEFAULT_PORT, World, first_host, world_from_environment
 
 UID = bytes(range(128))
 SAME = rv.Identity.of("recipe", "mnist sha", "0.1")

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from optim_reference import OPTIMIZERS, check_master_update, random_state, rel, table, update_reference
-from rawgpu import master
+from rawgpu.model import master
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import elementwise as ke
-from rawgpu.memory import Arena
-from rawgpu.recipe import TRAIN_ROWS, Recipe
+from rawgpu.runtime.memory import Arena
+from rawgpu.model.recipe import TRAIN_ROWS, Recipe
 from rawgpu.steps import StepOptions, plan_model
 from test_mlp import FakeMNIST
 from test_sharded import (ADAM, MOMENTUM, HostGroup, assert_evaluated_as_reference, assert_three_steps_are_the_long_forms,
@@ -134,7 +134,7 @@ def test_data_parallelism_that_cannot_split_the_batch_is_one_line_before_any_gpu
     assert capsys.readouterr().err.strip().splitlines() == [
         "bench: error: argument --parallel: data parallelism cannot run here: the batch of 128 does not split over 3 "
         "ranks"]
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import nccl
 
     out = cli("rawgpu.train", "--gpus", "3", "--parallel", "data", "--steps", "5")
     # without NCCL (rawgpu[multi]) --gpus is refused first, as the installation's failing (exit 1)
@@ -196,7 +196,7 @@ def test_apply_update_against_float64(kernels, device, stream, rng, rows, cols, 
             ("b", cols, np.float32), ("mb", cols, np.float32), ("vb", cols, np.float32),
             ("optim", OPTIM_WORDS, np.float32)]}
         arena.allocate()
-        from rawgpu import optimizer
+        from rawgpu.model import optimizer
 
         t["optim"].upload(optimizer.words(o))
         t["g"].upload(g), t["gb"].upload(gb)
@@ -311,8 +311,8 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_resumes_from_its_checkpoint
     and its metrics are summed through NCCL; the run ends with the one-GPU long form's bits, its history's accuracy
     is one GPU's, and its checkpoint (saved inside an epoch) resumed as a rank ends there too."""
     from rawgpu import Trainer
-    from rawgpu.parallel import nccl
-    from rawgpu.parallel.ranks import Rank
+    from rawgpu.runtime import nccl
+    from rawgpu.runtime.ranks import Rank
     from test_trainer import state_of, synthetic
 
     if (why := nccl.available()) is not None:
@@ -348,10 +348,11 @@ def test_what_each_cli_and_bench_rank_runs_with_data_parallelism(device, rng, tm
     import json
     import time
 
-    from rawgpu import checkpoint, train
-    from rawgpu.console import make_console
-    from rawgpu.parallel import nccl
-    from rawgpu.parallel.ranks import Rank
+    from rawgpu.training import checkpoint
+    from rawgpu.cli import train
+    from rawgpu.cli.console import make_console
+    from rawgpu.runtime import nccl
+    from rawgpu.runtime.ranks import Rank
     from test_sharded import _bench
     from test_trainer import synthetic
 

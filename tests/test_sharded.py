@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import mlp_reference as ref
-from rawgpu import parallel
-from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
-from rawgpu.parallel.sharded import ShardedMLP, join_parameters, join_state
+from rawgpu.steps import split as parallel
+from rawgpu.model.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
+from rawgpu.steps.sharded import ShardedMLP, join_parameters, join_state
 from rawgpu.steps import StepOptions, plan_model
 from test_mlp import FakeMNIST, _batch, _rel
 
@@ -93,7 +93,7 @@ def test_joining_the_ranks_parts_gives_the_whole_model_back(rng, ranks):
 def test_the_ranks_split_moves_fewer_bytes_and_the_step_says_why():
     """steps.choose (through parallel.choose) picks the split; the rank's model and step are that split's, and the
     step's description carries the reason."""
-    from rawgpu.parallel.replicated import ReplicatedMLP
+    from rawgpu.steps.replicated import ReplicatedMLP
 
     def model(batch, ranks, mode="auto"):
         return plan_model(Recipe(hidden=256, batch=batch), mode, ranks=ranks, arch="sm_90")
@@ -345,8 +345,8 @@ def test_gpus_options_that_do_not_go_together_are_usage_errors():
 
 @gpu
 def test_more_gpus_than_the_machine_has_is_one_line(device, rng, tmp_path):
-    from rawgpu import driver
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import driver
+    from rawgpu.runtime import nccl
     from test_trainer import cli, synthetic, write_idx
 
     if (why := nccl.available()) is not None:
@@ -363,8 +363,8 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
     """A Trainer of rank 0 of 1: its all-reduces are NCCL's, captured in the step graphs; the run ends with the
     one-GPU long form's bits, and its checkpoint loads on one GPU's own step with the same parameters and accuracy."""
     from rawgpu import Trainer
-    from rawgpu.parallel import nccl
-    from rawgpu.parallel.ranks import Rank
+    from rawgpu.runtime import nccl
+    from rawgpu.runtime.ranks import Rank
     from test_trainer import state_of, synthetic
 
     if (why := nccl.available()) is not None:
@@ -413,7 +413,7 @@ def _bench():
 
 @gpu
 def test_bench_refuses_more_gpus_than_the_machine_has_in_one_line(device, capsys):
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     n = driver.device_count() + 1
     assert _bench().main(["train", "--gpus", "1", str(n), "--sizes", "256", "--steps", "10"]) == 2
@@ -425,7 +425,7 @@ def test_bench_refuses_more_gpus_than_the_machine_has_in_one_line(device, capsys
 def test_bench_times_a_rank_through_nccl_with_and_without_its_sums(device, rng):
     """What `bench.py train --gpus N` runs in each process, here as the one rank of one: the timed run trains (test
     accuracy above chance) and both timings come back."""
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import nccl
 
     if (why := nccl.available()) is not None:
         pytest.skip(why)
@@ -444,10 +444,11 @@ def test_what_each_cli_rank_runs_trains_reports_and_saves(device, rng, tmp_path,
     import json
     import time
 
-    from rawgpu import checkpoint, train
-    from rawgpu.console import make_console
-    from rawgpu.parallel import nccl
-    from rawgpu.parallel.ranks import Rank
+    from rawgpu.training import checkpoint
+    from rawgpu.cli import train
+    from rawgpu.cli.console import make_console
+    from rawgpu.runtime import nccl
+    from rawgpu.runtime.ranks import Rank
     from test_trainer import synthetic
 
     if (why := nccl.available()) is not None:

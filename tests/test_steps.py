@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from rawgpu import optimizer
+from rawgpu.model import optimizer
 from rawgpu.contract import OPTIM_WORDS
-from rawgpu import recipe as rc
+from rawgpu.model import recipe as rc
 from rawgpu import steps
-from rawgpu import train
-from rawgpu.errors import StepUnsupported
+from rawgpu.cli import train
+from rawgpu.runtime.errors import StepUnsupported
 from rawgpu.kernels.elementwise import BIAS_SPLIT_ROWS
 from rawgpu.steps import StepOptions, plan_model
-from rawgpu.recipe import Recipe
+from rawgpu.model.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = (dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.0, weight_decay=1e-4), dict(optimizer="adam"))
@@ -229,7 +229,7 @@ class _BindingKernels:
         self.arch, self.activation = arch, activation
 
     def get(self, source: str, name: str, signature: str):
-        from rawgpu.driver import PackedArgs
+        from rawgpu.runtime.driver import PackedArgs
 
         class Bound:
             def bind(self, grid, block, smem, *args, **kw):
@@ -240,7 +240,7 @@ class _BindingKernels:
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
 def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypatch):
     """describe() is asked for after a run too, when the arena is gone: the count comes from the plans alone."""
-    monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))  # the driver encodes these
+    monkeypatch.setattr("rawgpu.runtime.driver.tensor_map_2d", lambda *a: bytes(128))  # the driver encodes these
     for r in (Recipe(hidden=256, batch=32, momentum=0.0), Recipe(), Recipe(hidden=100, layers=1, accum="fp16"),
               Recipe(hidden=4096, batch=32, momentum=0.0, layers=5), Recipe(hidden=512, optimizer="adamw"),
               Recipe(hidden=100, batch=256, momentum=0.9, nesterov=True, weight_decay=1e-4)):
@@ -268,7 +268,7 @@ def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, m
     the update rewrites it; the step counter joins every side; no launch of a side touches the chain's split-K or
     exact-sum scratch, nor one of the chain a side's, and the two weight sides' split-K scratch is apart.
     StepOptions(branches=False) keeps every launch in the chain."""
-    monkeypatch.setattr("rawgpu.driver.tensor_map_2d", lambda *a: bytes(128))
+    monkeypatch.setattr("rawgpu.runtime.driver.tensor_map_2d", lambda *a: bytes(128))
     for branches in (True, False):
         model = plan_model(recipe, "layered", arch=arch, options=StepOptions(branches=branches))
         model.arena.base, model.arena._allocated = 1 << 40, True

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rawgpu import sweep as cli
-from rawgpu.console import EpochStats
-from rawgpu.grid import Grid
-from rawgpu.recipe import Recipe
-from rawgpu.sweeper import Sweep
+from rawgpu.cli import sweep as cli
+from rawgpu.training.stats import EpochStats
+from rawgpu.training.grid import Grid
+from rawgpu.model.recipe import Recipe
+from rawgpu.training.sweep import Sweep
 
 gpu = pytest.mark.gpu
 
@@ -143,7 +143,7 @@ def test_the_live_view_ranks_the_trained_models_and_shows_the_one_in_training(tm
 
 
 def test_the_size_line_comes_before_any_gpu_work(tmp_path, capsys, monkeypatch):
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     try:
         driver.Device(0)
@@ -163,7 +163,7 @@ def test_the_size_line_comes_before_any_gpu_work(tmp_path, capsys, monkeypatch):
 def test_a_sweep_splits_its_models_into_steps_that_fit_the_gpus_memory(rng):
     from test_trainer import synthetic
 
-    from rawgpu.stack_trainer import stack_bytes, stack_recipes
+    from rawgpu.training.stack_trainer import stack_bytes, stack_recipes
 
     data = synthetic(rng, 1280, 200)
     sweep = Sweep(Grid((("lr", (0.02, 0.05)),), seeds=(0, 1, 2)), Recipe(hidden=64, batch=64), data=data, epochs=1)
@@ -188,8 +188,8 @@ def test_a_sweep_splits_its_models_into_steps_that_fit_the_gpus_memory(rng):
 def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_the_same(device, rng, tmp_path):
     from test_trainer import state_of, synthetic
 
-    from rawgpu import checkpoint as ck
-    from rawgpu.trainer import Trainer
+    from rawgpu.training import checkpoint as ck
+    from rawgpu.training.trainer import Trainer
 
     data = synthetic(rng, 1280, 200)
     grid = Grid((("lr", (0.02, 0.05)),), seeds=(3, 4))
@@ -227,7 +227,7 @@ def test_models_trained_together_keep_checkpoints_train_evaluate_and_resume_take
     uninterrupted one's bits (each model's arithmetic is its own, whoever shares its step)."""
     from test_trainer import synthetic
 
-    from rawgpu.trainer import Trainer
+    from rawgpu.training.trainer import Trainer
 
     data = synthetic(rng, 1280, 200)
     grid = Grid((("lr", (0.02, 0.05)), ("momentum", (0.9, 0.5))), seeds=(3, 4))
@@ -261,7 +261,7 @@ def test_models_trained_together_keep_checkpoints_train_evaluate_and_resume_take
 def test_models_spread_over_two_gpus_end_as_on_one(device, rng, tmp_path):
     from test_trainer import synthetic
 
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     if driver.device_count() < 2:
         pytest.skip("needs two GPUs")
@@ -314,7 +314,8 @@ def test_a_signal_keeps_the_finished_models_and_resume_ends_as_the_uninterrupted
 
 @pytest.mark.parametrize("stop,status", [(KeyboardInterrupt, 130), ("terminated", 143)])
 def test_ctrl_c_or_sigterm_during_the_set_up_is_one_line_not_a_traceback(monkeypatch, capsys, stop, status):
-    from rawgpu import errors, sweep
+    from rawgpu.runtime import errors
+    from rawgpu.cli import sweep
 
     def interrupted(*args):
         raise errors.Terminated() if stop == "terminated" else KeyboardInterrupt()

@@ -10,11 +10,12 @@ import threading
 
 import pytest
 
-from rawgpu import sweep_job, sweeper
-from rawgpu.console import EpochStats
-from rawgpu.grid import Grid
-from rawgpu.parallel.launchers import World
-from rawgpu.recipe import Recipe
+from rawgpu.jobs import sweep_ranks as sweep_job
+from rawgpu.training import sweep as sweeper
+from rawgpu.training.stats import EpochStats
+from rawgpu.training.grid import Grid
+from rawgpu.jobs.launchers import World
+from rawgpu.model.recipe import Recipe
 from test_trainer import synthetic
 
 

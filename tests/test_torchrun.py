@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rawgpu.parallel import job as job_module
-from rawgpu.parallel import rendezvous as rv
-from rawgpu.parallel.launchers import World, tell_launcher, world_from_environment
-from rawgpu.parallel.torchrun_store import PortExchange, StoreError, agent_store_key
+from rawgpu.jobs import job as job_module
+from rawgpu.jobs import rendezvous as rv
+from rawgpu.jobs.launchers import World, tell_launcher, world_from_environment
+from rawgpu.jobs.torchrun_store import PortExchange, StoreError, agent_store_key
 
 SAME = rv.Identity.of("recipe", "data", "0.1")
 
@@ -262,7 +262,7 @@ def test_the_wire_client_speaks_torchs_own_store_both_ways():
     torch_distributed = pytest.importorskip("torch.distributed", reason="torch is not installed here")
     from datetime import timedelta
 
-    from rawgpu.parallel.torchrun_store import WireStore
+    from rawgpu.jobs.torchrun_store import WireStore
 
     server = torch_distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                         timeout=timedelta(seconds=10))

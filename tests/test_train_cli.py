@@ -11,13 +11,14 @@ import pytest
 
 import numpy as np
 
-from rawgpu import compiler, contract
-from rawgpu import recipe as rc
-from rawgpu import train
-from rawgpu.data import Dataset
-from rawgpu.errors import NoDeviceError
+from rawgpu.runtime import compiler
+from rawgpu import contract
+from rawgpu.model import recipe as rc
+from rawgpu.cli import train
+from rawgpu.data.datasets import Dataset
+from rawgpu.runtime.errors import NoDeviceError
 from rawgpu.steps import plan_model
-from rawgpu.recipe import Recipe, pad8
+from rawgpu.model.recipe import Recipe, pad8
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_MNIST = Dataset("mnist", *[np.zeros(shape, np.uint8) for shape in ((60000, 784), 60000, (10000, 784), 10000)],
@@ -91,12 +92,12 @@ def test_help_states_the_default_recipe(capsys):
 def _no_gpu(monkeypatch):
     def init():
         raise NoDeviceError("no CUDA GPU found (cuInit: CUDA_ERROR_NO_DEVICE); rawgpu needs an NVIDIA GPU")
-    monkeypatch.setattr("rawgpu.driver.init", init)
+    monkeypatch.setattr("rawgpu.runtime.driver.init", init)
 
 
 def test_no_gpu_is_one_line_and_exit_1(monkeypatch, capsys):
     _no_gpu(monkeypatch)
-    monkeypatch.setattr("rawgpu.data.load_dataset", lambda *a, **k: FAKE_MNIST)  # the data loads first
+    monkeypatch.setattr("rawgpu.data.datasets.load_dataset", lambda *a, **k: FAKE_MNIST)  # the data loads first
     assert train.main(["--hidden", "256"]) == 1
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines() == [
@@ -165,7 +166,7 @@ def test_bench_recipes_are_the_clis(monkeypatch, argv, steps, recipe):
     monkeypatch.setattr(module, "cmd_train", lambda args: seen.update(steps=args.steps, recipe=args.train_recipe))
     module.main(["train", *argv])
     assert seen["steps"] == steps and {k: seen["recipe"][k] for k in recipe} == recipe
-    from rawgpu.bench.training import OPTIMIZER_KEYS
+    from benchmarks.training import OPTIMIZER_KEYS
 
     default, cli = module.RECIPES["default"], Recipe()
     assert default["epochs"] == rc.DEFAULTS["epochs"]
@@ -226,7 +227,7 @@ def test_gemm_dev_scripts_without_gpu_are_one_line_and_exit_1(monkeypatch, capsy
 
 
 def test_gemm_variants_tensor_copy_tiles_need_sm90():
-    from rawgpu.bench.gemm import variants_error  # dev/gemm_variants.py's check, through open_gpu
+    from benchmarks.gemm import variants_error  # dev/gemm_variants.py's check, through open_gpu
 
     why = variants_error(["stream", "tma", "tma128"], "sm_86")
     assert why is not None and "tma tma128" in why and "sm_90" in why and "sm_86" in why and "\n" not in why
@@ -246,7 +247,7 @@ def test_a_data_dir_without_the_files_is_a_usage_error_before_any_gpu_work(capsy
 
 
 def test_the_summary_counts_an_epoch_that_finished_at_zero_accuracy():
-    from rawgpu.console import Summary, format_summary
+    from rawgpu.cli.console import Summary, format_summary
 
     s = Summary(train_seconds=1.0, wall_seconds=2.0, steps=936, best_accuracy=0.0, best_epoch=1, time_to_98=None,
                 interrupted=False)
@@ -254,12 +255,12 @@ def test_the_summary_counts_an_epoch_that_finished_at_zero_accuracy():
 
 
 def test_main_hands_training_the_data_and_recipe_it_checked(monkeypatch):
-    from rawgpu import driver
+    from rawgpu.runtime import driver
 
     seen = {}
     monkeypatch.setattr(driver, "init", lambda: None)
     monkeypatch.setattr(driver, "device_count", lambda: 1)
-    monkeypatch.setattr("rawgpu.data.load_dataset", lambda *a, **k: FAKE_MNIST)
+    monkeypatch.setattr("rawgpu.data.datasets.load_dataset", lambda *a, **k: FAKE_MNIST)
     monkeypatch.setattr(train, "train", lambda args, data, recipe, console, t, ckpt: seen.update(
         data=data, recipe=recipe, ckpt=ckpt) or 0)
     assert train.main(["--batch", "32", "--steps", "5000", "--hidden", "100", "--json"]) == 0
@@ -309,19 +310,21 @@ def test_the_model_axis_experiments_build_for_sm_90(source, kernel, tmp_path, mo
 def test_the_save_note_says_what_the_checkpoint_file_holds(tmp_path):
     from types import SimpleNamespace
 
+    from rawgpu.cli import train_run
+
     def trainer(saved, done, given_up=False, ranks=1):
         session = SimpleNamespace(gpu_given_up=lambda: given_up)
         return SimpleNamespace(saved=saved, steps_done=done, session=session,
                                rank=SimpleNamespace(ranks=ranks) if ranks > 1 else None)
 
     path = str(tmp_path / "run.safetensors")
-    assert train.save_note(trainer((path, 40), 40), path) == f"checkpoint: {path} (step 40)"
-    assert train.save_note(trainer(None, 40, given_up=True), path) == (
+    assert train_run.save_note(trainer((path, 40), 40), path) == f"checkpoint: {path} (step 40)"
+    assert train_run.save_note(trainer(None, 40, given_up=True), path) == (
         "the GPU had not reached a step boundary after the interrupt: nothing saved when it stopped; "
         "no checkpoint was written")
-    assert train.save_note(trainer((path, 30), 40, given_up=True), path).endswith(f"; {path} keeps step 30")
+    assert train_run.save_note(trainer((path, 30), 40, given_up=True), path).endswith(f"; {path} keeps step 30")
     (tmp_path / "run.safetensors").write_bytes(b"x")
-    assert train.save_note(trainer(None, 40, ranks=2), path) == (
+    assert train_run.save_note(trainer(None, 40, ranks=2), path) == (
         f"interrupted on several GPUs: nothing saved when it stopped; {path} keeps the checkpoint it had")
 
 
@@ -353,7 +356,7 @@ def test_the_package_lists_its_api_and_errors():
         assert name in names and name in rawgpu.__all__
         assert getattr(rawgpu, name).__name__ == name
     assert not [name for name in names if name.startswith("_") and name != "__version__"]
-    assert issubclass(rawgpu.CheckpointError, rawgpu.RawgpuError) and rawgpu.GpuHangError.__module__ == "rawgpu.errors"
+    assert issubclass(rawgpu.CheckpointError, rawgpu.RawgpuError) and rawgpu.GpuHangError.__module__ == "rawgpu.runtime.errors"
 
 
 @pytest.mark.parametrize("make, argv, name, reason", [
@@ -369,8 +372,8 @@ def test_the_api_and_the_cli_refuse_a_run_by_the_same_rule(monkeypatch, capsys, 
     """One owner (recipe.py) checks a run: the API names the parameter, the CLI the flag, with the same reason."""
     from rawgpu import Trainer
 
-    monkeypatch.setattr("rawgpu.trainer.load_dataset", lambda *a, **k: FAKE_MNIST)
-    monkeypatch.setattr("rawgpu.session.Session", lambda *a, **k: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.training.trainer.load_dataset", lambda *a, **k: FAKE_MNIST)
+    monkeypatch.setattr("rawgpu.training.session.Session", lambda *a, **k: pytest.fail("the GPU was opened"))
     with pytest.raises(ValueError) as info:
         make(Trainer)
     assert str(info.value).startswith(f"{name}: {reason}")
@@ -414,8 +417,8 @@ def test_python_m_rawgpu_lists_the_commands(capsys):
 
 def test_several_gpus_without_nccl_is_one_line_and_exit_1(monkeypatch, capsys):
     """Missing NCCL is the installation's failing, not an argument's: exit 1, not 2 (as a launcher's rank)."""
-    from rawgpu import install
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import install
+    from rawgpu.runtime import nccl
 
     monkeypatch.setattr(install, "nccl_stack_problem", lambda: None)
     monkeypatch.setattr(nccl, "available", lambda: "several GPUs need NCCL, which is not installed: pip install x")
@@ -427,8 +430,8 @@ def test_several_gpus_without_nccl_is_one_line_and_exit_1(monkeypatch, capsys):
 
 
 def test_nccl_of_the_other_cuda_stack_is_refused_before_it_is_loaded_with_the_command(monkeypatch, capsys):
-    from rawgpu import driver, install
-    from rawgpu.parallel import nccl
+    from rawgpu.runtime import driver, install
+    from rawgpu.runtime import nccl
 
     monkeypatch.setattr(install, "origin", lambda: "/src/rawgpu")
     monkeypatch.setattr(driver, "bindings_major", lambda: 12)
@@ -458,7 +461,7 @@ def test_each_nccl_extra_pins_its_stack_so_the_wrong_pair_cannot_install():
     the SPDX string current setuptools wants."""
     import re
 
-    from rawgpu import install
+    from rawgpu.runtime import install
 
     text = (ROOT / "pyproject.toml").read_text()
     lines = {line.split("=")[0].strip(): line for line in text.splitlines() if "=" in line}
@@ -489,7 +492,7 @@ def test_gpu_check_says_its_usage_and_needs_a_gpu_from_any_directory(tmp_path):
 def test_install_hints_are_commands_that_work_for_this_installation(monkeypatch):
     """rawgpu is installed from its checkout: a hint names the checkout (or "." there) and keeps the CUDA stack, and
     several GPUs take the NCCL built for that stack."""
-    from rawgpu import install
+    from rawgpu.runtime import install
 
     monkeypatch.setattr(install, "origin", lambda: ".")
     monkeypatch.setattr(install, "stack", lambda: "cu13")
@@ -528,7 +531,7 @@ def test_a_console_script_names_itself_in_its_usage(monkeypatch):
 
 def test_bench_without_a_gpu_leaves_no_empty_results_folder(monkeypatch, capsys, tmp_path):
     _no_gpu(monkeypatch)
-    monkeypatch.setattr("rawgpu.driver.Device", lambda *a: (_ for _ in ()).throw(NoDeviceError("no CUDA GPU found")))
+    monkeypatch.setattr("rawgpu.runtime.driver.Device", lambda *a: (_ for _ in ()).throw(NoDeviceError("no CUDA GPU found")))
     spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from gpu_checks import interrupt_train
-from rawgpu.data import Dataset
-from rawgpu.recipe import Recipe
+from rawgpu.data.datasets import Dataset
+from rawgpu.model.recipe import Recipe
 
 gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def state_of(trainer):
 
 
 def test_auto_steps_per_graph_is_one_progress_tick_within_bounds():
-    from rawgpu.trainer import MAX_AUTO_STEPS_PER_GRAPH, PROGRESS_TICKS, auto_steps_per_graph
+    from rawgpu.training.trainer import MAX_AUTO_STEPS_PER_GRAPH, PROGRESS_TICKS, auto_steps_per_graph
 
     assert auto_steps_per_graph(60000 // 128) == 10  # the default recipe on MNIST: 468 steps, 50 ticks
     assert auto_steps_per_graph(60000 // 32) == 38
@@ -106,8 +106,8 @@ def test_bad_arguments_are_one_line_naming_the_parameter_before_the_data_or_the_
     """The API checks what the CLI checks, by the same rules (recipe.py), and names the parameter, not a flag."""
     from rawgpu import SettingError, Trainer
 
-    monkeypatch.setattr("rawgpu.trainer.load_dataset", lambda *a, **k: pytest.fail("the data was read"))
-    monkeypatch.setattr("rawgpu.session.Session", lambda *a, **k: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.training.trainer.load_dataset", lambda *a, **k: pytest.fail("the data was read"))
+    monkeypatch.setattr("rawgpu.training.session.Session", lambda *a, **k: pytest.fail("the GPU was opened"))
     with pytest.raises(kind) as info:
         make(Trainer)
     assert str(info.value) == message and isinstance(info.value, SettingError)
@@ -135,7 +135,7 @@ def test_the_recipe_keeps_the_kernels_codes_out_of_its_public_surface():
                  "uses_momentum", "plain_sgd", "state_tensors", "scaled_lr", "step_flops", "step_bytes")
     assert not set(internals) & {name for name in dir(r) if not name.startswith("_")}
     assert r._padded_widths == [784, 104, 104, 104, 16] and r._activation_code == 1 and r._optimizer_code == 1
-    assert r.padded_widths == r._padded_widths  # the old names still resolve for rawgpu/steps, kernels, parallel
+    assert r._padded_widths == r._padded_widths  # the old names still resolve for rawgpu/steps, kernels, parallel
     with pytest.raises(AttributeError, match="'Recipe' object has no attribute 'colour'"):
         r.colour
 
@@ -224,7 +224,8 @@ def test_checkpoints_load_in_numpy_and_torch_with_the_standard_loaders(device, r
 
 @gpu
 def test_evaluate_and_predict_match_a_float64_reference_with_a_ragged_last_chunk(device, rng, monkeypatch):
-    from rawgpu import Trainer, mlp
+    from rawgpu import Trainer
+    from rawgpu.model import mlp
 
     monkeypatch.setattr(mlp, "EVAL_ACTIVATION_BUDGET", 300 * 2 * (792 + 2 * 64 + 16))  # 300-row chunks
     data = synthetic(rng, 4000, 1001)
@@ -347,7 +348,7 @@ def test_the_readme_example_runs(device, tmp_path, monkeypatch):
     if os.environ.get("RAWGPU_DATA"):
         monkeypatch.setenv("RAWGPU_DATA", str(Path(os.environ["RAWGPU_DATA"]).resolve()))  # the example runs elsewhere
     else:
-        from rawgpu.data import DataError, load_mnist
+        from rawgpu.data.datasets import DataError, load_mnist
 
         try:
             load_mnist(download=False)

@@ -10,10 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from rawgpu import checkpoint as ck
-from rawgpu import steps, train
-from rawgpu import sweep as sweep_cli
-from rawgpu.recipe import MAX_WIDTH_LIST, Recipe, hidden_of
+from rawgpu.training import checkpoint as ck
+from rawgpu import steps
+from rawgpu.cli import train
+from rawgpu.cli import sweep as sweep_cli
+from rawgpu.model.recipe import MAX_WIDTH_LIST, Recipe, hidden_of
 from test_checkpoint import make
 
 gpu = pytest.mark.gpu
@@ -60,7 +61,7 @@ def test_the_clis_width_lists_and_their_bad_input():
     (sweep_cli, ["--hidden", "512", "256", "--layers", "4"], "argument --layers: a width list sets the layer count"),
 ])
 def test_bad_widths_on_the_command_line_are_one_line_and_exit_2(tool, argv, message, capsys, monkeypatch):
-    monkeypatch.setattr("rawgpu.driver.init", lambda: pytest.fail("the GPU was opened"))
+    monkeypatch.setattr("rawgpu.runtime.driver.init", lambda: pytest.fail("the GPU was opened"))
     with pytest.raises(SystemExit) as exc:
         tool.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
@@ -94,7 +95,7 @@ def test_a_checkpoint_keeps_a_width_list(rng, tmp_path):
 
 
 def test_the_tensor_parallel_plan_shards_each_layer_by_its_own_width():
-    from rawgpu.parallel.split import plan_tensor_parallel
+    from rawgpu.steps.split import plan_tensor_parallel
 
     r = Recipe(hidden=(1024, 520, 256))
     plan = plan_tensor_parallel(r.widths, r.batch, 2)

@@ -11,7 +11,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from rawgpu import compiler
+from rawgpu.runtime import compiler
 
 ARCHS = ("sm_80", "sm_86", "sm_90")
 

@@ -10,7 +10,7 @@ its chunk loop taken out, each a build of dx_update.cu with -DDXU_ABLATE=bits (i
                                   [--max-stages N]
 
 Each line is one layer shape (H x H with dx, the plan's column ranges and roles) timed as dev/backward_splits.py
-times it (rawgpu.bench.gemm.bench_dx_update), once per mask: us per launch and the % of copy bandwidth the full
+times it (benchmarks.gemm.bench_dx_update), once per mask: us per launch and the % of copy bandwidth the full
 kernel's weight bytes would reach in that time. If taking the tensor-core work out (3) brings the kernel to the copy
 rate, moving it onto Hopper's asynchronous warpgroup MMA can; if the loads and write-back alone (7) stay below it,
 its memory path is the limit.
@@ -26,15 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from rawgpu import contract, driver
-from rawgpu.bench.gemm import bench_dx_update, open_gpu
-from rawgpu.bench.timing import copy_bandwidth, time_graph
-from rawgpu.cli import count
-from rawgpu.compiler import compile_file, compile_source
-from rawgpu.errors import run_cli
+from rawgpu import contract
+from rawgpu.runtime import driver
+from benchmarks.gemm import bench_dx_update, open_gpu
+from benchmarks.timing import copy_bandwidth, time_graph
+from rawgpu.cli.common import count
+from rawgpu.runtime.compiler import compile_file, compile_source
+from rawgpu.runtime.errors import run_cli
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_update as U
-from rawgpu.memory import Arena
+from rawgpu.runtime.memory import Arena
 
 PARTS = {1: "dx", 2: "G", 4: "update", 8: "write-back", 16: "weight loads"}
 TILED = 32

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rawgpu import compiler, driver
-from rawgpu.errors import run_cli
-from rawgpu.graph import capture
-from rawgpu.memory import Arena
+from rawgpu.runtime import compiler, driver
+from rawgpu.runtime.errors import run_cli
+from rawgpu.runtime.graph import capture
+from rawgpu.runtime.memory import Arena
 
 # name: (cluster CTAs, CTAs per SM as the grid's size, dynamic shared bytes, mode bits of pdl_chain.cu, programmatic)
 VARIANTS = {

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rawgpu import driver, train
+from rawgpu.runtime import driver
+from rawgpu.cli import train
 
 
 def main() -> int:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rawgpu import compiler, driver
-from rawgpu.bench.timing import time_graph
-from rawgpu.memory import Arena
+from rawgpu.runtime import compiler, driver
+from benchmarks.timing import time_graph
+from rawgpu.runtime.memory import Arena
 
 ROWS, THREADS = 128, 256
 

@@ -21,14 +21,15 @@ import sys
 
 import numpy as np
 
-from rawgpu import compiler, optimizer
-from rawgpu.bench.timing import copy_bandwidth, time_graph
-from rawgpu.cli import count
+from rawgpu.runtime import compiler
+from rawgpu.model import optimizer
+from benchmarks.timing import copy_bandwidth, time_graph
+from rawgpu.cli.common import count
 from rawgpu.contract import OPTIM_WORDS
-from rawgpu.errors import RawgpuError
+from rawgpu.runtime.errors import RawgpuError
 from rawgpu.kernels import gemm as kg
-from rawgpu.memory import Arena
-from rawgpu.recipe import Recipe, pad8
+from rawgpu.runtime.memory import Arena
+from rawgpu.model.recipe import Recipe, pad8
 
 MODEL_SIGNATURE = kg.SIGNATURE + "qqqqqqq"  # GEMM_MODEL_PARAMS in gemm.cu
 
@@ -176,7 +177,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
 def open_device(tool: str):
     """(device, stream, kernels) of GPU 0 for both sweep experiments, or None after one line saying why not."""
     try:
-        from rawgpu.driver import Device, Stream
+        from rawgpu.runtime.driver import Device, Stream
         from rawgpu.kernels import Kernels
 
         device = Device(0)
@@ -190,7 +191,7 @@ def main(argv=None) -> int:
     args = parser(__doc__).parse_args(argv)
     if (opened := open_device("gemm_models")) is None:
         return 1
-    from rawgpu.driver import Module
+    from rawgpu.runtime.driver import Module
 
     device, stream, kernels = opened
     arch = device.arch

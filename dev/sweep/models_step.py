@@ -15,8 +15,8 @@ import numpy as np
 
 from gemm_models import open_device, parser  # beside this script
 from rawgpu import steps
-from rawgpu.bench.timing import copy_bandwidth, time_graph
-from rawgpu.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
+from benchmarks.timing import copy_bandwidth, time_graph
+from rawgpu.model.recipe import TEST_ROWS, TRAIN_ROWS, Recipe
 
 
 def main(argv=None) -> int:

@@ -11,8 +11,8 @@ import sys
 import time
 
 from rawgpu import Grid, Sweep
-from rawgpu.recipe import Recipe
-from rawgpu.trainer import Trainer
+from rawgpu.model.recipe import Recipe
+from rawgpu.training.trainer import Trainer
 
 
 def main(argv=None) -> int:

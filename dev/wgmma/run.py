@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rawgpu import compiler, driver
-from rawgpu.bench.timing import time_graph
+from rawgpu.runtime import compiler, driver
+from benchmarks.timing import time_graph
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import gemm as G
-from rawgpu.memory import Arena
+from rawgpu.runtime.memory import Arena
 
 KERNELS = ("wg_rc_128", "wg_rc_256", "wg_rr_128", "wg_rr_128_swap", "wg_rr_256", "wg_rr_256_swap", "wg_cr_128",
            "wg_cr_256")

@@ -41,5 +41,5 @@ from .loss import XENT_MAX_THREADS  # noqa: F401
 from .models import (  # noqa: F401
     DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE,
     HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, MODEL_ACCUM, MODEL_CONFIGS, MODEL_ROLES, gemm_model_kernels)
-from .optim import OPTIM_WORDS, Optim  # noqa: F401
+from .optim import OPTIM_WORDS, UPDATE_FAMILIES, Optim, update_family  # noqa: F401
 from .sources import SOURCES, build, main, nvrtc_arch, split_kernels  # noqa: F401

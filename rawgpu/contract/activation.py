@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from ..recipe import ACTIVATIONS, DEFAULT_ACTIVATION, SLOPE_SAVED
+# The hidden layers' activation, named as PyTorch names it -> the code the kernels are built for
+# (ACT_*: activation_facts; cu/activation.cuh). gelu is torch's default erf form, gelu_tanh approximate="tanh".
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "tanh": 4}
+# Those whose derivative needs the pre-activation z (the others' comes from their output, which the next layer reads
+# anyway): the forward saves the slope act'(z) beside the output for the backward.
+SLOPE_SAVED = ("gelu", "gelu_tanh", "silu")
+DEFAULT_ACTIVATION = "relu"  # what a build applies unless told (the compiler, Kernels, the recipe's default)
 
 
 def activation_facts(arch: str, activation: str = DEFAULT_ACTIVATION):

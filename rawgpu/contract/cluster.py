@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ..recipe import INPUTS, MAX_CLASSES
+from .shapes import INPUTS, MAX_CLASSES
 from .abi import CStruct, declare, header
 
 CS_WARPS = 8

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .abi import header
 from .arch import block_smem_limit
+from .optim import UPDATE_FAMILIES
 
 DXU_BM = 64  # rows of W (input features) per block
 DXU_BN = 64  # columns of W per pipeline stage
@@ -11,7 +12,7 @@ DXU_BATCHES = (32, 64, 128, 256)  # the batch tiles (BB): a batch of B rows runs
 # Warps per block by batch tile: 16 where the warp grids allow it (dx: 8 features per warp and 32-row group, so BB >= 64)
 # and the registers fit (at 256 rows 16 warps spill); more warps hide more of each chunk's latency (docs/history.md).
 DXU_WARPS = {32: 8, 64: 16, 128: 16, 256: 8}
-DXU_FAMILIES = ("sgd", "adam")  # the update compiled in: SGD's rule (with momentum or without) or Adam's (AdamW)
+DXU_FAMILIES = UPDATE_FAMILIES  # one instance per update rule compiled in
 DXU_MAX_STAGES = 4
 
 

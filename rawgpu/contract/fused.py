@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ..recipe import INPUTS
+from .shapes import INPUTS
 from .abi import CStruct, declare, header
 from .arch import sm
 from .optim import Optim

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from .abi import header
 from .arch import sm
+from .optim import UPDATE_FAMILIES
 
 GEMM_SOURCE = "gemm.cu"
 GEMM_TMA_SOURCE = "gemm_tma.cu"
@@ -111,7 +112,7 @@ CONFIGS = {c.name: c for c in (
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
-UPDATE_EPILOGUES = ("sgd", "adam")  # the weight update fused into x^T @ dy, one per optimiser family (EPI_SGD, EPI_ADAM)
+UPDATE_EPILOGUES = UPDATE_FAMILIES  # the weight update fused into x^T @ dy, one per family (EPI_SGD, EPI_ADAM)
 ACCUMULATORS = ("f32", "f16")
 TMA_ROLES = [("rr", "store"), ("rr", "bias_act"), ("rc", "store"), ("rc", "dact")]
 WG_DW_ROLES = [("cr", "store"), ("cr", "sgd"), ("cr", "adam"), ("cr", "store32")]  # the weight gradient, its updates

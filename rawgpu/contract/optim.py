@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import ctypes
 
-from ..recipe import OPTIMIZERS, SCHEDULES
 from .abi import CStruct, declare, header
+
+OPTIMIZERS = {"sgd": 0, "adam": 1, "adamw": 2}  # name -> the code the kernels switch on (OPT_*: optim_facts)
+SCHEDULES = {"constant": 0, "cosine": 1, "linear": 2}  # name -> the code the kernels switch on (SCHEDULE_*: schedule_facts)
+
+# The update rules compiled into a kernel (cu/optim.cuh): SGD's (its momentum, Nesterov and weight decay read from the
+# table) and Adam's (AdamW's too). Every update kernel has one instance per family: dx_update's, the head's, the GEMM's
+# update epilogues (EPI_SGD, EPI_ADAM) and apply_update's.
+UPDATE_FAMILIES = ("sgd", "adam")
+
+
+def update_family(optimizer: str) -> str:
+    """The update rule an optimiser's kernels are compiled with: Adam's for adam and adamw, SGD's for sgd."""
+    return "sgd" if optimizer == "sgd" else "adam"
 
 
 def schedule_facts(arch: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..recipe import DEFAULT_ACTIVATION
+from .activation import DEFAULT_ACTIVATION
 from .activation import activation_facts
 from .cluster import CS_TILE_COUNTS, cluster_facts, cluster_kernel_name
 from .dx_sgd import dx_sgd_facts

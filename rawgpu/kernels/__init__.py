@@ -11,14 +11,14 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..compiler import SOURCE_DIR, CompiledModule, Unit, all_sources, compile_source, unit_of
-from ..driver import Kernel, Module
-from ..recipe import DEFAULT_ACTIVATION
+from ..runtime.compiler import SOURCE_DIR, CompiledModule, Unit, all_sources, compile_source, unit_of
+from ..runtime.driver import Kernel, Module
+from ..contract.activation import DEFAULT_ACTIVATION
 
 PLANNING_SM_COUNT = 132  # an H100's SMs: what a plan made without its GPU's own count assumes (tests, prebuilds)
 
 if TYPE_CHECKING:
-    from ..memory import Tensor
+    from ..runtime.memory import Tensor
 
 Progress = Callable[[int, int], None]  # (units built, units asked for)
 
@@ -160,7 +160,7 @@ def require_slope(k: "Kernels", slope: "Tensor | None", like: "Tensor | None", w
     by); the others get none."""
     import numpy as np
 
-    from ..recipe import SLOPE_SAVED
+    from ..contract.activation import SLOPE_SAVED
 
     if k.activation not in SLOPE_SAVED or like is None:
         if slope is not None:

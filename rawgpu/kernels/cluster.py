@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 from .. import contract
 from ..contract import (CS_ACT_PAD, CS_CLASSES, CS_DLOGIT_LD, CS_DY_PAD, CS_HEAD_GROUPS, CS_HEAD_LD, CS_MISC, CS_W_PAD,
                         CS_WARPS, CS_X_LD)
-from ..recipe import pad8
+from ..contract.shapes import pad8
 
 if TYPE_CHECKING:
-    from ..driver import Launch
+    from ..runtime.driver import Launch
     from . import Kernels
-    from ..memory import Tensor
+    from ..runtime.memory import Tensor
 
 SOURCE = "cluster_step.cu"
 TILE_COUNTS = contract.CS_TILE_COUNTS  # kernel instances cluster_steps_<NT>: NT 8-column tiles per CTA at most
@@ -130,7 +130,7 @@ def table_words(layers: int) -> int:
 
 def check_schedulable(k: Kernels, p: ClusterPlan) -> None:
     """A clear error when this GPU cannot co-schedule the cluster (the launch itself would fail less clearly)."""
-    from ..errors import RawgpuError
+    from ..runtime.errors import RawgpuError
 
     kernel = k.get(SOURCE, p.kernel, SIGNATURE)
     if kernel.max_active_clusters(p.ctas, THREADS, p.smem_bytes) < 1:

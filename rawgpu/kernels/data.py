@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..contract import OPTIM_WORDS
-from ..recipe import SCHEDULES  # the schedule codes gather_batch takes
-from ..driver import Launch
-from ..memory import Tensor
+from ..contract.optim import SCHEDULES  # the schedule codes gather_batch takes
+from ..runtime.driver import Launch
+from ..runtime.memory import Tensor
 from . import Kernels, require
 
 SRC = "data.cu"

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .. import contract
-from ..compiler import unit_of
-from ..recipe import cdiv
+from ..runtime.compiler import unit_of
+from ..contract.shapes import cdiv
 from . import PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
 from .gemm import MAX_CLUSTER_SPLITS, has_tma, planning_capacity
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
-    from ..driver import Launch
-    from ..memory import Tensor
+    from ..runtime.driver import Launch
+    from ..runtime.memory import Tensor
 
 SOURCE = "dx_sgd.cu"
 KERNEL = "dx_sgd"
@@ -35,7 +35,7 @@ smem_bytes = contract.dx_sgd_smem_bytes  # the dynamic shared memory per arch
 
 
 def supported(batch: int, plain_sgd: bool, accum: str) -> bool:
-    """Whether a layer's backward can run fused: batch-sized (<= 32 rows), plain SGD (Recipe.plain_sgd: a state tile
+    """Whether a layer's backward can run fused: batch-sized (<= 32 rows), plain SGD (Recipe._plain_sgd: a state tile
     would not fit the pipeline), fp32 accumulation. Otherwise the dx GEMM and the dW + update GEMM run apart."""
     return batch <= MAX_BATCH and plain_sgd and accum == "f32"
 

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .. import contract
-from ..optimizer import update_family
-from ..compiler import unit_of
+from ..contract.optim import update_family
+from ..runtime.compiler import unit_of
 from . import PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
 from .dx_sgd import BM, OnePassPlan, dx_operand, matrix_stride, one_pass_layout
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
-    from ..driver import Launch
-    from ..memory import Tensor
+    from ..runtime.driver import Launch
+    from ..runtime.memory import Tensor
 
 SOURCE = "dx_update.cu"
 SIGNATURE = "ppppppppiiiiiiiiippfffpppp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)

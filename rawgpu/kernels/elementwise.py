@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import contract
 from ..contract import EW_THREADS, OPTIM_WORDS
-from ..driver import Launch
-from ..memory import Tensor
+from ..runtime.driver import Launch
+from ..runtime.memory import Tensor
 from . import Kernels, blocks_for, require, require_exact_sums
 
 SRC = "elementwise.cu"
@@ -126,8 +127,9 @@ def apply_update(k: Kernels, g: Tensor, gb: Tensor, w16: Tensor, wlo: Tensor, mw
     or Adam's first moment, vw: Adam's second; None where the optimiser keeps none) by the GEMM's own update
     epilogue, the bias and its state (mb, vb) as bias_update does it: with one GPU, the bits of the fused updates.
     family: "sgd" or "adam" (the GEMM epilogue's, contract.UPDATE_EPILOGUES)."""
-    if family not in ("sgd", "adam"):
-        raise ValueError(f"apply_update: family must be 'sgd' or 'adam', got {family!r}")
+    if family not in contract.UPDATE_FAMILIES:
+        raise ValueError(f"apply_update: family must be {' or '.join(map(repr, contract.UPDATE_FAMILIES))}, got "
+                         f"{family!r}")
     require(g, np.float32, what="weight gradient")
     if len(g.shape) != 2 or g.shape[1] % 2:
         raise ValueError(f"weight gradient: expected [rows, cols] with cols even, got {g.shape}")

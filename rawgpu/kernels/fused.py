@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import contract
-from ..recipe import cdiv
+from ..contract.shapes import cdiv
 
 if TYPE_CHECKING:
-    from ..driver import Launch
+    from ..runtime.driver import Launch
     from . import Kernels
-    from ..memory import Tensor
+    from ..runtime.memory import Tensor
 
 SOURCE = "fused_step.cu"
 KERNEL = contract.fused_kernel_name(adam=False)  # SGD's update; kernel_name(True): Adam's
@@ -57,7 +57,7 @@ def fused_steps(k: Kernels, table: "Tensor", n_steps: int, grid: int, adam: bool
 def resident_grid(k: Kernels, sm_count: int, requested: int | None = None, adam: bool = False) -> int:
     """The grid the fused step runs on: `requested` blocks or one per SM, checked to be resident all at once (the
     grid barriers need it; a cooperative launch of more would be refused by the driver)."""
-    from ..errors import RawgpuError
+    from ..runtime.errors import RawgpuError
 
     per_sm = k.get(SOURCE, kernel_name(adam), SIGNATURE).max_blocks_per_sm(THREADS, smem_bytes(k.arch))
     if per_sm < 1:

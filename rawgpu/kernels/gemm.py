@@ -15,13 +15,13 @@ from .. import contract
 from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLITS, OPTIM_WORDS,  # noqa: F401
                         PERSIST_BLOCKS_PER_SM, TMA_ROLES, UPDATE_EPILOGUES, GemmConfig, all_kernel_names, config_for,
                         kernel_name, stream_stages)
-from ..compiler import unit_of
-from ..recipe import cdiv
+from ..runtime.compiler import unit_of
+from ..contract.shapes import cdiv
 from . import PLANNING_SM_COUNT, Kernels, require, require_split_scratch
 
 if TYPE_CHECKING:
-    from ..driver import Launch
-    from ..memory import Tensor
+    from ..runtime.driver import Launch
+    from ..runtime.memory import Tensor
 
 # The tile configs, the compiled instances and their names live in rawgpu/contract/gemm.py, which generates gemm.cu's
 # and gemm_tma.cu's instance lists from them; they are re-exported here for the planner and its callers.
@@ -475,7 +475,7 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
     """The tensor-copy instances take tensor maps of A and B (boxes of 64 along the contiguous dimension, one
     128-byte swizzled row each) in place of pointers and strides; the maps hold the matrices' true extents, so the
     copy engine zero-fills the edges. rest: the pointers and ld_act every GEMM takes, in GEMM_TMA_PARAMS' order."""
-    from ..driver import tensor_map_2d
+    from ..runtime.driver import tensor_map_2d
 
     cfg = p.config
     if p.layout[0] == "r":  # [M, K]: BM rows of 64 k

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
-from ..compiler import unit_of
-from ..optimizer import update_family
-from ..recipe import cdiv
+from ..runtime.compiler import unit_of
+from ..contract.optim import update_family
+from ..contract.shapes import cdiv
 from . import Kernels, require, require_slope
 
 if TYPE_CHECKING:
-    from ..driver import Launch
-    from ..memory import Tensor
+    from ..runtime.driver import Launch
+    from ..runtime.memory import Tensor
 
 SOURCE = "head.cu"
 SIGNATURE = "pippppppppppppippiiiifpp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)

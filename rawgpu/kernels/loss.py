@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import XENT_MAX_THREADS
-from ..driver import Launch
-from ..memory import Tensor
+from ..runtime.driver import Launch
+from ..runtime.memory import Tensor
 from . import Kernels, require, require_exact_sums
 
 SRC = "loss.cu"

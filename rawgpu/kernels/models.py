@@ -12,8 +12,8 @@ import numpy as np
 
 from ..contract import (DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES,
                         GEMM_MODELS_SOURCE, HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, OPTIM_WORDS, UPDATE_EPILOGUES)
-from ..driver import Launch
-from ..memory import Tensor
+from ..runtime.driver import Launch
+from ..runtime.memory import Tensor
 from . import Kernels, require
 from . import data as kd
 from . import dx_update as ku

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .. import parallel
-from ..errors import StepUnsupported
+from . import split as parallel
+from ..runtime.errors import StepUnsupported
 from ..kernels import PLANNING_SM_COUNT
-from ..recipe import DEFAULT_ACTIVATION, Recipe
+from ..model.recipe import DEFAULT_ACTIVATION, Recipe
 from . import cluster, data, fused, layered, models, tensor
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
     from ..kernels import Kernels
-    from ..mlp import MLP
+    from ..model.mlp import MLP
 
 KINDS: dict[str, ModuleType] = {"cluster": cluster, "fused": fused, "layered": layered, "tensor": tensor,
                                 "data": data, "models": models}

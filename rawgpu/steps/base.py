@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from ..kernels.l2 import DEFAULT_BUDGET
 
 if TYPE_CHECKING:
-    from ..driver import Launch, Stream
-    from ..memory import Tensor
-    from ..mlp import MLP
+    from ..runtime.driver import Launch, Stream
+    from ..runtime.memory import Tensor
+    from ..model.mlp import MLP
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import contract
-from ..compiler import unit_of
+from ..runtime.compiler import unit_of
 from ..kernels import cluster as kc
-from ..mlp import MLP
-from ..recipe import Recipe, loss_scale
+from ..model.mlp import MLP
+from ..model.recipe import Recipe, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
-    from ..driver import Launch
+    from ..runtime.driver import Launch
 
 MODEL = MLP  # the buffers it runs over
 SEVERAL_GPUS = False
@@ -38,7 +38,7 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the cluster step is built for images of {contract.CS_INPUTS} pixels, these have {recipe.inputs}"
     if recipe.batch > kc.ROWS:
         return f"the cluster step takes batches of at most {kc.ROWS}, got {recipe.batch}"
-    if not recipe.plain_sgd:
+    if not recipe._plain_sgd:
         return f"the cluster step runs plain SGD (no momentum, weight decay or Adam), not {recipe.optimizer_text}"
     if recipe.accum != "fp32":
         return "the cluster step accumulates in fp32 only"
@@ -91,12 +91,12 @@ class ClusterStep(Step):
         with -DCS_PROFILE writes 1 + steps x len(kc.marks(layers)) of them), or 0. Rates rounded to fp32 first."""
         m, plan = self.model, self.plan
         r, o = m.recipe, plan.offsets
-        lr0, lr_min = r.scaled_lr
+        lr0, lr_min = r._scaled_lr
         f32 = lambda x: float(np.float32(x))  # noqa: E731
         p = contract.CsParams(
             images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
             correct=m.correct.ptr, profile=profile, batch=r.batch, steps_per_epoch=r.steps_per_epoch,
-            layers=len(m.layers), schedule=r.schedule_code, total_steps=r.total_steps, warmup_steps=r.warmup_steps,
+            layers=len(m.layers), schedule=r._schedule_code, total_steps=r.total_steps, warmup_steps=r.warmup_steps,
             classes=r.classes, hs=plan.hs, n=plan.n, act_off=o["act"], raw_off=o["raw"], x_off=o["x"], dy_off=o["dy"],
             dlogit_off=o["dlogits"], rs_off=o["rs"], scratch_off=o["scratch"], misc_off=o["misc"],
             smem_bytes=plan.smem_bytes, lr0=f32(lr0), lr_min=f32(lr_min),

@@ -20,13 +20,13 @@ from ..kernels import data as kd
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import loss as kl
-from ..optimizer import update_family
-from ..parallel.replicated import ReplicatedMLP
-from ..recipe import Recipe, loss_scale
+from ..model.optimizer import update_family
+from .replicated import ReplicatedMLP
+from ..model.recipe import Recipe, loss_scale
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
-    from ..driver import Launch
+    from ..runtime.driver import Launch
 
 
 MODEL = ReplicatedMLP  # one rank's buffers
@@ -46,13 +46,13 @@ class DataStep(ChainStep):
         super().__init__(model, options.overlap)
         r, arch, rows, padded = model.recipe, model.arch, model.rows, model.padded
         self.family = update_family(r.optimizer)
-        plan = functools.partial(kg.plan_gemm, accum=r.kernel_accum, sm_count=model.sm_count, arch=arch,
+        plan = functools.partial(kg.plan_gemm, accum=r._kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         self.fwd, self.dx, self.dw = [], [], []
         for i, (pin, pout) in enumerate(zip(padded, padded[1:])):
             self.fwd.append(plan(rows, pout, pin, "rr", model.forward_epilogue(i)))
             self.dx.append(plan(rows, pin, pout, "rc", "dact") if i else None)
-            update = plan(pin, pout, rows, "cr", self.family, states=r.state_tensors)  # one GPU's fused update
+            update = plan(pin, pout, rows, "cr", self.family, states=r._state_tensors)  # one GPU's fused update
             self.dw.append(plan(pin, pout, rows, "cr", "store32", config=update.config.name, splits=update.splits,
                                 cluster=update.cluster))
         # every gradient in one buffer, so that one all-reduce sums them all: per layer W's, then b's
@@ -88,7 +88,7 @@ class DataStep(ChainStep):
         step counter += 1."""
         m = self.model
         r, k, rows = m.recipe, m.k, m.rows
-        lr0, lr_min = r.scaled_lr
+        lr0, lr_min = r._scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, rows, r.steps_per_epoch,
                                optim=m.optim, schedule=schedule)]

@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import contract, optimizer
+from .. import contract
+from ..model import optimizer
 from ..kernels import dx_sgd as kb
 from ..kernels import elementwise as ke
 from ..kernels import fused as kf
 from ..kernels import gemm as kg
-from ..mlp import MLP
-from ..recipe import Recipe, loss_scale
+from ..model.mlp import MLP
+from ..model.recipe import Recipe, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
-    from ..driver import Launch, Stream
-    from ..memory import Tensor
+    from ..runtime.driver import Launch, Stream
+    from ..runtime.memory import Tensor
 
 # The widest padded hidden layer `auto` gives the fused step, by what the layered step would be instead: with the
 # one-pass backward (batch <= 32, plain SGD) its per-layer kernels win above 512, in 18 kernels above 1024, where
@@ -70,11 +71,11 @@ def not_preferred_reason(recipe: Recipe, arch: str) -> str | None:
     if wgmma and recipe.batch > MAX_BATCH_VS_WGMMA:
         return (f"batch {recipe.batch} > {MAX_BATCH_VS_WGMMA}: the layered step on warpgroup MMA runs batches this "
                 "large faster than the fused step's per-block rows")
-    one_pass = kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum)
+    one_pass = kb.supported(recipe.batch, recipe._plain_sgd, recipe._kernel_accum)
     limit, how = (MAX_HIDDEN_VS_ONE_PASS, "with its one-pass backward") if one_pass else (MAX_HIDDEN, "in 18 kernels")
     if wgmma and MAX_HIDDEN_VS_WGMMA < limit:
         limit, how = MAX_HIDDEN_VS_WGMMA, "on warpgroup MMA"
-    if (widest := max(recipe.padded_widths[1:-1])) > limit:
+    if (widest := max(recipe._padded_widths[1:-1])) > limit:
         return (f"hidden {widest} > {limit}: the layered step {how} runs weights this wide faster than the fused "
                 "step's 32x32 blocks")
     return None
@@ -142,12 +143,12 @@ class FusedStep(Step):
         The rates are rounded to fp32 first: the kernel computes in fp32."""
         m = self.model
         r = m.recipe
-        lr0, lr_min = r.scaled_lr
+        lr0, lr_min = r._scaled_lr
         f32 = lambda x: float(np.float32(x))  # noqa: E731
         p = contract.FsParams(
             images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
             correct=m.correct.ptr, row_loss=self.row_loss.ptr, row_hit=self.row_hit.ptr, barrier=self.barrier.ptr,
-            batch=r.batch, steps_per_epoch=r.steps_per_epoch, layers=len(m.layers), schedule=r.schedule_code,
+            batch=r.batch, steps_per_epoch=r.steps_per_epoch, layers=len(m.layers), schedule=r._schedule_code,
             total_steps=r.total_steps, warmup_steps=r.warmup_steps, classes=r.classes, profile=profile,
             lr0=f32(lr0), lr_min=f32(lr_min), dlogit_scale=f32(loss_scale(r.batch) / r.batch),
             optim=optimizer.hyperparameters(r))

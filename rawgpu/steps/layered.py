@@ -31,14 +31,14 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
-from ..driver import SideStream
-from ..mlp import MLP
-from ..optimizer import update_family
-from ..recipe import PADDED_CLASSES, Recipe, loss_scale
+from ..runtime.driver import SideStream
+from ..model.mlp import MLP
+from ..model.optimizer import update_family
+from ..model.recipe import PADDED_CLASSES, Recipe, loss_scale
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
-    from ..driver import Launch
+    from ..runtime.driver import Launch
 
 MODEL = MLP  # the buffers it runs over
 SEVERAL_GPUS = False
@@ -57,9 +57,9 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 def one_pass_reason(recipe: Recipe, arch: str) -> str | None:
     """Why a layer's backward is not one pass over its weights here (kernels/dx_sgd.py for batch <= 32 with plain
     SGD, kernels/dx_update.py otherwise); None when it is."""
-    if kb.supported(recipe.batch, recipe.plain_sgd, recipe.kernel_accum):
+    if kb.supported(recipe.batch, recipe._plain_sgd, recipe._kernel_accum):
         return None
-    return ku.unsupported_reason(recipe.batch, recipe.optimizer, recipe.kernel_accum, arch)
+    return ku.unsupported_reason(recipe.batch, recipe.optimizer, recipe._kernel_accum, arch)
 
 
 def short_form_reason(recipe: Recipe, arch: str) -> str | None:
@@ -68,7 +68,7 @@ def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     if not kg.has_tma(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
     return (one_pass_reason(recipe, arch)
-            or kh.unsupported_reason(recipe.batch, recipe.kernel_accum, PADDED_CLASSES, arch))
+            or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, PADDED_CLASSES, arch))
 
 
 @dataclass
@@ -89,8 +89,8 @@ class LayeredStep(ChainStep):
         """overlap, short, branches, l2_bytes, l2_budget: see StepOptions."""
         super().__init__(model, overlap)
         r, arch, B = model.recipe, model.arch, model.recipe.batch
-        padded = r.padded_widths
-        plain, accum = r.plain_sgd, r.kernel_accum
+        padded = r._padded_widths
+        plain, accum = r._plain_sgd, r._kernel_accum
         plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         # the head's forward, loss, backward and update as one cluster kernel where it runs (sm_90)
@@ -110,7 +110,7 @@ class LayeredStep(ChainStep):
             self.plans.append(LayerPlans(
                 fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_act"),
                 dx=plan(B, pin, pout, "rc", "dact") if i else None,
-                dw=plan(pin, pout, B, "cr", update_family(r.optimizer), states=r.state_tensors),
+                dw=plan(pin, pout, B, "cr", update_family(r.optimizer), states=r._state_tensors),
                 bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
                               l2_bytes, l2_budget)
@@ -153,7 +153,7 @@ class LayeredStep(ChainStep):
         m = self.model
         r, k = m.recipe, m.k
         scale = loss_scale(r.batch)
-        lr0, lr_min = r.scaled_lr
+        lr0, lr_min = r._scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
                                optim=m.optim, schedule=schedule, early=self.head is not None)]

@@ -17,13 +17,13 @@ from ..kernels import dx_update as ku
 from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import models as km
-from ..optimizer import update_family
-from ..recipe import PADDED_CLASSES, Recipe, loss_scale
-from ..stack import ModelStack
+from ..model.optimizer import update_family
+from ..model.recipe import PADDED_CLASSES, Recipe, loss_scale
+from ..model.stack import ModelStack
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
-    from ..driver import Launch
+    from ..runtime.driver import Launch
 
 MODEL = ModelStack
 SEVERAL_GPUS = False
@@ -34,7 +34,7 @@ WHEN_AUTO = "a sweep of one architecture trains all its models in each step"
 
 def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the models step cannot run models of `recipe` here; None when it can."""
-    if recipe.kernel_accum != "f32":
+    if recipe._kernel_accum != "f32":
         return "the models step accumulates in fp32; this recipe asks for fp16 accumulation"
     return None
 
@@ -44,8 +44,8 @@ def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     one pass over its weights); None when it is."""
     if not kg.has_tma(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
-    return (ku.unsupported_reason(recipe.batch, recipe.optimizer, recipe.kernel_accum, arch)
-            or kh.unsupported_reason(recipe.batch, recipe.kernel_accum, PADDED_CLASSES, arch))
+    return (ku.unsupported_reason(recipe.batch, recipe.optimizer, recipe._kernel_accum, arch)
+            or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, PADDED_CLASSES, arch))
 
 
 class ModelsStep(ChainStep):
@@ -53,7 +53,7 @@ class ModelsStep(ChainStep):
 
     def __init__(self, stack: ModelStack, overlap: bool, short: bool):
         super().__init__(stack, overlap)
-        r, B, padded, arch = stack.recipe, stack.recipe.batch, stack.recipe.padded_widths, stack.arch
+        r, B, padded, arch = stack.recipe, stack.recipe.batch, stack.recipe._padded_widths, stack.arch
         n_layers = len(padded) - 1
         short = short and short_form_reason(r, arch) is None
         self.head = self.plan_head(r) if short else None
@@ -69,7 +69,7 @@ class ModelsStep(ChainStep):
                     for i in range(n_fwd)]
         long = [i for i in range(n_layers) if self.bwd[i] is None and not (i == n_layers - 1 and self.head)]
         self.dx = {i: plan(B, padded[i], padded[i + 1], "rc", "dact") for i in long if i}
-        self.dw = {i: plan(padded[i], padded[i + 1], B, "cr", update_family(r.optimizer), states=r.state_tensors)
+        self.dw = {i: plan(padded[i], padded[i + 1], B, "cr", update_family(r.optimizer), states=r._state_tensors)
                    for i in long}
 
     @staticmethod
@@ -78,7 +78,7 @@ class ModelsStep(ChainStep):
         fastest or nearly, dev/sweep/models_step.py --head-ctas; docs/history.md), more only where those rows of W do
         not fit. Never by N: the logits add the CTAs' partial sums, so a model's bits would depend on the count it
         trains with."""
-        B, K = r.batch, r.padded_widths[-2]
+        B, K = r.batch, r._padded_widths[-2]
         ctas = kh.MIN_CTAS if K <= 512 else 2 * kh.MIN_CTAS
         return kh.plan_head(B, K, r.optimizer, ctas=ctas) or kh.plan_head(B, K, r.optimizer)
 

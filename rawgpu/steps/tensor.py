@@ -25,14 +25,14 @@ from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
 from ..kernels import loss as kl
-from ..optimizer import update_family
-from ..parallel.sharded import ShardedMLP
-from ..recipe import Recipe, loss_scale
+from ..model.optimizer import update_family
+from .sharded import ShardedMLP
+from ..model.recipe import Recipe, loss_scale
 from . import layered
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
-    from ..driver import Launch
+    from ..runtime.driver import Launch
 
 
 @dataclass
@@ -62,7 +62,7 @@ class TensorStep(ChainStep):
     def __init__(self, model: "ShardedMLP", options: StepOptions):
         super().__init__(model, options.overlap)
         r, arch, B, padded = model.recipe, model.arch, model.recipe.batch, model.padded
-        plan = functools.partial(kg.plan_gemm, accum=r.kernel_accum, sm_count=model.sm_count, arch=arch,
+        plan = functools.partial(kg.plan_gemm, accum=r._kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         one_pass = options.short and layered.one_pass_reason(r, arch) is None and kg.has_tma(arch)
         self.plans = []
@@ -72,12 +72,12 @@ class TensorStep(ChainStep):
             if one_pass:
                 cap, dx = model.cluster_capacity, i > 0
                 bwd = (kb.plan_dx_sgd(B, pin, pout, model.sm_count, arch=arch, capacity=cap, dx=dx)
-                       if kb.supported(B, r.plain_sgd, r.kernel_accum)
+                       if kb.supported(B, r._plain_sgd, r._kernel_accum)
                        else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
             self.plans.append(ShardPlans(
                 fwd=plan(B, pout, pin, "rr", model.forward_epilogue(i)),
                 dx=plan(B, pin, pout, "rc", "store32" if reduced else "dact") if i and bwd is None else None,
-                dw=(plan(pin, pout, B, "cr", update_family(r.optimizer), states=r.state_tensors)
+                dw=(plan(pin, pout, B, "cr", update_family(r.optimizer), states=r._state_tensors)
                     if bwd is None else None),
                 bwd=bwd))
         self.l2 = kl2.plan_l2([lay.w16.nbytes for lay in model.layers], [p.bwd is not None for p in self.plans],
@@ -111,7 +111,7 @@ class TensorStep(ChainStep):
         """gather (+ the step's optimiser values), forward, loss, backward with fused updates, step counter += 1."""
         m = self.model
         r, k, B = m.recipe, m.k, m.recipe.batch
-        lr0, lr_min = r.scaled_lr
+        lr0, lr_min = r._scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
         out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, B, r.steps_per_epoch,
                                optim=m.optim, schedule=schedule)]

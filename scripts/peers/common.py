@@ -154,9 +154,9 @@ def step_indices(steps: int, batch: int, seed: int = 0) -> np.ndarray:
 def mnist_arrays(data_dir=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train_x [60000,784], train_y [60000], test_x [10000,784], test_y [10000]), all uint8.
 
-    Writable copies: rawgpu.data returns read-only views, and torch.from_numpy warns on those.
+    Writable copies: rawgpu.data.datasets returns read-only views, and torch.from_numpy warns on those.
     """
-    from rawgpu.data import load_mnist  # lazy: importing this module must not need the data
+    from rawgpu.data.datasets import load_mnist  # lazy: importing this module must not need the data
 
     m = load_mnist(data_dir)
     return (np.array(m.train_images, dtype=np.uint8).reshape(-1, INPUTS), np.array(m.train_labels, dtype=np.uint8),

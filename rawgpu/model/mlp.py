@@ -1,0 +1,459 @@
+"""The model: an MLP pixels -> hidden x layers -> classes (784 -> ... -> 10 on MNIST) whose every buffer lives in
+one arena, and what every training step kind shares: the dataset on the device, the weights and optimiser state,
+activations, metrics, evaluation.
+
+How a training step runs is its step kind's business (rawgpu/steps/), chosen by `steps.choose`; `steps.plan_model`
+plans the model and attaches its step, which the model then asks for the step's launches. Nothing in a step depends
+on the host after start-up: the step counter, the batch position and the learning rate live on the device.
+
+The fp32 master weights are stored as two 16-bit halves (rawgpu/master.py): W16, the fp16 working copy every
+GEMM reads, and lo, the rest; a step moves 10 bytes per weight instead of 12. Widths are padded to multiples of 8
+and the classes to 16 (recipe.py); padded weights, biases and activations start at zero and stay zero, because
+their gradients are exactly zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import master, optimizer
+from ..runtime.driver import Launch, Stream
+from ..kernels import PLANNING_SM_COUNT, Kernels
+from ..kernels import data as kd
+from ..kernels import elementwise as ke
+from ..kernels import gemm as kg
+from ..kernels import l2 as kl2
+from ..contract import OPTIM_WORDS
+from ..kernels import loss as kl
+from ..runtime.memory import Arena, Tensor
+from .recipe import PADDED_CLASSES, Recipe, cdiv, loss_scale, pad8
+
+EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
+
+
+@dataclass
+class Layer:
+    """One linear layer's shared buffers (padded shapes) and its evaluation GEMM plan."""
+
+    fan_in: int
+    fan_out: int
+    wlo: Tensor  # int16 low half of the fp32 master weights [in_p, out_p], x @ W orientation (master.py)
+    w16: Tensor  # fp16 working copy and the master's high half, same shape
+    b: Tensor  # fp32 bias [out_p]
+    mw: Tensor | None  # the optimiser's first state: SGD's momentum or Adam's first moment (None for plain SGD)
+    mb: Tensor | None
+    vw: Tensor | None  # Adam's second moment (None for SGD)
+    vb: Tensor | None
+    eval_fwd: kg.GemmPlan
+
+
+class MLP:
+    """Plan (`__init__`, no GPU needed; steps.plan_model attaches the step) -> `bind(kernels)` -> `allocate()` ->
+    `upload_data()` + `init_parameters()` -> launches."""
+
+    def __init__(self, recipe: Recipe, arch: str = "sm_86", sm_count: int = PLANNING_SM_COUNT,
+                 capacity: tuple[int, ...] | None = None):
+        """The shared buffers and the evaluation's plans for a GPU of `arch` with `sm_count` SMs. capacity: the
+        GPU's cluster capacity (gemm.cluster_capacity; None: the planning estimate). arch defaults to sm_86, the
+        smallest shared memory."""
+        self.k: Kernels | None = None
+        self.recipe, self.sm_count, self.arch, self.cluster_capacity = recipe, sm_count, arch, capacity
+        self.choice: Any = None  # the steps.Choice that picked the step, and the steps.Step: both set by
+        self.step: Any = None  # steps.plan_model (the model never imports the steps that run over it)
+        r = recipe
+        self.arena = a = Arena()
+        B = self.rows = self.step_rows()
+        self.eval_batch = eval_batch(r)
+        EB = self.eval_batch
+        self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)  # whole chunks of EB rows, then the rest
+        widths, padded = self.layer_widths()
+        self.padded = padded
+        # dataset and input pipeline
+        self.images = a.tensor("train_images", (r.train_rows, r.inputs), np.uint8)
+        self.labels = a.tensor("train_labels", r.train_rows, np.uint8)
+        self.test_images = a.tensor("test_images", (r.test_rows, r.inputs), np.uint8)
+        self.test_labels = a.tensor("test_labels", r.test_rows, np.uint8)
+        self.perm = a.tensor("perm", r.steps_per_epoch * B, np.int32)
+        self.eval_perm = a.tensor("eval_perm", EB * self.eval_chunks, np.int32) if self.eval_chunks else None
+        self.tail_perm = a.tensor("eval_tail_perm", self.eval_tail, np.int32) if self.eval_tail else None
+        # prediction: up to EB images at a time, in order, through the evaluation's buffers
+        self.predict_images = a.tensor("predict_images", (EB, r.inputs), np.uint8)
+        self.predict_labels = a.tensor("predict_labels", EB, np.uint8)
+        self.predict_perm = a.tensor("predict_perm", EB, np.int32)
+        # device scalars: the step counter, the optimiser table (the step's lr among its values), the metrics
+        self.counter = a.tensor("step", 1, np.int64)
+        self.eval_counter = a.tensor("eval_step", 1, np.int64)
+        self.zero_counter = a.tensor("zero_step", 1, np.int64)  # stays 0: one-chunk gathers
+        self.optim = a.tensor("optim", OPTIM_WORDS, np.float32)
+        self.loss_sum = a.tensor("loss_sum", 1, np.float64)
+        self.correct = a.tensor("correct", 1, np.int32)
+        self.eval_loss_sum = a.tensor("eval_loss_sum", 1, np.float64)
+        self.eval_correct = a.tensor("eval_correct", 1, np.int32)
+        # activations (saved for backward) and their gradients
+        self.acts = [a.tensor(f"act{i}", (B, p), np.float16) for i, p in enumerate(padded)]  # acts[-1]: logits
+        self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
+        # the hidden layers' slopes act'(z), where the activation's backward reads them (recipe.SLOPE_SAVED)
+        self.slopes = [a.tensor(f"slope{i}", (B, p), np.float16) if r._saves_slope and 0 < i < len(padded) - 1
+                       else None for i, p in enumerate(padded)]
+        self.y = a.tensor("y", B, np.int32)
+        hidden_p = max(padded[1:-1])
+        self.eval_x = a.tensor("eval_x", (EB, padded[0]), np.float16)
+        self.eval_h = [a.tensor(f"eval_h{i}", (EB, hidden_p), np.float16) for i in range(2)]  # ping-pong
+        self.eval_logits = a.tensor("eval_logits", (EB, padded[-1]), np.float16)
+        self.eval_y = a.tensor("eval_y", EB, np.int32)
+        self.tail_fwd: list[kg.GemmPlan] = []  # the last, shorter chunk's forward plans
+        self.exact_sums, self.exact_tickets = self.exact_scratch("")
+        # parameters and optimiser state
+        self.layers: list[Layer] = []
+        for i in range(len(widths) - 1):
+            pin, pout, states = padded[i], padded[i + 1], r._state_tensors
+            self.layers.append(Layer(
+                widths[i], widths[i + 1],
+                a.tensor(f"wlo_{i}", (pin, pout), np.int16), a.tensor(f"w16_{i}", (pin, pout), np.float16),
+                a.tensor(f"b_{i}", pout, np.float32),
+                a.tensor(f"mw_{i}", (pin, pout), np.float32) if states else None,
+                a.tensor(f"mb_{i}", pout, np.float32) if states else None,
+                a.tensor(f"vw_{i}", (pin, pout), np.float32) if states > 1 else None,
+                a.tensor(f"vb_{i}", pout, np.float32) if states > 1 else None,
+                eval_fwd=kg.plan_gemm(EB, pout, pin, "rr", self.forward_epilogue(i), accum=r._kernel_accum,
+                                      sm_count=sm_count, arch=self.arch, capacity=self.cluster_capacity)))
+            if self.eval_tail:
+                self.tail_fwd.append(kg.plan_gemm(self.eval_tail, pout, pin, "rr", self.forward_epilogue(i),
+                                                  accum=r._kernel_accum, sm_count=sm_count, arch=self.arch,
+                                                  capacity=self.cluster_capacity))
+
+    def attach(self, step: Any) -> "MLP":
+        """The step its kind planned over this model's buffers (it reserved its own in the arena); then the split-K
+        scratch both need: GEMMs run one after another, each leaves its tickets at zero, so all share one."""
+        self.step = step
+        self.workspace, self.tickets = self.splitk_scratch("", self.eval_plans + self.tail_fwd + step.split_plans())
+        return self
+
+    def exact_scratch(self, prefix: str) -> tuple[Tensor, Tensor]:
+        """Scratch for sums over blocks that meet exactly (ptx/exact_sum.cuh: the loss over many rows, a bias's row
+        ranges), for launches that run one after another: a word per column of the widest layer and a ticket per
+        column tile; every launch leaves them zero."""
+        widest = max(self.padded)
+        return (self.arena.tensor(f"{prefix}exact_sums", max(2, widest), np.int64),
+                self.arena.tensor(f"{prefix}exact_tickets", max(1, cdiv(widest, 8)), np.int32))
+
+    def splitk_scratch(self, prefix: str, plans: list) -> tuple[Tensor, Tensor]:
+        """The split-K partials and tickets of `plans`' GEMMs, for launches that run one after another: each leaves
+        its tickets at zero, so all share one."""
+        return (self.arena.tensor(f"{prefix}splitk_workspace", max([1] + [p.workspace_floats for p in plans]),
+                                  np.float32),
+                self.arena.tensor(f"{prefix}splitk_tickets", max([1] + [p.tickets for p in plans]), np.int32))
+
+    def bind(self, kernels: Kernels) -> "MLP":
+        """The compiled kernels the launches use (of the arch this model was planned for)."""
+        kernels.check_serves(self.arch, self.recipe.activation, "the model")
+        self.k = kernels
+        return self
+
+    def kernel_units(self) -> set:
+        """The units of compilation (compiler.unit_of) a session of this model launches, from the plans alone: the
+        step's, the evaluation's GEMMs, and the small sources every session uses (the data gather, the parameter
+        initialisation and copies, the loss and metrics)."""
+        return (common_units(self.arch) | kg.plan_units(self.eval_plans + self.tail_fwd, self.arch)
+                | self.step.kernel_units())
+
+    # --- what a model on several GPUs (parallel/sharded.py, parallel/replicated.py) changes ---------------------
+
+    def step_rows(self) -> int:
+        """The rows of a step's batch this GPU holds (its buffers' and its training permutation's)."""
+        return self.recipe.batch
+
+    def layer_widths(self) -> tuple[list[int], list[int]]:
+        """The layers' true widths (inputs, hidden ..., classes) and the padded ones the buffers hold."""
+        return self.recipe.widths, self.recipe._padded_widths
+
+    def forward_epilogue(self, i: int) -> str:
+        """Layer i's forward GEMM epilogue: bias and the activation, the head's bias alone."""
+        return "bias_act" if i < len(self.padded) - 2 else "bias"
+
+    @property
+    def eval_plans(self) -> list[kg.GemmPlan]:
+        """Each layer's forward GEMM over a whole evaluation chunk."""
+        return [lay.eval_fwd for lay in self.layers]
+
+    @property
+    def kind(self) -> str:
+        """The step kind that runs (steps.KINDS)."""
+        return self.step.kind
+
+    # --- start-up ---------------------------------------------------------------------------------------------
+
+    def allocate(self) -> "MLP":
+        """The one device allocation (OutOfMemoryError with needed vs free before anything runs), zeroed."""
+        self.arena.allocate()
+        self.arena.zero()
+        self.step.allocated()
+        return self
+
+    def upload_data(self, data) -> None:
+        """The training and test images and labels (a data.Dataset, or anything with its four arrays), of the
+        recipe's shape; then the evaluation's and prediction's orders."""
+        r = self.recipe
+        self.images.upload(data.train_images.reshape(r.train_rows, r.inputs))
+        self.labels.upload(data.train_labels)
+        self.upload_test_data(data.test_images, data.test_labels)
+        self.prepare_predict()
+
+    def prepare_predict(self) -> None:
+        """The prediction's order (the arena starts zeroed: the labels it gathers are 0); no dataset needed."""
+        self.predict_perm.upload(np.arange(self.eval_batch, dtype=np.int32))
+
+    def upload_test_data(self, images: np.ndarray, labels: np.ndarray) -> None:
+        """A test set of the recipe's test_rows images (evaluation reads it in order)."""
+        r = self.recipe
+        self.test_images.upload(images.reshape(r.test_rows, r.inputs))
+        self.test_labels.upload(labels)
+        whole = self.eval_chunks * self.eval_batch
+        if self.eval_perm is not None:
+            self.eval_perm.upload(np.arange(whole, dtype=np.int32))
+        if self.tail_perm is not None:
+            self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
+
+    def init_parameters(self, stream: Stream) -> None:
+        """PyTorch's nn.Linear default (Kaiming-uniform, a = sqrt(5)): W and b ~ U(+-1/sqrt(fan_in)), from
+        the seed, W as its master halves; then whatever copies the step kind keeps of them; the optimiser's table
+        set and its state, the counters and tickets zeroed."""
+        self.set_initial_weights(stream)
+        self.step.parameters_set(stream)
+        self.optim.upload(optimizer.words(optimizer.hyperparameters(self.recipe)))
+        for t in self._counters() + [t for lay in self.layers for t in self._state_tensors(lay).values()]:
+            t.fill_bytes(0)
+
+    def set_initial_weights(self, stream: Stream) -> None:
+        """Every layer's W (as its master halves) and b drawn from the seed on the device, layer i's W from seed
+        (i, 0), b from (i, 1), at their places in the whole layer (init_windows)."""
+        for i, lay in enumerate(self.layers):
+            bound = 1.0 / math.sqrt(self.recipe.widths[i])
+            w, b = self.init_windows(i)
+            ke.init_uniform_master(self.k, lay.w16, lay.wlo, bound, self.seed_of(i, 0), w).run(stream)
+            ke.init_uniform(self.k, lay.b, bound, self.seed_of(i, 1), b).run(stream)
+
+    def init_windows(self, i: int) -> tuple[ke.Window, ke.Window]:
+        """Where layer i's W and b sit in the whole layer the seed draws: on one GPU, all of it (padding zero)."""
+        lay = self.layers[i]
+        return ke.Window((lay.fan_in, lay.fan_out)), ke.Window((1, lay.fan_out))
+
+    def _state_tensors(self, lay: Layer) -> dict[str, Tensor]:
+        """A layer's optimiser state by its checkpoint name (state(): names as torch.optim calls them)."""
+        tensors = ((lay.mw, lay.mb), (lay.vw, lay.vb))
+        return {f"{name}_{part}": t for name, pair in zip(optimizer.state_names(self.recipe), tensors)
+                for part, t in zip(("weight", "bias"), pair)}
+
+    def _counters(self) -> list[Tensor]:
+        return ([self.counter, self.zero_counter, self.workspace, self.tickets, self.exact_sums, self.exact_tickets]
+                + self.step.counters())
+
+    def state(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
+        """(parameters(), the exact device state), padding cut off: per layer the master halves as the step holds
+        them now ("layers.{i}.w16", "layers.{i}.wlo") and the optimiser's state as it is ("layers.{i}.momentum_weight",
+        "..._bias" with SGD's momentum; "exp_avg_weight", "exp_avg_sq_weight", ... with Adam's: times the loss scale,
+        its square for exp_avg_sq). What set_state takes."""
+        copies, state = self.step.working_copies(), {}
+        for i, lay in enumerate(self.layers):
+            cut = (slice(0, lay.fan_in), slice(0, lay.fan_out))
+            state[f"layers.{i}.w16"] = copies[i].download()[cut].copy()
+            state[f"layers.{i}.wlo"] = lay.wlo.download()[cut].copy()
+            for name, t in self._state_tensors(lay).items():
+                state[f"layers.{i}.{name}"] = t.download()[cut if len(t.shape) == 2 else cut[1]].copy()
+        return self.parameters(), state
+
+
+    def set_state(self, biases: list[np.ndarray], state: dict[str, np.ndarray], steps_done: int,
+                  stream: Stream) -> None:
+        """Continue a run: the biases, the master halves and the optimiser's state as state() returned them, and the
+        step counter at steps_done (it drives the schedule and the batch position); padding zero, counters reset."""
+        def padded(t: Tensor, values: np.ndarray) -> np.ndarray:
+            full = np.zeros(t.shape, t.dtype)
+            full[tuple(slice(0, n) for n in values.shape)] = values
+            return full
+        for i, lay in enumerate(self.layers):
+            lay.w16.upload(padded(lay.w16, state[f"layers.{i}.w16"]))
+            lay.wlo.upload(padded(lay.wlo, state[f"layers.{i}.wlo"]))
+            lay.b.upload(padded(lay.b, biases[i]))
+            for name, t in self._state_tensors(lay).items():
+                t.upload(padded(t, state[f"layers.{i}.{name}"]))
+        self.step.parameters_set(stream)
+        self.optim.upload(optimizer.words(optimizer.hyperparameters(self.recipe)))
+        for t in self._counters():
+            t.fill_bytes(0)
+        self.counter.upload(np.array([steps_done], np.int64))
+
+    def set_train_metrics(self, loss_sum: float, correct: int) -> None:
+        """Restore the metrics a resumed epoch had summed before it was saved."""
+        self.loss_sum.upload(np.array([loss_sum], np.float64))
+        self.correct.upload(np.array([correct], np.int32))
+
+    def seed_of(self, layer: int, which: int) -> int:
+        return seed_of(self.recipe, layer, which)
+
+    def _set_master(self, lay: Layer, w: np.ndarray) -> None:
+        hi, lo = master.split(w)
+        lay.w16.upload(hi)
+        lay.wlo.upload(lo)
+
+    def set_permutation(self, perm: np.ndarray) -> None:
+        """This epoch's sample order (the first steps_per_epoch x batch entries are used). Synchronises: call it
+        between epochs, never inside one."""
+        need = self.perm.shape[0]
+        self.perm.upload(np.ascontiguousarray(perm[:need], dtype=np.int32))
+
+    # --- the step ----------------------------------------------------------------------------------------------
+
+    def forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan],
+                keep: list[float] | None = None, slopes: list[Tensor | None] | None = None) -> list[Launch]:
+        """The forward GEMMs (bias and activation fused) from x through outs; keep: each weight's L2 policy; slopes:
+        where each layer's slope act'(z) goes for the backward (training; None: nowhere)."""
+        launches, inp, keep = [], x, keep or [kl2.NORMAL] * len(self.layers)
+        for lay, out, plan, keep_w, slope in zip(self.layers, outs, plans, keep, slopes or [None] * len(self.layers)):
+            launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, act=slope, workspace=self.workspace,
+                                    tickets=self.tickets, keep_b=keep_w))
+            inp = out
+        return launches
+
+    def saved_for_backward(self, i: int) -> Tensor:
+        """What the backward of the activation of layer i's input reads (activation.cuh): the slope act'(z) where
+        the activation needs it, else the activation itself."""
+        return self.slopes[i] if self.slopes[i] is not None else self.acts[i]
+
+    def step_launches(self, steps: int = 1) -> list[Launch]:
+        """`steps` training steps, as the step kind runs them."""
+        return self.step.launches(steps)
+
+    def eval_launches(self) -> list[Launch]:
+        """The whole test set, eval_batch rows at a time, then the shorter last chunk: forward and metrics only (no
+        gradients, no updates)."""
+        k, EB, chunks, classes = self.k, self.eval_batch, self.eval_chunks, self.recipe.classes
+        out = self.step.before_eval()
+        out += [kd.set_i64(k, self.eval_counter, 0), kl.zero_metrics(k, self.eval_loss_sum, self.eval_correct)]
+        for _ in range(chunks):
+            out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.eval_perm, self.eval_counter,
+                                       self.eval_x, self.eval_y, EB, chunks))
+            out += self._eval_forward(self.eval_plans)
+            out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
+                                       self.eval_correct, EB, classes, scratch=self.exact_sums,
+                                       ticket=self.exact_tickets))
+            out.append(kd.step_increment(k, self.eval_counter))
+        if self.eval_tail:
+            out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.tail_perm, self.zero_counter,
+                                       self.eval_x, self.eval_y, self.eval_tail, 1))
+            out += self._eval_forward(self.tail_fwd)
+            out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
+                                       self.eval_correct, self.eval_tail, classes, scratch=self.exact_sums,
+                                       ticket=self.exact_tickets))
+        return out
+
+    def _eval_forward(self, plans: list[kg.GemmPlan]) -> list[Launch]:
+        hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
+        return self.forward(self.eval_x, hidden, plans)
+
+    def predict_launches(self) -> list[Launch]:
+        """Logits of the eval_batch images in predict_images, into eval_logits: the evaluation's gather and forward."""
+        out = self.step.before_eval()
+        out.append(kd.gather_batch(self.k, self.predict_images, self.predict_labels, self.predict_perm,
+                                   self.zero_counter, self.eval_x, self.eval_y, self.eval_batch, 1))
+        return out + self._eval_forward(self.eval_plans)
+
+    def logits(self, images: np.ndarray, stream: Stream) -> np.ndarray:
+        """float32 logits [N, classes] of uint8 images [N, inputs], eval_batch at a time through predict_launches
+        (synchronises)."""
+        r, EB = self.recipe, self.eval_batch
+        launches, out = self.predict_launches(), np.empty((len(images), r.classes), np.float32)
+        for start in range(0, len(images), EB):
+            chunk = np.zeros((EB, r.inputs), np.uint8)
+            part = images[start:start + EB]
+            chunk[:len(part)] = part
+            self.predict_images.upload(chunk)
+            for launch in launches:
+                launch.run(stream)
+            stream.synchronize()
+            out[start:start + len(part)] = self.eval_logits.download()[:len(part), :r.classes]
+        return out
+
+    def zero_metrics(self) -> Launch:
+        return kl.zero_metrics(self.k, self.loss_sum, self.correct)
+
+    # --- reading back ------------------------------------------------------------------------------------------
+
+    def train_metrics(self, stream: Stream | None = None) -> tuple[float, int]:
+        """(loss sum, correct count) accumulated since the last zero_metrics. stream: where a model on several GPUs
+        sums them over the ranks (parallel/replicated.py); one GPU's need none."""
+        return float(self.loss_sum.download()[0]), int(self.correct.download()[0])
+
+    def eval_metrics(self) -> tuple[float, float]:
+        """(mean test loss, test accuracy) of the last evaluation."""
+        n = self.recipe.test_rows
+        return float(self.eval_loss_sum.download()[0]) / n, int(self.eval_correct.download()[0]) / n
+
+    def step_count(self) -> int:
+        return int(self.counter.download()[0])
+
+    def master_weights(self, i: int, copies: list[Tensor] | None = None) -> np.ndarray:
+        """Layer i's fp32 master weights (padded shape), joined from its halves (master.py). copies: the step's
+        current fp16 working copies (Step.working_copies), asked for when None."""
+        hi = (copies or self.step.working_copies())[i]
+        return master.join(hi.download(), self.layers[i].wlo.download())
+
+    def parameters(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The fp32 master (W [fan_in, fan_out], b) of every layer, padding cut off."""
+        copies = self.step.working_copies()
+        return [(self.master_weights(i, copies)[:lay.fan_in, :lay.fan_out].copy(),
+                 lay.b.download()[:lay.fan_out].copy()) for i, lay in enumerate(self.layers)]
+
+    def optimizer_state(self) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+        """The optimiser's state per layer (same layout as parameters()) in units of the mean-loss gradient, float64:
+        {"m": SGD's momentum or Adam's first moment, "v": Adam's second moment}, as many as it keeps. The buffers hold
+        them times the loss scale (its square for v), because they accumulate scaled gradients."""
+        s, out = float(loss_scale(self.recipe.batch)), {}
+        for key, power, pick in (("m", 1, lambda lay: (lay.mw, lay.mb)), ("v", 2, lambda lay: (lay.vw, lay.vb))):
+            if pick(self.layers[0])[0] is None:
+                continue
+            out[key] = [(pick(lay)[0].download()[:lay.fan_in, :lay.fan_out].astype(np.float64) / s ** power,
+                         pick(lay)[1].download()[:lay.fan_out].astype(np.float64) / s ** power) for lay in self.layers]
+        return out
+
+    def padding_is_zero(self) -> bool:
+        """True when every padded weight/bias entry is still exactly zero (they must never move)."""
+        copies = self.step.working_copies()
+        for i, lay in enumerate(self.layers):
+            w, b = self.master_weights(i, copies), lay.b.download()
+            if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
+                return False
+        return True
+
+
+def eval_batch(r: Recipe, models: int = 1) -> int:
+    """Rows per evaluation chunk of `models` models of r reading one shared input: the whole test set when their
+    activations fit EVAL_ACTIVATION_BUDGET, else equal chunks (padded to 8 rows) of at most the budget; the last
+    chunk may be shorter."""
+    per_row = 2 * (pad8(r.inputs) + models * (2 * max(r._padded_widths[1:-1]) + PADDED_CLASSES))
+    chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
+    return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
+
+
+def seed_of(recipe: Recipe, layer: int, which: int) -> int:
+    """The seed of layer `layer`'s weights (which 0) or bias (1) in a model of `recipe`."""
+    return (recipe.seed * 1_000_003 + layer * 2 + which) & (2**64 - 1)
+
+
+def common_units(arch: str) -> set:
+    """The units every session of a GPU of `arch` launches, whatever its plan: the small sources (the data gather,
+    the parameter initialisation and copies, the loss and metrics) and, on sm_90, the probe of the GPU's cluster
+    capacity that the plan itself needs (gemm.cluster_capacity)."""
+    return {(source, None) for source in (kd.SRC, ke.SRC, kl.SRC)} | kg.plan_units([], arch)
+
+
+def run_launches(launches: list[Launch], stream: Stream) -> Callable[[], None]:
+    """A function that issues `launches` in order on `stream` (what graph capture records)."""
+    def issue() -> None:
+        for launch in launches:
+            launch.run(stream)
+    return issue
