@@ -269,8 +269,8 @@ def test_main_hands_training_the_data_and_recipe_it_checked(monkeypatch):
 
 
 def test_persistent_phase_experiment_builds_for_sm_90():
-    """dev/persistent/phase_chain.cu (docs/history.md's experiment) still compiles: an experiment that rots cannot be
-    rerun to check its numbers."""
+    """dev/persistent/phase_chain.cu (the experiment of `python dev/persistent/run.py`) still compiles: an experiment
+    that rots cannot be rerun to check its numbers."""
     spec = importlib.util.spec_from_file_location("persistent_run", ROOT / "dev" / "persistent" / "run.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -283,8 +283,8 @@ def test_persistent_phase_experiment_builds_for_sm_90():
 
 @pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 32, 63])
 def test_backward_limits_experiment_builds_for_sm_90(mask, tmp_path, monkeypatch):
-    """dev/backward/ (docs/history.md's experiment on the one-pass backward's limits): the stream reference and
-    dx_update.cu with each part taken out still compile, without spills."""
+    """dev/backward/ (`python dev/backward/limits.py`, the experiment on the one-pass backward's limits): the stream
+    reference and dx_update.cu with each part taken out still compile, without spills."""
     monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
     kernel = contract.dxu_kernel_name(128, "sgd")
     built = compiler.compile_source("dx_update.cu", "sm_90", (f"-DDXU_ABLATE={mask}",), kernel=kernel)

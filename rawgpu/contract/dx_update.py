@@ -10,7 +10,8 @@ DXU_BM = 64  # rows of W (input features) per block
 DXU_BN = 64  # columns of W per pipeline stage
 DXU_BATCHES = (32, 64, 128, 256)  # the batch tiles (BB): a batch of B rows runs the smallest tile >= B
 # Warps per block by batch tile: 16 where the warp grids allow it (dx: 8 features per warp and 32-row group, so BB >= 64)
-# and the registers fit (at 256 rows 16 warps spill); more warps hide more of each chunk's latency (docs/history.md).
+# and the registers fit (at 256 rows 16 warps spill); more warps hide more of each chunk's latency (with 8 here,
+# `python dev/backward_splits.py --sizes 512 2048 4096` shows it).
 DXU_WARPS = {32: 8, 64: 16, 128: 16, 256: 8}
 DXU_FAMILIES = UPDATE_FAMILIES  # one instance per update rule compiled in
 DXU_MAX_STAGES = 4
@@ -20,7 +21,9 @@ def dxu_kernel_name(batch_tile: int, family: str) -> str:
     return f"dx_update_b{batch_tile}_{family}"
 
 
-DXU_WGMMA_MIN_BATCH = 64  # the smallest batch tile whose x^T @ dy runs on warpgroup MMA (docs/history.md)
+# the smallest batch tile whose x^T @ dy runs on warpgroup MMA (with 32 here, `python dev/backward_splits.py
+# --sizes 4096 --batch 32` shows why not)
+DXU_WGMMA_MIN_BATCH = 64
 
 
 def dxu_wgmma(batch_tile: int, arch: str) -> bool:

@@ -28,7 +28,7 @@
 // Weights are used in fp16 as everywhere else: fp16(W) is computed when a fragment is loaded, which is the
 // same value the per-layer step's W16 copy holds.
 //
-// Why no buffer is overwritten early (docs/history.md walks through it). A CTA sends a buffer's next contents only
+// Why no buffer is overwritten early, with no cluster barrier in a step. A CTA sends a buffer's next contents only
 // after it received data that the receiver sent after a __syncthreads that follows the receiver's last read of the
 // buffer (and its last wait on the buffer's barrier, so a barrier never sees bytes of two phases at once):
 //   h_l, l >= 1: the sender needs the receiver's h_{l-1} of the next step first;

@@ -401,11 +401,11 @@ RG_DEVICE void gemm(const Params& p) {
 
 // ---- persistent plain outer product (x^T @ dy stored, K = batch) ---------------------------------------------
 // A plain weight gradient moves 2 bytes per output against a few of input: it is a write stream. One block per
-// tile (the staged tile above) runs load -> wait -> multiply -> store with nothing to cover the load's latency, at
-// two blocks per SM (registers): about half the DRAM bandwidth (docs/history.md), where cuBLAS runs one resident
-// block per SM looping over tiles. Here too a resident grid walks the tiles (tile t = blockIdx.x + i gridDim.x, rows
-// of tiles in order, so the blocks at work write neighbouring columns of the same rows), one k-tile per pipeline
-// stage across tile boundaries: the next tile's operands land while this one is multiplied and written.
+// tile (the staged tile above) runs load -> wait -> multiply -> store with nothing to cover the load's latency, at two
+// blocks per SM (registers): about half the DRAM bandwidth (dev/gemm_variants.py --variants staged persist), where
+// cuBLAS runs one resident block per SM looping over tiles. Here too a resident grid walks the tiles (tile t =
+// blockIdx.x + i gridDim.x, rows of tiles in order, so the blocks at work write neighbouring columns of the same rows),
+// one k-tile per pipeline stage across tile boundaries: the next tile's operands land while this one is multiplied.
 template <class Cfg, int LA, int LB, bool ACC16>
 RG_DEVICE void gemm_persistent_store(const Params& p) {
     using TA = TileA<Cfg, LA>;

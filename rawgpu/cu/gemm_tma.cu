@@ -3,8 +3,8 @@
 //
 // Why a second GEMM: at batch 32 the forward (x @ W) and dx (dy @ W^T) GEMMs are pure weight streams, 2 bytes per
 // weight and 64 flops. gemm.cu's cp.async pipeline issues one 16-byte copy per thread per piece, and stayed well
-// below the copy bandwidth whatever its depth or grid (docs/history.md). Here one thread per block issues one copy per 64x64
-// tile (8 KB), the copies complete on mbarriers, and four consumer warps only run ldmatrix + mma.
+// below the copy bandwidth whatever its depth or grid (dev/gemm_variants.py --variants stream tma). Here one thread
+// per block issues one copy per 64x64 tile (8 KB), done on mbarriers; four consumer warps only run ldmatrix + mma.
 //
 //   Block: one producer warp (lane 0 issues every copy) + CONSUMERS warps. Tile BM rows of C by BN columns, K in
 //   steps of BK = 64; STAGES tiles in flight. Two ways to share a k-tile among the consumer warps:

@@ -18,7 +18,7 @@
 //   of 1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and
 //   finish_cluster_splits adds them in split order and runs the epilogue, spread over the cluster. Only the configs the
 //   table marks (SPLIT_K, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one
-//   (docs/history.md). Epilogues: gemm_epilogue.cuh's, through the pipeline's shared memory once the tile's last wgmma
+//   (dev/gemm_variants.py). Epilogues: gemm_epilogue.cuh's, through the pipeline's shared memory once the tile's last wgmma
 //   are done, so that global memory sees whole 16-byte pieces of rows: staged_epilogue (fp16 and store32; the bias
 //   staged under the main loop), staged_update (the weight updates, sgd and adam); per pair of outputs where the planes
 //   do not fit (wg128x2's updates) and for a split tile.

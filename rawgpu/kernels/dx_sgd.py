@@ -88,7 +88,7 @@ def reduce_in_cluster(bands: int, splits: int, arch: str, capacity: Sequence[int
     """Whether a band's column ranges add their dx in a cluster's shared memory (sm_90, 2..MAX_CLUSTER_SPLITS ranges,
     every band's cluster resident at once by `capacity`, gemm.cluster_capacity's answer, or planning_capacity's
     estimate if None) rather than through the workspace and a ticket, which costs the band's last block a round trip
-    to L2 and a serial sum of every range (docs/history.md)."""
+    to L2 and a serial sum of every range (`python dev/backward_splits.py --sum cluster workspace`)."""
     if not has_tma(arch) or not 2 <= splits <= MAX_CLUSTER_SPLITS:
         return False
     capacity = capacity or planning_capacity(sm_count)
@@ -133,11 +133,11 @@ def plan_dx_sgd(B: int, IN: int, N: int, sm_count: int = PLANNING_SM_COUNT, spli
 # dx and the update in blocks of their own (roles 2) where a layer's weights and state are small enough to be read
 # twice from L2: up to APART_MAX_WEIGHTS weights (1024 x 1024; from 2048 x 2048 the second read comes from DRAM and
 # two passes lose), each part's blocks over at most APART_MAX_RANGES column ranges (past that the ranges' dx sums cost
-# more than shorter ranges save), the doubled grid one block per SM at most (the measurements: docs/history.md,
-# dev/backward_splits.py --roles). Each dx block and its update block are one cluster, so that the update can wait
-# for the dx block to hold the old weights before it overwrites them (cu/one_pass.cuh: apart_*): sm_90 only. The
-# ranges' dx sums then go through the workspace (clusters of the ranges' pairs measured slower: docs/perf.md,
-# Several processes on one GPU).
+# more than shorter ranges save), the doubled grid one block per SM at most (`python dev/backward_splits.py
+# --roles 1 2`). Each dx block and its update block are one cluster, so that the update can wait for the dx block to
+# hold the old weights before it overwrites them (cu/one_pass.cuh: apart_*): sm_90 only. The
+# ranges' dx sums then go through the workspace (clusters of the ranges' pairs measured slower; no command: that
+# variant is gone, docs/history.md: Each dx block and its update block one cluster).
 APART_MAX_WEIGHTS = 1 << 20
 APART_MAX_RANGES = 4
 
@@ -171,7 +171,8 @@ def one_pass_layout(IN: int, N: int, chunk: int, sm_count: int, splits: int | No
 
 # At batch tiles of TRADE_MIN_ROWS or more, a band's ranges of at most MAX_TRADED_CHUNKS chunks are latency-bound:
 # fewer, longer ranges whose dx sums meet in a cluster beat more of them through the workspace; longer ranges are
-# bandwidth-bound and lose, and so does the batch-32 tile (dev/backward_splits.py; the numbers: docs/history.md).
+# bandwidth-bound and lose, and so does the batch-32 tile (`python dev/backward_splits.py --sizes 1024 2048
+# --splits 3 4 6 8 --sum cluster workspace`, and `--batch 32`).
 MAX_TRADED_CHUNKS = 3
 TRADE_MIN_ROWS = 128
 

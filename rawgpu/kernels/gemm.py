@@ -35,24 +35,25 @@ MAX_SPLITS = 16
 # the SMs.
 PLANNING_CLUSTER_SHARE = 0.7
 # Beyond this many k-tiles, a tile whose workspace rule splits wider than a cluster can takes the workspace: 8 long
-# splits in a cluster stream too long, where twice as many through L2 finish sooner (docs/history.md).
+# splits in a cluster stream too long, where twice as many through L2 finish sooner (`python dev/gemm_variants.py
+# --sweep`).
 LONG_K_TILES = 4 * MAX_CLUSTER_SPLITS
 MIN_K_TILES_PER_SPLIT = 4  # a split must stream enough tiles to fill its pipeline
 # Streaming at K <= 2048 (dev/gemm_variants.py --sweep): from 8 k-tiles on, splits of 2-3 k-tiles win; below that the
-# fix-up costs more than the splits save (docs/history.md).
+# fix-up costs more than the splits save.
 STREAM_MIN_K_TILES_PER_SPLIT = 2
 STREAM_SPLIT_MIN_K_TILES = 8
 # Split-K pays only when one CTA would stream many bytes: below this, latency rules and the fix-up
 # (partials through L2, a ticket, a second read) costs more than the parallelism saves.
 SPLIT_MIN_BYTES = 192 * 1024
 # The tensor-copy tile (config "tma") pays once the weight is this large; below it the cp.async streaming tile is
-# as fast or faster (docs/history.md, Version 4).
+# as fast or faster (`python dev/gemm_variants.py --variants stream tma --sizes 2048 4096 8192`).
 TMA_MIN_BYTES = 4 << 20
-# The forward (x @ W) of a batch of 33..BATCH_STREAM_ROWS rows streams too (dev/forward_tiles.py, docs/history.md): up
-# to ROW_TILE_MIN_BYTES of weight the 32-row tiles, which read the weight once per 32 rows (from L2 after the first),
+# The forward (x @ W) of a batch of 33..BATCH_STREAM_ROWS rows streams too (`python dev/forward_tiles.py --batch 128`):
+# up to ROW_TILE_MIN_BYTES of weight the 32-row tiles, which read the weight once per 32 rows (from L2 after the first),
 # beat every tile of more rows; the copy engine's from TMA_MIN_BYTES_BATCH, its 128-column form (which reads x half as
-# often) on TMA128_MIN_COLUMNS or more. From ROW_TILE_MIN_BYTES the copy engine's 128-row tile, which reads each
-# weight tile once, wins: the four reads of a weight through L2 cost more than the DRAM stream; but only from
+# often) on TMA128_MIN_COLUMNS or more. From ROW_TILE_MIN_BYTES the copy engine's 128-row tile, which reads each weight
+# tile once, wins: the four reads of a weight through L2 cost more than the DRAM stream; but only from
 # ROW_TILE_MIN_COLUMNS on: narrower (a rank's slice of a wide layer), its few column tiles must split K.
 BATCH_STREAM_ROWS = 256
 TMA_MIN_BYTES_BATCH = 1 << 20
@@ -61,36 +62,39 @@ ROW_TILE_MIN_BYTES = 12 << 20
 ROW_TILE_MIN_COLUMNS = 4096
 ROW_TILE = "tma128x64"
 # Above BATCH_STREAM_ROWS rows x @ W and dy @ W^T are arithmetic: on sm_90 the warpgroup-MMA tiles run them faster
-# than every mma.sync tile (docs/history.md: Batches above 256), once N fills their 128 columns; the 256-column form
-# reads A half as often and wins while its tiles still number half the SMs or more.
+# than every mma.sync tile (`python dev/wgmma/run.py`; `python dev/gemm_variants.py --variants 128x128 wg128 wg256
+# --batch 4096`), once N fills their 128 columns; the 256-column form reads A half as often and wins while its tiles
+# still number half the SMs or more.
 WGMMA_MIN_N = 128
 WGMMA_WIDE_SHARE = 0.5
 # Narrower than that, x @ W of more rows (the head's 16 columns) streams too on sm_90 while its row tiles are one
 # wave: a 128-column mma.sync tile would be mostly padding, and its split-K partials cost more than the streaming
-# tile's one pass over the rows; in many waves of one-block-per-SM tiles the streaming tile loses (dev/forward_tiles.py
-# --shapes; docs/history.md: the head's forward on the streaming tile)
+# tile's one pass over the rows; in many waves of one-block-per-SM tiles the streaming tile loses (`python
+# dev/forward_tiles.py --configs 128x128 stream --shapes 1024x16x256 4096x16x1024 60000x16x1024`)
 NARROW_STREAM_COLUMNS = CONFIGS[contract.STREAM_CONFIG].bn
 # x^T @ dy of a batch above BATCH_STREAM_ROWS on those tiles too, with its update; where its tiles are few, K splits
 # over a cluster of up to MAX_CLUSTER_SPLITS CTAs (one per SM, every split WGMMA_MIN_K_TILES_PER_SPLIT k-tiles at
-# least), the splits meeting in distributed shared memory (docs/history.md: The weight gradient on warpgroup MMA)
+# least), the splits meeting in distributed shared memory (`python dev/gemm_variants.py --variants wg128 wg256
+# --sizes 256 1024 --batch 4096`)
 WGMMA_MIN_K_TILES_PER_SPLIT = 2
 # x^T @ dy of a weight of WGMMA_PAIR_MIN_ROWS rows or more over a batch of at most WGMMA_PAIR_MAX_K: its update costs as
 # much as its multiply, and the 128-column tile two CTAs an SM ("wg128x2": one's update beside the other's multiply)
-# beats the one-CTA tiles, whole or split (dev/gemm_variants.py; docs/history.md)
+# beats the one-CTA tiles, whole or split (`python dev/gemm_variants.py --variants wg128 wg128x2
+# wg256 --sizes 4096 8192 --batch 1024`)
 WGMMA_PAIR_CONFIG = "wg128x2"
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
 # The 256-column tile in pairs of CTAs along M that load B's k-tiles once for both (TMA multicast) from
 # MULTICAST_MIN_K_TILES k-tiles on: a third fewer bytes from L2 per product, which bound the single tile's main loop;
-# over fewer k-tiles the pair's lockstep and cluster barriers cost more than that saves (dev/forward_tiles.py
-# --configs wg256 wg256mc; docs/history.md: the staged epilogues and the multicast pair)
+# over fewer k-tiles the pair's lockstep and cluster barriers cost more than that saves (`python dev/forward_tiles.py
+# --configs wg256 wg256mc --epilogue store --shapes 4096x1024x64 4096x1024x1024 4096x1024x4096 4096x4096x4096`)
 MULTICAST_CONFIG = "wg256mc"
 MULTICAST_MIN_K_TILES = 12
 # The 64-column tile where its tiles are one wave: twice the 128-column tile's CTAs on a GEMM whose 128-column tiles
 # would leave half the SMs idle (the head's dy @ W^T of K = 16 too); x^T @ dy on it, unsplit, where those tiles fill
 # half the SMs or more over at most WG64_MAX_K_TILES k-tiles: it beats the 128-column tile's cluster splits, which win
-# over more k-tiles by their fewer bytes per product (dev/gemm_variants.py --variants wg64 wg128; docs/history.md:
-# the 64-column tile)
+# over more k-tiles by their fewer bytes per product (`python dev/gemm_variants.py --variants wg64 wg128
+# --sizes 256 1024 --batch 1024`, and `--batch 4096`)
 WG64_CONFIG = "wg64"
 WG64_MAX_K_TILES = 16
 
@@ -173,7 +177,7 @@ class GemmPlan:
 
 def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0, arch: str = "sm_86",
                   sm_count: int = PLANNING_SM_COUNT, accum: str = "f32") -> str:
-    """Which tile runs a shape (the measurements behind each rule: docs/history.md).
+    """Which tile runs a shape (the command that measures each rule: beside its constant above).
 
     - weight gradient (x^T @ dy, K = batch): the staged tile, whose epilogue writes whole row pieces (its 32-row
       form for Adam: its weight and two moment tiles of 64 rows do not fit sm_86), except a plain
@@ -365,8 +369,9 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     elif cfg.tma and cfg.bm > 32:
         s = stream_splits(tiles, k_tiles, sm_count)  # the row tiles: one block per SM (dev/forward_tiles.py)
     elif (name == "stream" or cfg.tma) and clusters:
-        # the tensor-copy tile streams best unsplit from an eighth of the SMs on (docs/history.md), but in two
-        # splits while its tiles are a quarter of the SMs or fewer and K is long (dev/forward_tiles.py --shapes)
+        # the tensor-copy tile streams best unsplit from an eighth of the SMs on (`python dev/gemm_variants.py
+        # --sweep`), but in two splits while its tiles are a quarter of the SMs or fewer and K is long (`python
+        # dev/forward_tiles.py --batch 32 --configs tma --splits 1 2 4 --shapes 32x2048x8192 32x4096x4096`)
         if name == "stream" or 8 * tiles <= sm_count:
             s = cluster_splits(tiles, k_tiles, room)
         else:

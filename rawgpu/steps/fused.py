@@ -28,16 +28,17 @@ if TYPE_CHECKING:
 
 # The widest padded hidden layer `auto` gives the fused step, by what the layered step would be instead: with the
 # one-pass backward (batch <= 32, plain SGD) its per-layer kernels win above 512, in 18 kernels above 1024, where
-# the fused step's 32x32 blocks stream the weights slower (docs/history.md).
+# the fused step's 32x32 blocks stream the weights slower (`python scripts/bench.py train --recipe seed
+# --sizes 512 1024 2048 --rawgpu-variants fused layered long`).
 MAX_HIDDEN_VS_ONE_PASS = 512
 MAX_HIDDEN = 1024
 # On sm_90 above the short form's batches the layered step's GEMMs run on warpgroup MMA, its updates beside the chain
-# of dx GEMMs, and beat the fused step above this width or this batch (docs/history.md: The fused step against the
-# layered step above batch 256).
+# of dx GEMMs, and beat the fused step above this width or this batch (`python scripts/bench.py train --batch 300
+# --sizes 128 256 512 --rawgpu-variants fused layered --peers jax-fori`, and `--batch 384 512`).
 MAX_HIDDEN_VS_WGMMA = 256
 MAX_BATCH_VS_WGMMA = 320
 # The largest batch `auto` gives it: above, the layered step's GEMM tiles beat its per-block row loops at every width
-# (docs/history.md: Batches above 256).
+# (`python scripts/bench.py train --batch 1024 --sizes 256 1024 --rawgpu-variants fused layered`).
 MAX_BATCH = 512
 
 MODEL = MLP  # the buffers it runs over

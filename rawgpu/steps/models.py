@@ -75,7 +75,7 @@ class ModelsStep(ChainStep):
     @staticmethod
     def plan_head(r: Recipe) -> kh.HeadPlan | None:
         """The head's clusters by its width alone: 2 CTAs up to 512 inputs, 4 above (over 8 to 128 models the
-        fastest or nearly, dev/sweep/models_step.py --head-ctas; docs/history.md), more only where those rows of W do
+        fastest or nearly, `python dev/sweep/models_step.py --head-ctas 2 4 8`), more only where those rows of W do
         not fit. Never by N: the logits add the CTAs' partial sums, so a model's bits would depend on the count it
         trains with."""
         B, K = r.batch, r._padded_widths[-2]
