@@ -58,7 +58,11 @@ def dump(arch: str, out: Path, jobs: int) -> None:
     """Child mode: build every source of the importable `rawgpu` for `arch` (RAWGPU_CACHE says where) and write
     {"package": path, "kernels": {source/kernel: sha256}, "resources": {source/kernel: ptxas numbers}}."""
     import rawgpu
-    from rawgpu.runtime import compiler
+
+    try:
+        from rawgpu.runtime import compiler
+    except ImportError:  # a baseline from before the folders by layer
+        from rawgpu import compiler
 
     def build(source: str):
         return source, compiler.compile_source(source, arch)

@@ -5,7 +5,8 @@ with the step kind `auto` took and sha256 of the fp32 master parameters and of t
 Run it with two checkouts' `rawgpu` on PYTHONPATH and diff the outputs:
     PYTHONPATH=/path/to/old python3 dev/fingerprint_steps.py --data-dir .data/mnist > old.txt
     PYTHONPATH=. python3 dev/fingerprint_steps.py --data-dir .data/mnist > new.txt && diff old.txt new.txt
-It speaks both the current API (rawgpu.training.session, rawgpu.model.recipe, step_kind=) and the one before rawgpu/steps/.
+It speaks the API of the layered house (rawgpu.training.session, rawgpu.model.recipe), the one before it
+(rawgpu.session, rawgpu.recipe) and the one before rawgpu/steps/.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ CASES = [
 
 
 def session_for(recipe_kw: dict, kind: str, device: int):
-    from rawgpu.model.recipe import Recipe
-    from rawgpu.training.session import Session
+    try:
+        from rawgpu.model.recipe import Recipe
+        from rawgpu.training.session import Session
+    except ImportError:  # a checkout from before the folders by layer
+        from rawgpu.recipe import Recipe
+        from rawgpu.session import Session
 
     session = Session(Recipe(**recipe_kw), device, step_kind=kind)
     return session, session.model.kind
@@ -53,7 +58,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=300, help="training steps per case (default 300)")
     p.add_argument("--device", type=int, default=0)
     args = p.parse_args(argv)
-    from rawgpu.data.datasets import load_mnist
+    try:
+        from rawgpu.data.datasets import load_mnist
+    except ImportError:  # a checkout from before the folders by layer
+        from rawgpu.data import load_mnist
 
     data = load_mnist(args.data_dir)
     for hidden, layers, batch, momentum, schedule, accum, kind in CASES:

@@ -42,7 +42,7 @@ def loss_scale(batch: int) -> float:
     """The static loss scale S: gradients flow backward in fp16 as S x the gradient of the mean loss, and the
     updates use lr / S, so the arithmetic is that of the mean loss. Without it, d(logits) = (softmax - onehot) / B
     shrinks with the batch and with every layer, and deep-layer gradients fall into fp16's subnormals, where they
-    lose precision (docs/history.md). With S = 16 x 2^ceil(log2 B), d(logits) lies within 16..32 x
+    lose precision (docs/design.md, Numerics). With S = 16 x 2^ceil(log2 B), d(logits) lies within 16..32 x
     (softmax - onehot): normal, far from fp16's 65504. A power of two, so scaling and unscaling are exact."""
     return float(GRAD_SCALE_PER_SAMPLE * (1 << max(0, (batch - 1).bit_length())))
 

@@ -31,7 +31,9 @@ from ..steps import CHOICES, resumed
 
 PROGRESS_TICKS = 50  # progress events per epoch
 MAX_AHEAD = 8  # progress ticks the host may queue ahead of the GPU: bounds Ctrl-C latency, never starves it
-MAX_AUTO_STEPS_PER_GRAPH = 64  # bounds the graph's nodes, so its capture stays short (docs/history.md, Version 14)
+# A progress tick's steps per graph by default (`python -m rawgpu.train --hidden 512 --steps-per-graph 1` against the
+# same run without it shows the gain), at most this many: it bounds the graph's nodes, so its capture stays short
+MAX_AUTO_STEPS_PER_GRAPH = 64
 # After Ctrl-C or SIGTERM the queued steps get this many seconds to finish, so the run saves at a step boundary; a
 # GPU that has not finished by then is given up (nothing saved), and the process still ends at once.
 INTERRUPT_GRACE = 1.0
