@@ -3,8 +3,8 @@
     python dev/rank_step.py [--hidden 4096 8192 16384] [--ranks 1 2 4 8] [--recipe seed default adam] [--long]
                             [--parallel tensor|data] [--batch B] [--kernels]
 
-What a rank of an N-GPU run computes (its slice of every layer, parallel/sharded.py; or, with --parallel data, the
-whole model over its 1/N of the batch, parallel/replicated.py) is timed here alone: the all-reduces are replaced by
+What a rank of an N-GPU run computes (its slice of every layer, steps/sharded.py; or, with --parallel data, the
+whole model over its 1/N of the batch, steps/replicated.py) is timed here alone: the all-reduces are replaced by
 nothing, so the figure is the step of an N-GPU run without its collectives, a floor for it, not a measurement of
 several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Parameters are left at zero
 (the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times (benchmarks.training's

@@ -197,7 +197,7 @@ def test_a_late_dx_block_still_reads_the_old_weights(device, stream, kernels, rn
                                                          (32, 136, 2056, 6, True, 1), (32, 256, 256, None, None, 2),
                                                          (32, 1024, 1024, 4, False, 2)])
 def test_fp32_dx_is_the_raw_sums_of_the_fp16_dx(device, stream, kernels, rng, B, IN, N, splits, cluster, roles):
-    """dx as fp32 partial sums (a column-split layer's, rawgpu/parallel/sharded.py): one range, several added through
+    """dx as fp32 partial sums (a column-split layer's, rawgpu/steps/sharded.py): one range, several added through
     the workspace or in a cluster, dx and the update in one block or apart, a partial last band (IN 520, 136) and batch:
     check_raw_dx against float64 and against the fp16 dx of the same launch."""
     from rawgpu.kernels.gemm import has_tma

@@ -242,7 +242,7 @@ def test_a_late_dx_block_still_reads_the_old_weights(device, stream, kernels, rn
     (128, 256, 256, None, "momentum", None, 2), (256, 520, 1000, 4, "adamw", False, 2),
     (32, 512, 512, 4, "plain", None, 2)])
 def test_fp32_dx_is_the_raw_sums_of_the_fp16_dx(device, stream, kernels, rng, B, IN, N, splits, opt, cluster, roles):
-    """dx as fp32 partial sums (a column-split layer's, rawgpu/parallel/sharded.py) at batch tiles 32, 128 and 256 with
+    """dx as fp32 partial sums (a column-split layer's, rawgpu/steps/sharded.py) at batch tiles 32, 128 and 256 with
     every optimiser family: one range, several added through the workspace or in a cluster, dx and the update in
     one block or apart, a partial last band (IN 520, 136) and batch: check_raw_dx (test_dx_sgd.py) against float64
     and against the fp16 dx of the same launch."""

@@ -271,7 +271,7 @@ def _torchrun(*args: str, env: dict[str, str], **popen) -> subprocess.Popen:
 
 
 def test_torchrun_on_one_host_and_as_two_trains_the_model_gpus_2_trains(device, rng, tmp_path):
-    """torchrun's agent holds MASTER_PORT with its own store: the ranks meet through it (parallel/torchrun_store.py).
+    """torchrun's agent holds MASTER_PORT with its own store: the ranks meet through it (jobs/torchrun_store.py).
     --standalone, and two torchruns of one GPU each meeting over c10d, end with exit 0 and --gpus 2's checkpoint."""
     _need_gpus(2)
     _need_torchrun()

@@ -1,4 +1,4 @@
-"""NCCL through rawgpu/parallel/nccl.py: the checked calls and their arguments against a fake binding (CPU), and one
+"""NCCL through rawgpu/runtime/nccl.py: the checked calls and their arguments against a fake binding (CPU), and one
 rank's collectives captured into a CUDA graph on the GPU, against numpy."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class FakeError(Exception):
 
 
 def fake_binding(calls: list, fail: dict | None = None) -> types.SimpleNamespace:
-    """nccl.bindings.nccl's shape, as rawgpu/parallel/nccl.py uses it; `fail` maps a function name to a status to
+    """nccl.bindings.nccl's shape, as rawgpu/runtime/nccl.py uses it; `fail` maps a function name to a status to
     raise."""
     fail = fail or {}
 

@@ -1,4 +1,4 @@
-"""The split of a model over several GPUs (rawgpu/parallel/split.py): the plan's shapes and collectives, the choice
+"""The split of a model over several GPUs (rawgpu/steps/split.py): the plan's shapes and collectives, the choice
 between tensor and data parallelism, and, in float64, that a training step run shard by shard with the plan's
 all-reduces (sums over the ranks) gives the one-GPU step's weights."""
 

@@ -1,4 +1,4 @@
-"""One process per GPU (rawgpu/parallel/ranks.py), on CPU: results in rank order, one id for every rank, NVLink
+"""One process per GPU (rawgpu/runtime/ranks.py), on CPU: results in rank order, one id for every rank, NVLink
 multicast off in every rank, and a failing or vanishing rank stops the others and is named."""
 
 from __future__ import annotations

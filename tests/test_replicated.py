@@ -1,4 +1,4 @@
-"""Data parallelism (rawgpu/parallel/replicated.py, steps/data.py): each rank's rows and buffers (CPU); its two kernels
+"""Data parallelism (rawgpu/steps/replicated.py, steps/data.py): each rank's rows and buffers (CPU); its two kernels
 against float64 (elementwise.bias_grad, elementwise.apply_update); and on one GPU every rank of a 1-, 2-, 3- or 4-way
 run side by side, their all-reduces done in lockstep on the host (test_sharded.py's runner): one rank is the one-GPU
 long-form step bit for bit, several ranks together train as one GPU does (float64 reference) and keep the same copy."""

@@ -1,4 +1,4 @@
-"""The tensor-parallel model (rawgpu/parallel/sharded.py, steps/tensor.py): the shapes each rank holds (CPU), and on one
+"""The tensor-parallel model (rawgpu/steps/sharded.py, steps/tensor.py): the shapes each rank holds (CPU), and on one
 GPU every rank of a 1-, 2- or 3-way split run side by side, their all-reduces done in lockstep on the host: one rank is
 the one-GPU long-form step bit for bit, several ranks together train as one GPU does (float64 reference)."""
 

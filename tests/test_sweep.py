@@ -1,4 +1,4 @@
-"""Sweeps (rawgpu/sweep.py, rawgpu/sweeper.py): bad input is one line before any GPU work; results are written and
+"""Sweeps (rawgpu/sweep.py, rawgpu/training/sweep.py): bad input is one line before any GPU work; results are written and
 resumed on CPU; on the GPU every model of a sweep ends with the bits `Trainer` gives it alone, and a resumed sweep
 ends as the uninterrupted one."""
 

@@ -1,5 +1,5 @@
 """Under torchrun (issue 62): torchrun's agent holds MASTER_PORT with its own store, so rank 0 listens on a port the
-system picks and hands it to the others through that store (parallel/torchrun_store.py); a rank that fails leaves its
+system picks and hands it to the others through that store (jobs/torchrun_store.py); a rank that fails leaves its
 line in torchrun's error file. On the CPU, torch's store is a stand-in on files (torch is not installed here); the
 real torchrun runs in tests/test_jobs_gpu.py."""
 
@@ -243,15 +243,14 @@ def test_a_failed_ranks_line_goes_into_torchruns_error_file(tmp_path, capsys):
     assert capsys.readouterr().err == "rawgpu: error: rank 1 of 2: its local rank names no GPU\n"
 
 
-def test_torch_is_imported_only_by_the_stores_child():
-    """Only the store's child process imports torch (parallel/torchrun_store.py run as a script)."""
+def test_the_package_imports_neither_torch_nor_jax_but_the_stores_child_torch():
+    """rawgpu never needs torch or jax; where torchrun started the process, only the store's fallback child imports
+    torch (jobs/torchrun_store.py run as a module)."""
     import re
 
     root = Path(__file__).resolve().parents[1] / "rawgpu"
-    imports = re.compile(r"^\s*(import torch\b|from torch[\s.])", re.M)
+    imports = re.compile(r"^\s*(import (?:torch|jax)\b|from (?:torch|jax)[\s.])", re.M)
     for path in root.rglob("*.py"):
-        if path.parent.name == "bench":  # the benchmark's peers: they leave the package with issue 63
-            continue
         found = imports.findall(path.read_text())
         assert found == (["from torch."] if path.name == "torchrun_store.py" else []), path
 

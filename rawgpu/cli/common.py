@@ -92,3 +92,30 @@ def check_data_options(parser: argparse.ArgumentParser, dataset: str | None, dat
                      if Path(data_dir).expanduser().is_dir() else f"argument --data-dir: no directory {data_dir}")
     if dataset == "idx" and data_dir is None:
         parser.error("argument --dataset: idx needs --data-dir DIR holding the four IDX files")
+
+
+def launcher_world(parser: argparse.ArgumentParser, args: argparse.Namespace, gpus_is_world: bool = False):
+    """The job of several processes the environment says this process is a rank of (jobs.launchers.World), checked
+    against --gpus and --device (a rank runs on GPU LOCAL_RANK, one process per GPU); None where no launcher set one
+    (or a job of one process: an ordinary run). gpus_is_world: --gpus N may stay on a rank's command line where N is
+    the job's size (train --gpus N starts its ranks so)."""
+    import os
+
+    from ..jobs.launchers import world_from_environment
+
+    try:
+        world = world_from_environment(os.environ)
+    except ValueError as exc:
+        parser.error(f"the launcher's environment: {exc}")
+    if world is None or world.size == 1:
+        return None
+    if args.gpus not in ((1, world.size) if gpus_is_world else (1,)):
+        parser.error(f"argument --gpus: {started_as(world)}, one process per GPU; drop --gpus")
+    if args.device:
+        parser.error(f"argument --device: {started_as(world)}; its local rank ({world.local_rank}) names its GPU; drop "
+                     "--device")
+    return world
+
+
+def started_as(world) -> str:
+    return f"{world.launcher} started this process as rank {world.rank} of {world.size}"

@@ -6,7 +6,7 @@
 Run it once on each host, with that host's --node-rank: it starts --nproc-per-node processes of `rawgpu.train`
 (or `rawgpu.sweep`: --command; the arguments after --), each with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
 so each is one rank on GPU LOCAL_RANK of this host; they meet at the master's address (rank 0 is local rank 0 of
-node 0). The job ends itself when a rank fails (parallel/job.py); this launcher then waits for its ranks and exits
+node 0). The job ends itself when a rank fails (jobs/job.py); this launcher then waits for its ranks and exits
 with the first failure's status. Ctrl-C reaches every rank of this host, which ends the job on every host.
 """
 

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from ..model import recipe as rc
-from .common import add_device_option, add_version_option, check_data_options, count, program, seconds
+from .common import (add_device_option, add_version_option, check_data_options, count, launcher_world, program,
+                     seconds)
 from ..data.datasets import DATASET_NAMES
 from ..runtime.errors import RawgpuError, interrupt_status, stop_on_sigterm
 from ..training.grid import SWEPT, Grid, describe_point, parse_seeds
@@ -182,9 +183,9 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     grid, base = grid_of(parser, args)
     check_data_options(parser, args.dataset, args.data_dir)
-    from ..jobs import sweep_ranks as sweep_job
+    from ..jobs import sweep_ranks
 
-    world = sweep_job.launcher_world(parser, args)  # one rank of a launcher's job, or None
+    world = launcher_world(parser, args)  # one rank of a launcher's job, or None
     if world is None or world.rank == 0:
         check_output(parser, args)
     else:  # rank 0 alone writes the results, the checkpoints and the plot, on its host
@@ -274,7 +275,7 @@ def _main(argv: list[str] | None) -> int:
 
         try:
             if world is not None:
-                sweep_job.run(sweep, world, args.rendezvous_timeout, meeting,
+                sweep_ranks.run(sweep, world, args.rendezvous_timeout, meeting,
                               [r.index for r in sweep.results if not r.done], on_model)
                 if world.rank != 0:
                     return 0

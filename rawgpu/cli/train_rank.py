@@ -1,35 +1,25 @@
 """`python -m rawgpu.train` as one rank of a job that a launcher started on one host or several (torchrun, SLURM,
 mpirun, rawgpu.launch): which rank it is and the options that go with that, the rendezvous, and the run, whose end
-is the whole job's (parallel/job.py): rank 0 shows the run and writes the checkpoints, in the one-GPU format."""
+is the whole job's (jobs/job.py): rank 0 shows the run and writes the checkpoints, in the one-GPU format."""
 
 from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
 
 from ..jobs.launchers import World
+from . import common
 
 
 def launcher_world(parser: argparse.ArgumentParser, args: argparse.Namespace) -> World | None:
-    """The job of several processes the environment says this process is a rank of, checked against the options;
-    None where no launcher set one (or a job of one process: an ordinary run)."""
-    from ..jobs.launchers import world_from_environment
-
-    try:
-        world = world_from_environment(os.environ)
-    except ValueError as exc:
-        parser.error(f"the launcher's environment: {exc}")
-    if world is None or world.size == 1:
+    """The job of several processes the environment says this process is a rank of, checked against the options
+    (common.launcher_world; a model on several GPUs runs their split step) and NCCL; None for an ordinary run."""
+    world = common.launcher_world(parser, args, gpus_is_world=True)
+    if world is None:
         return None
-    started = f"{world.launcher} started this process as rank {world.rank} of {world.size}"
-    if args.gpus not in (1, world.size):  # --gpus N starts its ranks with N still on their command line
-        parser.error(f"argument --gpus: {started}, one process per GPU; drop --gpus")
-    if args.device:
-        parser.error(f"argument --device: {started}; its local rank ({world.local_rank}) names its GPU; drop --device")
     if args.step != "auto":
-        parser.error(f"argument --step: {started}: a model on {world.size} GPUs runs the tensor- or data-parallel "
+        parser.error(f"argument --step: {common.started_as(world)}: a model on {world.size} GPUs runs the tensor- or data-parallel "
                      f"step, not --step {args.step}")
     from ..runtime.install import nccl_stack_problem
     from ..runtime import nccl
@@ -45,7 +35,7 @@ def run(args: argparse.Namespace, data, recipe, t_start: float, ckpt, world: Wor
         meeting=None) -> int:
     """Meet the other ranks, then train as rank world.rank on GPU world.local_rank; any failure, Ctrl-C or SIGTERM
     here, or a rank lost elsewhere, ends every rank of the job with a line naming the rank. meeting: what
-    parallel.job.start_meeting started for the rendezvous."""
+    jobs.job.start_meeting started for the rendezvous."""
     from .. import __version__
     from .console import Console, make_console
     from ..runtime.errors import NoDeviceError

@@ -134,7 +134,7 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [(c, lay, epi) for c in ("wg128", "wg256", "wg128x2")
                                 for lay, epi in TMA_ROLES + WG_DW_ROLES]
                              + [(c, lay, epi) for c in ("wg256mc", "wg64") for lay, epi in TMA_ROLES + WG_DW_ROLES])
-# store32, an fp32 sum other GPUs add to (rawgpu/parallel/split.py): a tensor-parallel layer's partial sum on every tile
+# store32, an fp32 sum other GPUs add to (rawgpu/steps/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)
 INSTANCES = (_BASE_INSTANCES

@@ -193,7 +193,7 @@ extern "C" __global__ void apply_update_adam(const float* __restrict__ g, const 
 }
 
 // A tensor-parallel layer's GEMM epilogue, run once the GPUs have added up its store32 partial sums (the all-reduce,
-// rawgpu/parallel/split.py): out = the epilogue EPI of total, rows x cols fp32 (cols a multiple of 8, rows of both
+// rawgpu/steps/split.py): out = the epilogue EPI of total, rows x cols fp32 (cols a multiple of 8, rows of both
 // contiguous), by fp16_epilogue2 (gemm_epilogue.cuh), so with one partial sum the bits of the GEMM with that epilogue.
 // bias: [>= cols] (bias, bias_act); act, rows x cols: what the backward reads (dact: the value the forward saved;
 // bias_act: where act'(z) goes, for an activation whose backward reads it). 8 columns per thread, in
@@ -262,7 +262,7 @@ RG_DEVICE float ew_uniform(u64 key, i64 i, float bound) {
 
 // A window [rows, cols] of a whole layer of ew_uniform values: element (r, c) is the whole layer's flat index
 // first + r * stride + c, and 0 where r >= true_rows or c >= true_cols (the padding). A layer, its padded copy and
-// one GPU's slice of it on several GPUs (parallel/sharded.py) draw the same bits without the host (biases: rows = 1).
+// one GPU's slice of it on several GPUs (steps/sharded.py) draw the same bits without the host (biases: rows = 1).
 RG_DEVICE float ew_window(u64 key, i64 i, i64 cols, i64 true_rows, i64 true_cols, i64 first, i64 stride,
                           float bound) {
     const i64 r = i / cols, c = i - r * cols;

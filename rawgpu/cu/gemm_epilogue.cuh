@@ -18,7 +18,7 @@ enum Epilogue {
     EPI_SGD = 4,        // G = acc; SGD's step (optim.cuh: momentum `mom`, Nesterov, L2) on the master (W16, lo) of
                         // master.cuh, `out` being lo. G never touches memory.
     EPI_ADAM = 5,       // the same with Adam's or AdamW's step, its moments in `mom` and `var`.
-    EPI_STORE32 = 6,    // C32 = acc: a partial sum other GPUs add to (rawgpu/parallel/split.py)
+    EPI_STORE32 = 6,    // C32 = acc: a partial sum other GPUs add to (rawgpu/steps/split.py)
 };
 
 struct Params {

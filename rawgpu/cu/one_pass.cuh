@@ -11,7 +11,7 @@
 // LDX halves, swizzled where SW128: l2.cuh's tile_index) or, for an activation whose forward saved it, from
 // `slope`, act' at the pair (load_band_slopes).
 // fp32: the raw sum (lddx in floats), a partial sum other GPUs add to; elementwise.cu's finish_sum_dact applies act'
-// and rounds their total by the same fp16_epilogue2 (parallel/sharded.py). The flag is the launch's: a uniform
+// and rounds their total by the same fp16_epilogue2 (steps/sharded.py). The flag is the launch's: a uniform
 // branch, at the store only.
 template <int BM, int LDX, bool SW128 = false>
 RG_DEVICE void store_dx_pair(int i, float2 v, const half_t* sX, u32 slope, void* dx, int lddx, bool dx_f32, int B,

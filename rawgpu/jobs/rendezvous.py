@@ -133,7 +133,7 @@ def serve(host: str, port: int, size: int, identity: Identity, unique_id: bytes,
           token: bytes = b"", log: Callable[[str], None] = print,
           ready: Callable[[int], None] | None = None, server: socket.socket | None = None) -> dict[int, socket.socket]:
     """Rank 0: listen on host:port (or on `server`, listen()'s socket) until ranks 1..size-1 have said hello, then
-    hand each the unique id and return their connections, open (the job's links: parallel/job.py); or tell every rank
+    hand each the unique id and return their connections, open (the job's links: jobs/job.py); or tell every rank
     that came what is wrong and raise RendezvousError with it (a rank that differs, ranks that did not arrive in
     `timeout` seconds). ready(port): called once listening (the port the system chose where port is 0)."""
     if len(unique_id) != UNIQUE_ID_BYTES:

@@ -1,7 +1,7 @@
-"""`python -m rawgpu.sweep` as one rank of a job that a launcher started on one host or several (torchrun, SLURM,
+"""A sweep as a job: `python -m rawgpu.sweep` as one rank of a job that a launcher started on one host or several (torchrun, SLURM,
 mpirun, rawgpu.launch --command sweep): each rank trains its share of the grid on its GPU, as `--gpus N` shares it on
 one host, and sends each model's history and checkpoint to rank 0 as it finishes; rank 0 writes results.csv/json
-and the kept checkpoints. A rank that fails or dies ends the job with a line naming it (parallel/job.py); what rank
+and the kept checkpoints. A rank that fails or dies ends the job with a line naming it (job.py); what rank
 0 wrote stays, and `--resume DIR` trains the models that were not finished again.
 
 Over the job's links (no NCCL: the ranks never share a tensor): rank 0 sends each rank the indices of its models
@@ -11,10 +11,8 @@ checkpoint's safetensors bytes), then one that says it is done.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import os
 import queue
 import struct
 import sys
@@ -26,25 +24,6 @@ from typing import Any, Callable
 from .launchers import World
 
 _HEADER = struct.Struct("!I")  # the JSON header's length; the checkpoint's bytes follow it
-
-
-def launcher_world(parser: argparse.ArgumentParser, args: argparse.Namespace) -> World | None:
-    """The job of several processes the environment says this process is a rank of, checked against the options;
-    None where no launcher set one (or a job of one process: an ordinary sweep)."""
-    from .launchers import world_from_environment
-
-    try:
-        world = world_from_environment(os.environ)
-    except ValueError as exc:
-        parser.error(f"the launcher's environment: {exc}")
-    if world is None or world.size == 1:
-        return None
-    started = f"{world.launcher} started this process as rank {world.rank} of {world.size}"
-    if args.gpus != 1:
-        parser.error(f"argument --gpus: {started}, one process per GPU; drop --gpus")
-    if args.device:
-        parser.error(f"argument --device: {started}; its local rank ({world.local_rank}) names its GPU; drop --device")
-    return world
 
 
 def _message(index: int | None, history: list | None = None, checkpoint: bytes = b"") -> bytes:

@@ -230,7 +230,7 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     """x [B, IN] (the layer's input), dy [B, N], the master weights as wlo (int16) and W16 [IN, N]
     (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first layer): fp16,
     times act' (from x, or from slope: act' at x as the forward saved it, of dx's shape, where the backward reads it);
-    fp32: the raw sums: a partial sum other GPUs add to (rawgpu/parallel/sharded.py; elementwise.finish_sum's dact
+    fp32: the raw sums: a partial sum other GPUs add to (rawgpu/steps/sharded.py; elementwise.finish_sum's dact
     applies act' and rounds their total the same way). l2: the cache policies of the weights' reads and writes
     (kernels/l2.py; default normal). bias [N] fp32: also updated, b -= lr colsum(dy), the same bits as
     elementwise.bias_update."""

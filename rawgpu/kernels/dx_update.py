@@ -103,7 +103,7 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     fp32 of W's shape or None where the optimiser keeps none; all updated. dx [B, IN] written (None: the update
     alone, e.g. for the first layer): fp16, times act' (from x, or from slope: act' at x as the forward saved it, of
     dx's shape, where the backward reads it); fp32: the raw sums: a partial sum other GPUs add to
-    (rawgpu/parallel/sharded.py; elementwise.finish_sum's dact applies act' and rounds their total the same way).
+    (rawgpu/steps/sharded.py; elementwise.finish_sum's dact applies act' and rounds their total the same way).
     optim: the optimiser table (contract.Optim; the gather writes the step's values). l2: the weights' cache policies
     (kernels/l2.py; default normal). bias [N] fp32 with its state mb, vb: also updated, with the same bits as
     elementwise.bias_update."""

@@ -162,7 +162,7 @@ FINISH_EPILOGUES = ("bias", "bias_act", "dact")  # the GEMM epilogues finish_sum
 def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str, bias: Tensor | None = None,
                act: Tensor | None = None) -> Launch:
     """out[:rows] = the GEMM epilogue `epilogue` on total[:rows], a store32 GEMM's fp32 sums after the GPUs added
-    them up (rawgpu/parallel/split.py): fp16(total + bias) (bias), fp16(act(total + bias)) (bias_act, with act'
+    them up (rawgpu/steps/split.py): fp16(total + bias) (bias), fp16(act(total + bias)) (bias_act, with act'
     to `act` when given: where the activation's backward reads it), fp16(total x act'), act' from the
     value the forward saved in `act` (dact). total fp32 and out fp16 [R, C], C a multiple of 8; bias fp32 of C
     values at least; act fp16 [R, C]. Rows from `rows` on are left alone. It rounds as the GEMM's epilogue does

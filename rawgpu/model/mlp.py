@@ -161,7 +161,7 @@ class MLP:
         return (common_units(self.arch) | kg.plan_units(self.eval_plans + self.tail_fwd, self.arch)
                 | self.step.kernel_units())
 
-    # --- what a model on several GPUs (parallel/sharded.py, parallel/replicated.py) changes ---------------------
+    # --- what a model on several GPUs (steps/sharded.py, steps/replicated.py) changes ---------------------
 
     def step_rows(self) -> int:
         """The rows of a step's batch this GPU holds (its buffers' and its training permutation's)."""
@@ -385,7 +385,7 @@ class MLP:
 
     def train_metrics(self, stream: Stream | None = None) -> tuple[float, int]:
         """(loss sum, correct count) accumulated since the last zero_metrics. stream: where a model on several GPUs
-        sums them over the ranks (parallel/replicated.py); one GPU's need none."""
+        sums them over the ranks (steps/replicated.py); one GPU's need none."""
         return float(self.loss_sum.download()[0]), int(self.correct.download()[0])
 
     def eval_metrics(self) -> tuple[float, float]:

@@ -35,7 +35,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
 
 def remove_unfinished() -> None:
     """Remove the temps of writes under way, for a process about to exit without unwinding (os._exit: a rank that
-    ends its job at once, parallel/job.py): the files they would have replaced stay as they were."""
+    ends its job at once, jobs/job.py): the files they would have replaced stay as they were."""
     for tmp in list(_unfinished):
         tmp.unlink(missing_ok=True)
         _unfinished.discard(tmp)

@@ -3,9 +3,9 @@
 A rank is a fresh process ('spawn': no CUDA state carried over from the parent) that runs
 `work(rank, ranks, unique_id, *args)`, a module-level function, on GPU `rank`, and sends back its picklable result;
 `gather_to_root` brings every rank's value to rank 0 on the way (a checkpoint's parts; in the ranks of a launcher's
-job, over the job's links: parallel/job.py).
+job, over the job's links: jobs/job.py).
 If a rank fails, or dies without a word, the others are stopped and the error names the rank; Ctrl-C stops every
-rank. NVLink multicast stays off in every rank's environment (parallel/nccl.py says why).
+rank. NVLink multicast stays off in every rank's environment (runtime/nccl.py says why).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ STOP_SECONDS = 5.0  # how long a stopped rank gets to exit before it is killed
 class Rank:
     """One process's place among the ranks: `rank` of `ranks`, joining the communicator unique_id; mode: how the
     ranks share the model (parallel.MODES: `auto` lets parallel.choose decide). device: its GPU on this host (None:
-    GPU `rank`, as run_ranks starts them); job: the parallel.job.Job of a rank a launcher started (None: run_ranks')."""
+    GPU `rank`, as run_ranks starts them); job: the jobs.job.Job of a rank a launcher started (None: run_ranks')."""
 
     ranks: int
     rank: int

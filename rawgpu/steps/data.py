@@ -1,5 +1,5 @@
 """The data-parallel step: one rank's part of a training step where every GPU holds the whole model and 1/N of each
-batch (parallel/replicated.py).
+batch (steps/replicated.py).
 
 The layered step's long form over the rank's rows, with the updates moved after a sum: each layer's weight gradient
 is written in fp32 by a GEMM on the tile one GPU's update of that layer runs (epilogue store32), its bias gradient by

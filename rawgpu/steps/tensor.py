@@ -1,8 +1,8 @@
 """The tensor-parallel step: one rank's part of a training step over a model split across GPUs
-(parallel/sharded.py).
+(steps/sharded.py).
 
 The layered step over the rank's slices, with the ranks' sums where the split puts them: after each row-split layer's
-forward GEMM (its output) and after each column-split layer's input gradient (parallel/split.py: one all-reduce per
+forward GEMM (its output) and after each column-split layer's input gradient (steps/split.py: one all-reduce per
 pair of layers each way). Where the layered step's short form runs (layered.one_pass_reason), each layer's backward
 is its one pass over the weights and their state, writing a column-split layer's input gradient, a partial sum, as
 raw fp32 sums. The head stays a GEMM, the loss and its backward apart: its logits are a sum over the ranks.

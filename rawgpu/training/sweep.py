@@ -352,7 +352,7 @@ class Sweep:
 
 def _fit_share(rank: int, ranks: int, unique_id: bytes, shares: list, data: Dataset, epochs: int | None,
                steps: int | None, keep: Path | None, together: bool) -> int:
-    """GPU `rank`'s models of a sweep on several, shares[rank] (a process of parallel.ranks.run_ranks), each reported
+    """GPU `rank`'s models of a sweep on several, shares[rank] (a process of runtime.ranks.run_ranks), each reported
     as it finishes (train_share)."""
     from ..runtime.ranks import report
 

@@ -562,7 +562,7 @@ class Trainer:
         return self.steps_done >= self.plan.total_steps
 
     def parameters(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each layer's fp32 master (W [fan_in, fan_out], b); on several GPUs this rank's part (parallel/sharded.py)."""
+        """Each layer's fp32 master (W [fan_in, fan_out], b); on several GPUs this rank's part (steps/sharded.py)."""
         self._check_open()
         return self.model.parameters()
 

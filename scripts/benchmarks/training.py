@@ -156,7 +156,7 @@ def step_alone_us(model, stream, steps: int, trials: int) -> float:
 def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed: int, data, recipe: dict,
                steps_per_launch: int = 100, warmup: int = 50, mode: str = "auto") -> dict:
     """One rank of the recipe's model on `ranks` GPUs, split as `mode` says (steps.MODES; a process of
-    parallel.ranks.run_ranks, or called alone with ranks 1): the run timed as bench_rawgpu times it, and the same rank's step
+    runtime.ranks.run_ranks, or called alone with ranks 1): the run timed as bench_rawgpu times it, and the same rank's step
     with its all-reduces left out, timed in a graph of steps_per_launch steps (the difference is the step's time in
     its collectives, waits included)."""
     from rawgpu.runtime.ranks import Rank

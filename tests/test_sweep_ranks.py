@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from rawgpu.jobs import sweep_ranks as sweep_job
+from rawgpu.jobs import sweep_ranks
 from rawgpu.training import sweep as sweeper
 from rawgpu.training.stats import EpochStats
 from rawgpu.training.grid import Grid
@@ -28,12 +28,12 @@ def _stats(index: int, epoch: int) -> EpochStats:
 
 def test_a_models_message_carries_its_history_and_checkpoint_bit_for_bit():
     history = [_stats(3, 1), _stats(3, 2)]
-    index, got, checkpoint = sweep_job._read(sweep_job._message(3, history, b"\0safetensors\xff"))
+    index, got, checkpoint = sweep_ranks._read(sweep_ranks._message(3, history, b"\0safetensors\xff"))
     assert index == 3 and checkpoint == b"\0safetensors\xff"
     assert [json.dumps(h.__dict__) for h in got] == [json.dumps(h.__dict__) for h in history]  # NaN kept
-    assert sweep_job._read(sweep_job._message(None))[0] is None
+    assert sweep_ranks._read(sweep_ranks._message(None))[0] is None
     with pytest.raises(ValueError, match="cut short"):
-        sweep_job._read(sweep_job._message(1, history, b"abc")[:-1])
+        sweep_ranks._read(sweep_ranks._message(1, history, b"abc")[:-1])
 
 
 def _sweep(data, out, **kw):
@@ -70,7 +70,7 @@ def test_each_rank_trains_its_share_and_rank_0_writes_every_result_and_the_best_
 
     def rank(r: int) -> None:
         try:
-            sweep_job.run(sweeps[r], World(r, size, r, "127.0.0.1", port, "test"), 10.0, None, todo,
+            sweep_ranks.run(sweeps[r], World(r, size, r, "127.0.0.1", port, "test"), 10.0, None, todo,
                           lambda result: seen.append(result.index))
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
