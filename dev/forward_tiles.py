@@ -65,7 +65,7 @@ def run(args) -> int:
             for split in args.splits:
                 us, splits = bench_ours(device, stream, kernels, "fwd", m, n, k, "rr", args.epilogue,
                                         args.launches, args.trials, rng, config=cfg, split=split,
-                                        overlap=G.has_tma(device.arch))
+                                        overlap=G.sm90_or_later(device.arch))
                 line += f"  {cfg}/{splits} {us:.2f}"
         if args.cublas and (us := bench_torch("fwd", m, n, k, args.launches, args.trials, device.l2_bytes)):
             line += f"  cublas {us:.2f}"

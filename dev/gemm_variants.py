@@ -32,7 +32,7 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
     meeting in the workspace and, where they can (sm_90), in a cluster's shared memory."""
     out = []
     for name, cfg in G.CONFIGS.items():
-        if (name, layout, "store") not in G.INSTANCES or (cfg.tma and not G.has_tma(arch)) or (M <= 32 < cfg.bm):
+        if (name, layout, "store") not in G.INSTANCES or (cfg.tma and not G.sm90_or_later(arch)) or (M <= 32 < cfg.bm):
             continue
         if cfg.wgmma and not G.has_wgmma(arch):
             continue
@@ -41,7 +41,7 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
             if s == 1 or k_tiles // s >= 1:
                 if s == 1 or not (cfg.wgmma or cfg.persistent):  # these split in a cluster (split_k's cr) or not at all
                     out.append((name, s, False))
-                if (1 < s <= G.MAX_CLUSTER_SPLITS and G.has_tma(arch) and not cfg.staged and not cfg.persistent
+                if (1 < s <= G.MAX_CLUSTER_SPLITS and G.sm90_or_later(arch) and not cfg.staged and not cfg.persistent
                         and (not cfg.wgmma or (cfg.split_k and layout == "cr"))):
                     out.append((name, s, True))
     return out
@@ -51,7 +51,7 @@ def run(args) -> int:
     if (gpu := open_gpu(args.device, args.variants, "gemm_variants")) is None:
         return 2
     device, stream, kernels, rng = gpu
-    overlap = G.has_tma(device.arch) and not args.no_overlap  # programmatic dependent launch needs sm_90+
+    overlap = G.sm90_or_later(device.arch) and not args.no_overlap  # programmatic dependent launch needs sm_90+
     bw = copy_bandwidth(stream)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs, L2 {device.l2_bytes >> 20} MiB), "
           f"{dt.date.today()}; measured copy bandwidth {bw:.0f} GB/s (read + write)")

@@ -59,7 +59,7 @@ def cmd_gemm(args) -> int:
     stream = drv.Stream()
     kernels = Kernels(device.arch)
     rng = np.random.default_rng(0)
-    overlap = G.has_tma(device.arch) and not args.no_overlap  # programmatic dependent launch needs sm_90+
+    overlap = G.sm90_or_later(device.arch) and not args.no_overlap  # programmatic dependent launch needs sm_90+
     bw = copy_bandwidth(stream)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs, L2 {device.l2_bytes >> 20} MiB), "
           f"{dt.date.today()}; measured copy bandwidth {bw:.0f} GB/s (read + write)")

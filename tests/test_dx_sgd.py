@@ -144,9 +144,9 @@ def test_column_ranges_sum_to_the_same_bits_in_a_cluster_and_in_the_workspace(de
                                                                               N, splits):
     """The two ways a band's column ranges add their dx (cu/one_pass.cuh): each against float64, then every output
     byte for byte the same."""
-    from rawgpu.kernels.gemm import has_tma
+    from rawgpu.kernels.gemm import sm90_or_later
 
-    if not has_tma(device.arch):
+    if not sm90_or_later(device.arch):
         pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
     seed = int(rng.integers(1 << 30))
     runs = [check_against_float64(device, stream, kernels, np.random.default_rng(seed), B, IN, N, splits, True,
@@ -178,9 +178,9 @@ def test_a_late_dx_block_still_reads_the_old_weights(device, stream, kernels, rn
     """dx and the update apart with every dx block started 200 us late (gpu_checks.LateDxKernels): its update
     partner waits for it, so every output is byte for byte that of one block doing both."""
     from gpu_checks import LateDxKernels
-    from rawgpu.kernels.gemm import has_tma
+    from rawgpu.kernels.gemm import sm90_or_later
 
-    if not has_tma(device.arch):
+    if not sm90_or_later(device.arch):
         pytest.skip(f"dx and the update run apart on sm_90 only; this GPU is {device.arch}")
     splits = D.plan_dx_sgd(B, IN, N, device.sm_count, arch=device.arch, roles=2).splits
     seed = int(rng.integers(1 << 30))
@@ -200,9 +200,9 @@ def test_fp32_dx_is_the_raw_sums_of_the_fp16_dx(device, stream, kernels, rng, B,
     """dx as fp32 partial sums (a column-split layer's, rawgpu/steps/sharded.py): one range, several added through
     the workspace or in a cluster, dx and the update in one block or apart, a partial last band (IN 520, 136) and batch:
     check_raw_dx against float64 and against the fp16 dx of the same launch."""
-    from rawgpu.kernels.gemm import has_tma
+    from rawgpu.kernels.gemm import sm90_or_later
 
-    if cluster and not has_tma(device.arch):
+    if cluster and not sm90_or_later(device.arch):
         pytest.skip(f"clusters need sm_90, this GPU is {device.arch}")
     plan = D.plan_dx_sgd(B, IN, N, device.sm_count, splits, arch=device.arch, cluster=cluster, roles=roles)
     assert plan.roles == roles and cluster in (None, plan.cluster) and splits in (None, plan.splits)

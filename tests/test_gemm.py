@@ -104,7 +104,7 @@ def test_tma_streams_large_weights_on_sm90_only():
             assert M > 128 or p.grid[0] * p.grid[1] * p.grid[2] <= 132
         assert G.plan_gemm(M, 4096, 4096, "rc", "dact", arch="sm_90").config.name in ("64x128", "128x128")
     assert G.plan_gemm(8192, 8192, 32, "cr", "sgd", arch="sm_90").config.name == "staged"
-    assert G.has_tma("sm_90") and G.has_tma("sm_90a") and not G.has_tma("sm_89")
+    assert G.sm90_or_later("sm_90") and G.sm90_or_later("sm_90a") and not G.sm90_or_later("sm_89")
 
 
 def test_streaming_fills_each_sm_once():
@@ -155,7 +155,7 @@ def test_every_plan_fits_the_parts_shared_memory(arch, limit_kb):
     assert G.stream_stages(arch) >= 7
     for name in G.CONFIGS:
         cfg = G.config_for(name, arch)
-        if cfg.tma and not G.has_tma(arch):
+        if cfg.tma and not G.sm90_or_later(arch):
             continue  # never planned there (test_bad_plans_are_refused)
         for lay in G.LAYOUTS:
             for epi in G.EPILOGUES:
@@ -851,7 +851,7 @@ def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, 
 def test_tma_config(device, stream, kernels, rng, M, N, K, splits, layout, epi, accum, config):
     """The tensor-copy tile (sm_90): partial tiles in M, N and K (the copy engine zero-fills), K shorter than the
     pipeline, more k-tiles than stages (stages reused), split-K bitwise equal across runs."""
-    if not G.has_tma(device.arch):
+    if not G.sm90_or_later(device.arch):
         pytest.skip(f"the tensor copy engine needs sm_90 or later; this GPU is {device.arch}")
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, accum, splits=splits,
                                config=config, repeat=2)
@@ -873,7 +873,7 @@ def test_tma_row_tiles(device, stream, kernels, rng, M, N, K, splits, epi, accum
     """The tensor-copy tile of 128 rows (sm_90), whose warps split the rows: partial tiles in M, N and K, two row
     tiles (256 rows), K shorter than the pipeline, more k-tiles than stages, split-K through the workspace (the
     cluster's is below), bitwise equal across runs."""
-    if not G.has_tma(device.arch):
+    if not G.sm90_or_later(device.arch):
         pytest.skip(f"the tensor copy engine needs sm_90 or later; this GPU is {device.arch}")
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "rr", epi, accum, splits=splits,
                                config=G.ROW_TILE, cluster=False, repeat=2)
@@ -902,7 +902,7 @@ def test_cluster_split_k_gives_the_workspace_bits(device, stream, kernels, rng, 
     """sm_90: splits that meet in a cluster's shared memory add the same partials in the same order as the workspace
     fix-up, so every output bit is the same; each is also checked against float64 and across runs. Partial tiles in M
     and N, a ragged last split, Adam (on the update case)."""
-    if not G.has_tma(device.arch):
+    if not G.sm90_or_later(device.arch):
         pytest.skip(f"thread-block clusters need sm_90 or later; this GPU is {device.arch}")
     seed, opt = int(rng.integers(2**31)), "adam" if epi == "update" else "plain"
     runs = {}

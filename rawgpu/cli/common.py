@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from ..model import recipe as rc
 from .. import steps
+from ..contract.arch import PLANNING_ARCH
 from ..runtime.errors import StepUnsupported
 
 
@@ -66,7 +67,7 @@ def check_step_option(parser: argparse.ArgumentParser, recipe: rc.Recipe, kind: 
     """A named step kind that cannot run the recipe is a usage error before any GPU work. The recipe's limits are
     checked against the most capable GPU here; the GPU's own arch is checked once it is open."""
     try:
-        steps.choose(recipe, "sm_90", kind)
+        steps.choose(recipe, PLANNING_ARCH, kind)
     except StepUnsupported as exc:
         parser.error(f"argument --step: {exc}")
 
@@ -77,7 +78,7 @@ def parallel_problem(recipe: rc.Recipe, mode: str, gpus: list[int]) -> str | Non
     for n in gpus:
         if n > 1:
             try:
-                steps.choose(recipe, "sm_90", mode, n)
+                steps.choose(recipe, PLANNING_ARCH, mode, n)
             except StepUnsupported as exc:
                 return str(exc)
     return None

@@ -13,11 +13,9 @@ from pathlib import Path
 from ..model import recipe as rc
 from ..runtime.errors import RawgpuError, StepUnsupported, run_cli
 from ..runtime.files import cannot_create_in
+from ..contract.arch import TYPICAL_SMS
 from .common import add_step_option, add_version_option, count, program, usage_error
 
-# The SM count a recipe is planned for when no GPU is here: the largest chip of each arch (the plan's split-K
-# choices, and so a few GEMM instances, follow it; an instance the GPU's own plan needs beyond these builds then).
-TYPICAL_SMS = {"sm_80": 108, "sm_86": 84, "sm_87": 16, "sm_89": 128, "sm_90": 132, "sm_90a": 132}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+# What a plan made without its GPU assumes (tests, the prebuild, the CLIs' checks before the GPU): sm_90, where rawgpu
+# is measured, and the SM count of each arch's largest chip (the plan's split-K choices, and so a few GEMM instances,
+# follow it; an instance the GPU's own plan needs beyond these builds then).
+PLANNING_ARCH = "sm_90"
+TYPICAL_SMS = {"sm_80": 108, "sm_86": 84, "sm_87": 16, "sm_89": 128, "sm_90": 132, "sm_90a": 132}
+PLANNING_SM_COUNT = TYPICAL_SMS[PLANNING_ARCH]
+
 
 def sm(arch: str) -> int:
     """'sm_90a' -> 90: the number the kernels' `__CUDA_ARCH__ / 10` would give."""
@@ -12,3 +19,13 @@ def block_smem_limit(arch: str) -> int:
     """The most dynamic shared memory one block can have: 227 KB on sm_90 and later, 163 KB on sm_80, 99 KB on
     sm_86/87/89."""
     return 227 * 1024 if sm(arch) >= 90 else 163 * 1024 if sm(arch) == 80 else 99 * 1024
+
+
+def sm90_or_later(arch: str) -> bool:
+    """Hopper or later: the tensor copy engine, thread-block clusters beyond 8 CTAs, programmatic dependent launch."""
+    return sm(arch) >= 90
+
+
+def has_wgmma(arch: str) -> bool:
+    """Whether the part has Hopper's warpgroup MMA (sm_90 alone: an arch-specific feature, sources.nvrtc_arch)."""
+    return arch.rstrip("a") == "sm_90"

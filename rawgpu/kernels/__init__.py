@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from ..runtime.compiler import SOURCE_DIR, CompiledModule, Unit, all_sources, compile_source, unit_of
 from ..runtime.driver import Kernel, Module
 from ..contract.activation import DEFAULT_ACTIVATION
+from ..contract.arch import PLANNING_ARCH, PLANNING_SM_COUNT  # noqa: F401 - the planners' default GPU
 
-PLANNING_SM_COUNT = 132  # an H100's SMs: what a plan made without its GPU's own count assumes (tests, prebuilds)
 
 if TYPE_CHECKING:
     from ..runtime.memory import Tensor

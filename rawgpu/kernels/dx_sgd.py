@@ -18,7 +18,7 @@ from .. import contract
 from ..runtime.compiler import unit_of
 from ..contract.shapes import cdiv
 from . import PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
-from .gemm import MAX_CLUSTER_SPLITS, has_tma, planning_capacity
+from .gemm import MAX_CLUSTER_SPLITS, sm90_or_later, planning_capacity
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def reduce_in_cluster(bands: int, splits: int, arch: str, capacity: Sequence[int
     every band's cluster resident at once by `capacity`, gemm.cluster_capacity's answer, or planning_capacity's
     estimate if None) rather than through the workspace and a ticket, which costs the band's last block a round trip
     to L2 and a serial sum of every range (`python dev/backward_splits.py --sum cluster workspace`)."""
-    if not has_tma(arch) or not 2 <= splits <= MAX_CLUSTER_SPLITS:
+    if not sm90_or_later(arch) or not 2 <= splits <= MAX_CLUSTER_SPLITS:
         return False
     capacity = capacity or planning_capacity(sm_count)
     return splits < len(capacity) and bands <= capacity[splits]
@@ -144,7 +144,7 @@ APART_MAX_RANGES = 4
 
 def apart(IN: int, N: int, dx: bool, sm_count: int, arch: str) -> bool:
     """Whether dx and the update run in blocks of their own (above)."""
-    return dx and has_tma(arch) and IN * N <= APART_MAX_WEIGHTS and 2 * cdiv(IN, BM) <= sm_count
+    return dx and sm90_or_later(arch) and IN * N <= APART_MAX_WEIGHTS and 2 * cdiv(IN, BM) <= sm_count
 
 
 def one_pass_layout(IN: int, N: int, chunk: int, sm_count: int, splits: int | None, arch: str,
@@ -158,7 +158,7 @@ def one_pass_layout(IN: int, N: int, chunk: int, sm_count: int, splits: int | No
         roles = 2 if apart(IN, N, dx, sm_count, arch) and not cluster else 1  # range clusters asked for: one pass
     elif roles not in (1, 2) or (roles == 2 and not dx):
         raise ValueError(f"roles must be 1, or 2 with dx (dx and the update apart), got {roles}")
-    elif roles == 2 and not has_tma(arch):
+    elif roles == 2 and not sm90_or_later(arch):
         raise ValueError(f"dx and the update apart pair their blocks in clusters: sm_90, not {arch}")
     if roles == 1:
         return (*one_pass_grid(IN, N, chunk, sm_count, splits, arch, capacity, cluster if dx else False, rows), 1)
@@ -187,13 +187,13 @@ def one_pass_grid(IN: int, N: int, chunk: int, sm_count: int, splits: int | None
     ranges, n_chunk = column_ranges(IN, N, chunk, sm_count, splits)
     bands = cdiv(IN, BM)
     if cluster is not None:
-        if cluster and not (has_tma(arch) and 2 <= ranges <= MAX_CLUSTER_SPLITS):
+        if cluster and not (sm90_or_later(arch) and 2 <= ranges <= MAX_CLUSTER_SPLITS):
             raise ValueError(f"{ranges} column ranges on {arch} cannot add their dx in a cluster "
                              f"(sm_90, 2..{MAX_CLUSTER_SPLITS} ranges)")
         return ranges, n_chunk, cluster
     if reduce_in_cluster(bands, ranges, arch, capacity, sm_count):
         return ranges, n_chunk, True
-    if splits is None and rows >= TRADE_MIN_ROWS and has_tma(arch):
+    if splits is None and rows >= TRADE_MIN_ROWS and sm90_or_later(arch):
         for fewer in range(min(ranges, MAX_CLUSTER_SPLITS + 1) - 1, 1, -1):
             r, nc = column_ranges(IN, N, chunk, sm_count, fewer)
             if nc > MAX_TRADED_CHUNKS * chunk:

@@ -18,7 +18,7 @@ import numpy as np
 from .. import contract
 from ..contract.optim import update_family
 from ..runtime.compiler import unit_of
-from . import PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
+from . import PLANNING_ARCH, PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
 from .dx_sgd import BM, OnePassPlan, dx_operand, matrix_stride, one_pass_layout
 from .l2 import LayerPolicy
 
@@ -54,7 +54,7 @@ def unsupported_reason(batch: int, optimizer: str, accum: str, arch: str) -> str
 @dataclass(frozen=True)
 class DxUpdatePlan(OnePassPlan):
     family: str = "sgd"  # "sgd" or "adam": the instance's update
-    arch: str = "sm_90"
+    arch: str = PLANNING_ARCH
 
     @property
     def rows(self) -> int:

@@ -16,6 +16,7 @@ from ..contract import (CONFIGS, EPILOGUES, INSTANCES, LAYOUTS, MAX_CLUSTER_SPLI
                         PERSIST_BLOCKS_PER_SM, TMA_ROLES, UPDATE_EPILOGUES, GemmConfig, all_kernel_names, config_for,
                         kernel_name, stream_stages)
 from ..runtime.compiler import unit_of
+from ..contract.arch import has_wgmma, sm90_or_later  # noqa: F401 - the planners ask kg for both
 from ..contract.shapes import cdiv
 from . import PLANNING_SM_COUNT, Kernels, require, require_split_scratch
 
@@ -97,16 +98,6 @@ MULTICAST_MIN_K_TILES = 12
 # --sizes 256 1024 --batch 1024`, and `--batch 4096`)
 WG64_CONFIG = "wg64"
 WG64_MAX_K_TILES = 16
-
-
-def has_tma(arch: str) -> bool:
-    """Whether the part has the tensor copy engine (sm_90 and later)."""
-    return int(arch.removeprefix("sm_").rstrip("a")) >= 90
-
-
-def has_wgmma(arch: str) -> bool:
-    """Whether the part has Hopper's warpgroup MMA (sm_90 alone: an arch-specific feature, contract.nvrtc_arch)."""
-    return arch.rstrip("a") == "sm_90"
 
 
 
@@ -216,7 +207,7 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     batch_forward = layout == "rr" and (32 < M <= BATCH_STREAM_ROWS or M > BATCH_STREAM_ROWS and narrow)
     if (M <= 32 or batch_forward) and ("stream", layout, epilogue) in INSTANCES:
         weight = 2 * K * N
-        if has_tma(arch) and ("tma", layout, epilogue) in INSTANCES:
+        if sm90_or_later(arch) and ("tma", layout, epilogue) in INSTANCES:
             if (batch_forward and weight >= ROW_TILE_MIN_BYTES and N >= ROW_TILE_MIN_COLUMNS
                     and (ROW_TILE, layout, epilogue) in INSTANCES):
                 return ROW_TILE
@@ -304,13 +295,13 @@ def plan_units(plans: list["GemmPlan | None"], arch: str) -> set:
     """The units of compilation that launches of these plans need (compiler.unit_of), with the capacity probe on
     GPUs that plan cluster splits."""
     units = {unit_of(p.source, p.kernel) for p in plans if p is not None}
-    return units | ({unit_of(SOURCE, CAPACITY_PROBE)} if has_tma(arch) else set())
+    return units | ({unit_of(SOURCE, CAPACITY_PROBE)} if sm90_or_later(arch) else set())
 
 
 def cluster_capacity(k: Kernels) -> tuple[int, ...]:
     """capacity[s]: how many clusters of s streaming blocks (one per SM) this GPU runs at once, s <= MAX_CLUSTER_SPLITS
     (cuOccupancyMaxActiveClusters; asked once per Kernels). Empty below sm_90."""
-    if not has_tma(k.arch):
+    if not sm90_or_later(k.arch):
         return ()
     if "cluster_capacity" not in k.facts:
         cfg = config_for("stream", k.arch)
@@ -351,13 +342,13 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
     if (name, layout, epilogue) not in INSTANCES:
         raise ValueError(f"no compiled GEMM instance for config {name}, layout {layout}, epilogue {epilogue}")
     cfg = config_for(name, arch)
-    if cfg.tma and not has_tma(arch):
+    if cfg.tma and not sm90_or_later(arch):
         raise ValueError(f"GEMM config {name} needs the tensor copy engine of sm_90 or later, not {arch}")
     k_tiles = cdiv(K, cfg.bk)
     tiles = cdiv(M, cfg.bm) * cdiv(N, cfg.bn)
     bytes_per_k_tile = (cfg.bm + cfg.bn) * cfg.bk * 2
     room = tuple(capacity) if capacity else planning_capacity(sm_count)
-    clusters = has_tma(arch) and cluster is not False and not cfg.staged
+    clusters = sm90_or_later(arch) and cluster is not False and not cfg.staged
     if cfg.wgmma and not has_wgmma(arch):
         raise ValueError(f"GEMM config {name} needs the warpgroup MMA of sm_90, not {arch}")
     if splits is not None:
@@ -394,7 +385,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
                          + (", no cluster)" if cluster is False else ")"))
     k_chunk = cdiv(k_tiles, s) * cfg.bk
     s = cdiv(K, k_chunk)  # no empty splits
-    clusters_ok = has_tma(arch) and s <= MAX_CLUSTER_SPLITS and not cfg.staged
+    clusters_ok = sm90_or_later(arch) and s <= MAX_CLUSTER_SPLITS and not cfg.staged
     if cluster and s > 1 and not clusters_ok:
         raise ValueError(f"split-K within a cluster needs sm_90 or later, at most {MAX_CLUSTER_SPLITS} splits and a "
                          f"tile without the staged epilogue (here {arch}, {s} splits, config {name})")

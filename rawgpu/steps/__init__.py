@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from ..kernels import Kernels
     from ..model.mlp import MLP
 
-KINDS: dict[str, ModuleType] = {"cluster": cluster, "fused": fused, "layered": layered, "tensor": tensor,
-                                "data": data, "models": models}
+# each kind is named by its module, here and in Step.kind
+KINDS: dict[str, ModuleType] = {m.__name__.rsplit(".", 1)[-1]: m for m in (cluster, fused, layered, tensor, data, models)}
 ONE_GPU = tuple(kind for kind, module in KINDS.items()
                 if not module.SEVERAL_GPUS and not getattr(module, "MANY_MODELS", False))
 SWEEP_KIND = "models"  # what a sweep of many models in one step runs

@@ -39,7 +39,10 @@ class Step:
     while the model is being planned (no GPU needed), and returns the Step. After the arena is allocated the model
     calls `allocated()`; after the parameters are set, `parameters_set(stream)`."""
 
-    kind = ""
+    @property
+    def kind(self) -> str:
+        """The step kind: the name of the module in steps/ that defines the step (steps.KINDS' key), said once."""
+        return type(self).__module__.rsplit(".", 1)[-1]
 
     def __init__(self, model: "MLP"):
         self.model = model
@@ -96,9 +99,9 @@ class ChainStep(Step):
 
     def __init__(self, model: "MLP", overlap: bool):
         super().__init__(model)
-        from ..kernels.gemm import has_tma
+        from ..kernels.gemm import sm90_or_later
 
-        self.overlap = overlap and has_tma(model.arch)  # griddepcontrol: sm_90+
+        self.overlap = overlap and sm90_or_later(model.arch)  # griddepcontrol: sm_90+
 
     def launches(self, steps: int) -> list["Launch"]:
         step = self._one_step()

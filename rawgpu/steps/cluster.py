@@ -57,7 +57,6 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 
 
 class ClusterStep(Step):
-    kind = "cluster"
 
     def __init__(self, model: "MLP"):
         super().__init__(model)

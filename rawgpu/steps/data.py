@@ -40,7 +40,6 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 
 
 class DataStep(ChainStep):
-    kind = "data"
 
     def __init__(self, model: "ReplicatedMLP", options: StepOptions):
         super().__init__(model, options.overlap)

@@ -83,7 +83,6 @@ def not_preferred_reason(recipe: Recipe, arch: str) -> str | None:
 
 
 class FusedStep(Step):
-    kind = "fused"
 
     def __init__(self, model: "MLP", grid: int | None):
         super().__init__(model)

@@ -65,7 +65,7 @@ def one_pass_reason(recipe: Recipe, arch: str) -> str | None:
 def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the layered step is not its short form here (every layer's backward one pass, the head one cluster
     kernel, overlapping launches); None when it is."""
-    if not kg.has_tma(arch):
+    if not kg.sm90_or_later(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
     return (one_pass_reason(recipe, arch)
             or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, PADDED_CLASSES, arch))
@@ -82,7 +82,6 @@ class LayerPlans:
 
 
 class LayeredStep(ChainStep):
-    kind = "layered"
 
     def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float,
                  branches: bool = True):

@@ -42,14 +42,13 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the models step is not its short form here (the head one cluster per model, every other layer's backward
     one pass over its weights); None when it is."""
-    if not kg.has_tma(arch):
+    if not kg.sm90_or_later(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
     return (ku.unsupported_reason(recipe.batch, recipe.optimizer, recipe._kernel_accum, arch)
             or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, PADDED_CLASSES, arch))
 
 
 class ModelsStep(ChainStep):
-    kind = "models"
 
     def __init__(self, stack: ModelStack, overlap: bool, short: bool):
         super().__init__(stack, overlap)

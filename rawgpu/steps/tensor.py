@@ -57,14 +57,13 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
 
 
 class TensorStep(ChainStep):
-    kind = "tensor"
 
     def __init__(self, model: "ShardedMLP", options: StepOptions):
         super().__init__(model, options.overlap)
         r, arch, B, padded = model.recipe, model.arch, model.recipe.batch, model.padded
         plan = functools.partial(kg.plan_gemm, accum=r._kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
-        one_pass = options.short and layered.one_pass_reason(r, arch) is None and kg.has_tma(arch)
+        one_pass = options.short and layered.one_pass_reason(r, arch) is None and kg.sm90_or_later(arch)
         self.plans = []
         for i, shard in enumerate(model.plan.shards):
             pin, pout, reduced = padded[i], padded[i + 1], shard.reduce_input_grad

@@ -18,6 +18,7 @@ from ..data.datasets import Dataset
 from ..runtime.driver import Device, Event, Stream, context_synchronize
 from ..runtime.errors import NoDeviceError
 from ..runtime.graph import capture
+from ..contract.arch import PLANNING_ARCH
 from ..kernels import Kernels
 from ..kernels.data import lr_at
 from ..model.mlp import run_launches
@@ -33,7 +34,7 @@ def stack_recipes(recipes: Sequence[Recipe], data: Dataset, epochs: int | None, 
     return [plan_run(replace(r, **_data_shape(data)), epochs, steps_) for r in recipes]
 
 
-def stack_bytes(recipes: Sequence[Recipe], arch: str = "sm_90") -> int:
+def stack_bytes(recipes: Sequence[Recipe], arch: str = PLANNING_ARCH) -> int:
     """Device bytes a stack of these models takes (planned, no GPU)."""
     return steps.plan_model(recipes[0], arch=arch, models=list(recipes)).arena.peak_bytes
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..contract.arch import PLANNING_ARCH
 from . import checkpoint as ck
 from .stats import EpochStats
 from ..data.datasets import Dataset, load_dataset
@@ -144,7 +145,7 @@ class Sweep:
         from ..steps import models_reason
 
         recipes = stack_recipes(self.recipes, self.data, self.epochs, self.steps)
-        return stack_problem(recipes) or models_reason(recipes[0], "sm_90")
+        return stack_problem(recipes) or models_reason(recipes[0], PLANNING_ARCH)
 
     def chunks(self, todo: list[int], free_bytes: int | None = None) -> list[list[int]]:
         """The models left, in groups that each train in one step: `chunk` at a time, or as many as fit in

@@ -215,7 +215,7 @@ def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
 
 def variants_error(variants: list[str], arch: str) -> str | None:
     """Why some --variants cannot run on this GPU (the tensor-copy tiles need sm_90+), or None."""
-    bad = [v for v in variants if G.CONFIGS[v].tma and not G.has_tma(arch)]
+    bad = [v for v in variants if G.CONFIGS[v].tma and not G.sm90_or_later(arch)]
     return f"--variants {' '.join(bad)} need the tensor copy engine of sm_90 or later; this GPU is {arch}" if bad else None
 
 
