@@ -163,6 +163,8 @@ def test_a_store_of_another_protocol_is_reached_through_torchs_own_client(fake_t
         assert lookup.way == "torch's client"
         PortExchange("127.0.0.1", other.port, "k", 10.0, publishing=True).publish(43210)
         assert lookup.lookup() == 43210
+        late = PortExchange("127.0.0.1", other.port, "k", 10.0, publishing=False)  # the key there already: its
+        assert late.lookup() == 43210  # child says "ready" and the port at once, both lines are read
         with pytest.raises(StoreError, match=rf"^torchrun's store at 127.0.0.1:{other.port}: no rendezvous port from "
                                              r"rank 0 in 0.5 s \(Wait timeout\)$"):
             PortExchange("127.0.0.1", other.port, "never", 0.5, publishing=False).lookup()

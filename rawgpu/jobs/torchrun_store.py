@@ -19,6 +19,7 @@ Two ways to the store, one owner (PortExchange):
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import struct
 import subprocess
@@ -131,6 +132,9 @@ class PortExchange:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", __name__, host, str(port), key, f"{timeout:g}", "set" if publishing else "get"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._lines: queue.Queue[str | None] = queue.Queue()
+            self._reader = threading.Thread(target=self._read_lines, daemon=True, name="rawgpu-store-child")
+            self._reader.start()
 
     @property
     def way(self) -> str:
@@ -138,21 +142,26 @@ class PortExchange:
         return "torch's client" if self._child is not None else "its protocol"
 
     def _line(self, deadline: float) -> str:
-        """The child's next line on stdout; StoreError with its own line when it fails or says nothing in time."""
-        import selectors
-
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._child.stdout, selectors.EVENT_READ)
-            if not sel.select(max(0.0, deadline - time.monotonic())):
-                self.close()
-                raise StoreError(f"torchrun's store at {self.where}: its process said nothing in "
-                                 f"{self.timeout + BACKSTOP_SECONDS:g} s")
-        line = self._child.stdout.readline().strip()
-        if not line:
+        """The child's next line on stdout; StoreError with its own line when it fails or says nothing in time. Read
+        through the queue _read_lines fills: two lines that came together both count (a select on the pipe would not
+        see the second, already in the reader's buffer)."""
+        try:
+            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            self.close()
+            raise StoreError(f"torchrun's store at {self.where}: its process said nothing in "
+                             f"{self.timeout + BACKSTOP_SECONDS:g} s") from None
+        if line is None:
             self._child.wait()
             why = self._child.stderr.read().strip().splitlines()
             raise StoreError(why[-1] if why else f"the store's process exited with status {self._child.returncode}")
         return line
+
+    def _read_lines(self) -> None:
+        for line in self._child.stdout:
+            if line.strip():
+                self._lines.put(line.strip())
+        self._lines.put(None)  # the child's end
 
     def publish(self, port: int) -> None:
         """Rank 0: write its rendezvous port into the store; returns once it is there."""
@@ -193,6 +202,7 @@ class PortExchange:
             if self._child.poll() is None:
                 self._child.kill()
             self._child.wait()
+            self._reader.join(1.0)  # the child's end closed its stdout: the reader is done with it
             for stream in (self._child.stdin, self._child.stdout, self._child.stderr):
                 stream.close()
 
