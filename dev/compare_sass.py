@@ -54,7 +54,7 @@ def kernel_text_hashes(cubin: bytes) -> dict[str, str]:
             for name, data in elf_sections(cubin).items() if name.startswith(".text.")}
 
 
-def dump(arch: str, out: Path, jobs: int) -> None:
+def dump(arch: str, out: Path, jobs: int, sources: list[str] | None = None) -> None:
     """Child mode: build every source of the importable `rawgpu` for `arch` (RAWGPU_CACHE says where) and write
     {"package": path, "kernels": {source/kernel: sha256}, "resources": {source/kernel: ptxas numbers}}."""
     import rawgpu
@@ -69,7 +69,7 @@ def dump(arch: str, out: Path, jobs: int) -> None:
 
     kernels, resources = {}, {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # NVRTC releases the GIL
-        for source, module in pool.map(build, compiler.all_sources()):
+        for source, module in pool.map(build, sources or compiler.all_sources()):
             for name, digest in kernel_text_hashes(module.cubin).items():
                 kernels[f"{source}/{name}"] = digest
             for name, r in module.resources.items():
@@ -79,11 +79,13 @@ def dump(arch: str, out: Path, jobs: int) -> None:
                                "resources": resources}, indent=1, sort_keys=True))
 
 
-def run_side(root: Path, arch: str, cache: Path, out: Path, jobs: int) -> dict:
+def run_side(root: Path, arch: str, cache: Path, out: Path, jobs: int, sources: list[str] | None = None) -> dict:
     """Dump one side in a fresh interpreter whose `rawgpu` is the one under `root`."""
     env = dict(os.environ, PYTHONPATH=str(root), RAWGPU_CACHE=str(cache))
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--dump", arch, str(out), "--jobs", str(jobs)],
-                   env=env, check=True, cwd=tempfile.gettempdir())
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--dump", arch, str(out), "--jobs", str(jobs)]
+    for source in sources or []:
+        cmd += ["--source", source]
+    subprocess.run(cmd, env=env, check=True, cwd=tempfile.gettempdir())
     result = json.loads(out.read_text())
     if Path(result["package"]).resolve() != (root / "rawgpu").resolve():
         raise SystemExit(f"the child imported {result['package']}, not {root / 'rawgpu'}: check PYTHONPATH")
@@ -117,10 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                                                "sharing is safe); default: a temporary directory")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel builds per side")
     ap.add_argument("--json", type=Path, help="write the per-arch results here")
+    ap.add_argument("--source", action="append", help="only this rawgpu/cu source (repeatable; default: every one)")
     ap.add_argument("--dump", nargs=2, metavar=("ARCH", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.dump:
-        dump(args.dump[0], Path(args.dump[1]), args.jobs)
+        dump(args.dump[0], Path(args.dump[1]), args.jobs, args.source)
         return 0
     if args.base is None:
         ap.error("the baseline directory is required")
@@ -129,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="compare-sass-") as tmp:
         cache = args.cache or Path(tmp) / "cache"
         for arch in archs:
-            base = run_side(args.base.resolve(), arch, cache, Path(tmp) / f"base-{arch}.json", args.jobs)
-            new = run_side(args.checkout.resolve(), arch, cache, Path(tmp) / f"new-{arch}.json", args.jobs)
+            base = run_side(args.base.resolve(), arch, cache, Path(tmp) / f"base-{arch}.json", args.jobs, args.source)
+            new = run_side(args.checkout.resolve(), arch, cache, Path(tmp) / f"new-{arch}.json", args.jobs, args.source)
             count, problems = compare(base, new)
             report[arch] = {"compared": count, "problems": problems, "baseline": base["kernels"],
                             "checkout": new["kernels"]}

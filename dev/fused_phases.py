@@ -1,6 +1,7 @@
 """Where the fused step's time goes: per-phase GPU time of cu/fused_step.cu, and what one grid barrier costs.
 
-Builds the kernel with -DFS_PROFILE (block 0 stamps %globaltimer after every phase's barrier), trains the benchmark
+Builds the kernel with its `// mark next` comments made stamps (dev/variants.py: block 0 stamps %globaltimer after
+every phase's barrier), trains the benchmark
 workload (batch 32, lr 0.003, plain SGD) on MNIST for --steps steps in one launch, and prints the median time of
 each phase over the steps after the first 20. A phase's time is its slowest block's work plus the barrier.
 
@@ -14,7 +15,7 @@ import sys
 
 import numpy as np
 
-from rawgpu.runtime import compiler
+import variants  # beside this script: its folder is on the path
 from rawgpu.data.datasets import load_mnist
 from rawgpu.runtime.driver import Device, Event, Module, Stream
 from rawgpu.runtime.errors import RawgpuError
@@ -45,12 +46,20 @@ def add_profile_args(p: argparse.ArgumentParser, hidden: list[int]) -> None:
     p.add_argument("--data-dir", default=None)
 
 
-def profiling_setup(source: str, define: str, data_dir: str | None):
-    """What both phase profilers start from: the device, a stream, the kernel set, `source` built with its profiling
-    define, MNIST on the host and a fixed shuffle."""
+# n grid barriers and nothing else: what one phase boundary costs (appended to the fused step's variant)
+GRID_BARRIERS = """
+extern "C" __global__ void grid_barriers(u64* counter, int n) {
+    for (int i = 0; i < n; ++i) grid_barrier(counter);
+}
+"""
+
+
+def profiling_setup(source: str, data_dir: str | None, marks: int, extra: str = ""):
+    """What both phase profilers start from: the device, a stream, the kernel set, `source` with its marks made stamps
+    (room for `marks` of them) and `extra` appended, MNIST on the host and a fixed shuffle."""
     dev, stream = Device(0), Stream()
-    built = compiler.compile_source(source, dev.arch, (define,))
-    module = Module(built.cubin, built.resources)
+    text = variants.instrument(variants.source_text(source), source) + extra
+    module = variants.load(source, text, dev.arch, (f"-DRG_MARKS={marks}",))
     perm = np.random.default_rng(0).permutation(TRAIN_ROWS)
     return dev, stream, Kernels(dev.arch), module, load_mnist(data_dir), perm
 
@@ -79,7 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
     args = p.parse_args(argv)
     try:
-        dev, stream, kernels, module, data, perm = profiling_setup(kf.SOURCE, "-DFS_PROFILE", args.data_dir)
+        most = 1 + args.steps * 2 * kf.MAX_LINEAR_LAYERS  # a start, then two phases per linear layer and step
+        dev, stream, kernels, module, data, perm = profiling_setup(kf.SOURCE, args.data_dir, most, GRID_BARRIERS)
         profiled = module.kernel(kf.kernel_name(args.optimizer != "sgd"), kf.SIGNATURE)
         print(f"{dev.name}: one grid barrier over {dev.sm_count} blocks: {barrier_us(module, stream, dev.sm_count):.2f} us")
         for h in args.hidden:
@@ -90,20 +100,16 @@ def main(argv=None) -> int:
             model.init_parameters(stream)
             model.set_permutation(perm)
             names = [name for name, _, _ in kf.phase_tasks(recipe.batch, model.padded)]
-            arena = Arena()
-            stamps = arena.tensor("stamps", 1 + args.steps * len(names), np.uint64)
-            arena.allocate()
-            arena.zero()
-            model.step.table.upload(model.step.param_table(stamps.ptr))
+            variants.clear_marks(module)
             grid = model.step.grid()
             profiled.bind(grid, kf.THREADS, kf.smem_bytes(dev.arch), model.step.table, args.steps, cooperative=True).run(stream)
             stream.synchronize()
-            t = np.diff(stamps.download().astype(np.int64)).reshape(args.steps, len(names))[20:]
+            times = variants.read_marks(module)[0][:1 + args.steps * len(names)]
+            t = np.diff(times).reshape(args.steps, len(names))[20:]
             med = np.median(t, axis=0) / 1e3
             print(f"\nH={h} batch {args.batch}: {med.sum():.1f} us per step (median per phase)")
             for name, us in zip(names, med):
                 print(f"  {name:<12} {us:6.2f} us")
-            arena.close()
             model.arena.close()
     except (RawgpuError, ValueError) as exc:  # ValueError: a recipe the model refuses (e.g. batch > 60000)
         print(f"fused_phases: error: {exc}", file=sys.stderr)

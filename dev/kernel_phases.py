@@ -1,10 +1,9 @@
 """Where a layered-step kernel's time goes: per-mark SM cycles of cu/head.cu or cu/dx_update.cu inside the step.
 
-Builds the source with its profiling define (-DHEAD_PROFILE: thread 0 of CTA 0 stamps clock64 at every HEAD_MARK;
--DDXU_PROFILE: thread 0 of block (0, 0, 0) at every DXU_MARK), runs the step on MNIST with that build in place of
-the kernel's --launch-th launch in the step (0: the first), one step at a time, and prints the median cycles that
-close at each mark over --steps steps (after 20 warm-up steps), with the SM clock measured from %globaltimer over the
-same span.
+Builds the source with its `// mark N: ...` comments made stamps (dev/variants.py: thread 0 of block (0, 0, 0)
+stamps clock64 and %globaltimer), runs the step on MNIST with that build in place of the kernel's --launch-th launch
+in the step (0: the first), one step at a time, and prints the median cycles that close at each mark over --steps
+steps (after 20 warm-up steps), with the SM clock measured from %globaltimer over the same span.
 
     python dev/kernel_phases.py --kernel head|dx_update --hidden 256 [--launch N] [--batch 128]
                                 [--optimizer sgd|adam] [--steps 200]
@@ -17,35 +16,25 @@ import sys
 
 import numpy as np
 
-from rawgpu.runtime import compiler
+import variants  # beside this script: its folder is on the path
 from rawgpu.data.datasets import load_mnist
-from rawgpu.runtime.driver import Launch, Module, copy_device_to_host, copy_host_to_device
+from rawgpu.runtime.driver import Launch
 from rawgpu.model.recipe import Recipe
 from rawgpu.training.session import Session
 
-KERNELS = {  # source, define, stamp buffer, marks in the order they are passed
-    "head": ("head.cu", "-DHEAD_PROFILE", "head_profile",
-             {0: "entry", 1: "prologue loads issued", 2: "prior grid done", 3: "h loaded", 4: "partial logits",
-              5: "partials received", 12: "own rows: logits summed", 13: "softmax", 6: "dlogits sent",
-              7: "dlogits received", 8: "CTA 0: bias, metrics", 9: "dh", 10: "G + update", 15: "write-back"}),
-    "dx_update": ("dx_update.cu", "-DDXU_PROFILE", "dxu_profile",
-                  {0: "entry", 1: "prologue loads issued", 2: "prior grid done", 3: "chunk 0 landed",
-                   4: "chunk 0: bias partials, dx", 5: "chunk 0: G", 6: "chunk 0: update", 7: "chunks written back",
-                   8: "dx partials", 15: "dx summed and stored"}),
-}
-SLOTS = 16  # RG_PROFILE_MARKS (rawgpu/ptx/profile.cuh)
+SOURCES = {"head": "head.cu", "dx_update": "dx_update.cu"}
 
 
 def profile(kernel: str, hidden: int, recipe_kw: dict, steps: int, which: int) -> None:
-    source, define, buffer, names = KERNELS[kernel]
+    source = SOURCES[kernel]
+    text = variants.source_text(source)
+    names = variants.marks(text)
     session = Session(Recipe(hidden=hidden, total_steps=10 * steps, **recipe_kw))
     model, stream = session.model, session.stream
     model.upload_data(load_mnist())
     model.init_parameters(stream)
     model.set_permutation(np.random.default_rng(0).permutation(60000))
-    built = compiler.compile_source(source, session.device.arch, (define,))
-    module = Module(built.cubin, built.resources)
-    stamps, nbytes = module.global_address(buffer)
+    module = variants.load(source, variants.instrument(text, source), session.device.arch)
     launches, seen, profiled = [], 0, None
     for launch in model.step_launches(1):
         if launch.kernel.name.startswith(kernel + "_") and (seen := seen + 1) == which + 1:
@@ -57,20 +46,20 @@ def profile(kernel: str, hidden: int, recipe_kw: dict, steps: int, which: int) -
         launches.append(launch)
     if profiled is None:
         raise SystemExit(f"the step has no {kernel} launch number {which}")
-    rows = []
-    host = np.zeros(nbytes // 8, np.uint64)
+    clock_rows, ns_rows = [], []
     for i in range(steps + 20):
-        copy_host_to_device(stamps, np.zeros_like(host))
+        variants.clear_marks(module)
         for launch in launches:
             launch.run(stream)
         stream.synchronize()
-        copy_device_to_host(host, stamps)
+        ns_at, cycles_at = variants.read_marks(module)
         if i >= 20:
-            rows.append(host.astype(np.int64).copy())
-    stamps_all = np.array(rows)
+            clock_rows.append(cycles_at)
+            ns_rows.append(ns_at)
+    stamps_all, times = np.array(clock_rows), np.array(ns_rows)
     marks = list(names)
     cycles = stamps_all[:, marks[-1]] - stamps_all[:, 0]
-    ns = stamps_all[:, SLOTS + 1] - stamps_all[:, SLOTS]
+    ns = times[:, marks[-1]] - times[:, 0]
     ghz = float(np.median(cycles / np.maximum(ns, 1)))
     print(f"H={hidden} {profiled.kernel.name}, grid {profiled.grid}: {np.median(ns) / 1e3:.2f} us from entry to exit "
           f"(SM clock {ghz:.2f} GHz)")
@@ -83,7 +72,7 @@ def profile(kernel: str, hidden: int, recipe_kw: dict, steps: int, which: int) -
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", choices=sorted(KERNELS), default="head")
+    p.add_argument("--kernel", choices=sorted(SOURCES), default="head")
     p.add_argument("--launch", type=int, default=0, help="which of the step's launches of that kernel (0: the first)")
     p.add_argument("--hidden", type=int, nargs="+", default=[256])
     p.add_argument("--batch", type=int, default=128)

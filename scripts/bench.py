@@ -289,7 +289,7 @@ def cmd_train(args) -> int:
             except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                 systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
         # bytes per parameter: an fp32 master beside the fp16 copy (12; docs/design.md), or the split master's 10
-        # (rawgpu/master.py); each fp32 optimiser value is read and written (8 more: momentum; 16: Adam's moments)
+        # (rawgpu/model/master.py); each fp32 optimiser value is read and written (8 more: momentum; 16: Adam's moments)
         state_bytes = 8 * rawgpu_recipe(h, recipe, 1, 0)._state_tensors
         weight_floor = (12 + state_bytes) * ours["parameters"] / (bw * 1e9) * 1e6
         split_floor = (10 + state_bytes) * ours["parameters"] / (bw * 1e9) * 1e6

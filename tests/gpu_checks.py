@@ -36,7 +36,7 @@ def assert_same_bytes(runs: list[list[np.ndarray]]) -> None:
 
 
 def check_master_step(w: np.ndarray, w16: np.ndarray, wlo: np.ndarray, lr: float, step_ref: np.ndarray) -> None:
-    """The master after w -= lr G (two halves, rawgpu/master.py) against G = step_ref in float64: rel err <= 2e-3,
+    """The master after w -= lr G (two halves, rawgpu/model/master.py) against G = step_ref in float64: rel err <= 2e-3,
     every weight whose step is not tiny moved (the master is updated in place, so it cannot be poisoned), and W16
     is fp16(master) exactly."""
     w_new = master.join(w16, wlo)
@@ -75,11 +75,20 @@ def interrupt_train(args: list[str], when: str, root: Path, sig: int = signal.SI
 
 
 class LateDxKernels:
-    """Kernels whose builds start every dx block of the one-pass backward late (cu/one_pass.cuh: APART_LATE_DX_NS),
-    as a block switched out with its context, or held up behind another kernel's blocks, would start: with dx and the
-    update apart, the update blocks must still wait for their partner before overwriting the weights it reads."""
+    """Kernels whose builds start every dx block of the one-pass backward late (a busy wait after apart_begin, put
+    into the source's text here: the product kernels carry no such path), as a block switched out with its context,
+    or held up behind another kernel's blocks, would start: with dx and the update apart, the update blocks must
+    still wait for their partner before overwriting the weights it reads."""
 
     LATE_NS = 200_000
+    BEGIN = "    apart_begin(&apart_held);\n"
+    LATE = ("    if (gridDim.y == 2 && blockIdx.y == 0) {  // the dx block starts LATE_NS late\n"
+            "        u64 start, now;\n"
+            "        asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(start));\n"
+            "        do {\n"
+            "            asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(now));\n"
+            "        } while (now - start < (u64){ns});\n"
+            "    }\n")
 
     def __init__(self, arch: str):
         self.arch, self.activation, self._modules = arch, "relu", []
@@ -88,6 +97,9 @@ class LateDxKernels:
         from rawgpu.runtime import compiler, driver
 
         unit = compiler.unit_of(source, name)  # one instance of a many-instance source, or the whole small source
-        built = compiler.compile_source(unit[0], self.arch, (f"-DAPART_LATE_DX_NS={self.LATE_NS}",), kernel=unit[1])
+        text = (compiler.SOURCE_DIR / unit[0]).read_text()
+        assert text.count(self.BEGIN) == 1, f"{unit[0]}: apart_begin moved; this check needs updating"
+        text = text.replace(self.BEGIN, self.BEGIN + self.LATE.replace("{ns}", str(self.LATE_NS)))
+        built = compiler.compile_variant(unit[0], text, self.arch, kernel=unit[1])
         self._modules.append(driver.Module(built.cubin))
         return self._modules[-1].kernel(name, signature)

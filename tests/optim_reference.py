@@ -1,4 +1,4 @@
-"""The optimisers' update in float64 (cu/optim.cuh's rules, from the table contract.Optim that rawgpu/optimizer.py
+"""The optimisers' update in float64 (cu/optim.cuh's rules, from the table contract.Optim that rawgpu/model/optimizer.py
 makes), the recipes the update kernels are checked with, and the check of an update on the split master weights."""
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def kernels(device):
                                                    (32, 8192, 1024, 1, True), (32, 784, 4096, None, False),
                                                    (5, 784, 520, 3, False)])
 def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx):
-    """dx = (dy @ W16^T) * (x > 0), W -= lr x^T dy on the master (W16, lo; rawgpu/master.py) and b -= lr colsum(dy):
+    """dx = (dy @ W16^T) * (x > 0), W -= lr x^T dy on the master (W16, lo; rawgpu/model/master.py) and b -= lr colsum(dy):
     partial bands and chunks, batch below 32, column ranges, the update alone (no dx: the first layer); dx poisoned
     first, every weight whose step is not tiny moved (the master is read and rewritten in place), bitwise equal
     across two runs."""

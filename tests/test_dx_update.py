@@ -161,7 +161,7 @@ def kernels(device):
     (32, 1024, 1024, None, True, "adamw"), (33, 256, 256, None, True, "plain"), (256, 1000, 256, 2, True, "adam"),
     (128, 8192, 256, None, True, "plain")])
 def test_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_dx, opt):
-    """dx = (dy @ W16^T) * (x > 0), the optimiser's step with G = x^T dy on the master (W16, lo; rawgpu/master.py)
+    """dx = (dy @ W16^T) * (x > 0), the optimiser's step with G = x^T dy on the master (W16, lo; rawgpu/model/master.py)
     and its state, and on b with colsum(dy): partial bands, chunks and batch tiles, column ranges, the update alone
     (no dx: the first layer), every optimiser; dx poisoned first, every weight whose step is not tiny moved (the
     master is read and rewritten in place), bitwise equal across two runs."""

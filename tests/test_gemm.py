@@ -467,7 +467,7 @@ def run_case(device, stream, kernels, rng, M, N, K, layout="rr", epilogue="store
     with Arena() as arena:
         tA, tB = arena.tensor("A", a.shape, np.float16), arena.tensor("B", b.shape, np.float16)
         extra, host = {}, {}
-        if epilogue in G.UPDATE_EPILOGUES:  # the master weights: W16 and lo (rawgpu/master.py), read and rewritten
+        if epilogue in G.UPDATE_EPILOGUES:  # the master weights: W16 and lo (rawgpu/model/master.py), read and rewritten
             out = arena.tensor("Wlo", (M, N), np.int16)
             extra["w16"] = arena.tensor("W16", (M, N), np.float16)
             extra["optim"] = arena.tensor("optim", (OPTIM_WORDS,), np.float32)

@@ -1,4 +1,4 @@
-"""A sweep's grid (rawgpu/grid.py): every model's recipe is a single run's recipe with its settings and seed; a bad
+"""A sweep's grid (rawgpu/training/grid.py): every model's recipe is a single run's recipe with its settings and seed; a bad
 grid is one line before any GPU work."""
 
 from __future__ import annotations

@@ -659,7 +659,7 @@ def test_init_uniform_is_bit_exact_and_grid_independent(kern, device, stream, n,
 @gpu
 @pytest.mark.parametrize("n", [1, 1000, 784 * 256 + 5])
 def test_init_uniform_master_is_the_host_split_of_the_same_values(kern, device, stream, n):
-    """The master weights' init: init_uniform's values split on the device exactly as rawgpu/master.py splits them
+    """The master weights' init: init_uniform's values split on the device exactly as rawgpu/model/master.py splits them
     (the values themselves checked bit for bit above); poisoned first."""
     bound, seed = 1 / math.sqrt(100), 12345
     hi_ref, lo_ref = master.split(ke.init_uniform_reference(n, bound, seed))

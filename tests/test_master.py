@@ -1,4 +1,4 @@
-"""The split master weights (rawgpu/master.py, cu/master.cuh): exact for every float32 the design promises, close
+"""The split master weights (rawgpu/model/master.py, cu/master.cuh): exact for every float32 the design promises, close
 below that, and the form the kernels rely on (|lo| <= 2^14, hi = fp16(w)). CPU only; the GPU tests compare the
 kernels' split and join with these functions bit for bit."""
 

@@ -1,5 +1,5 @@
 """The step kinds and their one chooser (rawgpu/steps/), and the recipe's one statement of defaults and limits
-(rawgpu/recipe.py): plain Python, tested on CPU."""
+(rawgpu/model/recipe.py): plain Python, tested on CPU."""
 
 from __future__ import annotations
 
@@ -192,23 +192,23 @@ def _tables_by_name(kind: str, recipe: Recipe) -> list[str]:
     model = plan_model(recipe, kind, arch="sm_90")
     model.arena.base, model.arena._allocated = 1 << 40, True  # addresses without a GPU
     names = {t.ptr: t.name for t in model.arena}
-    return [names.get(int(w), hex(int(w))) for w in model.step.param_table(profile=0x1234)]
+    return [names.get(int(w), hex(int(w))) for w in model.step.param_table()]
 
 
 def test_parameter_tables_point_each_field_at_its_buffer():
     words = _tables_by_name("fused", Recipe(hidden=192, layers=2, batch=48, momentum=0.9, total_steps=40))
     assert words[:12] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "row_loss",
                           "row_hit", "grid_barrier", "0x30", hex(60000 // 48), "0x3"]
-    assert words[16] == "0x1234" and len(words) == 29 + 3 * 14  # words 20..28: the optimiser, by value
-    assert words[29:43] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "0x0", "0x0", "act0", "act1", "grad1",
+    assert len(words) == 28 + 3 * 14  # words 19..27: the optimiser, by value
+    assert words[28:42] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "0x0", "0x0", "act0", "act1", "grad1",
                             "0x0", hex(784), hex(192)]
     assert words[-14:] == ["wlo_2", "w16_2", "w16b_2", "b_2", "mw_2", "mb_2", "0x0", "0x0", "act2", "0x0", "grad3",
                            "grad2", hex(192), hex(16)]
     words = _tables_by_name("fused", Recipe(hidden=192, layers=2, batch=48, optimizer="adam", total_steps=40))
-    assert words[29:37] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "vw_0", "vb_0"]
+    assert words[28:36] == ["wlo_0", "w16_0", "w16b_0", "b_0", "mw_0", "mb_0", "vw_0", "vb_0"]
     words = _tables_by_name("cluster", Recipe(hidden=128, layers=3, batch=32, momentum=0.0))
-    assert words[:8] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "0x1234", "0x20"]
-    assert len(words) == 28 + 4 * 8 and words[28:33] == ["wlo_0", "w16_0", "b_0", hex(784), hex(128)]
+    assert words[:8] == ["train_images", "train_labels", "perm", "step", "loss_sum", "correct", "0x20", hex(60000 // 32)]
+    assert len(words) == 27 + 4 * 8 and words[27:32] == ["wlo_0", "w16_0", "b_0", hex(784), hex(128)]
 
 
 class _Bound(tuple):

@@ -200,7 +200,7 @@ def test_model_plan_pads_widths_and_sizes_the_arena():
     dataset = 60000 * 784 + 60000 + 10000 * 784 + 10000
     assert dataset < model.arena.peak_bytes < dataset + 64 * 2**20
     weights = 784 * 256 + 256 * 256 * 2 + 2560
-    assert Recipe(momentum=0.0)._step_bytes() == 10 * weights  # the split master (rawgpu/master.py)
+    assert Recipe(momentum=0.0)._step_bytes() == 10 * weights  # the split master (rawgpu/model/master.py)
     assert Recipe(momentum=0.0)._step_bytes(12) == 12 * weights and Recipe(momentum=0.9)._step_bytes() == 18 * weights
     assert plan_model(Recipe(momentum=0.0), sm_count=132).layers[0].mw is None
 
@@ -279,19 +279,6 @@ def test_persistent_phase_experiment_builds_for_sm_90():
     report = compiler.parse_ptxas_report(log)
     assert sorted(report) == ["phase_chain_n1", "phase_chain_n2", "phase_chain_n4"]
     assert all(r.spill_stores == 0 and r.spill_loads == 0 for r in report.values())
-
-
-@pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 32, 63])
-def test_backward_limits_experiment_builds_for_sm_90(mask, tmp_path, monkeypatch):
-    """dev/backward/ (`python dev/backward/limits.py`, the experiment on the one-pass backward's limits): the stream
-    reference and dx_update.cu with each part taken out still compile, without spills."""
-    monkeypatch.setenv("RAWGPU_CACHE", str(tmp_path))
-    kernel = contract.dxu_kernel_name(128, "sgd")
-    built = compiler.compile_source("dx_update.cu", "sm_90", (f"-DDXU_ABLATE={mask}",), kernel=kernel)
-    assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
-    if mask == 63:
-        stream = compiler.compile_file(ROOT / "dev" / "backward" / "stream.cu", "sm_90")
-        assert len(stream.resources) == 6 and all(r.spill_stores == 0 for r in stream.resources.values())
 
 
 @pytest.mark.parametrize("source, kernel", [("gemm.cu", "gemm_stream_rr_bias_act_f32"),

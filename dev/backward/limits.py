@@ -1,12 +1,12 @@
 """What limits the one-pass backward with an optimiser (cu/dx_update.cu) at large H: the kernel timed with parts of
-its chunk loop taken out, each a build of dx_update.cu with -DDXU_ABLATE=bits (its results are then wrong):
+its chunk loop taken out, each a variant of dx_update.cu built here (dev/variants.py; its results are then wrong):
 
     1 the dx products   2 the G products   4 the optimiser's arithmetic   8 the write-back
     16 the loads of the weights and their state
     32 each 64 x 64 chunk of the weights and state read and written as one contiguous piece (as if stored tile by
        tile: the same bytes in 8-16 KB pieces instead of 64 rows of 128-256 bytes)
 
-    python dev/backward/limits.py [--sizes 4096] [--batch 128] [--optimizer sgd adam] [--masks 0 3 7 24]
+    PYTHONPATH=.:scripts:dev python dev/backward/limits.py [--sizes 4096] [--batch 128] [--optimizer sgd adam] [--masks 0 3 7 24]
                                   [--max-stages N]
 
 Each line is one layer shape (H x H with dx, the plan's column ranges and roles) timed as dev/backward_splits.py
@@ -31,19 +31,58 @@ from rawgpu.runtime import driver
 from benchmarks.gemm import bench_dx_update, open_gpu
 from benchmarks.timing import copy_bandwidth, time_graph
 from rawgpu.cli.common import count
-from rawgpu.runtime.compiler import compile_file, compile_source
+from rawgpu.runtime.compiler import compile_file
 from rawgpu.runtime.errors import run_cli
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_update as U
 from rawgpu.runtime.memory import Arena
+import variants  # dev/variants.py: run with PYTHONPATH=.:scripts:dev
+
 
 PARTS = {1: "dx", 2: "G", 4: "update", 8: "write-back", 16: "weight loads"}
 TILED = 32
+# bit -> the pieces of cu/dx_update.cu it changes (variants.patch: each must occur there exactly once)
+EDITS = {
+    1: [("        if (do_dx) {\n", "        if (false) {  // taken out: dx\n")],
+    2: [("if (SW && do_update) {", "if (false) {  // taken out: G"),
+        ("        if (SW) {\n            wg_wait<0>();", "        if (false) {\n            wg_wait<0>();"),
+        ("kk < (SW ? 0 : BB / 16)", "kk < 0")],
+    4: [("for (int f = 0; f < GF; ++f)\n#pragma unroll\n            for (int h = 0; h < 2; ++h) {",
+         "for (int f = 0; f < 0; ++f)\n#pragma unroll\n            for (int h = 0; h < 2; ++h) {")],
+    8: [("i < BM * BN / 8; i += THREADS)", "i < 0; i += THREADS)"),
+        ("        if (has_m) {\n#pragma unroll 4", "        if (false) {\n#pragma unroll 4")],
+    32: [("    // where the block's weight (row r, column col)",
+          "    auto tile_at = [&](int n) { return ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN; };\n"
+          "    // where the block's weight (row r, column col)"),
+         ("return (i64)(i0 + r) * ldw + n + col;", "return tile_at(n) + r * BN + col;"),
+         ("        load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16, ldw,",
+          "        {\n"
+          "            const i64 tile = tile_at(n);\n"
+          "            load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16 + tile, BN, 0, 0, BM, BN, tid, read_policy);\n"
+          "            if (!do_update) return;\n"
+          "            load_rows<short, BM, BN, LDW, THREADS>(sL(s), wlo + tile, BN, 0, 0, BM, BN, tid, read_policy);\n"
+          "            if (has_m) load_rows<float, BM, BN, LDS, THREADS>(sM(s), mw + tile, BN, 0, 0, BM, BN, tid, normal);\n"
+          "            if (ADAM) load_rows<float, BM, BN, LDS, THREADS>(sV(s), vw + tile, BN, 0, 0, BM, BN, tid, normal);\n"
+          "            return;\n"
+          "        }\n"
+          "        load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16, ldw,")],
+    16: [("auto load_weights = [&](int s, int c) {\n        const int n = n_begin + c * BN;\n",
+          "auto load_weights = [&](int s, int c) {\n        const int n = n_begin + c * BN;\n        return;  // taken out\n")],
+}
+
+
+def ablated(mask: int) -> str:
+    """cu/dx_update.cu with the parts of `mask` taken out."""
+    text = variants.source_text(U.SOURCE)
+    for bit, edits in EDITS.items():
+        if mask & bit:
+            text = variants.patch(text, edits, U.SOURCE)
+    return text
 
 
 class AblatedKernels(Kernels):
-    """The package's kernels, with dx_update.cu built with -DDXU_ABLATE=mask (the option is part of the cache key:
-    the package's own builds stay as they are)."""
+    """The package's kernels, with dx_update.cu's parts of `mask` taken out (built apart, never cached: the
+    package's own builds stay as they are)."""
 
     def __init__(self, arch: str, mask: int):
         super().__init__(arch)
@@ -52,7 +91,7 @@ class AblatedKernels(Kernels):
     def _build(self, unit):
         if unit[0] != U.SOURCE or self.mask == 0:
             return super()._build(unit)
-        return compile_source(unit[0], self.arch, (f"-DDXU_ABLATE={self.mask}",), kernel=unit[1])
+        return variants.build(unit[0], ablated(self.mask), self.arch, kernel=unit[1])
 
 
 def time_stream(device, stream, opt: str, h: int, launches: int, trials: int) -> list[tuple[int, float]]:
@@ -86,7 +125,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=count(1), default=128)
     p.add_argument("--optimizer", choices=("sgd", "adam"), nargs="+", default=["sgd", "adam"])
     p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 7, 8, 24, 31],
-                   help="DXU_ABLATE bit sets, 0..63 (0: the whole kernel)")
+                   help="bit sets of the parts taken out, 0..63 (0: the whole kernel)")
     p.add_argument("--stream", action="store_true", help="also time the plain stream of the same bytes (stream.cu)")
     p.add_argument("--max-stages", type=count(1), default=None,
                    help="cap the pipeline's depth below what fits (contract.DXU_MAX_STAGES, for this run only)")

@@ -21,6 +21,16 @@ def block_smem_limit(arch: str) -> int:
     return 227 * 1024 if sm(arch) >= 90 else 163 * 1024 if sm(arch) == 80 else 99 * 1024
 
 
+STATIC_RESERVE = 1024  # bytes of a block's shared memory kept for a kernel's static __shared__ variables
+
+
+def deepest_pipeline(arch: str, smem_bytes, most: int) -> int:
+    """The most pipeline stages, up to `most`, whose dynamic shared memory smem_bytes(stages) fits one block of
+    `arch` (block_smem_limit, less STATIC_RESERVE); 0 where not even one does. Every kernel's depth comes from here."""
+    room = block_smem_limit(arch) - STATIC_RESERVE
+    return max((s for s in range(1, most + 1) if smem_bytes(s) <= room), default=0)
+
+
 def sm90_or_later(arch: str) -> bool:
     """Hopper or later: the tensor copy engine, thread-block clusters beyond 8 CTAs, programmatic dependent launch."""
     return sm(arch) >= 90

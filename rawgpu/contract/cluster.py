@@ -54,7 +54,6 @@ class CsParams(CStruct):
         ("step", "i64*"),
         ("loss_sum", "double*"),
         ("correct", "int*"),
-        ("profile", "u64*", "with -DCS_PROFILE: CTA 0 stamps %globaltimer at every mark (dev/cluster_phases.py)"),
         ("batch", "i64"), ("steps_per_epoch", "i64"), ("layers", "i64"), ("schedule", "i64"),
         ("total_steps", "i64"), ("warmup_steps", "i64"), ("classes", "i64"),
         ("hs", "i64", "hidden width padded to ctas x n"),

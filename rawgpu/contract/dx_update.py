@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .abi import header
-from .arch import block_smem_limit
+from .arch import deepest_pipeline
 from .optim import UPDATE_FAMILIES
 
 DXU_BM = 64  # rows of W (input features) per block
@@ -56,8 +56,8 @@ def _dxu_fixed_bytes(batch_tile: int, arch: str) -> int:
 def dxu_stages(batch_tile: int, family: str, arch: str) -> int:
     """The pipeline depth that fits the part's shared memory beside the x tile and the bias partials (< 2: the
     instance is not built for this part)."""
-    room = block_smem_limit(arch) - 1024 - _dxu_fixed_bytes(batch_tile, arch)  # 1 KB: the kernel's static memory
-    return min(DXU_MAX_STAGES, room // dxu_stage_bytes(batch_tile, family, arch))
+    stage, fixed = dxu_stage_bytes(batch_tile, family, arch), _dxu_fixed_bytes(batch_tile, arch)
+    return deepest_pipeline(arch, lambda s: s * stage + fixed, DXU_MAX_STAGES)
 
 
 def dxu_smem_bytes(batch_tile: int, family: str, arch: str) -> int:

@@ -6,7 +6,7 @@ import ctypes
 
 from .shapes import INPUTS
 from .abi import CStruct, declare, header
-from .arch import sm
+from .arch import deepest_pipeline
 from .optim import Optim
 
 FS_WARPS = 8
@@ -18,18 +18,23 @@ FS_PANEL_LD = 808  # gathered input rows: 25 whole chunks (800) + 8 halves of pa
 FS_MAX_LAYERS = 65  # linear layers: --layers 64 plus the head
 
 
+FS_MAX_STAGES = 4  # each warp's deepest pipeline (sm_90 would fit 5)
+
+
+def _smem_bytes(stages: int) -> int:
+    """The larger of the 8 warps' pipelines (A + B tiles) and layer 0's gathered panel with B-only pipelines."""
+    tile_bytes = FS_T * FS_LD * 2
+    return max(FS_WARPS * stages * 2 * tile_bytes, FS_T * FS_PANEL_LD * 2 + FS_WARPS * stages * tile_bytes)
+
+
 def fs_stages(arch: str) -> int:
-    """FS_STAGES, each warp's pipeline depth: sm_86/87/89 give a block 99 KB of shared memory, so 2 there."""
-    return 2 if sm(arch) in (86, 87, 89) else 4
+    """FS_STAGES, each warp's pipeline depth: what fits the part (2 in sm_86/87/89's 99 KB)."""
+    return deepest_pipeline(arch, _smem_bytes, FS_MAX_STAGES)
 
 
 def fs_smem_bytes(arch: str) -> int:
-    """FS_SMEM_BYTES, the dynamic shared memory of a block: the larger of the 8 warps' pipelines (A + B tiles) and
-    layer 0's gathered panel with B-only pipelines. The kernel asserts that what it carves fits."""
-    tile_bytes = FS_T * FS_LD * 2
-    staging = FS_WARPS * fs_stages(arch) * 2 * tile_bytes
-    layer0 = FS_T * FS_PANEL_LD * 2 + FS_WARPS * fs_stages(arch) * tile_bytes
-    return max(staging, layer0)
+    """FS_SMEM_BYTES, the dynamic shared memory of a block. The kernel asserts that what it carves fits."""
+    return _smem_bytes(fs_stages(arch))
 
 
 class FsLayer(CStruct):
@@ -68,7 +73,6 @@ class FsParams(CStruct):
         ("barrier", "u64*", "grid barrier counter (a multiple of the grid size between launches)"),
         ("batch", "i64"), ("steps_per_epoch", "i64"), ("layers", "i64"), ("schedule", "i64"),
         ("total_steps", "i64"), ("warmup_steps", "i64"), ("classes", "i64"),
-        ("profile", "u64*", "with -DFS_PROFILE: block 0 stamps %globaltimer here after every phase (else unused)"),
         ("lr0", "double", "lr0 and lr_min already divided by the loss scale"),
         ("lr_min", "double"), ("dlogit_scale", "double"),
         ("optim", Optim, "the optimiser's hyperparameters (optim.cuh); the kernel computes the step's values"),

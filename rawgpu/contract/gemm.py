@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .abi import header
-from .arch import sm
+from .arch import deepest_pipeline
 from .optim import UPDATE_FAMILIES
 
 GEMM_SOURCE = "gemm.cu"
@@ -72,10 +72,14 @@ class GemmConfig:
         return self.stages * (a + b) * 2 + staged + out
 
 
+STREAM_MAX_STAGES = 15  # the streaming tile's deepest pipeline (sm_90 would fit 16)
+
+
 def stream_stages(arch: str) -> int:
-    """STREAM_STAGES, the streaming tile's pipeline depth: what fits a block's shared memory (227 KB on sm_90,
-    163 KB on sm_80, 99 KB on sm_86/87/89) at 13.5 KB per stage."""
-    return {90: 15, 80: 11}.get(sm(arch), 7)
+    """STREAM_STAGES, the streaming tile's pipeline depth: what fits a block's shared memory in every layout."""
+    cfg = CONFIGS[STREAM_CONFIG]
+    worst = lambda s: max(replace(cfg, stages=s).smem_bytes(lay) for lay in ("rr", "rc", "cr", "cc"))  # noqa: E731
+    return deepest_pipeline(arch, worst, STREAM_MAX_STAGES)
 
 
 CONFIGS = {c.name: c for c in (

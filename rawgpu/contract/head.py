@@ -17,24 +17,53 @@ def head_kernel_name(rows: int, family: str) -> str:
     return f"head_step_b{rows}_{family}"
 
 
+HEAD_LDW = HEAD_CLASSES + 8  # halves per row of W (and lo) in shared memory: conflict-free fragment loads
+HEAD_LDD = HEAD_CLASSES + 8  # halves per row of dlogits
+HEAD_RED_LD = HEAD_CLASSES + 4  # floats per row of the warps' partial logits
+HEAD_H_PAD = 8  # halves of padding per row of h (its rows are kc + 8 halves)
+HEAD_GROUP = 32  # batch rows per warp in the products (two m16 tiles)
+# carve()'s regions, in order; HeadRegion in the generated header names them for the kernel
+HEAD_REGIONS = ("bars", "w", "lo", "h", "red", "recv", "d", "labels", "loss", "hit")
+
+
+def head_layout(rows: int) -> list[tuple[str, int, int, int]]:
+    """The shared memory of a CTA of the `rows` batch tile holding kc rows of W, region by region in carve()'s order:
+    (region, bytes per row, padding rows, fixed bytes), the region taking per_row x (kc + pad) + fixed bytes. Two
+    mbarriers; that CTA's rows of W16 and of lo; h's columns for them (rows of kc + H_PAD halves); the warps' partial
+    logits (GROUP rows a warp; z, this CTA's rows of the logits, reuses them once summed); every CTA's partial logits
+    of this CTA's rows (at most 2 x rows); dlogits; labels, loss, hits."""
+    warps = HEAD_THREADS // 32
+    sizes = {"bars": (0, 0, 16), "w": (HEAD_LDW * 2, 0, 0), "lo": (HEAD_LDW * 2, 0, 0), "h": (rows * 2, HEAD_H_PAD, 0),
+             "red": (0, 0, warps * HEAD_GROUP * HEAD_RED_LD * 4), "recv": (0, 0, 2 * rows * HEAD_CLASSES * 4),
+             "d": (0, 0, rows * HEAD_LDD * 2), "labels": (0, 0, rows * 4), "loss": (0, 0, rows * 4),
+             "hit": (0, 0, rows * 4)}
+    return [(region, *sizes[region]) for region in HEAD_REGIONS]
+
+
 def head_smem_per_row(rows: int) -> int:
-    """Shared memory per row of W a CTA holds (head.cu's carve()): that row of W16 and of lo (CLASSES + 8 halves
-    each) and that column of h (rows halves)."""
-    return 2 * (HEAD_CLASSES + 8) * 2 + rows * 2
+    """Shared memory per row of W a CTA holds."""
+    return sum(per_row for _, per_row, _, _ in head_layout(rows))
 
 
 def head_smem_fixed(rows: int) -> int:
-    """The rest of carve(): two mbarriers, h's padding (8 columns), the warps' partial logits (32 rows a warp, rows
-    of CLASSES + 4 floats), the received partial logits (at most 2 x rows), dlogits (rows of CLASSES + 8 halves),
-    labels, loss and hits."""
-    return (16 + rows * 8 * 2 + HEAD_THREADS * (HEAD_CLASSES + 4) * 4 + 2 * rows * HEAD_CLASSES * 4
-            + rows * (HEAD_CLASSES + 8) * 2 + 3 * rows * 4)
+    """Shared memory a CTA of the `rows` tile takes whatever its rows of W."""
+    return sum(per_row * pad + fixed for _, per_row, pad, fixed in head_layout(rows))
 
 
 def head_smem_bytes(rows: int, kc: int) -> int:
-    """The dynamic shared memory of a CTA of the `rows` tile holding kc rows of W (head.cu asserts its layout is
-    this)."""
+    """The dynamic shared memory of a CTA of the `rows` tile holding kc rows of W."""
     return head_smem_per_row(rows) * kc + head_smem_fixed(rows)
+
+
+def _layout_header(rows_list) -> str:
+    """HeadLayout<ROWS>: each region's size, per_row[r] x (kc + pad[r]) + fixed[r] bytes, in order (carve())."""
+    lines = ["enum HeadRegion { " + ", ".join(f"HEAD_{r.upper()}" for r in HEAD_REGIONS) + " };",
+             "template <int ROWS> struct HeadLayout;"]
+    for rows in rows_list:
+        cols = list(zip(*[entry[1:] for entry in head_layout(rows)]))
+        arrays = ", ".join(f"{name}[] = {{{', '.join(map(str, col))}}}" for name, col in zip(("per_row", "pad", "fixed"), cols))
+        lines.append(f"template <> struct HeadLayout<{rows}> {{ static constexpr int {arrays}; }};")
+    return "\n".join(lines) + "\n"
 
 
 def head_kernels() -> list[str]:
@@ -46,6 +75,7 @@ def head_facts(arch: str, kernel: str | None = None):
             f"{head_smem_fixed(rows)})" for rows in HEAD_BATCHES for f in HEAD_FAMILIES
             if kernel in (None, head_kernel_name(rows, f))]
     instances = ("// The kernels of this build: X(name, ROWS, ADAM, SMEM_PER_ROW, SMEM_FIXED) each.\n"
-                 f"#define HEAD_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
-    return ({"HEAD_THREADS": HEAD_THREADS, "HEAD_CLASSES": HEAD_CLASSES, "HEAD_MAX_CTAS": HEAD_MAX_CTAS},
+                 f"#define HEAD_FOR_EACH_KERNEL(X) {' '.join(made)}\n" + _layout_header(HEAD_BATCHES))
+    return ({"HEAD_THREADS": HEAD_THREADS, "HEAD_CLASSES": HEAD_CLASSES, "HEAD_MAX_CTAS": HEAD_MAX_CTAS,
+             "HEAD_LDW": HEAD_LDW, "HEAD_LDD": HEAD_LDD, "HEAD_RED_LD": HEAD_RED_LD, "HEAD_GROUP": HEAD_GROUP},
             {"head_instances.cuh": header(__name__, "head.cu", instances)})

@@ -16,7 +16,7 @@
 // the next layer reads anyway).
 #if !defined(ACTIVATION) || !defined(ACT_SAVES_SLOPE) || !defined(ACT_RELU) || !defined(ACT_GELU) || \
     !defined(ACT_GELU_TANH) || !defined(ACT_SILU) || !defined(ACT_TANH)
-#error "activation.cuh needs rawgpu/contract/activation.py's ACT_* codes (rawgpu/compiler.py passes them)"
+#error "activation.cuh needs rawgpu/contract/activation.py's ACT_* codes (rawgpu/runtime/compiler.py passes them)"
 #endif
 
 constexpr float ACT_SQRT_HALF = 0.70710678118654752f;     // 1 / sqrt(2)

@@ -60,7 +60,7 @@
     !defined(CS_CLASSES) || !defined(CS_HEAD_GROUPS) || !defined(CS_X_LD) || !defined(CS_HEAD_LD) ||                  \
     !defined(CS_DLOGIT_LD) || !defined(CS_W_PAD) || !defined(CS_ACT_PAD) || !defined(CS_DY_PAD) ||                    \
     !defined(CS_MISC_LABELS) || !defined(CS_MISC_ROW_LOSS) || !defined(CS_MISC_ROW_HIT) || !defined(CS_ALIGN)
-#error "cluster_step.cu is built with rawgpu/contract/cluster.py's defines (rawgpu/compiler.py passes them)"
+#error "cluster_step.cu is built with rawgpu/contract/cluster.py's defines (rawgpu/runtime/compiler.py passes them)"
 #endif
 #define CS_THREADS (CS_WARPS * 32)
 // NT (a template parameter): 8-column tiles per CTA, n <= 8 NT; kernels cluster_steps_<NT> for every NT of the
@@ -588,17 +588,6 @@ RG_DEVICE void move_layer(const CsParams& P, u8* smem, const Geo& G, int l) {
     }
 }
 
-#ifdef CS_PROFILE
-#define CS_MARK()                                                                          \
-    if (G.c == 0 && threadIdx.x == 0 && P.profile != nullptr) {                            \
-        u64 now;                                                                           \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                            \
-        P.profile[mark++] = now;                                                           \
-    }
-#else
-#define CS_MARK()
-#endif
-
 // n_steps training steps. Launch: one cluster of C CTAs (grid = C), CS_THREADS threads, P.smem_bytes of dynamic
 // shared memory, the layout planned by kernels/cluster.py for this C.
 template <int NT>
@@ -628,11 +617,7 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
     int img = tid < G.B ? P.perm[batch_base(P, s0) + tid] : 0;  // warp 0: lane r holds row r's image index
     issue_gather(P, smem, G, img);
     cluster_sync();  // every CTA is set up before anyone stores into its shared memory
-#ifdef CS_PROFILE
-    int mark = 0;  // stamps the start, then kernels/cluster.py:marks(layers) per step, then SM cycles start/end
-    const u64 cycles0 = clock64();
-#endif
-    CS_MARK();
+    // mark next: the start (dev/cluster_phases.py names the marks of each step)
     double run_loss = 0.0;
     int run_hits = 0;
     const int top = G.L - 2;
@@ -653,34 +638,31 @@ RG_DEVICE void run_steps(const CsParams* __restrict__ params, int n_steps) {
             forward_hidden<NT>(P, smem, G, l, ab, phases);
             if (l == top && more) issue_gather(P, smem, G, next);  // the next step's rows (raw is free since
                                                                    // forward 0), issued while h_top is in flight
-            CS_MARK();
+            // mark next
             receive(G, phases, act_index(l, ab), 2 * slice_bytes);
-            CS_MARK();
+            // mark next
         }
         head_loss(P, smem, G, ab, label);
-        CS_MARK();
+        // mark next
         head_dy(P, smem, G, ab, run_loss, run_hits);
-        CS_MARK();
+        // mark next
         for (int l = top; l > 0; --l) {
             partial_dx<NT>(P, smem, G, l);
             __syncthreads();  // every read of W_l is done before its update
-            CS_MARK();
+            // mark next
             update_layer<NT>(P, smem, G, l, ab, lr);  // while the partials are in flight
             if (l == top) head_update(P, smem, G, ab, lr);
-            CS_MARK();
+            // mark next
             receive(G, phases, CS_RS_BAR + ((l - 1) & 1), 4 * slice_bytes);
-            CS_MARK();
+            // mark next
             collect_dy(P, smem, G, l - 1, ab);
-            CS_MARK();
+            // mark next
         }
         update_layer<NT>(P, smem, G, 0, ab, lr);
         if (top == 0) head_update(P, smem, G, ab, lr);
-        CS_MARK();
+        // mark next
         img = next;
     }
-#ifdef CS_PROFILE
-    if (G.c == 0 && tid == 0 && P.profile != nullptr) P.profile[mark] = cycles0, P.profile[mark + 1] = clock64();
-#endif
     cluster_sync();  // nobody stores into this CTA's shared memory any more
     for (int l = 0; l < G.L; ++l) {
         if (l < G.L - 1 || G.c == 0) move_layer<false>(P, smem, G, l);

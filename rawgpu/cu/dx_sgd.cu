@@ -40,24 +40,21 @@
 
 // From rawgpu/contract/dx_sgd.py, as -D options (`python -m rawgpu.contract dx_sgd.cu` prints them): the tile
 // (DX_SGD_BM rows of W, DX_SGD_BN columns per chunk, DX_SGD_BB batch rows), DX_SGD_THREADS, DX_SGD_STAGES (the
-// pipeline depth that fits the part's shared memory) and DX_SGD_SMEM_BYTES (the launch's dynamic shared memory).
+// pipeline depth that fits the part's shared memory), DX_SGD_SMEM_BYTES (the launch's dynamic shared memory) and
+// its layout: the row strides DX_SGD_LD*, a stage's DX_SGD_STAGE_BYTES with its lo and dy chunks at DX_SGD_LO_AT and
+// DX_SGD_DY_AT (W16's at 0), the x tile at DX_SGD_X_AT, after the stages.
 #if !defined(DX_SGD_BM) || !defined(DX_SGD_BN) || !defined(DX_SGD_BB) || !defined(DX_SGD_THREADS) || \
-    !defined(DX_SGD_STAGES) || !defined(DX_SGD_SMEM_BYTES)
-#error "dx_sgd.cu is built with rawgpu/contract/dx_sgd.py's defines (rawgpu/compiler.py passes them)"
+    !defined(DX_SGD_STAGES) || !defined(DX_SGD_SMEM_BYTES) || !defined(DX_SGD_STAGE_BYTES)
+#error "dx_sgd.cu is built with rawgpu/contract/dx_sgd.py's defines (rawgpu/runtime/compiler.py passes them)"
 #endif
 
 namespace dxsgd {
 constexpr int BM = DX_SGD_BM, BN = DX_SGD_BN, BB = DX_SGD_BB, THREADS = DX_SGD_THREADS, WARPS = THREADS / 32;
 constexpr int STAGES = DX_SGD_STAGES;
-constexpr int LDW = BN + 8;   // halves per W16 (and lo) row in shared memory: conflict-free pair access
-constexpr int LDY = BN + 8;   // halves per dy row
-constexpr int LDX = BM + 8;   // halves per x row
-constexpr int W_HALVES = BM * LDW, Y_HALVES = BB * LDY;
-constexpr int STAGE_BYTES = 2 * W_HALVES * 2 + Y_HALVES * 2;
-constexpr int X_BYTES = BB * LDX * 2;
+constexpr int LDW = DX_SGD_LDW, LDY = DX_SGD_LDY, LDX = DX_SGD_LDX;  // halves per row of W16 (and lo), dy, x
+constexpr int STAGE_BYTES = DX_SGD_STAGE_BYTES;
 constexpr int RED_LD = BM + 4;  // floats per row of the cross-warp dx sums
 constexpr u32 SMEM = DX_SGD_SMEM_BYTES;
-static_assert(STAGES * STAGE_BYTES + X_BYTES <= SMEM, "the pipeline and the x tile fit the launch's shared memory");
 static_assert(WARPS * BB * RED_LD * 4 <= STAGES * STAGE_BYTES, "the dx sums reuse the pipeline");
 static_assert(BN == 16 * WARPS, "one 16-column k-slice per warp");
 }  // namespace dxsgd
@@ -76,10 +73,10 @@ dx_sgd(const half_t* x, const half_t* dy, short* wlo, half_t* w16, void* dx, con
     using namespace dxsgd;
     extern __shared__ __align__(128) u8 smem_raw[];
     if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
-    half_t* sX = reinterpret_cast<half_t*>(smem_raw + STAGES * STAGE_BYTES);
+    half_t* sX = reinterpret_cast<half_t*>(smem_raw + DX_SGD_X_AT);
     auto sW = [&](int s) { return reinterpret_cast<half_t*>(smem_raw + s * STAGE_BYTES); };
-    auto sL = [&](int s) { return reinterpret_cast<short*>(smem_raw + s * STAGE_BYTES + W_HALVES * 2); };
-    auto sY = [&](int s) { return reinterpret_cast<half_t*>(smem_raw + s * STAGE_BYTES + 2 * W_HALVES * 2); };
+    auto sL = [&](int s) { return reinterpret_cast<short*>(smem_raw + s * STAGE_BYTES + DX_SGD_LO_AT); };
+    auto sY = [&](int s) { return reinterpret_cast<half_t*>(smem_raw + s * STAGE_BYTES + DX_SGD_DY_AT); };
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int g = lane / 4, t = lane % 4, r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;

@@ -9,7 +9,7 @@
 #include "exact_sum.cuh"
 
 #ifndef EW_THREADS
-#error "elementwise.cu is built with rawgpu/contract/elementwise.py's defines (rawgpu/compiler.py passes them)"
+#error "elementwise.cu is built with rawgpu/contract/elementwise.py's defines (rawgpu/runtime/compiler.py passes them)"
 #endif
 
 RG_DEVICE bool ew_aligned16(const void* p) { return ((u64)p & 15) == 0; }

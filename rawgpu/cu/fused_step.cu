@@ -38,7 +38,7 @@
 // FS_STAGES (each warp's pipeline depth, per arch) and FS_SMEM_BYTES (the launch's dynamic shared memory).
 #if !defined(FS_WARPS) || !defined(FS_T) || !defined(FS_LD) || !defined(FS_INPUTS) || !defined(FS_PANEL_LD) || \
     !defined(FS_MAX_LAYERS) || !defined(FS_STAGES) || !defined(FS_SMEM_BYTES)
-#error "fused_step.cu is built with rawgpu/contract/fused.py's defines (rawgpu/compiler.py passes them)"
+#error "fused_step.cu is built with rawgpu/contract/fused.py's defines (rawgpu/runtime/compiler.py passes them)"
 #endif
 #define FS_THREADS (FS_WARPS * 32)
 #define FS_TILE (FS_T * FS_LD)       // halves per staged 32x32 tile
@@ -529,17 +529,6 @@ RG_DEVICE void phase_head_backward(const FsParams& P, int i, const FsStep& st, u
     }
 }
 
-#ifdef FS_PROFILE
-#define FS_MARK(k)                                                                         \
-    if (blockIdx.x == 0 && threadIdx.x == 0 && P.profile != nullptr) {                     \
-        u64 t;                                                                             \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                              \
-        P.profile[1 + (k)] = t;                                                            \
-    }
-#else
-#define FS_MARK(k)
-#endif
-
 // n_steps training steps. Launch: FS_THREADS threads, FS_SMEM_BYTES dynamic shared memory, a grid that is all
 // resident (cooperative launch), the same grid size for every launch on one barrier counter. ADAM: the optimiser
 // family, compiled in (kernels fused_steps and fused_steps_adam): a branch on it at run time made SGD's step 13%
@@ -552,7 +541,7 @@ RG_DEVICE void fused_steps_body(const FsParams* __restrict__ params, int n_steps
     __shared__ Optim step_optim;
     const int L = (int)P.layers;  // linear layers: L - 1 hidden ones, then the head
     const i64 s0 = *P.step;
-    FS_MARK(-1);
+    // mark next: the start (dev/fused_phases.py names the phase each later mark ends)
     for (int k = 0; k < n_steps; ++k) {
         const i64 s = s0 + k;
         FsStep st;
@@ -566,22 +555,21 @@ RG_DEVICE void fused_steps_body(const FsParams* __restrict__ params, int n_steps
             optim_set_step(o, s, lr_at_step_d(s, P.lr0, P.lr_min, P.total_steps, P.warmup_steps, (int)P.schedule));
             step_optim = o;
         }
-        int phase = k * 2 * L;
         for (int i = 0; i < L - 1; ++i) {
             phase_forward(P, i, st, smem);
             grid_barrier(P.barrier);
-            FS_MARK(phase++);
+            // mark next
         }
         phase_head(P, L - 1, st, smem);
         grid_barrier(P.barrier);
-        FS_MARK(phase++);
+        // mark next
         phase_head_backward<ADAM>(P, L - 1, st, smem);
         grid_barrier(P.barrier);
-        FS_MARK(phase++);
+        // mark next
         for (int i = L - 2; i >= 0; --i) {
             phase_backward<ADAM>(P, i, st, smem);
             if (i > 0 || k + 1 < n_steps) grid_barrier(P.barrier);
-            FS_MARK(phase++);
+            // mark next
         }
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *P.step = s0 + n_steps;
@@ -593,10 +581,3 @@ RG_DEVICE void fused_steps_body(const FsParams* __restrict__ params, int n_steps
         fused_steps_body<ADAM>(params, n_steps);                                                               \
     }
 FS_FOR_EACH_KERNEL(FS_KERNEL)  // generated: the kernels this build makes (rawgpu/contract/fused.py: FS_KERNELS)
-
-#ifdef FS_PROFILE
-// n grid barriers and nothing else: what one phase boundary costs (dev/fused_phases.py measures it).
-extern "C" __global__ void grid_barriers(u64* counter, int n) {
-    for (int i = 0; i < n; ++i) grid_barrier(counter);
-}
-#endif

@@ -471,7 +471,7 @@ RG_DEVICE void gemm_persistent_store(const Params& p) {
 // streaming tile's pipeline depth, as deep as the part's shared memory allows), PERSIST_BLOCKS_PER_SM (the
 // persistent tile's resident blocks per SM, which the launcher sizes its grid for).
 #if !defined(STREAM_STAGES) || !defined(PERSIST_BLOCKS_PER_SM)
-#error "gemm.cu is built with rawgpu/contract/gemm.py's defines (rawgpu/compiler.py passes them)"
+#error "gemm.cu is built with rawgpu/contract/gemm.py's defines (rawgpu/runtime/compiler.py passes them)"
 #endif
 
 #define GEMM_PARAMS                                                                                             \

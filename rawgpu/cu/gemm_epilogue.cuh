@@ -235,7 +235,7 @@ RG_DEVICE bool sum_splits_in_order(float2 (&sum)[ITERS], float2* ws, i64 split_s
 // is spread over all the splits' SMs instead of run by the last one.
 #define CLUSTER_PART_LD(BN) ((BN) + 8)  // floats: rows stay 16-byte aligned, fragment stores spread over the banks
 #ifndef GEMM_MAX_CLUSTER_SPLITS
-#error "gemm_epilogue.cuh needs rawgpu/contract/gemm.py's GEMM_MAX_CLUSTER_SPLITS (rawgpu/compiler.py passes it)"
+#error "gemm_epilogue.cuh needs rawgpu/contract/gemm.py's GEMM_MAX_CLUSTER_SPLITS (rawgpu/runtime/compiler.py passes it)"
 #endif
 constexpr int MAX_CLUSTER_SPLITS = GEMM_MAX_CLUSTER_SPLITS;  // the most splits the launcher puts in one cluster
 

@@ -8,7 +8,7 @@
 // XENT_MAX_WARPS: the warps of the largest block the launcher gives (rawgpu/contract/loss.py: XENT_MAX_THREADS), a -D
 // option.
 #ifndef XENT_MAX_WARPS
-#error "loss.cu is built with rawgpu/contract/loss.py's defines (rawgpu/compiler.py passes them)"
+#error "loss.cu is built with rawgpu/contract/loss.py's defines (rawgpu/runtime/compiler.py passes them)"
 #endif
 
 // A warp per row (the block's rows strided by its warp count), fp32 math. Per row: m = max z, loss = log(sum exp(z -

@@ -9,7 +9,7 @@
 // is a multiple of ulp32(w) >= u and |w - hi| <= ulp16(hi) / 2 = 2^14 u, so lo fits int16 with room to spare. So an
 // update computed as w' = fp32(join - lr g) and split again gives the very bits an fp32 master would hold. Below
 // 2^-16 (where hi is an fp16 subnormal and u = 2^-39), w is held to 2^-39 instead of to 24 bits: the only
-// difference from a plain fp32 master, five orders of magnitude below any SGD step here. rawgpu/master.py is the
+// difference from a plain fp32 master, five orders of magnitude below any SGD step here. rawgpu/model/master.py is the
 // same arithmetic in numpy, bit for bit (tests compare).
 #pragma once
 #include "common.cuh"

@@ -111,21 +111,11 @@ RG_DEVICE void store_dx_band(float2 (&sum)[ITERS], const half_t* sX, const u32 (
 // cluster, so both are resident together; the dx block reports each chunk it holds in shared memory, and the
 // update block writes a chunk back only once its partner holds it. Without this a dx block that runs late (its
 // context switched out and back, another kernel's blocks in the way) reads weights already updated. `held` is a __shared__ counter of the kernel's, in the update block: the chunks its partner holds.
-#ifndef APART_LATE_DX_NS
-#define APART_LATE_DX_NS 0  // the tests' builds start every dx block this many ns late (tests/test_dx_update.py)
-#endif
 RG_DEVICE void apart_begin(u32* held) {
     if (gridDim.y != 2) return;
 #if __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) *held = 0;
     cluster_sync();  // the counter is 0 before the partner's first report
-    if (APART_LATE_DX_NS > 0 && blockIdx.y == 0) {
-        u64 start, now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-        do {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        } while (now - start < (u64)APART_LATE_DX_NS);
-    }
 #else
     __trap();  // no clusters to pair the two: the planners keep dx and the update in one block here
 #endif

@@ -17,9 +17,9 @@ RG_DEVICE void bytes16_to_f16(const uint4 v, uint4& lo, uint4& hi) {
     hi = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
-// The schedule codes `kind` takes, rawgpu/contract/optim.py's SCHEDULES (-D options: rawgpu/compiler.py passes them).
+// The schedule codes `kind` takes, rawgpu/contract/optim.py's SCHEDULES (-D options: rawgpu/runtime/compiler.py passes them).
 #if !defined(SCHEDULE_CONSTANT) || !defined(SCHEDULE_COSINE) || !defined(SCHEDULE_LINEAR)
-#error "step_math.cuh needs rawgpu/contract/optim.py's SCHEDULE_* codes (rawgpu/compiler.py passes them)"
+#error "step_math.cuh needs rawgpu/contract/optim.py's SCHEDULE_* codes (rawgpu/runtime/compiler.py passes them)"
 #endif
 
 // lr at step s, in double. SCHEDULE_CONSTANT: lr0. SCHEDULE_COSINE: linear warmup then cosine to lr_min.

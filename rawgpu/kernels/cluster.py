@@ -110,19 +110,6 @@ def phases(layers: int) -> list[tuple[str, str]]:
     return out
 
 
-def marks(layers: int) -> list[str]:
-    """What each CS_PROFILE timestamp of a step closes (the time since the previous one), in kernel order."""
-    out = []
-    for i in range(layers):
-        out += [f"forward {i}" + (" (+ convert, gather)" if i == 0 else "") + " + stores", f"receive h{i}"]
-    out += ["head loss", "head dy"]
-    for i in range(layers - 1, 0, -1):
-        out += [f"partial dx {i}", f"update {i}" + (" + head" if i == layers - 1 else ""), "receive partials",
-                f"collect dy {i - 1}"]
-    out.append("update 0" + (" + head" if layers == 1 else ""))
-    return out
-
-
 def table_words(layers: int) -> int:
     """8-byte words of a CsParams table for `layers` linear layers (the kernel reads no layer past those)."""
     return len(contract.table_bytes(contract.CsParams(), layers)) // 8

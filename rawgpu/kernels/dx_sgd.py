@@ -1,5 +1,5 @@
 """Launcher for dx_sgd.cu: a layer's whole backward at batch size (dx with the ReLU mask, and the SGD update of
-the master weights W16 and lo, rawgpu/master.py) in one pass over its weights.
+the master weights W16 and lo, rawgpu/model/master.py) in one pass over its weights.
 
 `plan_dx_sgd` is plain Python (tested on CPU): the grid (row bands of 64 input features, times column ranges so
 every SM has a block; for layers that fit L2 twice over, dx and the update in blocks of their own) and where the
@@ -228,7 +228,7 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
            lr: "Tensor", workspace: "Tensor | None" = None, tickets: "Tensor | None" = None,
            l2: "LayerPolicy | None" = None, bias: "Tensor | None" = None, slope: "Tensor | None" = None) -> "Launch":
     """x [B, IN] (the layer's input), dy [B, N], the master weights as wlo (int16) and W16 [IN, N]
-    (rawgpu/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first layer): fp16,
+    (rawgpu/model/master.py; both updated), dx [B, IN] (written; None: the update alone, e.g. for the first layer): fp16,
     times act' (from x, or from slope: act' at x as the forward saved it, of dx's shape, where the backward reads it);
     fp32: the raw sums: a partial sum other GPUs add to (rawgpu/steps/sharded.py; elementwise.finish_sum's dact
     applies act' and rounds their total the same way). l2: the cache policies of the weights' reads and writes

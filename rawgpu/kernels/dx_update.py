@@ -1,5 +1,5 @@
 """Launcher for dx_update.cu: a layer's whole backward at batch size with any optimiser (dx with the ReLU mask, and
-the optimiser's step on the master weights W16 and lo, rawgpu/master.py, their state and the bias) in one pass over
+the optimiser's step on the master weights W16 and lo, rawgpu/model/master.py, their state and the bias) in one pass over
 its weights.
 
 `plan_dx_update` is plain Python (tested on CPU): the batch tile and optimiser family (the instance), the grid
@@ -99,7 +99,7 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
               bias: "Tensor | None" = None, mb: "Tensor | None" = None, vb: "Tensor | None" = None,
               slope: "Tensor | None" = None) -> "Launch":
     """x [B, IN] (the layer's input), dy [B, N], the master weights as wlo (int16) and W16 [IN, N]
-    (rawgpu/master.py) with the optimiser's state mw (SGD's momentum or Adam's first moment) and vw (Adam's second),
+    (rawgpu/model/master.py) with the optimiser's state mw (SGD's momentum or Adam's first moment) and vw (Adam's second),
     fp32 of W's shape or None where the optimiser keeps none; all updated. dx [B, IN] written (None: the update
     alone, e.g. for the first layer): fp16, times act' (from x, or from slope: act' at x as the forward saved it, of
     dx's shape, where the backward reads it); fp32: the raw sums: a partial sum other GPUs add to

@@ -240,7 +240,7 @@ def init_uniform(k: Kernels, w: Tensor, bound: float, seed: int, window: Window 
 
 def init_uniform_master(k: Kernels, hi: Tensor, lo: Tensor, bound: float, seed: int,
                         window: Window | None = None) -> Launch:
-    """The master weights (hi fp16, lo int16; rawgpu/master.py) of init_uniform's values."""
+    """The master weights (hi fp16, lo int16; rawgpu/model/master.py) of init_uniform's values."""
     require(hi, np.float16, what="init target (hi)")
     require(lo, np.int16, hi.shape, what="init target (lo)")
     window = window or Window.whole(hi.shape)

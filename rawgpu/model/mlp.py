@@ -6,7 +6,7 @@ How a training step runs is its step kind's business (rawgpu/steps/), chosen by 
 plans the model and attaches its step, which the model then asks for the step's launches. Nothing in a step depends
 on the host after start-up: the step counter, the batch position and the learning rate live on the device.
 
-The fp32 master weights are stored as two 16-bit halves (rawgpu/master.py): W16, the fp16 working copy every
+The fp32 master weights are stored as two 16-bit halves (rawgpu/model/master.py): W16, the fp16 working copy every
 GEMM reads, and lo, the rest; a step moves 10 bytes per weight instead of 12. Widths are padded to multiples of 8
 and the classes to 16 (recipe.py); padded weights, biases and activations start at zero and stay zero, because
 their gradients are exactly zero.

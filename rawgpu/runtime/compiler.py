@@ -173,16 +173,16 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
 
 
 def _nvrtc_compile(source: str, arch: str, options: tuple[str, ...],
-                   generated: Generated | None = None) -> CompiledModule:
+                   generated: Generated | None = None, text: bytes | None = None) -> CompiledModule:
     """The cubin, its ptxas report and the PTX on the way. generated: contract.build's (defines, headers) for this
-    source and arch (default: asked for now)."""
+    source and arch (default: asked for now); text: the source's text (default: the file's)."""
     path = SOURCE_DIR / source
     if not path.is_file():
         raise CompileError(f"no kernel source {path}")
     defines, headers = contract.build(source, arch) if generated is None else generated  # headers: included by name
     opts = (*BASE_OPTIONS, f"-arch={contract.nvrtc_arch(source, arch)}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}",
             *defines, *options)
-    return _run_nvrtc(source, path.read_bytes(), headers, opts, arch)
+    return _run_nvrtc(source, path.read_bytes() if text is None else text, headers, opts, arch)
 
 
 def compile_file(path: Path, arch: str, options: tuple[str, ...] = ()) -> CompiledModule:
@@ -193,6 +193,14 @@ def compile_file(path: Path, arch: str, options: tuple[str, ...] = ()) -> Compil
         raise CompileError(f"no kernel source {path}")
     opts = (*BASE_OPTIONS, f"-arch={arch}", f"-I{INCLUDE_DIR}", f"-I{SOURCE_DIR}", *options)
     return _run_nvrtc(path.name, path.read_bytes(), {}, opts, arch)
+
+
+def compile_variant(source: str, text: str, arch: str | tuple[int, int], options: tuple[str, ...] = (), *,
+                    kernel: str | None = None) -> CompiledModule:
+    """Build `text`, a changed copy of `rawgpu/cu/<source>` that dev/ makes (profiling marks, parts taken out), with
+    everything the contract gives that source, for `arch` (or only `kernel`); never cached."""
+    arch = normalize_arch(arch)
+    return _nvrtc_compile(source, arch, tuple(options), contract.build(source, arch, kernel), text.encode())
 
 
 def _run_nvrtc(name: str, text: bytes, headers: dict[str, str], options: tuple[str, ...],

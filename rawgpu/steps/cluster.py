@@ -84,17 +84,16 @@ class ClusterStep(Step):
         return (f"phases of the cluster step kernel ({p.ctas} CTAs x {p.n} columns, {p.smem_bytes // 1024} KB of "
                 f"shared memory each)", ("phase", "ends in"), [tuple(x) for x in kc.phases(self.model.recipe.layers)])
 
-    def param_table(self, profile: int = 0) -> np.ndarray:
+    def param_table(self) -> np.ndarray:
         """The CsParams table (contract/cluster.py; pointers are device addresses, offsets from the shared-memory
-        plan) as uint64 words, up to the model's last layer. profile: a device buffer for timestamps (a kernel built
-        with -DCS_PROFILE writes 1 + steps x len(kc.marks(layers)) of them), or 0. Rates rounded to fp32 first."""
+        plan) as uint64 words, up to the model's last layer. Rates rounded to fp32 first."""
         m, plan = self.model, self.plan
         r, o = m.recipe, plan.offsets
         lr0, lr_min = r._scaled_lr
         f32 = lambda x: float(np.float32(x))  # noqa: E731
         p = contract.CsParams(
             images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
-            correct=m.correct.ptr, profile=profile, batch=r.batch, steps_per_epoch=r.steps_per_epoch,
+            correct=m.correct.ptr, batch=r.batch, steps_per_epoch=r.steps_per_epoch,
             layers=len(m.layers), schedule=r._schedule_code, total_steps=r.total_steps, warmup_steps=r.warmup_steps,
             classes=r.classes, hs=plan.hs, n=plan.n, act_off=o["act"], raw_off=o["raw"], x_off=o["x"], dy_off=o["dy"],
             dlogit_off=o["dlogits"], rs_off=o["rs"], scratch_off=o["scratch"], misc_off=o["misc"],

@@ -137,10 +137,9 @@ class FusedStep(Step):
         return ("phases of the fused step kernel, each ending in a grid-wide barrier",
                 ("phase", "block tasks", "warp tasks"), rows)
 
-    def param_table(self, profile: int = 0) -> np.ndarray:
+    def param_table(self) -> np.ndarray:
         """The FsParams table (contract/fused.py; pointers are device addresses) as uint64 words, up to the model's last
-        layer. profile: a device buffer for per-phase timestamps (a kernel built with -DFS_PROFILE writes it), or 0.
-        The rates are rounded to fp32 first: the kernel computes in fp32."""
+        layer. The rates are rounded to fp32 first: the kernel computes in fp32."""
         m = self.model
         r = m.recipe
         lr0, lr_min = r._scaled_lr
@@ -149,7 +148,7 @@ class FusedStep(Step):
             images=m.images.ptr, labels=m.labels.ptr, perm=m.perm.ptr, step=m.counter.ptr, loss_sum=m.loss_sum.ptr,
             correct=m.correct.ptr, row_loss=self.row_loss.ptr, row_hit=self.row_hit.ptr, barrier=self.barrier.ptr,
             batch=r.batch, steps_per_epoch=r.steps_per_epoch, layers=len(m.layers), schedule=r._schedule_code,
-            total_steps=r.total_steps, warmup_steps=r.warmup_steps, classes=r.classes, profile=profile,
+            total_steps=r.total_steps, warmup_steps=r.warmup_steps, classes=r.classes,
             lr0=f32(lr0), lr_min=f32(lr_min), dlogit_scale=f32(loss_scale(r.batch) / r.batch),
             optim=optimizer.hyperparameters(r))
         for i, (lay, nxt) in enumerate(zip(m.layers, self.w16_next)):

@@ -39,7 +39,7 @@ def min_bytes(role: str, M: int, N: int, K: int, fused: bool) -> int:
     """The fewest bytes the operation must move: each input read once, each output written once."""
     ab = 2 * (M * K + K * N)
     if role == "dW+sgd" and fused:
-        return ab + M * N * (4 + 4)  # read and write the master weights, W16 and lo (rawgpu/master.py)
+        return ab + M * N * (4 + 4)  # read and write the master weights, W16 and lo (rawgpu/model/master.py)
     extra = 2 * M * N if role == "dx" and fused else 0  # the saved activation
     return ab + 2 * M * N + extra + (4 * N if role == "fwd" and fused else 0)
 

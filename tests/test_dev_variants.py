@@ -1,0 +1,93 @@
+"""The experiment builds of dev/ (dev/variants.py): the product's kernels carry no experiment-only code, and the
+variants dev/ makes of them still apply and compile (an experiment that rots cannot be rerun to check its numbers)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rawgpu import contract
+from rawgpu.runtime import compiler
+
+ROOT = Path(__file__).resolve().parent.parent
+import variants  # dev/ is on the tests' path (pyproject.toml)
+
+PROFILED = ("head.cu", "dx_update.cu", "cluster_step.cu", "fused_step.cu")
+
+
+def test_product_kernels_carry_no_experiment_switches():
+    """No profiling or ablation define, no timestamp buffer: the marks are comments, the variants are dev/'s."""
+    texts = compiler.source_texts()
+    for name, text in texts.items():
+        body = text.decode()
+        assert not re.search(r"\b\w+_(PROFILE|ABLATE)\b|globaltimer|clock64\(", body), name
+    assert "ptx/profile.cuh" not in texts
+    for struct in (contract.CsParams, contract.FsParams):
+        assert "profile" not in [f[0] for f in struct._fields_]
+
+
+def test_marks_parse_into_stamps_in_the_order_they_run():
+    text = "\n".join(["#include \"common.cuh\"", "void f() {", "    // mark 0: entry", "    for (;;) {",
+                      "        // mark 3 if c == 0: chunk 0 landed", "    }", "    if (x) {", "        // mark 9: early",
+                      "    }", "    // mark 5: middle", "    // mark 9: the end", "}"])
+    assert variants.marks(text) == {0: "entry", 3: "chunk 0 landed", 5: "middle", 9: "the end"}
+    out = variants.instrument(text)
+    assert "    RG_MARK(0);" in out and "        if (c == 0) RG_MARK(3);" in out and out.count("RG_MARK(9);") == 2
+    assert out.index("#include") < out.index("__device__ unsigned long long rg_marks") < out.index("void f()")
+    seq = variants.instrument("#include \"a.cuh\"\nvoid g() {\n    // mark next: start\n    // mark next\n}\n")
+    assert "int rg_mark = 0; RG_MARK(rg_mark++);" in seq and seq.count("RG_MARK(rg_mark++);") == 2
+    with pytest.raises(variants.VariantError, match="no '// mark' comments"):
+        variants.instrument("#include \"a.cuh\"\n", "x.cu")
+
+
+def test_patches_must_find_their_text_exactly_once():
+    assert variants.patch("a b c", [("b", "B"), ("c", "C")]) == "a B C"
+    for text in ("a c", "b b"):
+        with pytest.raises(variants.VariantError, match="dx_update.cu: 'b' occurs [02] times \\(expected once\\)"):
+            variants.patch(text, [("b", "B")], "dx_update.cu")
+
+
+def test_the_profilers_marks_are_where_they_expect_them():
+    """kernel_phases.py labels head.cu's and dx_update.cu's numbered marks by their comments; cluster_phases.py and
+    fused_phases.py count `// mark next` per step."""
+    import cluster_phases
+
+    for source in ("head.cu", "dx_update.cu"):
+        names = variants.marks(variants.source_text(source))
+        assert list(names)[0] == 0 and list(names)[-1] == 15 and len(names) >= 10, source
+    cluster = variants.source_text("cluster_step.cu")
+    # the start, then per step: 2 per hidden layer (a loop), head loss and dy, 4 per backward layer (a loop), update 0
+    assert cluster.count("// mark next") == 1 + 2 + 2 + 4 + 1
+    for layers in (1, 2, 3, 5):
+        assert len(cluster_phases.marks(layers)) == 2 * layers + 2 + 4 * (layers - 1) + 1
+    assert variants.source_text("fused_step.cu").count("// mark next") == 1 + 1 + 2 + 1
+
+
+@pytest.mark.parametrize("source", PROFILED)
+def test_profiled_variants_build_for_sm_90(source):
+    kernel = (contract.split_kernels(source, "sm_90") or [None])[0]
+    text = variants.instrument(variants.source_text(source), source)
+    if source == "fused_step.cu":
+        import fused_phases
+        text += fused_phases.GRID_BARRIERS
+    built = variants.build(source, text, "sm_90", ("-DRG_MARKS=64",), kernel=kernel)
+    assert built.cubin[:4] == b"\x7fELF"
+    assert all(r.spill_stores == 0 for r in built.resources.values()), built.resources
+    if source == "fused_step.cu":
+        assert "grid_barriers" in built.resources
+
+
+@pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 32, 63])
+def test_backward_limits_experiment_builds_for_sm_90(mask):
+    """dev/backward/limits.py: dx_update.cu with each part taken out still compiles, without spills; the stream
+    reference too."""
+    from backward import limits
+
+    kernel = contract.dxu_kernel_name(128, "sgd")
+    built = variants.build(limits.U.SOURCE, limits.ablated(mask), "sm_90", kernel=kernel)
+    assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
+    if mask == 63:
+        stream = compiler.compile_file(ROOT / "dev" / "backward" / "stream.cu", "sm_90")
+        assert len(stream.resources) == 6 and all(r.spill_stores == 0 for r in stream.resources.values())
