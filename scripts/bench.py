@@ -183,11 +183,13 @@ PEERS = ("torch-eager", "torch-graph", "torch-compile", "jax-jit", "jax-fori")
 
 
 def available_peers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The wanted peers that can run, and why the others cannot. Only a wanted framework is probed: probing starts it
+    on every GPU (jax leaves its own context current; the caller makes its device current again)."""
     from peers import jax_peers, torch_peers
 
     reasons = {}
     for module in (torch_peers, jax_peers):
-        if (why := module.available()) is not None:
+        if set(module.SYSTEMS) & set(wanted) and (why := module.available()) is not None:
             reasons.update({s: why for s in module.SYSTEMS})
     return [p for p in wanted if p not in reasons], {p: reasons[p] for p in wanted if p in reasons}
 
@@ -244,6 +246,7 @@ def cmd_train(args) -> int:
     kernels = Kernels(device.arch)
     mnist = load_mnist(args.data_dir)
     peers, missing = available_peers(args.peers)
+    device.make_current()
     for p, why in missing.items():
         print(f"# peer {p} skipped: {why}")
     # seconds per system, set-up included; start-up: the device, the dataset and the peers' imports
@@ -288,6 +291,7 @@ def cmd_train(args) -> int:
                 systems.append(clocked(p, run_peer, p, h, args.steps, args.seed, peer_data, ours["init"], recipe))
             except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                 systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {exc}"[:300]))
+            device.make_current()
         # bytes per parameter: an fp32 master beside the fp16 copy (12; docs/design.md), or the split master's 10
         # (rawgpu/model/master.py); each fp32 optimiser value is read and written (8 more: momentum; 16: Adam's moments)
         state_bytes = 8 * rawgpu_recipe(h, recipe, 1, 0)._state_tensors
@@ -358,6 +362,7 @@ def cmd_sweep(args) -> int:
             peers.append(p)
         else:
             print(f"# peer {p} skipped: {why}")
+    device.make_current()  # a probe started its framework on every GPU
     bw = copy_bandwidth(stream)
     recipe = args.train_recipe
     cu_major, cu_minor = drv.driver_version()
@@ -393,6 +398,7 @@ def cmd_sweep(args) -> int:
                     results.append(dict(system=p, us_per_step=r.us_per_step, accuracies=r.accuracies, note=r.note))
                 except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                     results.append(dict(system=p, us_per_step=None, accuracies=[], note=f"failed: {exc}"[:300]))
+                device.make_current()
             for r in results:
                 us, acc = r["us_per_step"], r["accuracies"]
                 cells = ((f"{us:.1f}", f"{us / n:.2f}", f"{100 * floor / us:.0f}%") if us else ("failed", "-", "-"))

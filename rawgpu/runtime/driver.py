@@ -196,6 +196,11 @@ class Device:
             raise AttributeError(name)
         return getattr(self.info, name)
 
+    def make_current(self) -> None:
+        """This device's context current on this thread again, after foreign code (a peer framework probing every
+        GPU) left another current: streams, events and modules belong to the context current when made."""
+        call(_cu().cuCtxSetCurrent, self.context)
+
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes on the device right now."""
         return mem_info()
