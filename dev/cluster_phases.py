@@ -53,7 +53,7 @@ def main(argv=None) -> int:
             model.set_permutation(perm)
             plan = model.step.plan
             variants.clear_marks(module)
-            profiled = module.kernel(plan.kernel, kc.SIGNATURE)
+            profiled = module.kernel(plan.kernel)
             profiled.bind(plan.ctas, kc.THREADS, plan.smem_bytes, model.step.table, args.steps, cluster=plan.ctas).run(stream)
             stream.synchronize()
             times, cycles = variants.read_marks(module)

@@ -92,10 +92,16 @@ def run_side(root: Path, arch: str, cache: Path, out: Path, jobs: int, sources: 
     return result
 
 
-def compare(base: dict, new: dict) -> tuple[int, list[str]]:
-    """(kernels compared, problems)."""
-    problems = []
-    a, b = base["kernels"], new["kernels"]
+def compare(base: dict, new: dict, renamed: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """(kernels compared, problems). renamed: a baseline source's name -> its name in the checkout."""
+    problems, renamed = [], renamed or {}
+
+    def now(key: str) -> str:
+        source, kernel = key.split("/", 1)
+        return f"{renamed.get(source, source)}/{kernel}"
+    a = {now(k): v for k, v in base["kernels"].items()}
+    base = dict(base, resources={now(k): v for k, v in base["resources"].items()})
+    b = new["kernels"]
     for name in sorted(set(a) - set(b)):
         problems.append(f"only in the baseline: {name}")
     for name in sorted(set(b) - set(a)):
@@ -120,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel builds per side")
     ap.add_argument("--json", type=Path, help="write the per-arch results here")
     ap.add_argument("--source", action="append", help="only this rawgpu/cu source (repeatable; default: every one)")
+    ap.add_argument("--renamed", action="append", default=[], metavar="OLD=NEW",
+                    help="a source the checkout renamed (repeatable): its kernels are compared under the new name")
     ap.add_argument("--dump", nargs=2, metavar=("ARCH", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.dump:
@@ -134,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         for arch in archs:
             base = run_side(args.base.resolve(), arch, cache, Path(tmp) / f"base-{arch}.json", args.jobs, args.source)
             new = run_side(args.checkout.resolve(), arch, cache, Path(tmp) / f"new-{arch}.json", args.jobs, args.source)
-            count, problems = compare(base, new)
+            count, problems = compare(base, new, dict(r.split("=", 1) for r in args.renamed))
             report[arch] = {"compared": count, "problems": problems, "baseline": base["kernels"],
                             "checkout": new["kernels"]}
             verdict = "all identical" if not problems else f"{len(problems)} problem(s)"

@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     try:
         most = 1 + args.steps * 2 * kf.MAX_LINEAR_LAYERS  # a start, then two phases per linear layer and step
         dev, stream, kernels, module, data, perm = profiling_setup(kf.SOURCE, args.data_dir, most, GRID_BARRIERS)
-        profiled = module.kernel(kf.kernel_name(args.optimizer != "sgd"), kf.SIGNATURE)
+        profiled = module.kernel(kf.kernel_name(args.optimizer != "sgd"))
         print(f"{dev.name}: one grid barrier over {dev.sm_count} blocks: {barrier_us(module, stream, dev.sm_count):.2f} us")
         for h in args.hidden:
             recipe = Recipe(hidden=h, batch=args.batch, optimizer=args.optimizer, lr=0.003,

@@ -100,7 +100,7 @@ def build(source: str, text: str, arch: str, options: tuple[str, ...] = (), kern
 
 def load(source: str, text: str, arch: str, options: tuple[str, ...] = ()) -> Module:
     built = build(source, text, arch, options)
-    return Module(built.cubin, built.resources)
+    return Module.of(built)
 
 
 def clear_marks(module: Module) -> None:

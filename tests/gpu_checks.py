@@ -93,7 +93,7 @@ class LateDxKernels:
     def __init__(self, arch: str):
         self.arch, self.activation, self._modules = arch, "relu", []
 
-    def get(self, source: str, name: str, signature: str):
+    def get(self, source: str, name: str):
         from rawgpu.runtime import compiler, driver
 
         unit = compiler.unit_of(source, name)  # one instance of a many-instance source, or the whole small source
@@ -101,5 +101,5 @@ class LateDxKernels:
         assert text.count(self.BEGIN) == 1, f"{unit[0]}: apart_begin moved; this check needs updating"
         text = text.replace(self.BEGIN, self.BEGIN + self.LATE.replace("{ns}", str(self.LATE_NS)))
         built = compiler.compile_variant(unit[0], text, self.arch, kernel=unit[1])
-        self._modules.append(driver.Module(built.cubin))
-        return self._modules[-1].kernel(name, signature)
+        self._modules.append(driver.Module.of(built))
+        return self._modules[-1].kernel(name)

@@ -100,7 +100,7 @@ def test_the_saved_slope_goes_where_the_activation_reads_it():
         def __init__(self, activation):
             self.activation = activation
 
-        def get(self, source, name, signature):
+        def get(self, source, name):
             return type("K", (), {"bind": lambda _, grid, block, smem, *args, **kw: args})()
 
     a = Arena()

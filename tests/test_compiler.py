@@ -40,7 +40,7 @@ def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
 # Every kernel the layered step launches (steps/layered.py: LayeredStep._one_step), which on sm_90 it launches
 # overlapping the one before: each must wait for the prior grid, and only then let its own dependent start
 # (ptx/pdl.cuh).
-OVERLAPPED = {"data.cu": ["gather_batch", "step_increment"],
+OVERLAPPED = {"gather.cu": ["gather_batch", "step_increment"],
               "elementwise.cu": ["bias_update", "finish_sum_bias", "finish_sum_bias_act", "finish_sum_dact",
                                  "apply_update_sgd", "apply_update_adam"],
               "loss.cu": ["softmax_xent"], "dx_sgd.cu": ["dx_sgd"], "dx_update.cu": None, "head.cu": None,
@@ -203,40 +203,54 @@ def test_missing_source_is_clear(cache):
         compiler.compile_source("nope.cu", "sm_86")
 
 
-def _ptx_kinds(entry: str) -> str:
-    """An entry's parameters as signature letters: .u64 -> p (or q), .u32/.s32 -> i, .f32 -> f, 128 bytes -> t."""
-    kinds = {".u64": "p", ".u32": "i", ".s32": "i", ".f32": "f"}
-    out = ""
-    for line in entry.split(")", 1)[0].splitlines():
-        line = line.strip()
-        if line.startswith(".param"):
-            out += "t" if line.endswith("[128],") or line.endswith("[128]") else kinds[line.split()[1]]
-    return out
+def test_signatures_are_read_from_the_kernels_ptx():
+    """A launcher packs its arguments by what the build read from the kernel's own PTX entry (nothing is typed twice):
+    8-byte values p, int32 i, float f, a 128-byte tensor map t; another PTX type is a clear error."""
+    ptx = """.visible .entry k(
+	.param .u64 k_param_0,
+	.param .u32 k_param_1,
+	.param .f32 k_param_2,
+	.param .align 64 .b8 k_param_3[128],
+	.param .s64 k_param_4
+)
+{ ret; }
+.visible .entry none()
+{ ret; }
+"""
+    assert compiler.entry_signatures(ptx) == {"k": "piftp", "none": ""}
+    with pytest.raises(CompileError, match=r"kernel bad: a parameter of PTX type \.f64"):
+        compiler.entry_signatures(".entry bad(\n\t.param .f64 bad_param_0\n)\n{ ret; }")
 
 
 def _launchers():
-    from rawgpu.kernels import cluster, dx_sgd, dx_update, fused, gemm, head
+    from rawgpu.kernels import gemm
 
-    yield dx_sgd.SOURCE, dx_sgd.KERNEL, dx_sgd.SIGNATURE
-    for kernel in contract.dxu_kernels("sm_90"):
-        yield dx_update.SOURCE, kernel, dx_update.SIGNATURE
-    for kernel in contract.head_kernels():
-        yield head.SOURCE, kernel, head.SIGNATURE
-    yield fused.SOURCE, fused.KERNEL, fused.SIGNATURE
-    yield cluster.SOURCE, "cluster_steps_1", cluster.SIGNATURE
-    yield gemm.SOURCE, gemm.all_kernel_names(gemm.SOURCE)[0], gemm.SIGNATURE
-    yield gemm.TMA_SOURCE, gemm.all_kernel_names(gemm.TMA_SOURCE)[0], gemm.TMA_SIGNATURE
-    yield gemm.SOURCE, gemm.kernel_name("stream", "rr", "store32", "f32"), gemm.SIGNATURE  # out is fp32: still a pointer
-    yield gemm.TMA_SOURCE, gemm.kernel_name("tma128x64", "rr", "store32", "f16"), gemm.TMA_SIGNATURE
-    yield contract.GEMM_WGMMA_SOURCE, gemm.kernel_name("wg256", "rr", "bias_act", "f32"), gemm.TMA_SIGNATURE
+    yield "dx_sgd.cu", "dx_sgd", "ppppppiiiiiiiiippfffpp"
+    yield "cluster_step.cu", "cluster_steps_1", "pi"
+    yield "gemm.cu", gemm.kernel_name("stream", "rr", "store32", "f32"), "pppiiiiiiippipppppp"
+    yield "gemm_tma.cu", gemm.kernel_name("tma128x64", "rr", "store32", "f16"), "ttpiiiiippippppppf"
+    yield "elementwise.cu", "axpby_f32", "ppffp"
 
 
 @pytest.mark.parametrize("source,kernel,signature", list(_launchers()))
-def test_launcher_signatures_match_the_kernels_parameters(source, kernel, signature, whole_builds):
-    """A launcher packs its arguments by its SIGNATURE; a kernel whose parameters changed without it would read
-    garbage, so the PTX parameter list (sizes and kinds; p and q are both 64-bit) must spell the same."""
-    entry = compiler.ptx_of(source, "sm_90")[kernel]
-    assert _ptx_kinds(entry) == signature.replace("q", "p")
+def test_a_build_keeps_each_kernels_signature_and_the_cache_too(source, kernel, signature, whole_builds):
+    """The signatures come with the build and with a cache hit alike (kept in the entry's header)."""
+    fresh = compiler.compile_source(source, "sm_90")
+    again = compiler.compile_source(source, "sm_90")
+    assert again.cached and fresh.signatures == again.signatures
+    assert again.signatures[kernel] == signature
+    assert set(again.signatures) == set(compiler.ptx_of(source, "sm_90"))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
+def test_the_tests_reading_of_the_declarations_agrees_with_every_build(arch, whole_builds):
+    """The CPU stand-ins for Kernels check what launchers bind by kernel_params (the declarations read as text): it
+    must say what the build read from the PTX for every kernel of every source."""
+    import kernel_params
+
+    for source in compiler.all_sources():
+        for name, signature in compiler.compile_source(source, arch).signatures.items():
+            assert kernel_params.signature(source, name) == signature, (source, name)
 
 
 @pytest.fixture
@@ -250,7 +264,7 @@ def fake_builds(monkeypatch):
     built, loaded, main = [], [], threading.current_thread()
 
     class FakeCompiled:
-        resources, cached = {}, False
+        resources, signatures, cached = {}, {}, False
 
         def __init__(self, source, kernel):
             self.cubin = f"{source}:{kernel}".encode()
@@ -264,8 +278,12 @@ def fake_builds(monkeypatch):
             loaded.append(threading.current_thread() is main)
             self.cubin = cubin
 
-        def kernel(self, name, signature):
-            return types.SimpleNamespace(func=(self.cubin, name), resources=None)
+        @classmethod
+        def of(cls, compiled):
+            return cls(compiled.cubin, compiled.resources)
+
+        def kernel(self, name):
+            return types.SimpleNamespace(func=(self.cubin, name), resources=None, signature="p")
 
     monkeypatch.setattr(K, "compile_source", fake_compile)
     monkeypatch.setattr(K, "Module", FakeModule)
@@ -292,7 +310,7 @@ def test_load_all_builds_on_threads_and_loads_in_the_calling_thread(fake_builds,
 
     monkeypatch.setattr(K, "compile_source", failing)
     with pytest.raises(CompileError, match="boom"):
-        K.Kernels("sm_90").load_all(["gemm.cu", "data.cu"])
+        K.Kernels("sm_90").load_all(["gemm.cu", "gather.cu"])
 
 
 def test_get_builds_only_the_kernels_unit_and_loads_it_when_first_needed(fake_builds):
@@ -302,19 +320,17 @@ def test_get_builds_only_the_kernels_unit_and_loads_it_when_first_needed(fake_bu
     progress = []
     k = K.Kernels("sm_90", on_progress=lambda done, total: progress.append((done, total)))
     gemm = contract.all_kernel_names("gemm.cu")[0]
-    k.prefetch([("data.cu", None)])
-    kernel = k.get("gemm.cu", gemm, "p")
-    same = k.get("gemm.cu", gemm, "p")
-    assert same is kernel
-    with pytest.raises(TypeError, match="signature"):
-        k.get("gemm.cu", gemm, "pp")
+    k.prefetch([("gather.cu", None)])
+    kernel = k.get("gemm.cu", gemm)
+    same = k.get("gemm.cu", gemm)
+    assert same is kernel and kernel.signature is None  # known once built
     assert kernel.func == (f"gemm.cu:{gemm}".encode(), gemm) and loaded == [True]
     k.wait()
-    assert sorted((s, n) for s, n, _, _ in built) == [("data.cu", None), ("gemm.cu", gemm)]
-    assert set(k.modules) == {("data.cu", None), ("gemm.cu", gemm)} and loaded == [True, True]
+    assert sorted((s, n) for s, n, _, _ in built) == [("gather.cu", None), ("gemm.cu", gemm)]
+    assert set(k.modules) == {("gather.cu", None), ("gemm.cu", gemm)} and loaded == [True, True]
     assert progress[-1] == (2, 2) and all(d <= t for d, t in progress)
     k.module("gemm.cu")  # the whole source, for tools: once loaded, get() takes kernels from it
-    assert k.get("gemm.cu", contract.all_kernel_names("gemm.cu")[1], "p").func[0] == b"gemm.cu:None"
+    assert k.get("gemm.cu", contract.all_kernel_names("gemm.cu")[1]).func[0] == b"gemm.cu:None"
 
 
 def test_a_failed_build_drops_the_queued_ones(fake_builds, monkeypatch):
@@ -326,15 +342,15 @@ def test_a_failed_build_drops_the_queued_ones(fake_builds, monkeypatch):
 
     def slow_or_failing(source, arch, kernel=None, activation="relu"):
         started.append(source)
-        if source == "data.cu":
-            raise CompileError("data.cu: boom")
+        if source == "gather.cu":
+            raise CompileError("gather.cu: boom")
         gate.wait(5)
         return types.SimpleNamespace(cubin=b"", resources={}, cached=False)
 
     monkeypatch.setattr(K, "compile_source", slow_or_failing)
     monkeypatch.setattr(K.os, "cpu_count", lambda: 2)
     k = K.Kernels("sm_90")
-    k.prefetch([("data.cu", None)])  # fails first, while the two workers then hold two of the six below
+    k.prefetch([("gather.cu", None)])  # fails first, while the two workers then hold two of the six below
     k.prefetch([("gemm.cu", name) for name in contract.all_kernel_names("gemm.cu")[:6]])
     with pytest.raises(CompileError, match="boom"):
         k.wait()
@@ -350,9 +366,9 @@ def test_units_are_each_split_kernel_alone_and_every_other_source_whole():
     assert compiler.unit_of("fused_step.cu", "fused_steps_adam") == ("fused_step.cu", "fused_steps_adam")
     assert len(units) == len(set(units)) == sum(len(contract.split_kernels(s)) or 1 for s in compiler.all_sources())
     assert compiler.unit_of("gemm.cu", "gemm_stream_rr_store_f32") == ("gemm.cu", "gemm_stream_rr_store_f32")
-    assert compiler.unit_of("data.cu", "gather_batch") == ("data.cu", None)
+    assert compiler.unit_of("gather.cu", "gather_batch") == ("gather.cu", None)
     with pytest.raises(ValueError, match="no kernel"):
-        contract.build("data.cu", "sm_90", "gather_batch")
+        contract.build("gather.cu", "sm_90", "gather_batch")
 
 
 # --- the contract (rawgpu/contract/): what every build gets --------------------------------------------------------

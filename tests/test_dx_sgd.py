@@ -9,6 +9,7 @@ import pytest
 from rawgpu.model import master
 from rawgpu.kernels import dx_sgd as D
 from rawgpu.runtime.memory import Arena
+import kernel_params  # beside this file: the kernels' parameters, read from their declarations
 
 # --- CPU ---------------------------------------------------------------------------------------------------------
 
@@ -68,7 +69,8 @@ class Bound:
 
     arch, activation = "sm_90", "relu"
 
-    def get(self, source, name, signature):
+    def get(self, source, name):
+        signature = kernel_params.signature(source, name)
         return type("K", (), {"bind": lambda _, grid, block, smem, *args, **kw: (signature, args)})()
 
 

@@ -14,6 +14,7 @@ from rawgpu.model.recipe import Recipe
 from rawgpu.kernels import gemm as G
 
 from optim_reference import OPTIMIZERS, TABLE_STEP, update_reference
+import kernel_params  # beside this file: the kernels' parameters, read from their declarations
 
 # --- CPU: plan and instance table ------------------------------------------------------------------------------
 
@@ -365,8 +366,8 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def get(self, source, name, signature):
-        calls = self.calls
+    def get(self, source, name):
+        calls, signature = self.calls, kernel_params.signature(source, name)
 
         class _K:
             def bind(self, grid, block, smem, *args, cluster=None):

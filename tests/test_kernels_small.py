@@ -19,38 +19,19 @@ from rawgpu.model import master, optimizer
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.runtime.compiler import SOURCE_DIR
 from rawgpu.kernels import Kernels
-from rawgpu.kernels import data as kd
+from rawgpu.kernels import gather as kd
 from rawgpu.kernels import elementwise as ke
 from rawgpu.kernels import loss as kl
 from rawgpu.runtime.memory import Arena, Tensor
 from rawgpu.model.recipe import Recipe
 
 from optim_reference import OPTIMIZERS, update_reference
+import kernel_params  # beside this file: the kernels' parameters, read from their declarations
 
 gpu = pytest.mark.gpu
 
 
 # --- CPU: launchers against the kernel sources ------------------------------------------------------------------
-
-DECLARATION = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)'
-
-
-def _kernel_signatures() -> dict[str, str]:
-    """name -> signature letters, read from the `extern "C" __global__` declarations of our .cu files."""
-    out = {}
-    for src in ("data.cu", "loss.cu", "elementwise.cu"):
-        text = (SOURCE_DIR / src).read_text()
-        for name, params in re.findall(DECLARATION, text):
-            letters = ""
-            for p in (p.strip() for p in params.split(",") if p.strip()):
-                if "*" in p:
-                    letters += "p"
-                else:
-                    ctype = p.replace("const ", "").split()[0]
-                    letters += {"int": "i", "i64": "q", "u64": "q", "float": "f"}[ctype]
-            out[name] = letters
-    return out
-
 
 class _Recorder:
     """Stands in for Kernels on the CPU: records what a launcher would bind, never compiles or loads."""
@@ -58,8 +39,8 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def get(self, source, name, signature):
-        rec = self
+    def get(self, source, name):
+        rec, signature = self, kernel_params.signature(source, name, integers=True)
 
         class _K:
             def bind(self, grid, block, smem, *args):
@@ -139,14 +120,12 @@ def test_the_loss_gives_one_block_a_warp_per_row_and_spread_blocks_eight_warps()
 
 
 def test_launchers_match_the_kernel_sources():
-    sigs = _kernel_signatures()
     k = _Recorder()
     _valid_calls(k, _plan())
     assert len(k.calls) == 24
     for source, name, signature, grid, block, smem, args in k.calls:
-        assert name in sigs and name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
-        assert signature == sigs[name], f"{name}: launcher says {signature}, the kernel takes {sigs[name]}"
-        assert len(args) == len(signature)
+        assert name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
+        assert len(args) == len(signature), f"{name}: the launcher binds {len(args)} arguments, it takes {signature}"
         for i, (kind, arg) in enumerate(zip(signature, args)):
             if kind == "p":
                 assert isinstance(arg, Tensor) or arg == 0, f"{name} argument {i} must be a tensor or null"
@@ -652,7 +631,7 @@ def test_init_uniform_is_bit_exact_and_grid_independent(kern, device, stream, n,
         w.fill_bytes(0xFF)
         device.synchronize()
         args = [v.value for v in launch.args.values[1:]]
-        kern.get("elementwise.cu", "init_uniform", "pqqqqqqfq").bind(3, 32, 0, w, *args).run(stream)
+        kern.get("elementwise.cu", "init_uniform").bind(3, 32, 0, w, *args).run(stream)
         assert np.array_equal(w.download().view(np.uint32), ref.view(np.uint32)), "depends on the grid"
 
 

@@ -44,7 +44,7 @@ import mlp_reference as ref
 from rawgpu.model import optimizer
 from gpu_checks import interrupt_train
 from rawgpu.kernels import Kernels
-from rawgpu.kernels import data as kd
+from rawgpu.kernels import gather as kd
 from rawgpu.model.mlp import run_launches
 from rawgpu.model.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
 from rawgpu.steps import StepOptions, plan_model

@@ -46,7 +46,7 @@ def test_a_sweep_chooses_the_models_step_and_plans_every_model():
     assert stack.step.kernel_count() == 4 * 4 + 2  # 4 layers
     assert stack.layers[1].w16.shape == (5 * 256, 256) and stack.acts[0].shape == (5 * 128, 784)
     units = stack.kernel_units()
-    assert {("gemm_models.cu", "gemm_64x128_rr_bias_act_f32"), ("data_models.cu", None)} <= units
+    assert {("gemm_models.cu", "gemm_64x128_rr_bias_act_f32"), ("gather_models.cu", None)} <= units
     assert not any(u[0] == "gemm.cu" and u[1] and "tma" in u[1] for u in units)
 
 

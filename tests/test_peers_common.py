@@ -70,7 +70,7 @@ def test_mnist_arrays_flattens_and_copies(monkeypatch):
 
 
 def test_learning_rates_are_rawgpus_step_for_step():
-    from rawgpu.kernels.data import lr_at
+    from rawgpu.kernels.gather import lr_at
 
     w = Workload(hidden=256, steps=3744, batch=128, lr=0.05, momentum=0.9, schedule="cosine")
     lrs = w.learning_rates()

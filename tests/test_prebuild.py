@@ -43,7 +43,7 @@ def test_a_plan_names_its_units_and_only_its_own(recipe, kind, expect):
     units = kernel_units(recipe, "sm_90", 132, kind)
     assert expect <= set(units)
     assert len(units) == len(set(units)) and set(units) <= set(compiler.all_units())
-    assert {("data.cu", None), ("loss.cu", None), ("elementwise.cu", None)} <= set(units)  # every session's
+    assert {("gather.cu", None), ("loss.cu", None), ("elementwise.cu", None)} <= set(units)  # every session's
     if kind != "layered":
         assert all(s not in ("dx_sgd.cu", "dx_update.cu", "head.cu") for s, _ in units)
     gemms = [k for s, k in units if s in ("gemm.cu", "gemm_tma.cu")]

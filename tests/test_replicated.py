@@ -83,7 +83,7 @@ def test_the_loss_is_the_mean_over_the_whole_batch():
     from rawgpu.kernels import loss as kl
 
     class Recorder:
-        def get(self, source, name, signature):
+        def get(self, source, name):
             class K:
                 def bind(self, grid, block, smem, *args):
                     return args

@@ -18,6 +18,7 @@ from rawgpu.runtime.errors import StepUnsupported
 from rawgpu.kernels.elementwise import BIAS_SPLIT_ROWS
 from rawgpu.steps import StepOptions, plan_model
 from rawgpu.model.recipe import Recipe
+import kernel_params  # beside this file: the kernels' parameters, read from their declarations
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = (dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.0, weight_decay=1e-4), dict(optimizer="adam"))
@@ -228,8 +229,10 @@ class _BindingKernels:
     def __init__(self, arch: str, activation: str = "relu"):
         self.arch, self.activation = arch, activation
 
-    def get(self, source: str, name: str, signature: str):
+    def get(self, source: str, name: str):
         from rawgpu.runtime.driver import PackedArgs
+
+        signature = kernel_params.signature(source, name)
 
         class Bound:
             def bind(self, grid, block, smem, *args, **kw):

@@ -31,7 +31,6 @@ from rawgpu.kernels import gemm as kg
 from rawgpu.runtime.memory import Arena
 from rawgpu.model.recipe import Recipe, pad8
 
-MODEL_SIGNATURE = kg.SIGNATURE + "qqqqqqq"  # GEMM_MODEL_PARAMS in gemm.cu
 
 
 def widths(hidden: int) -> list[int]:
@@ -200,8 +199,8 @@ def main(argv=None) -> int:
     def model_kernel(name: str):
         if name not in modules:
             built = compiler.compile_source("gemm.cu", arch, ("-DGEMM_MODELS=1",), kernel=name)
-            modules[name] = Module(built.cubin, built.resources)
-        return modules[name].kernel(name, MODEL_SIGNATURE)
+            modules[name] = Module.of(built)
+        return modules[name].kernel(name)
 
     recipe = Recipe(hidden=256)  # the default recipe's SGD momentum 0.9 table
     words = optimizer.words(optimizer.hyperparameters(recipe))

@@ -38,8 +38,8 @@ from .head import (  # noqa: F401
     HEAD_BATCHES, HEAD_CLASSES, HEAD_FAMILIES, HEAD_MAX_CTAS, HEAD_THREADS, head_kernel_name, head_kernels,
     head_smem_bytes, head_smem_fixed, head_smem_per_row)
 from .loss import XENT_MAX_THREADS  # noqa: F401
-from .models import (  # noqa: F401
-    DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES, GEMM_MODELS_SOURCE,
+from .model_axis import (  # noqa: F401
+    GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
     HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, MODEL_ACCUM, MODEL_CONFIGS, MODEL_ROLES, gemm_model_kernels)
 from .optim import OPTIM_WORDS, UPDATE_FAMILIES, Optim, update_family  # noqa: F401
 from .sources import SOURCES, build, main, nvrtc_arch, split_kernels  # noqa: F401

@@ -16,7 +16,7 @@ from .gemm import (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, all_kernel_n
                    gemm_tma_facts, gemm_wgmma_facts)
 from .head import head_facts, head_kernels
 from .loss import loss_facts
-from .models import (DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
+from .model_axis import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
                      HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, gemm_model_kernels, gemm_models_facts)
 from .optim import optim_facts, schedule_facts
 
@@ -25,7 +25,7 @@ from .optim import optim_facts, schedule_facts
 # A source missing a define it needs stops at an #error naming the contract.
 SOURCES = {
     "cluster_step.cu": (schedule_facts, cluster_facts),
-    "data.cu": (schedule_facts, optim_facts),
+    "gather.cu": (schedule_facts, optim_facts),
     "dx_sgd.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_sgd_facts),
     "dx_update.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_update_facts),
     "elementwise.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, elementwise_facts),
@@ -35,8 +35,8 @@ SOURCES = {
     GEMM_WGMMA_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_wgmma_facts),
     "head.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, head_facts),
     "loss.cu": (loss_facts,),
-    # the models step's: a family's source with its model axis (contract/models.py)
-    DATA_MODELS_SOURCE: (schedule_facts, optim_facts),
+    # the models step's: a family's source with its model axis (contract/model_axis.py)
+    GATHER_MODELS_SOURCE: (schedule_facts, optim_facts),
     DX_UPDATE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_update_facts),
     ELEMENTWISE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, elementwise_facts),
     GEMM_MODELS_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_models_facts),

@@ -1,4 +1,4 @@
-// Small pieces of a training step shared by the per-kernel step (data.cu, elementwise.cu) and the persistent
+// Small pieces of a training step shared by the per-kernel step (gather.cu, elementwise.cu) and the persistent
 // ones (fused_step.cu, cluster_step.cu), so all compute the same bits.
 #pragma once
 #include "common.cuh"
@@ -23,7 +23,7 @@ RG_DEVICE void bytes16_to_f16(const uint4 v, uint4& lo, uint4& hi) {
 #endif
 
 // lr at step s, in double. SCHEDULE_CONSTANT: lr0. SCHEDULE_COSINE: linear warmup then cosine to lr_min.
-// SCHEDULE_LINEAR: linear warmup then linear decay to lr_min. Mirrors kernels/data.py:lr_at.
+// SCHEDULE_LINEAR: linear warmup then linear decay to lr_min. Mirrors kernels/gather.py:lr_at.
 RG_DEVICE double lr_at_step_d(i64 s, double lr0, double lr_min, i64 total_steps, i64 warmup_steps, int kind) {
     double out = lr0;
     if (kind != SCHEDULE_CONSTANT) {

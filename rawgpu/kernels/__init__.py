@@ -105,7 +105,7 @@ class Kernels:
         if unit not in self.modules:
             compiled = self._start(unit).result()
             self.compiled[unit] = compiled
-            self.modules[unit] = Module(compiled.cubin, compiled.resources)
+            self.modules[unit] = Module.of(compiled)
         return self.modules[unit]
 
     # --- kernels ---------------------------------------------------------------------------------------------
@@ -119,21 +119,20 @@ class Kernels:
         self.prefetch((s, None) for s in (sources or all_sources()))
         self.wait()
 
-    def get(self, source: str, name: str, signature: str) -> Kernel:
-        """Kernel `name` of `source`: from the whole source when that is loaded, else from its own unit."""
+    def get(self, source: str, name: str) -> Kernel:
+        """Kernel `name` of `source`: from the whole source when that is loaded, else from its own unit. Its
+        parameters are what its build reads from it (compiler.entry_signatures); launches bound before the build has
+        finished are packed once it has."""
         unit = (source, None) if (source, None) in self.modules else unit_of(source, name)
         key = (unit, name)
         if key not in self._kernels:
             self._start(unit)
 
             def resolve() -> tuple:
-                kernel = self._loaded(unit).kernel(name, signature)
-                return kernel.func, kernel.resources
-            self._kernels[key] = Kernel(None, name, signature, resolve=resolve)
-        kernel = self._kernels[key]
-        if kernel.signature != signature:
-            raise TypeError(f"kernel {name} was declared with signature {kernel.signature}, not {signature}")
-        return kernel
+                kernel = self._loaded(unit).kernel(name)
+                return kernel.func, kernel.resources, kernel.signature
+            self._kernels[key] = Kernel(None, name, None, resolve=resolve)
+        return self._kernels[key]
 
     def resources(self, name: str):
         """ptxas report of a kernel by name (any loaded module), or None."""

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 SOURCE = "cluster_step.cu"
 TILE_COUNTS = contract.CS_TILE_COUNTS  # kernel instances cluster_steps_<NT>: NT 8-column tiles per CTA at most
-SIGNATURE = "pi"
 THREADS = contract.CS_THREADS
 ROWS = contract.CS_ROWS  # the largest batch
 INPUTS = contract.CS_INPUTS
@@ -119,7 +118,7 @@ def check_schedulable(k: Kernels, p: ClusterPlan) -> None:
     """A clear error when this GPU cannot co-schedule the cluster (the launch itself would fail less clearly)."""
     from ..runtime.errors import RawgpuError
 
-    kernel = k.get(SOURCE, p.kernel, SIGNATURE)
+    kernel = k.get(SOURCE, p.kernel)
     if kernel.max_active_clusters(p.ctas, THREADS, p.smem_bytes) < 1:
         raise RawgpuError(f"this GPU cannot run a cluster of {p.ctas} CTAs with {p.smem_bytes // 1024} KB of shared "
                           "memory each; use --step fused")
@@ -129,5 +128,5 @@ def cluster_steps(k: Kernels, table: "Tensor", p: ClusterPlan, n_steps: int) -> 
     """n_steps training steps in one launch of one cluster."""
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    kernel = k.get(SOURCE, p.kernel, SIGNATURE)
+    kernel = k.get(SOURCE, p.kernel)
     return kernel.bind(p.ctas, THREADS, p.smem_bytes, table, n_steps, cluster=p.ctas)

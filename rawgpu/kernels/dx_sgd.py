@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 SOURCE = "dx_sgd.cu"
 KERNEL = "dx_sgd"
-SIGNATURE = "ppppppiiiiiiiiippfffpp"  # dx_sgd's parameters (tests/test_compiler.py checks it against the PTX)
 # The kernel's tile and block, compiled in from rawgpu/contract/dx_sgd.py
 BM, BN, MAX_BATCH, THREADS = contract.DX_SGD_BM, contract.DX_SGD_BN, contract.DX_SGD_MAX_BATCH, contract.DX_SGD_THREADS
 stages = contract.dx_sgd_stages  # the pipeline depth per arch
@@ -250,7 +249,7 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
         require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
     ptr = lambda t: 0 if t is None else t  # noqa: E731
     l2 = l2 or LayerPolicy()
-    return k.get(SOURCE, KERNEL, SIGNATURE).bind(
+    return k.get(SOURCE, KERNEL).bind(
         p.grid, THREADS, smem_bytes(k.arch), x, dy, wlo, w16, ptr(dx), lr, p.B, p.IN, p.N, ldx, lddy, ldw, lddx,
         dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(slope),
         cluster=p.cluster_dims)

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from ..runtime.memory import Tensor
 
 SOURCE = "dx_update.cu"
-SIGNATURE = "ppppppppiiiiiiiiippfffpppp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
 BN = contract.DXU_BN
 assert contract.DXU_BM == BM, "the one-pass backward kernels share their row bands"
 MAX_BATCH = max(contract.DXU_BATCHES)
@@ -134,7 +133,7 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
         require_split_scratch(p.splits, workspace, tickets, p.workspace_floats, p.tickets, f"{p.splits} column ranges")
     ptr = lambda t: 0 if t is None else t  # noqa: E731
     l2 = l2 or LayerPolicy()
-    return k.get(SOURCE, p.kernel, SIGNATURE).bind(
+    return k.get(SOURCE, p.kernel).bind(
         p.grid, p.threads, p.smem_bytes, x, dy, wlo, w16, ptr(mw), ptr(vw), ptr(dx), optim, p.B, p.IN, p.N, ldx, lddy,
         ldw, lddx, dx_f32, p.n_chunk, ptr(workspace), ptr(tickets), l2.read, l2.hi, l2.lo, ptr(bias), ptr(mb), ptr(vb),
         ptr(slope), cluster=p.cluster_dims)

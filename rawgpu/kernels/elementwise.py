@@ -24,7 +24,7 @@ def axpby_f32(k: Kernels, y: Tensor, x: Tensor, a: float, b: float) -> Launch:
     """y = a*x + b*y (fp32, same shape)."""
     require(y, np.float32, what="axpby y")
     require(x, np.float32, y.shape, what="axpby x")
-    return k.get(SRC, "axpby_f32", "ppffq").bind(blocks_for(y.size, THREADS), THREADS, 0, y, x, a, b, y.size)
+    return k.get(SRC, "axpby_f32").bind(blocks_for(y.size, THREADS), THREADS, 0, y, x, a, b, y.size)
 
 
 def copy_f16_if_odd(k: Kernels, dst: Tensor, src: Tensor, step: Tensor | None) -> Launch:
@@ -34,20 +34,20 @@ def copy_f16_if_odd(k: Kernels, dst: Tensor, src: Tensor, step: Tensor | None) -
     require(dst, np.float16, src.shape, what="copy output")
     if step is not None:
         require(step, np.int64, (1,), what="step counter")
-    return k.get(SRC, "copy_f16_if_odd", "ppqp").bind(blocks_for(src.size, THREADS, 8), THREADS, 0, dst, src,
+    return k.get(SRC, "copy_f16_if_odd").bind(blocks_for(src.size, THREADS, 8), THREADS, 0, dst, src,
                                                       src.size, 0 if step is None else step)
 
 
 def increment_i64(k: Kernels, counter: Tensor, by: int = 1) -> Launch:
     """counter[0] += by on the device (graph-replayable step counter)."""
     require(counter, np.int64, (1,), what="counter")
-    return k.get(SRC, "increment_i64", "pi").bind(1, 32, 0, counter, by)
+    return k.get(SRC, "increment_i64").bind(1, 32, 0, counter, by)
 
 
 def fill_f32(k: Kernels, t: Tensor, value: float) -> Launch:
     """Every element of an fp32 tensor = value (e.g. zero the momentum inside a graph)."""
     require(t, np.float32, what="fill target")
-    return k.get(SRC, "fill_f32", "pqf").bind(blocks_for(t.size, THREADS, 4), THREADS, 0, t, t.size, value)
+    return k.get(SRC, "fill_f32").bind(blocks_for(t.size, THREADS, 4), THREADS, 0, t, t.size, value)
 
 
 # bias_update's rows per block: above BIAS_SPLIT_ROWS rows, ranges of rows run in blocks of their own, whose sums meet
@@ -114,7 +114,7 @@ def _bias_sums(k: Kernels, dy: Tensor, cols: int, rows: int, bias: Tensor | None
     tx, tiles, ranges, per_range = bias_blocks(cols, rows)
     if ranges > 1:
         require_exact_sums(scratch, tickets, cols, tiles, f"bias sums over {rows} rows")
-    return k.get(SRC, "bias_update", "piiipppppipp").bind(
+    return k.get(SRC, "bias_update").bind(
         (tiles, ranges), (tx, THREADS // tx), 0, dy, dy.shape[1], rows, cols,
         *(0 if t is None else t for t in (bias, m, v, optim, grad)), per_range,
         *((scratch, tickets) if ranges > 1 else (0, 0)))
@@ -151,7 +151,7 @@ def apply_update(k: Kernels, g: Tensor, gb: Tensor, w16: Tensor, wlo: Tensor, mw
         if t is not None and t.offset % 8:
             raise ValueError(f"apply_update: {t.name} must start 8-byte aligned for pair access (offset {t.offset})")
     require(optim, np.float32, (OPTIM_WORDS,), what="optim")
-    return k.get(SRC, f"apply_update_{family}", "ppppppppppii").bind(
+    return k.get(SRC, f"apply_update_{family}").bind(
         blocks_for(rows * cols // 2 + cols, THREADS), THREADS, 0, g, gb, w16, wlo,
         *(0 if t is None else t for t in (mw, vw)), bias, *(0 if t is None else t for t in (mb, vb)), optim, rows, cols)
 
@@ -191,7 +191,7 @@ def finish_sum(k: Kernels, total: Tensor, out: Tensor, rows: int, epilogue: str,
     for t in (total, out, bias, act):
         if t is not None and t.offset % 16:
             raise ValueError(f"finish_sum: {t.name} must start 16-byte aligned for vector access (offset {t.offset})")
-    return k.get(SRC, f"finish_sum_{epilogue}", "ppiipp").bind(blocks_for(rows * (C // 8), THREADS), THREADS, 0,
+    return k.get(SRC, f"finish_sum_{epilogue}").bind(blocks_for(rows * (C // 8), THREADS), THREADS, 0,
                                                                total, out, rows, C, 0 if bias is None else bias,
                                                                0 if act is None else act)
 
@@ -234,7 +234,7 @@ def init_uniform(k: Kernels, w: Tensor, bound: float, seed: int, window: Window 
     grid, for any window of the layer (padding zero)."""
     require(w, np.float32, what="init target")
     window = window or Window.whole(w.shape)
-    return k.get(SRC, "init_uniform", "pqqqqqqfq").bind(blocks_for(w.size, THREADS, 4), THREADS, 0, w,
+    return k.get(SRC, "init_uniform").bind(blocks_for(w.size, THREADS, 4), THREADS, 0, w,
                                                         *window.args(w.shape), bound, _seed_i64(seed))
 
 
@@ -244,7 +244,7 @@ def init_uniform_master(k: Kernels, hi: Tensor, lo: Tensor, bound: float, seed: 
     require(hi, np.float16, what="init target (hi)")
     require(lo, np.int16, hi.shape, what="init target (lo)")
     window = window or Window.whole(hi.shape)
-    return k.get(SRC, "init_uniform_master", "ppqqqqqqfq").bind(blocks_for(hi.size, THREADS, 4), THREADS, 0, hi,
+    return k.get(SRC, "init_uniform_master").bind(blocks_for(hi.size, THREADS, 4), THREADS, 0, hi,
                                                                 lo, *window.args(hi.shape), bound, _seed_i64(seed))
 
 

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 SOURCE = "fused_step.cu"
 KERNEL = contract.fused_kernel_name(adam=False)  # SGD's update; kernel_name(True): Adam's
 kernel_name = contract.fused_kernel_name
-SIGNATURE = "pi"
 THREADS = contract.FS_THREADS
 MAX_LINEAR_LAYERS = contract.FS_MAX_LAYERS  # --layers 64 plus the head
 TILE = contract.FS_T
@@ -50,7 +49,7 @@ def fused_steps(k: Kernels, table: "Tensor", n_steps: int, grid: int, adam: bool
     Adam's update (adam) or SGD's."""
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")
-    kernel = k.get(SOURCE, kernel_name(adam), SIGNATURE)
+    kernel = k.get(SOURCE, kernel_name(adam))
     return kernel.bind(grid, THREADS, smem_bytes(k.arch), table, n_steps, cooperative=True)
 
 
@@ -59,7 +58,7 @@ def resident_grid(k: Kernels, sm_count: int, requested: int | None = None, adam:
     grid barriers need it; a cooperative launch of more would be refused by the driver)."""
     from ..runtime.errors import RawgpuError
 
-    per_sm = k.get(SOURCE, kernel_name(adam), SIGNATURE).max_blocks_per_sm(THREADS, smem_bytes(k.arch))
+    per_sm = k.get(SOURCE, kernel_name(adam)).max_blocks_per_sm(THREADS, smem_bytes(k.arch))
     if per_sm < 1:
         raise RawgpuError(f"the fused step kernel does not fit on one SM of this GPU ({smem_bytes(k.arch)} B of "
                           f"shared memory, {THREADS} threads); use --step layered")

@@ -27,9 +27,7 @@ if TYPE_CHECKING:
 # The tile configs, the compiled instances and their names live in rawgpu/contract/gemm.py, which generates gemm.cu's
 # and gemm_tma.cu's instance lists from them; they are re-exported here for the planner and its callers.
 SOURCE = contract.GEMM_SOURCE
-SIGNATURE = "pppiiiiiiippipppppp"  # GEMM_PARAMS in gemm.cu (tests/test_compiler.py checks it against the PTX)
 TMA_SOURCE = contract.GEMM_TMA_SOURCE
-TMA_SIGNATURE = "ttpiiiiippippppppf"  # GEMM_TMA_PARAMS in gemm_epilogue.cuh (tests/test_compiler.py checks the PTX)
 MAX_SPLITS = 16
 # How many clusters of s one-block-per-SM CTAs fit the GPU at once is set by its GPCs, not its SM count (fewer than
 # SMs / s where a GPC's SMs are not a multiple of s): `cluster_capacity` asks the driver. Without a GPU, plans assume this share of
@@ -305,7 +303,7 @@ def cluster_capacity(k: Kernels) -> tuple[int, ...]:
         return ()
     if "cluster_capacity" not in k.facts:
         cfg = config_for("stream", k.arch)
-        kernel = k.get(SOURCE, CAPACITY_PROBE, SIGNATURE)
+        kernel = k.get(SOURCE, CAPACITY_PROBE)
         k.facts["cluster_capacity"] = (0, 0) + tuple(kernel.max_active_clusters(s, cfg.threads, cfg.smem_bytes("rr"))
                                                      for s in range(2, MAX_CLUSTER_SPLITS + 1))
     return k.facts["cluster_capacity"]
@@ -459,7 +457,7 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
     if p.config.tma:
         return _bind_tma(k, p, A, B, out, lda, ldb, (ptr(bias), ptr(act), ld_act, ptr(mom), ptr(var), ptr(w16),
                                                      ptr(optim), ptr(workspace), ptr(tickets)), keep_b)
-    kernel = k.get(SOURCE, p.kernel, SIGNATURE)
+    kernel = k.get(SOURCE, p.kernel)
     return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
                        A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
                        ptr(bias), ptr(act), ld_act, ptr(mom), ptr(var), ptr(w16), ptr(optim),
@@ -482,6 +480,6 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
     else:                   # [N, K]: BN rows of 64 k (a multicast pair's CTAs copy BN / 2 each)
         map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn // cfg.multicast)
-    kernel = k.get(p.source, p.kernel, TMA_SIGNATURE)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
+    kernel = k.get(p.source, p.kernel)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
                        p.k_chunk, *rest, float(keep_b), cluster=p.cluster_dims)

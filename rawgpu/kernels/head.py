@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from ..runtime.memory import Tensor
 
 SOURCE = "head.cu"
-SIGNATURE = "pippppppppppppippiiiifpp"  # the kernels' parameters (tests/test_compiler.py checks it against the PTX)
 THREADS, CLASSES = contract.HEAD_THREADS, contract.HEAD_CLASSES  # compiled into head.cu
 MAX_BATCH = max(contract.HEAD_BATCHES)
 PORTABLE_CTAS, MAX_CTAS = 8, contract.HEAD_MAX_CTAS
@@ -143,7 +142,7 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
     if step is not None:
         require(step, np.int64, (1,), "step")
     ptr = lambda t: 0 if t is None else t  # noqa: E731
-    return k.get(SOURCE, p.kernel, SIGNATURE).bind(
+    return k.get(SOURCE, p.kernel).bind(
         p.ctas, THREADS, p.smem_bytes, h, h.shape[1], labels, wlo, w16, ptr(mw), ptr(vw), bias, ptr(mb), ptr(vb),
         optim, logits, dlogits, dh, dh.shape[1], loss_sum, correct, p.B, p.K, p.kc, classes, grad_scale / p.B,
         ptr(step), ptr(slope), cluster=p.ctas)

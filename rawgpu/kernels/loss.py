@@ -60,7 +60,7 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
     blocks = xent_blocks(batch) if block_rows is None else -(-batch // block_rows)
     if blocks > 1:
         require_exact_sums(scratch, ticket, 2, 1, f"softmax_xent over {batch} rows")
-    return k.get(SRC, "softmax_xent", "pipiifpppipp").bind(
+    return k.get(SRC, "softmax_xent").bind(
         blocks, THREADS if blocks == 1 else SPREAD_THREADS, 0, logits, logits.shape[1], labels, batch, classes,
         grad_scale / mean_over,
         0 if dlogits is None else dlogits, loss_sum, correct,
@@ -72,4 +72,4 @@ def zero_metrics(k: Kernels, loss_sum: Tensor, correct: Tensor) -> Launch:
     """loss_sum = 0, correct = 0 (a kernel, so the reset can live inside a graph)."""
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
-    return k.get(SRC, "zero_metrics", "pp").bind(1, 32, 0, loss_sum, correct)
+    return k.get(SRC, "zero_metrics").bind(1, 32, 0, loss_sum, correct)

@@ -23,7 +23,7 @@ import numpy as np
 from . import master, optimizer
 from ..runtime.driver import Launch, Stream
 from ..kernels import PLANNING_SM_COUNT, Kernels
-from ..kernels import data as kd
+from ..kernels import gather as kd
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import l2 as kl2

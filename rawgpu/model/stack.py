@@ -15,10 +15,10 @@ from . import master, optimizer
 from ..contract import OPTIM_WORDS
 from ..runtime.driver import Launch, Stream
 from ..kernels import PLANNING_SM_COUNT, Kernels
-from ..kernels import data as kd
+from ..kernels import gather as kd
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
-from ..kernels import models as km
+from ..kernels import model_axis as km
 from ..runtime.memory import Arena, Tensor
 from .mlp import common_units, eval_batch, seed_of
 from .recipe import SCHEDULES, Recipe, cdiv
@@ -269,7 +269,7 @@ class ModelStack:
 
 
 def schedule_row(r: Recipe) -> tuple[float, float, float, float]:
-    """A model's row of the schedule table (kernels/models.py: gather): lr0, lr_min, warmup steps, kind code."""
+    """A model's row of the schedule table (kernels/model_axis.py: gather): lr0, lr_min, warmup steps, kind code."""
     lr0, lr_min = r._scaled_lr
     kind = SCHEDULES.get(r.schedule, r.schedule)
     return float(np.float32(lr0)), float(np.float32(lr_min)), float(r.warmup_steps), float(kind)

@@ -26,7 +26,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # rawgpu/: its cu/ and ptx/ f
 SOURCE_DIR = PACKAGE_DIR / "cu"
 INCLUDE_DIR = PACKAGE_DIR / "ptx"
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-Xptxas=-v", "-lineinfo")
-_CACHE_MAGIC = b"rawgpu-cubin-v1\n"
+_CACHE_MAGIC = b"rawgpu-cubin-v2\n"  # v2: the kernels' signatures kept
 # NVRTC honours the CUDA compute cache, and a build served from it prints no ptxas report, so resource
 # reports would come back empty. We cache cubins ourselves, so NVRTC's cache is switched off, before NVRTC
 # is first loaded (it reads the setting then). We never JIT PTX, so the driver loses nothing by it.
@@ -57,6 +57,30 @@ class CompiledModule:
     log: str = ""
     cached: bool = False
     ptx: str | None = None  # the PTX NVRTC made on the way (a fresh build only; ptx_of reads it back from the cache)
+    signatures: dict[str, str] = field(default_factory=dict)  # kernel -> its parameters' kinds (entry_signatures)
+
+
+# A kernel's parameters as the driver passes them (driver.py's signature letters), read from the PTX entry: 8 bytes
+# (a device address or an int64: p), 4 (int32: i; float: f), a 128-byte tensor map (t).
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+\w+(\[\d+\])?")
+_PARAM_KINDS = {"u64": "p", "s64": "p", "b64": "p", "u32": "i", "s32": "i", "b32": "i", "f32": "f"}
+
+
+def entry_signatures(ptx: str) -> dict[str, str]:
+    """kernel -> its parameters' kinds, read from the `.entry` declarations of `ptx`: the one place a launcher's
+    argument layout comes from (the kernel as compiled; nothing is typed twice)."""
+    out = {}
+    for body in ptx.split(".entry ")[1:]:
+        name, rest = body.split("(", 1)
+        kinds = []
+        for m in _PARAM.finditer(rest.split(")", 1)[0]):
+            kind = "t" if m[2] == "[128]" and m[1] == "b8" else None if m[2] else _PARAM_KINDS.get(m[1])
+            if kind is None:
+                raise CompileError(f"kernel {name.strip()}: a parameter of PTX type .{m[1]}{m[2] or ''} has no "
+                                   "launcher kind (driver.py passes 8-, 4- and 128-byte tensor-map values)")
+            kinds.append(kind)
+        out[name.strip()] = "".join(kinds)
+    return out
 
 
 def _nvrtc():
@@ -223,7 +247,7 @@ def _run_nvrtc(name: str, text: bytes, headers: dict[str, str], options: tuple[s
         cubin = _program_output(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return CompiledModule(name, arch, cubin, parse_ptxas_report(log), log, ptx=ptx)
+    return CompiledModule(name, arch, cubin, parse_ptxas_report(log), log, ptx=ptx, signatures=entry_signatures(ptx))
 
 
 def _program_output(nvrtc, prog, get_size, get) -> bytes:
@@ -252,7 +276,7 @@ def ptx_of(source: str, arch: str | tuple[int, int], kernel: str | None = None) 
 
 def _write_cache(path: Path, module: CompiledModule) -> None:
     meta = {"source": module.source, "arch": module.arch, "sha256": hashlib.sha256(module.cubin).hexdigest(),
-            "log": module.log}
+            "log": module.log, "signatures": module.signatures}
     path.parent.mkdir(parents=True, exist_ok=True)
     if module.ptx is not None:  # first: an entry whose PTX is missing is rebuilt by ptx_of, not the reverse
         _write_file(path.with_suffix(".ptx"), module.ptx.encode())
@@ -284,7 +308,8 @@ def _read_cache(path: Path) -> CompiledModule | None:
         if hashlib.sha256(cubin).hexdigest() != meta["sha256"]:
             raise ValueError("cubin hash mismatch")
         log = meta["log"]  # the report is parsed again, so a fixed parser also reads the entries built before it
-        return CompiledModule(meta["source"], meta["arch"], cubin, parse_ptxas_report(log), log, cached=True)
+        return CompiledModule(meta["source"], meta["arch"], cubin, parse_ptxas_report(log), log, cached=True,
+                              signatures=dict(meta["signatures"]))  # an entry from before they were kept: rebuilt
     except (ValueError, KeyError, TypeError):
         path.unlink(missing_ok=True)
         return None

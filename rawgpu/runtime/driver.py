@@ -408,8 +408,9 @@ def memset_d8(ptr: int, byte: int, nbytes: int) -> None:
 
 
 # --- kernel arguments -----------------------------------------------------------------------------------------
-# A signature is a string, one letter per parameter, matching the kernel's C parameter list:
-#   p = device pointer (8 bytes), i = int32, q = int64, f = float32, t = tensor map (128 bytes, `tensor_map_2d`).
+# A signature is a string, one letter per parameter, as compiler.entry_signatures reads it from the compiled kernel:
+#   p = 8 bytes (a device address: a Tensor or an int, or an int64), i = int32, f = float32, t = tensor map (128 bytes,
+#   `tensor_map_2d`); q = int64 alone (signatures written by hand, in dev/ experiments).
 _ARG_CTYPES = {"p": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64, "f": ctypes.c_float,
                "t": ctypes.c_uint64 * 16}
 _ARG_STRUCT = {"p": "Q", "i": "i", "q": "q", "f": "f", "t": "128s"}
@@ -422,8 +423,13 @@ def _as_int_pointer(value: Any) -> int:
 
 
 def _convert(kind: str, value: Any, position: int) -> Any:
-    if kind == "p":
-        return _as_int_pointer(value)
+    if kind == "p":  # an address (unsigned) or an int64 (signed): the same 8 bytes
+        if isinstance(value, float) or not hasattr(getattr(value, "ptr", value), "__index__"):
+            raise TypeError(f"argument {position} must be a device address or an integer for 'p', got {value!r}")
+        v = _as_int_pointer(value)
+        if not -(1 << 63) <= v < (1 << 64):
+            raise OverflowError(f"argument {position} = {v} does not fit 8 bytes")
+        return v & ((1 << 64) - 1)
     if kind in "iq":
         if isinstance(value, float) or not hasattr(value, "__index__"):
             raise TypeError(f"argument {position} must be an integer for '{kind}', got {value!r}")
@@ -486,20 +492,57 @@ class PackedArgs:
         self.address = ctypes.addressof(self.array)
 
 
-class Module:
-    """A loaded cubin; `kernel(name, signature)` looks a kernel up."""
+class LazyArgs:
+    """A launch's arguments, packed (PackedArgs) when first needed: by then its kernel is built and its signature
+    known."""
 
-    def __init__(self, cubin: bytes, resources: dict | None = None):
+    def __init__(self, kernel: "Kernel", args: Sequence[Any]):
+        self.kernel, self.args, self._packed = kernel, tuple(args), None
+
+    def _pack(self) -> PackedArgs:
+        if self._packed is None:
+            self.kernel.func  # noqa: B018 - builds and loads it, which gives its signature
+            try:
+                self._packed = PackedArgs(self.kernel.signature, self.args)
+            except (TypeError, OverflowError, ValueError) as exc:
+                raise type(exc)(f"kernel {self.kernel.name}: {exc}") from None
+        return self._packed
+
+    @property
+    def address(self) -> int:
+        return self._pack().address
+
+    @property
+    def values(self) -> list:
+        return self._pack().values
+
+
+class Module:
+    """A loaded cubin; `kernel(name)` looks a kernel up. signatures: each kernel's parameters as its build read them
+    (compiler.CompiledModule.signatures); a module without them takes one per kernel from the caller."""
+
+    def __init__(self, cubin: bytes, resources: dict | None = None, signatures: dict[str, str] | None = None):
         self.handle = call(_cu().cuModuleLoadData, cubin)
         self.resources = resources or {}
+        self.signatures = signatures or {}
         self._kernels: dict[str, Kernel] = {}
 
-    def kernel(self, name: str, signature: str) -> "Kernel":
+    @classmethod
+    def of(cls, compiled: Any) -> "Module":
+        """A compiler.CompiledModule, loaded."""
+        return cls(compiled.cubin, compiled.resources, compiled.signatures)
+
+    def kernel(self, name: str, signature: str | None = None) -> "Kernel":
+        known = self.signatures.get(name)
+        if signature is None and known is None:
+            raise TypeError(f"kernel {name}: the module does not know its parameters; pass its signature")
+        if signature is not None and known is not None and signature != known:
+            raise TypeError(f"kernel {name} takes {known}, not {signature}")
         k = self._kernels.get(name)
         if k is None:
             func = check(_cu().cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})")
-            k = self._kernels[name] = Kernel(func, name, signature, self.resources.get(name))
-        elif k.signature != signature:
+            k = self._kernels[name] = Kernel(func, name, signature or known, self.resources.get(name))
+        elif signature is not None and k.signature != signature:
             raise TypeError(f"kernel {name} was declared with signature {k.signature}, not {signature}")
         return k
 
@@ -517,10 +560,11 @@ class Module:
 class Kernel:
     """A kernel function with its argument signature; `bind(...)` packs arguments once for repeated launches."""
 
-    def __init__(self, func: Any, name: str, signature: str, resources: Any = None,
-                 resolve: Callable[[], tuple[Any, Any]] | None = None):
-        """func: the CUfunction, or None with `resolve`, which returns (func, resources) when the kernel is first
-        needed (its module may still be compiling while launches are planned and bound)."""
+    def __init__(self, func: Any, name: str, signature: str | None, resources: Any = None,
+                 resolve: Callable[[], tuple[Any, Any, str]] | None = None):
+        """func: the CUfunction, or None with `resolve`, which returns (func, resources, signature) when the kernel is
+        first needed (its module may still be compiling while launches are planned and bound: their arguments are
+        packed then, by the signature the build read)."""
         self._func, self.name, self.signature, self.resources = func, name, signature, resources
         self._resolve = resolve
         self._dynamic_shared_limit = STATIC_SHARED_LIMIT
@@ -529,7 +573,7 @@ class Kernel:
     @property
     def func(self) -> Any:
         if self._func is None:
-            self._func, self.resources = self._resolve()
+            self._func, self.resources, self.signature = self._resolve()
             if self._dynamic_shared_limit > STATIC_SHARED_LIMIT:
                 self._set_shared_limit()
         return self._func
@@ -549,7 +593,8 @@ class Kernel:
 
     def bind(self, grid: Sequence[int] | int, block: Sequence[int] | int, shared_bytes: int, *args: Any,
              cooperative: bool = False, cluster: Sequence[int] | int = 1) -> "Launch":
-        return Launch(self, grid, block, shared_bytes, PackedArgs(self.signature, args), cooperative, cluster)
+        packed = PackedArgs(self.signature, args) if self.signature is not None else LazyArgs(self, args)
+        return Launch(self, grid, block, shared_bytes, packed, cooperative, cluster)
 
     def allow_cluster(self, ctas: int) -> None:
         """Clusters above 8 CTAs are 'non-portable': the kernel must opt in before such a launch (sm_90: up to 16)."""

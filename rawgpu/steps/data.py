@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..kernels import data as kd
+from ..kernels import gather as kd
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import loss as kl

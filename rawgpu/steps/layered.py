@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..kernels import data as kd
+from ..kernels import gather as kd
 from ..kernels import dx_sgd as kb
 from ..kernels import dx_update as ku
 from ..kernels import elementwise as ke

@@ -1,5 +1,5 @@
 """The models step: every model of a sweep (one architecture and batch, each its own seed, order, schedule and
-optimiser row) in one chain of launches, each launch the layered step's kernel with a model axis (kernels/models.py).
+optimiser row) in one chain of launches, each launch the layered step's kernel with a model axis (kernels/model_axis.py).
 
 Its short form, where the layered step's runs (sm_90, batch <= 256, fp32 accumulation), is the layered short form's
 kernels: the gather, the hidden layers' forward GEMMs, the head's forward, loss, backward and update as one cluster
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..kernels import data as kd
+from ..kernels import gather as kd
 from ..kernels import dx_update as ku
 from ..kernels import gemm as kg
 from ..kernels import head as kh
-from ..kernels import models as km
+from ..kernels import model_axis as km
 from ..model.optimizer import update_family
 from ..model.recipe import PADDED_CLASSES, Recipe, loss_scale
 from ..model.stack import ModelStack
@@ -85,7 +85,7 @@ class ModelsStep(ChainStep):
         return self.fwd + list(self.dx.values()) + list(self.dw.values())
 
     def kernel_units(self) -> set:
-        from ..contract import (DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE,
+        from ..contract import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE,
                                 GEMM_MODELS_SOURCE, HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE)
 
         m = self.model
@@ -93,7 +93,7 @@ class ModelsStep(ChainStep):
         units |= {(DX_UPDATE_MODELS_SOURCE, p.kernel) for p in self.bwd if p is not None}
         units |= {(HEAD_MODELS_SOURCE, self.head.kernel)} if self.head else set()
         # the loss and the counter: evaluation's, and the long form's; the bias step: the long form's
-        units |= {(DATA_MODELS_SOURCE, None), (LOSS_MODELS_SOURCE, None)}
+        units |= {(GATHER_MODELS_SOURCE, None), (LOSS_MODELS_SOURCE, None)}
         return units | ({(ELEMENTWISE_MODELS_SOURCE, None)} if self.dw else set())
 
     def kernel_count(self) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..kernels import data as kd
+from ..kernels import gather as kd
 from ..kernels import dx_sgd as kb
 from ..kernels import dx_update as ku
 from ..kernels import elementwise as ke

@@ -20,7 +20,7 @@ from ..runtime.errors import NoDeviceError
 from ..runtime.graph import capture
 from ..contract.arch import PLANNING_ARCH
 from ..kernels import Kernels
-from ..kernels.data import lr_at
+from ..kernels.gather import lr_at
 from ..model.mlp import run_launches
 from ..model.recipe import Recipe, cdiv, plan_run
 from .trainer import INTERRUPT_GRACE, RunPlan, _data_shape, auto_steps_per_graph, dataset_record

@@ -434,7 +434,7 @@ class Trainer:
     def _record_epoch(self, epoch: int, n: int, started: int, timing: tuple) -> EpochStats:
         """The finished epoch's EpochStats, from its events (start, end, evaluation's end) and the metrics read
         back; added to the history and the training time, and the resumed epoch's metrics cleared."""
-        from ..kernels.data import lr_at
+        from ..kernels.gather import lr_at
 
         m, r, plan = self.model, self.recipe, self.plan
         start, end, eval_end = timing

@@ -55,5 +55,5 @@ def copies_for(nbytes: int, l2: int, cap: int = 64) -> int:
 def launch_floor(stream, kernels, nodes: int, trials: int = 30) -> float:
     """Microseconds per replay of a graph of `nodes` dependent empty kernels: the cost of launching our step's
     node count, whatever the kernels do."""
-    noop = kernels.get("elementwise.cu", "noop", "").bind(1, 32, 0)
+    noop = kernels.get("elementwise.cu", "noop").bind(1, 32, 0)
     return time_graph(stream, lambda: [noop.run(stream) for _ in range(nodes)], 1, trials)

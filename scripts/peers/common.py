@@ -124,8 +124,8 @@ class Workload:
 
     def learning_rates(self) -> np.ndarray:
         """float32 [index_steps]: the lr of every step, the very values rawgpu's step computes on the GPU
-        (rawgpu.kernels.data.lr_at); the peers read step s's from this table on the device."""
-        from rawgpu.kernels.data import lr_at  # lazy: importing this module must not need rawgpu
+        (rawgpu.kernels.gather.lr_at); the peers read step s's from this table on the device."""
+        from rawgpu.kernels.gather import lr_at  # lazy: importing this module must not need rawgpu
 
         return np.array([lr_at(s, self.lr, 0.0, self.steps, 0, self.schedule) for s in range(self.index_steps)],
                         dtype=np.float32)

@@ -1,7 +1,7 @@
 """Launchers of the models step (steps/models.py): one launch runs a kernel of today's step for every model of a
 sweep. Each is model 0's launch, made and checked by the family's own launcher, plus a model axis: the grid
 repeats over the models and each model's operands sit a fixed stride after model 0's (the *_models.cu sources,
-rawgpu/contract/models.py). The buffers are model-major: [N x rows, cols] for a matrix of N models."""
+rawgpu/contract/model_axis.py). The buffers are model-major: [N x rows, cols] for a matrix of N models."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import (DATA_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODEL_STRIDES,
+from ..contract import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE,
                         GEMM_MODELS_SOURCE, HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, OPTIM_WORDS, UPDATE_EPILOGUES)
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
 from . import Kernels, require
-from . import data as kd
+from . import gather as kd
 from . import dx_update as ku
 from . import elementwise as ke
 from . import gemm as kg
@@ -35,7 +35,6 @@ class _Bound:
 
     source: str
     name: str
-    signature: str
     grid: Any = None
     block: Any = None
     shared_bytes: int = 0
@@ -55,12 +54,11 @@ class _Recorder:
     def __init__(self, k: Kernels):
         self.arch, self.activation = k.arch, k.activation
 
-    def get(self, source: str, name: str, signature: str) -> _Bound:
-        return _Bound(source, name, signature)
+    def get(self, source: str, name: str) -> _Bound:
+        return _Bound(source, name)
 
 
-def _over_models(k: Kernels, one: _Bound, source: str, axis: int, models: int, strides: tuple[int, ...],
-                 stride_signature: str) -> Launch:
+def _over_models(k: Kernels, one: _Bound, source: str, axis: int, models: int, strides: tuple[int, ...]) -> Launch:
     """`one` (model 0's launch) over `models` models: its grid times `models` along `axis` (0: x, where gemm.cu
     packs every model's m tiles after model 0's), the strides appended to its arguments."""
     grid = list(one.grid) if isinstance(one.grid, (tuple, list)) else [one.grid]
@@ -71,7 +69,7 @@ def _over_models(k: Kernels, one: _Bound, source: str, axis: int, models: int, s
     cluster = list(one.cluster) if isinstance(one.cluster, (tuple, list)) else [one.cluster, 1, 1]
     if cluster[axis] != 1:  # a cluster is one model's: it may not span the model axis
         raise ValueError(f"{one.name}: clusters {tuple(cluster)} span axis {axis}, the model axis")
-    kernel = k.get(source, one.name, one.signature + stride_signature)
+    kernel = k.get(source, one.name)
     return kernel.bind(tuple(grid), one.block, one.shared_bytes, *one.args, *strides, cluster=tuple(cluster))
 
 
@@ -107,7 +105,7 @@ def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, ste
                           steps_per_epoch, optim=model_part(optim, n).view((OPTIM_WORDS,)),
                           schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early,
                           blocks=None if sm_count is None else max(1, min(batch, GATHER_BLOCKS_PER_SM * sm_count // n)))
-    return _over_models(k, one, DATA_MODELS_SOURCE, 1, n,
+    return _over_models(k, one, GATHER_MODELS_SOURCE, 1, n,
                         (perm.shape[1], _models(x, n, "x"), _models(y, n, "y"), schedules), "qqqp")
 
 
@@ -126,7 +124,7 @@ def gemm(k: Kernels, n: int, plan: kg.GemmPlan, A: Tensor, B: Tensor, out: Tenso
     per = lambda t: 0 if t is None else _models(t, n, t.name)  # noqa: E731 - elements of one model's part
     strides = (0 if shared_a else per(A), per(B), per(out) * out.dtype.itemsize, per(bias), per(act),
                per(out) if plan.epilogue in UPDATE_EPILOGUES else 0, 0 if optim is None else 1)
-    return _over_models(k, one, GEMM_MODELS_SOURCE, 0, n, strides, GEMM_MODEL_STRIDES)
+    return _over_models(k, one, GEMM_MODELS_SOURCE, 0, n, strides)
 
 
 def softmax_xent(k: Kernels, n: int, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
@@ -145,7 +143,7 @@ def softmax_xent(k: Kernels, n: int, logits: Tensor, labels: Tensor, dlogits: Te
                           scratch=part(scratch), ticket=part(ticket),
                           block_rows=XENT_ROWS_PER_BLOCK if scratch is not None else None)
     return _over_models(k, one, LOSS_MODELS_SOURCE, 1, n,
-                        (_models(logits, n, "logits"), 0 if shared_labels else _models(labels, n, "labels")), "qq")
+                        (_models(logits, n, "logits"), 0 if shared_labels else _models(labels, n, "labels")))
 
 
 def bias_update(k: Kernels, n: int, dy: Tensor, bias: Tensor, m: Tensor | None, v: Tensor | None, optim: Tensor,
@@ -159,7 +157,7 @@ def bias_update(k: Kernels, n: int, dy: Tensor, bias: Tensor, m: Tensor | None, 
     return _over_models(k, one, ELEMENTWISE_MODELS_SOURCE, 2, n,
                         (_models(dy, n, "dy"), _models(bias, n, "bias"),
                          0 if scratch is None else _models(scratch, n, "scratch"),
-                         0 if tickets is None else _models(tickets, n, "tickets")), "qqqq")
+                         0 if tickets is None else _models(tickets, n, "tickets")))
 
 
 def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, wlo: Tensor, w16: Tensor,
@@ -178,7 +176,7 @@ def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, 
         raise ValueError(f"dx_update over models: slope {slope.shape} shaped as dx {dx.shape}")
     strides = (_models(x, n, "x"), _models(dy, n, "dy"), _models(wlo, n, "W lo"),
                0 if dx is None else _models(dx, n, "dx") * dx.dtype.itemsize, _models(bias, n, "bias"))
-    return _over_models(k, one, DX_UPDATE_MODELS_SOURCE, 0, n, strides, "qqqqq")
+    return _over_models(k, one, DX_UPDATE_MODELS_SOURCE, 0, n, strides)
 
 
 def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, wlo: Tensor, w16: Tensor,
@@ -202,4 +200,4 @@ def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, 
             logits, "logits") or per(dh, "dh") != per(h, "h") or (slope is not None and slope.shape != h.shape):
         raise ValueError("head_step over models: logits and dlogits [n x batch, 16], dh and slope shaped as h")
     strides = (_models(h, n, "h"), _models(labels, n, "labels"), _models(wlo, n, "W lo"), _models(bias, n, "bias"))
-    return _over_models(k, one, HEAD_MODELS_SOURCE, 1, n, strides, "qqqq")
+    return _over_models(k, one, HEAD_MODELS_SOURCE, 1, n, strides)

@@ -10,7 +10,7 @@
 // a block at least ld_out / 16 threads. Columns in [row_bytes, ld_out) are written as zero so the GEMM can read
 // whole padded rows.
 // opt (may be null): block 0 also writes the step's optimiser values there (optim.cuh: optim_set_step), from the
-// learning rate of the schedule `kind` (step_math.cuh: lr_at_step_d, mirrored by kernels/data.py:lr_at). The
+// learning rate of the schedule `kind` (step_math.cuh: lr_at_step_d, mirrored by kernels/gather.py:lr_at). The
 // schedule rides on the gather because both read the step counter first: one dependent launch per step fewer than
 // a kernel of its own.
 // early: the counter was moved at least two launches back (the layered step moves it in the head kernel), so the
@@ -18,7 +18,7 @@
 // of dependent loads step -> perm -> image runs while the kernel before still ends, and only the stores (x, y and
 // the optimiser's values, which that kernel may still read) wait for it.
 //
-// GATHER_MODELS (data_models.cu sets it for the models step; 0 here): grid y is the model of a sweep; model m reads
+// GATHER_MODELS (gather_models.cu sets it for the models step; 0 here): grid y is the model of a sweep; model m reads
 // its order at perm + m z_perm, writes its rows at x_out + m z_x and y_out + m z_y and its optimiser row opt + m, with
 // its own schedule: schedules[4 m ...] = lr0, lr_min, warmup_steps, kind (the arguments' values are unused).
 #ifndef GATHER_MODELS

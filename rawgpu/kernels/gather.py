@@ -1,4 +1,4 @@
-"""Launchers for cu/data.cu (batch gather with the step's optimiser values, step counter) and `lr_at`, the
+"""Launchers for cu/gather.cu (batch gather with the step's optimiser values, step counter) and `lr_at`, the
 schedule's host twin.
 
 Everything reads the device step counter, so a captured training step replays unchanged every step.
@@ -17,7 +17,7 @@ from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
 from . import Kernels, require
 
-SRC = "data.cu"
+SRC = "gather.cu"
 MAX_THREADS = 1024  # gather_batch: a block per row, a thread per 16 columns
 
 
@@ -80,7 +80,7 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
     threads = -(-ld_out // (16 * 32)) * 32  # a thread per 16 columns, whole warps
     if blocks is not None and not 1 <= blocks <= batch:
         raise ValueError(f"gather_batch: blocks must be in 1..{batch}, got {blocks}")
-    return k.get(SRC, "gather_batch", "ppppiiiipppffqqii").bind(
+    return k.get(SRC, "gather_batch").bind(
         blocks or batch, threads, 0, images, labels, perm, step, batch, steps_per_epoch, row_bytes, ld_out, x_out,
         y_out, optim if optim is not None else 0, *sched, int(early))
 
@@ -88,13 +88,13 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
 def step_increment(k: Kernels, step: Tensor) -> Launch:
     """step[0] += 1 on the device."""
     require(step, np.int64, (1,), what="step")
-    return k.get(SRC, "step_increment", "p").bind(1, 32, 0, step)
+    return k.get(SRC, "step_increment").bind(1, 32, 0, step)
 
 
 def set_i64(k: Kernels, p: Tensor, value: int) -> Launch:
     """p[0] = value on the device (reset a counter inside a graph)."""
     require(p, np.int64, (1,), what="set_i64 target")
-    return k.get(SRC, "set_i64", "pq").bind(1, 32, 0, p, value)
+    return k.get(SRC, "set_i64").bind(1, 32, 0, p, value)
 
 
 def _kind(kind: int | str) -> int:

@@ -9,7 +9,7 @@ from .gemm import (_C_LAYOUT, CONFIGS, PERSIST_BLOCKS_PER_SM, config_typedef, in
                    stream_stages)
 
 GEMM_MODELS_SOURCE = "gemm_models.cu"
-DATA_MODELS_SOURCE = "data_models.cu"
+GATHER_MODELS_SOURCE = "gather_models.cu"
 LOSS_MODELS_SOURCE = "loss_models.cu"
 ELEMENTWISE_MODELS_SOURCE = "elementwise_models.cu"
 DX_UPDATE_MODELS_SOURCE = "dx_update_models.cu"  # dx_update.cu's instances (contract/dx_update.py)
@@ -20,9 +20,6 @@ HEAD_MODELS_SOURCE = "head_models.cu"  # head.cu's instances (contract/head.py)
 MODEL_CONFIGS = ("32x128", "64x128")
 MODEL_ROLES = (("rr", "bias"), ("rr", "bias_act"), ("rc", "dact"), ("cr", "sgd"), ("cr", "adam"))
 MODEL_ACCUM = "f32"  # fp16 accumulation recipes are not swept in one step (steps/models.py says so)
-# GEMM_MODEL_PARAMS in gemm.cu, after the GEMM's own: the model strides of A, B, out (bytes), bias, act, the
-# weight-shaped state, and Optim rows
-GEMM_MODEL_STRIDES = "qqqqqqq"
 
 
 def gemm_model_kernels() -> list[str]:
@@ -49,6 +46,6 @@ def gemm_models_facts(arch: str, kernel: str | None = None):
     return defines, {"gemm_instances.cuh": header(__name__, GEMM_MODELS_SOURCE, _gemm_models_header(kernel))}
 
 
-__all__ = ["DATA_MODELS_SOURCE", "DX_UPDATE_MODELS_SOURCE", "ELEMENTWISE_MODELS_SOURCE", "HEAD_MODELS_SOURCE", "GEMM_MODELS_SOURCE", "GEMM_MODEL_STRIDES",
+__all__ = ["GATHER_MODELS_SOURCE", "DX_UPDATE_MODELS_SOURCE", "ELEMENTWISE_MODELS_SOURCE", "HEAD_MODELS_SOURCE", "GEMM_MODELS_SOURCE",
            "LOSS_MODELS_SOURCE", "MODEL_ACCUM", "MODEL_CONFIGS", "MODEL_ROLES", "gemm_model_kernels",
            "gemm_models_facts"]
