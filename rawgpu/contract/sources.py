@@ -6,6 +6,7 @@ import argparse
 import re
 
 from .activation import DEFAULT_ACTIVATION
+from .arch import PLANNING_ARCH
 from .activation import activation_facts
 from .cluster import CS_TILE_COUNTS, cluster_facts, cluster_kernel_name
 from .dx_sgd import dx_sgd_facts
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Print the defines and generated headers NVRTC gets for a source.")
     ap.add_argument("source", nargs="*", metavar="SOURCE",
                     help=f"sources (default: all of {', '.join(sorted(SOURCES))})")
-    ap.add_argument("--arch", default="sm_90", help="the GPU architecture, e.g. sm_86 (default sm_90)")
+    ap.add_argument("--arch", default=PLANNING_ARCH, help=f"the GPU architecture, e.g. sm_86 (default {PLANNING_ARCH})")
     args = ap.parse_args(argv)
     if not re.fullmatch(r"sm_\d{2,3}a?", args.arch):
         ap.error(f"argument --arch: expected a name like sm_86, got {args.arch!r}")
