@@ -72,6 +72,21 @@ def test_on_sm_90_the_models_step_is_the_layered_short_forms_kernels_over_models
     assert "sm_90" in models_step.short_form_reason(big[0], "sm_86")
 
 
+@pytest.mark.parametrize("arch,batch", [("sm_90", 128), ("sm_90", 300), ("sm_86", 128)])
+def test_every_launch_of_the_models_step_binds_on_the_cpu(arch, batch, monkeypatch):
+    """Each launch over the models packs its arguments as its kernel's declaration reads them (the model axis's
+    strides included), short form and long, without a GPU."""
+    from test_steps import _BindingKernels
+
+    monkeypatch.setattr("rawgpu.runtime.driver.tensor_map_2d", lambda *a: bytes(128))
+    recipes = _recipes(3, hidden=256, layers=2, batch=batch, momentum=0.9)
+    stack = steps.plan_model(recipes[0], arch=arch, sm_count=132, models=recipes)
+    stack.arena.base, stack.arena._allocated = 1 << 40, True
+    stack.k = _BindingKernels(arch)
+    names = [bound[0] for bound in stack.step._one_step()]
+    assert names[0] == "gather_batch" and len(names) == stack.step.kernel_count(), names
+
+
 def test_the_models_step_is_no_single_models_kind():
     assert "models" in steps.KINDS and "models" not in steps.ONE_GPU and "models" not in steps.CHOICES
     with pytest.raises(ValueError, match="give models"):

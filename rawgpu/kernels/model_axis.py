@@ -106,7 +106,7 @@ def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, ste
                           schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early,
                           blocks=None if sm_count is None else max(1, min(batch, GATHER_BLOCKS_PER_SM * sm_count // n)))
     return _over_models(k, one, GATHER_MODELS_SOURCE, 1, n,
-                        (perm.shape[1], _models(x, n, "x"), _models(y, n, "y"), schedules), "qqqp")
+                        (perm.shape[1], _models(x, n, "x"), _models(y, n, "y"), schedules))
 
 
 def gemm(k: Kernels, n: int, plan: kg.GemmPlan, A: Tensor, B: Tensor, out: Tensor, *, shared_a: bool = False,
