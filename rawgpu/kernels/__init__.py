@@ -1,7 +1,9 @@
-"""Python launchers for our CUDA kernels, one module per kernel family (gemm, elementwise, loss, data).
+"""Python launchers for our CUDA kernels, one module per kernel family, named as its cu/ source (gemm, elementwise,
+loss, gather, ...).
 
-Each launcher checks its tensors and returns a bound `Launch` (geometry + arguments packed once), so a
-training step is just a list of launches that runs eagerly or is captured into a graph unchanged.
+Each launcher checks its tensors and returns a bound `Launch` (geometry + arguments, packed by the parameters the
+kernel's build read from it), so a training step is just a list of launches that runs eagerly or is captured into a
+graph unchanged.
 """
 
 from __future__ import annotations
