@@ -5,7 +5,7 @@
 From the repository root, before rawgpu is installed (as CI runs it): PYTHONPATH=. finds rawgpu/install.py's tables
 in the checkout, which need nothing but the standard library.
 
-For cu13 and cu12, `pip install --dry-run --ignore-installed --report` resolves ".[STACK,MULTI,plot,test]" (MULTI:
+For cu13 and cu12, `pip install --dry-run --ignore-installed --report` resolves ".[STACK,MULTI,plot,tables,test]" (MULTI:
 rawgpu/install.py's NCCL extra for the stack) from the package index, and every package the resolution would install
 is checked: none built for the other stack (a name ending in -cu12 or -cu13), and cuda-bindings of the stack's major
 version. Then the wrong pairs (".[cu12,multi]", ".[cu13,multi-cu12]": a stack with the other's NCCL) must not
@@ -38,7 +38,7 @@ def mixing(report: dict, stack: str) -> list[str]:
 
 
 def resolve(stack: str) -> dict:
-    extras = f"{stack},{MULTI[stack]},plot,test"
+    extras = f"{stack},{MULTI[stack]},plot,tables,test"
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",

@@ -1,0 +1,362 @@
+"""Tables of your own: features and targets from NumPy arrays, .npy/.npz, CSV and Parquet, checked before any GPU work.
+
+A table is numbers only: every feature column numeric and finite, every row as wide as the header, at least one row.
+Whatever breaks that is one DataError naming the file, the row (1-based, the header not counted) and the column,
+so a user fixes the data instead of reading a traceback or training on NaN. CSV and Parquet go through pyarrow
+(the `tables` extra): its readers are multithreaded C++ and far faster than anything written here; .npy/.npz
+need NumPy alone.
+
+The target is a column (default: the last) or, in .npz files, the arrays y_train / y_test. What the target means
+(class labels or regression values) is decided by the caller, with `labels` or `values`.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..runtime.errors import DataError
+
+MAX_FEATURES = 16384  # the widest input the first layer takes
+MAX_CLASSES = 1000
+MAX_OUTPUTS = 64
+FORMATS = (".npy", ".npz", ".csv", ".parquet")
+NPZ_SPLITS = ("train", "val", "test")  # .npz arrays x_<split>, y_<split>
+CSV_BLOCK = 1 << 24  # bytes per parsed block: the progress step of a CSV read
+
+Progress = Callable[[int, int], None]  # (bytes done, total bytes)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Feature rows x [N, F] (float32, float16 or uint8 as read) and the target y [N, K] (float64: labels are checked
+    and converted by `labels`), with the columns' names and where they came from."""
+
+    x: np.ndarray
+    y: np.ndarray
+    features: tuple[str, ...]
+    targets: tuple[str, ...]
+    source: str
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def rows(self, index: np.ndarray) -> "Table":
+        return Table(self.x[index], self.y[index], self.features, self.targets, self.source)
+
+
+def read(path: str | Path, *, target: str | Sequence[str] | None = None, features: Sequence[str] | None = None,
+         split: str = "train", progress: Progress | None = None) -> Table:
+    """The table in `path` (.npy: a 2-D array whose target is its last column(s) unless `target` names column
+    indices; .npz: the arrays x_<split>, y_<split>; .csv, .parquet: named columns). target: the target column(s),
+    default the last; features: the feature columns, default all the others."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise DataError(f"{path}: unknown table format {path.suffix or '(no suffix)'!r}; use one of "
+                        f"{', '.join(FORMATS)}")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if suffix == ".npz":
+        return _npz(path, split, target, features)
+    if suffix == ".npy":
+        columns, names = _npy(path)
+    else:
+        columns, names = _arrow(path, suffix, progress)
+    return _select(path, columns, names, target, features)
+
+
+def labels(table: Table, classes: int | None = None) -> tuple[np.ndarray, int]:
+    """The target as class labels (int32 [N]) and the number of classes (given, or the largest label + 1, at least
+    2): one column of whole numbers in 0 .. classes - 1, classes at most MAX_CLASSES."""
+    if table.y.shape[1] != 1:
+        raise DataError(f"{table.source}: a classification target is one column, got {table.y.shape[1]} "
+                        f"({', '.join(table.targets)})")
+    y = table.y[:, 0]
+    name = table.targets[0]
+    whole = np.floor(y) == y
+    if not whole.all():
+        row = int(np.argmin(whole))
+        raise DataError(f"{table.source}: row {row + 1}, column {name!r}: label {_shown(y[row])} is not a whole number "
+                        "(for a regression target use --loss mse)")
+    low, high = (int(y.min()), int(y.max())) if len(y) else (0, 0)
+    limit = MAX_CLASSES if classes is None else classes
+    if low < 0 or high >= limit:
+        row = int(np.argmax((y < 0) | (y >= limit)))
+        raise DataError(f"{table.source}: row {row + 1}, column {name!r}: label {int(y[row])} is out of range "
+                        f"0..{limit - 1}" + ("" if classes is not None else f" (at most {MAX_CLASSES} classes)"))
+    return y.astype(np.int32), classes if classes is not None else max(2, high + 1)
+
+
+def values(table: Table) -> np.ndarray:
+    """The target as regression values, float32 [N, K], 1 <= K <= MAX_OUTPUTS."""
+    if not 1 <= table.y.shape[1] <= MAX_OUTPUTS:
+        raise DataError(f"{table.source}: a regression target has 1 to {MAX_OUTPUTS} columns, got {table.y.shape[1]}")
+    return table.y.astype(np.float32)
+
+
+def same_columns(train: Table, other: Table, what: str) -> None:
+    """A test or validation table must have the training table's feature and target columns, in order."""
+    if (other.features, other.targets) != (train.features, train.targets):
+        missing = [c for c in train.features + train.targets if c not in other.features + other.targets]
+        extra = [c for c in other.features + other.targets if c not in train.features + train.targets]
+        detail = (f"missing {', '.join(map(repr, missing))}" if missing else "") + \
+                 ("; " if missing and extra else "") + (f"extra {', '.join(map(repr, extra))}" if extra else "")
+        raise DataError(f"{other.source}: the {what} set's columns differ from the training set's "
+                        f"({detail or 'another order'})")
+
+
+def split(table: Table, fraction: float, seed: int, what: str) -> tuple[Table, Table]:
+    """(the rest, a random `fraction` of the rows), the same rows for the same seed on every host."""
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"--{what}-fraction must be between 0 and 1, got {fraction}")
+    n = len(table)
+    take = int(round(n * fraction))
+    if take < 1 or take >= n:
+        raise DataError(f"{table.source}: {fraction} of {n} rows leaves no {what} rows or no training rows")
+    order = np.random.default_rng(seed).permutation(n)
+    return table.rows(np.sort(order[take:])), table.rows(np.sort(order[:take]))
+
+
+# --- readers -----------------------------------------------------------------------------------------------------
+
+def _npy(path: Path) -> tuple[list[np.ndarray], list[str]]:
+    try:
+        a = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataError(f"{path}: not a readable .npy file ({exc})") from None
+    if a.ndim != 2:
+        raise DataError(f"{path}: expected a 2-D array (rows x columns, the target last), got shape {a.shape}")
+    _numeric(path, a, "the array")
+    return [a[:, j] for j in range(a.shape[1])], [str(j) for j in range(a.shape[1])]
+
+
+def _npz(path: Path, split_name: str, target, features) -> Table:
+    if target is not None or features is not None:
+        raise DataError(f"{path}: --target and --features pick columns of .npy, CSV and Parquet files; an .npz holds "
+                        "x_train and y_train")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+    xk, yk = f"x_{split_name}", f"y_{split_name}"
+    if xk not in arrays or yk not in arrays:
+        raise DataError(f"{path}: no {xk} and {yk} arrays (it holds {', '.join(sorted(arrays)) or 'none'})")
+    x, y = arrays[xk], arrays[yk]
+    if x.ndim != 2 or y.ndim not in (1, 2) or len(x) != len(y):
+        raise DataError(f"{path}: {xk} must be rows x features and {yk} one value (or row) per row; got shapes "
+                        f"{x.shape} and {y.shape}")
+    _numeric(path, x, xk)
+    _numeric(path, y, yk)
+    y2 = y.reshape(len(y), -1).astype(np.float64)
+    _finite(path, y2, [yk] * y2.shape[1])
+    x = _feature_dtype(path, x, xk)
+    _finite(path, x, [f"{xk}[:, {j}]" for j in range(x.shape[1])])
+    _check_shape(path, x)
+    return Table(x, y2, tuple(str(j) for j in range(x.shape[1])), (yk,) if y.ndim == 1 else
+                 tuple(f"{yk}[:, {j}]" for j in range(y2.shape[1])), str(path))
+
+
+def _arrow(path: Path, suffix: str, progress: Progress | None) -> tuple[list[np.ndarray], list[str]]:
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+    except ImportError:
+        from ..runtime.install import hint
+
+        raise DataError(f"{path}: reading {suffix[1:].upper()} needs pyarrow: {hint('tables')}") from None
+    size = path.stat().st_size
+    if size == 0:
+        raise DataError(f"{path}: the file is empty")
+    try:
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+        else:
+            table = _csv(path, size, pa, pcsv, progress)
+    except pa.ArrowInvalid as exc:
+        raise DataError(f"{path}: {_arrow_reason(path, exc)}") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: cannot read it ({str(exc).splitlines()[0]})") from None
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no rows")
+    names = [str(n) for n in table.column_names]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DataError(f"{path}: column {dup!r} appears twice")
+    return [_column(path, table.column(i), name, pa) for i, name in enumerate(names)], names
+
+
+def _csv(path: Path, size: int, pa, pcsv, progress: Progress | None):
+    """The CSV file as one Arrow table, by pyarrow's multithreaded reader; the bytes it has taken say how far it is."""
+    read = pcsv.ReadOptions(block_size=CSV_BLOCK, use_threads=True)
+    # only an empty field is missing: "nan" and "inf" are read as the numbers, which the checks then name
+    convert = pcsv.ConvertOptions(null_values=[""], strings_can_be_null=True)
+    with open(path, "rb", buffering=0) as f:
+        table = pcsv.read_csv(_Counted(f, size, progress), read_options=read, convert_options=convert)
+    if progress is not None:
+        progress(size, size)
+    return table
+
+
+class _Counted(io.RawIOBase):
+    """A file that tells `progress` how many of its bytes have been read (pyarrow reads it in large blocks)."""
+
+    def __init__(self, f, size: int, progress: Progress | None):
+        self.f, self.size, self.progress, self.done = f, size, progress, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self.f.readinto(buffer) or 0
+        self.done += n
+        if self.progress is not None and n:
+            self.progress(min(self.done, self.size), self.size)
+        return n
+
+
+def _arrow_reason(path: Path, exc: Exception) -> str:
+    """pyarrow's parse error as one line; for a ragged CSV row, which row (pyarrow does not say)."""
+    text = str(exc).splitlines()[0]
+    if "Expected" in text and "columns" in text and path.suffix.lower() == ".csv":
+        row = _ragged_row(path)
+        if row is not None:
+            return f"row {row[0]}: {row[1]} values where the header has {row[2]} columns"
+    if "Empty CSV file" in text or "no columns" in text.lower():
+        return "the file is empty"
+    return text.removeprefix("CSV parse error: ")
+
+
+def _ragged_row(path: Path) -> tuple[int, int, int] | None:
+    """(1-based data row, its values, the header's columns) of the first row as wide as the header is not; read
+    again with the standard library (an error path: speed does not matter)."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = csv.reader(f)
+        header = next(rows, None)
+        if header is None:
+            return None
+        for i, row in enumerate(rows, 1):
+            if row and len(row) != len(header):
+                return i, len(row), len(header)
+    return None
+
+
+def _column(path: Path, column, name: str, pa) -> np.ndarray:
+    """One column as a NumPy array of numbers, or the error naming its first bad row."""
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        column, kind = column.cast(kind.value_type), kind.value_type
+    if column.null_count:
+        row = int(pc.index(pc.is_null(column), True).as_py())
+        raise DataError(f"{path}: row {row + 1}, column {name!r}: empty value")
+    if pa.types.is_boolean(kind):
+        return column.to_numpy(zero_copy_only=False).astype(np.uint8)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return column.to_numpy(zero_copy_only=False)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        text = column.to_numpy(zero_copy_only=False)
+        for start in range(0, len(text), 1 << 16):  # the first value that is no number
+            chunk = text[start:start + (1 << 16)]
+            try:
+                chunk.astype(np.float64)
+            except ValueError:
+                for i, v in enumerate(chunk):
+                    try:
+                        float(v)
+                    except ValueError:
+                        raise DataError(f"{path}: row {start + i + 1}, column {name!r}: {v!r} is not a number "
+                                        "(every column must be numeric; pick columns with --features)") from None
+        return text.astype(np.float64)
+    raise DataError(f"{path}: column {name!r} holds {kind}, not numbers (pick columns with --features)")
+
+
+def _select(path: Path, columns: list[np.ndarray], names: list[str], target, features) -> Table:
+    if not columns or len(columns[0]) == 0:
+        raise DataError(f"{path}: no rows")
+    if len(columns) < 2:
+        raise DataError(f"{path}: one column; a table needs feature columns and a target column")
+    wanted = [target] if isinstance(target, str) else list(target) if target is not None else [names[-1]]
+    for t in wanted:
+        if t not in names:
+            raise DataError(f"{path}: no column {t!r} for --target (columns: {_listed(names)})")
+    picked = list(features) if features is not None else [n for n in names if n not in wanted]
+    for f in picked:
+        if f not in names:
+            raise DataError(f"{path}: no column {f!r} for --features (columns: {_listed(names)})")
+        if f in wanted:
+            raise DataError(f"{path}: column {f!r} is both a feature and the target")
+    if not picked:
+        raise DataError(f"{path}: no feature columns left beside the target")
+    by_name = dict(zip(names, columns))
+    y = np.stack([by_name[t].astype(np.float64) for t in wanted], axis=1)
+    _finite(path, y, wanted)
+    dtypes = {by_name[f].dtype for f in picked}
+    dtype = np.uint8 if dtypes == {np.dtype(np.uint8)} else np.float16 if dtypes == {np.dtype(np.float16)} \
+        else np.float32
+    x = np.empty((len(y), len(picked)), dtype)
+    with np.errstate(over="ignore"):
+        for j, f in enumerate(picked):
+            x[:, j] = by_name[f]
+    if dtype != np.uint8 and not np.isfinite(x).all():  # one pass over the whole; the first bad value named
+        row, j = np.argwhere(~np.isfinite(x))[0]
+        value = by_name[picked[j]][row]
+        why = "every value must be finite" if not np.isfinite(float(value)) else f"too large for {x.dtype}"
+        raise DataError(f"{path}: row {row + 1}, column {picked[j]!r}: {_shown(value)} ({why})")
+    _check_shape(path, x)
+    return Table(x, y, tuple(picked), tuple(wanted), str(path))
+
+
+# --- checks ------------------------------------------------------------------------------------------------------
+
+def _numeric(path: Path, a: np.ndarray, what: str) -> None:
+    if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+        raise DataError(f"{path}: {what} holds {a.dtype}, not numbers")
+
+
+def _feature_dtype(path: Path, x: np.ndarray, what: str) -> np.ndarray:
+    """uint8, float16 and float32 stay as they are; other numbers become float32 (checked to fit)."""
+    if x.dtype in (np.uint8, np.float16, np.float32):
+        return x
+    wide = x.astype(np.float64)
+    big = np.abs(wide) > np.finfo(np.float32).max
+    if big.any():
+        r, c = np.argwhere(big)[0]
+        raise DataError(f"{path}: row {r + 1}, column {c}: {_shown(wide[r, c])} in {what} does not fit float32")
+    return wide.astype(np.float32)
+
+
+def _finite(path: Path, a: np.ndarray, names: Sequence[str]) -> None:
+    if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+        return
+    bad = ~np.isfinite(a)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise DataError(f"{path}: row {r + 1}, column {names[c]!r}: {_shown(a[r, c])} (every value must be finite)")
+
+
+def _check_shape(path: Path, x: np.ndarray) -> None:
+    if x.shape[0] == 0:
+        raise DataError(f"{path}: no rows")
+    if not 1 <= x.shape[1] <= MAX_FEATURES:
+        raise DataError(f"{path}: {x.shape[1]} feature columns; rawgpu takes 1 to {MAX_FEATURES}")
+
+
+def _shown(v) -> str:
+    v = float(v)
+    return "NaN" if np.isnan(v) else ("inf" if v > 0 else "-inf") if np.isinf(v) else f"{v:g}"
+
+
+def _listed(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
