@@ -42,4 +42,5 @@ from .model_axis import (  # noqa: F401
     GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
     HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, MODEL_ACCUM, MODEL_CONFIGS, MODEL_ROLES, gemm_model_kernels)
 from .optim import OPTIM_WORDS, UPDATE_FAMILIES, Optim, update_family  # noqa: F401
+from .shapes import HEAD_TILE_CLASSES, MAX_CLASSES  # noqa: F401
 from .sources import SOURCES, build, main, nvrtc_arch, split_kernels  # noqa: F401
