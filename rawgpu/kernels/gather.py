@@ -53,23 +53,10 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
         raise ValueError(f"images: expected [N, row_bytes], got shape {images.shape}")
     n, row_bytes = images.shape
     require(labels, np.uint8, (n,), what="labels")
-    require(perm, np.int32, what="perm")
-    require(step, np.int64, (1,), what="step")
-    require(x_out, np.float16, what="x_out")
     require(y_out, np.int32, what="y_out")
-    if batch < 1 or steps_per_epoch < 1:
-        raise ValueError(f"batch ({batch}) and steps_per_epoch ({steps_per_epoch}) must be >= 1")
-    if len(perm.shape) != 1 or perm.shape[0] < batch * steps_per_epoch:
-        raise ValueError(f"perm: needs {batch * steps_per_epoch} entries (batch x steps_per_epoch), got shape {perm.shape}")
-    if len(x_out.shape) != 2 or x_out.shape[0] < batch:
-        raise ValueError(f"x_out: expected [>= {batch}, ld], got shape {x_out.shape}")
-    ld_out = x_out.shape[1]
-    if ld_out < row_bytes or ld_out % 8:
-        raise ValueError(f"x_out: row stride {ld_out} must be >= {row_bytes} and a multiple of 8")
+    ld_out = _check_order_and_batch(perm, step, x_out, batch, steps_per_epoch, row_bytes)
     if ld_out > 16 * MAX_THREADS:
         raise ValueError(f"x_out: rows of at most {16 * MAX_THREADS} halves (a thread per 16 columns), got {ld_out}")
-    if x_out.offset % 16:
-        raise ValueError(f"x_out: must start 16-byte aligned for vector stores (offset {x_out.offset})")
     if len(y_out.shape) != 1 or y_out.shape[0] < batch:
         raise ValueError(f"y_out: expected [>= {batch}], got shape {y_out.shape}")
     if (optim is None) != (schedule is None):
@@ -83,6 +70,27 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
     return k.get(SRC, "gather_batch").bind(
         blocks or batch, threads, 0, images, labels, perm, step, batch, steps_per_epoch, row_bytes, ld_out, x_out,
         y_out, optim if optim is not None else 0, *sched, int(early))
+
+
+def _check_order_and_batch(perm: Tensor, step: Tensor, x_out: Tensor, batch: int, steps_per_epoch: int,
+                           width: int) -> int:
+    """What both gathers read and write beside the data: the epoch's order, the counter and the fp16 batch of rows
+    `width` wide. Its row stride (ld_out)."""
+    require(perm, np.int32, what="perm")
+    require(step, np.int64, (1,), what="step")
+    require(x_out, np.float16, what="x_out")
+    if batch < 1 or steps_per_epoch < 1:
+        raise ValueError(f"batch ({batch}) and steps_per_epoch ({steps_per_epoch}) must be >= 1")
+    if len(perm.shape) != 1 or perm.shape[0] < batch * steps_per_epoch:
+        raise ValueError(f"perm: needs {batch * steps_per_epoch} entries (batch x steps_per_epoch), got shape {perm.shape}")
+    if len(x_out.shape) != 2 or x_out.shape[0] < batch:
+        raise ValueError(f"x_out: expected [>= {batch}, ld], got shape {x_out.shape}")
+    ld_out = x_out.shape[1]
+    if ld_out < width or ld_out % 8:
+        raise ValueError(f"x_out: row stride {ld_out} must be >= {width} and a multiple of 8")
+    if x_out.offset % 16:
+        raise ValueError(f"x_out: must start 16-byte aligned for vector stores (offset {x_out.offset})")
+    return ld_out
 
 
 TABLE_DTYPES = {np.dtype(np.uint8): "u8", np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}
@@ -122,20 +130,7 @@ def gather_table(k: Kernels, x: Tensor, targets: Tensor, perm: Tensor, step: Ten
     if mean is not None:
         require(mean, np.float32, (features,), what="mean")
         require(inv_std, np.float32, (features,), what="inv_std")
-    require(perm, np.int32, what="perm")
-    require(step, np.int64, (1,), what="step")
-    require(x_out, np.float16, what="x_out")
-    if batch < 1 or steps_per_epoch < 1:
-        raise ValueError(f"batch ({batch}) and steps_per_epoch ({steps_per_epoch}) must be >= 1")
-    if len(perm.shape) != 1 or perm.shape[0] < batch * steps_per_epoch:
-        raise ValueError(f"perm: needs {batch * steps_per_epoch} entries (batch x steps_per_epoch), got shape {perm.shape}")
-    if len(x_out.shape) != 2 or x_out.shape[0] < batch:
-        raise ValueError(f"x_out: expected [>= {batch}, ld], got shape {x_out.shape}")
-    ld_out = x_out.shape[1]
-    if ld_out < features or ld_out % 8:
-        raise ValueError(f"x_out: row stride {ld_out} must be >= {features} and a multiple of 8")
-    if x_out.offset % 16:
-        raise ValueError(f"x_out: must start 16-byte aligned for vector stores (offset {x_out.offset})")
+    ld_out = _check_order_and_batch(perm, step, x_out, batch, steps_per_epoch, features)
     if (optim is None) != (schedule is None):
         raise ValueError("gather_table: give optim and schedule together, or neither")
     if optim is not None:

@@ -47,13 +47,7 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
     require(labels, np.int32, what="labels")
     if len(labels.shape) != 1 or labels.shape[0] < batch:
         raise ValueError(f"labels: expected [>= {batch}], got shape {labels.shape}")
-    if dlogits is not None:
-        require(dlogits, np.float16, logits.shape, what="dlogits")
-    mean_over = batch if mean_over is None else mean_over
-    if mean_over < batch:
-        raise ValueError(f"mean_over ({mean_over}) must be at least the batch ({batch})")
-    if not (grad_scale > 0 and np.isfinite(grad_scale)):
-        raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
+    mean_over = _gradient_rows(dlogits, logits, "dlogits", batch, grad_scale, mean_over)
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
     if block_rows is not None and block_rows < 1:
@@ -67,6 +61,19 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
         0 if dlogits is None else dlogits, loss_sum, correct,
         batch if blocks == 1 else (BLOCK_ROWS if block_rows is None else block_rows),
         0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
+
+
+def _gradient_rows(grad: Tensor | None, out: Tensor, what: str, batch: int, grad_scale: float,
+                   mean_over: int | None) -> int:
+    """The gradient's buffer (out's shape, or None: evaluation) and scale checked; the rows of the loss's mean."""
+    if grad is not None:
+        require(grad, np.float16, out.shape, what=what)
+    mean_over = batch if mean_over is None else mean_over
+    if mean_over < batch:
+        raise ValueError(f"mean_over ({mean_over}) must be at least the batch ({batch})")
+    if not (grad_scale > 0 and np.isfinite(grad_scale)):
+        raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
+    return mean_over
 
 
 def zero_metrics(k: Kernels, loss_sum: Tensor, correct: Tensor) -> Launch:
@@ -101,13 +108,7 @@ def regression_loss(k: Kernels, pred: Tensor, targets: Tensor, dpred: Tensor | N
     require(targets, np.float32, what="targets")
     if len(targets.shape) != 2 or targets.shape[0] < batch or targets.shape[1] != outputs:
         raise ValueError(f"targets: expected [>= {batch}, {outputs}], got shape {targets.shape}")
-    if dpred is not None:
-        require(dpred, np.float16, pred.shape, what="dpred")
-    mean_over = batch if mean_over is None else mean_over
-    if mean_over < batch:
-        raise ValueError(f"mean_over ({mean_over}) must be at least the batch ({batch})")
-    if not (grad_scale > 0 and np.isfinite(grad_scale)):
-        raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
+    mean_over = _gradient_rows(dpred, pred, "dpred", batch, grad_scale, mean_over)
     require(sums, np.float64, (REGRESSION_SUMS,), what="sums")
     blocks = xent_blocks(batch)
     if blocks > 1:
