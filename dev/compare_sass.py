@@ -6,7 +6,10 @@ cache directory) and hashes each kernel's `.text.<name>` section of the cubin: t
 (-lineinfo) and the ptxas report live elsewhere in the ELF, so edits that only move lines do not count.
 
     mkdir -p /tmp/base && git -C /work/main archive HEAD rawgpu | tar -x -C /tmp/base
-    python dev/compare_sass.py /tmp/base --arch sm_80 --arch sm_86 --arch sm_90
+    python dev/compare_sass.py /tmp/base --arch sm_80 --arch sm_86 --arch sm_90 [--source gather.cu ...]
+                               [--renamed data.cu=gather.cu ...]
+
+--source compares those sources alone; --renamed compares a source the checkout renamed under its new name.
 
 Exit status 0 when every kernel of both sides is present in both and identical. Uses only the standard library
 (and, in the child processes, the package under test).
