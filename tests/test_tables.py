@@ -55,6 +55,7 @@ def test_progress_reaches_the_file_size(tmp_path):
     ("a,b,c\n1,1e300,3\n", r"t\.csv: row 1, column 'b': 1e\+300 \(too large for float32\)"),
     ("a,a,c\n1,2,3\n", r"t\.csv: column 'a' appears twice"),
     ("a\n1\n", r"t\.csv: one column"),
+    ("1,2,3\n4,5,6\n", r"t\.csv: the first row holds numbers, not column names"),
 ])
 def test_a_bad_csv_is_one_line_naming_the_row_and_column(tmp_path, text, expected):
     with pytest.raises(DataError, match=f"/{expected}") as info:

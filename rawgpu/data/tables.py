@@ -184,9 +184,11 @@ def _arrow(path: Path, suffix: str, progress: Progress | None) -> tuple[list[np.
         raise DataError(f"{path}: {_arrow_reason(path, exc)}") from None
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: cannot read it ({str(exc).splitlines()[0]})") from None
+    names = [str(n) for n in table.column_names]
+    if suffix == ".csv" and all(_is_number(n) for n in names):  # a file without a header: its first row is data
+        raise DataError(f"{path}: the first row holds numbers, not column names: add a header row naming the columns")
     if table.num_rows == 0:
         raise DataError(f"{path}: no rows")
-    names = [str(n) for n in table.column_names]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise DataError(f"{path}: column {dup!r} appears twice")
@@ -350,6 +352,14 @@ def _check_shape(path: Path, x: np.ndarray) -> None:
         raise DataError(f"{path}: no rows")
     if not 1 <= x.shape[1] <= MAX_FEATURES:
         raise DataError(f"{path}: {x.shape[1]} feature columns; rawgpu takes 1 to {MAX_FEATURES}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _shown(v) -> str:
