@@ -62,6 +62,15 @@ def test_each_variant_binds_its_kernels_parameters(dtype, values, std):
     assert args[2] == (3 if values else 1) and args[7] == 20 and args[8] == 24  # outputs, features, ld_out
 
 
+def test_the_contract_names_every_instance_the_source_builds():
+    from rawgpu import contract
+    from rawgpu.runtime import compiler
+
+    built = compiler.compile_source("gather.cu", "sm_90").signatures
+    assert sorted(n for n in built if n.startswith("gather_table")) == sorted(contract.gather_table_kernels())
+    assert len(contract.gather_table_kernels()) == 12
+
+
 def test_bad_tensors_are_refused_naming_the_argument():
     a, t = _tensors(np.float32)
     k = _Recorder()

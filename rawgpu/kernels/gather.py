@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import OPTIM_WORDS
+from ..contract import OPTIM_WORDS, gather_table_kernel
 from ..contract.optim import SCHEDULES  # the schedule codes gather_batch takes
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
@@ -93,7 +93,7 @@ def _check_order_and_batch(perm: Tensor, step: Tensor, x_out: Tensor, batch: int
     return ld_out
 
 
-TABLE_DTYPES = {np.dtype(np.uint8): "u8", np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}
+TABLE_DTYPES = {np.dtype(np.uint8): "u8", np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}  # contract's names
 TABLE_THREADS = 1024  # gather_table: a thread per 8 columns, looping past 8192
 
 
@@ -139,7 +139,7 @@ def gather_table(k: Kernels, x: Tensor, targets: Tensor, perm: Tensor, step: Ten
         raise ValueError(f"gather_table: blocks must be in 1..{batch}, got {blocks}")
     sched = schedule.args() if schedule is not None else (0.0, 0.0, 0, 0, 0)
     threads = min(TABLE_THREADS, -(-ld_out // (8 * 32)) * 32)  # a thread per 8 columns, whole warps
-    name = f"gather_table_{kind}_{'values' if values else 'labels'}" + ("_std" if mean is not None else "")
+    name = gather_table_kernel(kind, "values" if values else "labels", mean is not None)
     return k.get(SRC, name).bind(
         blocks or batch, threads, 0, x, targets, outputs, perm, step, batch, steps_per_epoch, features, ld_out,
         mean if mean is not None else 0, inv_std if inv_std is not None else 0, x_out, y_out,
