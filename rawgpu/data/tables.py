@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..contract.shapes import MAX_CLASSES, MAX_INPUTS
 from ..runtime.errors import DataError
 
-MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
+MAX_FEATURES = 16384  # the widest input the first layer takes
+MAX_CLASSES = 1000
 MAX_OUTPUTS = 64
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
 NPZ_SPLITS = ("train", "val", "test")  # .npz arrays x_<split>, y_<split>
