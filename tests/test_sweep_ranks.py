@@ -6,7 +6,6 @@ tests/test_jobs_gpu.py."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -16,6 +15,7 @@ from rawgpu.training.stats import EpochStats
 from rawgpu.training.grid import Grid
 from rawgpu.jobs.launchers import World
 from rawgpu.model.recipe import Recipe
+from rank_threads import run_ranks
 from test_trainer import synthetic
 
 
@@ -66,21 +66,10 @@ def test_each_rank_trains_its_share_and_rank_0_writes_every_result_and_the_best_
     sweeps = [_sweep(data, tmp_path / "out", save_best=2)] + [_sweep(data, None) for _ in range(size - 1)]
     sweeps[0].results[1].history = [_stats(1, 1), _stats(1, 2)]  # a resumed sweep: model 1 is done
     todo = [r.index for r in sweeps[0].results if not r.done]
-    seen, errors = [], []
-
-    def rank(r: int) -> None:
-        try:
-            sweep_ranks.run(sweeps[r], World(r, size, r, "127.0.0.1", port, "test"), 10.0, None, todo,
-                          lambda result: seen.append(result.index))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors and not any(t.is_alive() for t in threads)
+    seen = []
+    errors = run_ranks(lambda r: sweep_ranks.run(sweeps[r], World(r, size, r, "127.0.0.1", port, "test"), 10.0, None,
+                                                 todo, lambda result: seen.append(result.index)), size)
+    assert not errors
     assert {r: trained[r] for r in range(size)} == {r: todo[r::size] for r in range(size)}  # model 1 not again
     assert sorted(seen) == todo
     doc = json.loads((tmp_path / "out" / "results.json").read_text())

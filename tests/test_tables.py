@@ -116,6 +116,18 @@ def test_npy_and_npz_keep_uint8_and_float16_and_check_the_rest(tmp_path, rng):
         tables.read(tmp_path / "t.txt")
     with pytest.raises(DataError, match=r"no such file"):
         tables.read(tmp_path / "none.csv")
+    (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04junk")
+    with pytest.raises(DataError, match=r"junk\.npz: not a readable \.npz file"):
+        tables.read(tmp_path / "junk.npz")
+    (tmp_path / "latin.csv").write_bytes(b"\xff\xfe\x00a,b\n1,2\n")
+    with pytest.raises(DataError, match=r"latin\.csv: not UTF-8 text"):
+        tables.read(tmp_path / "latin.csv")
+    (tmp_path / "junk.parquet").write_bytes(b"garbage")
+    with pytest.raises(DataError, match=r"junk\.parquet: not a readable Parquet file"):
+        tables.read(tmp_path / "junk.parquet")
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(DataError, match=r"dir\.csv: not a file"):
+        tables.read(tmp_path / "dir.csv")
 
 
 def test_labels_are_whole_numbers_in_range_and_at_most_1000_classes(tmp_path):

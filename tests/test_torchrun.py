@@ -14,6 +14,7 @@ import pytest
 from rawgpu.jobs import job as job_module
 from rawgpu.jobs import rendezvous as rv
 from rawgpu.jobs.launchers import World, tell_launcher, world_from_environment
+from rank_threads import run_ranks
 from rawgpu.jobs.torchrun_store import PortExchange, StoreError, agent_store_key
 
 SAME = rv.Identity.of("recipe", "data", "0.1")
@@ -206,19 +207,11 @@ def test_the_ranks_meet_through_torchruns_store_without_binding_its_port(store, 
               for r in range(size)]
     meetings = [job_module.start_meeting(w, 10.0) for w in reversed(worlds)][::-1]  # rank 0 last
     jobs: dict[int, object] = {}
-    errors: list[BaseException] = []
 
     def meet(r: int) -> None:
-        try:
-            jobs[r] = job_module.meet(worlds[r], SAME, 10.0, lambda line: None, meetings[r], nccl=False)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        jobs[r] = job_module.meet(worlds[r], SAME, 10.0, lambda line: None, meetings[r], nccl=False)
 
-    threads = [threading.Thread(target=meet, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    errors = run_ranks(meet, size)
     assert not errors and sorted(jobs) == list(range(size))
     assert sorted(jobs[0].links) == list(range(1, size)) and all(list(jobs[r].links) == [0] for r in range(1, size))
     assert len({jobs[r].unique_id for r in range(size)}) == 1

@@ -13,19 +13,20 @@ The target is a column (default: the last) or, in .npz files, the arrays y_train
 from __future__ import annotations
 
 import io
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from ..contract.shapes import MAX_INPUTS
 from ..runtime.errors import DataError
 
-MAX_FEATURES = 16384  # the widest input the first layer takes
-MAX_CLASSES = 1000
+MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
+MAX_CLASSES = 1000  # issue 64's limit for a table's labels
 MAX_OUTPUTS = 64
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
-NPZ_SPLITS = ("train", "val", "test")  # .npz arrays x_<split>, y_<split>
 CSV_BLOCK = 1 << 24  # bytes per parsed block: the progress step of a CSV read
 
 Progress = Callable[[int, int], None]  # (bytes done, total bytes)
@@ -53,20 +54,26 @@ def read(path: str | Path, *, target: str | Sequence[str] | None = None, feature
          split: str = "train", progress: Progress | None = None) -> Table:
     """The table in `path` (.npy: a 2-D array whose target is its last column(s) unless `target` names column
     indices; .npz: the arrays x_<split>, y_<split>; .csv, .parquet: named columns). target: the target column(s),
-    default the last; features: the feature columns, default all the others."""
+    default the last; features: the feature columns, default all the others. progress(bytes done, total) is called
+    while a CSV is read, from the thread that reads it."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise DataError(f"{path}: unknown table format {path.suffix or '(no suffix)'!r}; use one of "
                         f"{', '.join(FORMATS)}")
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path}: no such file")
+    if not path.is_file():
+        raise DataError(f"{path}: not a file")
     if suffix == ".npz":
         return _npz(path, split, target, features)
     if suffix == ".npy":
         columns, names = _npy(path)
     else:
-        columns, names = _arrow(path, suffix, progress)
+        try:
+            columns, names = _arrow(path, suffix, progress)
+        except UnicodeDecodeError:  # pyarrow reads names and text as UTF-8 (when asked for them)
+            raise DataError(f"{path}: not UTF-8 text") from None
     return _select(path, columns, names, target, features)
 
 
@@ -142,7 +149,7 @@ def _npz(path: Path, split_name: str, target, features) -> Table:
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path}: not a readable .npz file ({exc})") from None
     xk, yk = f"x_{split_name}", f"y_{split_name}"
     if xk not in arrays or yk not in arrays:
@@ -181,6 +188,8 @@ def _arrow(path: Path, suffix: str, progress: Progress | None) -> tuple[list[np.
         else:
             table = _csv(path, size, pa, pcsv, progress)
     except pa.ArrowInvalid as exc:
+        if suffix == ".parquet":
+            raise DataError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
         raise DataError(f"{path}: {_arrow_reason(path, exc)}") from None
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: cannot read it ({str(exc).splitlines()[0]})") from None
