@@ -143,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="compare-sass-") as tmp:
         cache = args.cache or Path(tmp) / "cache"
         for arch in archs:
-            base = run_side(args.base.resolve(), arch, cache, Path(tmp) / f"base-{arch}.json", args.jobs, args.source)
+            renamed = dict(r.split("=", 1) for r in args.renamed)
+            was = {new_name: old for old, new_name in renamed.items()}
+            base_sources = [was.get(s, s) for s in args.source] if args.source else None
+            base = run_side(args.base.resolve(), arch, cache, Path(tmp) / f"base-{arch}.json", args.jobs, base_sources)
             new = run_side(args.checkout.resolve(), arch, cache, Path(tmp) / f"new-{arch}.json", args.jobs, args.source)
-            count, problems = compare(base, new, dict(r.split("=", 1) for r in args.renamed))
+            count, problems = compare(base, new, renamed)
             report[arch] = {"compared": count, "problems": problems, "baseline": base["kernels"],
                             "checkout": new["kernels"]}
             verdict = "all identical" if not problems else f"{len(problems)} problem(s)"

@@ -25,7 +25,8 @@ import pytest
 from rawgpu.data import datasets as data
 from rawgpu.data.datasets import FileSpec, load_dataset, load_mnist
 from rawgpu.runtime.errors import DataError
-from rawgpu.model.recipe import MAX_CLASSES, MAX_INPUTS
+from rawgpu.contract.shapes import IDX_MAX_CLASSES
+from rawgpu.model.recipe import MAX_INPUTS
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_DATASETS = dict(data.DATASETS)
@@ -729,14 +730,11 @@ def test_idx_classes_from_both_label_files(tmp_path):
 
 
 def test_idx_set_at_the_limits(tmp_path):
-    write_idx_set(tmp_path / "set", n_train=MAX_CLASSES, n_test=2, shape=(MAX_INPUTS // 128, 128),
-                  classes=MAX_CLASSES)
+    """Every byte is a label: 256 classes, and the widest image."""
+    write_idx_set(tmp_path / "set", n_train=IDX_MAX_CLASSES, n_test=2, shape=(MAX_INPUTS // 128, 128),
+                  classes=IDX_MAX_CLASSES)
     m = load_dataset("idx", tmp_path / "set")
-    assert (m.classes, m.inputs) == (MAX_CLASSES, MAX_INPUTS)
-
-
-def labels_with(value: int, at: int, n: int = 123) -> bytes:
-    return idx_bytes(data.LABELS_MAGIC, (n,), bytes(value if i == at else i % 3 for i in range(n)))
+    assert (m.classes, m.inputs) == (IDX_MAX_CLASSES, MAX_INPUTS)
 
 
 IDX_ERRORS = {  # case -> (write_idx_set arguments, the field whose file is named, message fragments)
@@ -745,8 +743,6 @@ IDX_ERRORS = {  # case -> (write_idx_set arguments, the field whose file is name
     "label count": (dict(train_labels=idx_bytes(data.LABELS_MAGIC, (122,), bytes(i % 3 for i in range(122)))),
                     "train_labels", ["122 labels for the 123 images", NAMES[0]]),
     "single class": (dict(classes=1), "train_labels", ["every label is 0, a single class", NAMES[3]]),
-    "label too large": (dict(train_labels=labels_with(MAX_CLASSES, at=5)), "train_labels",
-                        [f"label out of range: {MAX_CLASSES} at index 5 (expected 0..{MAX_CLASSES - 1})"]),
     "2-dim images": (dict(train_images=idx_bytes(0x802, (123, 35), bytes(123 * 35))), "train_images",
                      ["2-dim IDX file (magic 0x00000802)", "expected magic 0x00000803: uint8, 3 dims"]),
     "too many pixels": (dict(n_train=2, n_test=2, shape=(129, 128), classes=2), "train_images",

@@ -61,10 +61,10 @@ ADAM_ARITHMETIC = 1e-5  # Adam's weight change against float64 arithmetic on the
 class FakeMNIST:
     """Random images and labels shaped like MNIST: the step must be right for any data, not just digits."""
 
-    def __init__(self, rng):
+    def __init__(self, rng, classes: int = 10):
         self.train_images = rng.integers(0, 256, (TRAIN_ROWS, 28, 28), dtype=np.uint8)
         self.test_images = rng.integers(0, 256, (TEST_ROWS, 28, 28), dtype=np.uint8)
-        teacher = rng.standard_normal((784, 10))  # labels a linear model can learn, so gradients are coherent
+        teacher = rng.standard_normal((784, classes))  # labels a linear model can learn, so gradients are coherent
         self.train_labels = (self.train_images.reshape(TRAIN_ROWS, -1) @ teacher).argmax(1).astype(np.uint8)
         self.test_labels = (self.test_images.reshape(TEST_ROWS, -1) @ teacher).argmax(1).astype(np.uint8)
 
@@ -136,12 +136,16 @@ REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), 
     (256, 3, 128, MOMENTUM, "fp32", "layered-long", "gelu"), (256, 3, 128, ADAM, "fp32", "layered-long", "tanh"),
     (256, 2, 1024, ADAM, "fp32", "layered", "gelu"),  # above batch 256: the warpgroup-MMA tiles' staged slopes
     (1024, 2, 300, MOMENTUM, "fp32", "layered", "gelu_tanh"), ((64, 128), None, 32, PLAIN, "fp32", "layered-long",
-                                                                "silu")]])
+                                                                "silu"),
+    # more classes than the one-tile heads hold: the head is a GEMM over them and softmax_xent reads them all
+    (256, 2, 64, {**MOMENTUM, "classes": 100}, "fp32", "layered"), (512, 2, 128, {**ADAM, "classes": 200}, "fp32",
+                                                                        "layered"),
+    (128, 2, 32, {**PLAIN, "classes": 17}, "fp32", "layered")]])
 def test_parameters_match_float64_reference(device, stream, kernels_for, rng, hidden, layers, batch, opt, accum,
                                             step_kind, activation):
     if step_kind == "cluster" and int(device.arch.removeprefix("sm_")) < 90:
         pytest.skip(f"the cluster step needs sm_90 thread-block clusters; this GPU is {device.arch}")
-    data = FakeMNIST(rng)
+    data = FakeMNIST(rng, opt.get("classes", 10))
     perm = rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, schedule="constant",
                     accum=accum, activation=activation, seed=int(rng.integers(1 << 30)))

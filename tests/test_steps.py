@@ -135,7 +135,7 @@ def test_the_parser_defaults_are_the_recipe_defaults():
     (dict(optimizer="adamw", momentum=0.9), "^momentum: applies to optimizer sgd, not adamw"),
     (dict(beta1=0.5), "^beta1: applies to optimizer adam and adamw, not sgd$"),
     (dict(eps=1e-6), "^eps: applies to optimizer adam and adamw, not sgd$"),
-    (dict(inputs=0), "^inputs: must be >= 1, got 0$"), (dict(classes=17), "^classes: must be <= 16, got 17$"),
+    (dict(inputs=0), "^inputs: must be >= 1, got 0$"), (dict(classes=1001), "^classes: must be <= 1000, got 1001$"),
     (dict(total_steps=-1), "^total_steps: must be >= 0, got -1$"), (dict(test_rows=0), "^test_rows: must be >= 1")])
 def test_the_recipe_checks_the_same_limits_as_the_cli(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -148,7 +148,8 @@ def test_loss_scaled_learning_rate_and_padding_are_stated_once():
     assert r._scaled_lr == (0.05 / rc.loss_scale(128), 0.001 / rc.loss_scale(128))
     assert r._padded_widths == [784, 256, 256, 256, 16]
     assert Recipe(hidden=100)._padded_widths == [784, 104, 104, 104, 16]
-    assert rc.cdiv(7, 2) == 4 and rc.pad8(9) == 16 and rc.PADDED_CLASSES == 16
+    assert rc.cdiv(7, 2) == 4 and rc.pad8(9) == 16
+    assert [rc.padded_classes(c) for c in (2, 10, 16, 17, 100, 1000)] == [16, 16, 16, 24, 104, 1000]
     assert r._kernel_accum == "f32" and r._schedule_code == rc.SCHEDULES["cosine"]
 
 
@@ -306,3 +307,22 @@ def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, m
             assert not addresses(step[i]) & splitk["weight updates" if sides[i] == first else first], names[i]
         if recipe.batch > BIAS_SPLIT_ROWS:  # the bias updates' row ranges meet in exact sums
             assert all(addresses(step[i]) & side_scratch for i in bias), "a bias update without its side's sums"
+
+
+@pytest.mark.parametrize("classes", [17, 100, 1000])
+def test_more_classes_than_one_head_tile_run_the_layered_steps_head_as_kernels(classes, monkeypatch):
+    """Above 16 classes the head is a GEMM over the padded classes and softmax_xent: the layered step's long head,
+    on every arch; auto passes the fused and cluster steps over, saying why; every launch binds on the CPU."""
+    monkeypatch.setattr("rawgpu.runtime.driver.tensor_map_2d", lambda *a: bytes(128))
+    recipe = Recipe(hidden=512, batch=128, classes=classes)
+    assert recipe._padded_widths[-1] == rc.padded_classes(classes) >= classes
+    for arch in ("sm_86", "sm_90"):
+        choice = steps.choose(recipe, arch, "auto")
+        assert choice.kind == "layered", choice
+        assert f"one tile of 16 classes, not {classes}" in choice.passed_over["fused"]
+        model = plan_model(recipe, "layered", arch=arch)
+        assert model.step.head is None, "no one-cluster head past 16 classes"
+        model.arena.base, model.arena._allocated = 1 << 40, True
+        model.k = _BindingKernels(arch)
+        names = [b[0] for b in model.step._one_step()]
+        assert "softmax_xent" in names and len(names) == model.step.kernel_count(), names

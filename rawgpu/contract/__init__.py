@@ -30,6 +30,7 @@ from .elementwise import EW_THREADS  # noqa: F401
 from .fused import (  # noqa: F401
     FS_HEADER_FIELDS, FS_INPUTS, FS_KERNELS, FS_LAYER_FIELDS, FS_LD, FS_MAX_LAYERS, FS_PANEL_LD, FS_T, FS_THREADS,
     FS_WARPS, FsLayer, FsParams, fs_smem_bytes, fs_stages, fused_kernel_name)
+from .gather import GATHER_TABLE_DTYPES, gather_table_kernel, gather_table_kernels  # noqa: F401
 from .gemm import (  # noqa: F401
     ACCUMULATORS, CONFIGS, EPILOGUES, GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, INSTANCES, LAYOUTS,
     MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM, STREAM_CONFIG, TMA_ROLES, UPDATE_EPILOGUES, GemmConfig, all_kernel_names,
@@ -42,4 +43,5 @@ from .model_axis import (  # noqa: F401
     GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
     HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, MODEL_ACCUM, MODEL_CONFIGS, MODEL_ROLES, gemm_model_kernels)
 from .optim import OPTIM_WORDS, UPDATE_FAMILIES, Optim, update_family  # noqa: F401
+from .shapes import HEAD_TILE_CLASSES, MAX_CLASSES  # noqa: F401
 from .sources import SOURCES, build, main, nvrtc_arch, split_kernels  # noqa: F401

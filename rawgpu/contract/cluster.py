@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from .shapes import INPUTS, MAX_CLASSES
+from .shapes import HEAD_TILE_CLASSES, INPUTS
 from .abi import CStruct, declare, header
 
 CS_WARPS = 8
@@ -18,7 +18,7 @@ CS_MAX_COLUMNS = 8 * max(CS_TILE_COUNTS)  # columns of a hidden layer per CTA
 # One CTA's shared memory: kernels/cluster.py sizes its regions with these and cluster_step.cu indexes them with the
 # same numbers, so the two cannot disagree. Rows are padded past the columns they hold so that a fragment's rows
 # fall into different banks.
-CS_CLASSES = MAX_CLASSES  # the head's width: two 8-class MMA tiles (every CTA holds a replica of the head)
+CS_CLASSES = HEAD_TILE_CLASSES  # the head's width: two 8-class MMA tiles (every CTA holds a replica of the head)
 CS_X_LD = CS_INPUTS + 8  # halves per row of the batch in fp16
 CS_HEAD_LD = CS_CLASSES + 4  # floats per row of the head replica
 CS_DLOGIT_LD = CS_CLASSES + 8  # halves per row of d(logits)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .abi import header
 from .optim import UPDATE_FAMILIES
-from .shapes import MAX_CLASSES
+from .shapes import HEAD_TILE_CLASSES
 
 HEAD_THREADS = 256
-HEAD_CLASSES = MAX_CLASSES  # classes, padded: the head's one MMA tile
+HEAD_CLASSES = HEAD_TILE_CLASSES  # classes, padded: the head's one MMA tile
 HEAD_BATCHES = (32, 64, 128, 256)  # batch tiles (ROWS): a batch of B rows runs the smallest tile >= B
 HEAD_FAMILIES = UPDATE_FAMILIES
 HEAD_MAX_CTAS = 16  # the largest cluster (sm_90's non-portable limit): the partial logits a CTA adds up

@@ -111,6 +111,74 @@ softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ 
     }
 }
 
+// Regression: a warp per row as softmax_xent, lanes over the row's K outputs (K <= 64). Per row, with e = pred - y:
+// the loss (1/K) sum of l(e) (kind 0: e^2; 1: |e|; 2: Huber with delta 1, e^2 / 2 within 1, |e| - 1/2 past it), and
+// for the metrics sum e^2 and sum |e|; dpred[r, k] = l'(e) * grad_scale (the launcher folds the loss scale, 1 / rows
+// and 1 / K into it), 0 for the padding columns up to ld; dpred == nullptr: evaluation, metrics only.
+// sums[0..2] += loss, squared, absolute (exact across blocks as softmax_xent's: scratch 3 int64, ticket).
+#if !XENT_MODELS  // regression has no model axis yet: loss_models.cu builds the classifier's loss alone
+#define REG_MSE 0
+#define REG_L1 1
+#define REG_HUBER 2
+extern "C" __global__ void __launch_bounds__(XENT_MAX_WARPS * 32)
+regression_loss(const half_t* __restrict__ pred, int ld, const float* __restrict__ targets, int batch, int outputs,
+                int kind, float grad_scale, half_t* __restrict__ dpred, double* sums, int block_rows, i64* scratch,
+                int* ticket) {
+    __shared__ double s_sum[3][XENT_MAX_WARPS];
+    pdl_enter();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int first = blockIdx.x * block_rows, end = min(batch, first + block_rows);
+    double acc_loss = 0.0, acc_sq = 0.0, acc_abs = 0.0;  // lane 0's running sums, rows in ascending order
+    const float inv_k = 1.0f / (float)outputs;
+    for (int r = first + warp; r < end; r += warps) {
+        const half_t* z = pred + (i64)r * ld;
+        const float* y = targets + (i64)r * outputs;
+        float loss = 0.f, sq = 0.f, ab = 0.f;
+        for (int k = lane; k < outputs; k += 32) {
+            const float e = f16_to_f32(z[k]) - y[k], a = fabsf(e);
+            sq += e * e, ab += a;
+            loss += kind == REG_MSE ? e * e : kind == REG_L1 ? a : (a <= 1.f ? 0.5f * e * e : a - 0.5f);
+        }
+        loss = warp_sum(loss), sq = warp_sum(sq), ab = warp_sum(ab);
+        if (lane == 0) acc_loss += (double)(loss * inv_k), acc_sq += (double)sq, acc_abs += (double)ab;
+        if (dpred != nullptr) {
+            half_t* d = dpred + (i64)r * ld;
+            for (int k = lane; k < ld; k += 32) {
+                float g = 0.f;
+                if (k < outputs) {
+                    const float e = f16_to_f32(z[k]) - y[k];
+                    g = (kind == REG_MSE ? 2.f * e : kind == REG_L1 ? (e > 0.f) - (e < 0.f) : fminf(1.f, fmaxf(-1.f, e))) *
+                        grad_scale;
+                }
+                d[k] = f32_to_f16(g);
+            }
+        }
+    }
+    if (lane == 0) s_sum[0][warp] = acc_loss, s_sum[1][warp] = acc_sq, s_sum[2][warp] = acc_abs;
+    __syncthreads();
+    if (threadIdx.x < 3) {  // thread i: sum i over the warps, then over the blocks
+        const int i = threadIdx.x;
+        double total = 0.0;
+        for (int w = 0; w < warps; ++w) total += s_sum[i][w];
+        if (gridDim.x > 1) {
+            exact_add(scratch + i, isfinite(total) ? __double2ll_rn(total * 4294967296.0) : 0);
+            if (!isfinite(total)) sums[i] = total;  // a NaN or infinite sum (divergence) stays so
+        }
+        s_sum[i][0] = total;
+    }
+    if (gridDim.x > 1) {
+        if (!last_of_blocks(ticket, gridDim.x)) return;
+        if (threadIdx.x < 3) s_sum[threadIdx.x][0] = (double)exact_take(scratch + threadIdx.x) * (1.0 / 4294967296.0);
+    }
+    if (threadIdx.x < 3) sums[threadIdx.x] += s_sum[threadIdx.x][0];
+}
+
+// Reset the regression metrics (three doubles).
+extern "C" __global__ void zero_sums(double* sums, int n) {
+    if (blockIdx.x == 0 && threadIdx.x < n) sums[threadIdx.x] = 0.0;
+}
+#endif
+
 // Reset the accumulated metrics; a kernel (not a memset) so the reset can sit inside a captured graph.
 extern "C" __global__ void zero_metrics(double* loss_sum, int* correct) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *loss_sum = 0.0, *correct = 0;

@@ -33,7 +33,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..runtime.errors import DataError
-from ..model.recipe import MAX_CLASSES, MAX_INPUTS, SettingError, SettingTypeError, shown
+from ..contract.shapes import IDX_MAX_CLASSES
+from ..model.recipe import MAX_INPUTS, SettingError, SettingTypeError, shown
 
 TIMEOUT_S = 30.0  # per socket operation, so a stalled mirror fails instead of hanging
 CHUNK = 1 << 16
@@ -291,7 +292,7 @@ def _decode(blob: bytes, gzipped: bool, spec: DatasetSpec, file: FileSpec, where
             content = gzip.decompress(blob)
         except (OSError, EOFError, zlib.error) as e:
             raise DataError(f"{where}: not a gzip file / corrupt gzip stream ({_one_line(e)})") from None
-    array = _parse_idx(content, file, spec.classes or MAX_CLASSES, where)
+    array = _parse_idx(content, file, spec.classes or IDX_MAX_CLASSES, where)
     return array, _verify(file, blob if gzipped else None, content, spec.title, where)
 
 

@@ -20,11 +20,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..contract.shapes import MAX_INPUTS
+from ..contract.shapes import MAX_CLASSES, MAX_INPUTS
 from ..runtime.errors import DataError
 
 MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
-MAX_CLASSES = 1000  # issue 64's limit for a table's labels
 MAX_OUTPUTS = 64
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
 CSV_BLOCK = 1 << 24  # bytes per parsed block: the progress step of a CSV read

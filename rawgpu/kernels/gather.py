@@ -1,5 +1,5 @@
-"""Launchers for cu/gather.cu (batch gather with the step's optimiser values, step counter) and `lr_at`, the
-schedule's host twin.
+"""Launchers for cu/gather.cu (batch gather with the step's optimiser values, of images or of a table of your own;
+step counter) and `lr_at`, the schedule's host twin.
 
 Everything reads the device step counter, so a captured training step replays unchanged every step.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import OPTIM_WORDS
+from ..contract import OPTIM_WORDS, gather_table_kernel
 from ..contract.optim import SCHEDULES  # the schedule codes gather_batch takes
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
@@ -53,23 +53,10 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
         raise ValueError(f"images: expected [N, row_bytes], got shape {images.shape}")
     n, row_bytes = images.shape
     require(labels, np.uint8, (n,), what="labels")
-    require(perm, np.int32, what="perm")
-    require(step, np.int64, (1,), what="step")
-    require(x_out, np.float16, what="x_out")
     require(y_out, np.int32, what="y_out")
-    if batch < 1 or steps_per_epoch < 1:
-        raise ValueError(f"batch ({batch}) and steps_per_epoch ({steps_per_epoch}) must be >= 1")
-    if len(perm.shape) != 1 or perm.shape[0] < batch * steps_per_epoch:
-        raise ValueError(f"perm: needs {batch * steps_per_epoch} entries (batch x steps_per_epoch), got shape {perm.shape}")
-    if len(x_out.shape) != 2 or x_out.shape[0] < batch:
-        raise ValueError(f"x_out: expected [>= {batch}, ld], got shape {x_out.shape}")
-    ld_out = x_out.shape[1]
-    if ld_out < row_bytes or ld_out % 8:
-        raise ValueError(f"x_out: row stride {ld_out} must be >= {row_bytes} and a multiple of 8")
+    ld_out = _check_order_and_batch(perm, step, x_out, batch, steps_per_epoch, row_bytes)
     if ld_out > 16 * MAX_THREADS:
         raise ValueError(f"x_out: rows of at most {16 * MAX_THREADS} halves (a thread per 16 columns), got {ld_out}")
-    if x_out.offset % 16:
-        raise ValueError(f"x_out: must start 16-byte aligned for vector stores (offset {x_out.offset})")
     if len(y_out.shape) != 1 or y_out.shape[0] < batch:
         raise ValueError(f"y_out: expected [>= {batch}], got shape {y_out.shape}")
     if (optim is None) != (schedule is None):
@@ -83,6 +70,80 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
     return k.get(SRC, "gather_batch").bind(
         blocks or batch, threads, 0, images, labels, perm, step, batch, steps_per_epoch, row_bytes, ld_out, x_out,
         y_out, optim if optim is not None else 0, *sched, int(early))
+
+
+def _check_order_and_batch(perm: Tensor, step: Tensor, x_out: Tensor, batch: int, steps_per_epoch: int,
+                           width: int) -> int:
+    """What both gathers read and write beside the data: the epoch's order, the counter and the fp16 batch of rows
+    `width` wide. Its row stride (ld_out)."""
+    require(perm, np.int32, what="perm")
+    require(step, np.int64, (1,), what="step")
+    require(x_out, np.float16, what="x_out")
+    if batch < 1 or steps_per_epoch < 1:
+        raise ValueError(f"batch ({batch}) and steps_per_epoch ({steps_per_epoch}) must be >= 1")
+    if len(perm.shape) != 1 or perm.shape[0] < batch * steps_per_epoch:
+        raise ValueError(f"perm: needs {batch * steps_per_epoch} entries (batch x steps_per_epoch), got shape {perm.shape}")
+    if len(x_out.shape) != 2 or x_out.shape[0] < batch:
+        raise ValueError(f"x_out: expected [>= {batch}, ld], got shape {x_out.shape}")
+    ld_out = x_out.shape[1]
+    if ld_out < width or ld_out % 8:
+        raise ValueError(f"x_out: row stride {ld_out} must be >= {width} and a multiple of 8")
+    if x_out.offset % 16:
+        raise ValueError(f"x_out: must start 16-byte aligned for vector stores (offset {x_out.offset})")
+    return ld_out
+
+
+TABLE_DTYPES = {np.dtype(np.uint8): "u8", np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}  # contract's names
+TABLE_THREADS = 1024  # gather_table: a thread per 8 columns, looping past 8192
+
+
+def gather_table(k: Kernels, x: Tensor, targets: Tensor, perm: Tensor, step: Tensor, x_out: Tensor, y_out: Tensor,
+                 batch: int, steps_per_epoch: int, mean: Tensor | None = None, inv_std: Tensor | None = None,
+                 optim: Tensor | None = None, schedule: Schedule | None = None, early: bool = False,
+                 blocks: int | None = None) -> Launch:
+    """gather_batch for a table of your own: x_out[i] = row perm[p + i] of x (uint8 / 255 as pixels, float16 or
+    float32 [N, F]; with mean and inv_std, float32 [F] each, (v - mean) * inv_std per column) as fp16, zero past F;
+    y_out[i] its target: a class label (targets int32 [N] -> y_out int32 [>= batch]) or K values (targets float32
+    [N, K] -> y_out float32 [>= batch, K]). optim, schedule, early, blocks: as gather_batch."""
+    kind = TABLE_DTYPES.get(x.dtype)
+    if kind is None:
+        raise TypeError(f"x: expected uint8, float16 or float32 features, got {x.dtype}")
+    if len(x.shape) != 2:
+        raise ValueError(f"x: expected [N, features], got shape {x.shape}")
+    n, features = x.shape
+    if targets.dtype == np.int32:
+        require(targets, np.int32, (n,), what="targets (class labels)")
+        require(y_out, np.int32, what="y_out")
+        values, outputs = False, 1
+        if len(y_out.shape) != 1 or y_out.shape[0] < batch:
+            raise ValueError(f"y_out: expected [>= {batch}], got shape {y_out.shape}")
+    else:
+        require(targets, np.float32, what="targets (values)")
+        if len(targets.shape) != 2 or targets.shape[0] != n:
+            raise ValueError(f"targets: expected [{n}, outputs] values, got shape {targets.shape}")
+        values, outputs = True, targets.shape[1]
+        require(y_out, np.float32, what="y_out")
+        if len(y_out.shape) != 2 or y_out.shape[0] < batch or y_out.shape[1] != outputs:
+            raise ValueError(f"y_out: expected [>= {batch}, {outputs}], got shape {y_out.shape}")
+    if (mean is None) != (inv_std is None):
+        raise ValueError("gather_table: give mean and inv_std together, or neither")
+    if mean is not None:
+        require(mean, np.float32, (features,), what="mean")
+        require(inv_std, np.float32, (features,), what="inv_std")
+    ld_out = _check_order_and_batch(perm, step, x_out, batch, steps_per_epoch, features)
+    if (optim is None) != (schedule is None):
+        raise ValueError("gather_table: give optim and schedule together, or neither")
+    if optim is not None:
+        require(optim, np.float32, (OPTIM_WORDS,), what="optim")
+    if blocks is not None and not 1 <= blocks <= batch:
+        raise ValueError(f"gather_table: blocks must be in 1..{batch}, got {blocks}")
+    sched = schedule.args() if schedule is not None else (0.0, 0.0, 0, 0, 0)
+    threads = min(TABLE_THREADS, -(-ld_out // (8 * 32)) * 32)  # a thread per 8 columns, whole warps
+    name = gather_table_kernel(kind, "values" if values else "labels", mean is not None)
+    return k.get(SRC, name).bind(
+        blocks or batch, threads, 0, x, targets, outputs, perm, step, batch, steps_per_epoch, features, ld_out,
+        mean if mean is not None else 0, inv_std if inv_std is not None else 0, x_out, y_out,
+        optim if optim is not None else 0, *sched, int(early))
 
 
 def step_increment(k: Kernels, step: Tensor) -> Launch:

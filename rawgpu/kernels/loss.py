@@ -1,4 +1,5 @@
-"""Launchers for cu/loss.cu: softmax cross-entropy (loss, accuracy, dlogits) and the metrics reset."""
+"""Launchers for cu/loss.cu: softmax cross-entropy (loss, accuracy, dlogits), the regression losses (loss, squared and
+absolute error, the gradient) and the metrics resets."""
 
 from __future__ import annotations
 
@@ -46,13 +47,7 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
     require(labels, np.int32, what="labels")
     if len(labels.shape) != 1 or labels.shape[0] < batch:
         raise ValueError(f"labels: expected [>= {batch}], got shape {labels.shape}")
-    if dlogits is not None:
-        require(dlogits, np.float16, logits.shape, what="dlogits")
-    mean_over = batch if mean_over is None else mean_over
-    if mean_over < batch:
-        raise ValueError(f"mean_over ({mean_over}) must be at least the batch ({batch})")
-    if not (grad_scale > 0 and np.isfinite(grad_scale)):
-        raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
+    mean_over = _gradient_rows(dlogits, logits, "dlogits", batch, grad_scale, mean_over)
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
     if block_rows is not None and block_rows < 1:
@@ -68,8 +63,65 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
         0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
 
 
+def _gradient_rows(grad: Tensor | None, out: Tensor, what: str, batch: int, grad_scale: float,
+                   mean_over: int | None) -> int:
+    """The gradient's buffer (out's shape, or None: evaluation) and scale checked; the rows of the loss's mean."""
+    if grad is not None:
+        require(grad, np.float16, out.shape, what=what)
+    mean_over = batch if mean_over is None else mean_over
+    if mean_over < batch:
+        raise ValueError(f"mean_over ({mean_over}) must be at least the batch ({batch})")
+    if not (grad_scale > 0 and np.isfinite(grad_scale)):
+        raise ValueError(f"grad_scale must be a positive finite number, got {grad_scale}")
+    return mean_over
+
+
 def zero_metrics(k: Kernels, loss_sum: Tensor, correct: Tensor) -> Launch:
     """loss_sum = 0, correct = 0 (a kernel, so the reset can live inside a graph)."""
     require(loss_sum, np.float64, (1,), what="loss_sum")
     require(correct, np.int32, (1,), what="correct")
     return k.get(SRC, "zero_metrics").bind(1, 32, 0, loss_sum, correct)
+
+
+REGRESSION_LOSSES = {"mse": 0, "l1": 1, "huber": 2}  # cu/loss.cu: REG_MSE, REG_L1, REG_HUBER
+REGRESSION_SUMS = 3  # loss, squared error, absolute error
+MAX_OUTPUTS = 64
+
+
+def regression_loss(k: Kernels, pred: Tensor, targets: Tensor, dpred: Tensor | None, sums: Tensor, batch: int,
+                    outputs: int, loss: str = "mse", grad_scale: float = 1.0, mean_over: int | None = None,
+                    scratch: Tensor | None = None, ticket: Tensor | None = None) -> Launch:
+    """sums += (the rows' losses, each the mean over the outputs of l(pred - y); the squared errors; the absolute
+    errors); dpred = l'(pred - y) * grad_scale / (mean_over * outputs), zero in the padding columns. loss: mse (l = e^2),
+    l1 (|e|) or huber (delta 1). pred fp16 [>= batch, ld >= outputs]; targets float32 [>= batch, outputs]; dpred None
+    for evaluation, else pred's shape; sums float64 [3]. Above ONE_BLOCK_ROWS rows, scratch (int64 [>= 3]) and ticket
+    as softmax_xent's."""
+    if loss not in REGRESSION_LOSSES:
+        raise ValueError(f"unknown regression loss {loss!r}: use one of {', '.join(REGRESSION_LOSSES)}")
+    if not 1 <= outputs <= MAX_OUTPUTS:
+        raise ValueError(f"outputs must be in 1..{MAX_OUTPUTS}, got {outputs}")
+    require(pred, np.float16, what="pred")
+    if len(pred.shape) != 2 or pred.shape[0] < batch or pred.shape[1] < outputs:
+        raise ValueError(f"pred: expected [>= {batch}, ld >= {outputs}], got shape {pred.shape}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    require(targets, np.float32, what="targets")
+    if len(targets.shape) != 2 or targets.shape[0] < batch or targets.shape[1] != outputs:
+        raise ValueError(f"targets: expected [>= {batch}, {outputs}], got shape {targets.shape}")
+    mean_over = _gradient_rows(dpred, pred, "dpred", batch, grad_scale, mean_over)
+    require(sums, np.float64, (REGRESSION_SUMS,), what="sums")
+    blocks = xent_blocks(batch)
+    if blocks > 1:
+        require_exact_sums(scratch, ticket, REGRESSION_SUMS, 1, f"regression_loss over {batch} rows")
+    return k.get(SRC, "regression_loss").bind(
+        blocks, THREADS if blocks == 1 else SPREAD_THREADS, 0, pred, pred.shape[1], targets, batch, outputs,
+        REGRESSION_LOSSES[loss], grad_scale / (mean_over * outputs), 0 if dpred is None else dpred, sums,
+        batch if blocks == 1 else BLOCK_ROWS, 0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
+
+
+def zero_sums(k: Kernels, sums: Tensor) -> Launch:
+    """sums = 0 (the regression metrics; a kernel, so the reset can live inside a graph)."""
+    require(sums, np.float64, what="sums")
+    if len(sums.shape) != 1 or not 1 <= sums.shape[0] <= 32:
+        raise ValueError(f"sums: expected [1..32], got shape {sums.shape}")
+    return k.get(SRC, "zero_sums").bind(1, 32, 0, sums, sums.shape[0])

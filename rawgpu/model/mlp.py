@@ -30,7 +30,7 @@ from ..kernels import l2 as kl2
 from ..contract import OPTIM_WORDS
 from ..kernels import loss as kl
 from ..runtime.memory import Arena, Tensor
-from .recipe import PADDED_CLASSES, Recipe, cdiv, loss_scale, pad8
+from .recipe import Recipe, cdiv, loss_scale, pad8
 
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
 
@@ -434,7 +434,7 @@ def eval_batch(r: Recipe, models: int = 1) -> int:
     """Rows per evaluation chunk of `models` models of r reading one shared input: the whole test set when their
     activations fit EVAL_ACTIVATION_BUDGET, else equal chunks (padded to 8 rows) of at most the budget; the last
     chunk may be shorter."""
-    per_row = 2 * (pad8(r.inputs) + models * (2 * max(r._padded_widths[1:-1]) + PADDED_CLASSES))
+    per_row = 2 * (pad8(r.inputs) + models * (2 * max(r._padded_widths[1:-1]) + r._padded_classes))
     chunks = cdiv(r.test_rows, max(8, EVAL_ACTIVATION_BUDGET // per_row // 8 * 8))
     return min(r.test_rows, pad8(cdiv(r.test_rows, chunks)))
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 # them and hand them on, so `recipe.X` names every setting's limit and code.
 from ..contract.activation import ACTIVATIONS, DEFAULT_ACTIVATION, SLOPE_SAVED  # noqa: F401
 from ..contract.optim import OPTIMIZERS, SCHEDULES  # noqa: F401
-from ..contract.shapes import INPUTS, MAX_CLASSES, MAX_INPUTS, cdiv, pad8  # noqa: F401
+from ..contract.shapes import HEAD_TILE_CLASSES, INPUTS, MAX_CLASSES, MAX_INPUTS, cdiv, pad8, padded_classes  # noqa: F401
 
 CLASSES = 10
 TRAIN_ROWS = 60000
@@ -35,7 +35,6 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.01}}
 SGD_ONLY = ("momentum", "nesterov")  # settings that mean something to SGD alone
 ADAM_ONLY = ("betas", "eps")
-PADDED_CLASSES = MAX_CLASSES  # the head's width: its one mma tile, whatever the classes
 
 
 def loss_scale(batch: int) -> float:
@@ -299,8 +298,13 @@ class Recipe:
 
     @property
     def _padded_widths(self) -> list[int]:
-        """What the buffers hold: every width padded to 8, the classes to PADDED_CLASSES."""
-        return [pad8(w) for w in self.widths[:-1]] + [PADDED_CLASSES]
+        """What the buffers hold: every width padded to 8, the classes as contract.shapes.padded_classes says."""
+        return [pad8(w) for w in self.widths[:-1]] + [self._padded_classes]
+
+    @property
+    def _padded_classes(self) -> int:
+        """The head's width in the buffers: the one-tile heads' 16 up to 16 classes, else padded to 8."""
+        return padded_classes(self.classes)
 
     @property
     def steps_per_epoch(self) -> int:

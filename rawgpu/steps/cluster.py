@@ -36,6 +36,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the cluster step needs thread-block clusters (sm_90 or newer), this GPU is {arch}"
     if recipe.inputs != contract.CS_INPUTS:
         return f"the cluster step is built for images of {contract.CS_INPUTS} pixels, these have {recipe.inputs}"
+    if recipe.classes > contract.HEAD_TILE_CLASSES:
+        return f"the cluster step's head is one tile of {contract.HEAD_TILE_CLASSES} classes, not {recipe.classes}"
     if recipe.batch > kc.ROWS:
         return f"the cluster step takes batches of at most {kc.ROWS}, got {recipe.batch}"
     if not recipe._plain_sgd:

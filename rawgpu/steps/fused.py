@@ -58,6 +58,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the fused step applies ReLU only, not {recipe.activation}"
     if recipe.inputs != contract.FS_INPUTS:
         return f"the fused step is built for images of {contract.FS_INPUTS} pixels, these have {recipe.inputs}"
+    if recipe.classes > contract.HEAD_TILE_CLASSES:
+        return f"the fused step's head is one tile of {contract.HEAD_TILE_CLASSES} classes, not {recipe.classes}"
     if recipe.layers + 1 > kf.MAX_LINEAR_LAYERS:
         return f"the fused step takes at most {kf.MAX_LINEAR_LAYERS - 1} hidden layers"
     return None

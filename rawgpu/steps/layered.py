@@ -34,7 +34,7 @@ from ..kernels import loss as kl
 from ..runtime.driver import SideStream
 from ..model.mlp import MLP
 from ..model.optimizer import update_family
-from ..model.recipe import PADDED_CLASSES, Recipe, loss_scale
+from ..model.recipe import Recipe, loss_scale
 from .base import ChainStep, StepOptions
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     if not kg.sm90_or_later(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
     return (one_pass_reason(recipe, arch)
-            or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, PADDED_CLASSES, arch))
+            or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, recipe._padded_classes, arch))
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import model_axis as km
 from ..model.optimizer import update_family
-from ..model.recipe import PADDED_CLASSES, Recipe, loss_scale
+from ..model.recipe import Recipe, loss_scale
 from ..model.stack import ModelStack
 from .base import ChainStep, StepOptions
 
@@ -45,7 +45,7 @@ def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     if not kg.sm90_or_later(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
     return (ku.unsupported_reason(recipe.batch, recipe.optimizer, recipe._kernel_accum, arch)
-            or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, PADDED_CLASSES, arch))
+            or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, recipe._padded_classes, arch))
 
 
 class ModelsStep(ChainStep):

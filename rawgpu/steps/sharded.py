@@ -25,7 +25,7 @@ from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
 from ..runtime.memory import Tensor
 from ..model.mlp import MLP
-from ..model.recipe import PADDED_CLASSES, Recipe
+from ..model.recipe import Recipe
 from . import split
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class ShardedMLP(MLP):
         """This rank's chain: a column-split layer's true width is the real columns of its slice (the padding of the
         whole layer sits at the end of the last slices)."""
         plan, r = self.plan, self.recipe
-        padded = [plan.widths[0]] + [s.fan_out for s in plan.shards[:-1]] + [PADDED_CLASSES]
+        padded = [plan.widths[0]] + [s.fan_out for s in plan.shards[:-1]] + [r._padded_classes]
         true = [r.inputs] + [len(self._slice(i, r.widths[i + 1], 1)) for i in range(len(plan.shards))]
         return true, padded
 
