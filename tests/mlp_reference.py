@@ -77,27 +77,53 @@ def forward(params: Params, x, fp16_storage: bool = False, activation: str = "re
     return acts
 
 
+REGRESSION = {  # loss name -> (l(e), l'(e)) of the error e = prediction - target, as cu/loss.cu computes them
+    "mse": (lambda e: e * e, lambda e: 2.0 * e),
+    "l1": (lambda e: np.abs(e), lambda e: np.sign(e)),
+    "huber": (lambda e: np.where(np.abs(e) <= 1.0, 0.5 * e * e, np.abs(e) - 0.5), lambda e: np.clip(e, -1.0, 1.0)),
+}
+
+
+def regression_metrics(pred, targets, loss: str) -> tuple[float, float, float]:
+    """(sum over rows of the mean loss over the outputs, sum of squared errors, sum of absolute errors)."""
+    e = _f64(pred) - _f64(targets)
+    return float(REGRESSION[loss][0](e).mean(axis=1).sum()), float((e * e).sum()), float(np.abs(e).sum())
+
+
 def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
-                   grad_scale: float = 1.0, activation: str = "relu") -> tuple[float, int, Params]:
-    """Mean softmax cross-entropy, argmax hit count, and d(mean loss)/d(W, b) for every layer."""
-    labels = np.asarray(labels, dtype=np.int64)
+                   grad_scale: float = 1.0, activation: str = "relu", loss: str = "xent") -> tuple[float, int, Params]:
+    """Mean softmax cross-entropy, argmax hit count, and d(mean loss)/d(W, b) for every layer. loss mse, l1 or
+    huber: a regression on the values `labels` [n, K] (the loss a row's mean over its K outputs; hits 0)."""
     store = _rounder(fp16_storage)
     slopes: list = []
     acts = forward(params, x, fp16_storage, activation, slopes)
     logits = acts[-1]
     n = logits.shape[0]
     rows = np.arange(n)
+    if loss != "xent":
+        targets = _f64(labels).reshape(n, -1)
+        e = logits - targets
+        value, derivative = REGRESSION[loss]
+        mean_loss = float(value(e).mean())
+        delta = store(derivative(e) * (grad_scale / (n * e.shape[1])))
+        return mean_loss, 0, _backward(params, acts, slopes, delta, grad_scale, store)
+    labels = np.asarray(labels, dtype=np.int64)
 
     # Log-sum-exp shifted by the row max so large logits cannot overflow.
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    loss = float(-log_probs[rows, labels].mean())
+    loss_value = float(-log_probs[rows, labels].mean())
     correct = int((logits.argmax(axis=1) == labels).sum())  # argmax returns the first max on ties
 
     # d(mean CE)/d(logits) = (softmax - onehot) / n, carried as grad_scale x that (the device's loss scale).
     delta = np.exp(log_probs)
     delta[rows, labels] -= 1.0
     delta = store(delta * (grad_scale / n))
+    return loss_value, correct, _backward(params, acts, slopes, delta, grad_scale, store)
+
+
+def _backward(params: Params, acts, slopes, delta, grad_scale: float, store) -> Params:
+    """d(mean loss)/d(W, b) of every layer from the head's scaled output gradient `delta`."""
 
     grads: Params = [None] * len(params)  # type: ignore[list-item]
     for i in range(len(params) - 1, -1, -1):
@@ -105,7 +131,7 @@ def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
         if i > 0:
             # slopes[i]: the activation's derivative at layer i-1's output, as the device reads it
             delta = store((delta @ store(params[i][0]).T) * slopes[i])
-    return loss, correct, grads
+    return grads
 
 
 def sgd_step(

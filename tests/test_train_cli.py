@@ -261,7 +261,7 @@ def test_main_hands_training_the_data_and_recipe_it_checked(monkeypatch):
     monkeypatch.setattr(driver, "init", lambda: None)
     monkeypatch.setattr(driver, "device_count", lambda: 1)
     monkeypatch.setattr("rawgpu.data.datasets.load_dataset", lambda *a, **k: FAKE_MNIST)
-    monkeypatch.setattr(train, "train", lambda args, data, recipe, console, t, ckpt: seen.update(
+    monkeypatch.setattr(train, "train", lambda args, data, recipe, console, t, ckpt, final=None: seen.update(
         data=data, recipe=recipe, ckpt=ckpt) or 0)
     assert train.main(["--batch", "32", "--steps", "5000", "--hidden", "100", "--json"]) == 0
     assert seen["data"] is FAKE_MNIST and seen["ckpt"] is None

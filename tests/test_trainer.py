@@ -81,9 +81,9 @@ def test_auto_steps_per_graph_is_one_progress_tick_within_bounds():
     (lambda T: T(steps=0), ValueError, "steps: must be >= 1, got 0"),
     (lambda T: T(device=-1), ValueError, "device: must be >= 0, got -1"),
     (lambda T: T(device="0"), TypeError, "device: must be an integer >= 0, got '0'"),
-    (lambda T: T(data=42), TypeError, "data: must be a Dataset, one of mnist, fashion-mnist, kmnist, idx or None, "
+    (lambda T: T(data=42), TypeError, "data: must be a Dataset, a tuple of arrays (x, y), one of mnist, fashion-mnist, kmnist, idx or None, "
                                       "got 42"),
-    (lambda T: T(data="cifar"), ValueError, "data: must be a Dataset, one of mnist, fashion-mnist, kmnist, idx or "
+    (lambda T: T(data="cifar"), ValueError, "data: must be a Dataset, a tuple of arrays (x, y), one of mnist, fashion-mnist, kmnist, idx or "
                                             "None, got 'cifar'"),
     (lambda T: T("notarecipe"), TypeError, "recipe: must be a Recipe (rawgpu.Recipe(hidden=..., ...)), got "
                                            "'notarecipe'"),

@@ -71,6 +71,7 @@ class Summary:
     time_to_98: float | None  # cumulative training seconds when test accuracy first reached 98%
     interrupted: bool  # Ctrl-C
     compile_seconds: float = 0.0  # of the wall time, spent building kernels
+    best_rmse: float | None = None  # a regression's best test RMSE (best_epoch's); None for a classification
 
 
 @dataclass(frozen=True)
@@ -127,10 +128,21 @@ def format_summary(s: Summary) -> str:
     best = (f"best test accuracy {s.best_accuracy:.2%} (epoch {s.best_epoch})" if s.best_epoch > 0
             else "no epoch finished")
     reached = f"reached 98% after {format_seconds(s.time_to_98)}" if s.time_to_98 is not None else "98% not reached"
+    if s.best_rmse is not None:  # a regression: its best RMSE, and no accuracy to reach
+        best, reached = f"best test RMSE {s.best_rmse:.4g} (epoch {s.best_epoch})", ""
     compiling = f", of which {format_seconds(s.compile_seconds)} compiling" if s.compile_seconds else ""
     text = (f"trained {s.steps} steps in {format_seconds(s.train_seconds)} (wall {format_seconds(s.wall_seconds)}"
-            f"{compiling}); {best}; {reached}")
+            f"{compiling}); {best}" + (f"; {reached}" if reached else ""))
     return "interrupted: " + text if s.interrupted else text
+
+
+def format_result(record: dict) -> str:
+    """The finished model's test score: 'test set (10000 rows): loss 0.0712, accuracy 97.91%'."""
+    if "test_rmse" in record:
+        score = (f"RMSE {record['test_rmse']:.4g}, MAE {record['test_mae']:.4g}, R² {record['test_r2']:.4f}")
+    else:
+        score = f"accuracy {record['test_accuracy']:.2%}"
+    return f"test set ({record['test_rows']} rows): loss {record['test_loss']:.4g}, {score}"
 
 
 def header_rows(info: RunInfo) -> list[tuple[str, str]]:
@@ -155,9 +167,16 @@ def header_rows(info: RunInfo) -> list[tuple[str, str]]:
 COLUMNS = ("epoch", "train loss", "test acc", "steps/s", "samples/s", "TFLOP/s", "GB/s", "time")
 
 
+def test_cell(s: EpochStats) -> str:
+    """The test column: the accuracy, or a regression's RMSE and R^2."""
+    if s.test_rmse is None:
+        return f"{s.test_accuracy:.2%}"
+    return f"RMSE {s.test_rmse:.4g} R² {s.test_r2:.3f}" if s.test_r2 is not None else f"RMSE {s.test_rmse:.4g}"
+
+
 def epoch_cells(s: EpochStats) -> tuple[str, ...]:
     """One epoch's values, in COLUMNS order."""
-    return (f"{s.epoch}/{s.epochs}", f"{s.train_loss:.4f}", f"{s.test_accuracy:.2%}", format_rate(s.steps_per_s),
+    return (f"{s.epoch}/{s.epochs}", f"{s.train_loss:.4f}", test_cell(s), format_rate(s.steps_per_s),
             format_rate(s.samples_per_s), f"{s.tflops:.2f}", f"{s.gbps:.0f}", format_seconds(s.seconds))
 
 
@@ -248,6 +267,11 @@ class Console:
 
     def message(self, text: str) -> None: ...
     def download(self, name: str, done: int, total: int | None) -> None: ...
+    def reading(self, name: str, done: int, total: int) -> None: ...
+
+    def result(self, record: dict) -> None:
+        """The finished model's test score (--val-fraction), one line."""
+        self.message(format_result(record))
     def compiling(self, done: int, total: int) -> None: ...
     def epoch_begin(self, epoch: int, epochs: int, steps: int) -> None: ...
     def epoch_progress(self, done: int) -> None: ...
@@ -290,6 +314,13 @@ class PlainConsole(Console):
         elif total is not None and done == total:
             self._line(f"downloaded {name}")
 
+    def reading(self, name: str, done: int, total: int) -> None:
+        """A line when a data file starts to be read and when it is read (logs get no bar)."""
+        if done == 0:
+            self._line(f"reading {name} ({format_bytes(total)})")
+        elif done >= total:
+            self._line(f"read {name}")
+
     def compiling(self, done: int, total: int) -> None:
         """A line when the build starts (logs get no bar); the header's kernels row says how long it took."""
         if not self._compile_told:
@@ -298,7 +329,8 @@ class PlainConsole(Console):
 
     def epoch_end(self, stats: EpochStats) -> None:
         epoch, loss, acc, steps_s, samples_s, tflops, gbps, secs = epoch_cells(stats)
-        line = (f"epoch {epoch}  train loss {loss}  test acc {acc}  {steps_s} steps/s  {samples_s} samples/s  "
+        test = f"test acc {acc}" if stats.test_rmse is None else f"test {acc}  MAE {stats.test_mae:.4g}"
+        line = (f"epoch {epoch}  train loss {loss}  {test}  {steps_s} steps/s  {samples_s} samples/s  "
                 f"{tflops} TFLOP/s  {gbps} GB/s  {secs}")
         reading = self.gpu.read()
         self._line(line + (f"  | {format_gpu(reading, full=False)}" if reading else ""))
@@ -312,7 +344,11 @@ def _finite(x):
 
 
 class JsonConsole(Console):
-    """One strict-JSON object per epoch on stdout and nothing else, for scripts (NaN/inf become null)."""
+    """One strict-JSON object per epoch on stdout and nothing else, for scripts (NaN/inf become null); with
+    --val-fraction a last one, {"test": {...}}: the finished model's score on the test set."""
+
+    def result(self, record: dict) -> None:
+        self._line(json.dumps({"test": {k: _finite(v) for k, v in record.items()}}))
 
     def epoch_end(self, stats: EpochStats) -> None:
         r = self.gpu.read()
@@ -337,6 +373,7 @@ class RichConsole(Console):
         self._downloads: Progress | None = None
         self._download_tasks: dict[str, int] = {}
         self._compiles: Progress | None = None
+        self._reads: Progress | None = None
         self._compile_task = None
         self.live = Live(self, console=self.rc, refresh_per_second=4)
 
@@ -376,6 +413,18 @@ class RichConsole(Console):
             if not self._download_tasks:
                 self._downloads.stop()
                 self._downloads = None
+
+    def reading(self, name: str, done: int, total: int) -> None:
+        """A transient bar while a data file is read (before the live view starts)."""
+        if self._reads is None:
+            self._reads = Progress(TextColumn("reading {task.description}"), BarColumn(), DownloadColumn(),
+                                   TransferSpeedColumn(), TimeElapsedColumn(), console=self.rc, transient=True)
+            self._read_task = self._reads.add_task(name, total=total)
+            self._reads.start()
+        self._reads.update(self._read_task, completed=done, total=total)
+        if done >= total:
+            self._reads.stop()
+            self._reads = None
 
     def compiling(self, done: int, total: int) -> None:
         """A transient bar of the units of compilation built (before the live view starts); called from the

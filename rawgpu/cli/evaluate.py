@@ -12,6 +12,9 @@ from ..runtime.errors import run_cli
 from .common import add_device_option, add_version_option, program
 
 
+MAX_SHOWN_CLASSES = 20  # a wider confusion matrix is in --json only
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=program("evaluate"), description=__doc__,
                                 epilog="Exit status: 0 done, 1 runtime error (checkpoint, data, GPU), 2 bad arguments.")
@@ -19,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", choices=DATASET_NAMES, default=None,
                    help="the test set to use (default: the checkpoint's dataset)")
     p.add_argument("--data-dir", default=None, help="directory with the four IDX files (default: as rawgpu.train)")
+    p.add_argument("--data", metavar="PATH", default=None,
+                   help="a table (.npy, .npz's x_test/y_test, CSV, Parquet) with the model's columns: every row is "
+                        "scored (a model trained on a table needs it)")
     add_device_option(p)
     add_version_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
@@ -52,29 +58,55 @@ def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..training.checkpoint import load
     from ..data.datasets import load_dataset
 
+    if args.data is not None and (args.dataset or args.data_dir):
+        parser.error("argument --data: scores a table; drop --dataset and --data-dir")
     ckpt = load(args.checkpoint)  # the file first: cheap
-    name = args.dataset or ckpt.dataset.get("name")
-    if name not in DATASET_NAMES:
-        parser.error("argument --dataset: the checkpoint names no known dataset; pass one")
-    if name == "idx" and args.data_dir is None:
-        parser.error("argument --dataset: idx needs --data-dir DIR holding the four IDX files")
-    data = load_dataset(name, args.data_dir)
+    r = ckpt.recipe
+    if args.data is not None:
+        from ..data.datasets import Dataset
+
+        data = Dataset.scored_table(args.data, ckpt.dataset.get("columns"), r.regression, r.classes)
+    else:
+        name = args.dataset or ckpt.dataset.get("name")
+        if ckpt.dataset.get("columns") is not None and args.dataset is None:
+            parser.error(f"argument --data: the model was trained on a table ({name}); pass a table to score")
+        if name not in DATASET_NAMES:
+            parser.error("argument --dataset: the checkpoint names no known dataset; pass one")
+        if name == "idx" and args.data_dir is None:
+            parser.error("argument --dataset: idx needs --data-dir DIR holding the four IDX files")
+        data = load_dataset(name, args.data_dir)
     from ..training.trainer import Trainer
 
     with Trainer.load(ckpt, data=data, device=args.device) as trainer:
         result = trainer.evaluate()
+    rows = f"{len(data.test_labels)} test {'rows' if data.is_table else 'images'}"
     if args.json:
-        print(json.dumps({"checkpoint": args.checkpoint, "dataset": data.name, "test_loss": result.loss,
-                          "test_accuracy": result.accuracy, "confusion": result.confusion.tolist()}))
+        record = {"checkpoint": args.checkpoint, "dataset": data.name, "test_rows": len(data.test_labels),
+                  "test_loss": result.loss}
+        if r.regression:
+            record.update(test_rmse=result.rmse, test_mae=result.mae, test_r2=_finite(result.r2))
+        else:
+            record.update(test_accuracy=result.accuracy, confusion=result.confusion.tolist())
+        print(json.dumps(record))
         return 0
     from rich.console import Console
 
     out = Console()
-    out.print(f"{args.checkpoint}: {ckpt.recipe.name} on {data.name} ({len(data.test_labels)} test images)",
-              markup=False, highlight=False)
+    out.print(f"{args.checkpoint}: {r.name} on {data.name} ({rows})", markup=False, highlight=False)
+    if r.regression:
+        out.print(f"test loss {result.loss:.4g}  RMSE {result.rmse:.4g}  MAE {result.mae:.4g}  R² {result.r2:.4f}",
+                  markup=False, highlight=False)
+        return 0
     out.print(f"test loss {result.loss:.4f}  test accuracy {result.accuracy:.2%}", markup=False, highlight=False)
-    out.print(confusion_table(result.confusion, "confusion matrix"))
+    if r.classes <= MAX_SHOWN_CLASSES:
+        out.print(confusion_table(result.confusion, "confusion matrix"))
+    else:
+        out.print(f"confusion matrix: {r.classes} x {r.classes}, in --json", markup=False, highlight=False)
     return 0
+
+
+def _finite(x: float) -> float | None:
+    return x if x == x and abs(x) != float("inf") else None
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,6 +26,8 @@ from ..training.trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, Train
 
 RECIPE_OPTIONS = ("hidden", "layers", "activation", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov",
                   "betas", "eps", "weight_decay", "schedule", "warmup", "accum", "seed")
+TASK_OPTIONS = ("loss", "input_dtype", "standardize")  # recipe options too: what the data is and how it is read
+TABLE_FLAGS = ("target", "features", "test", "test_fraction")  # they pick from --data's file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total training steps; overrides --epochs (the benchmark workload uses 5000)")
     rc.add_options(o, RECIPE_OPTIONS[5:])
     d = p.add_argument_group("data and checkpoints")
+    d.add_argument("--data", metavar="PATH", default=None,
+                   help="your own table: .npy (rows x columns), .npz (x_train, y_train, x_test, y_test), CSV or Parquet "
+                        "(CSV and Parquet need pyarrow: the tables extra); instead of --dataset")
+    d.add_argument("--target", metavar="COLUMN", nargs="+", default=None,
+                   help="--data: the target column (a regression's: one or more); default the last")
+    d.add_argument("--features", metavar="COLUMN", nargs="+", default=None,
+                   help="--data: the feature columns; default every column but the target")
+    d.add_argument("--test", metavar="PATH", default=None,
+                   help="--data: the test set, a file with the same columns; default a --test-fraction of the rows")
+    d.add_argument("--test-fraction", metavar="F", type=fraction, default=None,
+                   help="--data: the share of its rows held out for testing, chosen by --seed (default 0.1)")
+    d.add_argument("--val-fraction", metavar="F", type=fraction, default=None,
+                   help="hold out this share of the training rows (chosen by --seed) and score every epoch on them; "
+                        "the test set is scored once, at the end")
+    rc.add_options(d, TASK_OPTIONS)
     d.add_argument("--dataset", choices=DATASET_NAMES, default=None,
                    help="mnist, fashion-mnist and kmnist are checked against their published checksums and downloaded "
                         "when missing; idx takes any four IDX files from --data-dir (any image size and count, "
@@ -89,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def fraction(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def make_plan(args: argparse.Namespace, train_rows: int = rc.TRAIN_ROWS) -> RunPlan:
     total, epochs = rc.run_length(args.batch, args.epochs, args.steps, train_rows)
     return RunPlan(epochs, total, train_rows // args.batch)
@@ -124,7 +152,8 @@ def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, give
     """--resume continues the saved run as it was: an option typed with another value than the checkpoint's is a
     usage error."""
     r = ckpt.recipe
-    saved = {**{n: getattr(r, {"warmup": "warmup_steps"}.get(n, n)) for n in RECIPE_OPTIONS if n not in ("epochs", "betas")},
+    saved = {**{n: getattr(r, {"warmup": "warmup_steps"}.get(n, n)) for n in RECIPE_OPTIONS + TASK_OPTIONS
+                if n not in ("epochs", "betas")},
              "betas": [r.beta1, r.beta2],
              "epochs": rc.cdiv(r.total_steps, r.steps_per_epoch), "steps": r.total_steps,
              "dataset": ckpt.dataset.get("name"), "step": ckpt.step_kind}
@@ -142,12 +171,22 @@ def check_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, give
                          "--resume continues the saved run as it was")
 
 
-def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: dict[str, int]) -> rc.Recipe:
+def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace, shape: dict[str, int],
+              data=None) -> rc.Recipe:
     """The recipe of the arguments on data of this shape, checked by the rules the Python API applies (Recipe and
     recipe.plan_run: the batch against the training images, the warm-up against the schedule and the run's length,
-    the optimiser's settings), each failure a usage error naming the flag."""
+    the optimiser's settings; with the data read, trainer.fit_to_data: the task and the features' dtype), each
+    failure a usage error naming the flag."""
+    from ..training.trainer import fit_to_data
+
     try:
-        recipe = rc.plan_run(rc.from_args(args, 0, **shape), args.epochs, args.steps)
+        recipe = rc.from_args(args, 0, **shape)
+        if data is not None:
+            recipe = fit_to_data(recipe, data)
+        elif recipe.regression:
+            raise rc.SettingError("loss", f"{recipe.loss} is a regression's loss; {args.dataset} has class labels "
+                                          "(a regression's values come with --data)")
+        recipe = rc.plan_run(recipe, args.epochs, args.steps)
     except ValueError as exc:  # recipe.SettingError names the parameter; hidden_of's the flag
         usage_error(parser, exc)
     check_step_option(parser, recipe, args.step)
@@ -161,7 +200,11 @@ def check_resumed_data(args: argparse.Namespace, ckpt) -> None:
     from ..training.checkpoint import CheckpointError
     from ..data.datasets import known_shape
 
+    if args.data is not None:  # a table: checked once it is read (check_resumable)
+        return
     name = args.dataset or ckpt.dataset.get("name")
+    if ckpt.dataset.get("columns") is not None:
+        raise CheckpointError(f"{args.resume}: trained on a table ({name}); pass its file again with --data")
     if name not in DATASET_NAMES:
         raise CheckpointError(f"{args.resume}: the checkpoint names no known dataset ({name!r}); pass --dataset")
     shape, r = known_shape(name), ckpt.recipe
@@ -173,12 +216,33 @@ def check_resumed_data(args: argparse.Namespace, ckpt) -> None:
                               f"{shape['classes']} classes: --resume continues on the checkpoint's data")
 
 
+def read_data(args: argparse.Namespace, console):
+    """The run's data: --data's table (its progress on the console while a CSV is read) or the named dataset."""
+    from ..data.datasets import Dataset, load_dataset
+
+    if args.data is None:
+        return load_dataset(args.dataset, args.data_dir, progress=console.download)
+    return Dataset.from_tables(args.data, target=args.target, features=args.features, test=args.test,
+                               test_fraction=args.test_fraction or 0.1, regression=args.loss != "xent",
+                               seed=args.seed, progress=console.reading)
+
+
 def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, writes: bool = True) -> None:
     """Files the run reads or writes, before anything expensive. writes: whether this process writes the checkpoint
     and the plot (in a launcher's job only rank 0 does, on its own host)."""
     from ..training.checkpoint import check_writable
 
-    check_data_options(parser, args.dataset, args.data_dir)
+    if args.data is not None:
+        for flag in ("dataset", "data_dir"):
+            if getattr(args, flag) is not None:
+                parser.error(f"argument --{flag.replace('_', '-')}: --data names your own table; drop one of them")
+        if args.test is not None and args.test_fraction is not None:
+            parser.error("argument --test-fraction: --test gives the test set; drop one of them")
+    else:
+        for flag in TABLE_FLAGS:
+            if getattr(args, flag) is not None:
+                parser.error(f"argument --{flag.replace('_', '-')}: picks from a table; add --data PATH")
+        check_data_options(parser, args.dataset, args.data_dir)
     if args.save_every is not None and not args.save:
         parser.error("argument --save-every: needs --save PATH")
     if not writes:
@@ -200,6 +264,9 @@ def check_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace, ranks:
     """--gpus N > 1: the options it cannot go with, and NCCL, before the data and the GPUs. ranks: the processes
     the model is split over (--gpus N, or a launcher's job); launched: this process is one of them
     (train_rank.launcher_world checked NCCL)."""
+    if ranks > 1 and args.val_fraction is not None:
+        parser.error(f"argument --val-fraction: scores the finished model on one GPU; a run on {ranks} GPUs reports "
+                     "the test set every epoch (drop --val-fraction)")
     if ranks > 1 and args.step != "auto":
         parser.error(f"argument --{'gpus' if args.gpus > 1 else 'step'}: a model on {ranks} GPUs runs the tensor- or "
                      f"data-parallel step, not --step {args.step}")
@@ -252,15 +319,17 @@ def main(argv: list[str] | None = None) -> int:
         except CheckpointError as exc:
             print(f"rawgpu: error: {exc}", file=sys.stderr)
             return 1
-        args.dataset = args.dataset or ckpt.dataset.get("name")
+        if args.data is None:
+            args.dataset = args.dataset or ckpt.dataset.get("name")
         args.save = args.save or args.resume
-    args.dataset = args.dataset or "mnist"
+    if args.data is None:
+        args.dataset = args.dataset or "mnist"
     check_paths(parser, args, writes=world is None or world.rank == 0)
     check_gpus(parser, args, ranks, launched=world is not None)
-    from ..data.datasets import known_shape, load_dataset
+    from ..data.datasets import known_shape
 
     recipe = None
-    if ckpt is None and (shape := known_shape(args.dataset)) is not None:
+    if ckpt is None and args.data is None and (shape := known_shape(args.dataset)) is not None:
         recipe = check_run(parser, args, shape)  # the named sets' shape is known: no need to read them first
         check_parallel(parser, args, recipe, ranks)
     if world is None and args.gpus > 1:  # the ranks read the data and start CUDA themselves, each on its GPU
@@ -274,13 +343,17 @@ def main(argv: list[str] | None = None) -> int:
 
     console = make_console("json" if args.json else "auto")
     try:
-        data = load_dataset(args.dataset, args.data_dir, progress=console.download)
+        data = read_data(args, console)
+        final = None  # with --val-fraction: the training rows with the test set, scored once at the end
+        if args.val_fraction is not None:
+            data, final = data.validation_split(args.val_fraction, args.seed)
         if data.unverified:
             console.message(f"{data.name}: {len(data.unverified)} files checked for structure only (no published "
                             f"checksum applies): {', '.join(Path(p).name for p in data.unverified)}")
         if ckpt is None and recipe is None:
             recipe = check_run(parser, args, dict(inputs=data.inputs, classes=data.classes,
-                                                  train_rows=len(data.train_labels), test_rows=len(data.test_labels)))
+                                                  train_rows=len(data.train_labels), test_rows=len(data.test_labels)),
+                               data)
             check_parallel(parser, args, recipe, ranks)
         if ckpt is not None:
             check_resumable(ckpt, data, args.resume)  # the data read (the idx set's shape): before the GPU too
@@ -292,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if world is not None:
             console.close()  # rank 0 shows the run from the job's console
             return train_rank.run(args, data, recipe, t_start, ckpt, world, count, meeting)
-        return train(args, data, recipe, console, t_start, ckpt)
+        return train(args, data, recipe, console, t_start, ckpt, final=final)
     except StepUnsupported as exc:  # the step kind asked for, on this GPU's arch: a usage error too
         console.close()
         print(f"rawgpu: error: argument --step: {exc}", file=sys.stderr)

@@ -32,7 +32,6 @@ def _run_info(trainer: Trainer, args, resumed: str) -> RunInfo:
         pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - NVML is optional here
         pass
-    rows, cols = data.image_shape
     return RunInfo(
         device_name=dev.name, compute_capability=dev.compute_capability, sm_count=dev.sm_count,
         driver_version=version, nvrtc_version="{}.{}".format(*compiler.nvrtc_version()), model=r.name,
@@ -40,7 +39,8 @@ def _run_info(trainer: Trainer, args, resumed: str) -> RunInfo:
         total_steps=plan.total_steps, steps_per_epoch=plan.steps_per_epoch, lr=r.lr, optimizer=r.optimizer_text,
         schedule=r.schedule, accum=r.accum, graph=not args.no_graph, steps_per_graph=trainer.steps_per_graph,
         pci_bus_id=dev.pci_bus_id, compile_note=session.compile_note, step=session.step_description,
-        data=(f"{data.name}: {r.train_rows} + {r.test_rows} images of {rows}x{cols}, {r.classes} classes"
+        data=(data.describe() + (f", {r.loss} loss" if r.regression else "")
+              + (", standardized" if r.standardize else "")
               + ("" if data.verified else ", structural checks only")), resumed=resumed,
         ranks="" if trainer.rank is None else describe(trainer.rank, session.nccl_seconds))
 
@@ -48,6 +48,12 @@ def _run_info(trainer: Trainer, args, resumed: str) -> RunInfo:
 def summarize(trainer: Trainer, wall_seconds: float, interrupted: bool) -> Summary:
     """The last line's numbers, over every epoch of the run (a resumed run's earlier epochs included)."""
     history = trainer.history
+    if trainer.recipe.regression:
+        best = min(history, key=lambda h: h.test_rmse if math.isfinite(h.test_rmse) else math.inf, default=None)
+        return Summary(train_seconds=trainer.train_seconds, wall_seconds=wall_seconds, steps=trainer.steps_done,
+                       best_accuracy=math.nan, best_epoch=best.epoch if best else 0, time_to_98=None,
+                       interrupted=interrupted, compile_seconds=trainer.session.compile_seconds,
+                       best_rmse=best.test_rmse if best else None)
     best = max(history, key=lambda h: h.test_accuracy if math.isfinite(h.test_accuracy) else -1.0, default=None)
     reached = next((h.total_seconds for h in history if h.test_accuracy >= 0.98), None)
     return Summary(train_seconds=trainer.train_seconds, wall_seconds=wall_seconds, steps=trainer.steps_done,
@@ -56,9 +62,11 @@ def summarize(trainer: Trainer, wall_seconds: float, interrupted: bool) -> Summa
 
 
 def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: float, ckpt=None,
-          rank=None) -> int:
+          rank=None, final=None) -> int:
     """Open the GPU, build the trainer (fresh, or from the checkpoint to resume), run it, report, save, plot.
-    rank: this process's ranks.Rank when the model is split over several GPUs (rank 0 reports, saves and plots)."""
+    rank: this process's ranks.Rank when the model is split over several GPUs (rank 0 reports, saves and plots).
+    final: with --val-fraction, the data whose test set the finished model is scored on once (data's test set is
+    then the validation rows)."""
     from ..steps import StepOptions
 
     options = StepOptions(overlap=not args.no_overlap)
@@ -82,6 +90,8 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
         except TrainingDiverged as exc:
             error = str(exc)
         console.finish(summarize(trainer, time.perf_counter() - t_start, interrupted is not None))
+        scored = trainer.checkpoint() if final is not None and not error and not interrupted and trainer.history \
+            else None
         if args.save and not error:
             console.message(save_note(trainer, args.save))
         if args.plot and trainer.history and root:
@@ -95,7 +105,18 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
         if root:
             print(f"rawgpu: error: {error}", file=sys.stderr)
         return 1
+    if scored is not None and root:
+        with Trainer._load(scored, data=final, device=args.device, options=options) as tested:
+            console.result(test_record(tested.evaluate(), tested.recipe, len(final.test_labels)))
     return interrupt_status(interrupted) if interrupted else 0
+
+
+def test_record(result, recipe: rc.Recipe, rows: int) -> dict:
+    """The finished model's score on the test set (--val-fraction): what the console prints and --json writes."""
+    if recipe.regression:
+        return {"test_rows": rows, "test_loss": result.loss, "test_rmse": result.rmse, "test_mae": result.mae,
+                "test_r2": result.r2}
+    return {"test_rows": rows, "test_loss": result.loss, "test_accuracy": result.accuracy}
 
 
 def save_note(trainer: Trainer, path: str) -> str:

@@ -8,6 +8,7 @@ INPUTS = 784  # MNIST's shape, the default: 28 x 28 pixels, 10 classes, 60000 + 
 HEAD_TILE_CLASSES = 16  # the one-tile heads (head.cu, the fused and cluster steps): one mma tile of 16 columns
 MAX_CLASSES = 1000  # above HEAD_TILE_CLASSES the head is a GEMM over the classes and softmax_xent reads them all
 IDX_MAX_CLASSES = 256  # IDX labels are bytes
+MAX_OUTPUTS = 64  # a regression's values per row (regression_loss: a row's values in one warp's registers)
 MAX_INPUTS = 16384  # pixels per image: gather_batch runs a thread per 16 columns, at most 1024 threads
 
 

@@ -117,9 +117,6 @@ softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ 
 // and 1 / K into it), 0 for the padding columns up to ld; dpred == nullptr: evaluation, metrics only.
 // sums[0..2] += loss, squared, absolute (exact across blocks as softmax_xent's: scratch 3 int64, ticket).
 #if !XENT_MODELS  // regression has no model axis yet: loss_models.cu builds the classifier's loss alone
-#define REG_MSE 0
-#define REG_L1 1
-#define REG_HUBER 2
 extern "C" __global__ void __launch_bounds__(XENT_MAX_WARPS * 32)
 regression_loss(const half_t* __restrict__ pred, int ld, const float* __restrict__ targets, int batch, int outputs,
                 int kind, float grad_scale, half_t* __restrict__ dpred, double* sums, int block_rows, i64* scratch,

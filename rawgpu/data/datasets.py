@@ -26,12 +26,13 @@ import struct
 import tempfile
 import urllib.request
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from . import arrays
 from ..runtime.errors import DataError
 from ..contract.shapes import IDX_MAX_CLASSES
 from ..model.recipe import MAX_INPUTS, SettingError, SettingTypeError, shown
@@ -123,12 +124,12 @@ DATASET_NAMES = (*DATASETS, IDX.name)
 # eq=False: comparing or hashing numpy arrays field by field is ambiguous; identity is what we want.
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """The four arrays, images flattened to (N, rows * cols) uint8, labels (N,) uint8 in 0..classes-1.
-
-    The arrays are read-only views of the checked file bytes; copy before modifying in place.
-    ``source`` is the directory the training images came from; ``unverified`` lists the files that passed
-    the structural checks only, because no checksum is known for them.
-    """
+    """The four arrays: inputs (N, features) and their targets. From IDX files: images flattened to (N, rows * cols)
+    uint8, labels (N,) uint8 in 0..classes-1, read-only views of the checked file bytes (copy before modifying in
+    place). From your own data (`from_arrays`, `from_tables`, data/arrays.py): features uint8, float16 or float32
+    (image_shape (1, features)), and class labels int32 (N,) or, for a regression, values float32 (N, classes).
+    ``source`` is where the training inputs came from; ``unverified`` lists the files that passed the structural
+    checks only, because no checksum is known for them. ``features`` and ``targets`` name a table's columns."""
 
     name: str
     train_images: np.ndarray
@@ -139,10 +140,63 @@ class Dataset:
     classes: int
     source: Path
     unverified: tuple[str, ...] = ()
+    regression: bool = False  # the targets are values (classes of them per row), not class labels
+    features: tuple[str, ...] = ()  # a table's feature columns, in order (empty for images)
+    targets: tuple[str, ...] = ()  # a table's target columns
+
+    @classmethod
+    def from_arrays(cls, x_train, y_train, x_test=None, y_test=None, **options) -> "Dataset":
+        """A dataset of your own arrays (NumPy, or anything with __array__ or host __dlpack__): arrays.from_arrays
+        says what it takes (regression, classes, test_fraction, seed, name, features, targets)."""
+        return cls(**arrays.from_arrays(x_train, y_train, x_test, y_test, **options))
+
+    @classmethod
+    def from_tables(cls, path, **options) -> "Dataset":
+        """A dataset of table files (.npy, .npz, CSV, Parquet): arrays.from_tables says what it takes (target,
+        features, test, test_fraction, regression, seed, progress)."""
+        return cls(**arrays.from_tables(path, **options))
+
+    @classmethod
+    def scored_table(cls, path, columns, regression: bool, classes: int, progress=None) -> "Dataset":
+        """Every row of a table file as a test set for a trained model: arrays.scored_table."""
+        return cls(**arrays.scored_table(path, columns, regression, classes, progress))
+
+    def validation_split(self, fraction: float, seed: int) -> tuple["Dataset", "Dataset"]:
+        """(the training rows less a seeded `fraction` of them, with those as its test set: what each epoch is
+        scored on; the same training rows with the real test set: what the finished model is scored on once)."""
+        n = len(self.train_images)
+        take = int(round(n * fraction))
+        if not 0.0 < fraction < 1.0 or take < 1 or take >= n:
+            raise DataError(f"{self.name}: a validation fraction of {fraction} of {n} training rows leaves no "
+                            "validation rows or no training rows")
+        order = np.random.default_rng([seed, 1]).permutation(n)  # apart from the test split's draw
+        keep, held = np.sort(order[take:]), np.sort(order[:take])
+        train = dict(train_images=self.train_images[keep], train_labels=self.train_labels[keep])
+        return (replace(self, **train, test_images=self.train_images[held], test_labels=self.train_labels[held]),
+                replace(self, **train))
 
     @property
     def inputs(self) -> int:
         return self.image_shape[0] * self.image_shape[1]
+
+    @property
+    def is_table(self) -> bool:
+        """Rows of features rather than images (no image shape to show)."""
+        return bool(self.features) or self.train_images.dtype != np.uint8 or self.regression
+
+    @property
+    def input_dtype(self) -> str:
+        """How the GPU keeps the features unless the recipe says otherwise: bytes as pixels (u8), floats as fp16."""
+        return "u8" if self.train_images.dtype == np.uint8 else "fp16"
+
+    def describe(self) -> str:
+        """One line for a run's header: 'mnist: 60000 + 10000 images of 28x28, 10 classes'."""
+        n, m = len(self.train_images), len(self.test_images)
+        if not self.is_table:
+            rows, cols = self.image_shape
+            return f"{self.name}: {n} + {m} images of {rows}x{cols}, {self.classes} classes"
+        what = f"{self.classes} value{'s' if self.classes > 1 else ''}" if self.regression else f"{self.classes} classes"
+        return f"{self.name}: {n} + {m} rows of {self.inputs} {self.train_images.dtype} features, {what}"
 
     @property
     def verified(self) -> bool:
@@ -152,7 +206,7 @@ class Dataset:
         """A digest of the four arrays and the shape (BLAKE2b): equal on every host that holds the same data, which
         the ranks of a job on several hosts compare before they start."""
         h = hashlib.blake2b(digest_size=32)
-        h.update(f"{self.name} {self.image_shape} {self.classes}".encode())
+        h.update(f"{self.name} {self.image_shape} {self.classes} {self.regression}".encode())
         for a in (self.train_images, self.train_labels, self.test_images, self.test_labels):
             h.update(f"{a.shape}".encode())
             h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
@@ -171,13 +225,14 @@ def dataset_spec(name: str) -> DatasetSpec:
 
 
 def check_data_argument(data: object, *, none_ok: bool = False, also: tuple[str, ...] = (),
-                        name: str = "data") -> None:
+                        name: str = "data", arrays_ok: bool = False) -> None:
     """The data a Trainer or a Sweep is given: a Dataset, a name of DATASET_NAMES (or of `also`), or None where
     none_ok; else a SettingError naming the parameter (SettingTypeError for another type), one line."""
     names = (*also, *DATASET_NAMES)
-    if isinstance(data, Dataset) or (data is None and none_ok):
+    if isinstance(data, Dataset) or (data is None and none_ok) or (arrays_ok and isinstance(data, tuple)):
         return
-    what = f"a Dataset, one of {', '.join(names)}" + (" or None" if none_ok else "")
+    what = (f"a Dataset, {'a tuple of arrays (x, y), ' if arrays_ok else ''}one of {', '.join(names)}"
+            + (" or None" if none_ok else ""))
     if isinstance(data, str):
         if data not in names:
             raise SettingError(name, f"must be {what}, got {data!r}")

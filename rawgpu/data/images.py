@@ -281,8 +281,9 @@ def _palette(chunks: dict[bytes, list[bytes]], transparency: bytes | None, index
     return (colours @ LUMA)[index], alpha[index]
 
 
-def write_predictions(path: str | Path, names: list[str], probabilities: np.ndarray) -> None:
-    """Write one row per image (name, argmax class, every class probability) as .csv or .json, atomically.
+def write_predictions(path: str | Path, names: list[str], probabilities: np.ndarray, values: bool = False) -> None:
+    """Write one row per image (name, argmax class, every class probability) as .csv or .json, atomically; with
+    values, a regression's: one row per input (name, its values v0..vK-1).
 
     The file appears whole or not at all; an existing file is replaced only once the new one is complete.
     Probabilities are written in the shortest form that reads back to the same value of their dtype.
@@ -303,7 +304,9 @@ def write_predictions(path: str | Path, names: list[str], probabilities: np.ndar
         raise ValueError("probabilities hold NaN or infinite values")
     predicted = probabilities.argmax(axis=1)
     texts = [[str(p) for p in row] for row in probabilities]  # str of a numpy float is its shortest exact form
-    if kind == ".csv":
+    if values:
+        text = _values_text(kind, names, probabilities, texts)
+    elif kind == ".csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["image", "predicted", *(f"p{k}" for k in range(probabilities.shape[1]))])
@@ -317,6 +320,17 @@ def write_predictions(path: str | Path, names: list[str], probabilities: np.ndar
         write_atomic(path, text.encode())
     except OSError as e:
         raise DataError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def _values_text(kind: str, names: list[str], values: np.ndarray, texts: list[list[str]]) -> str:
+    if kind == ".csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["row", *(f"v{k}" for k in range(values.shape[1]))])
+        writer.writerows([name, *row] for name, row in zip(names, texts))
+        return out.getvalue()
+    records = [json.dumps({"row": name, "values": [float(v) for v in row]}) for name, row in zip(names, values)]
+    return "[\n" + ",\n".join(records) + "\n]\n" if records else "[]\n"
 
 
 def _one_line(error: BaseException) -> str:

@@ -20,11 +20,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..contract.shapes import MAX_CLASSES, MAX_INPUTS
+from ..contract.shapes import MAX_CLASSES, MAX_INPUTS, MAX_OUTPUTS
 from ..runtime.errors import DataError
 
 MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
-MAX_OUTPUTS = 64
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
 CSV_BLOCK = 1 << 24  # bytes per parsed block: the progress step of a CSV read
 
@@ -74,6 +73,59 @@ def read(path: str | Path, *, target: str | Sequence[str] | None = None, feature
         except UnicodeDecodeError:  # pyarrow reads names and text as UTF-8 (when asked for them)
             raise DataError(f"{path}: not UTF-8 text") from None
     return _select(path, columns, names, target, features)
+
+
+def read_features(path: str | Path, features: Sequence[str] | None, width: int) -> np.ndarray:
+    """The rows to predict on in `path`, [N, width]: a CSV or Parquet file's `features` columns (a trained model's,
+    by name; any others, the target among them, are left out), an .npz's x_test (else x_train), or an .npy of
+    `width` columns (or more: the target's, last, are left out)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise DataError(f"{path}: unknown table format {path.suffix or '(no suffix)'!r}; use one of "
+                        f"{', '.join(FORMATS)}")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    if suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                key = "x_test" if "x_test" in z.files else "x_train" if "x_train" in z.files else None
+                if key is None:
+                    raise DataError(f"{path}: no x_test or x_train array (it holds {', '.join(z.files) or 'none'})")
+                x = z[key]
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+        columns = [x[:, j] for j in range(x.shape[1])] if x.ndim == 2 else None
+        if columns is None:
+            raise DataError(f"{path}: {key} must be rows x features, got shape {x.shape}")
+        names = [str(j) for j in range(len(columns))]
+    elif suffix == ".npy":
+        columns, names = _npy(path)
+    else:
+        try:
+            columns, names = _arrow(path, suffix, None)
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not UTF-8 text") from None
+    if suffix in (".npy", ".npz"):
+        if len(columns) < width:
+            raise DataError(f"{path}: {len(columns)} columns; the model takes {width} features")
+        picked = names[:width]
+    else:
+        picked = list(features) if features else names[:width]
+        missing = [f for f in picked if f not in names]
+        if missing:
+            raise DataError(f"{path}: no column {missing[0]!r}, a feature of the model (columns: {_listed(names)})")
+    if len(picked) != width:
+        raise DataError(f"{path}: {len(picked)} feature columns; the model takes {width}")
+    by_name = {n: _array(c) for n, c in zip(names, columns) if n in picked}
+    for f in picked:
+        _numeric(path, by_name[f], f"column {f!r}")
+    x = np.stack([by_name[f] for f in picked], axis=1)
+    x = _feature_dtype(path, x, "the features")
+    _finite(path, x, picked)
+    if len(x) == 0:
+        raise DataError(f"{path}: no rows")
+    return x
 
 
 def labels(table: Table, classes: int | None = None) -> tuple[np.ndarray, int]:
@@ -200,7 +252,24 @@ def _arrow(path: Path, suffix: str, progress: Progress | None) -> tuple[list[np.
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise DataError(f"{path}: column {dup!r} appears twice")
-    return [_column(path, table.column(i), name, pa) for i, name in enumerate(names)], names
+    return [_Converted(lambda i=i, name=name: _column(path, table.column(i), name, pa), table.num_rows)
+            for i, name in enumerate(names)], names
+
+
+class _Converted:
+    """An Arrow column turned into numbers when first asked for: columns no run picks (an id, a text label) are
+    never converted, so they cannot fail the read."""
+
+    def __init__(self, convert: Callable[[], np.ndarray], rows: int):
+        self._convert, self._array, self.rows = convert, None, rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def get(self) -> np.ndarray:
+        if self._array is None:
+            self._array = self._convert()
+        return self._array
 
 
 def _csv(path: Path, size: int, pa, pcsv, progress: Progress | None):
@@ -260,6 +329,11 @@ def _ragged_row(path: Path) -> tuple[int, int, int] | None:
     return None
 
 
+def _array(column) -> np.ndarray:
+    """A column's numbers: an array as it is, an Arrow column converted (and checked) now."""
+    return column.get() if isinstance(column, _Converted) else column
+
+
 def _column(path: Path, column, name: str, pa) -> np.ndarray:
     """One column as a NumPy array of numbers, or the error naming its first bad row."""
     import pyarrow.compute as pc
@@ -308,7 +382,7 @@ def _select(path: Path, columns: list[np.ndarray], names: list[str], target, fea
             raise DataError(f"{path}: column {f!r} is both a feature and the target")
     if not picked:
         raise DataError(f"{path}: no feature columns left beside the target")
-    by_name = dict(zip(names, columns))
+    by_name = {n: _array(c) for n, c in zip(names, columns) if n in wanted or n in picked}
     y = np.stack([by_name[t].astype(np.float64) for t in wanted], axis=1)
     _finite(path, y, wanted)
     dtypes = {by_name[f].dtype for f in picked}

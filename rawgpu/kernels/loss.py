@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import XENT_MAX_THREADS
+from ..contract.loss import REGRESSION_LOSSES
+from ..contract.shapes import MAX_OUTPUTS
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
 from . import Kernels, require, require_exact_sums
@@ -83,9 +85,7 @@ def zero_metrics(k: Kernels, loss_sum: Tensor, correct: Tensor) -> Launch:
     return k.get(SRC, "zero_metrics").bind(1, 32, 0, loss_sum, correct)
 
 
-REGRESSION_LOSSES = {"mse": 0, "l1": 1, "huber": 2}  # cu/loss.cu: REG_MSE, REG_L1, REG_HUBER
 REGRESSION_SUMS = 3  # loss, squared error, absolute error
-MAX_OUTPUTS = 64
 
 
 def regression_loss(k: Kernels, pred: Tensor, targets: Tensor, dpred: Tensor | None, sums: Tensor, batch: int,

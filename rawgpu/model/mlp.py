@@ -30,7 +30,7 @@ from ..kernels import l2 as kl2
 from ..contract import OPTIM_WORDS
 from ..kernels import loss as kl
 from ..runtime.memory import Arena, Tensor
-from .recipe import Recipe, cdiv, loss_scale, pad8
+from .recipe import INPUT_DTYPES, Recipe, cdiv, loss_scale, pad8
 
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
 
@@ -72,17 +72,25 @@ class MLP:
         self.eval_chunks, self.eval_tail = divmod(r.test_rows, EB)  # whole chunks of EB rows, then the rest
         widths, padded = self.layer_widths()
         self.padded = padded
-        # dataset and input pipeline
-        self.images = a.tensor("train_images", (r.train_rows, r.inputs), np.uint8)
-        self.labels = a.tensor("train_labels", r.train_rows, np.uint8)
-        self.test_images = a.tensor("test_images", (r.test_rows, r.inputs), np.uint8)
-        self.test_labels = a.tensor("test_labels", r.test_rows, np.uint8)
+        # dataset and input pipeline: features as the recipe keeps them, targets as the task reads them (targets())
+        x_dtype = np.dtype(INPUT_DTYPES[r._input_dtype])
+        self.images = a.tensor("train_images", (r.train_rows, r.inputs), x_dtype)
+        self.labels = a.tensor("train_labels", *self.targets(r.train_rows))
+        self.test_images = a.tensor("test_images", (r.test_rows, r.inputs), x_dtype)
+        self.test_labels = a.tensor("test_labels", *self.targets(r.test_rows))
+        # standardization: per feature (v - mean) * inv_std, from the training split (set_scaling)
+        self.mean = a.tensor("feature_mean", r.inputs, np.float32) if r.standardize else None
+        self.inv_std = a.tensor("feature_inv_std", r.inputs, np.float32) if r.standardize else None
+        self.test_sst = 0.0  # a regression's test targets' sum of squares about their mean (R^2's denominator)
+        # A regression trains on its targets standardized, (y - target_mean) / target_scale (fp16 outputs stay in
+        # range whatever the targets' units); predictions and errors are given back in the targets' own units.
+        self.target_mean, self.target_scale = np.zeros(r.classes), 1.0
         self.perm = a.tensor("perm", r.steps_per_epoch * B, np.int32)
         self.eval_perm = a.tensor("eval_perm", EB * self.eval_chunks, np.int32) if self.eval_chunks else None
         self.tail_perm = a.tensor("eval_tail_perm", self.eval_tail, np.int32) if self.eval_tail else None
         # prediction: up to EB images at a time, in order, through the evaluation's buffers
-        self.predict_images = a.tensor("predict_images", (EB, r.inputs), np.uint8)
-        self.predict_labels = a.tensor("predict_labels", EB, np.uint8)
+        self.predict_images = a.tensor("predict_images", (EB, r.inputs), x_dtype)
+        self.predict_labels = a.tensor("predict_labels", *self.targets(EB))
         self.predict_perm = a.tensor("predict_perm", EB, np.int32)
         # device scalars: the step counter, the optimiser table (the step's lr among its values), the metrics
         self.counter = a.tensor("step", 1, np.int64)
@@ -93,18 +101,21 @@ class MLP:
         self.correct = a.tensor("correct", 1, np.int32)
         self.eval_loss_sum = a.tensor("eval_loss_sum", 1, np.float64)
         self.eval_correct = a.tensor("eval_correct", 1, np.int32)
+        # a regression's sums (loss, squared error, absolute error) in place of loss_sum and correct
+        self.sums = a.tensor("regression_sums", kl.REGRESSION_SUMS, np.float64) if r.regression else None
+        self.eval_sums = a.tensor("eval_regression_sums", kl.REGRESSION_SUMS, np.float64) if r.regression else None
         # activations (saved for backward) and their gradients
         self.acts = [a.tensor(f"act{i}", (B, p), np.float16) for i, p in enumerate(padded)]  # acts[-1]: logits
         self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
         # the hidden layers' slopes act'(z), where the activation's backward reads them (recipe.SLOPE_SAVED)
         self.slopes = [a.tensor(f"slope{i}", (B, p), np.float16) if r._saves_slope and 0 < i < len(padded) - 1
                        else None for i, p in enumerate(padded)]
-        self.y = a.tensor("y", B, np.int32)
+        self.y = a.tensor("y", *self.batch_targets(B))
         hidden_p = max(padded[1:-1])
         self.eval_x = a.tensor("eval_x", (EB, padded[0]), np.float16)
         self.eval_h = [a.tensor(f"eval_h{i}", (EB, hidden_p), np.float16) for i in range(2)]  # ping-pong
         self.eval_logits = a.tensor("eval_logits", (EB, padded[-1]), np.float16)
-        self.eval_y = a.tensor("eval_y", EB, np.int32)
+        self.eval_y = a.tensor("eval_y", *self.batch_targets(EB))
         self.tail_fwd: list[kg.GemmPlan] = []  # the last, shorter chunk's forward plans
         self.exact_sums, self.exact_tickets = self.exact_scratch("")
         # parameters and optimiser state
@@ -125,6 +136,19 @@ class MLP:
                 self.tail_fwd.append(kg.plan_gemm(self.eval_tail, pout, pin, "rr", self.forward_epilogue(i),
                                                   accum=r._kernel_accum, sm_count=sm_count, arch=self.arch,
                                                   capacity=self.cluster_capacity))
+
+    def targets(self, rows: int) -> tuple[tuple[int, ...], Any]:
+        """The shape and dtype of a data set's targets on the device: bytes for images' labels (gather_batch), int32
+        labels for the table gather, float32 values [rows, outputs] for a regression."""
+        r = self.recipe
+        if r.regression:
+            return (rows, r.classes), np.float32
+        return rows, np.uint8 if r._pixels else np.int32
+
+    def batch_targets(self, rows: int) -> tuple[tuple[int, ...], Any]:
+        """The shape and dtype of a gathered batch's targets: int32 labels, or float32 values [rows, outputs]."""
+        r = self.recipe
+        return ((rows, r.classes), np.float32) if r.regression else ((rows,), np.int32)
 
     def attach(self, step: Any) -> "MLP":
         """The step its kind planned over this model's buffers (it reserved its own in the arena); then the split-K
@@ -198,8 +222,8 @@ class MLP:
         """The training and test images and labels (a data.Dataset, or anything with its four arrays), of the
         recipe's shape; then the evaluation's and prediction's orders."""
         r = self.recipe
-        self.images.upload(data.train_images.reshape(r.train_rows, r.inputs))
-        self.labels.upload(data.train_labels)
+        self.images.upload(self.device_features(data.train_images, "the training set"))
+        self.labels.upload(self.device_targets(data.train_labels, r.train_rows))
         self.upload_test_data(data.test_images, data.test_labels)
         self.prepare_predict()
 
@@ -210,13 +234,62 @@ class MLP:
     def upload_test_data(self, images: np.ndarray, labels: np.ndarray) -> None:
         """A test set of the recipe's test_rows images (evaluation reads it in order)."""
         r = self.recipe
-        self.test_images.upload(images.reshape(r.test_rows, r.inputs))
-        self.test_labels.upload(labels)
+        self.test_images.upload(self.device_features(images, "the test set"))
+        self.test_labels.upload(self.device_targets(labels, r.test_rows))
+        if r.regression:
+            y = np.asarray(labels, np.float64).reshape(r.test_rows, r.classes)
+            self.test_sst = float(((y - y.mean(axis=0)) ** 2).sum())
         whole = self.eval_chunks * self.eval_batch
         if self.eval_perm is not None:
             self.eval_perm.upload(np.arange(whole, dtype=np.int32))
         if self.tail_perm is not None:
             self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
+
+    def device_features(self, x: np.ndarray, what: str) -> np.ndarray:
+        """Features [N, inputs] as the device keeps them (recipe.input_dtype): bytes stay bytes (as pixels), numbers
+        become fp16 or fp32; ValueError where a value is beyond fp16's range or bytes are asked of floats."""
+        want = self.images.dtype
+        x = np.asarray(x).reshape(len(x), self.recipe.inputs)
+        if x.dtype == want:
+            return x
+        if want == np.uint8:
+            raise ValueError(f"{what}: {x.dtype} features cannot be kept as bytes (input_dtype u8 is for 0..255 "
+                             "pixels); use fp16 or fp32")
+        if want == np.float16 and x.dtype != np.uint8:
+            big = np.abs(x) > float(np.finfo(np.float16).max)
+            if big.any():
+                row, col = np.argwhere(big)[0]
+                raise ValueError(f"{what}: row {row}, column {col}: {x[row, col]:g} is beyond fp16's range (65504); "
+                                 "keep the features as fp32 (input_dtype fp32, --input-dtype fp32)")
+        return x.astype(want) if x.dtype != np.uint8 else (x * np.float32(1.0 / 255.0)).astype(want)  # as the gather
+
+    def device_targets(self, y: np.ndarray, rows: int) -> np.ndarray:
+        """Labels or values as `targets` keeps them (a regression's standardized: set_target_scaling)."""
+        shape, dtype = self.targets(rows)
+        y = np.asarray(y).reshape(shape)
+        if self.recipe.regression:
+            return ((y.astype(np.float64) - self.target_mean) / self.target_scale).astype(dtype)
+        return y.astype(dtype, copy=False)
+
+    def set_target_scaling(self, mean: np.ndarray, scale: float) -> None:
+        """A regression's targets as it trains on them, (y - mean) / scale: as target_scaling computes them from
+        the training targets, or as a checkpoint kept them. Before upload_data."""
+        self.target_mean = np.asarray(mean, np.float64).reshape(self.recipe.classes)
+        self.target_scale = float(scale)
+
+    def in_target_units(self, out: np.ndarray) -> np.ndarray:
+        """A regression's outputs (float64) in the targets' own units."""
+        return out.astype(np.float64) * self.target_scale + self.target_mean
+
+    def set_scaling(self, mean: np.ndarray, inv_std: np.ndarray) -> None:
+        """The standardization's per-feature mean and 1 / std (float32 [inputs]), as `feature_scaling` computes them
+        or a checkpoint kept them."""
+        self.mean.upload(np.asarray(mean, np.float32).reshape(self.recipe.inputs))
+        self.inv_std.upload(np.asarray(inv_std, np.float32).reshape(self.recipe.inputs))
+
+    def scaling(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, inv_std) where the model standardizes its features, else None."""
+        return None if self.mean is None else (self.mean.download(), self.inv_std.download())
 
     def init_parameters(self, stream: Stream) -> None:
         """PyTorch's nn.Linear default (Kaiming-uniform, a = sqrt(5)): W and b ~ U(+-1/sqrt(fan_in)), from
@@ -287,8 +360,12 @@ class MLP:
             t.fill_bytes(0)
         self.counter.upload(np.array([steps_done], np.int64))
 
-    def set_train_metrics(self, loss_sum: float, correct: int) -> None:
-        """Restore the metrics a resumed epoch had summed before it was saved."""
+    def set_train_metrics(self, *sums: float) -> None:
+        """Restore the metrics a resumed epoch had summed before it was saved (as train_metrics returned them)."""
+        if self.sums is not None:
+            self.sums.upload(np.array(sums, np.float64))
+            return
+        loss_sum, correct = sums
         self.loss_sum.upload(np.array([loss_sum], np.float64))
         self.correct.upload(np.array([correct], np.int32))
 
@@ -331,25 +408,48 @@ class MLP:
     def eval_launches(self) -> list[Launch]:
         """The whole test set, eval_batch rows at a time, then the shorter last chunk: forward and metrics only (no
         gradients, no updates)."""
-        k, EB, chunks, classes = self.k, self.eval_batch, self.eval_chunks, self.recipe.classes
+        k, EB, chunks = self.k, self.eval_batch, self.eval_chunks
         out = self.step.before_eval()
-        out += [kd.set_i64(k, self.eval_counter, 0), kl.zero_metrics(k, self.eval_loss_sum, self.eval_correct)]
+        out += [kd.set_i64(k, self.eval_counter, 0), self.zero_metrics(evaluation=True)]
         for _ in range(chunks):
-            out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.eval_perm, self.eval_counter,
-                                       self.eval_x, self.eval_y, EB, chunks))
+            out.append(self.gather(self.test_images, self.test_labels, self.eval_perm, self.eval_counter,
+                                   self.eval_x, self.eval_y, EB, chunks))
             out += self._eval_forward(self.eval_plans)
-            out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
-                                       self.eval_correct, EB, classes, scratch=self.exact_sums,
-                                       ticket=self.exact_tickets))
+            out.append(self.loss(self.eval_logits, self.eval_y, None, EB, evaluation=True))
             out.append(kd.step_increment(k, self.eval_counter))
         if self.eval_tail:
-            out.append(kd.gather_batch(k, self.test_images, self.test_labels, self.tail_perm, self.zero_counter,
-                                       self.eval_x, self.eval_y, self.eval_tail, 1))
+            out.append(self.gather(self.test_images, self.test_labels, self.tail_perm, self.zero_counter,
+                                   self.eval_x, self.eval_y, self.eval_tail, 1))
             out += self._eval_forward(self.tail_fwd)
-            out.append(kl.softmax_xent(k, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
-                                       self.eval_correct, self.eval_tail, classes, scratch=self.exact_sums,
-                                       ticket=self.exact_tickets))
+            out.append(self.loss(self.eval_logits, self.eval_y, None, self.eval_tail, evaluation=True))
         return out
+
+    def gather(self, x: Tensor, targets: Tensor, perm: Tensor, step: Tensor, x_out: Tensor, y_out: Tensor,
+               batch: int, steps_per_epoch: int, **options) -> Launch:
+        """The batch gather for this model's data, the one place that chooses it: gather_batch for images (uint8
+        pixels and byte labels), else the table gather (its dtype, labels or values, the standardization).
+        options: optim, schedule, early, blocks, as both take them."""
+        if self.recipe._pixels:
+            return kd.gather_batch(self.k, x, targets, perm, step, x_out, y_out, batch, steps_per_epoch, **options)
+        return kd.gather_table(self.k, x, targets, perm, step, x_out, y_out, batch, steps_per_epoch, mean=self.mean,
+                               inv_std=self.inv_std, **options)
+
+    def loss(self, out: Tensor, y: Tensor, grad: Tensor | None, rows: int, evaluation: bool = False,
+             grad_scale: float = 1.0, mean_over: int | None = None, scratch: Tensor | None = None,
+             ticket: Tensor | None = None) -> Launch:
+        """The loss of `rows` rows of the head's output, the one place that chooses it: softmax cross-entropy (loss
+        sum and hits) or the regression loss (its sums), into the training's metrics or the evaluation's; grad None
+        for evaluation, else the output's gradient (loss.py's grad_scale, mean_over). scratch and ticket: the
+        exact-sum scratch (default the model's)."""
+        r, k = self.recipe, self.k
+        scratch = self.exact_sums if scratch is None else scratch
+        ticket = self.exact_tickets if ticket is None else ticket
+        if r.regression:
+            return kl.regression_loss(k, out, y, grad, self.eval_sums if evaluation else self.sums, rows, r.classes,
+                                      r.loss, grad_scale, mean_over, scratch=scratch, ticket=ticket)
+        loss_sum, correct = (self.eval_loss_sum, self.eval_correct) if evaluation else (self.loss_sum, self.correct)
+        return kl.softmax_xent(k, out, y, grad, loss_sum, correct, rows, r.classes, grad_scale=grad_scale,
+                               mean_over=mean_over, scratch=scratch, ticket=ticket)
 
     def _eval_forward(self, plans: list[kg.GemmPlan]) -> list[Launch]:
         hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
@@ -358,18 +458,18 @@ class MLP:
     def predict_launches(self) -> list[Launch]:
         """Logits of the eval_batch images in predict_images, into eval_logits: the evaluation's gather and forward."""
         out = self.step.before_eval()
-        out.append(kd.gather_batch(self.k, self.predict_images, self.predict_labels, self.predict_perm,
-                                   self.zero_counter, self.eval_x, self.eval_y, self.eval_batch, 1))
+        out.append(self.gather(self.predict_images, self.predict_labels, self.predict_perm, self.zero_counter,
+                               self.eval_x, self.eval_y, self.eval_batch, 1))
         return out + self._eval_forward(self.eval_plans)
 
     def logits(self, images: np.ndarray, stream: Stream) -> np.ndarray:
-        """float32 logits [N, classes] of uint8 images [N, inputs], eval_batch at a time through predict_launches
-        (synchronises)."""
+        """float32 outputs [N, classes] (logits, or a regression's values) of features [N, inputs] (uint8 images, or
+        numbers device_features converts), eval_batch at a time through predict_launches (synchronises)."""
         r, EB = self.recipe, self.eval_batch
         launches, out = self.predict_launches(), np.empty((len(images), r.classes), np.float32)
         for start in range(0, len(images), EB):
-            chunk = np.zeros((EB, r.inputs), np.uint8)
-            part = images[start:start + EB]
+            chunk = np.zeros((EB, r.inputs), self.predict_images.dtype)
+            part = self.device_features(images[start:start + EB], "the rows to predict")
             chunk[:len(part)] = part
             self.predict_images.upload(chunk)
             for launch in launches:
@@ -378,20 +478,38 @@ class MLP:
             out[start:start + len(part)] = self.eval_logits.download()[:len(part), :r.classes]
         return out
 
-    def zero_metrics(self) -> Launch:
+    def zero_metrics(self, evaluation: bool = False) -> Launch:
+        """The training's metrics (or the evaluation's) reset, as a launch."""
+        if self.sums is not None:
+            return kl.zero_sums(self.k, self.eval_sums if evaluation else self.sums)
+        if evaluation:
+            return kl.zero_metrics(self.k, self.eval_loss_sum, self.eval_correct)
         return kl.zero_metrics(self.k, self.loss_sum, self.correct)
 
     # --- reading back ------------------------------------------------------------------------------------------
 
-    def train_metrics(self, stream: Stream | None = None) -> tuple[float, int]:
-        """(loss sum, correct count) accumulated since the last zero_metrics. stream: where a model on several GPUs
-        sums them over the ranks (steps/replicated.py); one GPU's need none."""
+    def train_metrics(self, stream: Stream | None = None) -> tuple:
+        """The sums accumulated since the last zero_metrics: (loss sum, correct count), or a regression's (loss sum,
+        squared error sum, absolute error sum). stream: where a model on several GPUs sums them over the ranks
+        (steps/replicated.py); one GPU's need none."""
+        if self.sums is not None:
+            return tuple(float(v) for v in self.sums.download())
         return float(self.loss_sum.download()[0]), int(self.correct.download()[0])
 
     def eval_metrics(self) -> tuple[float, float]:
-        """(mean test loss, test accuracy) of the last evaluation."""
+        """(mean test loss, test accuracy) of the last evaluation; a regression's accuracy is NaN (eval_errors)."""
         n = self.recipe.test_rows
+        if self.eval_sums is not None:
+            return float(self.eval_sums.download()[0]) / n, math.nan
         return float(self.eval_loss_sum.download()[0]) / n, int(self.eval_correct.download()[0]) / n
+
+    def eval_errors(self) -> tuple[float, float, float] | None:
+        """A regression's test RMSE, MAE and R^2 (over every value) from the last evaluation; None for a
+        classification."""
+        if self.eval_sums is None:
+            return None
+        return regression_errors(self.eval_sums.download(), self.recipe.test_rows * self.recipe.classes,
+                                 self.test_sst, self.target_scale)
 
     def step_count(self) -> int:
         return int(self.counter.download()[0])
@@ -428,6 +546,50 @@ class MLP:
             if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
                 return False
         return True
+
+
+def regression_errors(sums, values: int, sst: float | None = None, scale: float = 1.0) -> tuple[float, float, float]:
+    """(RMSE, MAE, R^2) in the targets' units from a regression's sums (loss, squared error, absolute error) over
+    `values` standardized values (scale: the targets' standardization); R^2 needs the targets' sum of squares about
+    their mean in their units (NaN without it, or where it is 0)."""
+    sq, ab = float(sums[1]) * scale * scale, float(sums[2]) * scale
+    r2 = 1.0 - sq / sst if sst else math.nan
+    return math.sqrt(sq / values), ab / values, r2
+
+
+SCALING_CHUNK = 1 << 20  # rows summed at a time: a large table never has a float64 copy
+
+
+def feature_scaling(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The standardization of features as the device keeps them (bytes / 255, fp16, fp32): per column the mean and
+    1 / std (population std, float64 sums; a constant column gets 1), float32 [inputs] each."""
+    n = len(x)
+    total, squares = np.zeros(x.shape[1]), np.zeros(x.shape[1])
+    for start in range(0, n, SCALING_CHUNK):
+        part = x[start:start + SCALING_CHUNK].astype(np.float64)
+        if x.dtype == np.uint8:
+            part *= np.float64(np.float32(1.0 / 255.0))
+        total += part.sum(axis=0)
+    mean = total / n
+    for start in range(0, n, SCALING_CHUNK):
+        part = x[start:start + SCALING_CHUNK].astype(np.float64)
+        if x.dtype == np.uint8:
+            part *= np.float64(np.float32(1.0 / 255.0))
+        squares += ((part - mean) ** 2).sum(axis=0)
+    std = np.sqrt(squares / n)
+    inv = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
+    return mean.astype(np.float32), inv.astype(np.float32)
+
+
+def target_scaling(y: np.ndarray) -> tuple[np.ndarray, float]:
+    """A regression's target standardization from its training targets [N, K]: each output's mean, and one scale
+    for all (the root of their mean variance; 1 where that is 0), so that the squared and absolute errors summed
+    over every output come back in the targets' units by one factor."""
+    y = np.asarray(y, np.float64).reshape(len(y), -1)
+    mean = y.mean(axis=0)
+    scale = math.sqrt(float(((y - mean) ** 2).mean()))
+    # float32 values, which a checkpoint keeps exactly: a resumed run scales its targets to the same bits
+    return mean.astype(np.float32).astype(np.float64), float(np.float32(scale)) if scale > 0 else 1.0
 
 
 def eval_batch(r: Recipe, models: int = 1) -> int:

@@ -19,14 +19,18 @@ from typing import Any, Callable, Mapping
 
 # The facts the kernels are built around live in the contract (shared with the CUDA sources); the recipe's rules use
 # them and hand them on, so `recipe.X` names every setting's limit and code.
+from ..contract.loss import REGRESSION_LOSSES
 from ..contract.activation import ACTIVATIONS, DEFAULT_ACTIVATION, SLOPE_SAVED  # noqa: F401
 from ..contract.optim import OPTIMIZERS, SCHEDULES  # noqa: F401
-from ..contract.shapes import HEAD_TILE_CLASSES, INPUTS, MAX_CLASSES, MAX_INPUTS, cdiv, pad8, padded_classes  # noqa: F401
+from ..contract.shapes import (HEAD_TILE_CLASSES, IDX_MAX_CLASSES, INPUTS, MAX_CLASSES, MAX_INPUTS,  # noqa: F401
+                               MAX_OUTPUTS, cdiv, pad8, padded_classes)
 
 CLASSES = 10
 TRAIN_ROWS = 60000
 TEST_ROWS = 10000
 ACCUMS = {"fp32": "f32", "fp16": "f16"}  # the CLI's spelling -> the kernels' instance suffix
+# How the training set's features are kept on the GPU (the CLI's spelling -> numpy's): u8 is read as pixels (/ 255)
+INPUT_DTYPES = {"u8": "uint8", "fp16": "float16", "fp32": "float32"}
 GRAD_SCALE_PER_SAMPLE = 16  # see loss_scale()
 # Per optimiser: the defaults of the settings whose usual value depends on it (torch.optim's, and the lr the CLI's
 # default recipe reaches >= 98% with). The CLIs leave these unset (None) unless given, and Recipe resolves them.
@@ -159,12 +163,19 @@ OPTIONS: dict[str, Option] = {
                               "approximation), silu or tanh"),
     "accum": Option("fp32", str, choices=tuple(ACCUMS), help="GEMM accumulator precision"),
     "seed": Option(0, int, 0, 2**63 - 1, help="seed for the initial weights and the shuffles"),
+    "loss": Option("xent", str, choices=("xent", *REGRESSION_LOSSES),
+                   help="xent: classification (softmax cross-entropy); mse, l1 or huber (delta 1): regression of "
+                        "1 to 64 values"),
+    "input_dtype": Option(None, str, choices=tuple(INPUT_DTYPES),
+                          help="how the features are kept on the GPU: u8 (bytes / 255, as pixels), fp16 or fp32; "
+                               "default u8 for bytes, else fp16"),
+    "standardize": Option(False, bool, help="scale each feature to mean 0 and std 1 (the training split's)"),
 }
 DEFAULTS = {name: opt.default for name, opt in OPTIONS.items()}
 # The recipe's fields that are no CLI option (the dataset sets the shape; the run sets total_steps), with their ranges.
 SHAPE_OPTIONS: dict[str, Option] = {
     "inputs": Option(INPUTS, int, 1, MAX_INPUTS, help="pixels per image"),
-    "classes": Option(CLASSES, int, 2, MAX_CLASSES, help="classes"),
+    "classes": Option(CLASSES, int, 1, MAX_CLASSES, help="classes, or a regression's outputs"),
     "train_rows": Option(TRAIN_ROWS, int, 1, help="training images"),
     "test_rows": Option(TEST_ROWS, int, 1, help="test images"),
     "total_steps": Option(0, int, 0, help="the schedule's length (0: no decay)"),
@@ -197,8 +208,11 @@ class Recipe:
     accum: str = DEFAULTS["accum"]
     activation: str = DEFAULTS["activation"]
     seed: int = DEFAULTS["seed"]
+    loss: str = DEFAULTS["loss"]
+    input_dtype: str | None = None  # None: the data's own (u8 for bytes, else fp16), set when the data is known
+    standardize: bool = False
     inputs: int = INPUTS
-    classes: int = CLASSES
+    classes: int = CLASSES  # classification: the classes; regression: the values per row (1..MAX_OUTPUTS)
     train_rows: int = TRAIN_ROWS
     test_rows: int = TEST_ROWS
 
@@ -216,10 +230,14 @@ class Recipe:
         for f in fields(self):
             name = {"warmup_steps": "warmup", "beta1": "betas", "beta2": "betas"}.get(f.name, f.name)
             option = OPTIONS.get(name) or SHAPE_OPTIONS.get(name)
-            if option is not None and name != "hidden":  # checked width by width in _resolve_widths
+            if option is not None and name != "hidden" and not (name == "input_dtype" and self.input_dtype is None):
                 option.check(f.name, getattr(self, f.name))
         if self.nesterov and not self.momentum > 0:
             raise SettingError("nesterov", "needs momentum > 0")
+        if self.regression and self.classes > MAX_OUTPUTS:
+            raise SettingError("classes", f"a regression has 1 to {MAX_OUTPUTS} outputs, got {self.classes}")
+        if not self.regression and self.classes < 2:
+            raise SettingError("classes", f"a classification has 2 to {MAX_CLASSES} classes, got {self.classes}")
         if self.batch > self.train_rows:
             raise SettingError("batch", f"must be <= the {self.train_rows} training images, got {self.batch}")
         if why := model_size_problem(self.widths):
@@ -257,6 +275,23 @@ class Recipe:
         object.__setattr__(self, "layers", layers)
 
     @property
+    def regression(self) -> bool:
+        """A regression (loss mse, l1 or huber) rather than a classification (xent)."""
+        return self.loss != "xent"
+
+    @property
+    def _pixels(self) -> bool:
+        """Whether the step reads its data as today's images (gather_batch: uint8 pixels / 255 and byte labels, the
+        path the fused and cluster steps compile in) rather than through the table gather."""
+        return (self._input_dtype == "u8" and not self.standardize and not self.regression
+                and self.classes <= IDX_MAX_CLASSES)
+
+    @property
+    def _input_dtype(self) -> str:
+        """The features' dtype on the GPU: as set, else u8 (MNIST's)."""
+        return self.input_dtype or "u8"
+
+    @property
     def hidden_widths(self) -> tuple[int, ...]:
         """Every hidden layer's width, first to last."""
         return layer_widths(self.hidden, self.layers)
@@ -284,7 +319,7 @@ class Recipe:
         values = dict(values)
         for name, value in values.items():
             want = {"int": int, "float": (int, float), "str": str, "bool": bool, "float | None": (int, float),
-                    "int | None": int, "int | tuple[int, ...]": (int, list, tuple)}[known[name]]
+                    "int | None": int, "str | None": (str, type(None)), "int | tuple[int, ...]": (int, list, tuple)}[known[name]]
             if not isinstance(value, want) or (isinstance(value, bool) and want is not bool) or (
                     isinstance(value, (list, tuple)) and not all(type(w) is int for w in value)):
                 raise ValueError(f"recipe field {name} has a bad value {value!r}")
@@ -386,6 +421,18 @@ class Recipe:
         w = self.widths
         weights = sum(a * b for a, b in zip(w, w[1:]))
         return weights * (bytes_per_weight + 8 * self._state_tensors)
+
+
+def data_kind(recipe: Recipe) -> str:
+    """What a recipe's data is, for the reasons a step gives where it takes images alone: 'regression (mse)',
+    'fp16 features', 'standardized features', '300 classes'."""
+    if recipe.regression:
+        return f"regression ({recipe.loss})"
+    if recipe._input_dtype != "u8":
+        return f"{recipe._input_dtype} features"
+    if recipe.standardize:
+        return "standardized features"
+    return f"{recipe.classes} classes"
 
 
 def argument_type(name: str, option: Option) -> Callable[[str], Any]:
@@ -570,4 +617,5 @@ def from_args(args: argparse.Namespace, total_steps: int = 0, **shape: int) -> R
                   momentum=get("momentum"), nesterov=bool(get("nesterov")), beta1=betas[0], beta2=betas[1], eps=eps,
                   weight_decay=get("weight_decay"), schedule=get("schedule"), warmup_steps=get("warmup"),
                   lr_min=0.0, total_steps=total_steps, accum=get("accum"), activation=get("activation"),
-                  seed=get("seed"), **shape)
+                  seed=get("seed"), loss=get("loss"), standardize=bool(get("standardize")),
+                  input_dtype=getattr(args, "input_dtype", None), **shape)

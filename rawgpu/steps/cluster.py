@@ -16,7 +16,7 @@ from .. import contract
 from ..runtime.compiler import unit_of
 from ..kernels import cluster as kc
 from ..model.mlp import MLP
-from ..model.recipe import Recipe, loss_scale
+from ..model.recipe import Recipe, data_kind, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the cluster step is built for images of {contract.CS_INPUTS} pixels, these have {recipe.inputs}"
     if recipe.classes > contract.HEAD_TILE_CLASSES:
         return f"the cluster step's head is one tile of {contract.HEAD_TILE_CLASSES} classes, not {recipe.classes}"
+    if not recipe._pixels:
+        return (f"the cluster step reads uint8 images and their labels, not this data (" + data_kind(recipe) + ")")
     if recipe.batch > kc.ROWS:
         return f"the cluster step takes batches of at most {kc.ROWS}, got {recipe.batch}"
     if not recipe._plain_sgd:

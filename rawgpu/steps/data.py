@@ -19,7 +19,6 @@ import numpy as np
 from ..kernels import gather as kd
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
-from ..kernels import loss as kl
 from ..model.optimizer import update_family
 from .replicated import ReplicatedMLP
 from ..model.recipe import Recipe, loss_scale
@@ -89,12 +88,10 @@ class DataStep(ChainStep):
         r, k, rows = m.recipe, m.k, m.rows
         lr0, lr_min = r._scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
-        out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, rows, r.steps_per_epoch,
-                               optim=m.optim, schedule=schedule)]
+        out = [m.gather(m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, rows, r.steps_per_epoch,
+                        optim=m.optim, schedule=schedule)]
         out += m.forward(m.acts[0], m.acts[1:], self.fwd, slopes=m.slopes[1:])
-        out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, rows, r.classes,
-                                   grad_scale=loss_scale(r.batch), mean_over=r.batch, scratch=m.exact_sums,
-                                   ticket=m.exact_tickets))
+        out.append(m.loss(m.acts[-1], m.y, m.grads[-1], rows, grad_scale=loss_scale(r.batch), mean_over=r.batch))
         for i in range(len(m.layers) - 1, -1, -1):
             lay, x, dy = m.layers[i], m.acts[i], m.grads[i + 1]
             if self.dx[i] is not None:

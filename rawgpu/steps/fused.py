@@ -19,7 +19,7 @@ from ..kernels import elementwise as ke
 from ..kernels import fused as kf
 from ..kernels import gemm as kg
 from ..model.mlp import MLP
-from ..model.recipe import Recipe, loss_scale
+from ..model.recipe import Recipe, data_kind, loss_scale
 from .base import Step, StepOptions
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
         return f"the fused step is built for images of {contract.FS_INPUTS} pixels, these have {recipe.inputs}"
     if recipe.classes > contract.HEAD_TILE_CLASSES:
         return f"the fused step's head is one tile of {contract.HEAD_TILE_CLASSES} classes, not {recipe.classes}"
+    if not recipe._pixels:
+        return (f"the fused step reads uint8 images and their labels, not this data (" + data_kind(recipe) + ")")
     if recipe.layers + 1 > kf.MAX_LINEAR_LAYERS:
         return f"the fused step takes at most {kf.MAX_LINEAR_LAYERS - 1} hidden layers"
     return None

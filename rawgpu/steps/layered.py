@@ -30,7 +30,6 @@ from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
-from ..kernels import loss as kl
 from ..runtime.driver import SideStream
 from ..model.mlp import MLP
 from ..model.optimizer import update_family
@@ -67,8 +66,15 @@ def short_form_reason(recipe: Recipe, arch: str) -> str | None:
     kernel, overlapping launches); None when it is."""
     if not kg.sm90_or_later(arch):
         return f"the short form needs sm_90 (clusters, overlapping launches), this GPU is {arch}"
-    return (one_pass_reason(recipe, arch)
-            or kh.unsupported_reason(recipe.batch, recipe._kernel_accum, recipe._padded_classes, arch))
+    return one_pass_reason(recipe, arch) or head_reason(recipe, arch)
+
+
+def head_reason(recipe: Recipe, arch: str) -> str | None:
+    """Why the head's forward, loss, backward and update are not one cluster kernel here (kernels/head.py); None
+    when they are."""
+    if recipe.regression:
+        return "the head kernel computes softmax cross-entropy, not a regression's loss"
+    return kh.unsupported_reason(recipe.batch, recipe._kernel_accum, recipe._padded_classes, arch)
 
 
 @dataclass
@@ -93,8 +99,7 @@ class LayeredStep(ChainStep):
         plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         # the head's forward, loss, backward and update as one cluster kernel where it runs (sm_90)
-        self.head = (kh.plan_head(B, padded[-2], r.optimizer)
-                     if short and kh.unsupported_reason(B, accum, padded[-1], arch) is None else None)
+        self.head = kh.plan_head(B, padded[-2], r.optimizer) if short and head_reason(r, arch) is None else None
         one_pass = short and one_pass_reason(r, arch) is None
         n = len(padded) - 1
         self.plans: list[LayerPlans] = []
@@ -154,8 +159,8 @@ class LayeredStep(ChainStep):
         scale = loss_scale(r.batch)
         lr0, lr_min = r._scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
-        out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
-                               optim=m.optim, schedule=schedule, early=self.head is not None)]
+        out = [m.gather(m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
+                        optim=m.optim, schedule=schedule, early=self.head is not None)]
         n = len(m.layers) - (self.head is not None)  # layers with a forward GEMM
         out += m.forward(m.acts[0], m.acts[1:n + 1], [p.fwd for p in self.plans[:n]],
                          [pol.forward for pol in self.l2[:n]], slopes=m.slopes[1:n + 1])
@@ -166,8 +171,7 @@ class LayeredStep(ChainStep):
                                     step=m.counter,  # the step counter moves here
                                     mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, slope=m.slopes[n]))
         else:
-            out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, r.batch, r.classes,
-                                       grad_scale=scale, scratch=m.exact_sums, ticket=m.exact_tickets))
+            out.append(m.loss(m.acts[-1], m.y, m.grads[-1], r.batch, grad_scale=scale))
         sd = self.sides  # where the updates run beside the chain: their streams, and scratch of their own
         exact = sd or m  # the bias updates' exact-sum scratch
         dy = m.grads[n]

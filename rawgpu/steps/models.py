@@ -18,7 +18,7 @@ from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import model_axis as km
 from ..model.optimizer import update_family
-from ..model.recipe import Recipe, loss_scale
+from ..model.recipe import Recipe, data_kind, loss_scale
 from ..model.stack import ModelStack
 from .base import ChainStep, StepOptions
 
@@ -36,6 +36,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the models step cannot run models of `recipe` here; None when it can."""
     if recipe._kernel_accum != "f32":
         return "the models step accumulates in fp32; this recipe asks for fp16 accumulation"
+    if not recipe._pixels:
+        return f"the models step reads uint8 images and their labels, not this data ({data_kind(recipe)})"
     return None
 
 

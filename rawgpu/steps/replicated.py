@@ -36,6 +36,8 @@ class ReplicatedMLP(MLP):
         super().__init__(recipe, arch, sm_count, capacity)
         self.loss_total = self.arena.tensor("loss_sum_total", 1, np.float64)
         self.correct_total = self.arena.tensor("correct_total", 1, np.int32)
+        self.sums_total = (self.arena.tensor("regression_sums_total", self.sums.shape[0], np.float64)
+                           if self.sums is not None else None)
 
     def step_rows(self) -> int:
         return self.recipe.batch // self.ranks
@@ -54,22 +56,26 @@ class ReplicatedMLP(MLP):
 
     def metrics_launches(self) -> list[Launch]:
         """The training metrics' sums over the ranks, into loss_total and correct_total."""
+        if self.sums is not None:
+            return [self.group.all_reduce(self.sums, self.sums_total, self.sums.shape[0])]
         return [self.group.all_reduce(self.loss_sum, self.loss_total, 1),
                 self.group.all_reduce(self.correct, self.correct_total, 1)]
 
-    def train_metrics(self, stream: Stream | None = None) -> tuple[float, int]:
-        """(loss sum, correct count) of every rank since the last zero_metrics. With a stream, every rank calls it at
+    def train_metrics(self, stream: Stream | None = None) -> tuple:
+        """MLP.train_metrics' sums over every rank since the last zero_metrics. With a stream, every rank calls it at
         the same point (its all-reduces run there, then it synchronises); without, the sums the last
         metrics_launches() left."""
         if stream is not None:
             for launch in self.metrics_launches():
                 launch.run(stream)
             stream.synchronize()
+        if self.sums_total is not None:
+            return tuple(float(v) for v in self.sums_total.download())
         return float(self.loss_total.download()[0]), int(self.correct_total.download()[0])
 
-    def set_train_metrics(self, loss_sum: float, correct: int) -> None:
+    def set_train_metrics(self, *sums: float) -> None:
         """A resumed epoch's sums so far: rank 0 holds them, so that the sum over the ranks counts them once."""
-        super().set_train_metrics(loss_sum if self.rank == 0 else 0.0, correct if self.rank == 0 else 0)
+        super().set_train_metrics(*(v if self.rank == 0 else type(v)(0) for v in sums))
 
     # --- checkpoints --------------------------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ from ..kernels import dx_update as ku
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
-from ..kernels import loss as kl
 from ..model.optimizer import update_family
 from .sharded import ShardedMLP
 from ..model.recipe import Recipe, loss_scale
@@ -112,13 +111,12 @@ class TensorStep(ChainStep):
         r, k, B = m.recipe, m.k, m.recipe.batch
         lr0, lr_min = r._scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
-        out = [kd.gather_batch(k, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, B, r.steps_per_epoch,
-                               optim=m.optim, schedule=schedule)]
+        out = [m.gather(m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, B, r.steps_per_epoch, optim=m.optim,
+                        schedule=schedule)]
         for i, p in enumerate(self.plans):
             out += m.layer_forward(i, m.acts[i], m.acts[i + 1], p.fwd, self.sums.get(m.acts[i + 1].shape),
                                    self.l2[i].forward, slope=m.slopes[i + 1])
-        out.append(kl.softmax_xent(k, m.acts[-1], m.y, m.grads[-1], m.loss_sum, m.correct, B, r.classes,
-                                   grad_scale=loss_scale(B), scratch=m.exact_sums, ticket=m.exact_tickets))
+        out.append(m.loss(m.acts[-1], m.y, m.grads[-1], B, grad_scale=loss_scale(B)))
         for i in range(len(self.plans) - 1, -1, -1):
             lay, p, x, dy = m.layers[i], self.plans[i], m.acts[i], m.grads[i + 1]
             # dx: fp16 times act', or, where it is a partial sum, the raw fp32 sums, then their sum over the ranks

@@ -12,15 +12,21 @@ pickle). The file has, per linear layer i:
   ``state.layers.{i}.momentum_weight`` / ``momentum_bias`` with SGD's momentum (times the loss scale), and
   ``exp_avg_*`` / ``exp_avg_sq_*`` with Adam's moments (times the loss scale, and its square).
 
-The metadata (strings, as the format requires) holds JSON: the recipe, the step kind, the dataset's name and image
-shape, and the run's progress (steps done, the epoch's metrics so far, the per-epoch history).
+A model that standardizes its features also has ``scaling.mean`` and ``scaling.inv_std`` float32 [inputs]: the
+training split's, which evaluate and predict apply as training did. A regression has ``scaling.target_mean``
+float32 [outputs] and ``scaling.target_scale`` float32 [1]: it trains on (y - mean) / scale, and its predictions are
+given back in the targets' units.
+
+The metadata (strings, as the format requires) holds JSON: the recipe (its task: the loss; its features' dtype and
+scaling), the step kind, the dataset's name, image shape and a table's columns, and the run's progress (steps done,
+the epoch's metrics so far, the per-epoch history).
 Files are written atomically: a temp file in the same directory, flushed to disk, then renamed over the target.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,8 @@ class Checkpoint:
     state: dict[str, np.ndarray] = field(default_factory=dict)
     progress: dict[str, Any] = field(default_factory=dict)
     path: str = ""  # where it was loaded from, for messages
+    scaling: tuple[np.ndarray, np.ndarray] | None = None  # the standardization's (mean, inv_std), where it has one
+    target_scaling: tuple[np.ndarray, float] | None = None  # a regression's (target mean [outputs], scale)
 
     @property
     def steps_done(self) -> int:
@@ -66,6 +74,12 @@ def tensors(ckpt: Checkpoint) -> dict[str, np.ndarray]:
         out[f"layers.{i}.bias"] = np.ascontiguousarray(b, dtype=np.float32)
     for name, value in ckpt.state.items():
         out[f"state.{name}"] = np.ascontiguousarray(value)
+    if ckpt.scaling is not None:
+        out["scaling.mean"], out["scaling.inv_std"] = (np.ascontiguousarray(a, dtype=np.float32) for a in ckpt.scaling)
+    if ckpt.target_scaling is not None:
+        mean, scale = ckpt.target_scaling
+        out["scaling.target_mean"] = np.ascontiguousarray(mean, dtype=np.float32)
+        out["scaling.target_scale"] = np.array([scale], np.float32)
     return out
 
 
@@ -138,12 +152,25 @@ def load(path: str | Path) -> Checkpoint:
                                                         (fan_in, fan_out), path)
             state[f"layers.{i}.{name}_bias"] = _take(arrays, f"state.layers.{i}.{name}_bias", np.float32,
                                                       (fan_out,), path)
+    scaling = None
+    if recipe.standardize:
+        scaling = tuple(_take(arrays, f"scaling.{name}", np.float32, (recipe.inputs,), path)
+                        for name in ("mean", "inv_std"))
+        if not all(np.isfinite(a).all() for a in scaling):
+            raise CheckpointError(f"{path}: the feature scaling holds NaN or infinite values")
+    target_scaling = None
+    if recipe.regression:
+        mean = _take(arrays, "scaling.target_mean", np.float32, (recipe.classes,), path)
+        scale = _take(arrays, "scaling.target_scale", np.float32, (1,), path)
+        if not (np.isfinite(mean).all() and np.isfinite(scale).all() and scale[0] > 0):
+            raise CheckpointError(f"{path}: the target scaling holds NaN, infinite or non-positive values")
+        target_scaling = (mean.astype(np.float64), float(scale[0]))
     if arrays:
         raise CheckpointError(f"{path}: unexpected tensors {', '.join(sorted(arrays)[:3])} for a {recipe.name} model")
     for i, (w, b) in enumerate(weights):
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             raise CheckpointError(f"{path}: layer {i} holds NaN or infinite weights")
-    return Checkpoint(recipe, step_kind, dataset, weights, state, progress, str(path))
+    return Checkpoint(recipe, step_kind, dataset, weights, state, progress, str(path), scaling, target_scaling)
 
 
 def _json_kind(value: Any) -> str:
@@ -199,9 +226,14 @@ def _progress_problem(progress: Any, recipe: Recipe) -> str | None:
     from .stats import EpochStats  # what the trainer records per epoch
 
     names = {f.name for f in fields(EpochStats)}
+    required = {f.name for f in fields(EpochStats) if f.default is MISSING}  # the rest: a regression's, or null
     for i, epoch in enumerate(history):
-        if not isinstance(epoch, dict) or set(epoch) != names or not all(map(_is_number, epoch.values())):
-            return f"progress history entry {i} is not an epoch's record ({', '.join(sorted(names))}: numbers)"
+        if (not isinstance(epoch, dict) or not required <= set(epoch) <= names
+                or not all(_is_number(v) or (v is None and k not in required) for k, v in epoch.items())):
+            return f"progress history entry {i} is not an epoch's record ({', '.join(sorted(required))}: numbers)"
+    errors = progress.get("epoch_errors", [0.0, 0.0])
+    if not (isinstance(errors, list) and len(errors) == 2 and all(map(_is_number, errors))):
+        return f"progress epoch_errors is {json.dumps(errors)}, not two numbers"
     return None
 
 

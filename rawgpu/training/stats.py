@@ -25,3 +25,8 @@ class EpochStats:
     gbps: float
     lr: float  # at the end of the epoch
     total_seconds: float  # cumulative, this epoch included
+    # a regression's errors over every value (the accuracies are then NaN); None for a classification
+    train_rmse: float | None = None
+    test_rmse: float | None = None
+    test_mae: float | None = None
+    test_r2: float | None = None  # 1 - squared error / the test targets' sum of squares about their mean

@@ -63,11 +63,15 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Test loss and accuracy (as training reports them) and the confusion matrix: counts[true, predicted]."""
+    """Test loss and accuracy (as training reports them) and the confusion matrix: counts[true, predicted]. A
+    regression's: the loss, RMSE, MAE and R^2 over every value (accuracy NaN, no confusion matrix)."""
 
     loss: float
     accuracy: float
-    confusion: np.ndarray
+    confusion: np.ndarray | None
+    rmse: float | None = None
+    mae: float | None = None
+    r2: float | None = None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -83,11 +87,42 @@ def _data_shape(data: Dataset) -> dict[str, int]:
                 test_rows=len(data.test_labels))
 
 
-def dataset_record(data: Dataset | None, recipe: Recipe, image_shape: tuple[int, int] | None = None) -> dict[str, Any]:
-    """What a checkpoint says about its data: the name, the image shape and the classes."""
+def fit_to_data(recipe: Recipe, data: Dataset) -> Recipe:
+    """`recipe` with the data's shape, and its features' dtype where the recipe names none; SettingError where the
+    task or dtype does not go with the data (a regression's loss for class labels, bytes for float features)."""
+    if data.regression and not recipe.regression:
+        raise SettingError("loss", "the data's targets are values: use a regression loss (mse, l1 or huber)")
+    if recipe.regression and not data.regression:
+        raise SettingError("loss", f"{recipe.loss} is a regression's loss; the data has class labels (use xent, or "
+                                   "give the targets as values)")
+    dtype = recipe.input_dtype or data.input_dtype
+    if dtype == "u8" and data.input_dtype != "u8":
+        raise SettingError("input_dtype", f"u8 keeps bytes (0..255 pixels); the data's features are "
+                                          f"{data.train_images.dtype}: use fp16 or fp32")
+    return replace(recipe, input_dtype=dtype, **_data_shape(data))
+
+
+def as_dataset(data: Any) -> Any:
+    """data as Trainer and Sweep take it: a tuple of arrays, (x, y) or (x, y, x_test, y_test), becomes
+    Dataset.from_arrays'; anything else stays as it is."""
+    if isinstance(data, tuple):
+        if len(data) not in (2, 4):
+            raise SettingError("data", f"a tuple of arrays is (x, y) or (x, y, x_test, y_test), got {len(data)} items")
+        return Dataset.from_arrays(*data)
+    return data
+
+
+def dataset_record(data: Dataset | None, recipe: Recipe, image_shape: tuple[int, int] | None = None,
+                   columns: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a checkpoint says about its data: the name, the image shape and the classes (a regression's outputs),
+    and a table's columns (features and targets)."""
     if data is not None:
-        return {"name": data.name, "image_shape": list(data.image_shape), "classes": data.classes}
-    return {"name": None, "image_shape": list(image_shape) if image_shape else None, "classes": recipe.classes}
+        record = {"name": data.name, "image_shape": list(data.image_shape), "classes": data.classes}
+        if data.features or data.targets:
+            record["columns"] = {"features": list(data.features), "targets": list(data.targets)}
+        return record
+    record = {"name": None, "image_shape": list(image_shape) if image_shape else None, "classes": recipe.classes}
+    return {**record, "columns": columns} if columns else record
 
 
 # --- the pieces of Trainer.fit ----------------------------------------------------------------------------------
@@ -232,9 +267,10 @@ class Trainer:
                                  download_progress=download_progress)
         if isinstance(data, str):
             data = load_dataset(data, data_dir, progress=download_progress)
+        data = as_dataset(data)
         self.data: Dataset | None = data
         if data is not None and checkpoint is None:
-            recipe = replace(recipe, **_data_shape(data))  # validates batch <= the training images too
+            recipe = fit_to_data(recipe, data)  # validates batch <= the training images too
         if checkpoint is None:
             recipe = plan_run(recipe, epochs, steps)
         self.recipe = recipe
@@ -246,7 +282,7 @@ class Trainer:
         self.history: list[EpochStats] = []
         self.saved: tuple[Path, int] | None = None  # the last checkpoint this trainer wrote, and its step
         self.train_seconds = 0.0
-        self._epoch_metrics = (0.0, 0)  # a resumed epoch's loss sum and hits before it was saved
+        self._epoch_metrics: tuple = ()  # a resumed epoch's metric sums before it was saved (MLP.train_metrics)
         self._image_shape = tuple(data.image_shape) if data is not None else None
         self.rank = rank
         if checkpoint is not None:
@@ -254,16 +290,29 @@ class Trainer:
             progress = checkpoint.progress  # checked by checkpoint.load
             self.history = [EpochStats(**h) for h in progress.get("history", [])]
             self.train_seconds = float(progress.get("train_seconds", 0.0))
-            self._epoch_metrics = (float(progress.get("epoch_loss_sum", 0.0)), int(progress.get("epoch_correct", 0)))
+            self._epoch_metrics = _saved_epoch_metrics(progress, recipe)
             self._image_shape = self._image_shape or tuple(checkpoint.dataset.get("image_shape") or ()) or None
+        self._columns = checkpoint.dataset.get("columns") if checkpoint is not None else None
         from .session import Session
 
         self._session = Session(recipe, device, on_compile=on_compile, step_kind=step, options=options, rank=rank)
         self.model, self.stream = self._session.model, self._session.stream
+        if recipe.regression:  # the checkpoint's target standardization, else the training targets'
+            from ..model.mlp import target_scaling
+
+            self.model.set_target_scaling(*(checkpoint.target_scaling if checkpoint is not None
+                                            else target_scaling(data.train_labels)))
         if data is not None:
             self.model.upload_data(data)
         else:
             self.model.prepare_predict()
+        if recipe.standardize:  # the checkpoint's scaling, else the training split's
+            if checkpoint is not None:
+                self.model.set_scaling(*checkpoint.scaling)
+            else:
+                from ..model.mlp import feature_scaling
+
+                self.model.set_scaling(*feature_scaling(self.model.device_features(data.train_images, "training")))
         if checkpoint is None:
             self.model.init_parameters(self.stream)
             self.steps_done = 0
@@ -408,7 +457,7 @@ class Trainer:
         m, stream = self.model, self.stream
         stream.synchronize(f"the work queued before step {self.steps_done + 1}")  # names the wait it is
         m.set_permutation(order.permutation(self.recipe.train_rows))
-        if started:
+        if started and self._epoch_metrics:
             m.set_train_metrics(*self._epoch_metrics)
         else:
             m.zero_metrics().run(stream)
@@ -440,22 +489,28 @@ class Trainer:
         start, end, eval_end = timing
         # An epoch with a mid-epoch save also counts the idle GPU time of that save.
         seconds, eval_seconds = start.elapsed_ms(end) / 1e3, end.elapsed_ms(eval_end) / 1e3
-        loss_sum, correct = m.train_metrics(self.stream)
+        sums = m.train_metrics(self.stream)
         test_loss, test_acc = m.eval_metrics()
         flops, traffic = r._step_flops(), r._step_bytes()
         ran = n - started
         self.train_seconds += seconds
-        train_loss = loss_sum / (n * r.batch)
+        train_loss = sums[0] / (n * r.batch)
+        errors = {}
+        if r.regression:
+            rmse, mae, r2 = m.eval_errors()
+            errors = dict(train_rmse=math.sqrt(sums[1] / (n * r.batch * r.classes)) * m.target_scale, test_rmse=rmse,
+                          test_mae=mae, test_r2=r2)
         stats = EpochStats(
             epoch=epoch + 1, epochs=plan.epochs, steps=n, train_loss=train_loss,
-            train_accuracy=correct / (n * r.batch), test_loss=test_loss, test_accuracy=test_acc,
+            train_accuracy=math.nan if r.regression else sums[1] / (n * r.batch), test_loss=test_loss,
+            test_accuracy=test_acc, **errors,
             seconds=seconds, eval_seconds=eval_seconds, steps_per_s=ran / seconds,
             samples_per_s=ran * r.batch / seconds, tflops=flops * ran / seconds / 1e12,
             gbps=traffic * ran / seconds / 1e9,
             lr=lr_at(self.steps_done - 1, r.lr, r.lr_min, r.total_steps, r.warmup_steps, r.schedule),
             total_seconds=self.train_seconds)
         self.history.append(stats)
-        self._epoch_metrics = (0.0, 0)
+        self._epoch_metrics = ()
         return stats
 
     def _stop_if_diverged(self, stats: EpochStats, save_to) -> None:
@@ -482,9 +537,9 @@ class Trainer:
         `path` (None: don't); skipped when the loss or the weights are not finite, so the last good checkpoint
         stays."""
         self.stream.synchronize()
-        loss_sum, correct = self.model.train_metrics(self.stream)
-        if math.isfinite(loss_sum):
-            self._epoch_metrics = (loss_sum, correct)
+        sums = self.model.train_metrics(self.stream)
+        if math.isfinite(sums[0]):
+            self._epoch_metrics = sums
             if path is not None:
                 self._save_if_finite(path)
 
@@ -505,23 +560,40 @@ class Trainer:
         self._graph("eval").launch(self.stream)
         self.stream.synchronize()
         loss, accuracy = self.model.eval_metrics()
+        if self.recipe.regression:
+            rmse, mae, r2 = self.model.eval_errors()
+            return Evaluation(loss, accuracy, None, rmse, mae, r2)
         predicted = self.model.logits(np.asarray(self.data.test_images), self.stream).argmax(axis=1)
         c = self.recipe.classes
         confusion = np.bincount(self.data.test_labels.astype(np.int64) * c + predicted, minlength=c * c)
         return Evaluation(loss, accuracy, confusion.reshape(c, c))
 
-    def predict(self, images: np.ndarray) -> np.ndarray:
-        """Class probabilities (float64 [N, classes]) of uint8 images [N, pixels] or [N, rows, cols]."""
+    def predict(self, images: Any) -> np.ndarray:
+        """Class probabilities (float64 [N, classes]) or a regression's values (float64 [N, outputs]) of rows of
+        features [N, inputs] (uint8 images also [N, rows, cols]; features as the model was trained on: bytes for a
+        model of bytes, numbers otherwise, with its standardization applied on the GPU)."""
+        from ..data.arrays import host_array
+
         self._check_open()
-        x = np.asarray(images)
-        if x.dtype != np.uint8:
+        x = host_array(images, "images" if self.recipe._input_dtype == "u8" else "rows")
+        r = self.recipe
+        if r._input_dtype == "u8" and x.dtype != np.uint8:
             raise ValueError(f"images must be uint8 (0..255 per pixel), got {x.dtype}")
+        if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
+            raise ValueError(f"rows must hold real numbers, got {x.dtype}")
         x = x.reshape(len(x), -1) if x.ndim >= 2 else x.reshape(1, -1)
-        if x.shape[1] != self.recipe.inputs:
-            raise ValueError(f"images have {x.shape[1]} pixels each; the model takes {self.recipe.inputs}")
+        if x.shape[1] != r.inputs:
+            what = "pixels" if r._input_dtype == "u8" else "features"
+            raise ValueError(f"the rows have {x.shape[1]} {what} each; the model takes {r.inputs}")
+        if x.dtype not in (np.uint8, np.float16, np.float32):
+            x = x.astype(np.float32)
+        if x.dtype != np.uint8 and not np.isfinite(x).all():
+            row = int(np.argwhere(~np.isfinite(x))[0][0])
+            raise ValueError(f"row {row} holds NaN or infinite features")
         if len(x) == 0:
-            return np.zeros((0, self.recipe.classes))
-        return softmax(self.model.logits(x, self.stream))
+            return np.zeros((0, r.classes))
+        out = self.model.logits(x, self.stream)
+        return self.model.in_target_units(out) if r.regression else softmax(out)
 
     # --- saving ---------------------------------------------------------------------------------------------------
 
@@ -536,11 +608,18 @@ class Trainer:
             if parts is None:
                 return None
             weights, state = self.model.join(parts)
-        progress = {"steps_done": self.steps_done, "epoch_loss_sum": self._epoch_metrics[0],
-                    "epoch_correct": self._epoch_metrics[1], "train_seconds": self.train_seconds,
+        metrics = self._epoch_metrics or (0.0,) * (3 if self.recipe.regression else 2)
+        progress = {"steps_done": self.steps_done, "epoch_loss_sum": metrics[0], "train_seconds": self.train_seconds,
                     "history": [dataclasses.asdict(h) for h in self.history]}
-        return ck.Checkpoint(self.recipe, self.model.kind, dataset_record(self.data, self.recipe, self._image_shape),
-                             weights, state, progress)
+        if self.recipe.regression:
+            progress["epoch_errors"] = [metrics[1], metrics[2]]  # the squared and absolute error sums
+        else:
+            progress["epoch_correct"] = int(metrics[1])
+        return ck.Checkpoint(self.recipe, self.model.kind,
+                             dataset_record(self.data, self.recipe, self._image_shape, self._columns),
+                             weights, state, progress, scaling=self.model.scaling(),
+                             target_scaling=((self.model.target_mean, self.model.target_scale)
+                                             if self.recipe.regression else None))
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint atomically; it loads with `Trainer.load` and with the standard safetensors loaders.
@@ -598,9 +677,29 @@ class Trainer:
         self.close()
 
 
+def _saved_epoch_metrics(progress: dict, recipe: Recipe) -> tuple:
+    """The metric sums a checkpoint kept of its unfinished epoch (MLP.train_metrics' tuple)."""
+    loss = float(progress.get("epoch_loss_sum", 0.0))
+    if recipe.regression:
+        sq, ab = progress.get("epoch_errors", [0.0, 0.0])
+        return loss, float(sq), float(ab)
+    return loss, int(progress.get("epoch_correct", 0))
+
+
 def check_fits(ckpt: ck.Checkpoint, data: Dataset, path) -> None:
     """CheckpointError when the data's images or classes are not the model's."""
     r = ckpt.recipe
+    if data.regression != r.regression:
+        have = "values" if data.regression else "class labels"
+        raise ck.CheckpointError(f"{path}: the model is a {'regression' if r.regression else 'classifier'}; "
+                                 f"{data.name} has {have}")
+    if data.is_table or r._input_dtype != "u8":
+        if data.inputs != r.inputs or (data.classes != r.classes if r.regression else data.classes > r.classes):
+            what = f"{r.classes} {'outputs' if r.regression else 'classes'}"
+            has = f"{data.classes} {'outputs' if data.regression else 'classes'}"
+            raise ck.CheckpointError(f"{path}: the model takes {r.inputs} features and {what}; {data.name} has "
+                                     f"{data.inputs} features and {has}")
+        return
     if data.inputs != r.inputs or data.classes > r.classes:
         shape = ckpt.dataset.get("image_shape")
         was = f"{shape[0]}x{shape[1]} images" if shape else f"{r.inputs}-pixel images"
@@ -614,7 +713,7 @@ def check_arguments(recipe: Any, *, data: Any = "mnist", epochs: Any = None, ste
     """Trainer's arguments, before the data is read or the GPU opened (recipe.check_setting's rules, which the CLIs
     share): the recipe (the default one for None), or a SettingError / SettingTypeError naming the parameter."""
     recipe = recipe_or_default(recipe)
-    check_data_argument(data, none_ok=True)
+    check_data_argument(data, none_ok=True, arrays_ok=True)
     for name, value in (("epochs", epochs), ("steps", steps), ("device", device), ("steps_per_graph", steps_per_graph),
                         ("graphs", graphs)):
         check_setting(name, value, none_ok=name not in ("device", "graphs"))

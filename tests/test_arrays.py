@@ -1,0 +1,178 @@
+"""Your own data before any GPU work: Dataset.from_arrays and from_tables (data/arrays.py), the features a prediction
+reads (tables.read_features), the recipe's task settings, and the train CLI's data flags: every problem one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rawgpu.data.datasets import Dataset
+from rawgpu.data.tables import read_features
+from rawgpu.model.recipe import Recipe, SettingError
+from rawgpu.runtime.errors import DataError
+from rawgpu.training.trainer import as_dataset, fit_to_data
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text
+    return text
+
+
+def test_from_arrays_holds_out_a_seeded_test_split_and_keeps_the_features_dtype(rng):
+    x = rng.standard_normal((1000, 5)).astype(np.float32)
+    y = rng.integers(0, 3, 1000)
+    a, b = Dataset.from_arrays(x, y, seed=4), Dataset.from_arrays(x, y, seed=4)
+    assert len(a.train_images) == 900 and len(a.test_images) == 100
+    assert np.array_equal(a.test_images, b.test_images) and a.train_images.dtype == np.float32
+    assert a.classes == 3 and a.train_labels.dtype == np.int32 and not a.regression
+    assert a.inputs == 5 and a.is_table and a.input_dtype == "fp16"
+    assert sorted(np.concatenate([a.train_labels, a.test_labels])) == sorted(y)
+    c = Dataset.from_arrays(x.astype(np.float64), y, classes=7)
+    assert c.train_images.dtype == np.float32 and c.classes == 7
+
+
+def test_from_arrays_values_are_a_regression_and_images_stay_bytes(rng):
+    x = rng.integers(0, 256, (200, 4, 4), dtype=np.uint8)
+    d = Dataset.from_arrays(x, rng.standard_normal(200), test_fraction=0.25)
+    assert d.regression and d.classes == 1 and d.train_labels.shape == (150, 1) and d.train_labels.dtype == np.float32
+    assert d.train_images.dtype == np.uint8 and d.inputs == 16 and d.input_dtype == "u8"
+    two = Dataset.from_arrays(x, rng.standard_normal((200, 2)), regression=True)
+    assert two.classes == 2 and "2 values" in two.describe()
+
+
+class _DeviceArray:
+    """A stand-in for a GPU array handed over by DLPack (device type 2: CUDA)."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, **kw):
+        raise AssertionError("must not be read")
+
+
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((np.zeros((0, 3)), np.zeros(0)), {}, "x_train: no rows"),
+    ((np.zeros((4, 3)), np.zeros(5)), {}, "y_train: expected 4 targets"),
+    ((np.array([[1.0, np.nan]] * 20), np.zeros(20)), {}, "x_train: row 0, column 1: nan (every value must be finite)"),
+    ((np.ones((20, 2)), np.array([0.5] * 20)), {"regression": False}, "label 0.5 is not a whole number"),
+    ((np.ones((20, 2)), np.array([0, 1] * 9 + [-1, 1])), {}, "y_train: row 18: label -1 is out of range 0..999"),
+    ((np.ones((20, 2)), np.arange(20) % 3), {"classes": 2}, "label 2 is out of range 0..1"),
+    ((np.ones((20, 2)), np.zeros(20)), {"classes": 1001}, "classes must be an integer in 2..1000"),
+    ((np.ones((20, 2)), np.zeros((20, 65))), {"regression": True}, "a regression has 1 to 64 values per row, got 65"),
+    ((np.ones((20, 2)), np.zeros((20, 2))), {"regression": False}, "class labels are one per row, got 2"),
+    ((np.array([["a", "b"]] * 20), np.zeros(20)), {}, "x_train: holds <U1, not real numbers"),
+    ((np.ones((20, 16385), np.uint8), np.zeros(20)), {}, "16385 features per row; rawgpu takes 1 to 16384"),
+    ((np.full((20, 2), 1e300), np.zeros(20)), {}, "does not fit float32"),
+    ((np.ones((20, 2)), np.zeros(20), np.ones((5, 3)), np.zeros(5)), {}, "x_test: 3 features per row, x_train has 2"),
+    ((np.ones((20, 2)), np.zeros(20), np.ones((5, 2))), {}, "give x_test and y_test together"),
+    ((np.ones((20, 2)), np.zeros(20)), {"test_fraction": 0.01}, "leaves no test rows"),
+    ((_DeviceArray(), np.zeros(20)), {}, "x_train: a device array (DLPack device type 2); pass it as a host array"),
+])
+def test_from_arrays_refuses_bad_arrays_in_one_line(args, kwargs, message):
+    with pytest.raises(DataError) as exc:
+        Dataset.from_arrays(*args, **kwargs)
+    assert message in _one_line(exc)
+
+
+def test_a_host_dlpack_array_is_taken(rng):
+    x = rng.standard_normal((50, 3)).astype(np.float32)
+
+    class Host:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, **kw):
+            return x.__dlpack__(**kw)
+
+    d = Dataset.from_arrays(Host(), np.arange(50) % 2, test_fraction=0.2)
+    assert np.array_equal(np.sort(np.concatenate([d.train_images, d.test_images]), axis=0), np.sort(x, axis=0))
+
+
+def test_the_recipe_takes_the_data_task_and_dtype(rng):
+    table = Dataset.from_arrays(rng.standard_normal((100, 3)), np.arange(100) % 4)
+    r = fit_to_data(Recipe(batch=10), table)
+    assert (r.inputs, r.classes, r.input_dtype, r.train_rows, r.regression, r._pixels) == (3, 4, "fp16", 90, False,
+                                                                                         False)
+    assert fit_to_data(Recipe(batch=10, input_dtype="fp32"), table).input_dtype == "fp32"
+    with pytest.raises(SettingError, match="input_dtype: u8 keeps bytes"):
+        fit_to_data(Recipe(batch=10, input_dtype="u8"), table)
+    with pytest.raises(SettingError, match="loss: mse is a regression's loss; the data has class labels"):
+        fit_to_data(Recipe(batch=10, loss="mse"), table)
+    values = Dataset.from_arrays(rng.standard_normal((100, 3)), rng.standard_normal((100, 2)))
+    with pytest.raises(SettingError, match="loss: the data's targets are values"):
+        fit_to_data(Recipe(batch=10), values)
+    assert fit_to_data(Recipe(batch=10, loss="huber"), values).classes == 2
+    with pytest.raises(SettingError, match="classes: a regression has 1 to 64 outputs, got 65"):
+        Recipe(loss="mse", classes=65)
+    with pytest.raises(SettingError, match="classes: a classification has 2 to 1000 classes, got 1"):
+        Recipe(classes=1)
+    with pytest.raises(SettingError, match="loss: must be one of xent, mse, l1, huber"):
+        Recipe(loss="hinge")
+    images = Dataset.from_arrays(rng.integers(0, 256, (100, 9), dtype=np.uint8), np.arange(100) % 10)
+    assert fit_to_data(Recipe(batch=10), images)._pixels
+    assert not fit_to_data(Recipe(batch=10, standardize=True), images)._pixels
+    with pytest.raises(SettingError, match="data: a tuple of arrays is"):
+        as_dataset((1, 2, 3))
+
+
+def test_from_tables_reads_a_csv_with_its_test_file_and_the_columns(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "train.csv").write_text("a,b,label\n" + "".join(f"{i},{i * 2.5},{i % 3}\n" for i in range(30)))
+    (tmp_path / "test.csv").write_text("a,b,label\n1,2,0\n3,4,2\n")
+    d = Dataset.from_tables(tmp_path / "train.csv", target="label", test=tmp_path / "test.csv")
+    assert (len(d.train_images), len(d.test_images), d.classes, d.features, d.targets) == (30, 2, 3, ("a", "b"),
+                                                                                          ("label",))
+    (tmp_path / "other.csv").write_text("a,c,label\n1,2,0\n")
+    with pytest.raises(DataError) as exc:
+        Dataset.from_tables(tmp_path / "train.csv", test=tmp_path / "other.csv")
+    assert "the test set's columns differ from the training set's (missing 'b'; extra 'c')" in _one_line(exc)
+    (tmp_path / "four.csv").write_text("a,b,label\n1,2,7\n")
+    with pytest.raises(DataError) as exc:
+        Dataset.from_tables(tmp_path / "train.csv", test=tmp_path / "four.csv")
+    assert "row 1, column 'label': label 7 is out of range 0..2" in _one_line(exc)
+    r = Dataset.from_tables(tmp_path / "train.csv", target=["b"], features=["a"], regression=True, test_fraction=0.2)
+    assert r.regression and r.train_labels.shape == (24, 1) and r.features == ("a",)
+
+
+def test_the_rows_to_predict_on_are_the_models_feature_columns(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "rows.csv").write_text("b,extra,a\n1,x,2\n3,y,4\n")
+    x = read_features(tmp_path / "rows.csv", ["a", "b"], 2)
+    assert x.tolist() == [[2, 1], [4, 3]] and x.dtype == np.float32
+    with pytest.raises(DataError) as exc:
+        read_features(tmp_path / "rows.csv", ["a", "c"], 2)
+    assert "no column 'c', a feature of the model" in _one_line(exc)
+    np.save(tmp_path / "rows.npy", np.arange(12.0).reshape(4, 3))
+    assert read_features(tmp_path / "rows.npy", None, 2).tolist() == [[0, 1], [3, 4], [6, 7], [9, 10]]
+    with pytest.raises(DataError) as exc:
+        read_features(tmp_path / "rows.npy", None, 5)
+    assert "3 columns; the model takes 5 features" in _one_line(exc)
+    np.savez(tmp_path / "rows.npz", x_train=np.ones((3, 2)), x_test=np.zeros((2, 2)))
+    assert read_features(tmp_path / "rows.npz", None, 2).tolist() == [[0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--target", "y"], "argument --target: picks from a table; add --data PATH"),
+    (["--test-fraction", "0.2"], "argument --test-fraction: picks from a table; add --data PATH"),
+    (["--data", "t.csv", "--dataset", "mnist"], "argument --dataset: --data names your own table; drop one of them"),
+    (["--data", "t.csv", "--test", "u.csv", "--test-fraction", "0.2"], "argument --test-fraction: --test gives"),
+    (["--data", "t.csv", "--test-fraction", "1.5"], "argument --test-fraction: must be between 0 and 1, got 1.5"),
+    (["--loss", "mse"], "argument --loss: mse is a regression's loss; mnist has class labels"),
+    (["--input-dtype", "fp64"], "argument --input-dtype: invalid choice"),
+])
+def test_the_train_clis_data_flags_are_usage_errors(capsys, argv, message):
+    from rawgpu.cli.train import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_data_file_is_one_line_and_exit_1(capsys, tmp_path):
+    from rawgpu.cli.train import main
+
+    assert main(["--data", str(tmp_path / "none.csv")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none.csv: no such file" in err
