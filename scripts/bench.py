@@ -10,11 +10,23 @@ epochs. `--hidden 1024 512 256` times that one architecture (a width per layer) 
 `--activation gelu` (silu, tanh, ...) trains rawgpu and every peer with that activation. Writes a table, a JSON
 file and (with matplotlib, for --sizes) a PNG plot to --out.
 
+`python scripts/bench.py train --workload NAME|all`: the same systems on a generated table instead of MNIST
+(benchmarks/workloads.py: covertype-like, higgs-like, embeddings, cifar100-like, regression; all: each in turn) on
+the GPU (the peers keep its features in their own dtype, rawgpu float features as fp16), standardized alike where
+they are float32 columns (a regression's targets too), an MLP of 3 hidden layers of each of the workload's widths
+(or --sizes / --hidden), its recipe and batch (or --recipe / --batch), --steps 2000 timed steps. Prints us/step, steps/s, samples/s, the speed-up over the fastest peer and the test
+accuracy (a regression's test RMSE, in the targets' units) after those steps, and per row PASS or FAIL against the
+targets (>= 1.3x the fastest peer; accuracy within 0.2 points of the best peer's, RMSE within 1%); writes
+bench_workload.json to --out.
+
 `python scripts/bench.py sweep [--models 1 8 32 128] [--sizes 128 256 1024] [--recipe default|adam]`: many models
 per step (issue 41): rawgpu's models step training all N at once, JAX vmap and torch.func doing the same
 (peers/sweeps.py) and N rawgpu runs one after another, against all N models' weight traffic at the copy bandwidth.
 
 `python scripts/bench.py gemm`: every MLP GEMM at batch 32 against the copy-bandwidth floor and cuBLAS.
+
+`python scripts/bench.py read [--gigabytes 1]`: reading a CSV and a Parquet file of that size with rawgpu's reader
+(data/tables.py: parse, check, features and targets as the GPU takes them) against pyarrow's own read (no GPU).
 
 Method: each measured unit is a CUDA graph of `--launches` back-to-back launches that rotate over enough copies
 of the operands to exceed twice the L2 cache (so big weights come from DRAM, as in training); CUDA events time
@@ -44,6 +56,7 @@ from benchmarks.gemm import bench_dx_sgd, bench_ours, bench_torch, min_bytes, ml
 from benchmarks.timing import copy_bandwidth, launch_floor
 from benchmarks.training import (HIDDEN, RECIPES, bench_rank, bench_rawgpu, bench_rawgpu_models, describe,
                                  rawgpu_recipe, with_optimizer)
+from benchmarks.workloads import WORKLOADS
 from rawgpu.cli.common import parallel_problem
 from rawgpu.runtime.errors import RawgpuError
 from rawgpu.runtime.files import write_atomic
@@ -237,6 +250,8 @@ def cmd_train(args) -> int:
 
     if args.gpus:
         return cmd_train_gpus(args)
+    if args.workload:
+        return cmd_train_workloads(args)
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -334,6 +349,77 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_train_workloads(args) -> int:
+    """--workload: rawgpu and every peer on each workload's generated table, each of its widths: speed, quality and
+    the targets (benchmarks/tables.py)."""
+    from benchmarks import tables
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # an unusable --out fails here, before any GPU work
+    device = drv.Device(args.device)
+    peers, missing = available_peers(args.peers)
+    device.make_current()
+    for p, why in missing.items():
+        print(f"# peer {p} skipped: {why}")
+    cu_major, cu_minor = drv.driver_version()
+    results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
+                   date=str(dt.date.today()), steps=args.steps, seed=args.seed, workloads=[])
+    print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), driver CUDA {cu_major}.{cu_minor}, "
+          f"{dt.date.today()}; {args.steps} timed steps per system, seed {args.seed}")
+    verdicts = []
+    for w in tables.selected(args.workload):
+        sizes, name, recipe = tables.settings(args, w)
+        t0 = time.perf_counter()
+        data = tables.load(w, args.seed)
+        first = tables.table_recipe(sizes[0], recipe, args.steps, args.seed, w, data)
+        scaling = tables.scalings(data, first)  # the same for every width: the data's
+        print(f"# {data.describe()} (generated in {time.perf_counter() - t0:.0f} s); on the GPU as "
+              f"{first.input_dtype} (rawgpu), {w.dtype} (peers){', standardized' if first.standardize else ''}; "
+              f"recipe {name}: {describe(recipe)}")
+        print(f"{'H':>5} {'system':>14} {'us/step':>9} {'steps/s':>9} {'samples/s':>10} {'vs best peer':>12} "
+              f"{'test rmse' if first.regression else 'test acc':>9}")
+        rows = []
+        for h in sizes:
+            label = h if isinstance(h, int) else "-".join(map(str, h))
+            rr = tables.table_recipe(h, recipe, args.steps, args.seed, w, data)
+            ours = tables.bench_rawgpu(rr, args.steps, data, args.device, scaling, args.steps_per_launch)
+            systems = [ours]
+            for p in peers:
+                try:
+                    systems.append(tables.run_peer(p, rr, args.steps, data, ours["init"], scaling))
+                except Exception as exc:  # noqa: BLE001 - a failing peer is reported in one line, the run goes on
+                    why = " ".join(f"{type(exc).__name__}: {exc}".split())
+                    systems.append(dict(system=p, us_per_step=None, test_accuracy=None, note=f"failed: {why}"[:300]))
+                device.make_current()
+            ours.pop("init")
+            target = tables.targets(ours, systems[1:], rr.regression)
+            rows.append(dict(hidden=h, parameters=rr.parameters, batch=rr.batch, targets=target,
+                             speedup=target["speedup"] if target else None, systems=systems))
+            for s in systems:
+                us = s["us_per_step"]
+                if s is ours:
+                    vs = f"{target['speedup']:.2f}x" if target else "-"
+                else:
+                    vs = f"{us / ours['us_per_step']:.2f}x slower" if us else "-"
+                if us:
+                    s.update(steps_per_s=1e6 / us, samples_per_s=rr.batch * 1e6 / us)
+                print(f"{label:>5} {s['system']:>14} {(f'{us:.1f}' if us else 'failed'):>9} "
+                      f"{(f'{1e6 / us:.0f}' if us else '-'):>9} {(f'{rr.batch * 1e6 / us:.0f}' if us else '-'):>10} "
+                      f"{vs:>12} {tables.quality(s):>9}" + ("" if us else f"  {s['note']}"), flush=True)
+            verdicts.append(f"{w.name} H={label}: {tables.verdict(target)}")
+        results["workloads"].append(dict(name=w.name, rows_total=w.rows, features=w.features, dtype=w.dtype,
+                                         classes=w.classes, outputs=w.outputs, loss=w.loss, recipe=name, **recipe,
+                                         input_dtype=first.input_dtype, standardize=first.standardize,
+                                         train_rows=first.train_rows, test_rows=first.test_rows, rows=rows))
+        write_atomic(out / "bench_workload.json", json.dumps(results, indent=1).encode())  # each workload's at once
+        del data
+    print("# targets (>= 1.3x the fastest peer; test accuracy within 0.2 points of the best peer's, RMSE within 1%):")
+    for line in verdicts:
+        print(f"#   {line}")
+    print(f"# wrote {out / 'bench_workload.json'}")
+    return 0
+
+
 SWEEP_PEERS = ("jax-vmap", "torch-func")
 
 
@@ -425,33 +511,53 @@ def positive(text: str) -> int:
     return value
 
 
-def main(argv=None) -> int:
+def cmd_read(args) -> int:
+    """Reading a table file (benchmarks/reading.py): no GPU needed."""
+    from benchmarks import reading
+
+    print(f"# reading tables of about {args.gigabytes:g} GB, {dt.date.today()}, median of {args.trials} reads")
+    reading.run(Path(args.dir), args.gigabytes, args.trials)
+    return 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked and resolved (the train recipe, its steps); a bad one exits with argparse's usage
+    error."""
     p = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd")
     t = sub.add_parser("train", help="the reference training workload: rawgpu vs PyTorch and JAX (the default)")
-    t.add_argument("--sizes", type=positive, nargs="+", default=list(HIDDEN), help="hidden widths H")
+    t.add_argument("--sizes", type=positive, nargs="+", default=None,
+                   help=f"hidden widths H (default {' '.join(map(str, HIDDEN))}, or the workload's)")
     t.add_argument("--hidden", type=positive, nargs="+", default=None, metavar="W",
                    help="one model of these hidden widths instead of --sizes, a width per layer (1024 512 256); the "
                         "peers train the same architecture")
-    t.add_argument("--recipe", choices=tuple(RECIPES), default="seed",
+    t.add_argument("--recipe", choices=tuple(RECIPES), default=None,
                    help="what every system trains: seed (batch 32, plain SGD lr 0.003, 5000 steps), default (the "
                         "CLI's default: batch 128, momentum 0.9, lr 0.05 cosine, 8 epochs) or adam (batch 128, Adam "
-                        "lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8 epochs) (default seed)")
-    t.add_argument("--batch", type=positive, default=None, help="the recipe's batch, overridden (<= 60000)")
+                        "lr 1e-3, betas 0.9/0.999, eps 1e-8, cosine, 8 epochs) (default seed, or the workload's)")
+    t.add_argument("--batch", type=positive, default=None,
+                   help="the recipe's batch, overridden (<= 60000, or the workload's training rows)")
+    t.add_argument("--workload", choices=(*WORKLOADS, "all"), default=None,
+                   help="a generated table instead of MNIST (benchmarks/workloads.py), or all of them in turn: its "
+                        "widths, recipe and batch unless given, 2000 timed steps unless --steps; writes "
+                        "bench_workload.json")
     t.add_argument("--activation", choices=tuple(ACTIVATIONS), default=DEFAULTS["activation"],
                    help="the hidden layers' activation, in rawgpu and every peer (default relu)")
     t.add_argument("--optimizer", choices=tuple(OPTIMIZER_DEFAULTS), default=None,
                    help="the recipe's optimiser, overridden (its lr and weight decay then the CLI's defaults for it)")
     t.add_argument("--steps", type=positive, default=None,
-                   help="timed training steps per system (default: the recipe's: 5000, or its epochs' steps)")
+                   help="timed training steps per system (default: the recipe's: 5000, or its epochs' steps; "
+                        "2000 with --workload)")
     t.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS, metavar="PEER",
                    help=f"peers to run (default all importable: {' '.join(PEERS)}); none: --peers with no names")
-    t.add_argument("--out", default="bench-results", help="directory for bench_train.json and bench_train.png")
+    t.add_argument("--out", default="bench-results",
+                   help="directory for bench_train.json and bench_train.png (bench_workload.json with --workload)")
     t.add_argument("--seed", type=int, default=0, help="init and shuffle seed (default 0)")
     t.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
     t.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
-    t.add_argument("--quick", action="store_true", help="H 256 and 4096, 1000 steps, torch-graph and jax-fori only")
+    t.add_argument("--quick", action="store_true",
+                   help="H 256 and 4096 (with --workload: its widths), 1000 steps, torch-graph and jax-fori only")
     t.add_argument("--steps-per-launch", type=positive, default=100,
                    help="rawgpu training steps per graph launch (default 100; JAX's fori_loop peer runs all steps as "
                         "one program)")
@@ -491,13 +597,32 @@ def main(argv=None) -> int:
                    help="launch every kernel only after the one before has finished (default on sm_90+: the step's "
                         "kernels overlap the launch before, programmatic dependent launch; plain is timed both ways)")
     g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
+    r = sub.add_parser("read", help="reading a CSV and a Parquet file: rawgpu's reader vs pyarrow's own read")
+    r.add_argument("--gigabytes", type=float, default=1.0, help="the CSV file's size (default 1 GB)")
+    r.add_argument("--dir", default="bench-tables", help="where the files are generated once (default bench-tables)")
+    r.add_argument("--trials", type=positive, default=3, help="reads of each file, the median reported (default 3)")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "sweep", "gemm", "-h", "--help"):
+    if not argv or argv[0] not in ("train", "sweep", "gemm", "read", "-h", "--help"):
         argv.insert(0, "train")  # train is the default subcommand
     args = p.parse_args(argv)
     if args.cmd == "gemm" and args.quick:
         args.sizes, args.trials = [256, 8192], 10
+    if args.cmd == "train" and args.workload:
+        from benchmarks import tables
+
+        if args.gpus or args.rawgpu_variants:
+            p.error(f"argument --workload: {'--gpus' if args.gpus else '--rawgpu-variants'} times MNIST only")
+        rows = min(tables.train_rows(w) for w in tables.selected(args.workload))
+        if args.batch is not None and args.batch > rows:
+            p.error(f"argument --batch: at most the {rows} training rows of --workload {args.workload}, got "
+                    f"{args.batch}")
+        args.steps = 1000 if args.quick else args.steps or tables.STEPS
+        if args.quick:
+            args.peers = [x for x in args.peers if x in ("torch-graph", "jax-fori")]
+        return args  # the recipe, widths and batch are each workload's (tables.settings)
     if args.cmd == "train":
+        args.recipe = args.recipe or "seed"
+        args.sizes = args.sizes or list(HIDDEN)
         if args.batch is not None and args.batch > 60000:
             p.error(f"argument --batch: at most the 60000 training images, got {args.batch}")
         recipe = with_optimizer(RECIPES[args.recipe], args.optimizer or RECIPES[args.recipe]["optimizer"])
@@ -511,9 +636,14 @@ def main(argv=None) -> int:
     if args.cmd == "train" and args.quick:
         args.sizes, args.steps = [256, 4096], 1000
         args.peers = [x for x in args.peers if x in ("torch-graph", "jax-fori")]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     made = args.cmd in ("train", "sweep") and not Path(args.out).exists()  # made before any GPU work
     try:
-        return {"train": cmd_train, "sweep": cmd_sweep, "gemm": cmd_gemm}[args.cmd](args)
+        return {"train": cmd_train, "sweep": cmd_sweep, "gemm": cmd_gemm, "read": cmd_read}[args.cmd](args)
     except RawgpuError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 1

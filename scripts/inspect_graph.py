@@ -24,6 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/inspect_graph.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     rc.add_options(p, ("hidden", "layers", "activation", "batch", "optimizer", "momentum", "weight_decay", "accum"))
+    shape = p.add_argument_group("the data's shape (default MNIST's)")
+    shape.add_argument("--inputs", type=rc.argument_type("inputs", rc.SHAPE_OPTIONS["inputs"]), default=rc.INPUTS,
+                       help=f"features per row (default {rc.INPUTS})")
+    shape.add_argument("--classes", type=rc.argument_type("classes", rc.SHAPE_OPTIONS["classes"]), default=rc.CLASSES,
+                       help=f"classes, or a regression's outputs (default {rc.CLASSES})")
+    rc.add_options(shape, ("loss", "input_dtype", "standardize"))
     p.add_argument("--steps-per-graph", type=count(1, 100), default=1, help="steps in the graph (default 1)")
     add_step_option(p)
     add_device_option(p)
@@ -56,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     try:
-        recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])
+        recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0], inputs=args.inputs, classes=args.classes)
     except ValueError as exc:  # a setting the recipe refuses (rc.SettingError names it): a usage error
         usage_error(parser, exc)
     check_step_option(parser, recipe, args.step)

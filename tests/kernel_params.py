@@ -36,7 +36,11 @@ def _declarations(source: str) -> list[tuple[str, str, bool]]:
         if m[1].endswith("_PARAMS") and (m[2].strip() or m[1] not in macros):
             macros[m[1]] = m[2]
     out = []
-    for name, params in _DECLARATION.findall(text):
+    for match in _DECLARATION.finditer(text):
+        name, params = match.groups()
+        if name == "name":  # an X-macro's instances: named by the macro too (GATHER_TABLE makes gather_table_*)
+            macro = re.findall(r"#define\s+(\w+)\(name\b", text[:match.start()])
+            name = f"name:{macro[-1].lower()}" if macro else name
         letters = ""
         axis = source.endswith("_models.cu")  # built with the model axis: its strides follow
         takes_axis = "MODEL_PARAMS" in params
@@ -67,8 +71,11 @@ def _signature(source: str, name: str) -> str:
         if declared == name:
             return letters
     axis = source.endswith("_models.cu")  # only the declarations with the model axis make its instances
-    generic = [letters for declared, letters, takes_axis in decls if (takes_axis or not axis)
-               and (declared == "name" or ("##" in declared and name.startswith(declared.split("##")[0])))]
+    generic = [(declared, letters) for declared, letters, takes_axis in decls if (takes_axis or not axis)
+               and (declared.startswith("name") or ("##" in declared and name.startswith(declared.split("##")[0])))]
+    if len({letters for _, letters in generic}) > 1:  # several X-macros: the one whose name begins the kernel's
+        generic = [(d, letters) for d, letters in generic if d.startswith("name:") and name.startswith(d[5:])]
+    generic = [letters for _, letters in generic]
     if len(set(generic)) != 1:
         raise LookupError(f"no one declaration of {name} in {source}: {decls}")
     return generic[0]

@@ -176,3 +176,39 @@ def test_a_missing_data_file_is_one_line_and_exit_1(capsys, tmp_path):
     assert main(["--data", str(tmp_path / "none.csv")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "none.csv: no such file" in err
+
+
+def test_a_data_set_that_does_not_fit_says_its_size_and_what_to_do(monkeypatch):
+    from rawgpu.model.mlp import MLP
+    from rawgpu.runtime.errors import OutOfMemoryError
+
+    recipe = Recipe(hidden=64, layers=1, inputs=512, classes=3, train_rows=2_000_000, test_rows=1000,
+                    input_dtype="fp32")
+    model = MLP(recipe)
+
+    def refuse(*a, **k):
+        raise OutOfMemoryError("not enough GPU memory: need 4.1 GB (4100000000 B), 1.0 GB free of 80 GB")
+    monkeypatch.setattr(model.arena, "allocate", refuse)
+    with pytest.raises(OutOfMemoryError) as exc:
+        model.allocate()
+    text = _one_line(exc)
+    assert "the data set takes 3.82 GiB of it: train on fewer rows, keep float features as fp16" in text, text
+
+
+def test_an_unpicked_text_column_is_left_alone(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "t.csv").write_text("id,a,label\nx1,1.5,0\nx2,2.5,1\nx3,0.5,1\n")
+    d = Dataset.from_tables(tmp_path / "t.csv", features=["a"], test=tmp_path / "t.csv")
+    assert d.features == ("a",) and d.train_images[:, 0].tolist() == [1.5, 2.5, 0.5]
+    with pytest.raises(DataError) as exc:
+        Dataset.from_tables(tmp_path / "t.csv", test=tmp_path / "t.csv")
+    assert "row 1, column 'id': 'x1' is not a number" in _one_line(exc)
+
+
+def test_a_sweep_of_a_tables_models_is_refused_in_one_line(rng):
+    from rawgpu import Grid, Sweep
+
+    d = Dataset.from_arrays(rng.standard_normal((1000, 5)).astype(np.float32), np.arange(1000) % 3)
+    with pytest.raises(SettingError) as exc:
+        Sweep(Grid(seeds=(0, 1)), data=d, epochs=1)
+    assert _one_line(exc).startswith("data: a sweep trains models of images")

@@ -69,6 +69,7 @@ def test_the_contract_names_every_instance_the_source_builds():
     built = compiler.compile_source("gather.cu", "sm_90").signatures
     assert sorted(n for n in built if n.startswith("gather_table")) == sorted(contract.gather_table_kernels())
     assert len(contract.gather_table_kernels()) == 12
+    assert sorted(n for n in built if n.startswith("column_")) == sorted(contract.column_kernels())
 
 
 def test_bad_tensors_are_refused_naming_the_argument():
@@ -155,3 +156,58 @@ def test_gather_table_against_float64(kern, device, stream, rng, dtype, values, 
         assert np.array_equal(got_y[:batch], targets[src]) and np.all(np.isnan(got_y[batch]))
     else:
         assert np.array_equal(got_y[:batch], labels[src]) and got_y[batch] == -1
+
+
+def test_column_scaling_binds_its_kernels_parameters_and_checks_its_tensors():
+    a = Arena()
+    x, mean, inv = a.tensor("x", (5000, 40), np.float16), a.tensor("m", 40, np.float32), a.tensor("i", 40, np.float32)
+    partial = a.tensor("p", (3, 2, 40), np.float64)
+    sums, scaling = kd.column_scaling(_Recorder(), x, mean, inv, partial)
+    for name, signature, args, block in (sums, scaling):
+        assert len(args) == len(signature) and block == kd.COLUMN_THREADS
+    assert (sums[0], scaling[0]) == ("column_sums_f16", "column_scaling_f16")
+    assert scaling[2][3] == 3  # the chunks the sums were cut into
+    with pytest.raises(ValueError, match=r"partial: expected \[chunks, 2, 40\]"):
+        kd.column_scaling(_Recorder(), x, mean, inv, a.tensor("q", (3, 40), np.float64))
+    with pytest.raises(TypeError, match="mean"):
+        kd.column_scaling(_Recorder(), x, a.tensor("m64", 40, np.float64), inv, partial)
+    assert kd.column_chunks(10, 5, 132) == 1 and kd.column_chunks(10**7, 28, 132) == 528
+    assert kd.column_chunks(10**6, 16384, 132) == 2
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,features", [(1, 1), (5, 7), (4097, 33), (100_000, 28), (20_000, 768)])
+def test_column_scaling_against_float64(kern, device, stream, rng, dtype, rows, features):
+    """Mean and 1 / std of every column over every row (columns far from 0, and a constant one), within float32's
+    rounding of the float64 values; the same bits twice (the sums' order is fixed)."""
+    if dtype == np.uint8:
+        x = rng.integers(0, 256, (rows, features)).astype(np.uint8)
+    else:
+        x = (rng.normal(0, 1, (rows, features)) * rng.uniform(0.01, 50, features)
+             + rng.normal(0, 300, features)).astype(dtype)
+    x[:, 0] = x[0, 0]  # a constant column: its std is 0, its inv_std 1
+    v = x.astype(np.float32) * np.float32(1 / 255) if dtype == np.uint8 else x.astype(np.float32)
+    v = v.astype(np.float64)
+    mean, std = v.mean(axis=0), v.std(axis=0)
+    chunks = kd.column_chunks(rows, features, device.sm_count)
+    with Arena() as arena:
+        tx = arena.tensor("x", x.shape, dtype)
+        tm, ti = arena.tensor("mean", features, np.float32), arena.tensor("inv", features, np.float32)
+        partial = arena.tensor("partial", (chunks, 2, features), np.float64)
+        arena.allocate()
+        tx.upload(x)
+        got = []
+        for _ in range(2):
+            tm.fill_bytes(0xFF), ti.fill_bytes(0xFF), partial.fill_bytes(0xFF)  # poisoned: NaN
+            for launch in kd.column_scaling(kern, tx, tm, ti, partial):
+                launch.run(stream)
+            stream.synchronize()
+            got.append((tm.download(), ti.download()))
+    (m, inv), (m2, inv2) = got
+    assert np.array_equal(m.view(np.uint32), m2.view(np.uint32)) and np.array_equal(inv.view(np.uint32),
+                                                                                    inv2.view(np.uint32))
+    assert np.all(np.abs(m - mean) <= np.abs(mean) * 2.0 ** -23 + std * 1e-9 + 1e-30), np.max(np.abs(m - mean))
+    expect = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
+    assert inv[0] == 1.0
+    assert np.allclose(inv, expect, rtol=2.0 ** -22, atol=0), np.max(np.abs(inv / expect - 1))

@@ -30,7 +30,8 @@ from .elementwise import EW_THREADS  # noqa: F401
 from .fused import (  # noqa: F401
     FS_HEADER_FIELDS, FS_INPUTS, FS_KERNELS, FS_LAYER_FIELDS, FS_LD, FS_MAX_LAYERS, FS_PANEL_LD, FS_T, FS_THREADS,
     FS_WARPS, FsLayer, FsParams, fs_smem_bytes, fs_stages, fused_kernel_name)
-from .gather import GATHER_TABLE_DTYPES, gather_table_kernel, gather_table_kernels  # noqa: F401
+from .gather import (GATHER_TABLE_DTYPES, column_kernel, column_kernels, gather_table_kernel,  # noqa: F401
+                     gather_table_kernels)
 from .gemm import (  # noqa: F401
     ACCUMULATORS, CONFIGS, EPILOGUES, GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, INSTANCES, LAYOUTS,
     MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM, STREAM_CONFIG, TMA_ROLES, UPDATE_EPILOGUES, GemmConfig, all_kernel_names,

@@ -203,6 +203,68 @@ RG_DEVICE void gather_table_body(const In* __restrict__ x, const void* __restric
 GATHER_TABLE_FOR_EACH_KERNEL(GATHER_TABLE)  // generated: rawgpu/contract/gather.py
 #endif
 
+// A table's standardization (rawgpu/kernels/gather.py: column_scaling), once before training, deterministic: the
+// rows are cut into gridDim.y chunks in a fixed way; block (tile, chunk) sums its 32 columns over its chunk, a warp
+// per row at a time, each lane a column, in double, shifted by the column's first value (the shifted-data variance:
+// no cancellation where the mean is far from 0), and writes the chunk's two sums; column_scaling adds the chunks
+// in order and writes mean and 1 / std (population std; 1 for a constant column), float32.
+#define COLUMN_WARPS 8
+template <typename In>
+RG_DEVICE void column_sums_body(const In* __restrict__ x, i64 rows, int features, double* __restrict__ partial) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, col = blockIdx.x * 32 + lane;
+    const i64 per_chunk = (rows + gridDim.y - 1) / gridDim.y, r0 = (i64)blockIdx.y * per_chunk;
+    const i64 r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
+    __shared__ double s1[COLUMN_WARPS][32], s2[COLUMN_WARPS][32];
+    double a = 0.0, b = 0.0;
+    if (col < features) {
+        const double pivot = (double)gtab::scaled<In>(x[col]);
+        for (i64 r = r0 + warp; r < r1; r += COLUMN_WARPS) {
+            const double d = (double)gtab::scaled<In>(x[r * features + col]) - pivot;
+            a += d;
+            b += d * d;
+        }
+    }
+    s1[warp][lane] = a, s2[warp][lane] = b;
+    __syncthreads();
+    if (warp == 0 && col < features) {
+        double t1 = 0.0, t2 = 0.0;
+        for (int w = 0; w < COLUMN_WARPS; ++w) t1 += s1[w][lane], t2 += s2[w][lane];
+        partial[((i64)blockIdx.y * 2) * features + col] = t1;
+        partial[((i64)blockIdx.y * 2 + 1) * features + col] = t2;
+    }
+}
+
+#define COLUMN_SUMS(name, In)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(COLUMN_WARPS * 32)                                              \
+    name(const In* __restrict__ x, i64 rows, int features, double* __restrict__ partial) {                       \
+        column_sums_body<In>(x, rows, features, partial);                                                        \
+    }
+#if !GATHER_MODELS
+COLUMN_SUMS_FOR_EACH_KERNEL(COLUMN_SUMS)  // generated: rawgpu/contract/gather.py
+
+template <typename In>
+RG_DEVICE void column_scaling_body(const In* __restrict__ x, i64 rows, int features, int chunks,
+                                   const double* __restrict__ partial, float* __restrict__ mean,
+                                   float* __restrict__ inv_std) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= features) return;
+    double t1 = 0.0, t2 = 0.0;
+    for (int c = 0; c < chunks; ++c) t1 += partial[(2 * c) * (i64)features + col], t2 += partial[(2 * c + 1) * (i64)features + col];
+    const double m = t1 / (double)rows, var = t2 / (double)rows - m * m;
+    const double sd = var > 0.0 ? sqrt(var) : 0.0;
+    mean[col] = (float)((double)gtab::scaled<In>(x[col]) + m);
+    inv_std[col] = sd > 0.0 ? (float)(1.0 / sd) : 1.0f;
+}
+
+#define COLUMN_SCALING(name, In)                                                                                 \
+    extern "C" __global__ void name(const In* __restrict__ x, i64 rows, int features, int chunks,               \
+                                    const double* __restrict__ partial, float* __restrict__ mean,                \
+                                    float* __restrict__ inv_std) {                                               \
+        column_scaling_body<In>(x, rows, features, chunks, partial, mean, inv_std);                              \
+    }
+COLUMN_SCALING_FOR_EACH_KERNEL(COLUMN_SCALING)  // generated: rawgpu/contract/gather.py
+#endif
+
 // The training step counter moves forward inside the graph.
 extern "C" __global__ void step_increment(i64* step) {
     pdl_enter();

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import OPTIM_WORDS, gather_table_kernel
+from ..contract import OPTIM_WORDS, column_kernel, gather_table_kernel
 from ..contract.optim import SCHEDULES  # the schedule codes gather_batch takes
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
@@ -144,6 +144,41 @@ def gather_table(k: Kernels, x: Tensor, targets: Tensor, perm: Tensor, step: Ten
         blocks or batch, threads, 0, x, targets, outputs, perm, step, batch, steps_per_epoch, features, ld_out,
         mean if mean is not None else 0, inv_std if inv_std is not None else 0, x_out, y_out,
         optim if optim is not None else 0, *sched, int(early))
+
+
+COLUMN_TILE = 32  # column_sums: a lane per column, 32 per block
+COLUMN_THREADS = 256  # column_sums: 8 warps (cu/gather.cu: COLUMN_WARPS); column_scaling: a thread per column
+COLUMN_CHUNK_ROWS = 4096  # at least this many rows per chunk, so a chunk's sums are not all launch overhead
+COLUMN_BLOCKS_PER_SM = 4
+
+
+def column_chunks(rows: int, features: int, sm_count: int) -> int:
+    """How many chunks of rows column_sums cuts a table into: enough blocks to fill the GPU, none of few rows."""
+    tiles = -(-features // COLUMN_TILE)
+    return max(1, min(-(-rows // COLUMN_CHUNK_ROWS), -(-COLUMN_BLOCKS_PER_SM * sm_count // tiles)))
+
+
+def column_scaling(k: Kernels, x: Tensor, mean: Tensor, inv_std: Tensor, partial: Tensor) -> list[Launch]:
+    """The standardization of x's columns (uint8 / 255, float16, float32 [N, F]), as the table gather applies it:
+    mean[c] and inv_std[c] = 1 / std[c] (population std, float64 sums; 1 for a constant column), float32 [F] each,
+    over every row, deterministically. partial: float64 [chunks, 2, F] scratch (chunks: column_chunks)."""
+    kind = TABLE_DTYPES.get(x.dtype)
+    if kind is None:
+        raise TypeError(f"x: expected uint8, float16 or float32 features, got {x.dtype}")
+    if len(x.shape) != 2 or x.shape[0] < 1:
+        raise ValueError(f"x: expected [N >= 1, features], got shape {x.shape}")
+    rows, features = x.shape
+    require(mean, np.float32, (features,), what="mean")
+    require(inv_std, np.float32, (features,), what="inv_std")
+    require(partial, np.float64, what="partial")
+    if len(partial.shape) != 3 or partial.shape[1:] != (2, features) or partial.shape[0] < 1:
+        raise ValueError(f"partial: expected [chunks, 2, {features}], got shape {partial.shape}")
+    chunks = min(partial.shape[0], rows)
+    tiles = -(-features // COLUMN_TILE)
+    return [k.get(SRC, column_kernel("sums", kind)).bind((tiles, chunks), COLUMN_THREADS, 0, x, rows, features,
+                                                          partial),
+            k.get(SRC, column_kernel("scaling", kind)).bind(-(-features // COLUMN_THREADS), COLUMN_THREADS, 0, x,
+                                                             rows, features, chunks, partial, mean, inv_std)]
 
 
 def step_increment(k: Kernels, step: Tensor) -> Launch:

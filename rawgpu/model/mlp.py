@@ -29,7 +29,8 @@ from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
 from ..contract import OPTIM_WORDS
 from ..kernels import loss as kl
-from ..runtime.memory import Arena, Tensor
+from ..runtime.errors import OutOfMemoryError
+from ..runtime.memory import Arena, Tensor, format_bytes
 from .recipe import INPUT_DTYPES, Recipe, cdiv, loss_scale, pad8
 
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
@@ -81,6 +82,8 @@ class MLP:
         # standardization: per feature (v - mean) * inv_std, from the training split (set_scaling)
         self.mean = a.tensor("feature_mean", r.inputs, np.float32) if r.standardize else None
         self.inv_std = a.tensor("feature_inv_std", r.inputs, np.float32) if r.standardize else None
+        self.scaling_partial = (a.tensor("scaling_partial", (kd.column_chunks(r.train_rows, r.inputs, sm_count), 2,
+                                                             r.inputs), np.float64) if r.standardize else None)
         self.test_sst = 0.0  # a regression's test targets' sum of squares about their mean (R^2's denominator)
         # A regression trains on its targets standardized, (y - target_mean) / target_scale (fp16 outputs stay in
         # range whatever the targets' units); predictions and errors are given back in the targets' own units.
@@ -102,8 +105,9 @@ class MLP:
         self.eval_loss_sum = a.tensor("eval_loss_sum", 1, np.float64)
         self.eval_correct = a.tensor("eval_correct", 1, np.int32)
         # a regression's sums (loss, squared error, absolute error) in place of loss_sum and correct
-        self.sums = a.tensor("regression_sums", kl.REGRESSION_SUMS, np.float64) if r.regression else None
-        self.eval_sums = a.tensor("eval_regression_sums", kl.REGRESSION_SUMS, np.float64) if r.regression else None
+        sums = kl.REGRESSION_SUMS
+        self.regression_sums = a.tensor("regression_sums", sums, np.float64) if r.regression else None
+        self.eval_regression_sums = a.tensor("eval_regression_sums", sums, np.float64) if r.regression else None
         # activations (saved for backward) and their gradients
         self.acts = [a.tensor(f"act{i}", (B, p), np.float16) for i, p in enumerate(padded)]  # acts[-1]: logits
         self.grads = [None] + [a.tensor(f"grad{i}", (B, p), np.float16) for i, p in enumerate(padded) if i]
@@ -212,8 +216,18 @@ class MLP:
     # --- start-up ---------------------------------------------------------------------------------------------
 
     def allocate(self) -> "MLP":
-        """The one device allocation (OutOfMemoryError with needed vs free before anything runs), zeroed."""
-        self.arena.allocate()
+        """The one device allocation (OutOfMemoryError with needed vs free before anything runs, and what to do
+        where the data set is much of it), zeroed."""
+        try:
+            self.arena.allocate()
+        except OutOfMemoryError as exc:
+            data = self.images.nbytes + self.test_images.nbytes
+            if data * 4 < self.arena.peak_bytes:
+                raise
+            fp16 = " keep float features as fp16 (input_dtype fp16, --input-dtype fp16)," \
+                if self.images.dtype == np.float32 else ""
+            raise OutOfMemoryError(f"{exc}; the data set takes {format_bytes(data)} of it: train on fewer rows,"
+                                   f"{fp16} or use a GPU with more memory") from None
         self.arena.zero()
         self.step.allocated()
         return self
@@ -286,6 +300,13 @@ class MLP:
         or a checkpoint kept them."""
         self.mean.upload(np.asarray(mean, np.float32).reshape(self.recipe.inputs))
         self.inv_std.upload(np.asarray(inv_std, np.float32).reshape(self.recipe.inputs))
+
+    def compute_scaling(self, stream: Stream) -> None:
+        """The standardization from the training set on the device (kernels/gather.py: column_scaling; its host
+        twin: feature_scaling), once, before training."""
+        for launch in kd.column_scaling(self.k, self.images, self.mean, self.inv_std, self.scaling_partial):
+            launch.run(stream)
+        stream.synchronize("the features' standardization")
 
     def scaling(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(mean, inv_std) where the model standardizes its features, else None."""
@@ -362,8 +383,8 @@ class MLP:
 
     def set_train_metrics(self, *sums: float) -> None:
         """Restore the metrics a resumed epoch had summed before it was saved (as train_metrics returned them)."""
-        if self.sums is not None:
-            self.sums.upload(np.array(sums, np.float64))
+        if self.regression_sums is not None:
+            self.regression_sums.upload(np.array(sums, np.float64))
             return
         loss_sum, correct = sums
         self.loss_sum.upload(np.array([loss_sum], np.float64))
@@ -445,8 +466,9 @@ class MLP:
         scratch = self.exact_sums if scratch is None else scratch
         ticket = self.exact_tickets if ticket is None else ticket
         if r.regression:
-            return kl.regression_loss(k, out, y, grad, self.eval_sums if evaluation else self.sums, rows, r.classes,
-                                      r.loss, grad_scale, mean_over, scratch=scratch, ticket=ticket)
+            sums = self.eval_regression_sums if evaluation else self.regression_sums
+            return kl.regression_loss(k, out, y, grad, sums, rows, r.classes, r.loss, grad_scale, mean_over,
+                                      scratch=scratch, ticket=ticket)
         loss_sum, correct = (self.eval_loss_sum, self.eval_correct) if evaluation else (self.loss_sum, self.correct)
         return kl.softmax_xent(k, out, y, grad, loss_sum, correct, rows, r.classes, grad_scale=grad_scale,
                                mean_over=mean_over, scratch=scratch, ticket=ticket)
@@ -480,8 +502,8 @@ class MLP:
 
     def zero_metrics(self, evaluation: bool = False) -> Launch:
         """The training's metrics (or the evaluation's) reset, as a launch."""
-        if self.sums is not None:
-            return kl.zero_sums(self.k, self.eval_sums if evaluation else self.sums)
+        if self.regression_sums is not None:
+            return kl.zero_sums(self.k, self.eval_regression_sums if evaluation else self.regression_sums)
         if evaluation:
             return kl.zero_metrics(self.k, self.eval_loss_sum, self.eval_correct)
         return kl.zero_metrics(self.k, self.loss_sum, self.correct)
@@ -492,24 +514,24 @@ class MLP:
         """The sums accumulated since the last zero_metrics: (loss sum, correct count), or a regression's (loss sum,
         squared error sum, absolute error sum). stream: where a model on several GPUs sums them over the ranks
         (steps/replicated.py); one GPU's need none."""
-        if self.sums is not None:
-            return tuple(float(v) for v in self.sums.download())
+        if self.regression_sums is not None:
+            return tuple(float(v) for v in self.regression_sums.download())
         return float(self.loss_sum.download()[0]), int(self.correct.download()[0])
 
     def eval_metrics(self) -> tuple[float, float]:
         """(mean test loss, test accuracy) of the last evaluation; a regression's accuracy is NaN (eval_errors)."""
         n = self.recipe.test_rows
-        if self.eval_sums is not None:
-            return float(self.eval_sums.download()[0]) / n, math.nan
+        if self.eval_regression_sums is not None:
+            return float(self.eval_regression_sums.download()[0]) / n, math.nan
         return float(self.eval_loss_sum.download()[0]) / n, int(self.eval_correct.download()[0]) / n
 
     def eval_errors(self) -> tuple[float, float, float] | None:
         """A regression's test RMSE, MAE and R^2 (over every value) from the last evaluation; None for a
         classification."""
-        if self.eval_sums is None:
+        if self.eval_regression_sums is None:
             return None
-        return regression_errors(self.eval_sums.download(), self.recipe.test_rows * self.recipe.classes,
-                                 self.test_sst, self.target_scale)
+        return regression_errors(self.eval_regression_sums.download(),
+                                 self.recipe.test_rows * self.recipe.classes, self.test_sst, self.target_scale)
 
     def step_count(self) -> int:
         return int(self.counter.download()[0])
@@ -561,21 +583,22 @@ SCALING_CHUNK = 1 << 20  # rows summed at a time: a large table never has a floa
 
 
 def feature_scaling(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The standardization of features as the device keeps them (bytes / 255, fp16, fp32): per column the mean and
-    1 / std (population std, float64 sums; a constant column gets 1), float32 [inputs] each."""
+    """The host twin of the device's standardization (MLP.compute_scaling), for references and peers: of features
+    as the device keeps them (bytes / 255 in fp32, fp16, fp32), per column the mean and 1 / std (population std,
+    float64 sums; a constant column gets 1), float32 [inputs] each."""
+    def part(start: int) -> np.ndarray:
+        rows = x[start:start + SCALING_CHUNK]
+        if x.dtype == np.uint8:
+            return (rows.astype(np.float32) * np.float32(1.0 / 255.0)).astype(np.float64)
+        return rows.astype(np.float64)
+
     n = len(x)
     total, squares = np.zeros(x.shape[1]), np.zeros(x.shape[1])
     for start in range(0, n, SCALING_CHUNK):
-        part = x[start:start + SCALING_CHUNK].astype(np.float64)
-        if x.dtype == np.uint8:
-            part *= np.float64(np.float32(1.0 / 255.0))
-        total += part.sum(axis=0)
+        total += part(start).sum(axis=0)
     mean = total / n
     for start in range(0, n, SCALING_CHUNK):
-        part = x[start:start + SCALING_CHUNK].astype(np.float64)
-        if x.dtype == np.uint8:
-            part *= np.float64(np.float32(1.0 / 255.0))
-        squares += ((part - mean) ** 2).sum(axis=0)
+        squares += ((part(start) - mean) ** 2).sum(axis=0)
     std = np.sqrt(squares / n)
     inv = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
     return mean.astype(np.float32), inv.astype(np.float32)

@@ -36,8 +36,8 @@ class ReplicatedMLP(MLP):
         super().__init__(recipe, arch, sm_count, capacity)
         self.loss_total = self.arena.tensor("loss_sum_total", 1, np.float64)
         self.correct_total = self.arena.tensor("correct_total", 1, np.int32)
-        self.sums_total = (self.arena.tensor("regression_sums_total", self.sums.shape[0], np.float64)
-                           if self.sums is not None else None)
+        self.regression_totals = (self.arena.tensor("regression_sums_total", self.regression_sums.shape[0],
+                                                    np.float64) if self.regression_sums is not None else None)
 
     def step_rows(self) -> int:
         return self.recipe.batch // self.ranks
@@ -56,8 +56,9 @@ class ReplicatedMLP(MLP):
 
     def metrics_launches(self) -> list[Launch]:
         """The training metrics' sums over the ranks, into loss_total and correct_total."""
-        if self.sums is not None:
-            return [self.group.all_reduce(self.sums, self.sums_total, self.sums.shape[0])]
+        if self.regression_sums is not None:
+            sums = self.regression_sums
+            return [self.group.all_reduce(sums, self.regression_totals, sums.shape[0])]
         return [self.group.all_reduce(self.loss_sum, self.loss_total, 1),
                 self.group.all_reduce(self.correct, self.correct_total, 1)]
 
@@ -69,8 +70,8 @@ class ReplicatedMLP(MLP):
             for launch in self.metrics_launches():
                 launch.run(stream)
             stream.synchronize()
-        if self.sums_total is not None:
-            return tuple(float(v) for v in self.sums_total.download())
+        if self.regression_totals is not None:
+            return tuple(float(v) for v in self.regression_totals.download())
         return float(self.loss_total.download()[0]), int(self.correct_total.download()[0])
 
     def set_train_metrics(self, *sums: float) -> None:

@@ -23,7 +23,7 @@ from .stats import EpochStats
 from ..data.datasets import Dataset, load_dataset
 from ..runtime.files import write_atomic
 from .grid import Grid, check_sweep, describe_point
-from ..model.recipe import Recipe, cdiv, run_total
+from ..model.recipe import Recipe, SettingError, cdiv, run_total
 
 RESULTS_FORMAT = "rawgpu-sweep-results"
 
@@ -91,6 +91,9 @@ class Sweep:
         if save_best < 0 or ((save_best or save_all) and out is None):
             raise ValueError("save_best and save_all keep checkpoints in `out`: give a folder (and save_best >= 0)")
         self.data = load_dataset(data, data_dir) if isinstance(data, str) else data
+        if self.data.is_table:  # the models step gathers pixels and scores classes inside its kernels
+            raise SettingError("data", "a sweep trains models of images (uint8 pixels and their labels); a table's "
+                                       "models train one by one with Trainer")
         self.epochs, self.steps, self.device = epochs, steps, device
         self.out = Path(out) if out is not None else None
         self.save_best, self.save_all = save_best, save_all

@@ -310,9 +310,7 @@ class Trainer:
             if checkpoint is not None:
                 self.model.set_scaling(*checkpoint.scaling)
             else:
-                from ..model.mlp import feature_scaling
-
-                self.model.set_scaling(*feature_scaling(self.model.device_features(data.train_images, "training")))
+                self.model.compute_scaling(self.stream)
         if checkpoint is None:
             self.model.init_parameters(self.stream)
             self.steps_done = 0

@@ -83,20 +83,30 @@ def bench_rawgpu(h: int, steps: int, seed: int, data, device_index: int, warmup:
                 parameters=recipe.parameters, init=init, note=f"{nodes} graph node(s) per step; {how}")
 
 
-def timed_run(session, steps: int, seed: int, data, warmup: int, steps_per_launch: int) -> tuple:
+def timed_run(session, steps: int, seed: int, data, warmup: int, steps_per_launch: int,
+              scaling: tuple | None = None) -> tuple:
     """The session's model trained as the benchmark times it: warm up (graph capture, first launches),
     re-initialise, then `steps` steps, `steps_per_launch` per graph launch, the GPU time summed over epochs (the
-    per-epoch shuffle upload is not timed); then the test set. Returns (us per step, test accuracy, graph nodes per
-    step, the initial parameters, steps per launch)."""
+    per-epoch shuffle upload is not timed); then the test set. Each epoch is a permutation of the recipe's
+    train_rows. scaling: a table's (features' (mean, inv_std) or None, a regression's targets' (mean, scale) or
+    None), as benchmarks.tables.scalings computes them; None: neither (MNIST). Returns (us per step, test accuracy
+    (NaN for a regression: model.eval_errors() has its errors), graph nodes per step, the initial parameters, steps
+    per launch)."""
     model, stream, recipe = session.model, session.stream, session.model.recipe
+    features, targets = scaling or (None, None)
+    if targets is not None:
+        model.set_target_scaling(*targets)  # before the upload: the targets go up standardized
     model.upload_data(data)
+    if features is not None:
+        model.set_scaling(*features)
+    rows = recipe.train_rows
     spe = recipe.steps_per_epoch
     graph = session.capture_step(1)
     k = max(1, min(steps_per_launch, spe))
     multi = session.capture_step(k) if k > 1 else None
     rng = np.random.default_rng(seed)
     model.init_parameters(stream)
-    model.set_permutation(rng.permutation(60000))
+    model.set_permutation(rng.permutation(rows))
     for _ in range(warmup):
         graph.launch(stream)
     model.init_parameters(stream)  # same init, step counter 0: the timed run trains exactly `steps` steps
@@ -104,7 +114,7 @@ def timed_run(session, steps: int, seed: int, data, warmup: int, steps_per_launc
     rng = np.random.default_rng(seed)
     total_ms, done, start, end = 0.0, 0, drv.Event(), drv.Event()
     while done < steps:
-        model.set_permutation(rng.permutation(60000))
+        model.set_permutation(rng.permutation(rows))
         n = min(spe, steps - done)
         session.sync_ranks()
         start.record(stream)

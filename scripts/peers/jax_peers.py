@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .common import LOSS_TAIL, PeerResult, Workload, step_indices
+from .common import LOSS_TAIL, PeerResult, Workload, features, step_indices
 
 SYSTEMS = ("jax-jit", "jax-fori")
 
@@ -45,17 +45,22 @@ def available() -> str | None:
 
 
 def run(system: str, w: Workload, data) -> PeerResult:
-    """Warm up, re-initialise, then time w.steps steps of `system`; data is common.mnist_arrays()."""
+    """Warm up, re-initialise, then time w.steps steps of `system`; data is common.mnist_arrays(), or a table's
+    (x_train, y_train, x_test, y_test) of w's shape."""
     if system not in SYSTEMS:
         raise ValueError(f"unknown jax system {system!r}; expected one of {', '.join(SYSTEMS)}")
+    w.check_data(data)
     if (reason := available()) is not None:
         raise RuntimeError(f"{system}: {reason}")
     jax, jnp = _jax()
     dev = jax.devices("gpu")[0]
     train_x, train_y, test_x, test_y = data
-    order = step_indices(w.index_steps, w.batch, w.seed)
-    # labels converted once; the learning rate of every step, as rawgpu computes it
-    arrays = jax.device_put((train_x, train_y.astype(np.int32), order, w.learning_rates()), dev)
+    order = step_indices(w.index_steps, w.batch, w.seed, w.train_rows)
+    # labels converted once (a regression's values standardized as rawgpu's); the learning rate of every step, as
+    # rawgpu computes it; the features' standardization, () for none
+    targets = (lambda y: w.targets(y)) if w.regression else (lambda y: y.astype(np.int32))
+    scaling = w.scaling or ()
+    arrays = jax.device_put((train_x, targets(train_y), order, w.learning_rates(), scaling), dev)
     params0 = (_init_params(jax, jnp, w.widths, w.seed) if w.init is None
                else [(jnp.asarray(wt), jnp.asarray(b)) for wt, b in w.init])
     init = jax.device_put(params0, dev)
@@ -68,8 +73,11 @@ def run(system: str, w: Workload, data) -> PeerResult:
 
     driver = {"jax-jit": _time_jit, "jax-fori": _time_fori}[system]
     (params, _), us, final_loss = driver(jax, dev, progs, fresh, arrays, w)
-    correct = progs.correct(params, jax.device_put(test_x, dev), jax.device_put(test_y.astype(np.int32), dev))
-    return PeerResult(system, w.hidden, w.steps, us, int(correct) / len(test_y), final_loss, f"jax {jax.__version__}")
+    score = progs.score(params, *jax.device_put((test_x, targets(test_y), scaling), dev))
+    if w.regression:  # the squared errors' sum over every test value, in standardized units
+        rmse = math.sqrt(float(score) / (len(test_y) * w.classes)) * w.target_scale
+        return PeerResult(system, w.hidden, w.steps, us, None, final_loss, f"jax {jax.__version__}", test_rmse=rmse)
+    return PeerResult(system, w.hidden, w.steps, us, int(score) / len(test_y), final_loss, f"jax {jax.__version__}")
 
 
 def _init_params(jax, jnp, widths: tuple[int, ...], seed: int):
@@ -84,10 +92,11 @@ def _init_params(jax, jnp, widths: tuple[int, ...], seed: int):
     return params
 
 
-def model_functions(jax, jnp, activation: str = "relu"):
+def model_functions(jax, jnp, activation: str = "relu", loss: str = "xent"):
     """(forward(params, x) -> fp32 logits, loss(params, x, y) -> mean cross-entropy): fp16 compute from the fp32
     masters, the logits in fp32 for the softmax, as autocast does for cross_entropy (the sweep peer shares them);
-    the activation between the hidden layers as torch defines it (gelu: the erf form, gelu_tanh: the tanh one)."""
+    the activation between the hidden layers as torch defines it (gelu: the erf form, gelu_tanh: the tanh one).
+    loss "mse": the mean squared error of the fp32 outputs against values y [B, outputs] instead."""
     f16, f32 = jnp.float16, jnp.float32
     act = {"relu": jax.nn.relu, "gelu": lambda h: jax.nn.gelu(h, approximate=False),
            "gelu_tanh": lambda h: jax.nn.gelu(h, approximate=True), "silu": jax.nn.silu, "tanh": jnp.tanh}[activation]
@@ -100,16 +109,19 @@ def model_functions(jax, jnp, activation: str = "relu"):
                 h = act(h)
         return h.astype(f32)
 
-    def loss(params, x, y):
+    def xent(params, x, y):
         logp = jax.nn.log_softmax(forward(params, x))
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
-    return forward, loss
+
+    def mse(params, x, y):
+        return jnp.mean(jnp.square(forward(params, x) - y))
+    return forward, {"xent": xent, "mse": mse}[loss]
 
 
 class _Programs(NamedTuple):
     step: object  # jitted ((params, state), s, arrays) -> ((params, state), s + 1, loss); both donated
     train: object  # jitted ((params, state), arrays) -> ((params, state), mean loss of the last LOSS_TAIL steps)
-    correct: object  # jitted (params, x uint8, y) -> number of right predictions
+    score: object  # jitted (params, x, y, scaling) -> right predictions, or a regression's sum of squared errors
     init_state: object  # params -> the optimiser's initial state
 
 
@@ -117,15 +129,15 @@ def _programs(jax, jnp, w: Workload) -> _Programs:
     """The compiled functions. Arrays are always arguments, never closed over: closed-over arrays would be
     baked into the program as constants (a 47 MB dataset in every compile)."""
     f32, batch, steps = jnp.float32, w.batch, w.steps
-    forward, loss_fn = model_functions(jax, jnp, w.activation)
+    forward, loss_fn = model_functions(jax, jnp, w.activation, w.loss)
 
     init_state, update = _optimizer(jax, jnp, w)
 
     def one_step(carry, s, arrays):
         params, state = carry
-        train_x, train_y, order, lrs = arrays
+        train_x, train_y, order, lrs, scaling = arrays
         idx = jax.lax.dynamic_slice(order, (s * batch,), (batch,))
-        x = train_x[idx].astype(f32) / 255.0
+        x = features(jnp, train_x[idx], scaling)  # float32: bytes / 255, standardized where the workload is
         loss, grads = jax.value_and_grad(loss_fn)(params, x, train_y[idx])
         return update(params, state, grads, lrs[s]), loss  # in fp32
 
@@ -146,10 +158,13 @@ def _programs(jax, jnp, w: Workload) -> _Programs:
         carry, acc = jax.lax.fori_loop(0, steps, body, (carry, jnp.zeros((), f32)))
         return carry, acc / min(steps, LOSS_TAIL)
 
-    def correct(params, x, y):
-        return jnp.sum(jnp.argmax(forward(params, x.astype(f32) / 255.0), axis=1) == y)
+    def score(params, x, y, scaling):
+        out = forward(params, features(jnp, x, scaling))
+        if w.regression:
+            return jnp.sum(jnp.square(out - y))
+        return jnp.sum(jnp.argmax(out, axis=1) == y)
 
-    return _Programs(jax.jit(step, donate_argnums=0), jax.jit(train, donate_argnums=0), jax.jit(correct), init_state)
+    return _Programs(jax.jit(step, donate_argnums=0), jax.jit(train, donate_argnums=0), jax.jit(score), init_state)
 
 
 def _optimizer(jax, jnp, w: Workload, use_optax: bool | None = None):

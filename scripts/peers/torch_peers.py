@@ -30,9 +30,11 @@ def available() -> str | None:
 
 
 def run(system: str, w: Workload, data) -> PeerResult:
-    """Warm up, re-initialise, then time w.steps steps of `system`; data is common.mnist_arrays()."""
+    """Warm up, re-initialise, then time w.steps steps of `system`; data is common.mnist_arrays(), or a table's
+    (x_train, y_train, x_test, y_test) of w's shape."""
     if system not in SYSTEMS:
         raise ValueError(f"unknown torch system {system!r}; expected one of {', '.join(SYSTEMS)}")
+    w.check_data(data)
     if (reason := available()) is not None:
         raise RuntimeError(f"{system}: {reason}")
     import torch
@@ -45,8 +47,9 @@ def run(system: str, w: Workload, data) -> PeerResult:
             # (see _optimizer), so there is nothing to impair.
             warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
             us, note = driver(setup, w)
-        return PeerResult(system, w.hidden, w.steps, us, setup.test_accuracy(), setup.final_loss(w.steps),
-                          f"torch {torch.__version__}{note}")
+        accuracy, rmse = setup.test_quality()
+        return PeerResult(system, w.hidden, w.steps, us, accuracy, setup.final_loss(w.steps),
+                          f"torch {torch.__version__}{note}", test_rmse=rmse)
     finally:
         del setup
         if system == "torch-compile":
@@ -75,10 +78,15 @@ class _Setup:
 
         train_x, train_y, test_x, test_y = data
         dev = torch.device("cuda")
-        self.x = _upload(train_x, dev)  # uint8: converted per batch, like rawgpu
-        self.y = _upload(train_y, dev).long()  # converted once: cross_entropy wants int64 targets
-        self.test_x, self.test_y = _upload(test_x, dev), _upload(test_y, dev).long()
-        order = step_indices(w.index_steps, w.batch, w.seed)
+        self.w = w
+        self.x = _upload(train_x, dev)  # in the data's dtype (uint8, fp16, fp32): converted per batch, like rawgpu
+        # converted once: cross_entropy wants int64 labels; a regression's values standardized as rawgpu's
+        self.y = _upload(w.targets(train_y), dev)
+        self.test_x, self.test_y = _upload(test_x, dev), _upload(w.targets(test_y), dev)
+        if not w.regression:
+            self.y, self.test_y = self.y.long(), self.test_y.long()
+        self.mean, self.inv_std = (_upload(a, dev) for a in w.scaling) if w.scaling is not None else (None, None)
+        order = step_indices(w.index_steps, w.batch, w.seed, w.train_rows)
         self.order = _upload(order, dev).long().view(w.index_steps, w.batch)  # row s: the rows of step s
         torch.manual_seed(w.seed)
         self.model = mlp(nn, w.widths, w.activation).to(dev)  # fp32 masters
@@ -95,8 +103,22 @@ class _Setup:
         self.losses = torch.zeros(w.index_steps, device=dev)  # per-step loss, read once after timing
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)  # step counter on the device (graph variant)
 
+    def features(self, x):
+        """A batch of features as the model reads them (common.features): float32, bytes / 255, then standardized
+        where the workload is (out of place: a float32 table's .float() is the table itself)."""
+        import torch
+
+        pixels = x.dtype == torch.uint8
+        x = x.float()
+        if pixels:
+            x = x.div_(255)
+        if self.mean is not None:
+            x = (x - self.mean) * self.inv_std
+        return x
+
     def loss(self, model, idx):
-        """Mean cross-entropy of the batch at rows idx (a device tensor), fp16 compute via autocast.
+        """Mean cross-entropy (a regression's mean squared error) of the batch at rows idx (a device tensor), fp16
+        compute via autocast.
 
         No GradScaler: none is needed for this comparison, and every torch variant runs the same numerics.
         cache_enabled=False: the autocast weight-cast cache must not outlive a CUDA-graph capture, and each
@@ -105,9 +127,11 @@ class _Setup:
         import torch
         import torch.nn.functional as F
 
-        x = self.x.index_select(0, idx).float().div_(255)
+        x = self.features(self.x.index_select(0, idx))
         y = self.y.index_select(0, idx)
         with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            if self.w.regression:
+                return F.mse_loss(model(x).float(), y)
             return F.cross_entropy(model(x), y)
 
     def reset(self) -> None:
@@ -125,13 +149,17 @@ class _Setup:
             self.pos.zero_()
             self.losses.zero_()
 
-    def test_accuracy(self) -> float:
-        """Fraction of the 10k test images classified right, fp16 autocast forward on the eager module."""
+    def test_quality(self) -> tuple[float | None, float | None]:
+        """(fraction of the test rows classified right, None), or a regression's (None, test RMSE in the targets'
+        units); fp16 autocast forward on the eager module."""
         import torch
 
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
-            logits = self.model(self.test_x.float().div_(255))
-        return (logits.argmax(dim=1) == self.test_y).float().mean().item()
+            out = self.model(self.features(self.test_x))
+        if self.w.regression:
+            mse = (out.double() - self.test_y.double()).square().mean().item()
+            return None, mse ** 0.5 * self.w.target_scale
+        return (out.argmax(dim=1) == self.test_y).float().mean().item(), None
 
     def final_loss(self, steps: int) -> float:
         """Mean training loss of the last LOSS_TAIL timed steps (one host read, after timing)."""
