@@ -237,6 +237,13 @@ def plot(results: dict, path: Path) -> str:
     return f"wrote {path}"
 
 
+def versus(s: dict, ours: dict, speedup: float | None) -> str:
+    """A row's "vs best peer" cell: rawgpu's speed-up over the fastest peer, or how much slower a peer is."""
+    if s is ours:
+        return f"{speedup:.2f}x" if speedup else "-"
+    return f"{s['us_per_step'] / ours['us_per_step']:.2f}x slower" if s["us_per_step"] else "-"
+
+
 def train_sizes(args) -> list:
     """The models `bench.py train` times: each --sizes H (784-H-H-H-10), or the one --hidden architecture (one
     width keeps its meaning: H x 3)."""
@@ -323,11 +330,7 @@ def cmd_train(args) -> int:
         rows.append(row)
         ours.pop("init")
         for s in systems:
-            us = s["us_per_step"]
-            if s is ours:
-                vs = f"{row['speedup']:.2f}x" if best else "-"
-            else:
-                vs = f"{us / ours['us_per_step']:.2f}x slower" if us else "-"
+            us, vs = s["us_per_step"], versus(s, ours, row["speedup"])
             acc = f"{100 * s['test_accuracy']:.2f}%" if s.get("test_accuracy") is not None else "-"
             print(f"{label:>5} {s['system']:>14} {(f'{us:.1f}' if us else 'failed'):>9} "
                   f"{(f'{1e6 / us:.0f}' if us else '-'):>9} {vs:>12} "
@@ -396,11 +399,7 @@ def cmd_train_workloads(args) -> int:
             rows.append(dict(hidden=h, parameters=rr.parameters, batch=rr.batch, targets=target,
                              speedup=target["speedup"] if target else None, systems=systems))
             for s in systems:
-                us = s["us_per_step"]
-                if s is ours:
-                    vs = f"{target['speedup']:.2f}x" if target else "-"
-                else:
-                    vs = f"{us / ours['us_per_step']:.2f}x slower" if us else "-"
+                us, vs = s["us_per_step"], versus(s, ours, target["speedup"] if target else None)
                 if us:
                     s.update(steps_per_s=1e6 / us, samples_per_s=rr.batch * 1e6 / us)
                 print(f"{label:>5} {s['system']:>14} {(f'{us:.1f}' if us else 'failed'):>9} "

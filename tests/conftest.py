@@ -147,6 +147,18 @@ def kernels_for(device):
     return lambda activation="relu": built.setdefault(activation, Kernels(device.arch, activation=activation))
 
 
+@pytest.fixture(scope="session")
+def mnist():
+    """MNIST from $RAWGPU_DATA or the cache, never downloaded: a test that needs it skips, saying why, without it."""
+    from rawgpu.data.datasets import load_mnist
+    from rawgpu.runtime.errors import DataError
+
+    try:
+        return load_mnist(download=False)
+    except DataError as exc:
+        pytest.skip(f"MNIST not available offline (set RAWGPU_DATA): {exc}")
+
+
 @pytest.fixture
 def rng(request):
     """Fresh random inputs every run; a failing test's report names the seed, and RAWGPU_TEST_SEED=N replays it."""

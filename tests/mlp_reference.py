@@ -222,3 +222,26 @@ def train_steps(
         losses.append(loss)
         params, velocity = sgd_step(params, grads, lr_fn(step) if lr_fn else lr, momentum, velocity)
     return params, velocity, losses
+
+
+def relative(a, b) -> float:
+    """||a - b|| / ||b|| (b's norm at least 1e-30)."""
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def update_errors(got: Params, expect: Params, start: Params) -> list[float]:
+    """Per layer, the relative error of the parameter change from `start` (W and b, the worse of the two)."""
+    return [max(relative(w - w0, ew - w0), relative(b - b0, eb - b0))
+            for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
+
+
+def step_errors(before: Params, after: Params, state_before: dict, state_after: dict, expect: Params,
+                expect_state: dict, recipe, lr: float, step: int) -> tuple[list[float], list[float] | None]:
+    """One GPU step against the reference's, per layer: with SGD the weights' change; with Adam the moments' change
+    (the second's halved: it is quadratic in the gradient) and, second, the weights' change against float64
+    arithmetic on the GPU's own new moments (tests/test_mlp.py's docstring says why; None for SGD)."""
+    if recipe.optimizer == "sgd":
+        return update_errors(after, expect, before), None
+    moments = [update_errors(state_after[k], expect_state[k], state_before[k]) for k in ("m", "v")]
+    applied = update_errors(after, adam_apply(before, state_after, recipe, lr, step), before)
+    return [max(m, v / 2) for m, v in zip(*moments)], applied

@@ -90,15 +90,6 @@ def _batch(data, perm, step, batch):
     return x, data.train_labels[rows].astype(np.int64)
 
 
-def _rel(a, b) -> float:
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def _update_errors(got, expect, start) -> list[float]:
-    """Per layer, the relative error of the parameter change (W and b, the worse of the two)."""
-    return [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
-
-
 PLAIN, MOMENTUM = dict(momentum=0.0), dict(momentum=0.9)
 NESTEROV = dict(momentum=0.9, nesterov=True, weight_decay=5e-4)
 ADAM, ADAMW = dict(optimizer="adam", lr=1e-3, weight_decay=1e-4), dict(optimizer="adamw", lr=2e-3, weight_decay=0.05)
@@ -166,13 +157,10 @@ def test_parameters_match_float64_reference(device, stream, kernels_for, rng, hi
             x, y = _batch(data, perm, s, batch)
             _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale, activation=activation)
             expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
-            if adam:  # the moments' change, and the weights' change as the moments make it (module docstring)
-                errors = [max(m, v / 2) for m, v in zip(*(_update_errors(state_after[k], expect_state[k],
-                                                                        state_before[k]) for k in ("m", "v")))]
-                applied = _update_errors(after, ref.adam_apply(before, state_after, recipe, recipe.lr, s), before)
+            errors, applied = ref.step_errors(before, after, state_before, state_after, expect, expect_state, recipe,
+                                              recipe.lr, s)
+            if applied is not None:  # Adam: the weights' change as its moments make it (module docstring)
                 assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: weight change vs its moments, per layer: {applied}"
-            else:
-                errors = _update_errors(after, expect, before)
             worst = max(worst, max(errors))
             assert max(errors) <= STEP_TOLERANCE[accum], f"step {s}, per layer: {errors}"
             trajectory, trajectory_state = ref.optimizer_step(trajectory, ref.loss_and_grads(
@@ -183,14 +171,14 @@ def test_parameters_match_float64_reference(device, stream, kernels_for, rng, hi
                                                       recipe, recipe.lr, None, 0)
                 if adam:
                     zeros = [(np.zeros_like(w), np.zeros_like(b)) for w, b in init]
-                    errors = _update_errors(state_after["m"], pure_state["m"], zeros)
-                    storage = _update_errors(expect_state["m"], pure_state["m"], zeros)
+                    errors = ref.update_errors(state_after["m"], pure_state["m"], zeros)
+                    storage = ref.update_errors(expect_state["m"], pure_state["m"], zeros)
                 else:
-                    errors = _update_errors(after, pure, init)
-                    storage = _update_errors(expect, pure, init)  # the fp16-storage reference's own distance
+                    errors = ref.update_errors(after, pure, init)
+                    storage = ref.update_errors(expect, pure, init)  # the fp16-storage reference's own distance
                 assert all(e <= g + FLOAT64_TOLERANCE for e, g in zip(errors, storage)), \
                     f"vs pure float64 after 1 step, per layer: {errors} (fp16 storage alone: {storage})"
-        errors = _update_errors(model.parameters(), trajectory, init)
+        errors = ref.update_errors(model.parameters(), trajectory, init)
         print(f"\n[{step_kind} {hidden}x{layers} {activation} b{batch} {recipe.optimizer_text} {accum}] worst step "
               f"error {worst:.2e}, 10-step trajectory {max(errors):.2e}")
         if not adam:
@@ -350,17 +338,6 @@ def test_no_device_allocation_while_training(device, stream, kernels, rng, step_
         evaluate.close()
     finally:
         model.arena.close()
-
-
-@pytest.fixture(scope="module")
-def mnist():
-    from rawgpu.data.datasets import load_mnist
-    from rawgpu.runtime.errors import DataError
-
-    try:
-        return load_mnist(download=False)
-    except DataError as exc:
-        pytest.skip(f"MNIST not available offline (set RAWGPU_DATA): {exc}")
 
 
 @gpu

@@ -12,7 +12,8 @@ from rawgpu.steps import split as parallel
 from rawgpu.model.recipe import TEST_ROWS, TRAIN_ROWS, Recipe, loss_scale
 from rawgpu.steps.sharded import ShardedMLP, join_parameters, join_state
 from rawgpu.steps import StepOptions, plan_model
-from test_mlp import FakeMNIST, _batch, _rel
+from mlp_reference import relative as _rel
+from test_mlp import FakeMNIST, _batch
 
 gpu = pytest.mark.gpu
 STEP_TOLERANCE = 3e-2  # one step from the ranks' own parameters, as tests/test_mlp.py allows one GPU

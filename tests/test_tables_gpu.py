@@ -64,14 +64,6 @@ def gathered(model, x: np.ndarray) -> np.ndarray:
     return f.astype(np.float16)
 
 
-def _rel(a, b) -> float:
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def _update_errors(got, expect, start) -> list[float]:
-    return [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
-
-
 MOMENTUM, PLAIN = dict(momentum=0.9), dict(momentum=0.0)
 ADAM, ADAMW = dict(optimizer="adam", lr=1e-3), dict(optimizer="adamw", lr=2e-3, weight_decay=0.05)
 CASES = [  # hidden, batch, optimiser, features (count, dtype, input_dtype, standardize), task, short form
@@ -124,19 +116,16 @@ def test_table_steps_match_float64_reference(device, stream, kernels, rng, hidde
             x, y = gathered(model, data.train_images[rows]), data.train_labels[rows]
             _, _, grads = ref.loss_and_grads(before, x, y, fp16_storage=True, grad_scale=scale, loss=loss)
             expect, expect_state = ref.optimizer_step(before, grads, recipe, recipe.lr, state_before, s)
-            if adam:
-                errors = [max(m, v / 2) for m, v in zip(*(_update_errors(state_after[k], expect_state[k],
-                                                                        state_before[k]) for k in ("m", "v")))]
-                applied = _update_errors(after, ref.adam_apply(before, state_after, recipe, recipe.lr, s), before)
+            errors, applied = ref.step_errors(before, after, state_before, state_after, expect, expect_state, recipe,
+                                              recipe.lr, s)
+            if applied is not None:  # Adam: the weights' change as its moments make it (module docstring)
                 assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: weight change vs its moments: {applied}"
-            else:
-                errors = _update_errors(after, expect, before)
             assert max(errors) <= STEP_TOLERANCE, f"step {s}, per layer: {errors}"
             trajectory, trajectory_state = ref.optimizer_step(trajectory, ref.loss_and_grads(
                 trajectory, x, y, fp16_storage=True, grad_scale=scale, loss=loss)[2], recipe, recipe.lr,
                 trajectory_state, s)
         if not adam:
-            errors = _update_errors(model.parameters(), trajectory, init)
+            errors = ref.update_errors(model.parameters(), trajectory, init)
             assert max(errors) <= TRAJECTORY_TOLERANCE, f"10-step trajectory, per layer: {errors}"
         assert model.step_count() == 10 and model.padding_is_zero()
         # the training metrics of the 10 steps, and the evaluation against numpy on the GPU's own parameters
@@ -167,17 +156,6 @@ def test_table_steps_match_float64_reference(device, stream, kernels, rng, hidde
         assert abs(test_loss - expect_loss) <= METRIC_TOLERANCE * max(1.0, abs(expect_loss))
     finally:
         model.arena.close()
-
-
-@pytest.fixture(scope="module")
-def mnist():
-    from rawgpu.data.datasets import load_mnist
-    from rawgpu.runtime.errors import DataError
-
-    try:
-        return load_mnist(download=False)
-    except DataError as exc:
-        pytest.skip(f"MNIST not available offline (set RAWGPU_DATA): {exc}")
 
 
 @gpu

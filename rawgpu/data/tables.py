@@ -55,15 +55,7 @@ def read(path: str | Path, *, target: str | Sequence[str] | None = None, feature
     indices; .npz: the arrays x_<split>, y_<split>; .csv, .parquet: named columns). target: the target column(s),
     default the last; features: the feature columns, default all the others. progress(bytes done, total) is called
     while a CSV is read, from the thread that reads it."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in FORMATS:
-        raise DataError(f"{path}: unknown table format {path.suffix or '(no suffix)'!r}; use one of "
-                        f"{', '.join(FORMATS)}")
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
-    if not path.is_file():
-        raise DataError(f"{path}: not a file")
+    path, suffix = _table_file(path)
     if suffix == ".npz":
         return _npz(path, split, target, features)
     if suffix == ".npy":
@@ -76,17 +68,25 @@ def read(path: str | Path, *, target: str | Sequence[str] | None = None, feature
     return _select(path, columns, names, target, features)
 
 
-def read_features(path: str | Path, features: Sequence[str] | None, width: int) -> np.ndarray:
-    """The rows to predict on in `path`, [N, width]: a CSV or Parquet file's `features` columns (a trained model's,
-    by name; any others, the target among them, are left out), an .npz's x_test (else x_train), or an .npy of
-    `width` columns (or more: the target's, last, are left out)."""
+def _table_file(path: str | Path) -> tuple[Path, str]:
+    """The path of a table file and its format (suffix), or one line: an unknown format, no such file, not a file."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise DataError(f"{path}: unknown table format {path.suffix or '(no suffix)'!r}; use one of "
                         f"{', '.join(FORMATS)}")
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
     if not path.is_file():
-        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+        raise DataError(f"{path}: not a file")
+    return path, suffix
+
+
+def read_features(path: str | Path, features: Sequence[str] | None, width: int) -> np.ndarray:
+    """The rows to predict on in `path`, [N, width]: a CSV or Parquet file's `features` columns (a trained model's,
+    by name; any others, the target among them, are left out), an .npz's x_test (else x_train), or an .npy of
+    `width` columns (or more: the target's, last, are left out)."""
+    path, suffix = _table_file(path)
     if suffix == ".npz":
         try:
             with np.load(path, allow_pickle=False) as z:
