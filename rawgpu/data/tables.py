@@ -26,7 +26,7 @@ from ..runtime.errors import DataError
 
 MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
-CSV_BLOCK = 1 << 24  # bytes per parsed block: the progress step of a CSV read
+CSV_BLOCK = 1 << 20  # bytes per parsed block (pyarrow's default: larger ones parse on fewer threads); the progress step
 
 Progress = Callable[[int, int], None]  # (bytes done, total bytes)
 
@@ -251,24 +251,46 @@ def _arrow(path: Path, suffix: str, progress: Progress | None) -> tuple[list[np.
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise DataError(f"{path}: column {dup!r} appears twice")
-    return [_Converted(lambda i=i, name=name: _column(path, table.column(i), name, pa), table.num_rows)
-            for i, name in enumerate(names)], names
+    return [_Converted(lambda i=i, name=name: _column(path, table.column(i), name, pa), table.num_rows,
+                       _direct(table.column(i), pa)) for i, name in enumerate(names)], names
 
 
 class _Converted:
     """An Arrow column turned into numbers when first asked for: columns no run picks (an id, a text label) are
-    never converted, so they cannot fail the read."""
+    never converted, so they cannot fail the read. `direct`: the column itself where its values are numbers
+    NumPy takes as they are (integers or floats, none missing), so that a block of rows can be read from it straight
+    into the rows the GPU takes (`part`), with no whole-column copy first."""
 
-    def __init__(self, convert: Callable[[], np.ndarray], rows: int):
-        self._convert, self._array, self.rows = convert, None, rows
+    def __init__(self, convert: Callable[[], np.ndarray], rows: int, direct=None):
+        self._convert, self._array, self.rows, self.direct = convert, None, rows, direct
 
     def __len__(self) -> int:
         return self.rows
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.direct is not None:
+            return np.dtype(self.direct.type.to_pandas_dtype())
+        return self.get().dtype
 
     def get(self) -> np.ndarray:
         if self._array is None:
             self._array = self._convert()
         return self._array
+
+    def part(self, start: int, stop: int) -> np.ndarray:
+        """Rows start..stop-1 as numbers (`direct`: Arrow's own buffers, copied only across a chunk's end)."""
+        if self.direct is not None:
+            return self.direct.slice(start, stop - start).to_numpy()
+        return self.get()[start:stop]
+
+
+def _direct(column, pa):
+    """The column where its values are integers or floats with none missing (`_Converted.direct`), else None."""
+    kind = column.type
+    if column.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        return None
+    return column
 
 
 def _csv(path: Path, size: int, pa, pcsv, progress: Progress | None):
@@ -284,22 +306,17 @@ def _csv(path: Path, size: int, pa, pcsv, progress: Progress | None):
 
 
 def _parquet(path: Path, pa, progress: Progress | None):
-    """The Parquet file as one Arrow table, a row group at a time (each read by pyarrow's threads over its columns),
-    so that the bytes of the groups read say how far it is."""
+    """The Parquet file as one Arrow table, read whole by pyarrow's threads (a row group at a time is slower, and
+    a Parquet file reads at GB/s: its progress is its start and its end)."""
     import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(path)
-    groups = f.metadata.num_row_groups
-    if progress is None or groups < 2:
-        return f.read()
-    total = sum(f.metadata.row_group(i).total_byte_size for i in range(groups))
-    parts, done = [], 0
-    progress(0, total)
-    for i in range(groups):
-        parts.append(f.read_row_group(i))
-        done += f.metadata.row_group(i).total_byte_size
-        progress(done, total)
-    return pa.concat_tables(parts)
+    size = path.stat().st_size
+    if progress is not None:
+        progress(0, size)
+    table = pq.read_table(path)
+    if progress is not None:
+        progress(size, size)
+    return table
 
 
 class _Counted(io.RawIOBase):
@@ -400,16 +417,19 @@ def _select(path: Path, columns: list[np.ndarray], names: list[str], target, fea
             raise DataError(f"{path}: column {f!r} is both a feature and the target")
     if not picked:
         raise DataError(f"{path}: no feature columns left beside the target")
-    by_name = {n: _array(c) for n, c in zip(names, columns) if n in wanted or n in picked}
-    y = np.stack([by_name[t].astype(np.float64) for t in wanted], axis=1)
+    by_name = dict(zip(names, columns))
+    y = np.stack([_array(by_name[t]).astype(np.float64) for t in wanted], axis=1)
     _finite(path, y, wanted)
+    for f in picked:  # a column of text or with a missing value: converted (and checked, naming its row) first
+        if isinstance(by_name[f], _Converted) and by_name[f].direct is None:
+            by_name[f].get()
     dtypes = {by_name[f].dtype for f in picked}
     dtype = np.uint8 if dtypes == {np.dtype(np.uint8)} else np.float16 if dtypes == {np.dtype(np.float16)} \
         else np.float32
-    x = _rows(len(y), [by_name[f] for f in picked], dtype)
-    if dtype != np.uint8 and not _all_finite(x):  # the first bad value named
+    x, finite = _rows(len(y), [by_name[f] for f in picked], dtype)
+    if not finite:  # the first bad value named
         row, j = np.argwhere(~np.isfinite(x))[0]
-        value = by_name[picked[j]][row]
+        value = _part(by_name[picked[j]], row, row + 1)[0]
         why = "every value must be finite" if not np.isfinite(float(value)) else f"too large for {x.dtype}"
         raise DataError(f"{path}: row {row + 1}, column {picked[j]!r}: {_shown(value)} ({why})")
     _check_shape(path, x)
@@ -431,20 +451,21 @@ def _blocks(n: int, work: Callable[[int, int], object]) -> list:
         return list(pool.map(lambda a: work(a, min(a + ROW_BLOCK, n)), starts))
 
 
-def _rows(n: int, columns: list[np.ndarray], dtype) -> np.ndarray:
-    """The columns as rows [n, len(columns)] of dtype (what the GPU takes): a block of rows per thread."""
+def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
+    """The columns (arrays, or Arrow columns: _Converted) as rows [n, len(columns)] of dtype (what the GPU takes),
+    and whether every value is finite: a block of rows per thread, checked while it is in the core's cache."""
     x = np.empty((n, len(columns)), dtype)
 
-    def fill(a: int, b: int) -> None:
-        with np.errstate(over="ignore"):
+    def fill(a: int, b: int) -> bool:
+        with np.errstate(over="ignore", invalid="ignore"):
             for j, c in enumerate(columns):
-                x[a:b, j] = c[a:b]
-    _blocks(n, fill)
-    return x
+                x[a:b, j] = _part(c, a, b)
+        return dtype == np.uint8 or bool(np.isfinite(x[a:b]).all())
+    return x, all(_blocks(n, fill))
 
 
-def _all_finite(x: np.ndarray) -> bool:
-    return all(_blocks(len(x), lambda a, b: bool(np.isfinite(x[a:b]).all())))
+def _part(column, start: int, stop: int) -> np.ndarray:
+    return column.part(start, stop) if isinstance(column, _Converted) else column[start:stop]
 
 
 # --- checks ------------------------------------------------------------------------------------------------------
