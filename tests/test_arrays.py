@@ -212,3 +212,45 @@ def test_a_sweep_of_a_tables_models_is_refused_in_one_line(rng):
     with pytest.raises(SettingError) as exc:
         Sweep(Grid(seeds=(0, 1)), data=d, epochs=1)
     assert _one_line(exc).startswith("data: a sweep trains models of images")
+
+
+def test_a_validation_split_holds_out_training_rows_and_keeps_the_test_set(rng):
+    d = Dataset.from_arrays(rng.standard_normal((1000, 4)).astype(np.float32), np.arange(1000) % 5,
+                            rng.standard_normal((50, 4)).astype(np.float32), np.arange(50) % 5)
+    scored, final = d.validation_split(0.2, seed=3)
+    assert (len(scored.train_images), len(scored.test_images)) == (800, 200)
+    assert np.array_equal(scored.train_images, final.train_images) and final.test_images is d.test_images
+    rows = {r.tobytes() for r in np.concatenate([scored.train_images, scored.test_images])}
+    assert rows == {r.tobytes() for r in d.train_images}  # every training row once, in one part or the other
+    again, _ = d.validation_split(0.2, seed=3)
+    assert np.array_equal(again.test_images, scored.test_images)
+    with pytest.raises(DataError) as exc:
+        d.validation_split(0.0001, seed=3)
+    assert "leaves no validation rows" in _one_line(exc)
+
+
+def test_the_finished_models_test_score_is_one_line_or_one_json_object(capsys):
+    import io
+    import json
+
+    from rawgpu.cli.console import JsonConsole, PlainConsole, format_result
+
+    record = {"test_rows": 100, "test_loss": 0.25, "test_accuracy": 0.9}
+    assert format_result(record) == "test set (100 rows): loss 0.25, accuracy 90.00%"
+    regression = {"test_rows": 10, "test_loss": 0.5, "test_rmse": 1.5, "test_mae": 1.0, "test_r2": float("nan")}
+    assert format_result(regression) == "test set (10 rows): loss 0.5, RMSE 1.5, MAE 1, R² nan"
+    out = io.StringIO()
+    JsonConsole(out).result(regression)
+    assert json.loads(out.getvalue()) == {"test": {**regression, "test_r2": None}}
+    out = io.StringIO()
+    PlainConsole(out).result(record)
+    assert out.getvalue() == "test set (100 rows): loss 0.25, accuracy 90.00%\n"
+
+
+def test_an_npz_is_scored_on_its_test_arrays(rng, tmp_path):
+    np.savez(tmp_path / "d.npz", x_train=np.ones((20, 3), np.float32), y_train=np.zeros(20),
+             x_test=np.zeros((7, 3), np.float32), y_test=np.ones(7))
+    d = Dataset.scored_table(tmp_path / "d.npz", None, regression=False, classes=2)
+    assert len(d.test_images) == 7 and d.test_labels.tolist() == [1] * 7
+    np.savez(tmp_path / "e.npz", x_train=np.ones((20, 3), np.float32), y_train=np.zeros(20))
+    assert len(Dataset.scored_table(tmp_path / "e.npz", None, regression=False, classes=2).test_images) == 20

@@ -281,3 +281,34 @@ def test_the_cli_trains_evaluates_and_predicts_a_csv_file(device, rng, tmp_path)
     bad.write_text("a,b\n1,2\n")
     run = _run("evaluate", str(ckpt), "--data", str(bad))
     assert run.returncode == 1 and run.stderr.count("\n") == 1 and "no column" in run.stderr, run.stderr
+
+
+@gpu
+def test_the_cli_regresses_scores_the_test_set_once_and_predicts_in_the_targets_units(device, rng, tmp_path):
+    """train --data FILE.npz --loss mse --standardize --val-fraction: every epoch on the validation rows, then one
+    {"test": ...} record; evaluate --json: the same RMSE; predict: values in the targets' units (far from 0), whose
+    RMSE against the test targets is evaluate's."""
+    n = 8000
+    x = rng.standard_normal((n, 5)) * [1, 10, 100, 0.1, 3] + [0, 50, -20, 1, 0]
+    y = np.tanh(x[:, 0]) * 20 + x[:, 1] + 300.0
+    path = tmp_path / "t.npz"
+    np.savez(path, x_train=x[:7000].astype(np.float32), y_train=y[:7000], x_test=x[7000:].astype(np.float32),
+             y_test=y[7000:])
+    ckpt = tmp_path / "r.safetensors"
+    run = _run("train", "--data", str(path), "--loss", "mse", "--standardize", "--hidden", "64", "--epochs", "4",
+               "--val-fraction", "0.1", "--save", str(ckpt), "--json")
+    assert run.returncode == 0, run.stderr
+    records = [json.loads(line) for line in run.stdout.splitlines()]
+    epochs, final = records[:-1], records[-1]["test"]
+    assert len(epochs) == 4 and all(e["test_rmse"] is not None for e in epochs)
+    assert final["test_rows"] == 1000 and final["test_r2"] > 0.9, final
+    run = _run("evaluate", str(ckpt), "--data", str(path), "--json")
+    assert run.returncode == 0, run.stderr
+    scored = json.loads(run.stdout)
+    assert scored["test_rows"] == 1000 and scored["test_rmse"] == pytest.approx(final["test_rmse"], rel=1e-9)
+    out = tmp_path / "p.json"
+    run = _run("predict", str(ckpt), str(path), "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    values = np.array([r["values"][0] for r in json.loads(out.read_text())])
+    assert len(values) == 1000 and abs(values.mean() - 300) < 30
+    assert math.sqrt(((values - y[7000:]) ** 2).mean()) == pytest.approx(scored["test_rmse"], rel=1e-3)

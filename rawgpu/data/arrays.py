@@ -197,12 +197,15 @@ def _npz_has(path: Path, key: str) -> bool:
 
 def scored_table(path: str | Path, columns: dict[str, Any] | None, regression: bool, classes: int,
                  progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
-    """The Dataset fields of a table a trained model is scored on (evaluate): every row of `path` is a test row (and
-    stands in as the training set the Dataset needs), read with the model's columns (a checkpoint's record:
-    {"features": [...], "targets": [...]}; None: the file's own, the target last)."""
+    """The Dataset fields of a table a trained model is scored on (evaluate): every row of `path` (an .npz's x_test
+    and y_test where it has them) is a test row (and stands in as the training set the Dataset needs), read with the
+    model's columns (a checkpoint's record: {"features": [...], "targets": [...]}; None: the file's own, the target
+    last)."""
     report = (lambda done, total: progress(str(path), done, total)) if progress is not None else None
-    columns = columns or {}
-    table = tables.read(path, target=columns.get("targets") or None, features=columns.get("features") or None,
+    columns, path = columns or {}, Path(path)
+    split = "test" if path.suffix.lower() == ".npz" and _npz_has(path, "x_test") else "train"  # an .npz's test set
+    table = tables.read(path, target=None if split == "test" else columns.get("targets") or None,
+                        features=None if split == "test" else columns.get("features") or None, split=split,
                         progress=report)
     if regression:
         y = tables.values(table)
