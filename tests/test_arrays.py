@@ -254,3 +254,22 @@ def test_an_npz_is_scored_on_its_test_arrays(rng, tmp_path):
     assert len(d.test_images) == 7 and d.test_labels.tolist() == [1] * 7
     np.savez(tmp_path / "e.npz", x_train=np.ones((20, 3), np.float32), y_train=np.zeros(20))
     assert len(Dataset.scored_table(tmp_path / "e.npz", None, regression=False, classes=2).test_images) == 20
+
+
+def test_a_regressions_epoch_shows_rmse_r2_and_mae():
+    import io
+
+    from rawgpu.cli import console as con
+    from rawgpu.training.stats import EpochStats
+
+    nan = float("nan")
+    s = EpochStats(epoch=1, epochs=2, steps=10, train_loss=0.5, train_accuracy=nan, test_loss=0.4, test_accuracy=nan,
+                   seconds=1.0, eval_seconds=0.1, steps_per_s=10.0, samples_per_s=1280.0, tflops=0.1, gbps=1.0,
+                   lr=0.01, total_seconds=1.0, train_rmse=1.0, test_rmse=0.9, test_mae=0.7, test_r2=0.95)
+    out = io.StringIO()
+    con.PlainConsole(out).epoch_end(s)
+    assert "train loss 0.5000  test RMSE 0.9 R² 0.950  MAE 0.7  10.0 steps/s" in out.getvalue()
+    assert con.REGRESSION_COLUMNS[2] == "test" and con.epoch_cells(s)[2] == "RMSE 0.9 R² 0.950"
+    summary = con.Summary(train_seconds=1.0, wall_seconds=2.0, steps=20, best_accuracy=nan, best_epoch=2,
+                          time_to_98=None, interrupted=False, best_rmse=0.85)
+    assert con.format_summary(summary) == "trained 20 steps in 1.00 s (wall 2.00 s); best test RMSE 0.85 (epoch 2)"

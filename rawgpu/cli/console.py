@@ -165,6 +165,7 @@ def header_rows(info: RunInfo) -> list[tuple[str, str]]:
 
 
 COLUMNS = ("epoch", "train loss", "test acc", "steps/s", "samples/s", "TFLOP/s", "GB/s", "time")
+REGRESSION_COLUMNS = tuple("test" if c == "test acc" else c for c in COLUMNS)  # test_cell: RMSE and R²
 
 
 def test_cell(s: EpochStats) -> str:
@@ -380,10 +381,12 @@ class RichConsole(Console):
     def __rich__(self):
         if self._task is not None:
             self.progress.update(self._task, completed=self._done)
-        table = Table(*COLUMNS, box=None, header_style="bold")
+        rows = list(self._rows)
+        regression = bool(rows) and rows[0].test_rmse is not None
+        table = Table(*(REGRESSION_COLUMNS if regression else COLUMNS), box=None, header_style="bold")
         for column in table.columns[1:]:
             column.justify = "right"
-        for stats in list(self._rows):
+        for stats in rows:
             table.add_row(*epoch_cells(stats))
         parts = [self._header] if self._header is not None else []
         return Group(*parts, self.progress, table, format_gpu(self.gpu.read()))

@@ -99,7 +99,8 @@ def train(args: argparse.Namespace, data, recipe: rc.Recipe, console, t_start: f
 
             h = trainer.history
             write_plot(args.plot, [s.epoch for s in h], [s.train_loss for s in h], [s.test_accuracy for s in h],
-                       title=f"{data.name} {trainer.recipe.name}")
+                       title=f"{data.name} {trainer.recipe.name}",
+                       test_rmse=[s.test_rmse for s in h] if trainer.recipe.regression else None)
             console.message(f"plot: {args.plot}")
     if error:
         if root:

@@ -49,11 +49,12 @@ def check_plot_path(path: str | Path) -> str | None:
 
 
 def write_plot(path: str | Path, epochs: list[int], train_loss: list[float], test_accuracy: list[float],
-               title: str = "") -> None:
+               title: str = "", test_rmse: list[float] | None = None) -> None:
     """Draw loss and accuracy against epoch into the PNG `path`, atomically (a temp file, then os.replace).
 
-    ``test_accuracy`` holds fractions (0..1, as training reports them) and is drawn in percent. The loss axis is
-    logarithmic when every loss is positive and finite; NaN or infinite losses are left out of the line.
+    ``test_accuracy`` holds fractions (0..1, as training reports them) and is drawn in percent; a regression gives
+    ``test_rmse`` instead, drawn as it is. The loss axis is logarithmic when every loss is positive and finite; NaN
+    or infinite losses are left out of the line.
     """
     path = Path(path)
     if path.suffix.lower() != ".png":
@@ -69,8 +70,12 @@ def write_plot(path: str | Path, epochs: list[int], train_loss: list[float], tes
     loss_axes.set(xlabel="epoch", ylabel="train loss", title="train loss")
     if train_loss and all(math.isfinite(v) and v > 0 for v in train_loss):
         loss_axes.set_yscale("log")
-    accuracy_axes.plot(epochs, [100.0 * a for a in test_accuracy], marker="o", color="tab:green")
-    accuracy_axes.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy")
+    if test_rmse is not None:
+        accuracy_axes.plot(epochs, test_rmse, marker="o", color="tab:green")
+        accuracy_axes.set(xlabel="epoch", ylabel="test RMSE", title="test RMSE")
+    else:
+        accuracy_axes.plot(epochs, [100.0 * a for a in test_accuracy], marker="o", color="tab:green")
+        accuracy_axes.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy")
     for axes in (loss_axes, accuracy_axes):
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(True, which="both", alpha=0.3)
