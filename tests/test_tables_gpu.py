@@ -312,3 +312,61 @@ def test_the_cli_regresses_scores_the_test_set_once_and_predicts_in_the_targets_
     values = np.array([r["values"][0] for r in json.loads(out.read_text())])
     assert len(values) == 1000 and abs(values.mean() - 300) < 30
     assert math.sqrt(((values - y[7000:]) ** 2).mean()) == pytest.approx(scored["test_rmse"], rel=1e-3)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["tensor", "data"])
+@pytest.mark.parametrize("task", [dict(loss="mse", outputs=2), dict(classes=300)])
+def test_a_table_on_two_ranks_trains_as_on_one_gpu(device, stream, kernels, rng, kind, task):
+    """Standardized fp16 features, a regression's values or 300 classes: two ranks of a tensor- or data-parallel
+    model (their all-reduces summed on the host, tests/test_sharded.py) train 5 steps to the one-GPU model's
+    parameters within the 10-step trajectory bound, and evaluate to its metrics."""
+    from rawgpu.model.mlp import target_scaling
+    from rawgpu.steps.sharded import join_parameters
+    from test_sharded import HostGroup, run_lockstep
+
+    data = fake_table(rng, 4096, 40, "float32", classes=task.get("classes", 0), outputs=task.get("outputs", 1))
+    recipe = fit_to_data(Recipe(hidden=256, layers=2, batch=128, momentum=0.9, lr=0.05, schedule="constant",
+                                loss=task.get("loss", "xent"), standardize=True, seed=int(rng.integers(1 << 30))),
+                         data)
+    perm = rng.permutation(recipe.train_rows).astype(np.int32)
+
+    def ready(model):
+        model.allocate()
+        if recipe.regression:
+            model.set_target_scaling(*target_scaling(data.train_labels))
+        model.upload_data(data)
+        model.compute_scaling(stream)
+        model.init_parameters(stream)
+        model.set_permutation(perm)
+        return model
+
+    one = ready(plan_model(recipe, "layered", kernels=kernels, sm_count=device.sm_count))
+    ranks = []
+    try:
+        for rank in range(2):
+            ranks.append(ready(plan_model(recipe, kind, kernels=kernels, ranks=2, rank=rank, group=HostGroup(),
+                                          sm_count=device.sm_count)))
+        joined = (lambda: join_parameters(ranks[0].plan, [m.parameters() for m in ranks])) if kind == "tensor" \
+            else (lambda: ranks[0].parameters())
+        init = one.parameters()
+        for (w, b), (ow, ob) in zip(joined(), init):
+            assert np.array_equal(w, ow) and np.array_equal(b, ob)
+        assert all(np.array_equal(m.scaling()[0], one.scaling()[0]) for m in ranks)
+        steps = [m.step_launches() for m in ranks]
+        for _ in range(5):
+            for launch in one.step_launches():
+                launch.run(stream)
+            run_lockstep(steps, stream)
+        errors = ref.update_errors(joined(), one.parameters(), init)
+        assert max(errors) <= TRAJECTORY_TOLERANCE, errors
+        for launch in one.eval_launches():
+            launch.run(stream)
+        run_lockstep([m.eval_launches() for m in ranks], stream)
+        expect = one.eval_errors() if recipe.regression else one.eval_metrics()
+        for m in ranks:
+            got = m.eval_errors() if recipe.regression else m.eval_metrics()
+            assert got[0] == pytest.approx(expect[0], rel=2e-2) and got[1] == pytest.approx(expect[1], rel=2e-2)
+    finally:
+        for m in [one, *ranks]:
+            m.arena.close()
