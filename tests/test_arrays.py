@@ -273,3 +273,29 @@ def test_a_regressions_epoch_shows_rmse_r2_and_mae():
     summary = con.Summary(train_seconds=1.0, wall_seconds=2.0, steps=20, best_accuracy=nan, best_epoch=2,
                           time_to_98=None, interrupted=False, best_rmse=0.85)
     assert con.format_summary(summary) == "trained 20 steps in 1.00 s (wall 2.00 s); best test RMSE 0.85 (epoch 2)"
+
+
+def test_a_log_says_once_that_a_file_is_read():
+    import io
+
+    from rawgpu.cli.console import PlainConsole
+
+    out = io.StringIO()
+    c = PlainConsole(out)
+    for done in (1 << 20, 2 << 20, 3 << 20, 3 << 20):
+        c.reading("t.csv", done, 3 << 20)
+    assert out.getvalue() == "reading t.csv (3.00 MiB)\nread t.csv\n"
+
+
+def test_the_live_view_shows_a_file_read_once_and_clears_its_bar():
+    import io
+
+    from rich.console import Console as RichTerminal
+
+    from rawgpu.cli.console import RichConsole
+
+    c = RichConsole(io.StringIO(), RichTerminal(file=io.StringIO(), force_terminal=True, width=100))
+    for done in (1 << 20, 3 << 20, 3 << 20):  # the reader's last block, then its own end: one bar, stopped once
+        c.reading("t.csv", done, 3 << 20)
+    assert c._reads is None and c._reads_done == {"t.csv"}
+    c.close()

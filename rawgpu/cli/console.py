@@ -316,10 +316,13 @@ class PlainConsole(Console):
             self._line(f"downloaded {name}")
 
     def reading(self, name: str, done: int, total: int) -> None:
-        """A line when a data file starts to be read and when it is read (logs get no bar)."""
-        if done == 0:
+        """A line when a data file starts to be read and one when it is read (logs get no bar)."""
+        told = self._reads_told = getattr(self, "_reads_told", {})  # file -> whether its end was told
+        if name not in told:
+            told[name] = False
             self._line(f"reading {name} ({format_bytes(total)})")
-        elif done >= total:
+        if done >= total and not told[name]:
+            told[name] = True
             self._line(f"read {name}")
 
     def compiling(self, done: int, total: int) -> None:
@@ -419,6 +422,11 @@ class RichConsole(Console):
 
     def reading(self, name: str, done: int, total: int) -> None:
         """A transient bar while a data file is read (before the live view starts)."""
+        finished = self._reads_done = getattr(self, "_reads_done", set())
+        if name in finished:
+            return
+        if done >= total:
+            finished.add(name)
         if self._reads is None:
             self._reads = Progress(TextColumn("reading {task.description}"), BarColumn(), DownloadColumn(),
                                    TransferSpeedColumn(), TimeElapsedColumn(), console=self.rc, transient=True)
