@@ -299,3 +299,29 @@ def test_the_live_view_shows_a_file_read_once_and_clears_its_bar():
         c.reading("t.csv", done, 3 << 20)
     assert c._reads is None and c._reads_done == {"t.csv"}
     c.close()
+
+
+def test_features_beyond_fp16_are_one_line_naming_the_row_and_what_to_do():
+    from rawgpu.model.mlp import MLP
+
+    model = MLP(Recipe(hidden=16, layers=1, inputs=3, classes=2, train_rows=10, test_rows=2, batch=5,
+                       input_dtype="fp16"))
+    x = np.ones((4, 3), np.float32)
+    assert model.device_features(x, "t").dtype == np.float16
+    x[2, 1] = 1e6
+    with pytest.raises(DataError) as exc:
+        model.device_features(x, "the training set")
+    assert _one_line(exc) == ("the training set: row 2, column 1: 1e+06 is beyond fp16's range (65504); keep the "
+                              "features as fp32 (input_dtype fp32, --input-dtype fp32)")
+    bytes_ = np.full((2, 3), 255, np.uint8)
+    assert np.array_equal(model.device_features(bytes_, "t"), np.ones((2, 3), np.float16))
+
+
+def test_a_corrupt_npz_to_score_is_one_line(tmp_path):
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(DataError) as exc:
+        Dataset.scored_table(tmp_path / "bad.npz", None, regression=False, classes=2)
+    assert "bad.npz: not a readable .npz file" in _one_line(exc)
+    with pytest.raises(DataError) as exc:
+        Dataset.scored_table(tmp_path / "none.npz", None, regression=False, classes=2)
+    assert "none.npz: no such file" in _one_line(exc)

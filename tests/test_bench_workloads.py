@@ -18,7 +18,7 @@ from benchmarks.training import HIDDEN
 from benchmarks.workloads import WORKLOADS
 from peers import jax_peers, torch_peers
 from peers.common import TRAIN_ROWS, Workload, features, step_indices
-from rawgpu.model.mlp import MLP, feature_scaling, target_scaling
+from rawgpu.model.mlp import MLP, feature_scaling, kept_features, target_scaling
 
 
 def small(name: str, rows: int = 4000, args=("--workload", "all")):
@@ -161,7 +161,7 @@ def test_the_peers_standardize_as_rawgpu(name):
     assert (rr.inputs, rr.classes, rr.train_rows, rr.test_rows) == (w.features, w.classes or w.outputs, 3600, 400)
     model = MLP(rr)  # the plan only: device_features and device_targets need no GPU
     kept = model.device_features(data.train_images, "training")
-    np.testing.assert_array_equal(tables.device_features(data.train_images, rr.input_dtype), kept)
+    np.testing.assert_array_equal(kept_features(data.train_images, rr.input_dtype, "training"), kept)
     if rr.standardize:
         for got, want in zip(feat, feature_scaling(kept)):
             assert got.dtype == np.float32

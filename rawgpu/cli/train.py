@@ -20,6 +20,7 @@ from .common import (add_device_option, add_step_option, add_version_option, che
 from .console import RunInfo, Summary
 from ..runtime.driver import WATCHDOG_SECONDS, set_watchdog
 from ..runtime.errors import RawgpuError, StepUnsupported, interrupt_status, stop_on_sigterm
+from ..data.arrays import TEST_FRACTION
 from ..data.datasets import DATASET_NAMES
 from ..steps import MODES
 from ..training.trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged, check_resumable
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--test", metavar="PATH", default=None,
                    help="--data: the test set, a file with the same columns; default a --test-fraction of the rows")
     d.add_argument("--test-fraction", metavar="F", type=fraction, default=None,
-                   help="--data: the share of its rows held out for testing, chosen by --seed (default 0.1)")
+                   help=f"--data: the share of its rows held out for testing, chosen by --seed (default "
+                        f"{TEST_FRACTION:g})")
     d.add_argument("--val-fraction", metavar="F", type=fraction, default=None,
                    help="hold out this share of the training rows (chosen by --seed) and score every epoch on them; "
                         "the test set is scored once, at the end")
@@ -223,7 +225,7 @@ def read_data(args: argparse.Namespace, console):
     if args.data is None:
         return load_dataset(args.dataset, args.data_dir, progress=console.download)
     return Dataset.from_tables(args.data, target=args.target, features=args.features, test=args.test,
-                               test_fraction=args.test_fraction or 0.1, regression=args.loss != "xent",
+                               test_fraction=args.test_fraction or TEST_FRACTION, regression=args.loss != "xent",
                                seed=args.seed, progress=console.reading)
 
 

@@ -51,12 +51,18 @@ def _features(x: Any, what: str) -> np.ndarray:
             a = a.reshape(len(a), -1)
         else:
             raise DataError(f"{what}: expected rows x features, got shape {a.shape}")
-    if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) or np.iscomplexobj(a):
-        raise DataError(f"{what}: holds {a.dtype}, not real numbers")
     if len(a) == 0:
         raise DataError(f"{what}: no rows")
     if not 1 <= a.shape[1] <= MAX_INPUTS:
         raise DataError(f"{what}: {a.shape[1]} features per row; rawgpu takes 1 to {MAX_INPUTS}")
+    return numbers(a, what)
+
+
+def numbers(a: np.ndarray, what: str) -> np.ndarray:
+    """Rows of features [N, F] as the GPU takes them: uint8, float16 and float32 as they are, other real numbers as
+    float32 (checked to fit); DataError naming the row and column of a value that is no number or not finite."""
+    if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) or np.iscomplexobj(a):
+        raise DataError(f"{what}: holds {a.dtype}, not real numbers")
     if a.dtype not in (np.uint8, np.float16, np.float32):
         wide = a.astype(np.float64)
         big = np.abs(wide) > np.finfo(np.float32).max
@@ -191,8 +197,7 @@ def from_tables(path: str | Path, *, target: str | Sequence[str] | None = None, 
 
 
 def _npz_has(path: Path, key: str) -> bool:
-    with np.load(path, allow_pickle=False) as z:
-        return key in z.files
+    return path.is_file() and key in tables.npz_keys(path)
 
 
 def scored_table(path: str | Path, columns: dict[str, Any] | None, regression: bool, classes: int,

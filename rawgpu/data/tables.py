@@ -88,14 +88,11 @@ def read_features(path: str | Path, features: Sequence[str] | None, width: int) 
     `width` columns (or more: the target's, last, are left out)."""
     path, suffix = _table_file(path)
     if suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                key = "x_test" if "x_test" in z.files else "x_train" if "x_train" in z.files else None
-                if key is None:
-                    raise DataError(f"{path}: no x_test or x_train array (it holds {', '.join(z.files) or 'none'})")
-                x = z[key]
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-            raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+        arrays = _npz_arrays(path)
+        key = "x_test" if "x_test" in arrays else "x_train" if "x_train" in arrays else None
+        if key is None:
+            raise DataError(f"{path}: no x_test or x_train array (it holds {', '.join(sorted(arrays)) or 'none'})")
+        x = arrays[key]
         columns = [x[:, j] for j in range(x.shape[1])] if x.ndim == 2 else None
         if columns is None:
             raise DataError(f"{path}: {key} must be rows x features, got shape {x.shape}")
@@ -118,15 +115,13 @@ def read_features(path: str | Path, features: Sequence[str] | None, width: int) 
             raise DataError(f"{path}: no column {missing[0]!r}, a feature of the model (columns: {_listed(names)})")
     if len(picked) != width:
         raise DataError(f"{path}: {len(picked)} feature columns; the model takes {width}")
-    by_name = {n: _array(c) for n, c in zip(names, columns) if n in picked}
+    by_name = dict(zip(names, columns))
     for f in picked:
-        _numeric(path, by_name[f], f"column {f!r}")
-    x = np.stack([by_name[f] for f in picked], axis=1)
-    x = _feature_dtype(path, x, "the features")
-    _finite(path, x, picked)
-    if len(x) == 0:
+        if not isinstance(by_name[f], _Converted):
+            _numeric(path, by_name[f], f"column {f!r}")
+    if len(columns[0]) == 0:
         raise DataError(f"{path}: no rows")
-    return x
+    return _feature_rows(path, by_name, picked, len(columns[0]))
 
 
 def labels(table: Table, classes: int | None = None) -> tuple[np.ndarray, int]:
@@ -194,15 +189,28 @@ def _npy(path: Path) -> tuple[list[np.ndarray], list[str]]:
     return [a[:, j] for j in range(a.shape[1])], [str(j) for j in range(a.shape[1])]
 
 
+def npz_keys(path: Path) -> list[str]:
+    """The arrays an .npz file holds (none read), or one line where it is not a readable .npz file."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return list(z.files)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+
+
+def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+
+
 def _npz(path: Path, split_name: str, target, features) -> Table:
     if target is not None or features is not None:
         raise DataError(f"{path}: --target and --features pick columns of .npy, CSV and Parquet files; an .npz holds "
                         "x_train and y_train")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+    arrays = _npz_arrays(path)
     xk, yk = f"x_{split_name}", f"y_{split_name}"
     if xk not in arrays or yk not in arrays:
         raise DataError(f"{path}: no {xk} and {yk} arrays (it holds {', '.join(sorted(arrays)) or 'none'})")
@@ -420,20 +428,27 @@ def _select(path: Path, columns: list[np.ndarray], names: list[str], target, fea
     by_name = dict(zip(names, columns))
     y = np.stack([_array(by_name[t]).astype(np.float64) for t in wanted], axis=1)
     _finite(path, y, wanted)
+    x = _feature_rows(path, by_name, picked, len(y))
+    _check_shape(path, x)
+    return Table(x, y, tuple(picked), tuple(wanted), str(path))
+
+
+def _feature_rows(path: Path, by_name: dict, picked: list[str], n: int) -> np.ndarray:
+    """The picked columns as the rows the GPU takes [n, len(picked)]: uint8 or float16 where every column is, else
+    float32; every value finite (else the first bad one named by row and column)."""
     for f in picked:  # a column of text or with a missing value: converted (and checked, naming its row) first
         if isinstance(by_name[f], _Converted) and by_name[f].direct is None:
             by_name[f].get()
     dtypes = {by_name[f].dtype for f in picked}
     dtype = np.uint8 if dtypes == {np.dtype(np.uint8)} else np.float16 if dtypes == {np.dtype(np.float16)} \
         else np.float32
-    x, finite = _rows(len(y), [by_name[f] for f in picked], dtype)
-    if not finite:  # the first bad value named
+    x, finite = _rows(n, [by_name[f] for f in picked], dtype)
+    if not finite:
         row, j = np.argwhere(~np.isfinite(x))[0]
         value = _part(by_name[picked[j]], row, row + 1)[0]
         why = "every value must be finite" if not np.isfinite(float(value)) else f"too large for {x.dtype}"
         raise DataError(f"{path}: row {row + 1}, column {picked[j]!r}: {_shown(value)} ({why})")
-    _check_shape(path, x)
-    return Table(x, y, tuple(picked), tuple(wanted), str(path))
+    return x
 
 
 ROW_BLOCK = 1 << 14  # rows a thread turns from columns into rows at a time: its block stays in the core's cache

@@ -29,7 +29,7 @@ from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
 from ..contract import OPTIM_WORDS
 from ..kernels import loss as kl
-from ..runtime.errors import OutOfMemoryError
+from ..runtime.errors import DataError, OutOfMemoryError
 from ..runtime.memory import Arena, Tensor, format_bytes
 from .recipe import INPUT_DTYPES, Recipe, cdiv, loss_scale, pad8
 
@@ -260,22 +260,8 @@ class MLP:
             self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
 
     def device_features(self, x: np.ndarray, what: str) -> np.ndarray:
-        """Features [N, inputs] as the device keeps them (recipe.input_dtype): bytes stay bytes (as pixels), numbers
-        become fp16 or fp32; ValueError where a value is beyond fp16's range or bytes are asked of floats."""
-        want = self.images.dtype
-        x = np.asarray(x).reshape(len(x), self.recipe.inputs)
-        if x.dtype == want:
-            return x
-        if want == np.uint8:
-            raise ValueError(f"{what}: {x.dtype} features cannot be kept as bytes (input_dtype u8 is for 0..255 "
-                             "pixels); use fp16 or fp32")
-        if want == np.float16 and x.dtype != np.uint8:
-            big = np.abs(x) > float(np.finfo(np.float16).max)
-            if big.any():
-                row, col = np.argwhere(big)[0]
-                raise ValueError(f"{what}: row {row}, column {col}: {x[row, col]:g} is beyond fp16's range (65504); "
-                                 "keep the features as fp32 (input_dtype fp32, --input-dtype fp32)")
-        return x.astype(want) if x.dtype != np.uint8 else (x * np.float32(1.0 / 255.0)).astype(want)  # as the gather
+        """Features [N, inputs] as this model keeps them (kept_features)."""
+        return kept_features(np.asarray(x).reshape(len(x), self.recipe.inputs), self.recipe._input_dtype, what)
 
     def device_targets(self, y: np.ndarray, rows: int) -> np.ndarray:
         """Labels or values as `targets` keeps them (a regression's standardized: set_target_scaling)."""
@@ -568,6 +554,29 @@ class MLP:
             if w[lay.fan_in:].any() or w[:, lay.fan_out:].any() or b[lay.fan_out:].any():
                 return False
         return True
+
+
+def kept_features(x: np.ndarray, input_dtype: str, what: str) -> np.ndarray:
+    """Features [N, F] as the device keeps them (recipe.input_dtype): bytes stay bytes (as pixels), numbers become
+    fp16 or fp32 (bytes / 255 in fp32 first, as the gather scales pixels); DataError where a finite value is beyond
+    fp16's range or bytes are asked of floats."""
+    want = np.dtype(INPUT_DTYPES[input_dtype])
+    if x.dtype == want:
+        return x
+    if want == np.uint8:
+        raise DataError(f"{what}: {x.dtype} features cannot be kept as bytes (input_dtype u8 is for 0..255 "
+                        "pixels); use fp16 or fp32")
+    if x.dtype == np.uint8:
+        return (x * np.float32(1.0 / 255.0)).astype(want)
+    with np.errstate(over="ignore"):
+        out = x.astype(want)
+    if want == np.float16 and np.isinf(out).any():  # a finite feature beyond fp16's range became inf
+        big = np.isinf(out) & np.isfinite(x)
+        if big.any():
+            row, col = np.argwhere(big)[0]
+            raise DataError(f"{what}: row {row}, column {col}: {x[row, col]:g} is beyond fp16's range (65504); "
+                            "keep the features as fp32 (input_dtype fp32, --input-dtype fp32)")
+    return out
 
 
 def regression_errors(sums, values: int, sst: float | None = None, scale: float = 1.0) -> tuple[float, float, float]:

@@ -297,7 +297,7 @@ class Trainer:
 
         self._session = Session(recipe, device, on_compile=on_compile, step_kind=step, options=options, rank=rank)
         self.model, self.stream = self._session.model, self._session.stream
-        if recipe.regression:  # the checkpoint's target standardization, else the training targets'
+        if recipe.regression and (checkpoint is not None or data is not None):  # else untrained: no scaling
             from ..model.mlp import target_scaling
 
             self.model.set_target_scaling(*(checkpoint.target_scaling if checkpoint is not None
@@ -570,24 +570,18 @@ class Trainer:
         """Class probabilities (float64 [N, classes]) or a regression's values (float64 [N, outputs]) of rows of
         features [N, inputs] (uint8 images also [N, rows, cols]; features as the model was trained on: bytes for a
         model of bytes, numbers otherwise, with its standardization applied on the GPU)."""
-        from ..data.arrays import host_array
+        from ..data.arrays import host_array, numbers
 
         self._check_open()
         x = host_array(images, "images" if self.recipe._input_dtype == "u8" else "rows")
         r = self.recipe
         if r._input_dtype == "u8" and x.dtype != np.uint8:
             raise ValueError(f"images must be uint8 (0..255 per pixel), got {x.dtype}")
-        if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
-            raise ValueError(f"rows must hold real numbers, got {x.dtype}")
         x = x.reshape(len(x), -1) if x.ndim >= 2 else x.reshape(1, -1)
         if x.shape[1] != r.inputs:
             what = "pixels" if r._input_dtype == "u8" else "features"
             raise ValueError(f"the rows have {x.shape[1]} {what} each; the model takes {r.inputs}")
-        if x.dtype not in (np.uint8, np.float16, np.float32):
-            x = x.astype(np.float32)
-        if x.dtype != np.uint8 and not np.isfinite(x).all():
-            row = int(np.argwhere(~np.isfinite(x))[0][0])
-            raise ValueError(f"row {row} holds NaN or infinite features")
+        x = numbers(x, "rows")  # the checks a training set gets: real, finite, within float32
         if len(x) == 0:
             return np.zeros((0, r.classes))
         out = self.model.logits(x, self.stream)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rawgpu.model.recipe import INPUT_DTYPES, Recipe
+from rawgpu.model.recipe import Recipe
 from .training import RECIPES, rawgpu_recipe, timed_run, with_optimizer
 from .workloads import WORKLOADS, Workload, generate
 
@@ -66,23 +66,14 @@ def table_recipe(h, recipe: dict, steps: int, seed: int, w: Workload, data) -> R
     return fit_to_data(replace(rawgpu_recipe(h, recipe, steps, seed), loss=w.loss, standardize=standardizes(w)), data)
 
 
-def device_features(x: np.ndarray, input_dtype: str) -> np.ndarray:
-    """Features as the GPU keeps them (rawgpu's MLP.device_features, without its checks): bytes stay bytes for u8;
-    else fp16 or fp32, bytes read as / 255."""
-    want = np.dtype(INPUT_DTYPES[input_dtype])
-    if x.dtype == want:
-        return x
-    return x.astype(want) if x.dtype != np.uint8 else (x * np.float32(1.0 / 255.0)).astype(want)
-
-
 def scalings(data, recipe: Recipe) -> tuple:
     """(the features' (mean, inv_std) where the recipe standardizes, else None; a regression's targets' (mean,
     scale), else None), as rawgpu's trainer computes them from the training split: feature_scaling of the features
     as the GPU keeps them, target_scaling of the targets. rawgpu and every peer train with these."""
-    from rawgpu.model.mlp import feature_scaling, target_scaling
+    from rawgpu.model.mlp import feature_scaling, kept_features, target_scaling
 
-    features = (feature_scaling(device_features(data.train_images, recipe.input_dtype)) if recipe.standardize
-                else None)
+    features = (feature_scaling(kept_features(data.train_images, recipe.input_dtype, "training"))
+                if recipe.standardize else None)
     return features, target_scaling(data.train_labels) if recipe.regression else None
 
 
