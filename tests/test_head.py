@@ -40,7 +40,21 @@ def test_the_instance_is_the_smallest_batch_tile_and_the_optimisers_family():
     assert H.plan_head(33, 256, "sgd").kernel == "head_step_b64_sgd"
     assert H.plan_head(128, 256, "adam").kernel == "head_step_b128_adam"
     assert H.plan_head(129, 256, "adamw").kernel == "head_step_b256_adam"
+    assert H.plan_head(128, 256, "adam", loss="huber").kernel == "head_step_b128_adam_regression"
     assert set(contract.head_kernels()) == set(contract.split_kernels(H.SOURCE))
+    # the models step's build (head_models.cu) makes cross-entropy's instances only
+    assert set(contract.split_kernels(contract.HEAD_MODELS_SOURCE)) == set(contract.head_kernels(("xent",)))
+
+
+def test_a_regression_head_holds_its_targets_and_error_sums():
+    """The regression's instance keeps each row's 16 fp32 targets and two error sums where cross-entropy keeps a label
+    and a hit; the rest of the layout is the same."""
+    for rows in contract.HEAD_BATCHES:
+        extra = rows * 4 * (contract.HEAD_CLASSES - 1) + rows * 4
+        assert contract.head_smem_fixed(rows, "regression") == contract.head_smem_fixed(rows) + extra
+        assert contract.head_smem_per_row(rows, "regression") == contract.head_smem_per_row(rows)
+    with pytest.raises(ValueError, match="unknown loss"):
+        H.plan_head(32, 64, loss="hinge")
 
 
 def test_only_sm90_fp32_batches_up_to_256_with_16_padded_classes_fuse():
@@ -173,3 +187,83 @@ def _reference_from_logits(z16, labels, classes, scale):
     d = np.zeros((len(labels), 16))
     d[:, :classes] = (e / e.sum(axis=1, keepdims=True) - np.eye(classes)[labels]) * scale
     return z, loss, int((z.argmax(axis=1) == labels).sum()), d
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,K,outputs,loss,opt", [
+    (128, 256, 1, "mse", "plain"), (7, 104, 3, "l1", "momentum"), (32, 1000, 16, "huber", "adam"),
+    (256, 2048, 5, "mse", "adamw"), (100, 520, 2, "huber", "nesterov"), (64, 4096, 1, "l1", "adam")])
+def test_regression_against_float64(device, stream, kernels, rng, B, K, outputs, loss, opt):
+    """A regression's head: predictions, the three sums (loss, squared and absolute errors), d(pred) = l'(pred - y) x
+    scale / (B outputs), dh, the step on W and b, against float64 from fresh inputs; outputs poisoned first, the same
+    bits across two runs."""
+    if int(device.arch.removeprefix("sm_")) < 90:
+        pytest.skip(f"the head kernel needs thread-block clusters (sm_90+); this GPU is {device.arch}")
+    from gpu_checks import assert_same_bytes, run_twice
+
+    from rawgpu.runtime.memory import Arena
+
+    grad_scale = 512.0
+    plan = H.plan_head(B, K, OPTIMIZERS[opt].optimizer, loss=loss)
+    assert plan.task == "regression"
+    states = OPTIMIZERS[opt]._state_tensors
+    o = table(opt, lr=0.01)
+    h = np.maximum(rng.uniform(-1, 1, (B, K)), 0).astype(np.float16)
+    w = np.zeros((K, 16), np.float32)
+    w[:, :outputs] = rng.uniform(-1, 1, (K, outputs)) / np.sqrt(K) * 4
+    b = np.zeros(16, np.float32)
+    b[:outputs] = rng.uniform(-0.5, 0.5, outputs)
+    mw, vw = random_state(rng, (K, 16), states, 2.0)
+    mb, vb = random_state(rng, 16, states, 2.0)
+    y = rng.normal(0.0, 1.5, (B, outputs)).astype(np.float32)  # errors both within and past Huber's delta
+    before = np.array([1.5, 2.5, 3.5])
+    with Arena() as arena:
+        th, ty = arena.tensor("h", (B, K), np.float16), arena.tensor("y", (B, outputs), np.float32)
+        twlo, tw16 = arena.tensor("wlo", (K, 16), np.int16), arena.tensor("w16", (K, 16), np.float16)
+        tb, topt = arena.tensor("b", (16,), np.float32), arena.tensor("optim", (OPTIM_WORDS,), np.float32)
+        tz, td = arena.tensor("pred", (B, 16), np.float16), arena.tensor("dpred", (B, 16), np.float16)
+        tdh = arena.tensor("dh", (B, K), np.float16)
+        tsums = arena.tensor("sums", (3,), np.float64)
+        held = [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
+        tstate = {name: arena.tensor(name, a.shape, np.float32) for name, a in held}
+        arena.allocate()
+        th.upload(h)
+        ty.upload(y)
+        topt.upload(optimizer.words(o))
+        launch = H.head_step(kernels, plan, th, ty, twlo, tw16, tb, topt, tz, td, tdh, tsums, None, outputs,
+                             grad_scale, loss=loss, **{n: tstate.get(n) for n in ("mw", "vw", "mb", "vb")})
+        hi, lo = master.split(w)
+        state = [(twlo, lo), (tw16, hi), (tb, b), (tsums, before)] + [(tstate[name], a) for name, a in held]
+        outs = [tz, td, tdh, twlo, tw16, tb, tsums] + [tstate[name] for name, _ in held]
+        runs = run_twice(launch, stream, state, [tz, td, tdh], outs)
+    z_ref = _reference_logits(h, w, b)
+    for z, d, dh, wlo, w16, b_new, sums, *got_state in runs:
+        for name, out in (("pred", z), ("dpred", d), ("dh", dh)):
+            assert np.isfinite(out.astype(np.float64)).all(), f"{name} not written everywhere"
+        err = np.linalg.norm(z[:, :outputs] - z_ref[:, :outputs]) / np.linalg.norm(z_ref[:, :outputs])
+        assert err <= 2e-3, f"pred rel err {err:.2e}"
+        # the rest follows from the predictions as stored (fp16), as in the separate kernels
+        e = z.astype(np.float64)[:, :outputs] - y
+        a = np.abs(e)
+        per = {"mse": e * e, "l1": a, "huber": np.where(a <= 1, 0.5 * e * e, a - 0.5)}[loss]
+        grad = {"mse": 2 * e, "l1": np.sign(e), "huber": np.clip(e, -1, 1)}[loss]
+        want = np.array([per.mean(axis=1).sum(), (e * e).sum(), a.sum()])
+        assert np.allclose(sums - before, want, rtol=1e-5, atol=1e-5), (sums - before, want)
+        d_ref = np.zeros((B, 16))
+        d_ref[:, :outputs] = grad * grad_scale / (B * outputs)
+        err = np.linalg.norm(d - d_ref) / np.linalg.norm(d_ref)
+        assert err <= 2e-3 and not d[:, outputs:].any(), f"dpred rel err {err:.2e}"
+        d64 = d.astype(np.float64)
+        dh_ref = (d64 @ w.astype(np.float16).astype(np.float64).T) * (h > 0)
+        err = np.linalg.norm(dh - dh_ref) / np.linalg.norm(dh_ref)
+        assert err <= 2e-3, f"dh rel err {err:.2e}"
+        w_ref, mw_ref, vw_ref = update_reference(o, w, h.astype(np.float64).T @ d64, mw, vw)
+        check_master_update(w, w16, wlo, w_ref)
+        b_ref, mb_ref, vb_ref = update_reference(o, b, d64.sum(axis=0), mb, vb)
+        assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
+        got = dict(zip([name for name, _ in held], got_state))
+        if states:
+            assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
+        if states > 1:
+            assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
+    assert_same_bytes(runs)

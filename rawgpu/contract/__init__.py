@@ -37,7 +37,7 @@ from .gemm import (  # noqa: F401
     MAX_CLUSTER_SPLITS, PERSIST_BLOCKS_PER_SM, STREAM_CONFIG, TMA_ROLES, UPDATE_EPILOGUES, GemmConfig, all_kernel_names,
     config_for, instance_name, kernel_name, stream_stages)
 from .head import (  # noqa: F401
-    HEAD_BATCHES, HEAD_CLASSES, HEAD_FAMILIES, HEAD_MAX_CTAS, HEAD_THREADS, head_kernel_name, head_kernels,
+    HEAD_BATCHES, HEAD_CLASSES, HEAD_FAMILIES, HEAD_MAX_CTAS, HEAD_TASKS, HEAD_THREADS, head_kernel_name, head_kernels,
     head_smem_bytes, head_smem_fixed, head_smem_per_row)
 from .loss import XENT_MAX_THREADS  # noqa: F401
 from .model_axis import (  # noqa: F401

@@ -16,7 +16,7 @@ from .fused import FS_KERNELS, fused_facts
 from .gather import gather_facts
 from .gemm import (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, all_kernel_names, epilogue_facts, gemm_facts,
                    gemm_tma_facts, gemm_wgmma_facts)
-from .head import head_facts, head_kernels
+from .head import head_facts, head_kernels, head_models_facts
 from .loss import loss_facts
 from .model_axis import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
                      HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, gemm_model_kernels, gemm_models_facts)
@@ -35,20 +35,20 @@ SOURCES = {
     GEMM_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_facts),
     GEMM_TMA_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_tma_facts),
     GEMM_WGMMA_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_wgmma_facts),
-    "head.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, head_facts),
+    "head.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, loss_facts, head_facts),
     "loss.cu": (loss_facts,),
     # the models step's: a family's source with its model axis (contract/model_axis.py)
     GATHER_MODELS_SOURCE: (schedule_facts, optim_facts, gather_facts),
     DX_UPDATE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_update_facts),
     ELEMENTWISE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, elementwise_facts),
     GEMM_MODELS_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_models_facts),
-    HEAD_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, head_facts),
+    HEAD_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, loss_facts, head_models_facts),
     LOSS_MODELS_SOURCE: (loss_facts,),
 }
 
 # They list instances: built one at a time too.
 _INSTANCE_FACTS = (cluster_facts, fused_facts, gemm_facts, gemm_tma_facts, gemm_wgmma_facts, dx_update_facts,
-                   head_facts, gemm_models_facts)
+                   head_facts, head_models_facts, gemm_models_facts)
 
 
 # The sources that run Hopper's warpgroup MMA on sm_90: gemm_wgmma.cu's tiles, dx_update.cu's weight gradient
@@ -74,8 +74,10 @@ def split_kernels(source: str, arch: str | None = None) -> list[str]:
         return list(FS_KERNELS)
     if source in ("dx_update.cu", DX_UPDATE_MODELS_SOURCE):
         return dxu_kernels(arch) if arch else [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES]
-    if source in ("head.cu", HEAD_MODELS_SOURCE):
+    if source == "head.cu":
         return head_kernels()
+    if source == HEAD_MODELS_SOURCE:
+        return head_kernels(("xent",))
     if source == GEMM_MODELS_SOURCE:
         return gemm_model_kernels()
     return []

@@ -4,6 +4,7 @@
 #include "common.cuh"
 #include "pdl.cuh"
 #include "exact_sum.cuh"
+#include "regression.cuh"
 
 // XENT_MAX_WARPS: the warps of the largest block the launcher gives (rawgpu/contract/loss.py: XENT_MAX_THREADS), a -D
 // option.
@@ -112,7 +113,7 @@ softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ 
 }
 
 // Regression: a warp per row as softmax_xent, lanes over the row's K outputs (K <= 64). Per row, with e = pred - y:
-// the loss (1/K) sum of l(e) (kind 0: e^2; 1: |e|; 2: Huber with delta 1, e^2 / 2 within 1, |e| - 1/2 past it), and
+// the loss (1/K) sum of l(e) (regression.cuh: e^2, |e| or Huber's by `kind`), and
 // for the metrics sum e^2 and sum |e|; dpred[r, k] = l'(e) * grad_scale (the launcher folds the loss scale, 1 / rows
 // and 1 / K into it), 0 for the padding columns up to ld; dpred == nullptr: evaluation, metrics only.
 // sums[0..2] += loss, squared, absolute (exact across blocks as softmax_xent's: scratch 3 int64, ticket).
@@ -132,9 +133,8 @@ regression_loss(const half_t* __restrict__ pred, int ld, const float* __restrict
         const float* y = targets + (i64)r * outputs;
         float loss = 0.f, sq = 0.f, ab = 0.f;
         for (int k = lane; k < outputs; k += 32) {
-            const float e = f16_to_f32(z[k]) - y[k], a = fabsf(e);
-            sq += e * e, ab += a;
-            loss += kind == REG_MSE ? e * e : kind == REG_L1 ? a : (a <= 1.f ? 0.5f * e * e : a - 0.5f);
+            const float e = f16_to_f32(z[k]) - y[k];
+            sq += e * e, ab += fabsf(e), loss += regression_loss_of(e, kind);
         }
         loss = warp_sum(loss), sq = warp_sum(sq), ab = warp_sum(ab);
         if (lane == 0) acc_loss += (double)(loss * inv_k), acc_sq += (double)sq, acc_abs += (double)ab;
@@ -142,11 +142,7 @@ regression_loss(const half_t* __restrict__ pred, int ld, const float* __restrict
             half_t* d = dpred + (i64)r * ld;
             for (int k = lane; k < ld; k += 32) {
                 float g = 0.f;
-                if (k < outputs) {
-                    const float e = f16_to_f32(z[k]) - y[k];
-                    g = (kind == REG_MSE ? 2.f * e : kind == REG_L1 ? (e > 0.f) - (e < 0.f) : fminf(1.f, fmaxf(-1.f, e))) *
-                        grad_scale;
-                }
+                if (k < outputs) g = regression_grad_of(f16_to_f32(z[k]) - y[k], kind) * grad_scale;
                 d[k] = f32_to_f16(g);
             }
         }

@@ -1,5 +1,5 @@
-"""Launcher for head.cu: the classifier head's forward, loss, backward and optimiser step in one cluster launch
-(sm_90).
+"""Launcher for head.cu: the head's forward, loss (softmax cross-entropy, or a regression's), backward and optimiser
+step in one cluster launch (sm_90).
 
 `plan_head` is plain Python (tested on CPU): the instance (batch tile, optimiser family), how many CTAs share the
 head's rows, and the shared memory each needs.
@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import contract
 from ..runtime.compiler import unit_of
+from ..contract.loss import REGRESSION_LOSSES
 from ..contract.optim import update_family
 from ..contract.shapes import cdiv
 from . import Kernels, require, require_slope
@@ -57,6 +58,7 @@ class HeadPlan:
     ctas: int  # the cluster
     kc: int  # rows of W per CTA, a multiple of 16
     family: str  # "sgd" or "adam": the instance's update
+    task: str = "xent"  # contract.HEAD_TASKS: "xent" or "regression"
 
     @property
     def rows(self) -> int:
@@ -64,11 +66,11 @@ class HeadPlan:
 
     @property
     def kernel(self) -> str:
-        return contract.head_kernel_name(self.rows, self.family)
+        return contract.head_kernel_name(self.rows, self.family, self.task)
 
     @property
     def smem_bytes(self) -> int:
-        return contract.head_smem_bytes(self.rows, self.kc)
+        return contract.head_smem_bytes(self.rows, self.kc, self.task)
 
     @property
     def unit(self):
@@ -76,10 +78,14 @@ class HeadPlan:
         return unit_of(SOURCE, self.kernel)
 
 
-def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None) -> HeadPlan | None:
+def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None, loss: str = "xent"
+              ) -> HeadPlan | None:
     """CTAs: 8 (a portable cluster) up to 2048 inputs, 16 above, so each holds at most 256 (or K / 16) rows, and at
     least MIN_CTAS (at K <= 16 the second holds none); None when K is too wide for 16 CTAs' shared memory at this
-    batch."""
+    batch. loss: "xent", or a regression's (REGRESSION_LOSSES)."""
+    if loss != "xent" and loss not in REGRESSION_LOSSES:
+        raise ValueError(f"unknown loss {loss!r}: use xent or one of {', '.join(REGRESSION_LOSSES)}")
+    task = "xent" if loss == "xent" else "regression"
     rows = batch_tile(B)
     if B < 1 or rows is None:
         raise ValueError(f"the head step takes 1..{MAX_BATCH} batch rows, got {B}")
@@ -89,24 +95,31 @@ def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None) -
     if not 1 <= c <= MAX_CTAS:
         raise ValueError(f"a cluster holds 1..{MAX_CTAS} CTAs, got {c}")
     kc = cdiv(cdiv(K, c), 16) * 16
-    if contract.head_smem_bytes(rows, kc) > SMEM_LIMIT:
+    if contract.head_smem_bytes(rows, kc, task) > SMEM_LIMIT:
         return None
-    return HeadPlan(B, K, max(MIN_CTAS, cdiv(K, kc)), kc, update_family(optimizer))
+    return HeadPlan(B, K, max(MIN_CTAS, cdiv(K, kc)), kc, update_family(optimizer), task)
 
 
 def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "Tensor", w16: "Tensor",
               bias: "Tensor", optim: "Tensor", logits: "Tensor", dlogits: "Tensor", dh: "Tensor", loss_sum: "Tensor",
               correct: "Tensor", classes: int, grad_scale: float, step: "Tensor | None" = None,
               mw: "Tensor | None" = None, vw: "Tensor | None" = None, mb: "Tensor | None" = None,
-              vb: "Tensor | None" = None, slope: "Tensor | None" = None) -> "Launch":
+              vb: "Tensor | None" = None, slope: "Tensor | None" = None, loss: str = "xent") -> "Launch":
     """h [B, K] (the top hidden layer's output; slope: act' at h as the forward saved it, of dh's shape, where the
     backward reads it); the head's master as wlo (int16) and W16
     [K, 16] and its bias [16] (all updated) with the optimiser's state mw, vw [K, 16] and mb, vb [16] (fp32; None
     where the optimiser keeps none); optim: the optimiser table (contract.Optim); logits, dlogits [B, 16] and dh
     [B, K] written; loss_sum += the rows' cross-entropy, correct += their hits. grad_scale: the loss scale (dlogits
     are d(loss)/d(z) x grad_scale / B). step: a training step counter to move forward by one (the layered step's
-    own, so it needs no extra launch)."""
+    own, so it needs no extra launch).
+
+    A regression's plan (loss mse, l1 or huber: the plan's task): labels are its targets, float32 [>= B, classes]
+    (the outputs); loss_sum its sums, float64 [3] (+= the rows' losses, squared and absolute errors, as
+    loss.regression_loss's); correct None; dlogits = l'(pred - y) x grad_scale / (B x outputs)."""
     p = plan
+    regression = p.task == "regression"
+    if regression != (loss != "xent") or (regression and loss not in REGRESSION_LOSSES):
+        raise ValueError(f"the plan's head is for {p.task}, not the loss {loss!r}")
     require(h, np.float16, what="h")
     if len(h.shape) != 2 or h.shape[0] < p.B or h.shape[1] < p.K or h.shape[1] % 8:
         raise ValueError(f"h: buffer {h.name} of shape {h.shape} cannot hold {p.B} x {p.K}")
@@ -124,7 +137,12 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
             require(t, np.float32, shape, what)
     if (mb is None) != (mw is None) or (vb is None) != (vw is None):
         raise ValueError("the bias keeps the same optimiser state as the weights")
-    require(labels, np.int32, what="labels")
+    if regression:
+        require(labels, np.float32, what="targets")
+        if len(labels.shape) != 2 or labels.shape[0] < p.B or labels.shape[1] != classes:
+            raise ValueError(f"targets: expected [>= {p.B}, {classes}], got {labels.shape}")
+    else:
+        require(labels, np.int32, what="labels")
     for t, what in ((logits, "logits"), (dlogits, "dlogits")):
         require(t, np.float16, what=what)
         if len(t.shape) != 2 or t.shape[0] < p.B or t.shape[1] != CLASSES:
@@ -133,8 +151,13 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
     if len(dh.shape) != 2 or dh.shape[0] < p.B or dh.shape[1] < p.K or dh.shape[1] % 8:
         raise ValueError(f"dh: buffer {dh.name} of shape {dh.shape} cannot hold {p.B} x {p.K}")
     require_slope(k, slope, dh, "head_step")
-    require(loss_sum, np.float64, (1,), "loss_sum")
-    require(correct, np.int32, (1,), "correct")
+    if regression:
+        require(loss_sum, np.float64, (3,), "sums")
+        if correct is not None:
+            raise ValueError("a regression's head counts no hits: correct must be None")
+    else:
+        require(loss_sum, np.float64, (1,), "loss_sum")
+        require(correct, np.int32, (1,), "correct")
     if not 1 <= classes <= CLASSES:
         raise ValueError(f"the head step takes 1..{CLASSES} classes, got {classes}")
     if not (grad_scale > 0 and np.isfinite(grad_scale)):
@@ -144,5 +167,6 @@ def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "T
     ptr = lambda t: 0 if t is None else t  # noqa: E731
     return k.get(SOURCE, p.kernel).bind(
         p.ctas, THREADS, p.smem_bytes, h, h.shape[1], labels, wlo, w16, ptr(mw), ptr(vw), bias, ptr(mb), ptr(vb),
-        optim, logits, dlogits, dh, dh.shape[1], loss_sum, correct, p.B, p.K, p.kc, classes, grad_scale / p.B,
-        ptr(step), ptr(slope), cluster=p.ctas)
+        optim, logits, dlogits, dh, dh.shape[1], loss_sum, ptr(correct), p.B, p.K, p.kc, classes,
+        grad_scale / (p.B * (classes if regression else 1)), ptr(step), ptr(slope),
+        REGRESSION_LOSSES[loss] if regression else 0, cluster=p.ctas)

@@ -72,8 +72,6 @@ def short_form_reason(recipe: Recipe, arch: str) -> str | None:
 def head_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the head's forward, loss, backward and update are not one cluster kernel here (kernels/head.py); None
     when they are."""
-    if recipe.regression:
-        return "the head kernel computes softmax cross-entropy, not a regression's loss"
     return kh.unsupported_reason(recipe.batch, recipe._kernel_accum, recipe._padded_classes, arch)
 
 
@@ -99,7 +97,8 @@ class LayeredStep(ChainStep):
         plan = functools.partial(kg.plan_gemm, accum=accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
         # the head's forward, loss, backward and update as one cluster kernel where it runs (sm_90)
-        self.head = kh.plan_head(B, padded[-2], r.optimizer) if short and head_reason(r, arch) is None else None
+        self.head = (kh.plan_head(B, padded[-2], r.optimizer, loss=r.loss) if short and head_reason(r, arch) is None
+                     else None)
         one_pass = short and one_pass_reason(r, arch) is None
         n = len(padded) - 1
         self.plans: list[LayerPlans] = []
@@ -166,10 +165,11 @@ class LayeredStep(ChainStep):
                          [pol.forward for pol in self.l2[:n]], slopes=m.slopes[1:n + 1])
         if self.head is not None:  # the head's forward, loss, backward and update in one launch
             lay = m.layers[n]
+            sums, correct = (m.regression_sums, None) if r.regression else (m.loss_sum, m.correct)
             out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.optim, m.acts[-1],
-                                    m.grads[-1], m.grads[n], m.loss_sum, m.correct, r.classes, scale,
+                                    m.grads[-1], m.grads[n], sums, correct, r.classes, scale,
                                     step=m.counter,  # the step counter moves here
-                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, slope=m.slopes[n]))
+                                    mw=lay.mw, vw=lay.vw, mb=lay.mb, vb=lay.vb, slope=m.slopes[n], loss=r.loss))
         else:
             out.append(m.loss(m.acts[-1], m.y, m.grads[-1], r.batch, grad_scale=scale))
         sd = self.sides  # where the updates run beside the chain: their streams, and scratch of their own
