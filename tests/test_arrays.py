@@ -42,10 +42,10 @@ def test_from_arrays_values_are_a_regression_and_images_stay_bytes(rng):
 
 
 class _DeviceArray:
-    """A stand-in for a GPU array handed over by DLPack (device type 2: CUDA)."""
+    """A stand-in for an array on a device rawgpu cannot read, handed over by DLPack (device type 9: Vulkan)."""
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return (9, 0)
 
     def __dlpack__(self, **kw):
         raise AssertionError("must not be read")
@@ -67,7 +67,7 @@ class _DeviceArray:
     ((np.ones((20, 2)), np.zeros(20), np.ones((5, 3)), np.zeros(5)), {}, "x_test: 3 features per row, x_train has 2"),
     ((np.ones((20, 2)), np.zeros(20), np.ones((5, 2))), {}, "give x_test and y_test together"),
     ((np.ones((20, 2)), np.zeros(20)), {"test_fraction": 0.01}, "leaves no test rows"),
-    ((_DeviceArray(), np.zeros(20)), {}, "x_train: a device array (DLPack device type 2); pass it as a host array"),
+    ((_DeviceArray(), np.zeros(20)), {}, "x_train: an array on DLPack device type 9, which rawgpu cannot read"),
 ])
 def test_from_arrays_refuses_bad_arrays_in_one_line(args, kwargs, message):
     with pytest.raises(DataError) as exc:

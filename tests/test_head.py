@@ -15,21 +15,26 @@ from optim_reference import OPTIMIZERS, check_master_update, random_state, rel, 
 # --- CPU ---------------------------------------------------------------------------------------------------------
 
 
-def test_plan_covers_the_rows_with_whole_16_row_slices_that_fit():
+@pytest.mark.parametrize("loss,task", [("xent", "xent"), ("mse", "regression")])
+def test_plan_covers_the_rows_with_whole_16_row_slices_that_fit(loss, task):
+    kc_of = lambda K, ctas: -(-(-(-K // ctas)) // 16) * 16  # noqa: E731
     for B in (1, 32, 33, 100, 128, 200, 256):
         for K in (8, 16, 104, 1000, 1024, 2048, 2056, 4096, 8192, 16384):
-            p = H.plan_head(B, K)
+            p = H.plan_head(B, K, loss=loss)
             ctas = H.PORTABLE_CTAS if K <= 2048 else H.MAX_CTAS
-            kc = -(-(-(-K // ctas)) // 16) * 16
+            if K <= 2048 and contract.head_smem_bytes(H.batch_tile(B), kc_of(K, ctas), task) > H.SMEM_LIMIT:
+                ctas = H.MAX_CTAS  # the portable cluster's rows do not fit: 16 CTAs
             if p is None:
-                assert contract.head_smem_bytes(H.batch_tile(B), kc) > H.SMEM_LIMIT, (B, K)
+                assert contract.head_smem_bytes(H.batch_tile(B), kc_of(K, ctas), task) > H.SMEM_LIMIT, (B, K)
                 continue
+            assert p.task == task
             assert p.rows >= B and p.kc % 16 == 0 and p.smem_bytes <= H.SMEM_LIMIT
             if K > 16:
                 assert (p.ctas - 1) * p.kc < K <= p.ctas * p.kc, "a CTA would hold no rows, or rows would be left over"
             else:
                 assert (p.ctas, p.kc) == (H.MIN_CTAS, 16), "a cluster launch, its second CTA without rows"
             assert p.ctas <= ctas
+    assert H.plan_head(256, 2048, loss="mse").ctas == H.MAX_CTAS, "a regression's targets take more shared memory"
     assert H.plan_head(32, 16384) is not None and H.plan_head(128, 8192) is not None
     assert H.plan_head(32, 24576) is None, "past what 16 CTAs hold the head runs as separate kernels"
     assert H.plan_head(256, 8192) is None

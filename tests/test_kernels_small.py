@@ -119,6 +119,14 @@ def test_the_loss_gives_one_block_a_warp_per_row_and_spread_blocks_eight_warps()
     assert [(c[3][0], c[4][0]) for c in k.calls] == [(1, 1024), (256, 256), (64, 256)]
 
 
+def test_softmax_xent_spreads_long_rows_over_blocks_of_eight():
+    """Above 16 classes a row is long (1000 classes: a lane's 32 values): blocks of 8 rows spread any batch over the
+    SMs; up to 16 the batch takes one block up to 256 rows."""
+    assert [kl.xent_blocks(b, 10) for b in (1, 128, 256, 257)] == [1, 1, 1, 17]
+    assert [kl.xent_blocks(b, 1000) for b in (1, 8, 128, 10000)] == [1, 1, 16, 1250]
+    assert kl.xent_rows_per_block(128, 17) == kl.WIDE_ROWS and kl.xent_rows_per_block(128, 16) is None
+
+
 def test_launchers_match_the_kernel_sources():
     k = _Recorder()
     _valid_calls(k, _plan())
@@ -493,11 +501,12 @@ def _xent_reference(logits: np.ndarray, labels: np.ndarray, classes: int):
 
 
 @gpu
-@pytest.mark.parametrize("classes,ld", [(10, 16), (10, 10), (13, 24), (40, 48)])
+@pytest.mark.parametrize("classes,ld", [(10, 16), (10, 10), (13, 24), (40, 48), (1000, 1000)])
 @pytest.mark.parametrize("batch", [1, 7, 32, 128, 256, 257, 1000, 4096])
 def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
     """Loss, hits and dlogits against float64; one block up to 256 rows, above it blocks of 16 rows whose sums meet
-    exactly (the scratch and ticket left zero); metrics accumulate over launches; bitwise repeatable."""
+    exactly (the scratch and ticket left zero); above 16 classes blocks of 8 rows at any batch; metrics accumulate
+    over launches; bitwise repeatable."""
     logits = (rng.standard_normal((batch + 2, ld)) * 3).astype(np.float16)
     labels = rng.integers(0, classes, size=batch).astype(np.int32)
     if batch >= 2:  # an exact tie: the first max (column 3) is the prediction, so label 7 is a miss
@@ -517,7 +526,8 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
         device.synchronize()
         zero = kl.zero_metrics(kern, t_loss, t_corr)
         train = kl.softmax_xent(kern, t_z, t_lab, t_d, t_loss, t_corr, batch, classes, scratch=sums, ticket=tickets)
-        assert kl.xent_blocks(batch) == (1 if batch <= 256 else -(-batch // 16))
+        assert kl.xent_blocks(batch, classes) == (-(-batch // 8) if classes > 16 else 1 if batch <= 256
+                                                  else -(-batch // 16))
         zero.run(stream)
         train.run(stream)
         d1, loss1, corr1 = t_d.download(), t_loss.download(), t_corr.download()

@@ -263,6 +263,28 @@ RG_DEVICE void column_scaling_body(const In* __restrict__ x, i64 rows, int featu
         column_scaling_body<In>(x, rows, features, chunks, partial, mean, inv_std);                              \
     }
 COLUMN_SCALING_FOR_EACH_KERNEL(COLUMN_SCALING)  // generated: rawgpu/contract/gather.py
+
+// Features handed over on the GPU (rawgpu/runtime/dlpack.py) are checked where they are: *first = the smallest
+// flat index of a value that is not finite (NaN or +-inf), left as it is (the launcher sets it to n) when every value
+// is. fp16 and fp32 only: bytes are always finite. Grid-stride over the n values, 8 per thread.
+template <typename In>
+RG_DEVICE void first_nonfinite_body(const In* __restrict__ x, i64 n, unsigned long long* first) {
+    const i64 step = 8 * (i64)gridDim.x * blockDim.x;
+    for (i64 i0 = 8 * ((i64)blockIdx.x * blockDim.x + threadIdx.x); i0 < n; i0 += step) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (i0 + k < n && !isfinite(gtab::scaled<In>(x[i0 + k]))) {
+                atomicMin(first, (unsigned long long)(i0 + k));
+                break;
+            }
+    }
+}
+extern "C" __global__ void first_nonfinite_f16(const half_t* x, i64 n, unsigned long long* first) {
+    first_nonfinite_body<half_t>(x, n, first);
+}
+extern "C" __global__ void first_nonfinite_f32(const float* x, i64 n, unsigned long long* first) {
+    first_nonfinite_body<float>(x, n, first);
+}
 #endif
 
 // The training step counter moves forward inside the graph.

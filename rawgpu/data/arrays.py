@@ -3,7 +3,8 @@ them), each into the fields of a datasets.Dataset (`Dataset.from_arrays`, `Datas
 problem one line before any GPU work.
 
 Features may be uint8 (read as pixels, / 255), float16 or float32 (other numbers become float32, checked to fit), of
-any width from 1 to MAX_INPUTS; targets are class labels (whole numbers in 0..classes-1, classes 2..MAX_CLASSES) or, for
+any width from 1 to MAX_INPUTS; features already on the GPU (DLPack: a PyTorch tensor, a JAX array) stay there
+(runtime/dlpack.py); targets are class labels (whole numbers in 0..classes-1, classes 2..MAX_CLASSES) or, for
 a regression, 1..MAX_OUTPUTS values per row. Without a test set, a seeded `test_fraction` of the rows is held out, the
 same rows on every host.
 """
@@ -16,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import tables
+from ..runtime.dlpack import DeviceArray, on_gpu
 from ..contract.shapes import MAX_CLASSES, MAX_INPUTS, MAX_OUTPUTS
 from ..runtime.errors import DataError
 
@@ -23,15 +25,18 @@ TEST_FRACTION = 0.1  # held out when no test set is given
 
 
 def host_array(a: Any, what: str) -> np.ndarray:
-    """A NumPy view of `a`: an ndarray, anything with __array__, or a host array handed over by DLPack. A GPU array
-    (DLPack on a device) is refused in one line: copy it to the host first."""
+    """A NumPy view of `a`: an ndarray, anything with __array__, or a host array handed over by DLPack; a GPU array
+    (DLPack on a CUDA device) copied to the host (targets, rows to predict: small next to the features, which
+    `_features` leaves on the GPU)."""
     if isinstance(a, np.ndarray):
         return a
+    if on_gpu(a):
+        return np.asarray(a if isinstance(a, DeviceArray) else DeviceArray(a, what))
     if hasattr(a, "__dlpack_device__"):
         kind = int(a.__dlpack_device__()[0])
         if kind not in (1, 3):  # kDLCPU, kDLCUDAHost: host memory NumPy can view
-            raise DataError(f"{what}: a device array (DLPack device type {kind}); pass it as a host array "
-                            "(for example tensor.cpu() or numpy.asarray(jax_array))")
+            raise DataError(f"{what}: an array on DLPack device type {kind}, which rawgpu cannot read; pass it as a "
+                            "host array or on the GPU")
         try:
             return np.from_dlpack(a)
         except (TypeError, BufferError, RuntimeError):
@@ -42,8 +47,10 @@ def host_array(a: Any, what: str) -> np.ndarray:
         raise DataError(f"{what}: not an array ({type(a).__name__}: {' '.join(str(exc).split())})") from None
 
 
-def _features(x: Any, what: str) -> np.ndarray:
-    a = host_array(x, what)
+def _features(x: Any, what: str) -> np.ndarray | DeviceArray:
+    """Rows x features, checked: a host array as `numbers` takes it, or a GPU array as it is (its values are checked
+    on the GPU, where the model copies it: MLP.upload_data)."""
+    a = (x if isinstance(x, DeviceArray) else DeviceArray(x, what)) if on_gpu(x) else host_array(x, what)
     if a.ndim == 1:
         a = a.reshape(-1, 1)
     if a.ndim != 2:
@@ -55,7 +62,7 @@ def _features(x: Any, what: str) -> np.ndarray:
         raise DataError(f"{what}: no rows")
     if not 1 <= a.shape[1] <= MAX_INPUTS:
         raise DataError(f"{what}: {a.shape[1]} features per row; rawgpu takes 1 to {MAX_INPUTS}")
-    return numbers(a, what)
+    return a if isinstance(a, DeviceArray) else numbers(a, what)
 
 
 def numbers(a: np.ndarray, what: str) -> np.ndarray:
@@ -130,6 +137,9 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
         regression = np.issubdtype(host_array(y_train, "y_train").dtype, np.floating)
     y, outputs = _targets(y_train, len(x), "y_train", bool(regression), classes)
     if x_test is None:
+        if isinstance(x, DeviceArray):
+            raise DataError("x_train is on the GPU: pass x_test and y_test too (rawgpu draws a held-out split from "
+                            "host arrays only)")
         if not 0.0 < test_fraction < 1.0:
             raise DataError(f"from_arrays: test_fraction must be between 0 and 1, got {test_fraction}")
         take = int(round(len(x) * test_fraction))
@@ -144,6 +154,9 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
         xt = _features(x_test, "x_test")
         if xt.shape[1] != x.shape[1]:
             raise DataError(f"x_test: {xt.shape[1]} features per row, x_train has {x.shape[1]}")
+        if xt.dtype != x.dtype and (isinstance(x, DeviceArray) or isinstance(xt, DeviceArray)):
+            raise DataError(f"x_test: {xt.dtype} features, x_train's are {x.dtype} (features on the GPU are used as "
+                            "they are: give both the same dtype)")
         if xt.dtype != x.dtype:
             xt = xt.astype(x.dtype) if x.dtype != np.uint8 else xt
             if xt.dtype != x.dtype:
@@ -160,8 +173,9 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
 
 def _fields(name: str, x, y, xt, yt, outputs: int, source: Path, regression: bool, features: tuple,
             targets: tuple) -> dict[str, Any]:
-    return dict(name=name, train_images=np.ascontiguousarray(x), train_labels=np.ascontiguousarray(y),
-                test_images=np.ascontiguousarray(xt), test_labels=np.ascontiguousarray(yt),
+    kept = lambda a: a if isinstance(a, DeviceArray) else np.ascontiguousarray(a)  # noqa: E731 - GPU arrays stay
+    return dict(name=name, train_images=kept(x), train_labels=np.ascontiguousarray(y),
+                test_images=kept(xt), test_labels=np.ascontiguousarray(yt),
                 image_shape=(1, x.shape[1]), classes=outputs, source=source, regression=regression, features=features,
                 targets=targets)
 

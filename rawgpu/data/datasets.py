@@ -33,6 +33,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from . import arrays
+from ..runtime.dlpack import DeviceArray
 from ..runtime.errors import DataError
 from ..contract.shapes import IDX_MAX_CLASSES
 from ..model.recipe import MAX_INPUTS, SettingError, SettingTypeError, shown
@@ -165,6 +166,9 @@ class Dataset:
         """(the training rows less a seeded `fraction` of them, with those as its test set: what each epoch is
         scored on; the same training rows with the real test set: what the finished model is scored on once)."""
         n = len(self.train_images)
+        if self.on_gpu:
+            raise DataError(f"{self.name}: the training features are on the GPU; rawgpu draws a validation split from "
+                            "host arrays only")
         take = int(round(n * fraction))
         if not 0.0 < fraction < 1.0 or take < 1 or take >= n:
             raise DataError(f"{self.name}: a validation fraction of {fraction} of {n} training rows leaves no "
@@ -186,8 +190,16 @@ class Dataset:
 
     @property
     def input_dtype(self) -> str:
-        """How the GPU keeps the features unless the recipe says otherwise: bytes as pixels (u8), floats as fp16."""
-        return "u8" if self.train_images.dtype == np.uint8 else "fp16"
+        """How the GPU keeps the features unless the recipe says otherwise: bytes as pixels (u8), floats as fp16;
+        features already on the GPU as they are (fp32 stays fp32: no conversion there)."""
+        if self.train_images.dtype == np.uint8:
+            return "u8"
+        return "fp32" if self.on_gpu and self.train_images.dtype == np.float32 else "fp16"
+
+    @property
+    def on_gpu(self) -> bool:
+        """The features were handed over on the GPU (runtime/dlpack.py) and stay there."""
+        return isinstance(self.train_images, DeviceArray) or isinstance(self.test_images, DeviceArray)
 
     def describe(self) -> str:
         """One line for a run's header: 'mnist: 60000 + 10000 images of 28x28, 10 classes'."""
@@ -205,6 +217,9 @@ class Dataset:
     def digest(self) -> str:
         """A digest of the four arrays and the shape (BLAKE2b): equal on every host that holds the same data, which
         the ranks of a job on several hosts compare before they start."""
+        if self.on_gpu:
+            raise DataError(f"{self.name}: features on the GPU train on this process's GPU only; for a job of "
+                            "several ranks pass host arrays or a file")
         h = hashlib.blake2b(digest_size=32)
         h.update(f"{self.name} {self.image_shape} {self.classes} {self.regression}".encode())
         for a in (self.train_images, self.train_labels, self.test_images, self.test_labels):

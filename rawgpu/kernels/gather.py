@@ -181,6 +181,22 @@ def column_scaling(k: Kernels, x: Tensor, mean: Tensor, inv_std: Tensor, partial
                                                              rows, features, chunks, partial, mean, inv_std)]
 
 
+NONFINITE_THREADS = 256
+NONFINITE_BLOCKS_PER_SM = 8
+
+
+def first_nonfinite(k: Kernels, x: Tensor, first: Tensor, sm_count: int) -> Launch:
+    """first[0] = min(first[0], the flat index of x's first value that is NaN or infinite) for fp16 or fp32 x;
+    set first to x.size before the launch, and a value still x.size after it means every value is finite."""
+    kind = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}.get(x.dtype)
+    if kind is None:
+        raise TypeError(f"x: expected float16 or float32 features, got {x.dtype}")
+    require(first, np.uint64, (1,), what="first")
+    n = int(np.prod(x.shape))
+    blocks = max(1, min(-(-n // (8 * NONFINITE_THREADS)), NONFINITE_BLOCKS_PER_SM * sm_count))
+    return k.get(SRC, f"first_nonfinite_{kind}").bind(blocks, NONFINITE_THREADS, 0, x, n, first)
+
+
 def step_increment(k: Kernels, step: Tensor) -> Launch:
     """step[0] += 1 on the device."""
     require(step, np.int64, (1,), what="step")

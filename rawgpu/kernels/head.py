@@ -80,9 +80,9 @@ class HeadPlan:
 
 def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None, loss: str = "xent"
               ) -> HeadPlan | None:
-    """CTAs: 8 (a portable cluster) up to 2048 inputs, 16 above, so each holds at most 256 (or K / 16) rows, and at
-    least MIN_CTAS (at K <= 16 the second holds none); None when K is too wide for 16 CTAs' shared memory at this
-    batch. loss: "xent", or a regression's (REGRESSION_LOSSES)."""
+    """CTAs: 8 (a portable cluster) up to 2048 inputs where their rows fit, else 16, so each holds at most 256 (or
+    K / 16) rows, and at least MIN_CTAS (at K <= 16 the second holds none); None when K is too wide for 16 CTAs'
+    shared memory at this batch. loss: "xent", or a regression's (REGRESSION_LOSSES)."""
     if loss != "xent" and loss not in REGRESSION_LOSSES:
         raise ValueError(f"unknown loss {loss!r}: use xent or one of {', '.join(REGRESSION_LOSSES)}")
     task = "xent" if loss == "xent" else "regression"
@@ -91,13 +91,15 @@ def plan_head(B: int, K: int, optimizer: str = "sgd", ctas: int | None = None, l
         raise ValueError(f"the head step takes 1..{MAX_BATCH} batch rows, got {B}")
     if K < 1 or K % 8:
         raise ValueError(f"the head's inputs must be a positive multiple of 8, got {K}")
-    c = ctas if ctas is not None else (PORTABLE_CTAS if K <= 2048 else MAX_CTAS)
-    if not 1 <= c <= MAX_CTAS:
-        raise ValueError(f"a cluster holds 1..{MAX_CTAS} CTAs, got {c}")
-    kc = cdiv(cdiv(K, c), 16) * 16
-    if contract.head_smem_bytes(rows, kc, task) > SMEM_LIMIT:
-        return None
-    return HeadPlan(B, K, max(MIN_CTAS, cdiv(K, kc)), kc, update_family(optimizer), task)
+    if ctas is not None and not 1 <= ctas <= MAX_CTAS:
+        raise ValueError(f"a cluster holds 1..{MAX_CTAS} CTAs, got {ctas}")
+    # by default the portable cluster up to 2048 inputs, and 16 CTAs where its rows do not fit (a regression's
+    # targets take more shared memory than labels)
+    for c in (ctas,) if ctas is not None else (PORTABLE_CTAS, MAX_CTAS) if K <= 2048 else (MAX_CTAS,):
+        kc = cdiv(cdiv(K, c), 16) * 16
+        if contract.head_smem_bytes(rows, kc, task) <= SMEM_LIMIT:
+            return HeadPlan(B, K, max(MIN_CTAS, cdiv(K, kc)), kc, update_family(optimizer), task)
+    return None
 
 
 def head_step(k: Kernels, plan: HeadPlan, h: "Tensor", labels: "Tensor", wlo: "Tensor", w16: "Tensor",

@@ -21,11 +21,24 @@ THREADS = XENT_MAX_THREADS
 SPREAD_THREADS = 256
 ONE_BLOCK_ROWS = 256
 BLOCK_ROWS = 16
+# Above the one-tile heads' classes a row is long (up to 1000 classes, a lane's 32 values in three passes): a warp
+# per row, in blocks of WIDE_ROWS rows spread over the SMs, so the rows' round trips run side by side.
+WIDE_CLASSES = 16
+WIDE_ROWS = 8
 
 
-def xent_blocks(batch: int) -> int:
+def xent_rows_per_block(batch: int, classes: int = 10) -> int | None:
+    """softmax_xent's rows per block: None where the whole batch takes one block (few classes, batch up to
+    ONE_BLOCK_ROWS), else BLOCK_ROWS (WIDE_ROWS above WIDE_CLASSES classes)."""
+    if classes > WIDE_CLASSES:
+        return WIDE_ROWS
+    return None if batch <= ONE_BLOCK_ROWS else BLOCK_ROWS
+
+
+def xent_blocks(batch: int, classes: int = 10) -> int:
     """softmax_xent's blocks for a batch: above one, the launch needs an exact-sum scratch and ticket."""
-    return 1 if batch <= ONE_BLOCK_ROWS else -(-batch // BLOCK_ROWS)
+    rows = xent_rows_per_block(batch, classes)
+    return 1 if rows is None else -(-batch // rows)
 
 
 def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | None, loss_sum: Tensor,
@@ -54,14 +67,15 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
     require(correct, np.int32, (1,), what="correct")
     if block_rows is not None and block_rows < 1:
         raise ValueError(f"block_rows must be >= 1, got {block_rows}")
-    blocks = xent_blocks(batch) if block_rows is None else -(-batch // block_rows)
+    rows = block_rows if block_rows is not None else xent_rows_per_block(batch, classes)
+    blocks = 1 if rows is None else -(-batch // rows)
     if blocks > 1:
         require_exact_sums(scratch, ticket, 2, 1, f"softmax_xent over {batch} rows")
     return k.get(SRC, "softmax_xent").bind(
         blocks, THREADS if blocks == 1 else SPREAD_THREADS, 0, logits, logits.shape[1], labels, batch, classes,
         grad_scale / mean_over,
         0 if dlogits is None else dlogits, loss_sum, correct,
-        batch if blocks == 1 else (BLOCK_ROWS if block_rows is None else block_rows),
+        batch if blocks == 1 else rows,
         0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
 
 

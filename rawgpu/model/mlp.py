@@ -21,6 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 from . import master, optimizer
+from ..runtime.dlpack import DeviceArray
+from ..runtime import driver as drv
 from ..runtime.driver import Launch, Stream
 from ..kernels import PLANNING_SM_COUNT, Kernels
 from ..kernels import gather as kd
@@ -80,6 +82,8 @@ class MLP:
         self.test_images = a.tensor("test_images", (r.test_rows, r.inputs), x_dtype)
         self.test_labels = a.tensor("test_labels", *self.targets(r.test_rows))
         # standardization: per feature (v - mean) * inv_std, from the training split (set_scaling)
+        # features handed over on the GPU are checked there: the first value that is not finite (_upload_features)
+        self.nonfinite = a.tensor("nonfinite", 1, np.uint64) if r._input_dtype != "u8" else None
         self.mean = a.tensor("feature_mean", r.inputs, np.float32) if r.standardize else None
         self.inv_std = a.tensor("feature_inv_std", r.inputs, np.float32) if r.standardize else None
         self.scaling_partial = (a.tensor("scaling_partial", (kd.column_chunks(r.train_rows, r.inputs, sm_count), 2,
@@ -236,7 +240,7 @@ class MLP:
         """The training and test images and labels (a data.Dataset, or anything with its four arrays), of the
         recipe's shape; then the evaluation's and prediction's orders."""
         r = self.recipe
-        self.images.upload(self.device_features(data.train_images, "the training set"))
+        self._upload_features(self.images, data.train_images, "the training set")
         self.labels.upload(self.device_targets(data.train_labels, r.train_rows))
         self.upload_test_data(data.test_images, data.test_labels)
         self.prepare_predict()
@@ -248,7 +252,7 @@ class MLP:
     def upload_test_data(self, images: np.ndarray, labels: np.ndarray) -> None:
         """A test set of the recipe's test_rows images (evaluation reads it in order)."""
         r = self.recipe
-        self.test_images.upload(self.device_features(images, "the test set"))
+        self._upload_features(self.test_images, images, "the test set")
         self.test_labels.upload(self.device_targets(labels, r.test_rows))
         if r.regression:
             y = np.asarray(labels, np.float64).reshape(r.test_rows, r.classes)
@@ -258,6 +262,33 @@ class MLP:
             self.eval_perm.upload(np.arange(whole, dtype=np.int32))
         if self.tail_perm is not None:
             self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
+
+    def _upload_features(self, tensor: Tensor, x: Any, what: str) -> None:
+        """Features into the arena: a host array as kept_features converts it; one on the GPU (runtime/dlpack.py)
+        copied device to device as it is, then checked there: DataError naming the row and column of a value that is
+        not finite."""
+        if not isinstance(x, DeviceArray):
+            tensor.upload(self.device_features(x, what))
+            return
+        x = x.reshape(len(x), -1)
+        if x.shape != tensor.shape or x.dtype != tensor.dtype:
+            raise DataError(f"{what}: a GPU array of {x.shape} {x.dtype}, the model keeps {tensor.shape} {tensor.dtype}")
+        x.copy_to_device(tensor.ptr)
+        if x.dtype == np.uint8:
+            return  # bytes are always finite
+        self.nonfinite.upload(np.array([tensor.shape[0] * tensor.shape[1]], np.uint64))
+        stream = Stream()
+        try:
+            kd.first_nonfinite(self.k, tensor, self.nonfinite, self.sm_count).run(stream)
+            stream.synchronize("the features' check")
+        finally:
+            stream.close()
+        first = int(self.nonfinite.download()[0])
+        if first < tensor.shape[0] * tensor.shape[1]:
+            row, col = divmod(first, tensor.shape[1])
+            value = np.empty(1, tensor.dtype)
+            drv.copy_device_to_host(value, tensor.ptr + first * tensor.dtype.itemsize)
+            raise DataError(f"{what}: row {row}, column {col}: {value[0]} (every value must be finite)")
 
     def device_features(self, x: np.ndarray, what: str) -> np.ndarray:
         """Features [N, inputs] as this model keeps them (kept_features)."""

@@ -397,6 +397,13 @@ def copy_device_to_host(host: Any, ptr: int) -> None:
         call(_cu().cuMemcpyDtoH, address, int(ptr), nbytes)
 
 
+def copy_device_to_device(dst: int, src: int, nbytes: int) -> None:
+    """Copy nbytes between device addresses of this context; returns once they are copied."""
+    if nbytes:
+        call(_cu().cuMemcpyDtoD, int(dst), int(src), nbytes)
+        context_synchronize()
+
+
 def copy_device_to_device_async(dst: int, src: int, nbytes: int, stream: Stream) -> None:
     """Queue a device-to-device copy on `stream`, ordered with the kernels there (e.g. to time a copy)."""
     call(_cu().cuMemcpyDtoDAsync, int(dst), int(src), nbytes, stream.handle)

@@ -96,6 +96,10 @@ def fit_to_data(recipe: Recipe, data: Dataset) -> Recipe:
         raise SettingError("loss", f"{recipe.loss} is a regression's loss; the data has class labels (use xent, or "
                                    "give the targets as values)")
     dtype = recipe.input_dtype or data.input_dtype
+    if data.on_gpu and dtype != data.input_dtype:
+        raise SettingError("input_dtype", f"the features are on the GPU as {data.train_images.dtype} and are used "
+                                          f"as they are ({data.input_dtype}): hand them over as {dtype} or leave "
+                                          "input_dtype unset")
     if dtype == "u8" and data.input_dtype != "u8":
         raise SettingError("input_dtype", f"u8 keeps bytes (0..255 pixels); the data's features are "
                                           f"{data.train_images.dtype}: use fp16 or fp32")
@@ -268,6 +272,12 @@ class Trainer:
         if isinstance(data, str):
             data = load_dataset(data, data_dir, progress=download_progress)
         data = as_dataset(data)
+        if data is not None and data.on_gpu:
+            held = {a.device_id for a in (data.train_images, data.test_images) if hasattr(a, "device_id")}
+            if held != {device} or rank is not None:
+                where = ", ".join(f"GPU {i}" for i in sorted(held))
+                raise SettingError("data", f"the features are on {where}; they train where they are, on that one GPU "
+                                           f"(device={sorted(held)[0]}, no ranks), or pass host arrays")
         self.data: Dataset | None = data
         if data is not None and checkpoint is None:
             recipe = fit_to_data(recipe, data)  # validates batch <= the training images too
