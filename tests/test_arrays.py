@@ -205,13 +205,19 @@ def test_an_unpicked_text_column_is_left_alone(tmp_path):
     assert "row 1, column 'id': 'x1' is not a number" in _one_line(exc)
 
 
-def test_a_sweep_of_a_tables_models_is_refused_in_one_line(rng):
+def test_a_sweep_of_a_tables_models_trains_them_one_after_another(rng):
+    """The models step gathers uint8 images: a table's models train one by one (together=True says why), each
+    recipe checked against the data first."""
     from rawgpu import Grid, Sweep
 
     d = Dataset.from_arrays(rng.standard_normal((1000, 5)).astype(np.float32), np.arange(1000) % 3)
-    with pytest.raises(SettingError) as exc:
-        Sweep(Grid(seeds=(0, 1)), data=d, epochs=1)
-    assert _one_line(exc).startswith("data: a sweep trains models of images")
+    sweep = Sweep(Grid(seeds=(0, 1)), data=d, epochs=1)
+    assert "reads uint8 images and their labels, not this data (fp16 features" in sweep.together_problem()
+    with pytest.raises(ValueError, match="cannot train in one step: the models step reads uint8 images"):
+        Sweep(Grid(seeds=(0, 1)), data=d, epochs=1, together=True)
+    with pytest.raises(SettingError, match="loss: mse is a regression's loss; the data has class labels"):
+        Sweep(Grid(seeds=(0, 1)), Recipe(loss="mse"), data=d, epochs=1)
+    assert Sweep(Grid(seeds=(0,)), data=(d.train_images, d.train_labels), epochs=1).data.inputs == 5
 
 
 def test_a_validation_split_holds_out_training_rows_and_keeps_the_test_set(rng):

@@ -85,8 +85,8 @@ def test_a_grid_takes_a_dict_of_lists_and_ranges():
     (dict(models=Grid(), epochs=-1), ValueError, "epochs: must be >= 1, got -1"),
     (dict(models=Grid(), steps=-5), ValueError, "steps: must be >= 1, got -5"),
     (dict(models=Grid(), device=-1), ValueError, "device: must be >= 0, got -1"),
-    (dict(models=Grid(), data=42), TypeError, "data: must be a Dataset, one of mnist, fashion-mnist, kmnist, idx, "
-                                              "got 42"),
+    (dict(models=Grid(), data=42), TypeError, "data: must be a Dataset, a tuple of arrays (x, y), one of mnist, "
+                                              "fashion-mnist, kmnist, idx, got 42"),
     (dict(models=Grid(), save_best=-1), ValueError, "save_best: must be an integer >= 0 (the checkpoints kept), "
                                                     "got -1"),
     (dict(models=Grid(), together="yes"), TypeError, "together: must be True or False or None, got 'yes'"),

@@ -40,6 +40,9 @@ gpu = pytest.mark.gpu
     (["--dataset", "idx"], "argument --dataset: idx needs --data-dir DIR"),
     (["--warmup", "0", "50", "--schedule", "constant"], "the grid: warmup 50, schedule constant, seed 0: a warm-up"),
     (["--warmup", "100", "--steps", "100"], "the grid: warmup 100, seed 0: 100 warm-up steps is not shorter"),
+    (["--target", "y"], "argument --target: picks from a table; add --data PATH"),
+    (["--data", "t.csv", "--dataset", "kmnist"], "argument --dataset: --data names your own table; drop one of them"),
+    (["--loss", "mse"], "argument --loss: mse is a regression's loss; mnist has class labels"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_any_gpu_work(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -77,6 +80,38 @@ def test_results_rank_the_models_and_are_written_atomically_after_each(tmp_path,
     assert doc["sweep"]["grid"] == [["lr", [0.01, 0.05]], ["momentum", [0.0, 0.9]]] and len(doc["models"]) == 8
     assert doc["models"][2]["epochs"][1] == {"epoch": 2, "train_loss": 0.5, "test_accuracy": 0.51, "test_loss": 0.5}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def _regression_stats(epoch: int, epochs: int, rmse: float) -> EpochStats:
+    nan = float("nan")
+    return EpochStats(epoch=epoch, epochs=epochs, steps=10, train_loss=rmse ** 2, train_accuracy=nan,
+                      test_loss=rmse ** 2, test_accuracy=nan, seconds=0.1, eval_seconds=0.01, steps_per_s=100.0,
+                      samples_per_s=1e4, tflops=1.0, gbps=1.0, lr=0.01, total_seconds=0.1 * epoch, test_rmse=rmse,
+                      test_mae=rmse / 2, test_r2=1 - rmse)
+
+
+def test_a_regression_sweep_ranks_by_the_lowest_test_rmse_and_resumes(tmp_path, rng):
+    from rawgpu.data.datasets import Dataset
+
+    x = rng.standard_normal((700, 4)).astype(np.float32)
+    data = Dataset.from_arrays(x, x @ rng.standard_normal((4, 1)), regression=True)
+    grid = Grid((("lr", (0.01, 0.05)),), seeds=(0, 1))
+    sweep = Sweep(grid, Recipe(hidden=32, batch=64, loss="mse"), data=data, epochs=2, out=tmp_path)
+    rmse = {0: (0.5, 0.3), 1: (0.4, 0.45), 2: (0.9, 0.2)}  # model 1's best is its first epoch
+    for i, (a, b) in rmse.items():
+        sweep.results[i].history = [_regression_stats(1, 2, a), _regression_stats(2, 2, b)]
+    sweep.write()
+    assert [r.index for r in sweep.best(3)] == [2, 0, 1] and sweep.results[1].best_epoch == 1
+    assert sweep.results[1].best_text() == "RMSE 0.4" and sweep.results[1].regression and np.isnan(sweep.results[1].best_accuracy)
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert rows[1] == {"model": "1", "lr": "0.01", "seed": "1", "best_rmse": "0.4", "best_epoch": "1",
+                       "final_train_loss": "0.202500", "final_rmse": "0.45", "final_r2": "0.5500", "checkpoint": ""}
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["models"][2]["best_rmse"] == 0.2 and doc["models"][2]["epochs"][1]["test_r2"] == 0.8
+    assert "RMSE" in cli.ranking(sweep, 10) and "best RMSE" in cli.ranking(sweep, 10)
+    again = Sweep(grid, Recipe(hidden=32, batch=64, loss="mse"), data=data, epochs=2, out=tmp_path)
+    assert again.resume_from(tmp_path) == 3
+    assert [r.index for r in again.best(3)] == [2, 0, 1] and again.results[0].history[1].test_rmse == 0.3
 
 
 def test_a_resumed_sweep_keeps_the_finished_models_and_refuses_another_sweeps_results(tmp_path, rng):
@@ -218,6 +253,39 @@ def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_t
         [[h.test_accuracy for h in r.history] for r in sweep.results]
     assert os.path.exists(tmp_path / "b" / "results.csv")
     assert Path(sweep.results[0].checkpoint).parent == tmp_path / "a" / "checkpoints"
+
+
+@gpu
+@pytest.mark.parametrize("task", ["classes", "regression"])
+def test_a_tables_models_end_with_the_bits_they_get_alone(device, rng, tmp_path, task):
+    """A sweep of a table (float features, standardized; 40 classes, or a regression of 2 values) from the CLI with
+    --data an .npz file: each model ends with the metrics Trainer gives it alone, ranked in results.csv."""
+    from rawgpu.data.datasets import Dataset
+    from rawgpu.training.trainer import Trainer
+
+    n, f = 1200, 6
+    x = rng.standard_normal((n, f)).astype(np.float32) * 5 + 3
+    z = x @ rng.standard_normal((f, 2))
+    y = z.astype(np.float32) if task == "regression" else (np.abs(z[:, 0]) * 6).astype(np.int64) % 40
+    path = tmp_path / "t.npz"
+    np.savez(path, x_train=x[:1000], y_train=y[:1000], x_test=x[1000:], y_test=y[1000:])
+    loss = ["--loss", "mse"] if task == "regression" else []
+    out = tmp_path / "sweep"
+    assert cli.main(["--data", str(path), *loss, "--standardize", "--hidden", "32", "--batch", "50", "--lr", "0.01",
+                     "0.03", "--seeds", "0", "1", "--epochs", "2", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 4
+    data = Dataset.from_tables(path, regression=task == "regression")
+    for row in rows:
+        recipe = Recipe(hidden=32, batch=50, lr=float(row["lr"]), seed=int(row["seed"]), standardize=True,
+                        loss="mse" if task == "regression" else "xent")
+        with Trainer(recipe, data=data, epochs=2) as alone:
+            alone.fit()
+            last = alone.history[-1]
+            if task == "regression":
+                assert row["final_rmse"] == f"{last.test_rmse:.6g}"
+            else:
+                assert row["final_accuracy"] == f"{last.test_accuracy:.4f}"
 
 
 @gpu

@@ -3,7 +3,7 @@
     python -m rawgpu.sweep --hidden 256 --lr 0.01 0.02 0.05 0.1 --seeds 0-7 --out sweep
 
 Each swept option takes a list (--betas as B1,B2 pairs), --seeds a list or ranges (0-7); the architecture, the batch,
-the optimiser and the data are one per sweep. Every model has its own seed's weights and data order, its own
+the optimiser and the data (a dataset, or your own table with --data) are one per sweep. Every model has its own seed's weights and data order, its own
 settings and optimiser state, as `python -m rawgpu.train` gives it; all of them train together, one step for every
 model per graph launch (the models step; --chunk K: K at a time). --one-at-a-time trains each alone instead, with
 the very bits `rawgpu.train` gives it.
@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ..model import recipe as rc
 from .common import (add_device_option, add_version_option, check_data_options, count, launcher_world, program,
-                     seconds)
+                     seconds, usage_error)
+from .tables import add_table_options, check_table_flags, read_table
 from ..data.datasets import DATASET_NAMES
 from ..runtime.errors import RawgpuError, interrupt_status, stop_on_sigterm
 from ..training.grid import SWEPT, Grid, describe_point, parse_seeds
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seeds", nargs="+", default=["0"], metavar="SEED",
                    help="seeds, or ranges such as 0-7 (default 0): each model's initial weights and data order")
     d = p.add_argument_group("data and results")
-    d.add_argument("--dataset", choices=DATASET_NAMES, nargs="+", default=["mnist"],
+    d.add_argument("--dataset", choices=DATASET_NAMES, nargs="+", default=None,
                    help="the data every model trains on (default mnist)")
+    add_table_options(d, split_seed="seed 0 (the same rows for every model)")
     d.add_argument("--data-dir", default=None, help="directory with the four IDX files (default: $RAWGPU_DATA for "
                    "mnist, then the cache, then download)")
     d.add_argument("--out", metavar="DIR", default=None,
@@ -110,7 +112,7 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     """The grid and the recipe every model shares, checked before any GPU work (one line, exit 2)."""
     for name in SINGLE:
         values = getattr(args, name)
-        if name == "hidden":  # a width per layer: one architecture
+        if name == "hidden" or values is None:  # a width per layer: one architecture; no --dataset
             continue
         if len(values) > 1:
             parser.error(f"argument --{name}: one architecture, batch and dataset per sweep, got {len(values)} "
@@ -121,7 +123,8 @@ def grid_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
         grid = Grid(axes, parse_seeds(args.seeds))
         hidden, layers = rc.hidden_of(args.hidden, args.layers)
         base = rc.Recipe(hidden=hidden, layers=layers, batch=args.batch, optimizer=args.optimizer,
-                         nesterov=args.nesterov, accum=args.accum, activation=args.activation)
+                         nesterov=args.nesterov, accum=args.accum, activation=args.activation, loss=args.loss,
+                         input_dtype=args.input_dtype, standardize=args.standardize)
         recipes = grid.recipes(base)
     except ValueError as exc:
         parser.error(str(exc) if str(exc).startswith("argument") else f"the grid: {exc}")
@@ -182,7 +185,13 @@ def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     grid, base = grid_of(parser, args)
-    check_data_options(parser, args.dataset, args.data_dir)
+    check_table_flags(parser, args, args.dataset is not None)
+    if args.data is None:
+        args.dataset = args.dataset or "mnist"
+        if base.regression:
+            parser.error(f"argument --loss: {base.loss} is a regression's loss; {args.dataset} has class labels "
+                         "(a regression's values come with --data)")
+        check_data_options(parser, args.dataset, args.data_dir)
     from ..jobs import sweep_ranks
 
     world = launcher_world(parser, args)  # one rank of a launcher's job, or None
@@ -193,8 +202,21 @@ def _main(argv: list[str] | None) -> int:
         args.save_best, args.save_all = 0, False
     quiet = args.json or (world is not None and world.rank != 0)
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))  # noqa: E731
-    say(f"sweep: {grid.size_line(base)}, {args.steps} steps each" if args.steps else
-        f"sweep: {grid.size_line(base)}, {args.epochs or rc.DEFAULTS['epochs']} epochs each")
+    data, shape = args.dataset, base
+    if args.data is not None:  # the table first (host work): the size line gives its shape
+        from ..training.trainer import fit_to_data
+
+        try:
+            data = read_table(args, 0)
+        except RawgpuError as exc:
+            print(f"rawgpu: error: {exc}", file=sys.stderr)
+            return 1
+        try:
+            shape = fit_to_data(base, data)
+        except ValueError as exc:  # the task does not go with the data: a usage error naming the flag
+            usage_error(parser, exc)
+    say(f"sweep: {grid.size_line(shape)}, {args.steps} steps each" if args.steps else
+        f"sweep: {grid.size_line(shape)}, {args.epochs or rc.DEFAULTS['epochs']} epochs each")
     from ..training.sweep import Sweep
 
     if args.gpus > 1:
@@ -212,7 +234,7 @@ def _main(argv: list[str] | None) -> int:
     meeting = meeting_or_fail(world, args.rendezvous_timeout)  # a rank's: overlaps the set-up
     t0, done = time.perf_counter(), 0
     try:
-        sweep = Sweep(grid, base, data=args.dataset, data_dir=args.data_dir, epochs=args.epochs, steps=args.steps,
+        sweep = Sweep(grid, base, data=data, data_dir=args.data_dir, epochs=args.epochs, steps=args.steps,
                       device=args.device, out=args.out, save_best=args.save_best, save_all=args.save_all,
                       together=False if args.one_at_a_time else None, chunk=args.chunk)
         why = "--one-at-a-time" if args.one_at_a_time else sweep.together_problem()
@@ -236,14 +258,12 @@ def _main(argv: list[str] | None) -> int:
             if args.json:
                 for stats in result.history:
                     print(json.dumps({"model": result.index, "settings": result.describe(), "epoch": stats.epoch,
-                                      "epochs": stats.epochs, "train_loss": stats.train_loss,
-                                      "test_accuracy": stats.test_accuracy, "test_loss": stats.test_loss}),
-                          flush=True)
+                                      "epochs": stats.epochs, **epoch_scores(stats, base.regression)}), flush=True)
             best = sweep.best(1)[0]
             last = result.history[-1]
-            say(f"model {result.index + 1}/{grid.models} ({result.describe()}): best test acc "
-                f"{100 * result.best_accuracy:.2f}% (epoch {result.best_epoch}), {last.steps_per_s / 1e3:.1f}k "
-                f"steps/s; leader: model {best.index + 1} ({best.describe()}) {100 * best.best_accuracy:.2f}%")
+            say(f"model {result.index + 1}/{grid.models} ({result.describe()}): best test "
+                f"{result.best_text()} (epoch {result.best_epoch}), {last.steps_per_s / 1e3:.1f}k "
+                f"steps/s; leader: model {best.index + 1} ({best.describe()}) {best.best_text()}")
 
         training, epochs_seen = [], {}
         epochs_together = why is None and args.gpus == 1  # on_epoch comes for every model at each epoch's end
@@ -259,8 +279,8 @@ def _main(argv: list[str] | None) -> int:
             if not (args.json and epochs_together):
                 return
             rows = epochs_seen.setdefault(stats.epoch, [])
-            rows.append({"model": result.index, "settings": result.describe(), "train_loss": stats.train_loss,
-                         "test_accuracy": stats.test_accuracy, "test_loss": stats.test_loss})
+            rows.append({"model": result.index, "settings": result.describe(),
+                         **epoch_scores(stats, base.regression)})
             if len(rows) == len(training):  # every model trained together has reported this epoch
                 print(json.dumps({"epoch": stats.epoch, "epochs": stats.epochs, "model_steps_per_s":
                                   stats.steps_per_s * len(rows), "samples_per_s": stats.samples_per_s,
@@ -316,19 +336,30 @@ def _main(argv: list[str] | None) -> int:
     return 0
 
 
+def epoch_scores(stats, regression: bool) -> dict:
+    """An epoch's scores as --json prints them: the losses and the test accuracy, or a regression's errors."""
+    scores = {"train_loss": stats.train_loss, "test_loss": stats.test_loss}
+    if regression:
+        return {**scores, "test_rmse": stats.test_rmse, "test_mae": stats.test_mae, "test_r2": stats.test_r2}
+    return {**scores, "test_accuracy": stats.test_accuracy}
+
+
 def ranking_table(sweep, top: int):
-    """The trained models ranked by their best test accuracy: the `top` best and the worst (a rich Table)."""
+    """The trained models ranked by their best test accuracy (a regression's: the lowest test RMSE): the `top` best
+    and the worst (a rich Table)."""
     from rich.table import Table
 
     ranked = sweep.best(len(sweep.results))
     shown = ranked[:top] + ([ranked[-1]] if len(ranked) > top else [])
-    table = Table(title=f"{len(ranked)} of {len(sweep.results)} models by best test accuracy"
-                  + (f" (top {top} and the worst)" if len(ranked) > top else ""))
-    for col in ("rank", "model", "settings", "best acc", "epoch", "final loss"):
+    regression = sweep.base.regression
+    table = Table(title=f"{len(ranked)} of {len(sweep.results)} models by best test "
+                  + ("RMSE" if regression else "accuracy") + (f" (top {top} and the worst)" if len(ranked) > top else ""))
+    for col in ("rank", "model", "settings", "best RMSE" if regression else "best acc", "epoch", "final loss"):
         table.add_column(col, justify="left" if col == "settings" else "right")
     for r in shown:
-        table.add_row(str(ranked.index(r) + 1), str(r.index + 1), r.describe(), f"{100 * r.best_accuracy:.2f}%",
-                      str(r.best_epoch), f"{r.history[-1].train_loss:.4f}")
+        best = f"{r.best_rmse:.4g}" if regression else f"{100 * r.best_accuracy:.2f}%"
+        table.add_row(str(ranked.index(r) + 1), str(r.index + 1), r.describe(), best, str(r.best_epoch),
+                      f"{r.history[-1].train_loss:.4f}")
     return table
 
 
@@ -365,12 +396,12 @@ class LiveView:
         self._show(f"model {r.index + 1}/{len(self.sweep.results)} ({r.describe()}): training")
 
     def epoch(self, r, s) -> None:
+        score = f"test RMSE {s.test_rmse:.4g}" if r.regression else f"test acc {100 * s.test_accuracy:.2f}%"
         self._show(f"model {r.index + 1}/{len(self.sweep.results)} ({r.describe()}): epoch {s.epoch}/{s.epochs}, "
-                   f"test acc {100 * s.test_accuracy:.2f}%, {s.steps_per_s / 1e3:.1f}k steps/s, "
-                   f"{s.samples_per_s / 1e6:.2f}M samples/s")
+                   f"{score}, {s.steps_per_s / 1e3:.1f}k steps/s, {s.samples_per_s / 1e6:.2f}M samples/s")
 
     def model(self, r) -> None:
-        self._show(f"model {r.index + 1}/{len(self.sweep.results)} done: best test acc {100 * r.best_accuracy:.2f}%")
+        self._show(f"model {r.index + 1}/{len(self.sweep.results)} done: best test {r.best_text()}")
 
     def close(self) -> None:
         self.live.stop()

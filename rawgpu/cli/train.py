@@ -18,17 +18,15 @@ from .train_run import train
 from .common import (add_device_option, add_step_option, add_version_option, check_data_options, check_step_option,
                      count, parallel_problem, program, seconds, usage_error)
 from .console import RunInfo, Summary
+from .tables import TASK_OPTIONS, add_table_options, check_table_flags, fraction, read_table
 from ..runtime.driver import WATCHDOG_SECONDS, set_watchdog
 from ..runtime.errors import RawgpuError, StepUnsupported, interrupt_status, stop_on_sigterm
-from ..data.arrays import TEST_FRACTION
 from ..data.datasets import DATASET_NAMES
 from ..steps import MODES
 from ..training.trainer import MAX_AUTO_STEPS_PER_GRAPH, RunPlan, Trainer, TrainingDiverged, check_resumable
 
 RECIPE_OPTIONS = ("hidden", "layers", "activation", "batch", "epochs", "optimizer", "lr", "momentum", "nesterov",
                   "betas", "eps", "weight_decay", "schedule", "warmup", "accum", "seed")
-TASK_OPTIONS = ("loss", "input_dtype", "standardize")  # recipe options too: what the data is and how it is read
-TABLE_FLAGS = ("target", "features", "test", "test_fraction")  # they pick from --data's file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,22 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total training steps; overrides --epochs (the benchmark workload uses 5000)")
     rc.add_options(o, RECIPE_OPTIONS[5:])
     d = p.add_argument_group("data and checkpoints")
-    d.add_argument("--data", metavar="PATH", default=None,
-                   help="your own table: .npy (rows x columns), .npz (x_train, y_train, x_test, y_test), CSV or Parquet "
-                        "(CSV and Parquet need pyarrow: the tables extra); instead of --dataset")
-    d.add_argument("--target", metavar="COLUMN", nargs="+", default=None,
-                   help="--data: the target column (a regression's: one or more); default the last")
-    d.add_argument("--features", metavar="COLUMN", nargs="+", default=None,
-                   help="--data: the feature columns; default every column but the target")
-    d.add_argument("--test", metavar="PATH", default=None,
-                   help="--data: the test set, a file with the same columns; default a --test-fraction of the rows")
-    d.add_argument("--test-fraction", metavar="F", type=fraction, default=None,
-                   help=f"--data: the share of its rows held out for testing, chosen by --seed (default "
-                        f"{TEST_FRACTION:g})")
+    add_table_options(d)
     d.add_argument("--val-fraction", metavar="F", type=fraction, default=None,
                    help="hold out this share of the training rows (chosen by --seed) and score every epoch on them; "
                         "the test set is scored once, at the end")
-    rc.add_options(d, TASK_OPTIONS)
     d.add_argument("--dataset", choices=DATASET_NAMES, default=None,
                    help="mnist, fashion-mnist and kmnist are checked against their published checksums and downloaded "
                         "when missing; idx takes any four IDX files from --data-dir (any image size and count, "
@@ -106,17 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print one JSON object per epoch on stdout and nothing else")
     add_version_option(p)
     return p
-
-
-def fraction(text: str) -> float:
-    """An argparse type: a number strictly between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
 
 
 def make_plan(args: argparse.Namespace, train_rows: int = rc.TRAIN_ROWS) -> RunPlan:
@@ -220,13 +195,11 @@ def check_resumed_data(args: argparse.Namespace, ckpt) -> None:
 
 def read_data(args: argparse.Namespace, console):
     """The run's data: --data's table (its progress on the console while a CSV is read) or the named dataset."""
-    from ..data.datasets import Dataset, load_dataset
+    from ..data.datasets import load_dataset
 
     if args.data is None:
         return load_dataset(args.dataset, args.data_dir, progress=console.download)
-    return Dataset.from_tables(args.data, target=args.target, features=args.features, test=args.test,
-                               test_fraction=args.test_fraction or TEST_FRACTION, regression=args.loss != "xent",
-                               seed=args.seed, progress=console.reading)
+    return read_table(args, args.seed, console.reading)
 
 
 def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, writes: bool = True) -> None:
@@ -234,16 +207,8 @@ def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace, write
     and the plot (in a launcher's job only rank 0 does, on its own host)."""
     from ..training.checkpoint import check_writable
 
-    if args.data is not None:
-        for flag in ("dataset", "data_dir"):
-            if getattr(args, flag) is not None:
-                parser.error(f"argument --{flag.replace('_', '-')}: --data names your own table; drop one of them")
-        if args.test is not None and args.test_fraction is not None:
-            parser.error("argument --test-fraction: --test gives the test set; drop one of them")
-    else:
-        for flag in TABLE_FLAGS:
-            if getattr(args, flag) is not None:
-                parser.error(f"argument --{flag.replace('_', '-')}: picks from a table; add --data PATH")
+    check_table_flags(parser, args, args.dataset is not None)
+    if args.data is None:
         check_data_options(parser, args.dataset, args.data_dir)
     if args.save_every is not None and not args.save:
         parser.error("argument --save-every: needs --save PATH")

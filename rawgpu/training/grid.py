@@ -156,7 +156,7 @@ def check_sweep(models: Any, base: Any = None, *, data: Any = "mnist", epochs: A
         raise SettingTypeError("models", f"must be a Grid or a list of Recipes, got {shown(bad)}")
     if base is not None and not isinstance(base, Recipe):
         raise SettingTypeError("base", f"must be a Recipe or None, got {shown(base)}")
-    check_data_argument(data)
+    check_data_argument(data, arrays_ok=True)
     for name, value in (("epochs", epochs), ("steps", steps), ("device", device)):
         check_setting(name, value, none_ok=name != "device")
     if out is not None and not isinstance(out, (str, Path)):

@@ -82,9 +82,10 @@ def write_plot(path: str | Path, epochs: list[int], train_loss: list[float], tes
     _save(figure, path, title)
 
 
-def write_sweep_plot(path: str | Path, axes: dict[str, list], accuracies: list[float], title: str = "") -> None:
-    """One panel per swept setting: every model's best test accuracy (fractions, drawn in percent) against its value
-    of that setting. axes: setting -> each model's value (numbers on a log axis where all are positive and they
+def write_sweep_plot(path: str | Path, axes: dict[str, list], accuracies: list[float], title: str = "",
+                     regression: bool = False) -> None:
+    """One panel per swept setting: every model's best test accuracy (fractions, drawn in percent), or with
+    regression its best test RMSE, against its value of that setting. axes: setting -> each model's value (numbers on a log axis where all are positive and they
     span a decade or more; betas as their first value; words as categories)."""
     path = Path(path)
     if problem := check_plot_path(path):
@@ -101,8 +102,9 @@ def write_sweep_plot(path: str | Path, axes: dict[str, list], accuracies: list[f
             ax.set_xticks(range(len(names)), names)
         elif all(x > 0 for x in xs) and max(xs) >= 10 * min(xs):
             ax.set_xscale("log")
-        ax.scatter(xs, [100.0 * a for a in accuracies], alpha=0.7)
-        ax.set(xlabel=name + (" (beta1)" if name == "betas" else ""), ylabel="best test accuracy (%)")
+        ax.scatter(xs, accuracies if regression else [100.0 * a for a in accuracies], alpha=0.7)
+        ax.set(xlabel=name + (" (beta1)" if name == "betas" else ""),
+               ylabel="best test RMSE" if regression else "best test accuracy (%)")
         ax.grid(True, which="both", alpha=0.3)
     _save(figure, path, title)
 

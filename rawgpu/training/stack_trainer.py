@@ -5,7 +5,6 @@ optimiser settings), each step one graph launch for all. What Sweep.fit runs whe
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,7 +22,7 @@ from ..kernels import Kernels
 from ..kernels.gather import lr_at
 from ..model.mlp import run_launches
 from ..model.recipe import Recipe, cdiv, plan_run
-from .trainer import INTERRUPT_GRACE, RunPlan, _data_shape, auto_steps_per_graph, dataset_record
+from .trainer import INTERRUPT_GRACE, RunPlan, auto_steps_per_graph, dataset_record, fit_to_data
 
 STEP_KIND = steps.SWEEP_KIND
 
@@ -31,7 +30,7 @@ STEP_KIND = steps.SWEEP_KIND
 def stack_recipes(recipes: Sequence[Recipe], data: Dataset, epochs: int | None, steps_: int | None) -> list[Recipe]:
     """The recipes as Trainer sets them for `data` and the run's length (each model's own, by recipe.plan_run's
     rules)."""
-    return [plan_run(replace(r, **_data_shape(data)), epochs, steps_) for r in recipes]
+    return [plan_run(fit_to_data(r, data), epochs, steps_) for r in recipes]
 
 
 def stack_bytes(recipes: Sequence[Recipe], arch: str = PLANNING_ARCH) -> int:

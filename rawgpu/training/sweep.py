@@ -23,6 +23,7 @@ from .stats import EpochStats
 from ..data.datasets import Dataset, load_dataset
 from ..runtime.files import write_atomic
 from .grid import Grid, check_sweep, describe_point
+from .trainer import as_dataset, fit_to_data
 from ..model.recipe import Recipe, SettingError, cdiv, run_total
 
 RESULTS_FORMAT = "rawgpu-sweep-results"
@@ -43,25 +44,50 @@ class ModelResult:
         return bool(self.history) and self.history[-1].epoch == self.history[-1].epochs
 
     @property
+    def regression(self) -> bool:
+        return self.recipe.regression
+
+    def _score(self, h: EpochStats) -> float:
+        """What ranks an epoch, higher better: its test accuracy, or a regression's test RMSE negated."""
+        value = -h.test_rmse if self.regression and h.test_rmse is not None else h.test_accuracy
+        return value if math.isfinite(value) else -math.inf
+
+    @property
     def best_epoch(self) -> int:
-        return max(self.history, key=_accuracy).epoch if self.history else 0
+        return max(self.history, key=self._score).epoch if self.history else 0
+
+    @property
+    def best_score(self) -> float:
+        """The best epoch's score (_score): what Sweep.best ranks the models by."""
+        return max(map(self._score, self.history), default=-math.inf)
 
     @property
     def best_accuracy(self) -> float:
-        return max(map(_accuracy, self.history), default=0.0)
+        """The best test accuracy over the epochs (NaN for a regression)."""
+        if self.regression:
+            return math.nan
+        return max((h.test_accuracy if math.isfinite(h.test_accuracy) else -1.0 for h in self.history), default=0.0)
+
+    @property
+    def best_rmse(self) -> float | None:
+        """A regression's lowest test RMSE over the epochs (None for a classification)."""
+        return -self.best_score if self.regression and self.history else None
+
+    def best_text(self) -> str:
+        """What the console shows of the best epoch: 'acc 97.12%', or a regression's 'RMSE 0.4358'."""
+        return f"RMSE {self.best_rmse:.4g}" if self.regression else f"acc {100 * self.best_accuracy:.2f}%"
 
     def describe(self) -> str:
         return describe_point(self.point)
 
     def to_dict(self) -> dict[str, Any]:
+        best = {"best_rmse": self.best_rmse} if self.regression else {"best_accuracy": self.best_accuracy}
+        errors = ("test_rmse", "test_mae", "test_r2") if self.regression else ()
         return {"index": self.index, "settings": {k: v for k, v in self.point.items() if k != "seed"},
-                "seed": self.point["seed"], "best_epoch": self.best_epoch, "best_accuracy": self.best_accuracy,
+                "seed": self.point["seed"], "best_epoch": self.best_epoch, **best,
                 "epochs": [{"epoch": h.epoch, "train_loss": h.train_loss, "test_accuracy": h.test_accuracy,
-                            "test_loss": h.test_loss} for h in self.history], "checkpoint": self.checkpoint}
-
-
-def _accuracy(h: EpochStats) -> float:
-    return h.test_accuracy if math.isfinite(h.test_accuracy) else -1.0
+                            "test_loss": h.test_loss, **{e: getattr(h, e) for e in errors}} for h in self.history],
+                "checkpoint": self.checkpoint}
 
 
 class Sweep:
@@ -90,10 +116,12 @@ class Sweep:
                 raise ValueError("the recipes of a sweep share one architecture and one batch")
         if save_best < 0 or ((save_best or save_all) and out is None):
             raise ValueError("save_best and save_all keep checkpoints in `out`: give a folder (and save_best >= 0)")
-        self.data = load_dataset(data, data_dir) if isinstance(data, str) else data
-        if self.data.is_table:  # the models step gathers pixels and scores classes inside its kernels
-            raise SettingError("data", "a sweep trains models of images (uint8 pixels and their labels); a table's "
-                                       "models train one by one with Trainer")
+        self.data = load_dataset(data, data_dir) if isinstance(data, str) else as_dataset(data)
+        for r in self.recipes:  # the task and the features' dtype go with the data (before any GPU work)
+            fit_to_data(r, self.data)
+        if self.data.on_gpu:
+            raise SettingError("data", "a sweep keeps its data on the host (each model's run, or a GPU's share, "
+                                       "reads it): pass host arrays or a file")
         self.epochs, self.steps, self.device = epochs, steps, device
         self.out = Path(out) if out is not None else None
         self.save_best, self.save_all = save_best, save_all
@@ -148,7 +176,7 @@ class Sweep:
         from ..steps import models_reason
 
         recipes = stack_recipes(self.recipes, self.data, self.epochs, self.steps)
-        return stack_problem(recipes) or models_reason(recipes[0], PLANNING_ARCH)
+        return stack_problem(recipes) or models_reason(recipes[0], PLANNING_ARCH)  # a table's: the models step's
 
     def chunks(self, todo: list[int], free_bytes: int | None = None) -> list[list[int]]:
         """The models left, in groups that each train in one step: `chunk` at a time, or as many as fit in
@@ -219,8 +247,9 @@ class Sweep:
 
         done = [r for r in self.results if r.history]
         write_sweep_plot(path, {name: [r.point[name] for r in done] for name, _ in self.grid.axes},
-                         [r.best_accuracy for r in done],
-                         title=f"{self.data.name} {self.base.name}: {len(done)} models")
+                         [r.best_rmse if r.regression else r.best_accuracy for r in done],
+                         title=f"{self.data.name} {self.base.name}: {len(done)} models",
+                         regression=self.base.regression)
 
     def trainer(self, i: int):
         """A Trainer holding model i as it ended (from its kept checkpoint): evaluate, predict, save it. ValueError
@@ -279,8 +308,9 @@ class Sweep:
                 r.checkpoint = None
 
     def best(self, k: int = 1) -> list[ModelResult]:
-        """The k models of the highest test accuracy (over their epochs), best first; ties in grid order."""
-        return sorted((r for r in self.results if r.history), key=lambda r: (-r.best_accuracy, r.index))[:k]
+        """The k models of the highest test accuracy (a regression's: the lowest test RMSE) over their epochs, best
+        first; ties in grid order."""
+        return sorted((r for r in self.results if r.history), key=lambda r: (-r.best_score, r.index))[:k]
 
     def _keep(self, result: ModelResult, save: Callable[[Path], Any]) -> None:
         """The checkpoint of a model just trained, where save_all or save_best keeps it; a model that falls out of
@@ -320,14 +350,20 @@ class Sweep:
         names = [n for n, _ in self.grid.axes]
         text = io.StringIO()
         w = csv.writer(text, lineterminator="\n")
-        w.writerow(["model", *names, "seed", "best_accuracy", "best_epoch", "final_train_loss", "final_accuracy",
-                    "checkpoint"])
+        regression = self.base.regression
+        scores = ("best_rmse", "best_epoch", "final_train_loss", "final_rmse", "final_r2") if regression else (
+            "best_accuracy", "best_epoch", "final_train_loss", "final_accuracy")
+        w.writerow(["model", *names, "seed", *scores, "checkpoint"])
         for r in self.results:
             last = r.history[-1] if r.history else None
-            w.writerow([r.index, *[_plain(r.point[n]) for n in names], r.point["seed"],
-                        f"{r.best_accuracy:.4f}" if r.history else "", r.best_epoch or "",
-                        f"{last.train_loss:.6f}" if last else "", f"{last.test_accuracy:.4f}" if last else "",
-                        r.checkpoint or ""])
+            if regression:
+                cells = [f"{r.best_rmse:.6g}" if r.history else "", r.best_epoch or "",
+                         f"{last.train_loss:.6f}" if last else "", f"{last.test_rmse:.6g}" if last else "",
+                         f"{last.test_r2:.4f}" if last else ""]
+            else:
+                cells = [f"{r.best_accuracy:.4f}" if r.history else "", r.best_epoch or "",
+                         f"{last.train_loss:.6f}" if last else "", f"{last.test_accuracy:.4f}" if last else ""]
+            w.writerow([r.index, *[_plain(r.point[n]) for n in names], r.point["seed"], *cells, r.checkpoint or ""])
         write_atomic(self.out / "results.csv", text.getvalue().encode())
 
     def resume_from(self, folder: str | Path) -> int:
@@ -397,7 +433,8 @@ def _stats(e: dict[str, Any], epochs: int) -> EpochStats:
     return EpochStats(epoch=e["epoch"], epochs=epochs, steps=0, train_loss=e["train_loss"], train_accuracy=nan,
                       test_loss=e.get("test_loss", nan), test_accuracy=e["test_accuracy"], seconds=0.0,
                       eval_seconds=0.0, steps_per_s=0.0, samples_per_s=0.0, tflops=0.0, gbps=0.0, lr=nan,
-                      total_seconds=0.0)
+                      total_seconds=0.0, test_rmse=e.get("test_rmse"), test_mae=e.get("test_mae"),
+                      test_r2=e.get("test_r2"))
 
 
 def _plain(value: Any) -> Any:
