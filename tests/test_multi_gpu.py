@@ -87,6 +87,39 @@ def test_the_cli_trains_on_two_gpus_and_saves_a_one_gpu_checkpoint(device, rng, 
         assert abs(loaded.evaluate().accuracy - epochs[-1]["test_accuracy"]) <= 0.002
 
 
+@pytest.mark.parametrize("mode", SPLITS)
+@pytest.mark.parametrize("task", ["regression", "classes"])
+def test_a_table_trains_on_two_gpus_from_the_cli(device, rng, tmp_path, mode, task):
+    """`python -m rawgpu.train --data t.npz --standardize --gpus 2 --parallel MODE`: float features, a regression of 2
+    values or 300 classes; rank 0 reports every epoch, and the one-GPU checkpoint (its scaling with it) evaluates on
+    one GPU to the score the run reported."""
+    from rawgpu import Trainer
+    from rawgpu.data.datasets import Dataset
+    from test_trainer import cli
+
+    _need_gpus(2)
+    x = (rng.standard_normal((5000, 40)) * rng.uniform(0.5, 4, 40) + rng.normal(0, 2, 40)).astype(np.float32)
+    z = np.tanh(x @ rng.standard_normal((40, 8)) / 12) @ rng.standard_normal((8, 2))
+    regression = task == "regression"
+    y = z.astype(np.float32) if regression else np.searchsorted(np.quantile(z[:, 0], np.linspace(0, 1, 301)[1:-1]),
+                                                                z[:, 0]).astype(np.int64)
+    data_path, path = tmp_path / "t.npz", tmp_path / f"{mode}.safetensors"
+    np.savez(data_path, x_train=x[:4000], y_train=y[:4000], x_test=x[4000:], y_test=y[4000:])
+    loss = ["--loss", "mse"] if regression else []
+    out = cli("rawgpu.train", "--gpus", "2", "--parallel", mode, "--data", str(data_path), *loss, "--standardize",
+              "--hidden", "256", "--epochs", "3", "--json", "--save", str(path))
+    assert out.returncode == 0, out.stderr
+    epochs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    data = Dataset.from_tables(data_path, regression=regression)
+    with Trainer.load(path, data=data) as loaded:
+        scored = loaded.evaluate()
+    if regression:
+        assert epochs[-1]["test_r2"] > 0.5 and scored.rmse == pytest.approx(epochs[-1]["test_rmse"], rel=2e-3)
+    else:
+        assert epochs[-1]["test_accuracy"] > 0.01 and abs(scored.accuracy - epochs[-1]["test_accuracy"]) <= 0.002
+
+
 def test_the_benchmark_times_every_split_on_two_gpus(device, tmp_path):
     """`python scripts/bench.py train --gpus 1 2 --parallel MODE` (a script: its ranks' processes import it as the
     main module): a row per width with the 2-GPU time, the time in the sums and the test accuracy."""
