@@ -235,6 +235,22 @@ def update_errors(got: Params, expect: Params, start: Params) -> list[float]:
             for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
 
 
+def applied_detail(before: Params, after: Params, state: dict, recipe, step: int) -> str:
+    """Where Adam's applied change differs most from float64 on the GPU's moments: per layer, W's and b's relative
+    errors, and at the worst element its change, the expected change, m, v and the parameter (a failure's message)."""
+    expect = adam_apply(before, state, recipe, recipe.lr, step)
+    parts = []
+    for i, ((w, b), (ew, eb), (w0, b0)) in enumerate(zip(after, expect, before)):
+        for name, got, want, start, m, v in (("W", w, ew, w0, state["m"][i][0], state["v"][i][0]),
+                                             ("b", b, eb, b0, state["m"][i][1], state["v"][i][1])):
+            d = np.abs(_f64(got) - want).ravel()
+            k = int(d.argmax())
+            parts.append(f"layer {i} {name}: {relative(got - start, want - start):.2e} (worst: change "
+                         f"{(_f64(got) - start).ravel()[k]:.3e} vs {(want - start).ravel()[k]:.3e}, m "
+                         f"{_f64(m).ravel()[k]:.3e}, v {_f64(v).ravel()[k]:.3e}, p {_f64(start).ravel()[k]:.4g})")
+    return "; ".join(parts)
+
+
 def step_errors(before: Params, after: Params, state_before: dict, state_after: dict, expect: Params,
                 expect_state: dict, recipe, lr: float, step: int) -> tuple[list[float], list[float] | None]:
     """One GPU step against the reference's, per layer: with SGD the weights' change; with Adam the moments' change

@@ -53,14 +53,22 @@ def test_the_capsule_gives_address_shape_dtype_and_device(rng):
 
 
 @pytest.mark.parametrize("a,message", [
-    (np.zeros((4, 3), np.int64), "x: a GPU array of int64; rawgpu takes uint8, float16 or float32 features on the GPU"),
-    (np.zeros((4, 3), np.float64), "a GPU array of float64"),
-    (np.zeros((3, 4), np.float32).T, "x: a GPU array that is not C-contiguous (strides (1, 4)); pass x.contiguous()"),
+    (np.zeros((4, 3), np.int64), "x_train: a GPU array of int64; rawgpu takes uint8, float16 or float32 features on "
+                                 "the GPU (convert it there first"),
+    (np.zeros((4, 3), np.float64), "x_train: a GPU array of float64; rawgpu takes"),
+    (np.zeros((3, 4), np.float32).T, "x_train: a GPU array that is not C-contiguous (strides (1, 4)); pass "
+                                     "x.contiguous()"),
 ])
-def test_gpu_arrays_rawgpu_cannot_use_as_they_are_are_refused_in_one_line(a, message):
+def test_gpu_features_rawgpu_cannot_use_as_they_are_are_refused_in_one_line(a, message):
     with pytest.raises(DataError) as exc:
-        DeviceArray(OnGpu(a), "x")
+        Dataset.from_arrays(OnGpu(a), np.arange(len(a)) % 2, OnGpu(a), np.arange(len(a)) % 2)
     assert message in _one_line(exc)
+
+
+def test_a_gpu_array_of_any_number_type_is_read():
+    """Targets (int64 labels, float64 values) come as any numbers: the capsule's type is read as NumPy's."""
+    for dtype in (np.int64, np.int32, np.uint16, np.float64, np.bool_):
+        assert DeviceArray(OnGpu(np.zeros((5, 2), dtype)), "y").dtype == dtype
 
 
 def test_features_on_the_gpu_stay_there_and_keep_their_dtype(rng):

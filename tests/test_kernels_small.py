@@ -536,7 +536,9 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
         assert corr1[0] == correct_ref
         assert abs(loss1[0] - loss_ref) <= 1e-5 * abs(loss_ref)
         assert np.isfinite(d1[:batch]).all()
-        assert _rel(d1[:batch, :classes], d_ref) <= 1e-3
+        # against the reference as fp16 stores it: at 1000 classes and 4096 rows most of the gradient is fp16
+        # subnormal (below 6e-5), where a half step of rounding is a large share of a value
+        assert _rel(d1[:batch, :classes], d_ref.astype(np.float16)) <= 1e-3
         assert np.all(d1[:batch, classes:].view(np.uint16) == 0), "padding columns must be zero"
         assert np.all(d1[batch:].view(np.uint16) == 0xFFFF), "wrote past the batch"
         assert not sums.download().any() and not tickets.download().any(), "the exact-sum buffers must end at zero"

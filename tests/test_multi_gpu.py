@@ -101,23 +101,23 @@ def test_a_table_trains_on_two_gpus_from_the_cli(device, rng, tmp_path, mode, ta
     x = (rng.standard_normal((5000, 40)) * rng.uniform(0.5, 4, 40) + rng.normal(0, 2, 40)).astype(np.float32)
     z = np.tanh(x @ rng.standard_normal((40, 8)) / 12) @ rng.standard_normal((8, 2))
     regression = task == "regression"
-    y = z.astype(np.float32) if regression else np.searchsorted(np.quantile(z[:, 0], np.linspace(0, 1, 301)[1:-1]),
-                                                                z[:, 0]).astype(np.int64)
+    teacher = rng.standard_normal((40, 300)) / np.sqrt(40)  # 300 classes a linear model of x separates
+    y = z.astype(np.float32) if regression else ((x - x.mean(0)) / x.std(0) @ teacher).argmax(1).astype(np.int64)
     data_path, path = tmp_path / "t.npz", tmp_path / f"{mode}.safetensors"
     np.savez(data_path, x_train=x[:4000], y_train=y[:4000], x_test=x[4000:], y_test=y[4000:])
     loss = ["--loss", "mse"] if regression else []
     out = cli("rawgpu.train", "--gpus", "2", "--parallel", mode, "--data", str(data_path), *loss, "--standardize",
-              "--hidden", "256", "--epochs", "3", "--json", "--save", str(path))
+              "--hidden", "256", "--epochs", "5", "--json", "--save", str(path))
     assert out.returncode == 0, out.stderr
     epochs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5]
     data = Dataset.from_tables(data_path, regression=regression)
     with Trainer.load(path, data=data) as loaded:
         scored = loaded.evaluate()
     if regression:
         assert epochs[-1]["test_r2"] > 0.5 and scored.rmse == pytest.approx(epochs[-1]["test_rmse"], rel=2e-3)
     else:
-        assert epochs[-1]["test_accuracy"] > 0.01 and abs(scored.accuracy - epochs[-1]["test_accuracy"]) <= 0.002
+        assert epochs[-1]["test_accuracy"] > 0.05 and abs(scored.accuracy - epochs[-1]["test_accuracy"]) <= 0.002
 
 
 def test_the_benchmark_times_every_split_on_two_gpus(device, tmp_path):

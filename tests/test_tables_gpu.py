@@ -119,7 +119,8 @@ def test_table_steps_match_float64_reference(device, stream, kernels, rng, hidde
             errors, applied = ref.step_errors(before, after, state_before, state_after, expect, expect_state, recipe,
                                               recipe.lr, s)
             if applied is not None:  # Adam: the weights' change as its moments make it (module docstring)
-                assert max(applied) <= ADAM_ARITHMETIC, f"step {s}: weight change vs its moments: {applied}"
+                assert max(applied) <= ADAM_ARITHMETIC, (f"step {s}: weight change vs its moments: {applied}; "
+                                                         + ref.applied_detail(before, after, state_after, recipe, s))
             assert max(errors) <= STEP_TOLERANCE, f"step {s}, per layer: {errors}"
             trajectory, trajectory_state = ref.optimizer_step(trajectory, ref.loss_and_grads(
                 trajectory, x, y, fp16_storage=True, grad_scale=scale, loss=loss)[2], recipe, recipe.lr,
@@ -310,7 +311,7 @@ def test_the_cli_regresses_scores_the_test_set_once_and_predicts_in_the_targets_
     run = _run("predict", str(ckpt), str(path), "--out", str(out))
     assert run.returncode == 0, run.stderr
     values = np.array([r["values"][0] for r in json.loads(out.read_text())])
-    assert len(values) == 1000 and abs(values.mean() - 300) < 30
+    assert len(values) == 1000 and abs(values.mean() - y[7000:].mean()) < 3  # about 350: far from 0
     assert math.sqrt(((values - y[7000:]) ** 2).mean()) == pytest.approx(scored["test_rmse"], rel=1e-3)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import tables
-from ..runtime.dlpack import DeviceArray, on_gpu
+from ..runtime.dlpack import FEATURE_DTYPES, DeviceArray, on_gpu
 from ..contract.shapes import MAX_CLASSES, MAX_INPUTS, MAX_OUTPUTS
 from ..runtime.errors import DataError
 
@@ -51,6 +51,9 @@ def _features(x: Any, what: str) -> np.ndarray | DeviceArray:
     """Rows x features, checked: a host array as `numbers` takes it, or a GPU array as it is (its values are checked
     on the GPU, where the model copies it: MLP.upload_data)."""
     a = (x if isinstance(x, DeviceArray) else DeviceArray(x, what)) if on_gpu(x) else host_array(x, what)
+    if isinstance(a, DeviceArray) and a.dtype not in FEATURE_DTYPES:
+        raise DataError(f"{what}: a GPU array of {a.dtype}; rawgpu takes uint8, float16 or float32 features on the "
+                        "GPU (convert it there first, e.g. x.float() or x.half())")
     if a.ndim == 1:
         a = a.reshape(-1, 1)
     if a.ndim != 2:

@@ -19,8 +19,11 @@ from . import driver as drv
 from .errors import DataError
 
 KDL_CUDA, KDL_CUDA_MANAGED = 2, 13  # DLPack device types whose memory a CUDA context addresses
-_DTYPES = {(1, 8): np.dtype(np.uint8), (2, 16): np.dtype(np.float16), (2, 32): np.dtype(np.float32)}  # (code, bits)
+# (DLPack type code, bits) -> NumPy's dtype: what a host copy can hold (targets); features take FEATURE_DTYPES
+_DTYPES = {**{(0, b): np.dtype(f"int{b}") for b in (8, 16, 32, 64)}, **{(1, b): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)},
+           **{(2, b): np.dtype(f"float{b}") for b in (16, 32, 64)}, (6, 8): np.dtype(np.bool_)}
 _NAMES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
+FEATURE_DTYPES = (np.dtype(np.uint8), np.dtype(np.float16), np.dtype(np.float32))  # kept on the GPU as they are
 
 
 class _DLDevice(ctypes.Structure):
@@ -74,8 +77,8 @@ class DeviceArray:
         dtype = _DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
         if dtype is None:
             name = f"{_NAMES.get(t.dtype.code, 'code ' + str(t.dtype.code))}{t.dtype.bits}"
-            raise DataError(f"{what}: a GPU array of {name}; rawgpu takes uint8, float16 or float32 features on the "
-                            "GPU (convert it there first, e.g. x.float() or x.half())")
+            raise DataError(f"{what}: a GPU array of {name}, which rawgpu cannot read (convert it there first, e.g. "
+                            "x.float())")
         if t.strides:
             want, stride = [], 1
             for n in reversed(shape):
