@@ -4,8 +4,6 @@ memory described as CUDA memory; GPU: PyTorch tensors on the GPU, trained on bit
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,7 @@ from rawgpu.runtime.dlpack import DeviceArray, _DLManagedTensor, _get_pointer
 from rawgpu.model.recipe import Recipe, SettingError
 from rawgpu.runtime.errors import DataError
 from rawgpu.training.trainer import Trainer, fit_to_data
+from test_arrays import _one_line
 
 
 class OnGpu:
@@ -31,12 +30,6 @@ class OnGpu:
         t = _DLManagedTensor.from_address(_get_pointer(capsule, b"dltensor")).dl_tensor
         t.device.device_type, t.device.device_id = 2, self.device
         return capsule
-
-
-def _one_line(exc: pytest.ExceptionInfo) -> str:
-    text = str(exc.value)
-    assert "\n" not in text
-    return text
 
 
 def test_the_capsule_gives_address_shape_dtype_and_device(rng):

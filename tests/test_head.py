@@ -135,18 +135,11 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas, opt):
     mb, vb = random_state(rng, 16, states, 2.0)
     labels = rng.integers(0, classes, B).astype(np.int32)
     with Arena() as arena:
-        th, ty = arena.tensor("h", (B, K), np.float16), arena.tensor("y", (B,), np.int32)
-        twlo, tw16 = arena.tensor("wlo", (K, 16), np.int16), arena.tensor("w16", (K, 16), np.float16)
-        tb, topt = arena.tensor("b", (16,), np.float32), arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-        tz, td = arena.tensor("logits", (B, 16), np.float16), arena.tensor("dlogits", (B, 16), np.float16)
-        tdh = arena.tensor("dh", (B, K), np.float16)
-        tloss, tcorrect = arena.tensor("loss", (1,), np.float64), arena.tensor("correct", (1,), np.int32)
         held = [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
-        tstate = {name: arena.tensor(name, a.shape, np.float32) for name, a in held}
-        arena.allocate()
-        th.upload(h)
-        ty.upload(labels)
-        topt.upload(optimizer.words(o))
+        th, ty, twlo, tw16, tb, topt, tz, td, tdh, tstate = _head_buffers(arena, B, K, ty_shape=(B,), y_dtype=np.int32,
+                                                                          held=held)
+        tloss, tcorrect = arena.tensor("loss", (1,), np.float64), arena.tensor("correct", (1,), np.int32)
+        _upload(arena, th, h, ty, labels, topt, o)
         launch = H.head_step(kernels, plan, th, ty, twlo, tw16, tb, topt, tz, td, tdh, tloss, tcorrect, classes,
                              float(scale * B), **{n: tstate.get(n) for n in ("mw", "vw", "mb", "vb")})
         hi, lo = master.split(w)
@@ -168,20 +161,47 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas, opt):
         assert correct[0] - 3 == hits_z
         err = np.linalg.norm(d - d_ref) / np.linalg.norm(d_ref)
         assert err <= 2e-3, f"dlogits rel err {err:.2e}"
-        d64 = d.astype(np.float64)
-        dh_ref = (d64 @ w.astype(np.float16).astype(np.float64).T) * (h > 0)
-        err = np.linalg.norm(dh - dh_ref) / np.linalg.norm(dh_ref)
-        assert err <= 2e-3, f"dh rel err {err:.2e}"
-        w_ref, mw_ref, vw_ref = update_reference(o, w, h.astype(np.float64).T @ d64, mw, vw)
-        check_master_update(w, w16, wlo, w_ref)
-        b_ref, mb_ref, vb_ref = update_reference(o, b, d64.sum(axis=0), mb, vb)
-        assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
-        got = dict(zip([name for name, _ in held], got_state))
-        if states:
-            assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
-        if states > 1:
-            assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
+        _check_backward_and_step(d, dh, h, w, b, o, (mw, vw, mb, vb), (wlo, w16, b_new),
+                                 dict(zip([name for name, _ in held], got_state)), states)
     assert_same_bytes(runs)
+
+
+def _head_buffers(arena, B, K, ty_shape, y_dtype, held):
+    """The head step's operands in `arena`: h, the labels or targets, W as lo and W16, b, the optimiser table, the
+    outputs and their gradient, dh, and the optimiser's state tensors held (by name)."""
+    return (arena.tensor("h", (B, K), np.float16), arena.tensor("y", ty_shape, y_dtype),
+            arena.tensor("wlo", (K, 16), np.int16), arena.tensor("w16", (K, 16), np.float16),
+            arena.tensor("b", (16,), np.float32), arena.tensor("optim", (OPTIM_WORDS,), np.float32),
+            arena.tensor("z", (B, 16), np.float16), arena.tensor("dz", (B, 16), np.float16),
+            arena.tensor("dh", (B, K), np.float16),
+            {name: arena.tensor(name, a.shape, np.float32) for name, a in held})
+
+
+def _upload(arena, th, h, ty, y, topt, o) -> None:
+    arena.allocate()
+    th.upload(h)
+    ty.upload(y)
+    topt.upload(optimizer.words(o))
+
+
+def _check_backward_and_step(d, dh, h, w, b, o, state, after, got: dict, states: int) -> None:
+    """What follows from the head's gradient d as stored (fp16), against float64: dh = (d @ W16^T) * (h > 0), the
+    optimiser's step on the master and its state with G = h^T d, and on b with colsum(d). state: (mw, vw, mb, vb)
+    before; after: the kernel's (W lo, W16, b); got: its new state by name."""
+    mw, vw, mb, vb = state
+    wlo, w16, b_new = after
+    d64 = d.astype(np.float64)
+    dh_ref = (d64 @ w.astype(np.float16).astype(np.float64).T) * (h > 0)
+    err = np.linalg.norm(dh - dh_ref) / np.linalg.norm(dh_ref)
+    assert err <= 2e-3, f"dh rel err {err:.2e}"
+    w_ref, mw_ref, vw_ref = update_reference(o, w, h.astype(np.float64).T @ d64, mw, vw)
+    check_master_update(w, w16, wlo, w_ref)
+    b_ref, mb_ref, vb_ref = update_reference(o, b, d64.sum(axis=0), mb, vb)
+    assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
+    if states:
+        assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
+    if states > 1:
+        assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
 
 
 def _reference_from_logits(z16, labels, classes, scale):
@@ -223,18 +243,11 @@ def test_regression_against_float64(device, stream, kernels, rng, B, K, outputs,
     y = rng.normal(0.0, 1.5, (B, outputs)).astype(np.float32)  # errors both within and past Huber's delta
     before = np.array([1.5, 2.5, 3.5])
     with Arena() as arena:
-        th, ty = arena.tensor("h", (B, K), np.float16), arena.tensor("y", (B, outputs), np.float32)
-        twlo, tw16 = arena.tensor("wlo", (K, 16), np.int16), arena.tensor("w16", (K, 16), np.float16)
-        tb, topt = arena.tensor("b", (16,), np.float32), arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-        tz, td = arena.tensor("pred", (B, 16), np.float16), arena.tensor("dpred", (B, 16), np.float16)
-        tdh = arena.tensor("dh", (B, K), np.float16)
-        tsums = arena.tensor("sums", (3,), np.float64)
         held = [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
-        tstate = {name: arena.tensor(name, a.shape, np.float32) for name, a in held}
-        arena.allocate()
-        th.upload(h)
-        ty.upload(y)
-        topt.upload(optimizer.words(o))
+        th, ty, twlo, tw16, tb, topt, tz, td, tdh, tstate = _head_buffers(arena, B, K, ty_shape=(B, outputs),
+                                                                          y_dtype=np.float32, held=held)
+        tsums = arena.tensor("sums", (3,), np.float64)
+        _upload(arena, th, h, ty, y, topt, o)
         launch = H.head_step(kernels, plan, th, ty, twlo, tw16, tb, topt, tz, td, tdh, tsums, None, outputs,
                              grad_scale, loss=loss, **{n: tstate.get(n) for n in ("mw", "vw", "mb", "vb")})
         hi, lo = master.split(w)
@@ -258,17 +271,6 @@ def test_regression_against_float64(device, stream, kernels, rng, B, K, outputs,
         d_ref[:, :outputs] = grad * grad_scale / (B * outputs)
         err = np.linalg.norm(d - d_ref) / np.linalg.norm(d_ref)
         assert err <= 2e-3 and not d[:, outputs:].any(), f"dpred rel err {err:.2e}"
-        d64 = d.astype(np.float64)
-        dh_ref = (d64 @ w.astype(np.float16).astype(np.float64).T) * (h > 0)
-        err = np.linalg.norm(dh - dh_ref) / np.linalg.norm(dh_ref)
-        assert err <= 2e-3, f"dh rel err {err:.2e}"
-        w_ref, mw_ref, vw_ref = update_reference(o, w, h.astype(np.float64).T @ d64, mw, vw)
-        check_master_update(w, w16, wlo, w_ref)
-        b_ref, mb_ref, vb_ref = update_reference(o, b, d64.sum(axis=0), mb, vb)
-        assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
-        got = dict(zip([name for name, _ in held], got_state))
-        if states:
-            assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
-        if states > 1:
-            assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
+        _check_backward_and_step(d, dh, h, w, b, o, (mw, vw, mb, vb), (wlo, w16, b_new),
+                                 dict(zip([name for name, _ in held], got_state)), states)
     assert_same_bytes(runs)
