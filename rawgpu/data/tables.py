@@ -12,7 +12,9 @@ The target is a column (default: the last) or, in .npz files, the arrays y_train
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import os
 import zipfile
 from dataclasses import dataclass
@@ -271,6 +273,8 @@ class _Converted:
 
     def __init__(self, convert: Callable[[], np.ndarray], rows: int, direct=None):
         self._convert, self._array, self.rows, self.direct = convert, None, rows, direct
+        self._chunks: list[np.ndarray] | None = None
+        self._starts: list[int] = []
 
     def __len__(self) -> int:
         return self.rows
@@ -287,10 +291,30 @@ class _Converted:
         return self._array
 
     def part(self, start: int, stop: int) -> np.ndarray:
-        """Rows start..stop-1 as numbers (`direct`: Arrow's own buffers, copied only across a chunk's end)."""
-        if self.direct is not None:
-            return self.direct.slice(start, stop - start).to_numpy()
-        return self.get()[start:stop]
+        """Rows start..stop-1 as numbers (`direct`: views of Arrow's own buffers, copied only across a chunk's
+        end)."""
+        if self.direct is None:
+            return self.get()[start:stop]
+        if self._chunks is None:  # once, before the threads ask (views: no copy, and no Arrow call per block)
+            self.views()
+        i = bisect.bisect_right(self._starts, start) - 1
+        first = start - self._starts[i]
+        if stop <= self._starts[i] + len(self._chunks[i]):
+            return self._chunks[i][first:first + stop - start]
+        pieces, at = [], start
+        while at < stop:
+            i = bisect.bisect_right(self._starts, at) - 1
+            take = min(stop, self._starts[i] + len(self._chunks[i])) - at
+            pieces.append(self._chunks[i][at - self._starts[i]:at - self._starts[i] + take])
+            at += take
+        return np.concatenate(pieces)
+
+    def views(self) -> None:
+        """The direct column's chunks as NumPy views, and where each starts."""
+        if self.direct is not None and self._chunks is None:
+            chunks = [c.to_numpy(zero_copy_only=False) for c in self.direct.chunks if len(c)]
+            self._starts = list(itertools.accumulate((len(c) for c in chunks[:-1]), initial=0))
+            self._chunks = chunks
 
 
 def _direct(column, pa):
@@ -470,6 +494,9 @@ def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
     """The columns (arrays, or Arrow columns: _Converted) as rows [n, len(columns)] of dtype (what the GPU takes),
     and whether every value is finite: a block of rows per thread, checked while it is in the core's cache."""
     x = np.empty((n, len(columns)), dtype)
+    for c in columns:
+        if isinstance(c, _Converted):
+            c.views()
 
     def fill(a: int, b: int) -> bool:
         with np.errstate(over="ignore", invalid="ignore"):
