@@ -167,3 +167,20 @@ def test_a_split_is_the_same_for_the_same_seed_and_keeps_both_sides(tmp_path):
         tables.split(t, 0.001, seed=0, what="test")
     with pytest.raises(DataError, match=r"--val-fraction must be between 0 and 1"):
         tables.split(t, 1.5, seed=0, what="val")
+
+
+def test_rows_read_across_arrow_chunks_are_the_columns_own_values(rng, monkeypatch):
+    """A column in uneven Arrow chunks (a CSV's blocks): every block of rows, within a chunk or across several, is
+    the column's own values, and the rows the GPU takes are the columns side by side."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(tables, "ROW_BLOCK", 7)
+    values = [rng.standard_normal(n) for n in (5, 1, 13, 0, 9)]
+    whole = np.concatenate(values)
+    column = tables._Converted(lambda: whole, len(whole), pa.chunked_array([pa.array(v) for v in values]))
+    for start in range(len(whole)):
+        for stop in range(start + 1, len(whole) + 1):
+            assert np.array_equal(column.part(start, stop), whole[start:stop]), (start, stop)
+    other = rng.standard_normal(len(whole)).astype(np.float32)
+    x, finite = tables._rows(len(whole), [column, other], np.float32)
+    assert finite and np.array_equal(x, np.stack([whole.astype(np.float32), other], axis=1))
