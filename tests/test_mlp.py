@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STEP_TOLERANCE = {"fp32": 3e-2, "fp16": 2.5e-1}  # one step from the GPU's own parameters
 FLOAT64_TOLERANCE = 3e-2  # one step from the shared init, pure float64 reference, beyond fp16 storage's own gap
 TRAJECTORY_TOLERANCE = {"fp32": 5e-2, "fp16": 1e-1}  # ten steps from the shared init
-ADAM_ARITHMETIC = 1e-5  # Adam's weight change against float64 arithmetic on the GPU's own new moments
+ADAM_ARITHMETIC = ref.ADAM_ARITHMETIC
 
 
 class FakeMNIST:

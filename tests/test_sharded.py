@@ -17,7 +17,7 @@ from test_mlp import FakeMNIST, _batch
 
 gpu = pytest.mark.gpu
 STEP_TOLERANCE = 3e-2  # one step from the ranks' own parameters, as tests/test_mlp.py allows one GPU
-ADAM_ARITHMETIC = 1e-5
+ADAM_ARITHMETIC = ref.ADAM_ARITHMETIC
 
 
 # --- CPU: the shapes ---------------------------------------------------------------------------------------------

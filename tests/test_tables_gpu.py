@@ -30,7 +30,7 @@ gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TOLERANCE = 3e-2  # tests/test_mlp.py's, fp32 accumulation: one step from the GPU's own parameters
 TRAJECTORY_TOLERANCE = 5e-2  # ten steps from the shared init
-ADAM_ARITHMETIC = 1e-5
+ADAM_ARITHMETIC = ref.ADAM_ARITHMETIC
 METRIC_TOLERANCE = 2e-3  # the evaluation's sums against numpy on the same fp16 outputs: summation order only
 
 
