@@ -124,15 +124,7 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas, opt):
 
     classes, scale = 10, np.float32(512.0 / B)
     plan = H.plan_head(B, K, OPTIMIZERS[opt].optimizer, ctas)
-    states = OPTIMIZERS[opt]._state_tensors
-    o = table(opt, lr=0.01)
-    h = np.maximum(rng.uniform(-1, 1, (B, K)), 0).astype(np.float16)  # a ReLU output: about half zero
-    w = np.zeros((K, 16), np.float32)
-    w[:, :classes] = rng.uniform(-1, 1, (K, classes)) / np.sqrt(K) * 8
-    b = np.zeros(16, np.float32)
-    b[:classes] = rng.uniform(-0.5, 0.5, classes)
-    mw, vw = random_state(rng, (K, 16), states, 2.0)
-    mb, vb = random_state(rng, 16, states, 2.0)
+    states, o, h, w, b, (mw, vw, mb, vb) = _head_inputs(rng, B, K, classes, opt, 8)
     labels = rng.integers(0, classes, B).astype(np.int32)
     with Arena() as arena:
         held = [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
@@ -164,6 +156,20 @@ def test_against_float64(device, stream, kernels, rng, B, K, ctas, opt):
         _check_backward_and_step(d, dh, h, w, b, o, (mw, vw, mb, vb), (wlo, w16, b_new),
                                  dict(zip([name for name, _ in held], got_state)), states)
     assert_same_bytes(runs)
+
+
+def _head_inputs(rng, B, K, cols, opt, w_scale):
+    """Fresh inputs of a head step: the optimiser's state count and table, h (a ReLU output: about half zero), the
+    master W and b (cols live columns of 16, W at w_scale / sqrt(K)), and the optimiser's state (mw, vw, mb, vb)."""
+    states = OPTIMIZERS[opt]._state_tensors
+    h = np.maximum(rng.uniform(-1, 1, (B, K)), 0).astype(np.float16)
+    w = np.zeros((K, 16), np.float32)
+    w[:, :cols] = rng.uniform(-1, 1, (K, cols)) / np.sqrt(K) * w_scale
+    b = np.zeros(16, np.float32)
+    b[:cols] = rng.uniform(-0.5, 0.5, cols)
+    mw, vw = random_state(rng, (K, 16), states, 2.0)
+    mb, vb = random_state(rng, 16, states, 2.0)
+    return states, table(opt, lr=0.01), h, w, b, (mw, vw, mb, vb)
 
 
 def _head_buffers(arena, B, K, ty_shape, y_dtype, held):
@@ -231,15 +237,7 @@ def test_regression_against_float64(device, stream, kernels, rng, B, K, outputs,
     grad_scale = 512.0
     plan = H.plan_head(B, K, OPTIMIZERS[opt].optimizer, loss=loss)
     assert plan.task == "regression"
-    states = OPTIMIZERS[opt]._state_tensors
-    o = table(opt, lr=0.01)
-    h = np.maximum(rng.uniform(-1, 1, (B, K)), 0).astype(np.float16)
-    w = np.zeros((K, 16), np.float32)
-    w[:, :outputs] = rng.uniform(-1, 1, (K, outputs)) / np.sqrt(K) * 4
-    b = np.zeros(16, np.float32)
-    b[:outputs] = rng.uniform(-0.5, 0.5, outputs)
-    mw, vw = random_state(rng, (K, 16), states, 2.0)
-    mb, vb = random_state(rng, 16, states, 2.0)
+    states, o, h, w, b, (mw, vw, mb, vb) = _head_inputs(rng, B, K, outputs, opt, 4)
     y = rng.normal(0.0, 1.5, (B, outputs)).astype(np.float32)  # errors both within and past Huber's delta
     before = np.array([1.5, 2.5, 3.5])
     with Arena() as arena:
