@@ -18,18 +18,14 @@ from rawgpu.model import recipe as rc
 from rawgpu.runtime.errors import RawgpuError, StepUnsupported
 from rawgpu.runtime.files import write_atomic
 from rawgpu.cli.common import add_device_option, add_step_option, check_step_option, count, usage_error
+from rawgpu.cli.tables import add_shape_options
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/inspect_graph.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     rc.add_options(p, ("hidden", "layers", "activation", "batch", "optimizer", "momentum", "weight_decay", "accum"))
-    shape = p.add_argument_group("the data's shape (default MNIST's)")
-    shape.add_argument("--inputs", type=rc.argument_type("inputs", rc.SHAPE_OPTIONS["inputs"]), default=rc.INPUTS,
-                       help=f"features per row (default {rc.INPUTS})")
-    shape.add_argument("--classes", type=rc.argument_type("classes", rc.SHAPE_OPTIONS["classes"]), default=rc.CLASSES,
-                       help=f"classes, or a regression's outputs (default {rc.CLASSES})")
-    rc.add_options(shape, ("loss", "input_dtype", "standardize"))
+    add_shape_options(p)
     p.add_argument("--steps-per-graph", type=count(1, 100), default=1, help="steps in the graph (default 1)")
     add_step_option(p)
     add_device_option(p)

@@ -88,7 +88,22 @@ def test_prebuild_for_a_recipe_builds_its_units_and_then_finds_them_cached(tmp_p
     assert f"built 0 of {len(units)} kernel units" in again.stdout, again.stdout
 
 
+def test_prebuild_for_a_tables_recipe_builds_its_regression_head(tmp_path):
+    """--inputs, --classes and the task's options plan a table's run: a regression of 8 features on sm_90 builds
+    the head kernel's regression instance and the table gather, no pixel gather's build beyond gather.cu's."""
+    out = run("rawgpu.compile", "--arch", "sm_90", "--sms", "132", "--inputs", "8", "--classes", "1", "--loss",
+              "mse", "--standardize", "--hidden", "256", "--cache-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    recipe = Recipe(hidden=256, inputs=8, classes=1, loss="mse", standardize=True)
+    units = kernel_units(recipe, "sm_90", 132, "layered")
+    assert ("head.cu", "head_step_b128_sgd_regression") in units
+    listed = [line.split()[:2] for line in out.stdout.splitlines() if line.startswith("  ")]
+    assert sorted(tuple(x) for x in listed) == sorted((s, k or "(whole") for s, k in units)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--arch", "sm_90", "--classes", "1001", "--cache-dir", "{tmp}"], "argument --classes"),
+    (["--arch", "sm_90", "--loss", "mse", "--classes", "65", "--cache-dir", "{tmp}"], "argument --classes"),
     (["--arch", "sm_75", "--cache-dir", "{tmp}"], "rawgpu needs sm_80 or newer"),
     (["--arch", "foo", "--cache-dir", "{tmp}"], "bad GPU architecture 'foo'"),
     (["--arch", "sm_86", "--step", "cluster", "--cache-dir", "{tmp}"], "argument --step"),

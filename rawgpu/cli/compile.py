@@ -15,6 +15,7 @@ from ..runtime.errors import RawgpuError, StepUnsupported, run_cli
 from ..runtime.files import cannot_create_in
 from ..contract.arch import TYPICAL_SMS
 from .common import add_step_option, add_version_option, count, program, usage_error
+from .tables import add_shape_options
 
 
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "below)")
     rc.add_options(p.add_argument_group("recipe (as python -m rawgpu.train takes it)"),
                    ("hidden", "layers", "activation", "batch", "optimizer", "momentum", "weight_decay", "accum"))
+    add_shape_options(p)
     add_step_option(p)
     p.add_argument("--sms", type=count(1, 1024, what="SM count"), default=None,
                    help="SMs of the GPU the recipe is planned for (default: the GPU here, else the arch's largest "
@@ -88,7 +90,8 @@ def prebuild(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     else:
         sms = args.sms or (here[1] if here is not None and here[0] == arch else TYPICAL_SMS.get(arch, 108))
         try:
-            recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0])
+            recipe = rc.from_args(args, rc.run_length(args.batch, 1, None)[0], inputs=args.inputs,
+                                  classes=args.classes)
         except ValueError as exc:  # a setting the recipe refuses (rc.SettingError names it): a usage error
             usage_error(parser, exc)
         from ..training.session import kernel_units

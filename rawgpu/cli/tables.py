@@ -40,6 +40,17 @@ def add_table_options(group, split_seed: str = "--seed") -> None:
     rc.add_options(group, TASK_OPTIONS)
 
 
+def add_shape_options(parser) -> None:
+    """The data's shape without the data (a planned run: compile, the graph inspector): --inputs, --classes and the
+    task's recipe options, in a group of their own."""
+    shape = parser.add_argument_group("the data's shape (default MNIST's)")
+    shape.add_argument("--inputs", type=rc.argument_type("inputs", rc.SHAPE_OPTIONS["inputs"]), default=rc.INPUTS,
+                       help=f"features per row (default {rc.INPUTS})")
+    shape.add_argument("--classes", type=rc.argument_type("classes", rc.SHAPE_OPTIONS["classes"]), default=rc.CLASSES,
+                       help=f"classes, or a regression's outputs (default {rc.CLASSES})")
+    rc.add_options(shape, TASK_OPTIONS)
+
+
 def check_table_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, dataset_given: bool) -> None:
     """--data against --dataset/--data-dir, and the flags that pick from a table without one: one line, exit 2."""
     if args.data is not None:
