@@ -91,20 +91,20 @@ def test_the_cli_trains_on_two_gpus_and_saves_a_one_gpu_checkpoint(device, rng, 
 @pytest.mark.parametrize("task", ["regression", "classes"])
 def test_a_table_trains_on_two_gpus_from_the_cli(device, rng, tmp_path, mode, task):
     """`python -m rawgpu.train --data t.npz --standardize --gpus 2 --parallel MODE`: float features, a regression of 2
-    values or 300 classes; rank 0 reports every epoch, and the one-GPU checkpoint (its scaling with it) evaluates on
-    one GPU to the score the run reported."""
+    values or 100 classes (a head beyond the one-tile kernel's); rank 0 reports every epoch, and the one-GPU
+    checkpoint (its scaling with it) evaluates on one GPU to the score the run reported."""
     from rawgpu import Trainer
     from rawgpu.data.datasets import Dataset
     from test_trainer import cli
 
     _need_gpus(2)
-    x = (rng.standard_normal((5000, 40)) * rng.uniform(0.5, 4, 40) + rng.normal(0, 2, 40)).astype(np.float32)
+    x = (rng.standard_normal((9000, 40)) * rng.uniform(0.5, 4, 40) + rng.normal(0, 2, 40)).astype(np.float32)
     z = np.tanh(x @ rng.standard_normal((40, 8)) / 12) @ rng.standard_normal((8, 2))
     regression = task == "regression"
-    teacher = rng.standard_normal((40, 300)) / np.sqrt(40)  # 300 classes a linear model of x separates
+    teacher = rng.standard_normal((40, 100)) / np.sqrt(40)  # 100 classes a linear model of x separates
     y = z.astype(np.float32) if regression else ((x - x.mean(0)) / x.std(0) @ teacher).argmax(1).astype(np.int64)
     data_path, path = tmp_path / "t.npz", tmp_path / f"{mode}.safetensors"
-    np.savez(data_path, x_train=x[:4000], y_train=y[:4000], x_test=x[4000:], y_test=y[4000:])
+    np.savez(data_path, x_train=x[:8000], y_train=y[:8000], x_test=x[8000:], y_test=y[8000:])
     loss = ["--loss", "mse"] if regression else []
     out = cli("rawgpu.train", "--gpus", "2", "--parallel", mode, "--data", str(data_path), *loss, "--standardize",
               "--hidden", "256", "--epochs", "5", "--json", "--save", str(path))
@@ -117,7 +117,7 @@ def test_a_table_trains_on_two_gpus_from_the_cli(device, rng, tmp_path, mode, ta
     if regression:
         assert epochs[-1]["test_r2"] > 0.5 and scored.rmse == pytest.approx(epochs[-1]["test_rmse"], rel=2e-3)
     else:
-        assert epochs[-1]["test_accuracy"] > 0.05 and abs(scored.accuracy - epochs[-1]["test_accuracy"]) <= 0.002
+        assert epochs[-1]["test_accuracy"] > 0.15 and abs(scored.accuracy - epochs[-1]["test_accuracy"]) <= 0.002
 
 
 def test_the_benchmark_times_every_split_on_two_gpus(device, tmp_path):
