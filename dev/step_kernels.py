@@ -1,13 +1,15 @@
 """Per-kernel GPU time of one training step: each launch of the step alone, repeated in a graph, then the whole step.
 
     python dev/step_kernels.py --hidden H [H ...] [--batch B] [--optimizer sgd|adam|adamw] [--momentum MU]
-                               [--step KIND] [--activation A] [--repeats N] [--drop] [--chain]
+                               [--step KIND] [--activation A] [--repeats N] [--drop] [--chain] [--workload W]
 
 Where a step's time goes, kernel by kernel (a kernel alone does not overlap the one before it, so the parts add up
 to more than the whole). --drop also times the step without each launch in turn: what that launch adds to the
 step's critical path, i.e. what fusing it into a neighbour could save at most (the numbers, not the results, count).
 --chain: the layered step with every launch in one chain (StepOptions(branches=False)); --drop needs it where the step
 has side streams (a launch dropped from a fork or join would leave the graph unjoined).
+--workload W: the step of a benchmark workload (scripts/benchmarks/workloads.py: its shape, task, recipe and
+standardization, as `bench.py train --workload W` trains it; 65536 of its generated rows) instead of MNIST's.
 Timed as scripts/bench.py times (benchmarks.timing.time_graph): CUDA events around graph replays, median of trials.
 """
 
@@ -25,19 +27,49 @@ from rawgpu.training.session import Session
 from rawgpu.steps import StepOptions
 
 
-def profile(hidden: int, recipe_kw: dict, kind: str, repeats: int, drop: bool, chain: bool) -> None:
-    session = Session(Recipe(hidden=hidden, total_steps=1000, **recipe_kw), step_kind=kind,
-                      options=StepOptions(branches=not chain))
+WORKLOAD_ROWS = 65536  # of a workload's generated table: enough for the permutation, quick to make
+
+
+def mnist_run(hidden: int, recipe_kw: dict):
+    return Recipe(hidden=hidden, total_steps=1000, **recipe_kw), load_mnist()
+
+
+def workload_run(name: str, hidden: int, recipe_kw: dict):
+    """(the recipe, the data) of `bench.py train --workload name` at width hidden; recipe_kw's optimiser, momentum and
+    activation as given (the batch: the workload's unless --batch names one)."""
+    from benchmarks import tables
+    from benchmarks.training import RECIPES, with_optimizer
+    from benchmarks.workloads import WORKLOADS
+
+    w = WORKLOADS[name]
+    recipe = with_optimizer(RECIPES[w.recipe], recipe_kw.get("optimizer") or RECIPES[w.recipe]["optimizer"])
+    recipe = {**recipe, "batch": recipe_kw.get("batch") or w.batch or recipe["batch"],
+              "activation": recipe_kw.get("activation", "relu")}
+    if "momentum" in recipe_kw:
+        recipe["momentum"] = recipe_kw["momentum"]
+    data = tables.load(w, 0, rows=min(w.rows, WORKLOAD_ROWS))
+    return tables.table_recipe(hidden, recipe, 1000, 0, w, data), data
+
+
+def profile(recipe: Recipe, data, kind: str, repeats: int, drop: bool, chain: bool) -> None:
+    session = Session(recipe, step_kind=kind, options=StepOptions(branches=not chain))
     model, stream = session.model, session.stream
-    model.upload_data(load_mnist())
+    if recipe.regression:
+        from rawgpu.model.mlp import target_scaling
+
+        model.set_target_scaling(*target_scaling(data.train_labels))
+    model.upload_data(data)
+    if recipe.standardize:
+        model.compute_scaling(stream)
     model.init_parameters(stream)
-    model.set_permutation(np.random.default_rng(0).permutation(60000))
+    model.set_permutation(np.random.default_rng(0).permutation(recipe.train_rows))
     launches = model.step_launches(1)
     for launch in launches * 3:
         launch.run(stream)
     whole = time_graph(stream, lambda: [launch.run(stream) for _ in range(repeats) for launch in launches],
                        repeats, 10)
-    print(f"H={hidden} {recipe_kw.get('activation', 'relu')} {session.step_description}: {whole:.1f} us per step")
+    print(f"{data.name} H={recipe.hidden_label} {recipe.activation} {session.step_description}: {whole:.1f} us per "
+          "step")
     parts = []
     for launch in launches:
         alone = launch.alone()
@@ -69,11 +101,21 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=20, help="launches per timed graph")
     p.add_argument("--drop", action="store_true", help="also time the step without each launch in turn")
     p.add_argument("--chain", action="store_true", help="every launch in one chain (no side streams)")
+    p.add_argument("--workload", default=None, help="a benchmark workload's step instead of MNIST's (bench.py train "
+                   "--workload's names: scripts/benchmarks/workloads.py)")
     args = p.parse_args()
     kw = {"batch": args.batch, "activation": args.activation}
     kw.update({k: v for k, v in (("optimizer", args.optimizer), ("momentum", args.momentum)) if v is not None})
+    if args.workload is not None:
+        from benchmarks.workloads import WORKLOADS
+
+        if args.workload not in WORKLOADS:
+            p.error(f"argument --workload: one of {', '.join(WORKLOADS)}, not {args.workload!r}")
+        if "--batch" not in sys.argv:
+            kw.pop("batch")
     for h in args.hidden:
-        profile(h, kw, args.step, args.repeats, args.drop, args.chain)
+        recipe, data = mnist_run(h, kw) if args.workload is None else workload_run(args.workload, h, kw)
+        profile(recipe, data, args.step, args.repeats, args.drop, args.chain)
     return 0
 
 
