@@ -236,21 +236,6 @@ def update_errors(got: Params, expect: Params, start: Params) -> list[float]:
 
 
 ADAM_ARITHMETIC = 1e-5  # Adam's weight change against float64 arithmetic on the GPU's own new moments
-APPLIED_ULPS = 4  # ... or within this many fp32 roundings of the parameters themselves
-
-
-def applied_errors(got: Params, expect: Params, start: Params) -> list[float]:
-    """Per layer, Adam's applied change against float64 arithmetic, W's and b's worse: its relative error, where
-    the change stands well clear of the parameters' own fp32 rounding; where it does not (a parameter nearly
-    settled, whose moments all but cancel: the bias of a fitted output), the error over APPLIED_ULPS roundings,
-    scaled so that ADAM_ARITHMETIC bounds both. fp32's own arithmetic (tests/test_tables_gpu.py's Huber case,
-    emulated on the host) puts a change of a seventh of lr at 1.6e-5 of it, 2 roundings of its parameter."""
-    floor = APPLIED_ULPS / ADAM_ARITHMETIC
-
-    def err(g, e, s):
-        ulps = np.spacing(np.abs(np.asarray(e, np.float32))).astype(np.float64)
-        return float(np.linalg.norm(_f64(g) - e) / max(np.linalg.norm(e - s), floor * np.linalg.norm(ulps), 1e-30))
-    return [max(err(w, ew, w0), err(b, eb, b0)) for (w, b), (ew, eb), (w0, b0) in zip(got, expect, start)]
 
 
 def applied_detail(before: Params, after: Params, state: dict, recipe, step: int) -> str:
@@ -273,10 +258,10 @@ def step_errors(before: Params, after: Params, state_before: dict, state_after: 
                 expect_state: dict, recipe, lr: float, step: int) -> tuple[list[float], list[float] | None]:
     """One GPU step against the reference's, per layer: with SGD the weights' change; with Adam the moments' change
     (the second's halved: it is quadratic in the gradient) and, second, the weights' change against float64
-    arithmetic on the GPU's own new moments (applied_errors, bounded by ADAM_ARITHMETIC; tests/test_mlp.py's
-    docstring says why; None for SGD)."""
+    arithmetic on the GPU's own new moments (bounded by ADAM_ARITHMETIC; tests/test_mlp.py's docstring says why;
+    None for SGD)."""
     if recipe.optimizer == "sgd":
         return update_errors(after, expect, before), None
     moments = [update_errors(state_after[k], expect_state[k], state_before[k]) for k in ("m", "v")]
-    applied = applied_errors(after, adam_apply(before, state_after, recipe, lr, step), before)
+    applied = update_errors(after, adam_apply(before, state_after, recipe, lr, step), before)
     return [max(m, v / 2) for m, v in zip(*moments)], applied

@@ -136,9 +136,10 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
                                 or not 2 <= classes <= MAX_CLASSES):
         raise DataError(f"from_arrays: classes must be an integer in 2..{MAX_CLASSES}, got {classes!r}")
     x = _features(x_train, "x_train")
+    y_host = host_array(y_train, "y_train")  # once: a GPU array's targets are copied to the host here
     if regression is None:
-        regression = np.issubdtype(host_array(y_train, "y_train").dtype, np.floating)
-    y, outputs = _targets(y_train, len(x), "y_train", bool(regression), classes)
+        regression = np.issubdtype(y_host.dtype, np.floating)
+    y, outputs = _targets(y_host, len(x), "y_train", bool(regression), classes)
     if x_test is None:
         if isinstance(x, DeviceArray):
             raise DataError("x_train is on the GPU: pass x_test and y_test too (rawgpu draws a held-out split from "

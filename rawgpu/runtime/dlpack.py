@@ -50,8 +50,10 @@ _get_pointer.restype, _get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object
 
 def on_gpu(a: Any) -> bool:
     """Whether `a` is an array DLPack places in GPU memory (not a host or pinned host array)."""
-    if isinstance(a, (np.ndarray, DeviceArray)) or not hasattr(a, "__dlpack_device__"):
-        return isinstance(a, DeviceArray)
+    if isinstance(a, DeviceArray):
+        return True
+    if isinstance(a, np.ndarray) or not hasattr(a, "__dlpack_device__"):
+        return False
     try:
         return int(a.__dlpack_device__()[0]) in (KDL_CUDA, KDL_CUDA_MANAGED)
     except Exception:  # noqa: BLE001 - a producer that cannot say is not one we read from the GPU
@@ -65,13 +67,14 @@ class DeviceArray:
 
     def __init__(self, a: Any, what: str):
         try:
-            capsule = a.__dlpack__(stream=1)  # CUDA's legacy default stream: ordered after the owner's work
-        except TypeError:
-            capsule = a.__dlpack__()
-        except Exception as exc:  # noqa: BLE001 - any producer's refusal is one line
+            try:
+                capsule = a.__dlpack__(stream=1)  # CUDA's legacy default stream: ordered after the owner's work
+            except Exception:  # noqa: BLE001 - a producer without that stream argument (copy_to_device waits anyway)
+                capsule = a.__dlpack__()
+            address = _get_pointer(capsule, b"dltensor")
+        except Exception as exc:  # noqa: BLE001 - any producer's refusal, or a capsule of another kind, is one line
             raise DataError(f"{what}: its DLPack export failed ({type(a).__name__}: {' '.join(str(exc).split())})") \
                 from None
-        address = _get_pointer(capsule, b"dltensor")
         t = _DLManagedTensor.from_address(address).dl_tensor
         shape = tuple(int(t.shape[i]) for i in range(t.ndim))
         dtype = _DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
