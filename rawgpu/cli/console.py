@@ -343,7 +343,8 @@ class PlainConsole(Console):
         self._line(format_summary(summary))
 
 
-def _finite(x):
+def json_number(x):
+    """A number as JSON can hold it: NaN and infinities as null."""
     return x if not isinstance(x, float) or math.isfinite(x) else None
 
 
@@ -352,13 +353,13 @@ class JsonConsole(Console):
     --val-fraction a last one, {"test": {...}}: the finished model's score on the test set."""
 
     def result(self, record: dict) -> None:
-        self._line(json.dumps({"test": {k: _finite(v) for k, v in record.items()}}))
+        self._line(json.dumps({"test": {k: json_number(v) for k, v in record.items()}}))
 
     def epoch_end(self, stats: EpochStats) -> None:
         r = self.gpu.read()
         gpu = None if r is None else {k: getattr(r, k) for k in
                                       ("temperature_c", "power_w", "memory_used_bytes", "utilization_pct")}
-        record = {k: _finite(v) for k, v in dataclasses.asdict(stats).items()}
+        record = {k: json_number(v) for k, v in dataclasses.asdict(stats).items()}
         self._line(json.dumps({**record, "gpu": gpu}))
 
 

@@ -84,7 +84,9 @@ def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         record = {"checkpoint": args.checkpoint, "dataset": data.name, "test_rows": len(data.test_labels),
                   "test_loss": result.loss}
         if r.regression:
-            record.update(test_rmse=result.rmse, test_mae=result.mae, test_r2=_finite(result.r2))
+            from .console import json_number
+
+            record.update(test_rmse=result.rmse, test_mae=result.mae, test_r2=json_number(result.r2))
         else:
             record.update(test_accuracy=result.accuracy, confusion=result.confusion.tolist())
         print(json.dumps(record))
@@ -104,9 +106,6 @@ def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         out.print(f"confusion matrix: {r.classes} x {r.classes}, in --json", markup=False, highlight=False)
     return 0
 
-
-def _finite(x: float) -> float | None:
-    return x if x == x and abs(x) != float("inf") else None
 
 if __name__ == "__main__":
     sys.exit(main())
