@@ -29,13 +29,12 @@ def update_reference(o, w, g, m, v):
             m = o.beta1 * m + g
             g = g + o.beta1 * m if o.nesterov else m
         return w - o.lr * g, m, v
-    if o.kind == 2:
-        w = w * o.decay
-    else:
+    decay = w * o.decay_rate if o.kind == 2 else 0.0
+    if o.kind != 2:
         g = g + o.l2 * w
     m = m + o.m_rate * (g - m)
     v = o.beta2 * v + o.v_rate * g * g
-    return w - o.step_size * m / (np.sqrt(v) * o.bias2 + o.eps), m, v
+    return w - decay - o.step_size * m / (np.sqrt(v) * o.bias2 + o.eps), m, v
 
 
 def random_state(rng, shape, states: int, scale: float) -> tuple[np.ndarray, np.ndarray]:

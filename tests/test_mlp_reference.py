@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+import mlp_reference as ref
 from mlp_reference import forward, loss_and_grads, sgd_step, train_steps
 
 SIZES = [12, 7, 5, 4]  # two hidden layers
@@ -179,3 +180,23 @@ def test_fp16_storage_reference_stays_close_to_float64_and_ignores_the_scale_wit
         np.testing.assert_allclose(sb, gb, rtol=1e-12, atol=1e-15)
         assert np.linalg.norm(rw - gw) <= 2e-2 * np.linalg.norm(gw)
         assert not np.array_equal(rw, gw)  # the rounding really happened
+
+
+def test_adams_applied_change_is_held_to_1e5_or_to_what_fp32_can_hold():
+    """applied_errors: a change of many ulps is held to ADAM_ARITHMETIC of itself; a change of a few thousand ulps
+    (fp32's own rounding above the bound) passes as the correctly rounded float64 result and fails one ulp off it."""
+    rng = np.random.default_rng(7)
+    start = [(rng.uniform(-0.1, 0.1, (4, 3)).astype(np.float32), np.array([0.0662, -0.05, 0.03], np.float32))]
+    big = [(start[0][0] + 1e-3, start[0][1] + np.array([2e-3, -1e-3, 1e-3]))]  # float64 results, far from rounding
+    off = [(big[0][0] * (1 + 2e-6), big[0][1])]  # the plain relative error, unscaled
+    assert ref.applied_errors(off, big, start)[0] == pytest.approx(ref.relative(off[0][0] - start[0][0],
+                                                                                 big[0][0] - start[0][0]), rel=1e-6)
+    bad = [(big[0][0], big[0][1] + np.array([0.0, 0.0, 1e-7]))]
+    assert ref.applied_errors(bad, big, start)[0] > ref.ADAM_ARITHMETIC
+    # a settled bias: 7e-5 is about 10^4 ulps of 0.066, so fp32's nearest value misses 1e-5 of it
+    small = [(big[0][0], start[0][1].astype(np.float64) + np.array([7.384e-5, 1e-5, -2e-5]) + 1e-12)]
+    nearest = [(big[0][0], small[0][1].astype(np.float32))]
+    assert ref.relative(nearest[0][1] - start[0][1], small[0][1] - start[0][1]) > ref.ADAM_ARITHMETIC
+    assert ref.applied_errors(nearest, small, start)[0] <= ref.ADAM_ARITHMETIC
+    one_off = [(big[0][0], np.nextafter(nearest[0][1], np.float32(1)))]
+    assert ref.applied_errors(one_off, small, start)[0] > ref.ADAM_ARITHMETIC

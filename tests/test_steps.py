@@ -185,7 +185,7 @@ def test_the_optimiser_table_scales_what_meets_scaled_gradients():
         t = optimizer.step_values(a, step, 1e-3 / s)
         assert t.step_size == pytest.approx(1e-3 / (1 - 0.9 ** (step + 1)), rel=1e-7)
         assert t.bias2 == pytest.approx((1 - 0.999 ** (step + 1)) ** -0.5, rel=1e-7)
-        assert t.decay == pytest.approx(1 - 1e-3 * 0.1, rel=1e-7) and t.lr == pytest.approx(1e-3 / s)
+        assert t.decay_rate == pytest.approx(1e-3 * 0.1, rel=1e-7) and t.lr == pytest.approx(1e-3 / s)
     assert optimizer.words(a).shape == (OPTIM_WORDS,) and optimizer.words(a).dtype == "float32"
 
 

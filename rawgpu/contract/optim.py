@@ -33,7 +33,7 @@ class Optim(CStruct):
         ("lr", "float", "this step's learning rate / the loss scale: what SGD multiplies scaled gradients by"),
         ("step_size", "float", "Adam: this step's lr / (1 - beta1^t), t = steps done + 1"),
         ("bias2", "float", "Adam: 1 / sqrt(1 - beta2^t)"),
-        ("decay", "float", "AdamW: 1 - lr x weight decay, the decoupled decay's factor (1 otherwise)"),
+        ("decay_rate", "float", "AdamW: lr x weight decay, the decoupled decay's rate (0 otherwise)"),
         ("kind", "int", "OPT_SGD, OPT_ADAM, OPT_ADAMW"),
         ("nesterov", "int", "SGD: w -= lr (g + mu v) instead of lr v"),
         ("beta1", "float", "SGD: the momentum mu (0: none); Adam: beta1"),

@@ -82,7 +82,7 @@ extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8*
             opt->lr = o.lr;
             opt->step_size = o.step_size;
             opt->bias2 = o.bias2;
-            opt->decay = o.decay;
+            opt->decay_rate = o.decay_rate;
         }
         if (threadIdx.x == 0) y_out[i] = label;
         uint4 lo, hi;
@@ -176,7 +176,7 @@ RG_DEVICE void gather_table_body(const In* __restrict__ x, const void* __restric
             opt->lr = o.lr;
             opt->step_size = o.step_size;
             opt->bias2 = o.bias2;
-            opt->decay = o.decay;
+            opt->decay_rate = o.decay_rate;
         }
         if constexpr (VALUES) {
             for (int k = threadIdx.x; k < outputs; k += blockDim.x)

@@ -21,10 +21,9 @@ RG_DEVICE void optim_set_step(Optim& o, i64 s, double lr_scaled) {
         const double t = (double)(s + 1), lr = lr_scaled * (double)o.scale;
         o.step_size = (float)(lr / (1.0 - pow(o.beta1_d, t)));
         o.bias2 = (float)(1.0 / sqrt(1.0 - pow(o.beta2_d, t)));
-        o.decay = (float)(1.0 - lr * (double)o.wd);
+        o.decay_rate = (float)(lr * (double)o.wd);
     } else {  // unused by SGD; set, so that the table is the same bits as optimizer.py's step_values
-        o.step_size = o.bias2 = 0.f;
-        o.decay = 1.f;
+        o.step_size = o.bias2 = o.decay_rate = 0.f;
     }
 }
 
@@ -48,14 +47,16 @@ RG_DEVICE float sqrt_approx(float x) {
 }
 
 // Adam's step for one parameter (torch.optim.Adam, AdamW). The quotient within 2 ulp (__fdividef: its denominator
-// is at least eps x S, far from where that is inexact) and the square root within 1: an fp32 update.
+// is at least eps x S, far from where that is inexact) and the square root within 1: an fp32 update. AdamW's
+// w (1 - lr wd) - step is w - (lr wd w + step), the small terms summed first: w is rounded once, as Adam's is (torch
+// rounds w (1 - lr wd), then w - step: up to three half-ulps of w, many where a settled bias moves little). The last
+// line's fmas are written out: a contraction left to the compiler could differ between kernels, and so their bits.
 RG_DEVICE float optim_adam(float w, float g, float& m, float& v, const Optim& o) {
-    if (o.kind == OPT_ADAMW) w *= o.decay;  // AdamW: decoupled, before the step
-    else if (o.l2 != 0.f) g = fmaf(o.l2, w, g);
+    if (o.kind != OPT_ADAMW && o.l2 != 0.f) g = fmaf(o.l2, w, g);
     m = fmaf(o.m_rate, g - m, m);               // m.lerp_(g, 1 - beta1)
     v = fmaf(o.beta2, v, o.v_rate * (g * g));  // v.mul_(beta2).addcmul_(g, g, 1 - beta2)
-    const float denom = fmaf(sqrt_approx(v), o.bias2, o.eps);
-    return w - o.step_size * __fdividef(m, denom);
+    const float q = __fdividef(m, fmaf(sqrt_approx(v), o.bias2, o.eps));
+    return o.kind == OPT_ADAMW ? w - fmaf(o.decay_rate, w, o.step_size * q) : fmaf(-o.step_size, q, w);
 }
 
 // One parameter w with scaled gradient g: returns the new w and updates its state m (SGD's momentum or Adam's first

@@ -1,6 +1,6 @@
 """The optimiser table every update kernel reads (contract.Optim, cu/optim.cuh), made from the recipe.
 
-The hyperparameters are set once; the step's values (lr, Adam's bias corrections, AdamW's decay factor) are written
+The hyperparameters are set once; the step's values (lr, Adam's bias corrections, AdamW's decay rate) are written
 on the device every step by the gather or the fused kernel (optim.cuh: optim_set_step). `step_values` is that
 function's host twin, for kernels run alone and for tests.
 """
@@ -45,9 +45,9 @@ def step_values(o: Optim, step: int, lr_scaled: float) -> Optim:
         t, lr = step + 1, lr_scaled * float(np.float32(o.scale))
         out.step_size = f32(lr / (1.0 - o.beta1_d ** t))
         out.bias2 = f32(1.0 / math.sqrt(1.0 - o.beta2_d ** t))
-        out.decay = f32(1.0 - lr * float(np.float32(o.wd)))
+        out.decay_rate = f32(lr * float(np.float32(o.wd)))
     else:
-        out.step_size, out.bias2, out.decay = 0.0, 0.0, 1.0
+        out.step_size, out.bias2, out.decay_rate = 0.0, 0.0, 0.0
     return out
 
 
