@@ -205,16 +205,19 @@ def test_an_unpicked_text_column_is_left_alone(tmp_path):
     assert "row 1, column 'id': 'x1' is not a number" in _one_line(exc)
 
 
-def test_a_sweep_of_a_tables_models_trains_them_one_after_another(rng):
-    """The models step gathers uint8 images: a table's models train one by one (together=True says why), each
-    recipe checked against the data first."""
+def test_a_sweep_of_a_tables_classes_trains_together_and_a_regressions_one_by_one(rng):
+    """The models step gathers a table's rows and scores class labels: a classification's models train together; a
+    regression's one by one (together=True says why); each recipe is checked against the data first."""
     from rawgpu import Grid, Sweep
 
-    d = Dataset.from_arrays(rng.standard_normal((1000, 5)).astype(np.float32), np.arange(1000) % 3)
-    sweep = Sweep(Grid(seeds=(0, 1)), data=d, epochs=1)
-    assert "reads uint8 images and their labels, not this data (fp16 features" in sweep.together_problem()
-    with pytest.raises(ValueError, match="cannot train in one step: the models step reads uint8 images"):
-        Sweep(Grid(seeds=(0, 1)), data=d, epochs=1, together=True)
+    x = rng.standard_normal((1000, 5)).astype(np.float32)
+    d = Dataset.from_arrays(x, np.arange(1000) % 3)
+    assert Sweep(Grid(seeds=(0, 1)), Recipe(standardize=True), data=d, epochs=1).together_problem() is None
+    values = Dataset.from_arrays(x, x[:, :2] @ np.ones((2, 1)), regression=True)
+    regression = Sweep(Grid(seeds=(0, 1)), Recipe(loss="mse"), data=values, epochs=1)
+    assert "scores class labels, not this data (regression (mse)" in regression.together_problem()
+    with pytest.raises(ValueError, match="cannot train in one step: the models step scores class labels"):
+        Sweep(Grid(seeds=(0, 1)), Recipe(loss="mse"), data=values, epochs=1, together=True)
     with pytest.raises(SettingError, match="loss: mse is a regression's loss; the data has class labels"):
         Sweep(Grid(seeds=(0, 1)), Recipe(loss="mse"), data=d, epochs=1)
     assert Sweep(Grid(seeds=(0,)), data=(d.train_images, d.train_labels), epochs=1).data.inputs == 5

@@ -87,6 +87,30 @@ def test_every_launch_of_the_models_step_binds_on_the_cpu(arch, batch, monkeypat
     assert names[0] == "gather_batch" and len(names) == stack.step.kernel_count(), names
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_86"])
+@pytest.mark.parametrize("table,gather", [(dict(inputs=54, classes=7, input_dtype="fp16", standardize=True),
+                                           "gather_table_f16_labels_std"),
+                                          (dict(inputs=30, classes=100, input_dtype="fp32"), "gather_table_f32_labels"),
+                                          (dict(inputs=3072, classes=20, input_dtype="u8", standardize=True),
+                                           "gather_table_u8_labels_std")])
+def test_a_tables_stack_binds_its_table_gather_over_the_models(arch, table, gather, monkeypatch):
+    """A table's classification over models: the table gather with a model axis (its dtype, standardized or not),
+    and every other launch as for images; the evaluation's gather the table's too."""
+    from test_steps import _BindingKernels
+
+    monkeypatch.setattr("rawgpu.runtime.driver.tensor_map_2d", lambda *a: bytes(128))
+    recipes = _recipes(3, hidden=256, layers=2, batch=128, momentum=0.9, **table)
+    assert models_step.unsupported_reason(recipes[0], arch) is None
+    stack = steps.plan_model(recipes[0], arch=arch, sm_count=132, models=recipes)
+    stack.arena.base, stack.arena._allocated = 1 << 40, True
+    stack.k = _BindingKernels(arch)
+    names = [bound[0] for bound in stack.step._one_step()]
+    assert names[0] == gather and len(names) == stack.step.kernel_count(), names
+    assert [bound[0] for bound in stack.eval_launches()][1] == gather.replace("_labels", "_labels")
+    regression = replace(recipes[0], loss="mse", classes=1)
+    assert "scores class labels" in models_step.unsupported_reason(regression, arch)
+
+
 def test_the_models_step_is_no_single_models_kind():
     assert "models" in steps.KINDS and "models" not in steps.ONE_GPU and "models" not in steps.CHOICES
     with pytest.raises(ValueError, match="give models"):
@@ -182,36 +206,94 @@ def test_every_model_of_a_stack_follows_the_float64_reference(device, stream, ke
     try:
         if short and stack.step.head is None:
             pytest.skip(f"no short form here: {models_step.short_form_reason(recipes[0], device.arch)}")
-        step = stack.step_launches()
-        adam = recipes[0].optimizer != "sgd"
-        x_all = data.train_images / 255.0
-        for s in range(10):
-            before = [(_params(stack, m), _state(stack, m)) for m in range(n)]
-            poison = np.full(stack.acts[1].shape, np.nan, np.float16)
-            stack.acts[1].upload(poison)  # every model's hidden activations are written by this step
-            stack.grads[1].upload(poison)
-            if stack.slopes[1] is not None:
-                stack.slopes[1].upload(poison)
-            stack.zero_metrics()
-            for launch in step:
-                launch.run(stream)
-            stream.synchronize()
-            loss_sums, _ = stack.train_metrics()
-            for m, r in enumerate(recipes):
-                rows = perms[m][s * r.batch:(s + 1) * r.batch]
-                x, y = x_all[rows].astype(np.float16), data.train_labels[rows].astype(np.int64)
-                params, state = before[m]
-                loss, _, grads = ref.loss_and_grads(params, x, y, fp16_storage=True, grad_scale=loss_scale(r.batch),
-                                                    activation=activation)
-                assert abs(loss_sums[m] / r.batch - loss) <= 1e-2 * max(loss, 1.0), f"model {m}, step {s}: loss"
-                expect, expect_state = ref.optimizer_step(params, grads, r, r.lr, state or None, s)
-                got = _params(stack, m)
-                key = "m" if adam else None
-                pairs = (zip(_state(stack, m)[key], expect_state[key], state[key]) if adam else
-                         zip(got, expect, params))
-                errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in pairs]
-                assert max(errors) <= STEP_TOLERANCE, f"model {m}, step {s}, per layer: {errors}"
-        assert stack.step_count() == 10
+        _follow_the_reference(stack, stream, recipes, perms, (data.train_images / 255.0).astype(np.float16),
+                              data.train_labels)
+    finally:
+        stack.arena.close()
+
+
+def _follow_the_reference(stack, stream, recipes, perms, x_all, labels, steps: int = 10) -> None:
+    """`steps` steps of every model of the stack, each against the float64 reference from its own parameters and
+    state before the step (x_all: the features as the gather writes them, fp16), hidden outputs poisoned first."""
+    step, adam, n = stack.step_launches(), recipes[0].optimizer != "sgd", len(recipes)
+    for s in range(steps):
+        before = [(_params(stack, m), _state(stack, m)) for m in range(n)]
+        poison = np.full(stack.acts[1].shape, np.nan, np.float16)
+        stack.acts[1].upload(poison)  # every model's hidden activations are written by this step
+        stack.grads[1].upload(poison)
+        if stack.slopes[1] is not None:
+            stack.slopes[1].upload(poison)
+        stack.zero_metrics()
+        for launch in step:
+            launch.run(stream)
+        stream.synchronize()
+        loss_sums, _ = stack.train_metrics()
+        for m, r in enumerate(recipes):
+            rows = perms[m][s * r.batch:(s + 1) * r.batch]
+            params, state = before[m]
+            loss, _, grads = ref.loss_and_grads(params, x_all[rows], labels[rows].astype(np.int64), fp16_storage=True,
+                                                grad_scale=loss_scale(r.batch), activation=r.activation)
+            assert abs(loss_sums[m] / r.batch - loss) <= 1e-2 * max(loss, 1.0), f"model {m}, step {s}: loss"
+            expect, expect_state = ref.optimizer_step(params, grads, r, r.lr, state or None, s)
+            got = _params(stack, m)
+            key = "m" if adam else None
+            pairs = (zip(_state(stack, m)[key], expect_state[key], state[key]) if adam else
+                     zip(got, expect, params))
+            errors = [max(_rel(w - w0, ew - w0), _rel(b - b0, eb - b0)) for (w, b), (ew, eb), (w0, b0) in pairs]
+            assert max(errors) <= STEP_TOLERANCE, f"model {m}, step {s}, per layer: {errors}"
+    assert stack.step_count() == steps
+
+
+@gpu
+@pytest.mark.parametrize("table", [dict(features=54, dtype="float32", input_dtype="fp16", standardize=True, classes=7),
+                                   dict(features=30, dtype="float32", input_dtype="fp32", standardize=False,
+                                        classes=100),
+                                   dict(features=200, dtype="uint8", input_dtype="u8", standardize=True, classes=20)])
+@pytest.mark.parametrize("short", [True, False], ids=["short", "long"])
+def test_every_model_of_a_tables_stack_follows_the_float64_reference(device, stream, kernels, rng, table, short):
+    """A table's models together (the table gather over models: fp16, fp32 or bytes, standardized by the data's own
+    scaling, computed once on the GPU for all; 100 classes: the long form's head over models): each moves as the
+    float64 reference moves it over 10 steps, from the features as the gather writes them, and each evaluates to
+    its own parameters' accuracy."""
+    from test_tables_gpu import fake_table
+
+    from rawgpu.model.mlp import feature_scaling, kept_features
+    from rawgpu.training.trainer import fit_to_data
+
+    table = dict(table)
+    data = fake_table(rng, 4096, table.pop("features"), table.pop("dtype"), classes=table.pop("classes"))
+    recipes = [fit_to_data(r, data) for r in _recipes(3, lr=0.05, hidden=128, batch=64, momentum=0.9, **table)]
+    perms = [rng.permutation(recipes[0].train_rows).astype(np.int32) for _ in recipes]
+    stack = steps.plan_model(recipes[0], kernels=kernels, sm_count=device.sm_count, models=recipes,
+                             options=StepOptions(short=short)).allocate()
+    try:
+        stack.upload_data(data)
+        kept = kept_features(data.train_images, recipes[0]._input_dtype, "x")
+        if recipes[0].standardize:
+            stack.compute_scaling(stream)
+            mean, inv = stack.scaling()
+            host_mean, host_inv = feature_scaling(kept)
+            assert np.allclose(mean, host_mean, rtol=1e-5, atol=1e-6) and np.allclose(inv, host_inv, rtol=1e-5)
+        stack.init_parameters(stream)
+        stack.set_permutations(perms)
+        f = kept.astype(np.float32) * (np.float32(1 / 255) if kept.dtype == np.uint8 else np.float32(1))
+        if recipes[0].standardize:
+            f = (f - mean) * inv
+        if short and stack.step.head is None and recipes[0]._padded_classes == 16:
+            pytest.skip(f"no short form here: {models_step.short_form_reason(recipes[0], device.arch)}")
+        _follow_the_reference(stack, stream, recipes, perms, f.astype(np.float16), data.train_labels)
+        stack.zero_eval_metrics()
+        for launch in stack.eval_launches():
+            launch.run(stream)
+        stream.synchronize()
+        _, accuracy = stack.eval_metrics()
+        test = kept_features(data.test_images, recipes[0]._input_dtype, "x").astype(np.float32)
+        test = test * (np.float32(1 / 255) if kept.dtype == np.uint8 else np.float32(1))
+        if recipes[0].standardize:
+            test = (test - mean) * inv
+        for m in range(3):
+            out = ref.forward(_params(stack, m), test.astype(np.float16), fp16_storage=True)[-1]
+            assert abs(accuracy[m] - (out.argmax(1) == data.test_labels).mean()) <= 2 / len(test)
     finally:
         stack.arena.close()
 

@@ -259,7 +259,9 @@ def test_every_model_ends_with_the_bits_it_gets_alone_and_a_resumed_sweep_ends_t
 @pytest.mark.parametrize("task", ["classes", "regression"])
 def test_a_tables_models_end_with_the_bits_they_get_alone(device, rng, tmp_path, task):
     """A sweep of a table (float features, standardized; 40 classes, or a regression of 2 values) from the CLI with
-    --data an .npz file: each model ends with the metrics Trainer gives it alone, ranked in results.csv."""
+    --data an .npz file, ranked in results.csv: a regression's models one by one, each with the metrics Trainer
+    gives it alone; the classes' together (the models step), each within 4 of the 200 test rows of its accuracy
+    alone (the models step's sums meet in another order)."""
     from rawgpu.data.datasets import Dataset
     from rawgpu.training.trainer import Trainer
 
@@ -285,7 +287,7 @@ def test_a_tables_models_end_with_the_bits_they_get_alone(device, rng, tmp_path,
             if task == "regression":
                 assert row["final_rmse"] == f"{last.test_rmse:.6g}"
             else:
-                assert row["final_accuracy"] == f"{last.test_accuracy:.4f}"
+                assert abs(float(row["final_accuracy"]) - last.test_accuracy) <= 4 / 200
 
 
 @gpu

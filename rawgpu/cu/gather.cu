@@ -19,33 +19,35 @@
 // of dependent loads step -> perm -> image runs while the kernel before still ends, and only the stores (x, y and
 // the optimiser's values, which that kernel may still read) wait for it.
 //
-// GATHER_MODELS (gather_models.cu sets it for the models step; 0 here): grid y is the model of a sweep; model m reads
-// its order at perm + m z_perm, writes its rows at x_out + m z_x and y_out + m z_y and its optimiser row opt + m, with
+// GATHER_MODELS (gather_models.cu sets it for the models step; 0 here): grid y is the model of a sweep (this gather
+// and the table gather below alike); model m reads its order at perm + m z_perm, writes its rows at x_out + m z_x and y_out + m z_y and its optimiser row opt + m, with
 // its own schedule: schedules[4 m ...] = lr0, lr_min, warmup_steps, kind (the arguments' values are unused).
 #ifndef GATHER_MODELS
 #define GATHER_MODELS 0
 #endif
 #if GATHER_MODELS
 #define GATHER_MODEL_PARAMS , i64 z_perm, i64 z_x, i64 z_y, const double* __restrict__ schedules
+// model blockIdx.y's order, outputs (y: 4-byte labels or values), optimiser row and schedule
+#define GATHER_MODEL_OFFSETS                                                                                       \
+    {                                                                                                              \
+        const i64 model = blockIdx.y;                                                                              \
+        perm += model * z_perm;                                                                                    \
+        x_out += model * z_x;                                                                                      \
+        y_out = reinterpret_cast<int*>(y_out) + model * z_y;                                                       \
+        if (opt) opt += model;                                                                                     \
+        const double* sch = schedules + 4 * model;                                                                 \
+        lr0 = (float)sch[0], lr_min = (float)sch[1], warmup_steps = (i64)sch[2], kind = (int)sch[3];               \
+    }
 #else
 #define GATHER_MODEL_PARAMS
+#define GATHER_MODEL_OFFSETS
 #endif
 extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8* __restrict__ labels,
                                         const int* __restrict__ perm, const i64* __restrict__ step, int batch,
                                         int steps_per_epoch, int row_bytes, int ld_out, half_t* __restrict__ x_out,
                                         int* __restrict__ y_out, Optim* __restrict__ opt, float lr0, float lr_min,
                                         i64 total_steps, i64 warmup_steps, int kind, int early GATHER_MODEL_PARAMS) {
-#if GATHER_MODELS
-    {
-        const i64 model = blockIdx.y;
-        perm += model * z_perm;
-        x_out += model * z_x;
-        y_out += model * z_y;
-        if (opt) opt += model;
-        const double* sch = schedules + 4 * model;
-        lr0 = (float)sch[0], lr_min = (float)sch[1], warmup_steps = (i64)sch[2], kind = (int)sch[3];
-    }
-#endif
+    GATHER_MODEL_OFFSETS
     bool waited = !early;
     if (!early) pdl_enter();
     const bool writes_optim = opt != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
@@ -194,14 +196,13 @@ RG_DEVICE void gather_table_body(const In* __restrict__ x, const void* __restric
                                     int steps_per_epoch, int features, int ld_out, const float* __restrict__ mean, \
                                     const float* __restrict__ inv_std, half_t* __restrict__ x_out,               \
                                     void* __restrict__ y_out, Optim* __restrict__ opt, float lr0, float lr_min,   \
-                                    i64 total_steps, i64 warmup_steps, int kind, int early) {                    \
+                                    i64 total_steps, i64 warmup_steps, int kind, int early GATHER_MODEL_PARAMS) { \
+        GATHER_MODEL_OFFSETS                                                                                     \
         gather_table_body<In, STD, VALUES>(x, targets, outputs, perm, step, batch, steps_per_epoch, features,    \
                                            ld_out, mean, inv_std, x_out, y_out, opt, lr0, lr_min, total_steps,   \
                                            warmup_steps, kind, early);                                           \
     }
-#if !GATHER_MODELS  // the table gather has no model axis yet
 GATHER_TABLE_FOR_EACH_KERNEL(GATHER_TABLE)  // generated: rawgpu/contract/gather.py
-#endif
 
 // A table's standardization (rawgpu/kernels/gather.py: column_scaling), once before training, deterministic: the
 // rows are cut into gridDim.y chunks in a fixed way; block (tile, chunk) sums its 32 columns over its chunk, a warp

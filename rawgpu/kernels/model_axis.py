@@ -89,10 +89,13 @@ def model_part(t: Tensor, n: int, i: int = 0) -> Tensor:
 
 def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, step: Tensor, x: Tensor, y: Tensor,
            batch: int, steps_per_epoch: int, optim: Tensor, schedules: Tensor, total_steps: int,
-           early: bool = False, sm_count: int | None = None) -> Launch:
+           early: bool = False, sm_count: int | None = None, mean: Tensor | None = None,
+           inv_std: Tensor | None = None) -> Launch:
     """Every model's batch: model m's rows of x and y from its own order perm[m], and its optimiser row optim[m] for
     the step from its own schedule (schedules[m]: lr0, lr_min, warmup steps, kind code; total_steps is the run's,
     the same for all). perm int32 [n, >= batch x steps_per_epoch], x fp16 [n x batch, ld], y int32 [n x batch].
+    images: uint8 images with byte labels (gather.gather_batch's), or a table's features (uint8, fp16, fp32) with
+    int32 labels (gather.gather_table's, standardized where mean and inv_std, the data's, are given).
     early: as gather_batch's. sm_count: the GPU's SMs, so that every model's blocks are resident at once (a block
     per row up to GATHER_BLOCKS_PER_SM per SM, then blocks of several rows): a block's dependent loads (counter,
     order, pixels) start before the kernel before ends only in the first wave."""
@@ -101,10 +104,12 @@ def gather(k: Kernels, n: int, images: Tensor, labels: Tensor, perm: Tensor, ste
     if len(perm.shape) != 2 or perm.shape[0] != n:
         raise ValueError(f"perm: expected [{n}, rows], got shape {perm.shape}")
     order = model_part(perm, n).view((perm.shape[1],))
-    one = kd.gather_batch(_Recorder(k), images, labels, order, step, model_part(x, n), model_part(y, n), batch,
-                          steps_per_epoch, optim=model_part(optim, n).view((OPTIM_WORDS,)),
-                          schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0), early=early,
-                          blocks=None if sm_count is None else max(1, min(batch, GATHER_BLOCKS_PER_SM * sm_count // n)))
+    options = dict(optim=model_part(optim, n).view((OPTIM_WORDS,)), schedule=kd.Schedule(0.0, 0.0, total_steps, 0, 0),
+                   early=early, blocks=None if sm_count is None else max(1, min(batch,
+                                                                                 GATHER_BLOCKS_PER_SM * sm_count // n)))
+    parts = (_Recorder(k), images, labels, order, step, model_part(x, n), model_part(y, n), batch, steps_per_epoch)
+    one = (kd.gather_batch(*parts, **options) if labels.dtype == np.uint8 else
+           kd.gather_table(*parts, mean=mean, inv_std=inv_std, **options))
     return _over_models(k, one, GATHER_MODELS_SOURCE, 1, n,
                         (perm.shape[1], _models(x, n, "x"), _models(y, n, "y"), schedules))
 

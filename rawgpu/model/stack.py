@@ -20,12 +20,12 @@ from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import model_axis as km
 from ..runtime.memory import Arena, Tensor
-from .mlp import common_units, eval_batch, seed_of
-from .recipe import SCHEDULES, Recipe, cdiv
+from .mlp import common_units, eval_batch, kept_features, seed_of
+from .recipe import INPUT_DTYPES, SCHEDULES, Recipe, cdiv
 
 # What every model of one stack shares: the buffers' shapes, the kernels' families and build, the run's length.
 SHARED_FIELDS = ("widths", "batch", "accum", "_state_tensors", "activation", "train_rows", "test_rows",
-                 "total_steps", "steps_per_epoch")
+                 "total_steps", "steps_per_epoch", "loss", "_input_dtype", "standardize")
 
 
 def stack_problem(recipes: Sequence[Recipe]) -> str | None:
@@ -74,11 +74,17 @@ class ModelStack:
         self.arena = a = Arena()
         B, widths, padded = r.batch, r.widths, r._padded_widths
         self.rows, self.padded = B, padded
-        # shared: the data, the step counter, the evaluation's input
-        self.images = a.tensor("train_images", (r.train_rows, r.inputs), np.uint8)
-        self.labels = a.tensor("train_labels", r.train_rows, np.uint8)
-        self.test_images = a.tensor("test_images", (r.test_rows, r.inputs), np.uint8)
-        self.test_labels = a.tensor("test_labels", r.test_rows, np.uint8)
+        # shared: the data (images as bytes with byte labels, or a table's features as the recipe keeps them with
+        # int32 labels, and its standardization), the step counter, the evaluation's input
+        x_dtype, y_dtype = np.dtype(INPUT_DTYPES[r._input_dtype]), np.uint8 if r._pixels else np.int32
+        self.images = a.tensor("train_images", (r.train_rows, r.inputs), x_dtype)
+        self.labels = a.tensor("train_labels", r.train_rows, y_dtype)
+        self.test_images = a.tensor("test_images", (r.test_rows, r.inputs), x_dtype)
+        self.test_labels = a.tensor("test_labels", r.test_rows, y_dtype)
+        self.mean = a.tensor("feature_mean", r.inputs, np.float32) if r.standardize else None
+        self.inv_std = a.tensor("feature_inv_std", r.inputs, np.float32) if r.standardize else None
+        self.scaling_partial = (a.tensor("scaling_partial", (kd.column_chunks(r.train_rows, r.inputs, sm_count), 2,
+                                                             r.inputs), np.float64) if r.standardize else None)
         self.counter = a.tensor("step", 1, np.int64)
         self.eval_counter = a.tensor("eval_step", 1, np.int64)
         self.zero_counter = a.tensor("zero_step", 1, np.int64)
@@ -160,15 +166,41 @@ class ModelStack:
         return self
 
     def upload_data(self, data) -> None:
+        """The data every model trains on: images as they are, a table's features as the recipe keeps them
+        (mlp.kept_features) with int32 labels; then the evaluation's orders."""
         r = self.recipe
-        self.images.upload(data.train_images.reshape(r.train_rows, r.inputs))
-        self.labels.upload(data.train_labels)
-        self.test_images.upload(data.test_images.reshape(r.test_rows, r.inputs))
-        self.test_labels.upload(data.test_labels)
+
+        def kept(x, rows: int, what: str) -> np.ndarray:
+            x = np.asarray(x).reshape(rows, r.inputs)
+            return x if r._pixels else kept_features(x, r._input_dtype, what)
+        self.images.upload(kept(data.train_images, r.train_rows, "the training set"))
+        self.labels.upload(np.asarray(data.train_labels).astype(self.labels.dtype, copy=False))
+        self.test_images.upload(kept(data.test_images, r.test_rows, "the test set"))
+        self.test_labels.upload(np.asarray(data.test_labels).astype(self.labels.dtype, copy=False))
         whole = self.eval_chunks * self.eval_batch
         self.eval_perm.upload(np.arange(whole, dtype=np.int32))
         if self.tail_perm is not None:
             self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
+
+    def compute_scaling(self, stream: Stream) -> None:
+        """The standardization from the training set on the device, as MLP.compute_scaling computes it: one for every
+        model (they share the data)."""
+        for launch in kd.column_scaling(self.k, self.images, self.mean, self.inv_std, self.scaling_partial):
+            launch.run(stream)
+        stream.synchronize("the features' standardization")
+
+    def scaling(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, inv_std) where the models standardize their features, else None (every model's checkpoint keeps
+        it)."""
+        return None if self.mean is None else (self.mean.download(), self.inv_std.download())
+
+    def gather(self, early: bool) -> Launch:
+        """Every model's batch of this step (model_axis.gather: images, or a table's rows standardized where the
+        recipe says), with its optimiser row."""
+        r = self.recipe
+        return km.gather(self.k, self.n, self.images, self.labels, self.perm, self.counter, self.acts[0], self.y,
+                         r.batch, r.steps_per_epoch, self.optim, self.schedules, r.total_steps, early=early,
+                         sm_count=self.sm_count, mean=self.mean, inv_std=self.inv_std)
 
     def init_parameters(self, stream: Stream) -> None:
         """Every model's weights and biases from its own seed, drawn as a model alone draws them; its optimiser
@@ -224,8 +256,11 @@ class ModelStack:
                                                   (self.eval_tail, self.tail_perm, self.zero_counter, self.tail_fwd,
                                                    1 if self.eval_tail else 0)):
             for _ in range(times):
+                steps = chunks if rows == EB else 1
                 out.append(kd.gather_batch(k, self.test_images, self.test_labels, perm, counter, self.eval_x,
-                                           self.eval_y, rows, chunks if rows == EB else 1))
+                                           self.eval_y, rows, steps) if self.recipe._pixels else
+                           kd.gather_table(k, self.test_images, self.test_labels, perm, counter, self.eval_x,
+                                           self.eval_y, rows, steps, mean=self.mean, inv_std=self.inv_std))
                 out += self.forward(self.eval_x, hidden, plans, shared_input=True)
                 out.append(km.softmax_xent(k, self.n, self.eval_logits, self.eval_y, None, self.eval_loss_sum,
                                            self.eval_correct, rows, classes, shared_labels=True,

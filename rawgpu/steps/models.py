@@ -36,8 +36,8 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     """Why the models step cannot run models of `recipe` here; None when it can."""
     if recipe._kernel_accum != "f32":
         return "the models step accumulates in fp32; this recipe asks for fp16 accumulation"
-    if not recipe._pixels:
-        return f"the models step reads uint8 images and their labels, not this data ({data_kind(recipe)})"
+    if recipe.regression:
+        return f"the models step scores class labels, not this data ({data_kind(recipe)})"
     return None
 
 
@@ -113,8 +113,7 @@ class ModelsStep(ChainStep):
         m = self.model
         k, n, r = m.k, m.n, m.recipe
         scale = loss_scale(r.batch)
-        out = [km.gather(k, n, m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
-                         m.optim, m.schedules, r.total_steps, early=self.head is not None, sm_count=m.sm_count)]
+        out = [m.gather(early=self.head is not None)]
         top = len(self.fwd)  # layers with a forward GEMM
         out += m.forward(m.acts[0], m.acts[1:top + 1], self.fwd, shared_input=False, slopes=m.slopes[1:top + 1])
         if self.head is not None:

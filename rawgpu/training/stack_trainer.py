@@ -65,6 +65,8 @@ class StackTrainer:
         self.kernels.wait()
         self.stream = Stream()
         self.stack.upload_data(data)
+        if r.standardize:  # the training split's, as a model alone computes it
+            self.stack.compute_scaling(self.stream)
         self.stack.init_parameters(self.stream)
         self.steps_done = 0
         self.histories: list[list[EpochStats]] = [[] for _ in self.recipes]
@@ -151,7 +153,7 @@ class StackTrainer:
                     "train_seconds": self.train_seconds,
                     "history": [dataclasses.asdict(h) for h in self.histories[m]]}
         return ck.Checkpoint(self.recipes[m], STEP_KIND, dataset_record(self.data, self.recipes[m]), weights, state,
-                             progress)
+                             progress, scaling=self.stack.scaling())
 
     def close(self) -> None:
         if self.closed:
