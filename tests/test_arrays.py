@@ -66,6 +66,8 @@ class _DeviceArray:
     ((np.full((20, 2), 1e300), np.zeros(20)), {}, "does not fit float32"),
     ((np.ones((20, 2)), np.zeros(20), np.ones((5, 3)), np.zeros(5)), {}, "x_test: 3 features per row, x_train has 2"),
     ((np.ones((20, 2)), np.zeros(20), np.ones((5, 2))), {}, "give x_test and y_test together"),
+    ((np.ones((20, 2), np.float16), np.zeros(20), np.array([[1.0, 7e4]] * 5, np.float32), np.zeros(5)), {},
+     "x_test: row 0, column 1: 70000 does not fit float16, x_train's dtype"),
     ((np.ones((20, 2)), np.zeros(20)), {"test_fraction": 0.01}, "leaves no test rows"),
     ((_DeviceArray(), np.zeros(20)), {}, "x_train: an array on DLPack device type 9, which rawgpu cannot read"),
 ])

@@ -162,9 +162,14 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
             raise DataError(f"x_test: {xt.dtype} features, x_train's are {x.dtype} (features on the GPU are used as "
                             "they are: give both the same dtype)")
         if xt.dtype != x.dtype:
-            xt = xt.astype(x.dtype) if x.dtype != np.uint8 else xt
-            if xt.dtype != x.dtype:
+            if x.dtype == np.uint8:
                 raise DataError(f"x_test: {xt.dtype} features, x_train's are uint8 pixels")
+            big = np.abs(xt) > np.finfo(x.dtype).max  # x_train's dtype (float16 or float32) holds x_test's values
+            if big.any():
+                r, c = np.argwhere(big)[0]
+                raise DataError(f"x_test: row {r}, column {c}: {float(xt[r, c]):g} does not fit {x.dtype}, x_train's "
+                                "dtype")
+            xt = xt.astype(x.dtype)
         yt, _ = _targets(y_test, len(xt), "y_test", bool(regression), None if regression else outputs)
         if regression and yt.shape[1] != outputs:
             raise DataError(f"y_test: {yt.shape[1]} values per row, y_train has {outputs}")
