@@ -95,9 +95,9 @@ def read_features(path: str | Path, features: Sequence[str] | None, width: int) 
         if key is None:
             raise DataError(f"{path}: no x_test or x_train array (it holds {', '.join(sorted(arrays)) or 'none'})")
         x = arrays[key]
-        columns = [x[:, j] for j in range(x.shape[1])] if x.ndim == 2 else None
-        if columns is None:
+        if x.ndim != 2:
             raise DataError(f"{path}: {key} must be rows x features, got shape {x.shape}")
+        columns = [x[:, j] for j in range(x.shape[1])]
         names = [str(j) for j in range(len(columns))]
     elif suffix == ".npy":
         columns, names = _npy(path)
@@ -297,17 +297,13 @@ class _Converted:
             return self.get()[start:stop]
         if self._chunks is None:  # once, before the threads ask (views: no copy, and no Arrow call per block)
             self.views()
-        i = bisect.bisect_right(self._starts, start) - 1
-        first = start - self._starts[i]
-        if stop <= self._starts[i] + len(self._chunks[i]):
-            return self._chunks[i][first:first + stop - start]
         pieces, at = [], start
         while at < stop:
             i = bisect.bisect_right(self._starts, at) - 1
-            take = min(stop, self._starts[i] + len(self._chunks[i])) - at
-            pieces.append(self._chunks[i][at - self._starts[i]:at - self._starts[i] + take])
-            at += take
-        return np.concatenate(pieces)
+            end = min(stop, self._starts[i] + len(self._chunks[i]))
+            pieces.append(self._chunks[i][at - self._starts[i]:end - self._starts[i]])
+            at = end
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def views(self) -> None:
         """The direct column's chunks as NumPy views, and where each starts."""
