@@ -66,8 +66,8 @@ def gathered(model, x: np.ndarray) -> np.ndarray:
 
 MOMENTUM, PLAIN = dict(momentum=0.9), dict(momentum=0.0)
 # 3000 raw bytes into 100 classes at batch 33 train at lr 0.002: at lr 0.05 that model's own ten steps amplify a
-# gradient's rounding into the trajectory some fiftyfold more than the 54-column case's do, so the trajectory would
-# measure the data, not the kernels (dev/trajectory_gain.py: the float64 reference against itself).
+# gradient's rounding into the trajectory far more than the other cases' do, so the trajectory would measure the
+# data, not the kernels (docs/design.md; dev/trajectory_gain.py: the float64 reference against itself).
 SLOW_MOMENTUM = dict(momentum=0.9, lr=0.002)
 ADAM, ADAMW = dict(optimizer="adam", lr=1e-3), dict(optimizer="adamw", lr=2e-3, weight_decay=0.05)
 CASES = [  # hidden, batch, optimiser, features (count, dtype, input_dtype, standardize), task, short form

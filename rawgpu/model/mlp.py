@@ -640,7 +640,7 @@ def feature_scaling(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for start in range(0, n, SCALING_CHUNK):
         squares += ((part(start) - mean) ** 2).sum(axis=0)
     std = np.sqrt(squares / n)
-    inv = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 1.0)
+    inv = 1.0 / np.where(std > 0, std, 1.0)
     return mean.astype(np.float32), inv.astype(np.float32)
 
 

@@ -39,7 +39,7 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     if recipe.classes > contract.HEAD_TILE_CLASSES:
         return f"the cluster step's head is one tile of {contract.HEAD_TILE_CLASSES} classes, not {recipe.classes}"
     if not recipe._pixels:
-        return (f"the cluster step reads uint8 images and their labels, not this data (" + data_kind(recipe) + ")")
+        return f"the cluster step reads uint8 images and their labels, not this data ({data_kind(recipe)})"
     if recipe.batch > kc.ROWS:
         return f"the cluster step takes batches of at most {kc.ROWS}, got {recipe.batch}"
     if not recipe._plain_sgd:

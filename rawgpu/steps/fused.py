@@ -61,7 +61,7 @@ def unsupported_reason(recipe: Recipe, arch: str) -> str | None:
     if recipe.classes > contract.HEAD_TILE_CLASSES:
         return f"the fused step's head is one tile of {contract.HEAD_TILE_CLASSES} classes, not {recipe.classes}"
     if not recipe._pixels:
-        return (f"the fused step reads uint8 images and their labels, not this data (" + data_kind(recipe) + ")")
+        return f"the fused step reads uint8 images and their labels, not this data ({data_kind(recipe)})"
     if recipe.layers + 1 > kf.MAX_LINEAR_LAYERS:
         return f"the fused step takes at most {kf.MAX_LINEAR_LAYERS - 1} hidden layers"
     return None
