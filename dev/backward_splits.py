@@ -1,10 +1,10 @@
 """The one-pass backward with an optimiser (kernels/dx_update.py; --optimizer plain: kernels/dx_sgd.py, batch <= 32)
 alone, at every column-range count: what plan_dx_update's (plan_dx_sgd's) split rule should be.
 
-    python dev/backward_splits.py [--sizes 256 1024 4096] [--batch 128] [--optimizer sgd|adam|plain] [--splits 1 2 4 8]
+    python dev/backward_splits.py [--sizes 256 1024 4096] [--inputs 784] [--batch 128] [--optimizer sgd|adam|plain] [--splits 1 2 4 8]
                                   [--sum cluster workspace] [--roles 1 2]
 
-Each layer shape of a step (784 x H without dx, H x H with dx), timed as bench.py times a GEMM: a CUDA graph of
+Each layer shape of a step (--inputs x H without dx, H x H with dx), timed as bench.py times a GEMM: a CUDA graph of
 launches over copies of the weights and state past the L2, each overlapping the one before on sm_90, the median of
 the trials; the default plan first, then each split count, with the % of copy bandwidth the weight bytes reach;
 each line once per way the column ranges add their dx (--sum: in a cluster, through the workspace; cu/one_pass.cuh).
@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=count(1), default=128)
     p.add_argument("--optimizer", choices=("sgd", "adam", "plain"), default="sgd",
                    help="sgd: with momentum; plain: SGD without state, the batch-32 kernel (kernels/dx_sgd.py)")
+    p.add_argument("--inputs", type=count(8), nargs="+", default=[784],
+                   help="the first layer's input widths (update alone; default 784, MNIST's)")
     p.add_argument("--splits", type=count(1), nargs="*", default=[1, 2, 4, 8])
     p.add_argument("--sum", nargs="+", choices=("cluster", "workspace"), default=["cluster", "workspace"],
                    help="how the column ranges add their dx (cluster: where the plan can; default both)")
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
     print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}, {args.optimizer}; us per launch "
           f"(% of copy at {per_weight} B per weight)")
     for h in args.sizes:
-        for IN, with_dx, ways in ((784, False, ["-"]), (h, True, args.sum)):
+        for IN, with_dx, ways in [(i, False, ["-"]) for i in args.inputs] + [(h, True, args.sum)]:
             chunks = cdiv(h, D.BN if args.optimizer == "plain" else U.BN)
             for way, roles in ((w, r) for w in ways for r in (args.roles if with_dx else [None])):
                 line = f"{h:>5} {IN}x{h} {'dx+update' if with_dx else 'update':>9} {way:>9}"

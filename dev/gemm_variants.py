@@ -39,10 +39,10 @@ def sweep_candidates(M: int, K: int, layout: str, arch: str) -> list[tuple[str, 
         k_tiles = -(-K // cfg.bk)
         for s in (1, 2, 3, 4, 6, 8, 12, 16):
             if s == 1 or k_tiles // s >= 1:
-                if s == 1 or not (cfg.wgmma or cfg.persistent):  # these split in a cluster (split_k's cr) or not at all
+                if s == 1 or not (cfg.wgmma or cfg.persistent):  # these split in a cluster (split_k's layout) or not at all
                     out.append((name, s, False))
                 if (1 < s <= G.MAX_CLUSTER_SPLITS and G.sm90_or_later(arch) and not cfg.staged and not cfg.persistent
-                        and (not cfg.wgmma or (cfg.split_k and layout == "cr"))):
+                        and (not cfg.wgmma or layout == cfg.split_k)):
                     out.append((name, s, True))
     return out
 

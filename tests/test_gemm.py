@@ -91,15 +91,25 @@ def test_tma_streams_large_weights_on_sm90_only():
             assert G.plan_gemm(32, N, K, layout, epi, arch="sm_86").config.name != "tma"
         assert G.plan_gemm(32, 1024, 1024, layout, epi, arch="sm_90").config.name == "stream"  # latency-bound
         assert G.plan_gemm(64, 8192, 8192, layout, epi, arch="sm_90").config.name != "tma"  # M > 32
-    # the forward at batch size: the copy engine from 1 MB, its 128-column tile on 4096 columns, its 128-row tile from
-    # 12 MB, one block per SM
+    # the forward at batch size: with fp32 accumulation the warpgroup-MMA tile, K split over a cluster, from 512 KB of
+    # weight to 32 MB, the grid one resident wave
     for M in (33, 128, 256):
         assert G.plan_gemm(M, 256, 784, "rr", "bias_act", arch="sm_90").config.name == "stream"
-        assert G.plan_gemm(M, 1024, 784, "rr", "bias_act", arch="sm_90").config.name == "tma"
-        assert G.plan_gemm(M, 2048, 2048, "rr", "bias_act", arch="sm_90").config.name == "tma"
-        assert G.plan_gemm(M, 4096, 784, "rr", "bias_act", arch="sm_90").config.name == "tma128"
-        for N, K, splits in [(8192, 784, 1), (4096, 4096, 2), (8192, 8192, 1)]:
+        for N, K in [(512, 512), (1024, 784), (1024, 3072), (2048, 2048), (4096, 784), (4096, 4096)]:
             p = G.plan_gemm(M, N, K, "rr", "bias_act", arch="sm_90", capacity=H100_CLUSTERS)
+            assert p.config.name == G.FORWARD_WGMMA and p.cluster == (p.splits > 1), (M, N, K)
+            assert p.grid[0] * p.grid[1] * p.grid[2] <= 132 and p.splits <= G.MAX_CLUSTER_SPLITS
+        assert G.plan_gemm(M, 8192, 8192, "rr", "bias_act", arch="sm_90").config.name == G.ROW_TILE
+        assert G.plan_gemm(M, 1024, 1024, "rr", "bias_act", arch="sm_86").config.name != G.FORWARD_WGMMA
+    # fp16 accumulation (gemm.cu's and the copy engine's tiles alone): the copy engine from 1 MB, its 128-column tile on
+    # 4096 columns, its 128-row tile from 12 MB, one block per SM
+    for M in (33, 128, 256):
+        f16 = {"arch": "sm_90", "accum": "f16"}
+        assert G.plan_gemm(M, 1024, 784, "rr", "bias_act", **f16).config.name == "tma"
+        assert G.plan_gemm(M, 2048, 2048, "rr", "bias_act", **f16).config.name == "tma"
+        assert G.plan_gemm(M, 4096, 784, "rr", "bias_act", **f16).config.name == "tma128"
+        for N, K, splits in [(8192, 784, 1), (4096, 4096, 2), (8192, 8192, 1)]:
+            p = G.plan_gemm(M, N, K, "rr", "bias_act", capacity=H100_CLUSTERS, **f16)
             assert p.config.name == G.ROW_TILE and p.config.bm == 128
             assert p.splits == (1 if M > 128 else splits)  # two row tiles fill the SMs unsplit
             assert M > 128 or p.grid[0] * p.grid[1] * p.grid[2] <= 132
@@ -247,19 +257,19 @@ def test_store32_is_planned_as_store(arch, layout):
         assert replace(fp32, epilogue="store") == store, (M, N, K)
         chosen.add(fp32.config.name)
     assert chosen == {("sm_86", "rr"): {"stream", "128x128"}, ("sm_86", "rc"): {"stream", "64x128", "128x128"},
-                      ("sm_90", "rr"): {"stream", "tma", "tma128", G.ROW_TILE, "wg64", "wg128"},
+                      ("sm_90", "rr"): {"stream", "tma", G.FORWARD_WGMMA, "wg64", "wg128"},
                       ("sm_90", "rc"): {"stream", "tma", "64x128", "128x128", "wg64", "wg128"}}[arch, layout]
-    if arch == "sm_90" and layout == "rr":  # batch 128: the tensor-copy tiles, split or not
-        assert G.plan_gemm(128, 4096, 4096, "rr", "store32", arch=arch).config.name == G.ROW_TILE
-        assert G.plan_gemm(128, 1024, 1024, "rr", "store32", arch=arch).config.name == "tma"
-        assert G.plan_gemm(128, 4096, 784, "rr", "store32", arch=arch).config.name == "tma128"
+    if arch == "sm_90" and layout == "rr":  # batch 128: the warpgroup-MMA tile, K split over a cluster
+        for N, K in ((4096, 4096), (1024, 1024), (4096, 784)):
+            p = G.plan_gemm(128, N, K, "rr", "store32", arch=arch)
+            assert (p.config.name, p.cluster) == (G.FORWARD_WGMMA, p.splits > 1)
 
 
 def test_store32_is_compiled_wherever_x_at_w_and_dy_at_wt_store_and_a_weight_is_updated():
     store = {(c, lay) for c, lay, e in G.INSTANCES if e == "store" and lay in ("rr", "rc")}
     assert {(c, lay) for c, lay, e in G.INSTANCES if e == "store32" and lay != "cr"} == store
     assert {c for c, _ in store} == {"32x128", "64x128", "128x128", "32x128k64", "stream", "tma", "tma128", G.ROW_TILE,
-                                     "wg128", "wg256", "wg128x2", "wg256mc", "wg64"}
+                                     "wg128", "wg256", "wg128x2", "wg256mc", "wg64", "wg64k"}
     assert {c for c, lay, e in G.INSTANCES if e == "store32" and lay == "cr"} == {
         "32x128", "64x128", "128x128", "staged", "staged32", "wg128", "wg128x2", "wg256", "wg256mc", "wg64"}
     with pytest.raises(ValueError, match="no compiled GEMM instance"):
@@ -300,7 +310,7 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     for M, N, K in ((1024, 2048, 2048), (2048, 1024, 1024), (4096, 512, 512)):  # 256 tiles of 64 columns: two waves
         assert G.plan_gemm(M, N, K, "rr", "bias_act", arch="sm_90", sm_count=132).config.name == "wg128", (M, N, K)
     assert G.plan_gemm(4096, 1024, 16, "rc", "dact", arch="sm_90", sm_count=132).config.name == "128x128"
-    for args, kw in [((256, 1024, 1024, "rr", "store"), {}),  # a batch the streaming tiles take
+    for args, kw in [((256, 256, 784, "rr", "store"), {}),  # a batch the streaming tiles take
                      ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
                      ((4096, 1024, 16, "rc", "dact"), {}),
                      ((4096, 104, 1024, "rr", "bias_act"), {}),
@@ -695,6 +705,27 @@ def test_warpgroup_mma_tiles(device, stream, kernels, rng, M, N, K, layout, epi,
         pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
     plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, layout, epi, "f32", config=config, repeat=2)
     assert plan.config.name == config and plan.splits == 1
+    for got in runs:
+        check_case(plan, got, ref)
+    for key in runs[0]:
+        assert np.array_equal(runs[0][key], runs[1][key]), f"{key} differs between identical runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("epi", ["store", "bias", "bias_act", "store32"])
+@pytest.mark.parametrize("M,N,K,splits", [(128, 1024, 3072, None), (128, 1024, 1024, None), (100, 136, 1000, 3),
+                                          (256, 264, 1000, 8), (128, 64, 200, 2), (64, 1024, 768, None),
+                                          (130, 520, 4104, 5), (128, 256, 256, 1)])
+def test_batch_forward_splits_k_over_a_cluster_on_the_warpgroup_mma(device, stream, kernels, rng, M, N, K, splits, epi):
+    """wg64k: x @ W of a batch of at most 256 rows, K split over a cluster (the planner's splits, or as asked: a
+    ragged last split, partial tiles in M and N, one split) against float64, every epilogue it takes; bitwise
+    repeatable. sm_90 only."""
+    if not G.has_wgmma(device.arch):
+        pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
+    plan, runs, ref = run_case(device, stream, kernels, rng, M, N, K, "rr", epi, "f32", config="wg64k",
+                               splits=splits, repeat=2)
+    planned = G.wgmma_splits(plan.tiles[0] * plan.tiles[1], -(-K // 64), device.sm_count, G.cluster_capacity(kernels))
+    assert plan.config.name == "wg64k" and plan.splits == (splits or planned) and plan.cluster == (plan.splits > 1)
     for got in runs:
         check_case(plan, got, ref)
     for key in runs[0]:

@@ -38,7 +38,8 @@ class GemmConfig:
     persistent: bool = False  # a resident grid walks the tiles (gemm_persistent_store in gemm.cu)
     wgmma: bool = False  # Hopper's warpgroup MMA (WgConfig in gemm_wgmma.cu, sm_90a): three warpgroups, one producing
     ctas_per_sm: int = 1  # wgmma: the CTAs an SM runs, by __launch_bounds__ (one's epilogue beside another's MMA)
-    split_k: bool = False  # wgmma: its x^T @ dy may split K over a cluster (only these instances carry the fix-up)
+    split_k: str = ""  # wgmma: the layout whose K may split over a cluster ("cr": x^T @ dy, "rr": x @ W; only these
+    # instances carry the fix-up)
     multicast: int = 1  # wgmma: CTAs along M in a cluster, each loading its share of B's k-tile into all
     note: str = field(default="", compare=False, repr=False)  # why the tile exists (a comment in the header)
 
@@ -103,7 +104,7 @@ CONFIGS = {c.name: c for c in (
                                                                "the SMs"),
     GemmConfig("tma128x64", 128, 64, 64, 4, 1, 8, tma=True, note="a batch of up to 128 rows reads each weight tile "
                                                                  "once"),
-    GemmConfig("wg128", 128, 128, 64, 2, 1, 6, tma=True, wgmma=True, split_k=True,  # warps_m: 2 consumer warpgroups
+    GemmConfig("wg128", 128, 128, 64, 2, 1, 6, tma=True, wgmma=True, split_k="cr",  # warps_m: 2 consumer warpgroups
                note="batches above 256 on sm_90a: warpgroup MMA, 128 columns"),
     GemmConfig("wg256", 128, 256, 64, 2, 1, 4, tma=True, wgmma=True,
                note="the same, 256 columns: half the re-reads of A where the tiles still fill the GPU"),
@@ -113,6 +114,8 @@ CONFIGS = {c.name: c for c in (
                note="wg256 in pairs along M sharing B's loads (TMA multicast), for long K"),
     GemmConfig("wg64", 128, 64, 64, 2, 1, 8, tma=True, wgmma=True,
                note="64 columns: twice wg128's tiles, for GEMMs whose 128-column tiles leave SMs idle"),
+    GemmConfig("wg64k", 128, 64, 64, 2, 1, 8, tma=True, wgmma=True, split_k="rr",
+               note="wg64 whose K splits over a cluster: x @ W of a batch of at most 256 rows"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
@@ -137,7 +140,8 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [("tma128x64", "rr", epi) for epi in ("store", "bias_act")]
                              + [(c, lay, epi) for c in ("wg128", "wg256", "wg128x2")
                                 for lay, epi in TMA_ROLES + WG_DW_ROLES]
-                             + [(c, lay, epi) for c in ("wg256mc", "wg64") for lay, epi in TMA_ROLES + WG_DW_ROLES])
+                             + [(c, lay, epi) for c in ("wg256mc", "wg64") for lay, epi in TMA_ROLES + WG_DW_ROLES]
+                             + [("wg64k", "rr", epi) for epi in ("store", "bias", "bias_act")])
 # store32, an fp32 sum other GPUs add to (rawgpu/steps/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)
@@ -253,7 +257,8 @@ def _gemm_wgmma_header(kernel: str | None = None) -> str:
     `kernel`, that one kernel alone."""
     lines = []
     for c in (c for c in CONFIGS.values() if c.source == GEMM_WGMMA_SOURCE):
-        lines.append(f"typedef WgConfig<{c.bn}, {c.stages}, {c.ctas_per_sm}, {str(c.split_k).lower()}, "
+        split = _C_LAYOUT[c.split_k[0]] if c.split_k else "NO_SPLIT"
+        lines.append(f"typedef WgConfig<{c.bn}, {c.stages}, {c.ctas_per_sm}, {split}, "
                      f"{c.multicast}> {c.c_name};  // {c.note}")
         lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BK == {c.bk} && {c.c_name}::THREADS == "
                      f'{c.threads}, "{c.name}: its shape in rawgpu/contract/gemm.py");')

@@ -14,10 +14,11 @@
 //   [N, K], dy @ W^T) is BN rows of 64 k. A column-major (x stored [K, M]: the weight gradient x^T @ dy) is two such
 //   panels, one per consumer warpgroup, read with wgmma's transposed A. Edges: the copy engine zero-fills outside the
 //   matrices; the epilogue writes only inside. The sums of a tile are in one order (K ascending), so results are
-//   bitwise reproducible. Split-K only for the 128-column weight gradient (few tiles, a long batch), within a cluster
-//   of 1 x 1 x splits: each split leaves its partial tile in its own pipeline's shared memory, and
+//   bitwise reproducible. Split-K for one layout of A per config, within a cluster of 1 x 1 x splits: the 128-column
+//   weight gradient (few tiles, a long batch) and the 64-column x @ W of a batch of at most 256 rows (16 tiles at
+//   H = 1024: without splits most SMs idle). Each split leaves its partial tile in its own pipeline's shared memory, and
 //   finish_cluster_splits adds them in split order and runs the epilogue, spread over the cluster. Only the configs the
-//   table marks (SPLIT_K, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one
+//   table marks (SPLIT_A, rawgpu/contract/gemm.py) compile that path: it slowed the unsplit 256-column one
 //   (dev/gemm_variants.py). Epilogues: gemm_epilogue.cuh's, through the pipeline's shared memory once the tile's last wgmma
 //   are done, so that global memory sees whole 16-byte pieces of rows: staged_epilogue (fp16 and store32; the bias
 //   staged under the main loop), staged_update (the weight updates, sgd and adam); per pair of outputs where the planes
@@ -39,14 +40,16 @@
 #endif
 
 // CTAS: the CTAs an SM runs at once. With one, warpgroup 0 produces; with two (half the registers a thread), a
-// single warp after the two consumer warpgroups does. SPLIT_K: its x^T @ dy may split K over a cluster. MC: clusters
+// single warp after the two consumer warpgroups does. SPLIT_A: the layout of A (ROW: x @ W, COL: x^T @ dy) whose K may
+// split over a cluster, or NO_SPLIT. MC: clusters
 // of MC CTAs along M, which share B's k-tiles: each loads every MC-th 64-column panel of a row-major B, or its MC-th
 // of a column-major B's rows, into all of them (TMA multicast); a stage refills once the consumers of all of them have
 // released it.
-template <int BN_, int STAGES_, int CTAS_, bool SPLIT_K_, int MC_ = 1>
+constexpr int NO_SPLIT = -1;
+template <int BN_, int STAGES_, int CTAS_, int SPLIT_A_, int MC_ = 1>
 struct WgConfig {
-    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_, MC = MC_;
-    static constexpr bool SPLIT_K = SPLIT_K_;
+    static constexpr int BM = 128, BN = BN_, BK = 64, STAGES = STAGES_, CTAS = CTAS_, MC = MC_, SPLIT_A = SPLIT_A_;
+    static constexpr bool SPLIT_K = SPLIT_A != NO_SPLIT;
     static_assert(MC == 1 || (CTAS == 1 && !SPLIT_K && (BN / 64) % MC == 0), "multicast: one CTA an SM, whole tiles");
     static constexpr int THREADS = CTAS == 1 ? 384 : 288, PRODUCER = CTAS == 1 ? 0 : 2;  // the producer's warpgroup
     static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
@@ -229,7 +232,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
         u8* tiles = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
         const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, consumer = Cfg::PRODUCER == 0 ? wg - 1 : wg;
         const int m0 = blockIdx.x * Cfg::BM, n0 = blockIdx.y * BN;
-        constexpr bool SPLITS = LA == COL && Cfg::SPLIT_K;  // the instances kernels/gemm.py may split
+        constexpr bool SPLITS = LA == Cfg::SPLIT_A;  // the instances kernels/gemm.py may split
         const int k_begin = SPLITS ? blockIdx.z * p.k_chunk : 0;
         const int k_tiles = (min(p.K, k_begin + p.k_chunk) - k_begin + BK - 1) / BK;
         const bool split = SPLITS && gridDim.z > 1;

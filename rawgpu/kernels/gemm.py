@@ -60,6 +60,14 @@ TMA128_MIN_COLUMNS = 4096
 ROW_TILE_MIN_BYTES = 12 << 20
 ROW_TILE_MIN_COLUMNS = 4096
 ROW_TILE = "tma128x64"
+# On sm_90 x @ W of 33..BATCH_STREAM_ROWS rows takes the 64-column warpgroup-MMA tile with K split over a cluster
+# (wgmma_splits) from FORWARD_WGMMA_MIN_BYTES of weight up to FORWARD_WGMMA_MAX_BYTES (the largest measured): it reads
+# each weight tile once (128 rows a tile) at the tensor cores' rate, where the 32-row streaming tiles read it once per
+# 32 rows; below, the streaming tiles' shorter start wins (`python dev/forward_tiles.py --configs tma stream tma128x64
+# wg64k --shapes 128x1024x3072 128x512x512 128x256x784 128x4096x4096 64x1024x1024 256x1024x1024`).
+FORWARD_WGMMA = "wg64k"
+FORWARD_WGMMA_MIN_BYTES = 512 << 10
+FORWARD_WGMMA_MAX_BYTES = 32 << 20
 # Above BATCH_STREAM_ROWS rows x @ W and dy @ W^T are arithmetic: on sm_90 the warpgroup-MMA tiles run them faster
 # than every mma.sync tile (`python dev/wgmma/run.py`; `python dev/gemm_variants.py --variants 128x128 wg128 wg256
 # --batch 4096`), once N fills their 128 columns; the 256-column form reads A half as often and wins while its tiles
@@ -176,7 +184,9 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     - M <= 32 (x @ W and dy @ W^T at batch size): a streaming tile, one block per SM with its whole share of K in
       flight: on sm_90 with a weight of TMA_MIN_BYTES or more the tensor-copy tile, else the cp.async one (which
       also beats the 32x128 tile on small shapes, by reaching the last k-tile sooner);
-    - x @ W at 33..BATCH_STREAM_ROWS rows: streaming tiles too (on sm_90 the tensor-copy tile from
+    - x @ W at 33..BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation and FORWARD_WGMMA_MIN_BYTES to
+      FORWARD_WGMMA_MAX_BYTES of weight: the 64-column warpgroup-MMA tile, K split over a cluster;
+    - x @ W at 33..BATCH_STREAM_ROWS rows otherwise: streaming tiles too (on sm_90 the tensor-copy tile from
       TMA_MIN_BYTES_BATCH, its 128-column form from TMA128_MIN_COLUMNS, its 128-row form from ROW_TILE_MIN_BYTES
       and ROW_TILE_MIN_COLUMNS); on sm_90 at more rows too while N <= NARROW_STREAM_COLUMNS (the head) and its row
       tiles fit one wave;
@@ -205,6 +215,10 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     batch_forward = layout == "rr" and (32 < M <= BATCH_STREAM_ROWS or M > BATCH_STREAM_ROWS and narrow)
     if (M <= 32 or batch_forward) and ("stream", layout, epilogue) in INSTANCES:
         weight = 2 * K * N
+        if (batch_forward and M <= BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32"
+                and FORWARD_WGMMA_MIN_BYTES <= weight <= FORWARD_WGMMA_MAX_BYTES
+                and (FORWARD_WGMMA, layout, epilogue) in INSTANCES):
+            return FORWARD_WGMMA
         if sm90_or_later(arch) and ("tma", layout, epilogue) in INSTANCES:
             if (batch_forward and weight >= ROW_TILE_MIN_BYTES and N >= ROW_TILE_MIN_COLUMNS
                     and (ROW_TILE, layout, epilogue) in INSTANCES):
@@ -351,7 +365,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"GEMM config {name} needs the warpgroup MMA of sm_90, not {arch}")
     if splits is not None:
         s = int(splits)
-    elif cfg.split_k and layout == "cr":
+    elif cfg.split_k == layout:
         s = wgmma_splits(tiles, k_tiles, sm_count, room)
     elif cfg.persistent or cfg.wgmma:
         s = 1
@@ -376,9 +390,10 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
     if cfg.persistent and s != 1:
         raise ValueError(f"GEMM config {name} runs whole tiles: it takes no split-K (asked for {s} splits)")
-    if cfg.wgmma and s > 1 and (not cfg.split_k or layout != "cr" or s > MAX_CLUSTER_SPLITS or cluster is False):
-        split_k = ", ".join(c.name for c in CONFIGS.values() if c.split_k)
-        raise ValueError(f"the warpgroup-MMA tiles split K only as {split_k}'s x^T @ dy (cr), in a cluster of at most "
+    if cfg.wgmma and s > 1 and (layout != cfg.split_k or s > MAX_CLUSTER_SPLITS or cluster is False):
+        product = {"cr": "x^T @ dy", "rr": "x @ W"}
+        split_k = ", ".join(f"{c.name}'s {product[c.split_k]} ({c.split_k})" for c in CONFIGS.values() if c.split_k)
+        raise ValueError(f"the warpgroup-MMA tiles split K only as {split_k}, in a cluster of at most "
                          f"{MAX_CLUSTER_SPLITS} (asked: {s} splits, config {name}, layout {layout}"
                          + (", no cluster)" if cluster is False else ")"))
     k_chunk = cdiv(k_tiles, s) * cfg.bk
