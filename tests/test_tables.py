@@ -174,7 +174,8 @@ def test_rows_read_across_arrow_chunks_are_the_columns_own_values(rng, monkeypat
     the column's own values, and the rows the GPU takes are the columns side by side."""
     import pyarrow as pa
 
-    monkeypatch.setattr(tables, "ROW_BLOCK", 7)
+    monkeypatch.setattr(tables, "ROW_BLOCK_LEAST", 7)
+    monkeypatch.setattr(tables, "ROW_BLOCK_MOST", 7)
     values = [rng.standard_normal(n) for n in (5, 1, 13, 0, 9)]
     whole = np.concatenate(values)
     column = tables._Converted(lambda: whole, len(whole), pa.chunked_array([pa.array(v) for v in values]))

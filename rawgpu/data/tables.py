@@ -28,7 +28,9 @@ from ..runtime.errors import DataError
 
 MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
-CSV_BLOCK = 1 << 20  # bytes per parsed block (pyarrow's default: larger ones parse on fewer threads); the progress step
+# bytes per parsed CSV block, the progress step: 4 MB parse as fast as pyarrow's default 1 MB on 16 cores and leave a
+# quarter as many chunks for the rows to cross (docs/perf.md: Your own data)
+CSV_BLOCK = 4 << 20
 
 Progress = Callable[[int, int], None]  # (bytes done, total bytes)
 
@@ -471,19 +473,28 @@ def _feature_rows(path: Path, by_name: dict, picked: list[str], n: int) -> np.nd
     return x
 
 
-ROW_BLOCK = 1 << 14  # rows a thread turns from columns into rows at a time: its block stays in the core's cache
+# Rows a thread turns from columns into rows at a time: about two blocks a core, from ROW_BLOCK_LEAST to
+# ROW_BLOCK_MOST rows. Every block costs a Python call per column, which the threads take in turn, so smaller blocks
+# lose; far larger ones leave cores idle (docs/perf.md: Your own data).
+ROW_BLOCK_LEAST, ROW_BLOCK_MOST = 1 << 14, 1 << 16
+
+
+def _block_rows(n: int) -> int:
+    cores = os.cpu_count() or 1
+    return min(ROW_BLOCK_MOST, max(ROW_BLOCK_LEAST, -(-n // (2 * cores))))
 
 
 def _blocks(n: int, work: Callable[[int, int], object]) -> list:
-    """work(start, stop) over blocks of ROW_BLOCK rows on a thread per core (NumPy's copies and checks let go of the
-    GIL), results in order."""
+    """work(start, stop) over blocks of _block_rows(n) rows on a thread per core (NumPy's copies and checks let go of
+    the GIL), results in order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    starts = range(0, n, ROW_BLOCK)
+    rows = _block_rows(n)
+    starts = range(0, n, rows)
     if len(starts) < 2:
         return [work(0, n)]
     with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda a: work(a, min(a + ROW_BLOCK, n)), starts))
+        return list(pool.map(lambda a: work(a, min(a + rows, n)), starts))
 
 
 def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
