@@ -100,6 +100,8 @@ def test_tma_streams_large_weights_on_sm90_only():
             assert p.config.name == G.FORWARD_WGMMA and p.cluster == (p.splits > 1), (M, N, K)
             assert p.grid[0] * p.grid[1] * p.grid[2] <= 132 and p.splits <= G.MAX_CLUSTER_SPLITS
         assert G.plan_gemm(M, 8192, 8192, "rr", "bias_act", arch="sm_90").config.name == G.ROW_TILE
+        p = G.plan_gemm(M, 1024, 1024, "rr", "bias_act", arch="sm_90", cluster=False)  # no cluster: whole K
+        assert (p.config.name, p.splits, p.cluster) == (G.FORWARD_WGMMA, 1, False)
         assert G.plan_gemm(M, 1024, 1024, "rr", "bias_act", arch="sm_86").config.name != G.FORWARD_WGMMA
     # fp16 accumulation (gemm.cu's and the copy engine's tiles alone): the copy engine from 1 MB, its 128-column tile on
     # 4096 columns, its 128-row tile from 12 MB, one block per SM

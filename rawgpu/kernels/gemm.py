@@ -365,7 +365,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         raise ValueError(f"GEMM config {name} needs the warpgroup MMA of sm_90, not {arch}")
     if splits is not None:
         s = int(splits)
-    elif cfg.split_k == layout:
+    elif cfg.split_k == layout and cluster is not False:  # its splits meet only in a cluster
         s = wgmma_splits(tiles, k_tiles, sm_count, room)
     elif cfg.persistent or cfg.wgmma:
         s = 1
