@@ -106,6 +106,11 @@ def test_npy_and_npz_keep_uint8_and_float16_and_check_the_rest(tmp_path, rng):
     np.save(tmp_path / "t.npy", np.zeros(5))
     with pytest.raises(DataError, match=r"expected a 2-D array"):
         tables.read(tmp_path / "t.npy")
+    big = np.zeros((3, 2))
+    big[2, 1] = 1e300
+    np.savez(tmp_path / "s.npz", x_train=big, y_train=np.zeros(3))
+    with pytest.raises(DataError, match=r"s\.npz: row 3, column 1: 1e\+300 in x_train does not fit float32"):
+        tables.read(tmp_path / "s.npz")
     np.savez(tmp_path / "s.npz", x=np.zeros((2, 2)))
     with pytest.raises(DataError, match=r"s\.npz: no x_train and y_train arrays \(it holds x\)"):
         tables.read(tmp_path / "s.npz")

@@ -75,10 +75,8 @@ def numbers(a: np.ndarray, what: str) -> np.ndarray:
         raise DataError(f"{what}: holds {a.dtype}, not real numbers")
     if a.dtype not in (np.uint8, np.float16, np.float32):
         wide = a.astype(np.float64)
-        big = np.abs(wide) > np.finfo(np.float32).max
-        if big.any():
-            r, c = np.argwhere(big)[0]
-            raise DataError(f"{what}: row {r}, column {c}: {wide[r, c]:g} does not fit float32")
+        if (at := tables.too_large(wide, np.float32)) is not None:
+            raise DataError(f"{what}: row {at[0]}, column {at[1]}: {wide[at]:g} does not fit float32")
         a = wide.astype(np.float32)
     if a.dtype != np.uint8:
         bad = ~np.isfinite(a)
@@ -164,11 +162,9 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
         if xt.dtype != x.dtype:
             if x.dtype == np.uint8:
                 raise DataError(f"x_test: {xt.dtype} features, x_train's are uint8 pixels")
-            big = np.abs(xt) > np.finfo(x.dtype).max  # x_train's dtype (float16 or float32) holds x_test's values
-            if big.any():
-                r, c = np.argwhere(big)[0]
-                raise DataError(f"x_test: row {r}, column {c}: {float(xt[r, c]):g} does not fit {x.dtype}, x_train's "
-                                "dtype")
+            if (at := tables.too_large(xt, x.dtype)) is not None:  # x_train's dtype holds x_test's values
+                raise DataError(f"x_test: row {at[0]}, column {at[1]}: {float(xt[at]):g} does not fit {x.dtype}, "
+                                "x_train's dtype")
             xt = xt.astype(x.dtype)
         yt, _ = _targets(y_test, len(xt), "y_test", bool(regression), None if regression else outputs)
         if regression and yt.shape[1] != outputs:

@@ -499,7 +499,7 @@ def _blocks(n: int, work: Callable[[int, int], object]) -> list:
 
 def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
     """The columns (arrays, or Arrow columns: _Converted) as rows [n, len(columns)] of dtype (what the GPU takes),
-    and whether every value is finite: a block of rows per thread, checked while it is in the core's cache."""
+    and whether every value is finite: a block of rows per thread, checked as soon as the thread has written it."""
     x = np.empty((n, len(columns)), dtype)
     for c in columns:
         if isinstance(c, _Converted):
@@ -524,15 +524,19 @@ def _numeric(path: Path, a: np.ndarray, what: str) -> None:
         raise DataError(f"{path}: {what} holds {a.dtype}, not numbers")
 
 
+def too_large(a: np.ndarray, dtype) -> tuple[int, int] | None:
+    """(row, column) of the first value of `a` [N, F] that the float type `dtype` cannot hold, or None."""
+    big = np.abs(a) > np.finfo(dtype).max
+    return (int(big.argmax() // a.shape[1]), int(big.argmax() % a.shape[1])) if big.any() else None
+
+
 def _feature_dtype(path: Path, x: np.ndarray, what: str) -> np.ndarray:
     """uint8, float16 and float32 stay as they are; other numbers become float32 (checked to fit)."""
     if x.dtype in (np.uint8, np.float16, np.float32):
         return x
     wide = x.astype(np.float64)
-    big = np.abs(wide) > np.finfo(np.float32).max
-    if big.any():
-        r, c = np.argwhere(big)[0]
-        raise DataError(f"{path}: row {r + 1}, column {c}: {_shown(wide[r, c])} in {what} does not fit float32")
+    if (at := too_large(wide, np.float32)) is not None:
+        raise DataError(f"{path}: row {at[0] + 1}, column {at[1]}: {_shown(wide[at])} in {what} does not fit float32")
     return wide.astype(np.float32)
 
 
