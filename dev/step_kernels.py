@@ -2,6 +2,7 @@
 
     python dev/step_kernels.py --hidden H [H ...] [--batch B] [--optimizer sgd|adam|adamw] [--momentum MU]
                                [--step KIND] [--activation A] [--repeats N] [--drop] [--chain] [--workload W]
+                               [--no-fold]
 
 Where a step's time goes, kernel by kernel (a kernel alone does not overlap the one before it, so the parts add up
 to more than the whole). --drop also times the step without each launch in turn: what that launch adds to the
@@ -10,6 +11,7 @@ step's critical path, i.e. what fusing it into a neighbour could save at most (t
 has side streams (a launch dropped from a fork or join would leave the graph unjoined).
 --workload W: the step of a benchmark workload (scripts/benchmarks/workloads.py: its shape, task, recipe and
 standardization, as `bench.py train --workload W` trains it; 65536 of its generated rows) instead of MNIST's.
+--no-fold: a narrow table's gather and first layer as two launches (StepOptions(fold=False)), as before they folded.
 Timed as scripts/bench.py times (benchmarks.timing.time_graph): CUDA events around graph replays, median of trials.
 """
 
@@ -51,8 +53,8 @@ def workload_run(name: str, hidden: int, recipe_kw: dict):
     return tables.table_recipe(hidden, recipe, 1000, 0, w, data), data
 
 
-def profile(recipe: Recipe, data, kind: str, repeats: int, drop: bool, chain: bool) -> None:
-    session = Session(recipe, step_kind=kind, options=StepOptions(branches=not chain))
+def profile(recipe: Recipe, data, kind: str, repeats: int, drop: bool, chain: bool, fold: bool = True) -> None:
+    session = Session(recipe, step_kind=kind, options=StepOptions(branches=not chain, fold=fold))
     model, stream = session.model, session.stream
     if recipe.regression:
         from rawgpu.model.mlp import target_scaling
@@ -101,6 +103,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=20, help="launches per timed graph")
     p.add_argument("--drop", action="store_true", help="also time the step without each launch in turn")
     p.add_argument("--chain", action="store_true", help="every launch in one chain (no side streams)")
+    p.add_argument("--no-fold", action="store_true", help="a table's gather and first layer as two launches")
     p.add_argument("--workload", default=None, help="a benchmark workload's step instead of MNIST's (bench.py train "
                    "--workload's names: scripts/benchmarks/workloads.py)")
     args = p.parse_args()
@@ -115,7 +118,7 @@ def main() -> int:
             kw.pop("batch")
     for h in args.hidden:
         recipe, data = mnist_run(h, kw) if args.workload is None else workload_run(args.workload, h, kw)
-        profile(recipe, data, args.step, args.repeats, args.drop, args.chain)
+        profile(recipe, data, args.step, args.repeats, args.drop, args.chain, not args.no_fold)
     return 0
 
 

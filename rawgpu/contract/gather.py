@@ -1,5 +1,6 @@
 """gather.cu (kernels/gather.py): the table gather's instances, one per feature dtype, target kind and scaling; the
-standardization's, one per feature dtype."""
+standardization's, one per feature dtype. gather_forward.cu (kernels/gather_forward.py): the table gather with the
+first layer's forward, the same instances, and its block shape."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ def gather_table_kernels() -> list[str]:
             for s in (False, True)]
 
 
+def gather_forward_kernel(dtype: str, target: str, standardized: bool) -> str:
+    return f"gather_forward_{dtype}_{target}" + ("_std" if standardized else "")
+
+
+def gather_forward_kernels() -> list[str]:
+    return [gather_forward_kernel(d, t, s) for d in GATHER_TABLE_DTYPES for t in GATHER_TABLE_TARGETS
+            for s in (False, True)]
+
+
+# gather_forward.cu's block: GF_ROWS batch rows by 2 GF_THREADS output columns; the first layer's padded inputs it
+# takes (a thread gathers 8 of a row: GF_ROWS x GF_MAX_INPUTS / 8 <= GF_THREADS)
+GF_ROWS, GF_THREADS, GF_MAX_INPUTS = 4, 64, 64
+
+
 def column_kernel(step: str, dtype: str) -> str:
     """The standardization's kernels: column_sums_<dtype> (per chunk of rows) and column_scaling_<dtype>."""
     return f"column_{step}_{dtype}"
@@ -27,12 +42,23 @@ def column_kernels() -> list[str]:
     return [column_kernel(step, d) for step in ("sums", "scaling") for d in GATHER_TABLE_DTYPES]
 
 
+def _table_instances(kernel) -> str:
+    """X(name, In, STD, VALUES) of every table instance that `kernel(dtype, target, standardized)` names."""
+    return " ".join(f"X({kernel(d, t, s)}, {c}, {'true' if s else 'false'}, {'true' if t == 'values' else 'false'})"
+                    for d, c in GATHER_TABLE_DTYPES.items() for t in GATHER_TABLE_TARGETS for s in (False, True))
+
+
 def gather_facts(arch: str):
-    made = [f"X({gather_table_kernel(d, t, s)}, {c}, {'true' if s else 'false'}, {'true' if t == 'values' else 'false'})"
-            for d, c in GATHER_TABLE_DTYPES.items() for t in GATHER_TABLE_TARGETS for s in (False, True)]
     instances = ("// The table gather's kernels: X(name, In, STD, VALUES) each.\n"
-                 f"#define GATHER_TABLE_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
+                 f"#define GATHER_TABLE_FOR_EACH_KERNEL(X) {_table_instances(gather_table_kernel)}\n")
     for step in ("sums", "scaling"):
         each = " ".join(f"X({column_kernel(step, d)}, {c})" for d, c in GATHER_TABLE_DTYPES.items())
         instances += f"#define COLUMN_{step.upper()}_FOR_EACH_KERNEL(X) {each}\n"
     return {}, {"gather_instances.cuh": header(__name__, "gather.cu", instances)}
+
+
+def gather_forward_facts(arch: str):
+    text = (f"#define GF_ROWS {GF_ROWS}\n#define GF_THREADS {GF_THREADS}\n#define GF_MAX_INPUTS {GF_MAX_INPUTS}\n"
+            "// The kernels: X(name, In, STD, VALUES) each.\n"
+            f"#define GATHER_FORWARD_FOR_EACH_KERNEL(X) {_table_instances(gather_forward_kernel)}\n")
+    return {}, {"gather_forward_instances.cuh": header(__name__, "gather_forward.cu", text)}

@@ -13,7 +13,7 @@ from .dx_sgd import dx_sgd_facts
 from .dx_update import DXU_BATCHES, DXU_FAMILIES, dx_update_facts, dxu_kernel_name, dxu_kernels
 from .elementwise import elementwise_facts
 from .fused import FS_KERNELS, fused_facts
-from .gather import gather_facts
+from .gather import gather_facts, gather_forward_facts
 from .gemm import (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, all_kernel_names, epilogue_facts, gemm_facts,
                    gemm_tma_facts, gemm_wgmma_facts)
 from .head import head_facts, head_kernels, head_models_facts
@@ -28,6 +28,7 @@ from .optim import optim_facts, schedule_facts
 SOURCES = {
     "cluster_step.cu": (schedule_facts, cluster_facts),
     "gather.cu": (schedule_facts, optim_facts, gather_facts),
+    "gather_forward.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, gather_forward_facts),
     "dx_sgd.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_sgd_facts),
     "dx_update.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_update_facts),
     "elementwise.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, elementwise_facts),

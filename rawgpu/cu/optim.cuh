@@ -27,6 +27,16 @@ RG_DEVICE void optim_set_step(Optim& o, i64 s, double lr_scaled) {
     }
 }
 
+// Step s's values of the optimiser table *opt (whose hyperparameters o holds, read before) published for the step's
+// kernels to read: what the gathers do once per step.
+RG_DEVICE void optim_publish_step(Optim* opt, Optim o, i64 s, double lr_scaled) {
+    optim_set_step(o, s, lr_scaled);
+    opt->lr = o.lr;
+    opt->step_size = o.step_size;
+    opt->bias2 = o.bias2;
+    opt->decay_rate = o.decay_rate;
+}
+
 // SGD's step for one parameter (torch.optim.SGD): [g += wd w;] [v = mu v + g; step v, or g + mu v (Nesterov)].
 RG_DEVICE float optim_sgd(float w, float g, float& m, const Optim& o) {
     if (o.l2 != 0.f) g = fmaf(o.l2, w, g);

@@ -105,6 +105,24 @@ def gather_table(k: Kernels, x: Tensor, targets: Tensor, perm: Tensor, step: Ten
     float32 [N, F]; with mean and inv_std, float32 [F] each, (v - mean) * inv_std per column) as fp16, zero past F;
     y_out[i] its target: a class label (targets int32 [N] -> y_out int32 [>= batch]) or K values (targets float32
     [N, K] -> y_out float32 [>= batch, K]). optim, schedule, early, blocks: as gather_batch."""
+    kind, values, outputs, ld_out, sched = table_arguments("gather_table", x, targets, perm, step, x_out, y_out, batch,
+                                                           steps_per_epoch, mean, inv_std, optim, schedule)
+    if blocks is not None and not 1 <= blocks <= batch:
+        raise ValueError(f"gather_table: blocks must be in 1..{batch}, got {blocks}")
+    threads = min(TABLE_THREADS, -(-ld_out // (8 * 32)) * 32)  # a thread per 8 columns, whole warps
+    name = gather_table_kernel(kind, "values" if values else "labels", mean is not None)
+    return k.get(SRC, name).bind(
+        blocks or batch, threads, 0, x, targets, outputs, perm, step, batch, steps_per_epoch, x.shape[1], ld_out,
+        mean if mean is not None else 0, inv_std if inv_std is not None else 0, x_out, y_out,
+        optim if optim is not None else 0, *sched, int(early))
+
+
+def table_arguments(name: str, x: Tensor, targets: Tensor, perm: Tensor, step: Tensor, x_out: Tensor, y_out: Tensor,
+                    batch: int, steps_per_epoch: int, mean: Tensor | None, inv_std: Tensor | None,
+                    optim: Tensor | None, schedule: Schedule | None) -> tuple[str, bool, int, int, tuple]:
+    """What the table gathers (gather_table, gather_forward.py's) read and write, checked: (the features' dtype as
+    the contract names it, whether the targets are values, how many per row, x_out's row stride, the schedule's
+    arguments)."""
     kind = TABLE_DTYPES.get(x.dtype)
     if kind is None:
         raise TypeError(f"x: expected uint8, float16 or float32 features, got {x.dtype}")
@@ -126,24 +144,17 @@ def gather_table(k: Kernels, x: Tensor, targets: Tensor, perm: Tensor, step: Ten
         if len(y_out.shape) != 2 or y_out.shape[0] < batch or y_out.shape[1] != outputs:
             raise ValueError(f"y_out: expected [>= {batch}, {outputs}], got shape {y_out.shape}")
     if (mean is None) != (inv_std is None):
-        raise ValueError("gather_table: give mean and inv_std together, or neither")
+        raise ValueError(f"{name}: give mean and inv_std together, or neither")
     if mean is not None:
         require(mean, np.float32, (features,), what="mean")
         require(inv_std, np.float32, (features,), what="inv_std")
     ld_out = _check_order_and_batch(perm, step, x_out, batch, steps_per_epoch, features)
     if (optim is None) != (schedule is None):
-        raise ValueError("gather_table: give optim and schedule together, or neither")
+        raise ValueError(f"{name}: give optim and schedule together, or neither")
     if optim is not None:
         require(optim, np.float32, (OPTIM_WORDS,), what="optim")
-    if blocks is not None and not 1 <= blocks <= batch:
-        raise ValueError(f"gather_table: blocks must be in 1..{batch}, got {blocks}")
     sched = schedule.args() if schedule is not None else (0.0, 0.0, 0, 0, 0)
-    threads = min(TABLE_THREADS, -(-ld_out // (8 * 32)) * 32)  # a thread per 8 columns, whole warps
-    name = gather_table_kernel(kind, "values" if values else "labels", mean is not None)
-    return k.get(SRC, name).bind(
-        blocks or batch, threads, 0, x, targets, outputs, perm, step, batch, steps_per_epoch, features, ld_out,
-        mean if mean is not None else 0, inv_std if inv_std is not None else 0, x_out, y_out,
-        optim if optim is not None else 0, *sched, int(early))
+    return kind, values, outputs, ld_out, sched
 
 
 COLUMN_TILE = 32  # column_sums: a lane per column, 32 per block

@@ -26,6 +26,7 @@ from ..runtime import driver as drv
 from ..runtime.driver import Launch, Stream
 from ..kernels import PLANNING_SM_COUNT, Kernels
 from ..kernels import gather as kd
+from ..kernels import gather_forward as kgf
 from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import l2 as kl2
@@ -424,11 +425,14 @@ class MLP:
     # --- the step ----------------------------------------------------------------------------------------------
 
     def forward(self, x: Tensor, outs: list[Tensor], plans: list[kg.GemmPlan],
-                keep: list[float] | None = None, slopes: list[Tensor | None] | None = None) -> list[Launch]:
-        """The forward GEMMs (bias and activation fused) from x through outs; keep: each weight's L2 policy; slopes:
-        where each layer's slope act'(z) goes for the backward (training; None: nowhere)."""
-        launches, inp, keep = [], x, keep or [kl2.NORMAL] * len(self.layers)
-        for lay, out, plan, keep_w, slope in zip(self.layers, outs, plans, keep, slopes or [None] * len(self.layers)):
+                keep: list[float] | None = None, slopes: list[Tensor | None] | None = None,
+                first: int = 0) -> list[Launch]:
+        """The forward GEMMs (bias and activation fused) from x through outs, of the layers from `first` on; keep:
+        each weight's L2 policy; slopes: where each layer's slope act'(z) goes for the backward (training; None:
+        nowhere)."""
+        layers = self.layers[first:]
+        launches, inp, keep = [], x, keep or [kl2.NORMAL] * len(layers)
+        for lay, out, plan, keep_w, slope in zip(layers, outs, plans, keep, slopes or [None] * len(layers)):
             launches.append(kg.gemm(self.k, plan, inp, lay.w16, out, bias=lay.b, act=slope, workspace=self.workspace,
                                     tickets=self.tickets, keep_b=keep_w))
             inp = out
@@ -471,6 +475,15 @@ class MLP:
             return kd.gather_batch(self.k, x, targets, perm, step, x_out, y_out, batch, steps_per_epoch, **options)
         return kd.gather_table(self.k, x, targets, perm, step, x_out, y_out, batch, steps_per_epoch, mean=self.mean,
                                inv_std=self.inv_std, **options)
+
+    def gather_forward(self, batch: int, steps_per_epoch: int, **options) -> Launch:
+        """A table's training gather and the first layer's forward in one launch (kernels/gather_forward.py: where
+        `folds` says the layered step takes it): the gather's rows, targets and optimiser values as `gather` writes
+        them, and the first hidden layer's output and slope. options: optim, schedule, early."""
+        lay = self.layers[0]
+        return kgf.gather_forward(self.k, self.images, self.labels, self.perm, self.counter, self.acts[0], self.y,
+                                  batch, steps_per_epoch, lay.w16, lay.b, self.acts[1], slope=self.slopes[1],
+                                  mean=self.mean, inv_std=self.inv_std, **options)
 
     def loss(self, out: Tensor, y: Tensor, grad: Tensor | None, rows: int, evaluation: bool = False,
              grad_scale: float = 1.0, mean_over: int | None = None, scratch: Tensor | None = None,

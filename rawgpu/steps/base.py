@@ -22,7 +22,8 @@ class StepOptions:
     does not). branches: layered step outside its short form, each layer's weight and bias updates on streams beside
     the chain of dx GEMMs (False: all in one chain). l2_bytes, l2_budget: layered step, the GPU's L2 size and the
     share of it one weight may keep between two reads (budget 0 or no size: no cache hints). fused_grid: blocks of
-    the fused kernel (default one per SM)."""
+    the fused kernel (default one per SM). fold: layered step, a narrow table's gather and first layer in one launch
+    where gather_forward.folds says so (False: the gather and a forward GEMM)."""
 
     overlap: bool = True
     short: bool = True
@@ -30,6 +31,7 @@ class StepOptions:
     l2_bytes: int = 0
     l2_budget: float = DEFAULT_BUDGET
     fused_grid: int | None = None
+    fold: bool = True
 
 
 class Step:

@@ -4,8 +4,10 @@ At 3 hidden layers it is 18 kernels, with any optimiser. Its short form, on sm_9
 accumulation, is 8: each layer's backward, optimiser step and bias update is one pass over its weights
 (kernels/dx_sgd.py at batch <= 32 with plain SGD, kernels/dx_update.py with any optimiser), the head's forward,
 loss, backward and step one cluster kernel that also moves the step counter (kernels/head.py), and the gather
-writes the step's optimiser values. On sm_90 every kernel starts while the one before still runs (programmatic
-dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints (kernels/l2.py). Runs every recipe on
+writes the step's optimiser values. A narrow table's gather and first layer are one launch wherever the layered
+step runs (kernels/gather_forward.py: `folds`): one dependent launch fewer. On sm_90 every kernel starts while the
+one before still runs (programmatic dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints
+(kernels/l2.py). Runs every recipe on
 every GPU: the step for fp16 accumulation, for GPUs before sm_90 at widths the fused step does not take, and for
 batches above 512 (above 256 at large widths).
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..kernels import gather as kd
+from ..kernels import gather_forward as kgf
 from ..kernels import dx_sgd as kb
 from ..kernels import dx_update as ku
 from ..kernels import elementwise as ke
@@ -88,8 +91,8 @@ class LayerPlans:
 class LayeredStep(ChainStep):
 
     def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float,
-                 branches: bool = True):
-        """overlap, short, branches, l2_bytes, l2_budget: see StepOptions."""
+                 branches: bool = True, fold: bool = True):
+        """overlap, short, branches, l2_bytes, l2_budget, fold: see StepOptions."""
         super().__init__(model, overlap)
         r, arch, B = model.recipe, model.arch, model.recipe.batch
         padded = r._padded_widths
@@ -99,6 +102,11 @@ class LayeredStep(ChainStep):
         # the head's forward, loss, backward and update as one cluster kernel where it runs (sm_90)
         self.head = (kh.plan_head(B, padded[-2], r.optimizer, loss=r.loss) if short and head_reason(r, arch) is None
                      else None)
+        # a table's gather and first hidden layer as one launch (gather_forward.cu), unless the head kernel would
+        # come next: it reads the batch's targets and the step's optimiser values before its wait (head.cu), so the
+        # kernel that writes them must be at least two launches back
+        self.fold = (fold and not r._pixels and len(padded) - (self.head is not None) > 2
+                     and kgf.folds(B, padded[0], padded[1], accum))
         one_pass = short and one_pass_reason(r, arch) is None
         n = len(padded) - 1
         self.plans: list[LayerPlans] = []
@@ -131,20 +139,21 @@ class LayeredStep(ChainStep):
 
     def kernel_units(self) -> set:
         layers = self.plans[:len(self.plans) - (self.head is not None)]  # the head kernel runs the last one's
-        gemms = [lp.fwd for lp in layers] + [p for lp in layers if lp.bwd is None for p in (lp.dx, lp.dw)]
+        gemms = [lp.fwd for lp in layers[self.fold:]] + [p for lp in layers if lp.bwd is None for p in (lp.dx, lp.dw)]
         one_pass = {lp.bwd.unit for lp in layers if lp.bwd is not None}
-        return kg.plan_units(gemms, self.model.arch) | one_pass | ({self.head.unit} if self.head else set())
+        fold = {(kgf.SRC, None)} if self.fold else set()
+        return kg.plan_units(gemms, self.model.arch) | one_pass | ({self.head.unit} if self.head else set()) | fold
 
     def split_plans(self) -> list:
         return [p for lp in self.plans for p in (lp.fwd, lp.dx, lp.dw, lp.bwd) if p is not None]
 
     def kernel_count(self) -> int:
-        """Launches per step, from the plans alone (no tensor needs an address): gather, the forward GEMMs, the
-        head kernel or softmax, per layer the one-pass backward or dx + dW + bias, and the counter where no head
-        kernel moves it."""
+        """Launches per step, from the plans alone (no tensor needs an address): gather, the forward GEMMs (the first
+        one with the gather where they fold), the head kernel or softmax, per layer the one-pass backward or dx + dW
+        + bias, and the counter where no head kernel moves it."""
         n = len(self.plans) - (self.head is not None)
         backward = sum(1 if p.bwd is not None else (p.dx is not None) + 2 for p in self.plans[:n])
-        return 1 + n + 1 + backward + (self.head is None)
+        return 1 + n - self.fold + 1 + backward + (self.head is None)
 
     def describe(self) -> str:
         how = ", each overlapping the one before (programmatic dependent launch)" if self.overlap else ""
@@ -158,11 +167,16 @@ class LayeredStep(ChainStep):
         scale = loss_scale(r.batch)
         lr0, lr_min = r._scaled_lr
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
-        out = [m.gather(m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
-                        optim=m.optim, schedule=schedule, early=self.head is not None)]
-        n = len(m.layers) - (self.head is not None)  # layers with a forward GEMM
-        out += m.forward(m.acts[0], m.acts[1:n + 1], [p.fwd for p in self.plans[:n]],
-                         [pol.forward for pol in self.l2[:n]], slopes=m.slopes[1:n + 1])
+        n = len(m.layers) - (self.head is not None)  # layers with a forward GEMM (or the gather's, folded)
+        early = self.head is not None
+        if self.fold:
+            out = [m.gather_forward(r.batch, r.steps_per_epoch, optim=m.optim, schedule=schedule, early=early)]
+        else:
+            out = [m.gather(m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
+                            optim=m.optim, schedule=schedule, early=early)]
+        f = int(self.fold)  # the first layer with a forward GEMM of its own
+        out += m.forward(m.acts[f], m.acts[f + 1:n + 1], [p.fwd for p in self.plans[f:n]],
+                         [pol.forward for pol in self.l2[f:n]], slopes=m.slopes[f + 1:n + 1], first=f)
         if self.head is not None:  # the head's forward, loss, backward and update in one launch
             lay = m.layers[n]
             sums, correct = (m.regression_sums, None) if r.regression else (m.loss_sum, m.correct)
@@ -227,4 +241,5 @@ class _Sides:
 
 
 def build(model: "MLP", options: StepOptions) -> LayeredStep:
-    return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget, options.branches)
+    return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget, options.branches,
+                       options.fold)
