@@ -97,6 +97,7 @@ def _table(inputs: int, **kw) -> Recipe:
     (_table(28, hidden=512, batch=1024, classes=2, standardize=True), True), (_table(64, hidden=(96, 32)), True),
     (_table(72), False),  # wider than GF_MAX_INPUTS
     (_table(64, hidden=4096, batch=1024), False),  # more multiply-adds than MAX_MACS
+    (_table(32, hidden=1024, batch=1024), False),  # 2^25: past MAX_MACS, where higgs-like's 2^24 is
     (_table(8, accum="fp16"), False),  # the kernel accumulates in fp32
     (_table(8, layers=1), "sm_86"),  # on sm_90 the head kernel would follow it, reading the targets before its wait
     (_table(8, layers=1, batch=512), True),  # no head kernel above batch 256

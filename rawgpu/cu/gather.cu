@@ -80,8 +80,13 @@ extern "C" __global__ void gather_batch(const u8* __restrict__ images, const u8*
             pdl_enter();
             waited = true;
         }
-        if (writes_optim && i == 0)
-            optim_publish_step(opt, o, s, lr_at_step_d(s, lr0, lr_min, total_steps, warmup_steps, kind));
+        if (writes_optim && i == 0) {
+            optim_set_step(o, s, lr_at_step_d(s, lr0, lr_min, total_steps, warmup_steps, kind));
+            opt->lr = o.lr;
+            opt->step_size = o.step_size;
+            opt->bias2 = o.bias2;
+            opt->decay_rate = o.decay_rate;
+        }
         if (threadIdx.x == 0) y_out[i] = label;
         uint4 lo, hi;
         bytes16_to_f16(v, lo, hi);
@@ -113,25 +118,37 @@ RG_DEVICE void gather_table_body(const In* __restrict__ x, const void* __restric
     if (writes_optim) o = *opt;
     const i64 s = *step;
     const i64 base = (s % steps_per_epoch) * (i64)batch;
-    const bool vec = gtab::rows_vectorized<In>(x, features);
+    const bool vec = ((i64)features * (i64)sizeof(In)) % (8 * sizeof(In) < 16 ? 8 * sizeof(In) : 16) == 0 &&
+                     ((u64)x & 15) == 0;
     for (int i = blockIdx.x; i < batch; i += gridDim.x) {
         const i64 src = perm[base + i];
         const In* in = x + src * features;
         for (int j0 = 8 * (int)threadIdx.x; j0 < ld_out; j0 += 8 * (int)blockDim.x) {
-            const uint4 v = gtab::row8_f16<In, STD>(in, j0, features, vec, mean, inv_std);
+            float f[8];
+            gtab::row8<In, STD>(in, j0, features, vec, mean, inv_std, f);
             if (!waited) {  // the kernel before may still read x, y and the optimiser's values
                 pdl_enter();
                 waited = true;
             }
-            store_16(x_out + (i64)i * ld_out + j0, v);
+            store_16(x_out + (i64)i * ld_out + j0, gtab::pack8(f));
         }
         if (!waited) {
             pdl_enter();
             waited = true;
         }
-        if (writes_optim && i == blockIdx.x)
-            optim_publish_step(opt, o, s, lr_at_step_d(s, lr0, lr_min, total_steps, warmup_steps, kind));
-        gtab::copy_target<VALUES>(targets, outputs, src, y_out, i, threadIdx.x, blockDim.x);
+        if (writes_optim && i == blockIdx.x) {
+            optim_set_step(o, s, lr_at_step_d(s, lr0, lr_min, total_steps, warmup_steps, kind));
+            opt->lr = o.lr;
+            opt->step_size = o.step_size;
+            opt->bias2 = o.bias2;
+            opt->decay_rate = o.decay_rate;
+        }
+        if constexpr (VALUES) {
+            for (int k = threadIdx.x; k < outputs; k += blockDim.x)
+                static_cast<float*>(y_out)[(i64)i * outputs + k] = static_cast<const float*>(targets)[src * outputs + k];
+        } else if (threadIdx.x == 0) {
+            static_cast<int*>(y_out)[i] = static_cast<const int*>(targets)[src];
+        }
     }
     if (!waited) pdl_enter();  // a block without rows
 }

@@ -11,8 +11,8 @@
 // With ld_x <= GF_MAX_INPUTS the whole first layer is B x N x ld_x multiply-adds: less than a GEMM's start.
 // PDL (pdl.cuh): with `early` the counter, permutation, rows and scaling are read before the wait, as gather_table
 // reads them; the weight and bias, which the step before updated in the kernel just before, only after it, and past
-// L1 (ld.global.cg): they change while this kernel is resident, so a read-only (non-coherent) load could return the
-// values of a step ago (measured: a graph of overlapping steps then trained on stale weights).
+// L1 (ld.global.cg): they change while this kernel is resident, so a read-only (non-coherent) load can return the
+// values of a step ago (docs/design.md: Your own data).
 #include "common.cuh"
 #include "step_math.cuh"
 #include "optim.cuh"

@@ -28,7 +28,8 @@ RG_DEVICE void optim_set_step(Optim& o, i64 s, double lr_scaled) {
 }
 
 // Step s's values of the optimiser table *opt (whose hyperparameters o holds, read before) published for the step's
-// kernels to read: what the gathers do once per step.
+// kernels to read (gather_forward.cu; gather.cu's gathers write the same four fields in their own lines, which compile
+// to other, measured machine code there).
 RG_DEVICE void optim_publish_step(Optim* opt, Optim o, i64 s, double lr_scaled) {
     optim_set_step(o, s, lr_scaled);
     opt->lr = o.lr;

@@ -1,6 +1,7 @@
 // Rows of a table of your own (rawgpu/data/tables.py) as the table gathers (gather.cu, gather_forward.cu) and the
 // standardization's sums read them: 8 features of type In at a time (u8 scaled by 1/255 as the image gather scales
-// pixels, to the same bits; f16; f32), the fp16 entries the gathers write, and a row's target.
+// pixels, to the same bits; f16; f32) and the fp16 entries the gathers write. rows_vectorized and copy_target are
+// gather_forward's: gather.cu keeps its own lines for them, which compile to other (measured) machine code there.
 #pragma once
 #include "common.cuh"
 
@@ -36,19 +37,30 @@ RG_DEVICE void load8(const In* in, int j0, int features, bool vec, float (&f)[8]
     for (int k = 0; k < 8; ++k) f[k] = j0 + k < features ? scaled<In>(in[j0 + k]) : 0.f;
 }
 
-// The fp16 row entries [j0, j0 + 8) as the table gathers write them: with STD each column standardized,
-// (v - mean[c]) * inv_std[c] in fp32, then rounded once; zero past the row.
+// Row entries [j0, j0 + 8) as the table gathers write them, before their one rounding to fp16 (pack8): with STD each
+// column standardized, (v - mean[c]) * inv_std[c] in fp32; zero past the row.
 template <typename In, bool STD>
-RG_DEVICE uint4 row8_f16(const In* in, int j0, int features, bool vec, const float* __restrict__ mean,
-                         const float* __restrict__ inv_std) {
-    float f[8];
+RG_DEVICE void row8(const In* in, int j0, int features, bool vec, const float* __restrict__ mean,
+                    const float* __restrict__ inv_std, float (&f)[8]) {
     load8<In>(in, j0, features, vec, f);
     if constexpr (STD) {
 #pragma unroll
         for (int k = 0; k < 8; ++k)
             if (j0 + k < features) f[k] = (f[k] - mean[j0 + k]) * inv_std[j0 + k];
     }
+}
+
+RG_DEVICE uint4 pack8(const float (&f)[8]) {
     return make_uint4(pack_f16x2(f[0], f[1]), pack_f16x2(f[2], f[3]), pack_f16x2(f[4], f[5]), pack_f16x2(f[6], f[7]));
+}
+
+// row8 rounded to fp16: the entries as the gathers store them
+template <typename In, bool STD>
+RG_DEVICE uint4 row8_f16(const In* in, int j0, int features, bool vec, const float* __restrict__ mean,
+                         const float* __restrict__ inv_std) {
+    float f[8];
+    row8<In, STD>(in, j0, features, vec, mean, inv_std, f);
+    return pack8(f);
 }
 
 // Whether rows of `features` values of type In starting at x take load8's vector loads.

@@ -13,9 +13,10 @@ from . import Kernels, require
 from .gather import Schedule, table_arguments
 
 SRC = "gather_forward.cu"
-# The most multiply-adds (batch x outputs x padded inputs) the fold takes: its fp32 FMAs on every SM run a first
-# layer this size in about a microsecond, under the gather's own launch it saves (docs/perf.md: Your own data).
-MAX_MACS = 1 << 25
+# The most multiply-adds (batch x outputs x padded inputs) the fold takes: fp32 FMAs, not tensor cores, so past some
+# size they cost more than the launch they save. The largest measured, higgs-like's (batch 1024 x 32 x 512), neither
+# wins nor loses (docs/perf.md: Your own data).
+MAX_MACS = 1 << 24
 
 
 def folds(batch: int, inputs_padded: int, outputs_padded: int, accum: str) -> bool:
