@@ -56,13 +56,19 @@ def _rounder(fp16_storage: bool) -> Callable[[np.ndarray], np.ndarray]:
     return lambda a: _f64(np.asarray(a, dtype=np.float64).astype(np.float16))
 
 
+KINK_MARGIN = 1e-4  # |z| below it: fp32 summation order alone may put a ReLU's input on either side of 0
+
+
 def forward(params: Params, x, fp16_storage: bool = False, activation: str = "relu",
-            slopes: list | None = None) -> list[np.ndarray]:
+            slopes: list | None = None, device_hidden: list | None = None) -> list[np.ndarray]:
     """Return ``[x, h1, ..., h_{L-1}, logits]``: every layer's input, plus the logits.
 
     Backprop needs each layer's input (for dW) and the activation's slope; slopes, when given, gets each hidden
     layer's f'(z) as the device's backward reads it (slopes[i]: at layer i's input, slopes[0] None): from the stored
     h for relu and tanh, else computed from z and stored as the forward does.
+    device_hidden ([h1, ..., h_{L-1}] as the device stored them): where a ReLU's z lies within KINK_MARGIN of 0, the
+    slope the device took (its h > 0). There the unit is on or off by summation order: a different function, not a
+    rounding error, and one such unit moved a layer's gradient by 3% (test_models_step, Adam, seed 2428886684).
     """
     store = _rounder(fp16_storage)
     act, derivative = ACTIVATIONS[activation]
@@ -73,7 +79,11 @@ def forward(params: Params, x, fp16_storage: bool = False, activation: str = "re
         z = acts[-1] @ store(w) + _f64(b)
         acts.append(store(z if i == len(params) - 1 else act(z)))
         if i < len(params) - 1 and slopes is not None:
-            slopes.append(derivative(None, acts[-1]) if activation in FROM_OUTPUT else store(derivative(z, None)))
+            slope = derivative(None, acts[-1]) if activation in FROM_OUTPUT else store(derivative(z, None))
+            if device_hidden is not None and activation == "relu":
+                near = np.abs(z) < KINK_MARGIN
+                slope = np.where(near, _f64(device_hidden[i])[:, :slope.shape[1]] > 0, slope)
+            slopes.append(slope)
     return acts
 
 
@@ -91,12 +101,14 @@ def regression_metrics(pred, targets, loss: str) -> tuple[float, float, float]:
 
 
 def loss_and_grads(params: Params, x, labels, fp16_storage: bool = False,
-                   grad_scale: float = 1.0, activation: str = "relu", loss: str = "xent") -> tuple[float, int, Params]:
+                   grad_scale: float = 1.0, activation: str = "relu", loss: str = "xent",
+                   device_hidden: list | None = None) -> tuple[float, int, Params]:
     """Mean softmax cross-entropy, argmax hit count, and d(mean loss)/d(W, b) for every layer. loss mse, l1 or
-    huber: a regression on the values `labels` [n, K] (the loss a row's mean over its K outputs; hits 0)."""
+    huber: a regression on the values `labels` [n, K] (the loss a row's mean over its K outputs; hits 0).
+    device_hidden: as forward takes it."""
     store = _rounder(fp16_storage)
     slopes: list = []
-    acts = forward(params, x, fp16_storage, activation, slopes)
+    acts = forward(params, x, fp16_storage, activation, slopes, device_hidden)
     logits = acts[-1]
     n = logits.shape[0]
     rows = np.arange(n)

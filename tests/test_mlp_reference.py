@@ -200,3 +200,18 @@ def test_adams_applied_change_is_held_to_1e5_or_to_what_fp32_can_hold():
     assert ref.applied_errors(nearest, small, start)[0] <= ref.ADAM_ARITHMETIC
     one_off = [(big[0][0], np.nextafter(nearest[0][1], np.float32(1)))]
     assert ref.applied_errors(one_off, small, start)[0] > ref.ADAM_ARITHMETIC
+
+
+def test_the_device_decides_only_a_relu_at_its_kink():
+    """device_hidden sets the slope where |z| < KINK_MARGIN alone: a unit on the kink is on if the device's h > 0;
+    one clear of it keeps the reference's slope whatever the device stored."""
+    w0 = np.array([[1.0, 1.0, -1.0]])
+    params = [(w0, np.array([0.0, 0.5, 0.0])), (np.ones((3, 1)), np.zeros(1))]
+    x = np.array([[0.25 * ref.KINK_MARGIN], [-0.25 * ref.KINK_MARGIN]])  # unit 0 and 2 at the kink, unit 1 clear of it
+    plain: list = []
+    forward(params, x, slopes=plain)
+    np.testing.assert_array_equal(plain[1], [[1, 1, 0], [0, 1, 1]])
+    device = [np.array([[0.0, 0.0, 1e-5], [1e-5, 0.0, 0.0]])]  # the kink units the other way; unit 1 "off"
+    taken: list = []
+    forward(params, x, slopes=taken, device_hidden=device)
+    np.testing.assert_array_equal(taken[1], [[0, 1, 1], [1, 1, 0]])

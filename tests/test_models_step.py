@@ -228,11 +228,14 @@ def _follow_the_reference(stack, stream, recipes, perms, x_all, labels, steps: i
             launch.run(stream)
         stream.synchronize()
         loss_sums, _ = stack.train_metrics()
+        hidden = [t.download() for t in stack.acts[1:-1]]  # every model's, for the ReLUs at their kink
         for m, r in enumerate(recipes):
             rows = perms[m][s * r.batch:(s + 1) * r.batch]
             params, state = before[m]
+            mine = [h[m * r.batch:(m + 1) * r.batch] for h in hidden]
             loss, _, grads = ref.loss_and_grads(params, x_all[rows], labels[rows].astype(np.int64), fp16_storage=True,
-                                                grad_scale=loss_scale(r.batch), activation=r.activation)
+                                                grad_scale=loss_scale(r.batch), activation=r.activation,
+                                                device_hidden=mine)
             assert abs(loss_sums[m] / r.batch - loss) <= 1e-2 * max(loss, 1.0), f"model {m}, step {s}: loss"
             expect, expect_state = ref.optimizer_step(params, grads, r, r.lr, state or None, s)
             got = _params(stack, m)
