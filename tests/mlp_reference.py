@@ -56,7 +56,7 @@ def _rounder(fp16_storage: bool) -> Callable[[np.ndarray], np.ndarray]:
     return lambda a: _f64(np.asarray(a, dtype=np.float64).astype(np.float16))
 
 
-KINK_MARGIN = 1e-4  # |z| below it: fp32 summation order alone may put a ReLU's input on either side of 0
+KINK_MARGIN = 2.0 ** -9  # of sum |h w|: the layer's inputs, rounded to fp16 (2^-11 each), move z by less
 
 
 def forward(params: Params, x, fp16_storage: bool = False, activation: str = "relu",
@@ -66,9 +66,10 @@ def forward(params: Params, x, fp16_storage: bool = False, activation: str = "re
     Backprop needs each layer's input (for dW) and the activation's slope; slopes, when given, gets each hidden
     layer's f'(z) as the device's backward reads it (slopes[i]: at layer i's input, slopes[0] None): from the stored
     h for relu and tanh, else computed from z and stored as the forward does.
-    device_hidden ([h1, ..., h_{L-1}] as the device stored them): where a ReLU's z lies within KINK_MARGIN of 0, the
-    slope the device took (its h > 0). There the unit is on or off by summation order: a different function, not a
-    rounding error, and one such unit moved a layer's gradient by 3% (test_models_step, Adam, seed 2428886684).
+    device_hidden ([h1, ..., h_{L-1}] as the device stored them): where a ReLU's z lies within KINK_MARGIN x
+    sum_k |h_k w_k| of 0, the slope the device took (its h > 0). There an input on the other fp16 neighbour, or the
+    summation order, turns the unit on or off: a different function, not a rounding error, and one such unit moved a
+    layer's gradient by 3% (test_models_step, Adam, seed 2428886684).
     """
     store = _rounder(fp16_storage)
     act, derivative = ACTIVATIONS[activation]
@@ -81,7 +82,7 @@ def forward(params: Params, x, fp16_storage: bool = False, activation: str = "re
         if i < len(params) - 1 and slopes is not None:
             slope = derivative(None, acts[-1]) if activation in FROM_OUTPUT else store(derivative(z, None))
             if device_hidden is not None and activation == "relu":
-                near = np.abs(z) < KINK_MARGIN
+                near = np.abs(z) < KINK_MARGIN * (np.abs(acts[-2]) @ np.abs(store(w)))
                 slope = np.where(near, _f64(device_hidden[i])[:, :slope.shape[1]] > 0, slope)
             slopes.append(slope)
     return acts

@@ -203,11 +203,12 @@ def test_adams_applied_change_is_held_to_1e5_or_to_what_fp32_can_hold():
 
 
 def test_the_device_decides_only_a_relu_at_its_kink():
-    """device_hidden sets the slope where |z| < KINK_MARGIN alone: a unit on the kink is on if the device's h > 0;
-    one clear of it keeps the reference's slope whatever the device stored."""
-    w0 = np.array([[1.0, 1.0, -1.0]])
+    """device_hidden sets the slope where |z| < KINK_MARGIN sum |h w| alone: a unit on the kink is on if the device's
+    h > 0; one clear of it keeps the reference's slope whatever the device stored."""
+    w0 = np.array([[1.0, 1.0, -1.0], [-1.0, 1.0, 1.0]])
     params = [(w0, np.array([0.0, 0.5, 0.0])), (np.ones((3, 1)), np.zeros(1))]
-    x = np.array([[0.25 * ref.KINK_MARGIN], [-0.25 * ref.KINK_MARGIN]])  # unit 0 and 2 at the kink, unit 1 clear of it
+    d = 0.25 * ref.KINK_MARGIN  # z = +-2d against a margin of 2 KINK_MARGIN (sum |h w| = 2)
+    x = np.array([[1.0 + d, 1.0 - d], [1.0 - d, 1.0 + d]])  # units 0 and 2 at the kink, unit 1 clear of it
     plain: list = []
     forward(params, x, slopes=plain)
     np.testing.assert_array_equal(plain[1], [[1, 1, 0], [0, 1, 1]])
@@ -215,3 +216,6 @@ def test_the_device_decides_only_a_relu_at_its_kink():
     taken: list = []
     forward(params, x, slopes=taken, device_hidden=device)
     np.testing.assert_array_equal(taken[1], [[0, 1, 1], [1, 1, 0]])
+    far: list = []
+    forward(params, x * [[1.0, 0.9], [0.9, 1.0]], slopes=far, device_hidden=device)  # z 0.1 from the kink
+    np.testing.assert_array_equal(far[1], [[1, 1, 0], [0, 1, 1]])
