@@ -190,3 +190,8 @@ def test_rows_read_across_arrow_chunks_are_the_columns_own_values(rng, monkeypat
     other = rng.standard_normal(len(whole)).astype(np.float32)
     x, finite = tables._rows(len(whole), [column, other], np.float32)
     assert finite and np.array_equal(x, np.stack([whole.astype(np.float32), other], axis=1))
+    monkeypatch.setattr(tables, "HUGE_PAGES_FROM", 0)  # the same rows on pages mapped for huge pages
+    y, finite = tables._rows(len(whole), [column, other], np.float32)
+    assert finite and y.flags.writeable and y.dtype == np.float32 and np.array_equal(y, x)
+    z, finite = tables._rows(len(whole), [column, np.where(np.arange(len(whole)) == 3, np.inf, other)], np.float32)
+    assert not finite

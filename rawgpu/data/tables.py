@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import io
 import itertools
+import mmap
 import os
 import zipfile
 from dataclasses import dataclass
@@ -500,7 +501,7 @@ def _blocks(n: int, work: Callable[[int, int], object]) -> list:
 def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
     """The columns (arrays, or Arrow columns: _Converted) as rows [n, len(columns)] of dtype (what the GPU takes),
     and whether every value is finite: a block of rows per thread, checked as soon as the thread has written it."""
-    x = np.empty((n, len(columns)), dtype)
+    x = _empty((n, len(columns)), dtype)
     for c in columns:
         if isinstance(c, _Converted):
             c.views()
@@ -511,6 +512,23 @@ def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
                 x[a:b, j] = _part(c, a, b)
         return dtype == np.uint8 or bool(np.isfinite(x[a:b]).all())
     return x, all(_blocks(n, fill))
+
+
+HUGE_PAGES_FROM = 64 << 20  # bytes: a table's rows this large are written on 2 MB pages
+
+
+def _empty(shape: tuple[int, int], dtype) -> np.ndarray:
+    """np.empty, on transparent huge pages where Linux gives them on request (madvise): the threads' first writes to a
+    table of hundreds of MB otherwise fault it in 4 KB at a time, which took longer than the writes themselves."""
+    size = shape[0] * shape[1] * np.dtype(dtype).itemsize
+    if size < HUGE_PAGES_FROM or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.empty(shape, dtype)
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        pages.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # a kernel without transparent huge pages: 4 KB pages, as np.empty's
+        pass
+    return np.frombuffer(pages, dtype).reshape(shape)
 
 
 def _part(column, start: int, stop: int) -> np.ndarray:
