@@ -67,3 +67,30 @@ def check_master_update(w: np.ndarray, w16: np.ndarray, wlo: np.ndarray, w_ref: 
     off = (joined.astype(np.float16).view(np.uint16) != w16.view(np.uint16)) & ~tie
     assert not off.any(), f"{what}: W16 must be fp16(master) exactly ({int(off.sum())} differ)"
     assert np.abs(wlo.astype(np.int32)).max() <= 2**14, f"{what}: lo out of its range"
+
+
+def fresh_layer(rng, opt: str, B: int, IN: int, N: int) -> tuple:
+    """A layer's update case of OPTIMIZERS[opt]: (its table at lr 0.05 / 64, w [IN, N], b [N] and the state it keeps
+    as (name, array) pairs of mw, mb, vw, vb), fresh from rng."""
+    states = OPTIMIZERS[opt]._state_tensors
+    w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
+    b = rng.uniform(-1, 1, N).astype(np.float32)
+    mw, vw = random_state(rng, (IN, N), states, np.sqrt(B))
+    mb, vb = random_state(rng, N, states, np.sqrt(B))
+    return table(opt, lr=0.05 / 64), w, b, [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
+
+
+def check_layer_update(o, x, dy, w, b, held: list, wlo, w16, b_new, got_state: list) -> None:
+    """One run's master, bias and state after the step of x^T @ dy (fp16 [B, IN], [B, N]) from fresh_layer's w, b and
+    held state, against float64 (the update kernels' tolerances: x^T @ dy summed in fp32)."""
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    values = dict(held)
+    w_ref, mw_ref, vw_ref = update_reference(o, w, x64.T @ dy64, values.get("mw", 0.0), values.get("vw", 0.0))
+    b_ref, mb_ref, vb_ref = update_reference(o, b, dy64.sum(axis=0), values.get("mb", 0.0), values.get("vb", 0.0))
+    assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
+    check_master_update(w, w16, wlo, w_ref)
+    got = dict(zip([name for name, _ in held], got_state))
+    if "mw" in got:
+        assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
+    if "vw" in got:
+        assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"

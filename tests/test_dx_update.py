@@ -11,7 +11,7 @@ from rawgpu.model import master, optimizer
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import dx_update as U
 
-from optim_reference import OPTIMIZERS, check_master_update, random_state, rel, table, update_reference
+from optim_reference import OPTIMIZERS, check_layer_update, fresh_layer, rel, table
 from test_dx_sgd import Bound, check_dx_operand, check_raw_dx
 
 # --- CPU ---------------------------------------------------------------------------------------------------------
@@ -272,15 +272,9 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
                             dx=with_dx, roles=roles)
     assert plan.splits > 1 or not cluster
     assert roles is None or plan.roles == roles
-    states = OPTIMIZERS[opt]._state_tensors
-    o = table(opt, lr=0.05 / 64)
+    o, w, b, held = fresh_layer(rng, opt, B, IN, N)
     x = np.maximum(rng.uniform(-1, 1, (B, IN)), 0).astype(np.float16)  # a ReLU output: about half zero
     dy = rng.uniform(-1, 1, (B, N)).astype(np.float16)
-    w = rng.uniform(-1, 1, (IN, N)).astype(np.float32)
-    b = rng.uniform(-1, 1, N).astype(np.float32)
-    mw, vw = random_state(rng, (IN, N), states, np.sqrt(B))
-    mb, vb = random_state(rng, N, states, np.sqrt(B))
-    held = [("mw", mw), ("mb", mb), ("vw", vw), ("vb", vb)][:2 * states]
     with Arena() as arena:
         tx, tdy = arena.tensor("x", (B, IN), np.float16), arena.tensor("dy", (B, N), np.float16)
         twlo, tw16 = arena.tensor("wlo", (IN, N), np.int16), arena.tensor("w16", (IN, N), np.float16)
@@ -308,20 +302,12 @@ def check_against_float64(device, stream, kernels, rng, B, IN, N, splits, with_d
     x64, dy64, w16_old = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float16).astype(np.float64)
     ref_sum = dy64 @ w16_old.T
     ref_dx = ref_sum * (x64 > 0)
-    w_ref, mw_ref, vw_ref = update_reference(o, w, x64.T @ dy64, mw, vw)
-    b_ref, mb_ref, vb_ref = update_reference(o, b, dy64.sum(axis=0), mb, vb)
     for wlo, w16, dx, t, b_new, *got_state in runs:
         if with_dx:
             assert rel(dx, ref_dx) <= 2e-3, f"dx rel err {rel(dx, ref_dx):.2e}"
         else:
             assert (dx.view(np.uint16) == 0xFFFF).all(), "no dx asked for, none written"
-        assert rel(b_new - b, b_ref - b) <= 1e-5, "bias update"
-        check_master_update(w, w16, wlo, w_ref)
-        got = dict(zip([name for name, _ in held], got_state))
-        if states:
-            assert rel(got["mw"], mw_ref) <= 2e-3 and rel(got["mb"], mb_ref) <= 1e-5, "first state"
-        if states > 1:
-            assert rel(got["vw"], vw_ref) <= 4e-3 and rel(got["vb"], vb_ref) <= 1e-5, "second moment"
+        check_layer_update(o, x, dy, w, b, held, wlo, w16, b_new, got_state)
         assert not t.any(), "tickets must be reset for the next launch"
     assert_same_bytes(runs)
     if raw_dx:

@@ -18,6 +18,7 @@ from .gemm import (GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, all_kernel_n
                    gemm_tma_facts, gemm_wgmma_facts)
 from .head import head_facts, head_kernels, head_models_facts
 from .loss import loss_facts
+from .narrow_update import narrow_update_facts
 from .model_axis import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE, GEMM_MODELS_SOURCE,
                      HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, gemm_model_kernels, gemm_models_facts)
 from .optim import optim_facts, schedule_facts
@@ -38,6 +39,7 @@ SOURCES = {
     GEMM_WGMMA_SOURCE: (optim_facts, epilogue_facts, activation_facts, gemm_wgmma_facts),
     "head.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, loss_facts, head_facts),
     "loss.cu": (loss_facts,),
+    "narrow_update.cu": (schedule_facts, optim_facts, epilogue_facts, activation_facts, narrow_update_facts),
     # the models step's: a family's source with its model axis (contract/model_axis.py)
     GATHER_MODELS_SOURCE: (schedule_facts, optim_facts, gather_facts),
     DX_UPDATE_MODELS_SOURCE: (schedule_facts, optim_facts, epilogue_facts, activation_facts, dx_update_facts),

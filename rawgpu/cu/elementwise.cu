@@ -49,14 +49,6 @@ extern "C" __global__ void fill_f32(float* __restrict__ p, i64 n, float v) {
     GRID_STRIDE(j, n - done) p[done + j] = v;
 }
 
-// Bias c's step (optim.cuh) for gradient g, its state m, v where the optimiser keeps it (else null).
-RG_DEVICE void bias_step(int c, float g, float* bias, float* m, float* v, const Optim& o) {
-    float mc = m != nullptr ? m[c] : 0.f, vc = v != nullptr ? v[c] : 0.f;
-    bias[c] = optim_update(bias[c], g, mc, vc, o);
-    if (m != nullptr) m[c] = mc;
-    if (v != nullptr) v[c] = vc;
-}
-
 // Bias gradient + the optimiser's update (optim.cuh). g[c] = sum over rows of dy[r, c], summed EXACTLY in 2^-24 fixed
 // point (int64 holds 2^23 rows of any fp16) and rounded once to fp32. Block = (TX, TY): TX threads cover 8*TX
 // columns (one 16-byte load per row when ld % 8 == 0 and dy is aligned), TY threads split the rows; the TY

@@ -87,3 +87,11 @@ RG_DEVICE void optim_adam2(float2& w, float2 g, float2& m, float2& v, const Opti
     w.x = optim_adam(w.x, g.x, m.x, v.x, o);
     w.y = optim_adam(w.y, g.y, m.y, v.y, o);
 }
+
+// Bias c's step for gradient g, its state m, v where the optimiser keeps it (else null).
+RG_DEVICE void bias_step(int c, float g, float* bias, float* m, float* v, const Optim& o) {
+    float mc = m != nullptr ? m[c] : 0.f, vc = v != nullptr ? v[c] : 0.f;
+    bias[c] = optim_update(bias[c], g, mc, vc, o);
+    if (m != nullptr) m[c] = mc;
+    if (v != nullptr) v[c] = vc;
+}

@@ -32,6 +32,7 @@ from ..kernels import elementwise as ke
 from ..kernels import gemm as kg
 from ..kernels import head as kh
 from ..kernels import l2 as kl2
+from ..kernels import narrow_update as kn
 from ..runtime.driver import SideStream
 from ..model.mlp import MLP
 from ..model.optimizer import update_family
@@ -114,9 +115,11 @@ class LayeredStep(ChainStep):
             bwd = None
             if one_pass and not (last and self.head is not None):
                 cap, dx = model.cluster_capacity, i > 0  # the first layer's input needs no gradient
-                bwd = (kb.plan_dx_sgd(B, pin, pout, model.sm_count, arch=arch, capacity=cap, dx=dx)
-                       if kb.supported(B, plain, accum)
-                       else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
+                # a narrow first layer's update alone: narrow_update.cu, where dx_update's pipeline is all start-up
+                bwd = (kn.plan_narrow_update(B, pin, pout, r.optimizer, model.sm_count) if i == 0 else None) or (
+                    kb.plan_dx_sgd(B, pin, pout, model.sm_count, arch=arch, capacity=cap, dx=dx)
+                    if kb.supported(B, plain, accum)
+                    else ku.plan_dx_update(B, pin, pout, r.optimizer, arch, model.sm_count, capacity=cap, dx=dx))
             self.plans.append(LayerPlans(
                 fwd=plan(B, pout, pin, "rr", "bias" if last else "bias_act"),
                 dx=plan(B, pin, pout, "rc", "dact") if i else None,
@@ -190,7 +193,10 @@ class LayeredStep(ChainStep):
         dy = m.grads[n]
         for i in range(n - 1, -1, -1):
             lay, p, x = m.layers[i], self.plans[i], m.acts[i]
-            if isinstance(p.bwd, kb.DxSgdPlan):  # the bias too; the first layer's input needs no gradient
+            if isinstance(p.bwd, kn.NarrowPlan):  # a narrow first layer: its update and the bias's
+                out.append(kn.narrow_update(k, p.bwd, x, dy, lay.wlo, lay.w16, m.optim, mw=lay.mw, vw=lay.vw,
+                                            bias=lay.b, mb=lay.mb, vb=lay.vb))
+            elif isinstance(p.bwd, kb.DxSgdPlan):  # the bias too; the first layer's input needs no gradient
                 out.append(kb.dx_sgd(k, p.bwd, x, dy, lay.wlo, lay.w16, m.grads[i], m.optim, m.workspace, m.tickets,
                                      self.l2[i], bias=lay.b, slope=m.slopes[i]))
             elif p.bwd is not None:  # the same with the optimiser's state
