@@ -70,20 +70,16 @@ def test_bad_tensors_are_refused_naming_the_argument():
     call = lambda plan=sgd, **kw: kn.narrow_update(_Recorder(), plan, **{  # noqa: E731
         **dict(x=t["x"], dy=t["dy"], wlo=t["wlo"], w16=t["w16"], optim=t["optim"]), **kw})
     call()
-    with pytest.raises(ValueError, match=r"x: expected \[>= 10, 16\]"):
-        call(x=a.tensor("x8", (10, 8), np.float16))
-    with pytest.raises(ValueError, match=r"dy: expected \[>= 10, 64\]"):
-        call(dy=a.tensor("dy9", (9, 64), np.float16))
-    with pytest.raises(ValueError, match=r"w16: expected shape \(16, 64\)"):
-        call(w16=a.tensor("w16b", (16, 72), np.float16))
-    with pytest.raises(TypeError, match="wlo: expected dtype int16"):
-        call(wlo=a.tensor("wlo32", (16, 64), np.float32))
-    with pytest.raises(ValueError, match="Adam's rule needs both moments"):
-        call(adam, mw=t["mw"])
-    with pytest.raises(ValueError, match="SGD's rule keeps no second moment"):
-        call(mw=t["mw"], vw=t["vw"])
-    with pytest.raises(ValueError, match="a bias state without the bias"):
-        call(mb=t["mb"])
+    refused = [(dict(x=a.tensor("x8", (10, 8), np.float16)), ValueError, r"x: expected \[>= 10, 16\]"),
+               (dict(dy=a.tensor("dy9", (9, 64), np.float16)), ValueError, r"dy: expected \[>= 10, 64\]"),
+               (dict(w16=a.tensor("w16b", (16, 72), np.float16)), ValueError, r"w16: expected shape \(16, 64\)"),
+               (dict(wlo=a.tensor("wlo32", (16, 64), np.float32)), TypeError, "wlo: expected dtype int16"),
+               (dict(plan=adam, mw=t["mw"]), ValueError, "Adam's rule needs both moments"),
+               (dict(mw=t["mw"], vw=t["vw"]), ValueError, "SGD's rule keeps no second moment"),
+               (dict(mb=t["mb"]), ValueError, "a bias state without the bias")]
+    for kw, error, message in refused:
+        with pytest.raises(error, match=message):
+            call(**kw)
 
 
 def _table(inputs: int, **kw) -> Recipe:
