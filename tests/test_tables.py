@@ -3,6 +3,8 @@ naming the file, row and column, before any GPU work."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -195,3 +197,21 @@ def test_rows_read_across_arrow_chunks_are_the_columns_own_values(rng, monkeypat
     assert finite and y.flags.writeable and y.dtype == np.float32 and np.array_equal(y, x)
     z, finite = tables._rows(len(whole), [column, np.where(np.arange(len(whole)) == 3, np.inf, other)], np.float32)
     assert not finite
+
+
+def test_the_fill_experiments_make_the_rows_and_the_columns(rng, monkeypatch):
+    """dev/read_fill.py's fills (sub-blocks, huge pages, column-major) are the columns side by side."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("read_fill", Path(__file__).parent.parent / "dev" / "read_fill.py")
+    read_fill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(read_fill)
+    monkeypatch.setattr(tables, "ROW_BLOCK_LEAST", 7)
+    monkeypatch.setattr(tables, "ROW_BLOCK_MOST", 7)
+    monkeypatch.setattr(tables, "HUGE_PAGES_FROM", 0)
+    cols = [rng.standard_normal(30).astype(np.float32) for _ in range(3)]
+    rows = np.stack(cols, axis=1)
+    for alloc in (np.empty, tables._empty):
+        for sub in (0, 3):
+            assert np.array_equal(read_fill.rows_fill(cols, alloc, sub)(), rows)
+        assert np.array_equal(read_fill.columns_fill(cols, alloc)(), rows.T)
