@@ -449,8 +449,11 @@ def _select(path: Path, columns: list[np.ndarray], names: list[str], target, fea
     if not picked:
         raise DataError(f"{path}: no feature columns left beside the target")
     by_name = dict(zip(names, columns))
-    y = np.stack([_array(by_name[t]).astype(np.float64) for t in wanted], axis=1)
-    _finite(path, y, wanted)
+    sources = [_array(by_name[t]) for t in wanted]
+    y = (sources[0].astype(np.float64).reshape(-1, 1) if len(sources) == 1  # one pass over a single target
+         else np.stack([a.astype(np.float64) for a in sources], axis=1))
+    if not all(np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_ for a in sources):  # whole numbers are
+        _finite(path, y, wanted)
     x = _feature_rows(path, by_name, picked, len(y))
     _check_shape(path, x)
     return Table(x, y, tuple(picked), tuple(wanted), str(path))
