@@ -8,7 +8,9 @@ rows (a strided write) and checks the block. Timed here, medians of --trials, on
 - rows SUB: the product's fill (tables._rows' blocks and threads) into a fresh array, each block in sub-blocks of SUB
   rows (0: whole blocks, as the product does), on 4 KB pages (np.empty) or huge pages (tables._empty);
 - columns: each column copied whole into a column-major array and checked (a transposing upload's host side: the
-  GPU would turn them into rows).
+  GPU would turn them into rows);
+- after the read, what a run without --test does on the host before the upload: the seeded test split (a gather of
+  rows) and the features kept as fp16 (model.mlp.kept_features).
 """
 
 from __future__ import annotations
@@ -86,6 +88,12 @@ def main() -> int:
             t = median_seconds(rows_fill(cols, alloc, sub), args.trials)
             print(f"rows, sub-blocks {sub or 'none':>5}, {pages}  {t:.4f} s")
         print(f"columns, {pages}              {median_seconds(columns_fill(cols, alloc), args.trials):.4f} s")
+    from rawgpu.model.mlp import kept_features
+
+    read = tables.read(path)
+    print(f"split 10% (rows gathered)     {median_seconds(lambda: tables.split(read, 0.1, 0, 'test'), args.trials):.4f} s")
+    print(f"features as fp16              "
+          f"{median_seconds(lambda: kept_features(read.x, 'fp16', 'x'), args.trials):.4f} s")
     return 0
 
 
