@@ -68,8 +68,7 @@ def forward(params: Params, x, fp16_storage: bool = False, activation: str = "re
     h for relu and tanh, else computed from z and stored as the forward does.
     device_hidden ([h1, ..., h_{L-1}] as the device stored them): where a ReLU's z lies within KINK_MARGIN x
     sum_k |h_k w_k| of 0, the slope the device took (its h > 0). There an input on the other fp16 neighbour, or the
-    summation order, turns the unit on or off: a different function, not a rounding error, and one such unit moved a
-    layer's gradient by 3% (test_models_step, Adam, seed 2428886684).
+    summation order, turns the unit on or off: a different function, not a rounding error (docs/design.md, Numerics).
     """
     store = _rounder(fp16_storage)
     act, derivative = ACTIVATIONS[activation]

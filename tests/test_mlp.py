@@ -22,7 +22,7 @@ as ||dW_gpu - dW_ref|| / ||dW_ref||:
   every later gradient a little.
 Where a ReLU's input lies at its kink (within mlp_reference.KINK_MARGIN of the sum of its terms), the references of
 the layered step take the side the device took (its stored h > 0): there summation order turns the unit on or off, a
-different function rather than a rounding error (one unit at batch 33 put a trajectory 5.6% off, seed 3851791377).
+different function rather than a rounding error (docs/design.md, Numerics, has what showed it).
 Adam and AdamW are checked through their moments: the change of the first (linear in the gradient) against the
 reference by the bounds above, of the second (quadratic: twice the relative error) by twice them, and the weight
 change against float64 arithmetic on the GPU's own new moments (<= 1e-5; no worse than the float64 result rounded to

@@ -452,7 +452,7 @@ def _select(path: Path, columns: list[np.ndarray], names: list[str], target, fea
     sources = [_array(by_name[t]) for t in wanted]
     y = (sources[0].astype(np.float64).reshape(-1, 1) if len(sources) == 1  # one pass over a single target
          else np.stack([a.astype(np.float64) for a in sources], axis=1))
-    if not all(np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_ for a in sources):  # whole numbers are
+    if not all(np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_ for a in sources):  # else all finite
         _finite(path, y, wanted)
     x = _feature_rows(path, by_name, picked, len(y))
     _check_shape(path, x)
@@ -548,7 +548,7 @@ def _numeric(path: Path, a: np.ndarray, what: str) -> None:
 def too_large(a: np.ndarray, dtype) -> tuple[int, int] | None:
     """(row, column) of the first value of `a` [N, F] that the float type `dtype` cannot hold, or None."""
     big = np.abs(a) > np.finfo(dtype).max
-    return (int(big.argmax() // a.shape[1]), int(big.argmax() % a.shape[1])) if big.any() else None
+    return divmod(int(big.argmax()), a.shape[1]) if big.any() else None
 
 
 def _feature_dtype(path: Path, x: np.ndarray, what: str) -> np.ndarray:
