@@ -6,7 +6,7 @@ tables.read spends what pyarrow's read does not on one pass: a thread per block 
 rows (a strided write) and checks the block. Timed here, medians of --trials, on bench.py read's Parquet file:
 - pyarrow: pq.read_table alone (the target's reference; 1.5x of it is the issue's bound);
 - rows SUB: the product's fill (tables._rows' blocks and threads) into a fresh array, each block in sub-blocks of SUB
-  rows (0: whole blocks, as the product does), on 4 KB pages (np.empty) or huge pages (tables._empty);
+  rows (0: whole blocks, as the product does), on 4 KB pages (np.empty) or huge pages (host_rows.empty_rows);
 - columns: each column copied whole into a column-major array and checked (a transposing upload's host side: the
   GPU would turn them into rows);
 - after the read, what a run without --test does on the host before the upload: the seeded test split (a gather of
@@ -24,6 +24,7 @@ import numpy as np
 
 from benchmarks import reading
 from rawgpu.data import tables
+from rawgpu.runtime import host_rows
 
 
 def median_seconds(fn, trials: int) -> float:
@@ -49,7 +50,7 @@ def rows_fill(cols: list[np.ndarray], alloc, sub: int):
                 for j, c in enumerate(cols):
                     x[s:e, j] = c[s:e]
             return bool(np.isfinite(x[a:b]).all())
-        assert all(tables._blocks(n, fill))
+        assert all(host_rows.in_blocks(n, fill))
         return x
     return run
 
@@ -64,7 +65,7 @@ def columns_fill(cols: list[np.ndarray], alloc):
             for j, c in enumerate(cols):
                 xt[j, a:b] = c[a:b]
             return bool(np.isfinite(xt[:, a:b]).all())
-        assert all(tables._blocks(n, fill))
+        assert all(host_rows.in_blocks(n, fill))
         return xt
     return run
 
@@ -83,7 +84,7 @@ def main() -> int:
     print(f"{path}: {table.num_rows} rows x {len(cols)} features, {table.column(0).num_chunks} chunks a column")
     print(f"pyarrow read_table            {median_seconds(lambda: pq.read_table(path), args.trials):.4f} s")
     print(f"tables.read                   {median_seconds(lambda: tables.read(path), args.trials):.4f} s")
-    for pages, alloc in (("4 KB pages", np.empty), ("huge pages", tables._empty)):
+    for pages, alloc in (("4 KB pages", np.empty), ("huge pages", host_rows.empty_rows)):
         for sub in (0, 4096, 16384):
             t = median_seconds(rows_fill(cols, alloc, sub), args.trials)
             print(f"rows, sub-blocks {sub or 'none':>5}, {pages}  {t:.4f} s")

@@ -109,20 +109,20 @@ def _valid_calls(k, t):
 
 def test_the_loss_gives_one_block_a_warp_per_row_and_spread_blocks_eight_warps():
     """A batch in one block runs its rows one after another per warp: it gets the most warps. Blocks that spread a
-    larger batch (or a sweep's models) over the GPU keep 8 warps, two rows a warp unless the caller gives the rows."""
+    larger batch (or a sweep's models) over the GPU keep 8 warps, one row a warp unless the caller gives the rows."""
     k, t = _Recorder(), _plan()
     kl.softmax_xent(k, t["logits"], t["y"], t["dlogits"], t["loss"], t["correct"], 10)
     kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
                     ticket=t["sum_tickets"])
     kl.softmax_xent(k, t["big_logits"], t["big_y"], None, t["loss"], t["correct"], 4096, scratch=t["sums"],
                     ticket=t["sum_tickets"], block_rows=64)
-    assert [(c[3][0], c[4][0]) for c in k.calls] == [(1, 1024), (256, 256), (64, 256)]
+    assert [(c[3][0], c[4][0]) for c in k.calls] == [(1, 1024), (512, 256), (64, 256)]
 
 
 def test_softmax_xent_spreads_long_rows_over_blocks_of_eight():
     """Above 16 classes a row is long (1000 classes: a lane's 32 values): blocks of 8 rows spread any batch over the
-    SMs; up to 16 the batch takes one block up to 256 rows."""
-    assert [kl.xent_blocks(b, 10) for b in (1, 128, 256, 257)] == [1, 1, 1, 17]
+    SMs; up to 16 the batch takes one block up to 256 rows, and above it blocks of 8 rows too."""
+    assert [kl.xent_blocks(b, 10) for b in (1, 128, 256, 257)] == [1, 1, 1, 33]
     assert [kl.xent_blocks(b, 1000) for b in (1, 8, 128, 10000)] == [1, 1, 16, 1250]
     assert kl.xent_rows_per_block(128, 17) == kl.WIDE_ROWS and kl.xent_rows_per_block(128, 16) is None
 
@@ -527,7 +527,7 @@ def test_softmax_xent(kern, device, stream, rng, batch, classes, ld):
         zero = kl.zero_metrics(kern, t_loss, t_corr)
         train = kl.softmax_xent(kern, t_z, t_lab, t_d, t_loss, t_corr, batch, classes, scratch=sums, ticket=tickets)
         assert kl.xent_blocks(batch, classes) == (-(-batch // 8) if classes > 16 else 1 if batch <= 256
-                                                  else -(-batch // 16))
+                                                  else -(-batch // 8))
         zero.run(stream)
         train.run(stream)
         d1, loss1, corr1 = t_d.download(), t_loss.download(), t_corr.download()

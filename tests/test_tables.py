@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rawgpu.data import tables
+from rawgpu.runtime import host_rows
 from rawgpu.runtime.errors import DataError
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow (the tables extra, in the test extra) reads CSV and Parquet")
@@ -181,8 +182,8 @@ def test_rows_read_across_arrow_chunks_are_the_columns_own_values(rng, monkeypat
     the column's own values, and the rows the GPU takes are the columns side by side."""
     import pyarrow as pa
 
-    monkeypatch.setattr(tables, "ROW_BLOCK_LEAST", 7)
-    monkeypatch.setattr(tables, "ROW_BLOCK_MOST", 7)
+    monkeypatch.setattr(host_rows, "ROW_BLOCK_LEAST", 7)
+    monkeypatch.setattr(host_rows, "ROW_BLOCK_MOST", 7)
     values = [rng.standard_normal(n) for n in (5, 1, 13, 0, 9)]
     whole = np.concatenate(values)
     column = tables._Converted(lambda: whole, len(whole), pa.chunked_array([pa.array(v) for v in values]))
@@ -192,7 +193,7 @@ def test_rows_read_across_arrow_chunks_are_the_columns_own_values(rng, monkeypat
     other = rng.standard_normal(len(whole)).astype(np.float32)
     x, finite = tables._rows(len(whole), [column, other], np.float32)
     assert finite and np.array_equal(x, np.stack([whole.astype(np.float32), other], axis=1))
-    monkeypatch.setattr(tables, "HUGE_PAGES_FROM", 0)  # the same rows on pages mapped for huge pages
+    monkeypatch.setattr(host_rows, "HUGE_PAGES_FROM", 0)  # the same rows on pages mapped for huge pages
     y, finite = tables._rows(len(whole), [column, other], np.float32)
     assert finite and y.flags.writeable and y.dtype == np.float32 and np.array_equal(y, x)
     z, finite = tables._rows(len(whole), [column, np.where(np.arange(len(whole)) == 3, np.inf, other)], np.float32)
@@ -206,12 +207,12 @@ def test_the_fill_experiments_make_the_rows_and_the_columns(rng, monkeypatch):
     spec = importlib.util.spec_from_file_location("read_fill", Path(__file__).parent.parent / "dev" / "read_fill.py")
     read_fill = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(read_fill)
-    monkeypatch.setattr(tables, "ROW_BLOCK_LEAST", 7)
-    monkeypatch.setattr(tables, "ROW_BLOCK_MOST", 7)
-    monkeypatch.setattr(tables, "HUGE_PAGES_FROM", 0)
+    monkeypatch.setattr(host_rows, "ROW_BLOCK_LEAST", 7)
+    monkeypatch.setattr(host_rows, "ROW_BLOCK_MOST", 7)
+    monkeypatch.setattr(host_rows, "HUGE_PAGES_FROM", 0)
     cols = [rng.standard_normal(30).astype(np.float32) for _ in range(3)]
     rows = np.stack(cols, axis=1)
-    for alloc in (np.empty, tables._empty):
+    for alloc in (np.empty, host_rows.empty_rows):
         for sub in (0, 3):
             assert np.array_equal(read_fill.rows_fill(cols, alloc, sub)(), rows)
         assert np.array_equal(read_fill.columns_fill(cols, alloc)(), rows.T)

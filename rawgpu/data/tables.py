@@ -15,8 +15,6 @@ from __future__ import annotations
 import bisect
 import io
 import itertools
-import mmap
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import numpy as np
 
 from ..contract.shapes import MAX_CLASSES, MAX_INPUTS, MAX_OUTPUTS
 from ..runtime.errors import DataError
+from ..runtime.host_rows import empty_rows, in_blocks, take_rows
 
 MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
@@ -51,7 +50,7 @@ class Table:
         return self.x.shape[0]
 
     def rows(self, index: np.ndarray) -> "Table":
-        return Table(self.x[index], self.y[index], self.features, self.targets, self.source)
+        return Table(take_rows(self.x, index), self.y[index], self.features, self.targets, self.source)
 
 
 def read(path: str | Path, *, target: str | Sequence[str] | None = None, features: Sequence[str] | None = None,
@@ -177,8 +176,9 @@ def split(table: Table, fraction: float, seed: int, what: str) -> tuple[Table, T
     take = int(round(n * fraction))
     if take < 1 or take >= n:
         raise DataError(f"{table.source}: {fraction} of {n} rows leaves no {what} rows or no training rows")
-    order = np.random.default_rng(seed).permutation(n)
-    return table.rows(np.sort(order[take:])), table.rows(np.sort(order[:take]))
+    held = np.zeros(n, bool)
+    held[np.random.default_rng(seed).permutation(n)[:take]] = True  # the rows in order without a sort
+    return table.rows(np.flatnonzero(~held)), table.rows(np.flatnonzero(held))
 
 
 # --- readers -----------------------------------------------------------------------------------------------------
@@ -477,34 +477,10 @@ def _feature_rows(path: Path, by_name: dict, picked: list[str], n: int) -> np.nd
     return x
 
 
-# Rows a thread turns from columns into rows at a time: about two blocks a core, from ROW_BLOCK_LEAST to
-# ROW_BLOCK_MOST rows. Every block costs a Python call per column, which the threads take in turn, so smaller blocks
-# lose; far larger ones leave cores idle (docs/perf.md: Your own data).
-ROW_BLOCK_LEAST, ROW_BLOCK_MOST = 1 << 14, 1 << 16
-
-
-def _block_rows(n: int) -> int:
-    cores = os.cpu_count() or 1
-    return min(ROW_BLOCK_MOST, max(ROW_BLOCK_LEAST, -(-n // (2 * cores))))
-
-
-def _blocks(n: int, work: Callable[[int, int], object]) -> list:
-    """work(start, stop) over blocks of _block_rows(n) rows on a thread per core (NumPy's copies and checks let go of
-    the GIL), results in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    rows = _block_rows(n)
-    starts = range(0, n, rows)
-    if len(starts) < 2:
-        return [work(0, n)]
-    with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda a: work(a, min(a + rows, n)), starts))
-
-
 def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
     """The columns (arrays, or Arrow columns: _Converted) as rows [n, len(columns)] of dtype (what the GPU takes),
     and whether every value is finite: a block of rows per thread, checked as soon as the thread has written it."""
-    x = _empty((n, len(columns)), dtype)
+    x = empty_rows((n, len(columns)), dtype)
     for c in columns:
         if isinstance(c, _Converted):
             c.views()
@@ -514,24 +490,7 @@ def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:
             for j, c in enumerate(columns):
                 x[a:b, j] = _part(c, a, b)
         return dtype == np.uint8 or bool(np.isfinite(x[a:b]).all())
-    return x, all(_blocks(n, fill))
-
-
-HUGE_PAGES_FROM = 64 << 20  # bytes: a table's rows this large are written on 2 MB pages
-
-
-def _empty(shape: tuple[int, int], dtype) -> np.ndarray:
-    """np.empty, on transparent huge pages where Linux gives them on request (madvise): the threads' first writes to a
-    table of hundreds of MB otherwise fault it in 4 KB at a time, which took longer than the writes themselves."""
-    size = shape[0] * shape[1] * np.dtype(dtype).itemsize
-    if size < HUGE_PAGES_FROM or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.empty(shape, dtype)
-    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        pages.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:  # a kernel without transparent huge pages: 4 KB pages, as np.empty's
-        pass
-    return np.frombuffer(pages, dtype).reshape(shape)
+    return x, all(in_blocks(n, fill))
 
 
 def _part(column, start: int, stop: int) -> np.ndarray:

@@ -15,12 +15,13 @@ from . import Kernels, require, require_exact_sums
 SRC = "loss.cu"
 # A warp per row (enough for 10 classes). One block takes a batch of up to ONE_BLOCK_ROWS rows, its rows one after
 # another per warp: it gets the most warps (softmax_xent's per-warp sums are sized for them). Above, blocks of
-# BLOCK_ROWS rows (or the caller's block_rows) spread the rows over the GPU in 8 warps each, two rows a warp (a warp's
-# rows are dependent round trips: more of them per warp is slower, not cheaper), and their sums meet exactly.
+# BLOCK_ROWS rows (or the caller's block_rows) spread the rows over the GPU in 8 warps each, one row a warp (a warp's
+# rows are dependent round trips: more of them per warp is slower, not cheaper; docs/perf.md), and their sums meet
+# exactly.
 THREADS = XENT_MAX_THREADS
 SPREAD_THREADS = 256
 ONE_BLOCK_ROWS = 256
-BLOCK_ROWS = 16
+BLOCK_ROWS = 8
 # Above the one-tile heads' classes a row is long (up to 1000 classes, a lane's 32 values in three passes): a warp
 # per row, in blocks of WIDE_ROWS rows spread over the SMs, so the rows' round trips run side by side.
 WIDE_CLASSES = 16

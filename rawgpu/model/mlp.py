@@ -33,6 +33,7 @@ from ..kernels import l2 as kl2
 from ..contract import OPTIM_WORDS
 from ..kernels import loss as kl
 from ..runtime.errors import DataError, OutOfMemoryError
+from ..runtime.host_rows import empty_rows, in_blocks
 from ..runtime.memory import Arena, Tensor, format_bytes
 from .recipe import INPUT_DTYPES, Recipe, cdiv, loss_scale, pad8
 
@@ -610,11 +611,16 @@ def kept_features(x: np.ndarray, input_dtype: str, what: str) -> np.ndarray:
     if want == np.uint8:
         raise DataError(f"{what}: {x.dtype} features cannot be kept as bytes (input_dtype u8 is for 0..255 "
                         "pixels); use fp16 or fp32")
-    if x.dtype == np.uint8:
-        return (x * np.float32(1.0 / 255.0)).astype(want)
-    with np.errstate(over="ignore"):
-        out = x.astype(want)
-    if want == np.float16 and np.isinf(out).any():  # a finite feature beyond fp16's range became inf
+    out = empty_rows(x.shape, want)  # converted a block of rows per core (host_rows)
+
+    def convert(a: int, b: int) -> bool:
+        if x.dtype == np.uint8:
+            out[a:b] = x[a:b] * np.float32(1.0 / 255.0)
+            return False
+        with np.errstate(over="ignore"):
+            out[a:b] = x[a:b]
+        return want == np.float16 and bool(np.isinf(out[a:b]).any())
+    if any(in_blocks(len(x), convert)):  # an inf: a finite feature beyond fp16's range, or an inf given
         big = np.isinf(out) & np.isfinite(x)
         if big.any():
             row, col = np.argwhere(big)[0]
