@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rawgpu import contract
@@ -91,3 +92,38 @@ def test_backward_limits_experiment_builds_for_sm_90(mask):
     if mask == 63:
         stream = compiler.compile_file(ROOT / "dev" / "backward" / "stream.cu", "sm_90")
         assert len(stream.resources) == 6 and all(r.spill_stores == 0 for r in stream.resources.values())
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
+def test_transpose_upload_experiment_builds(arch):
+    """dev/transpose_upload/columns_to_rows.cu (a table's columns into fp16 rows on the GPU) compiles without spills."""
+    built = compiler.compile_file(ROOT / "dev" / "transpose_upload" / "columns_to_rows.cu", arch)
+    assert list(built.resources) == ["columns_to_rows"] and built.resources["columns_to_rows"].spill_stores == 0
+
+
+def test_transpose_upload_stages_every_chunk_of_rows_across_arrow_chunks(rng):
+    """dev/transpose_upload/run.py's upload: each chunk of rows holds every column's own rows in order, whichever
+    Arrow chunks they come from (the staging area here a host array, the kernel a copy of what it would read)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("transpose_run", ROOT / "dev" / "transpose_upload" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    rows, features, chunk = 50, 3, 16
+    whole = [rng.standard_normal(rows).astype(np.float32) for _ in range(features)]
+    cuts = [[0, 5, 6, 30, 50], [0, 50], [0, 16, 32, 33, 50]]
+    views = [[w[a:b] for a, b in zip(c, c[1:])] for w, c in zip(whole, cuts)]
+    staging = np.full(features * chunk, np.nan, np.float32)
+    base = 1 << 20  # a pretend device address of the staging area
+    seen = []
+
+    def copy(address, piece):
+        at = (address - base) // 4
+        staging[at:at + len(piece)] = piece
+
+    def launch(row0, n):
+        seen.append((row0, staging.reshape(features, chunk)[:, :n].copy()))
+    run.upload_columns(views, rows, base, chunk, launch, copy=copy)
+    assert [r for r, _ in seen] == [0, 16, 32, 48]
+    got = np.concatenate([block for _, block in seen], axis=1)
+    assert np.array_equal(got, np.stack(whole))
