@@ -95,10 +95,32 @@ def test_backward_limits_experiment_builds_for_sm_90(mask):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
-def test_transpose_upload_experiment_builds(arch):
-    """dev/transpose_upload/columns_to_rows.cu (a table's columns into fp16 rows on the GPU) compiles without spills."""
-    built = compiler.compile_file(ROOT / "dev" / "transpose_upload" / "columns_to_rows.cu", arch)
-    assert list(built.resources) == ["columns_to_rows"] and built.resources["columns_to_rows"].spill_stores == 0
+@pytest.mark.parametrize("source, kernel", [("transpose_upload/columns_to_rows.cu", "columns_to_rows"),
+                                            ("logits_xent/logits_xent.cu", "logits_xent")])
+def test_standalone_experiments_build(arch, source, kernel):
+    """dev/transpose_upload (a table's columns into fp16 rows on the GPU) and dev/logits_xent (the head's forward
+    with its softmax cross-entropy) compile without spills or local memory."""
+    built = compiler.compile_file(ROOT / "dev" / source, arch)
+    assert list(built.resources) == [kernel]
+    assert built.resources[kernel].spill_stores == 0 and built.resources[kernel].stack_frame == 0
+
+
+def test_logits_xent_experiments_reference_is_softmax_cross_entropy():
+    """dev/logits_xent/run.py's float64 check: the loss of uniform logits is log(classes), the hits the first
+    maxima, and the gradient (softmax - onehot) x inv with zero padding columns."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("logits_run", ROOT / "dev" / "logits_xent" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    z = np.zeros((4, 16), np.float16)
+    z[3, 1] = 2.0
+    loss, hits, d = run.softmax_reference(z, np.array([0, 1, 2, 1]), 3, 0.5)
+    p3 = np.exp(2.0) / (np.exp(2.0) + 2)
+    assert np.isclose(loss, 3 * np.log(3) + np.log(np.exp(2.0) + 2) - 2.0)
+    assert hits == 2  # rows 0 (all equal: the first, 0) and 3 (class 1)
+    assert np.allclose(d[0, :3], 0.5 * (np.array([1, 1, 1]) / 3 - [1, 0, 0])) and not d[:, 3:].any()
+    assert np.isclose(d[3, 1], 0.5 * (p3 - 1))
 
 
 def test_transpose_upload_stages_every_chunk_of_rows_across_arrow_chunks(rng):
