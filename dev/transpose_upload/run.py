@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # the transposing upload
         def launch(row0: int, n: int) -> None:
+            driver.context_synchronize()  # the chunk's pageable copies have landed (they are not ordered with `stream`)
             kernel.bind(-(-n // TILE_ROWS), 256, 0, staging, chunk, n, features, ld, row0,
                         x16.ptr + row0 * ld * 2, bad).run(stream)
             stream.synchronize()  # the staging area is reused by the next chunk
