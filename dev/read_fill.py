@@ -10,7 +10,8 @@ rows (a strided write) and checks the block. Timed here, medians of --trials, on
 - columns: each column copied whole into a column-major array and checked (a transposing upload's host side: the
   GPU would turn them into rows);
 - after the read, what a run without --test does on the host before the upload: the seeded test split (a gather of
-  rows) and the features kept as fp16 (model.mlp.kept_features).
+  rows; its parts too: the permutation, the gather as NumPy's and on the threads) and the features kept as fp16
+  (model.mlp.kept_features).
 """
 
 from __future__ import annotations
@@ -92,7 +93,14 @@ def main() -> int:
     from rawgpu.model.mlp import kept_features
 
     read = tables.read(path)
-    print(f"split 10% (rows gathered)     {median_seconds(lambda: tables.split(read, 0.1, 0, 'test'), args.trials):.4f} s")
+    split = median_seconds(lambda: tables.split(read, 0.1, 0, "test"), args.trials)
+    print(f"split 10% (rows gathered)     {split:.4f} s")
+    n = len(read)  # the split's parts: its seeded permutation, and the training rows' gather as NumPy and threaded
+    order = np.sort(np.random.default_rng(0).permutation(n)[n // 10:])
+    for name, fn in (("the permutation", lambda: np.random.default_rng(0).permutation(n)),
+                     ("the gather, x[index]", lambda: read.x[order]),
+                     ("the gather, take_rows", lambda: host_rows.take_rows(read.x, order))):
+        print(f"  {name:<27} {median_seconds(fn, args.trials):.4f} s")
     print(f"features as fp16              "
           f"{median_seconds(lambda: kept_features(read.x, 'fp16', 'x'), args.trials):.4f} s")
     return 0

@@ -26,6 +26,7 @@ from rawgpu.kernels import gemm as kg
 from rawgpu.kernels import loss as kl
 from rawgpu.model.recipe import loss_scale
 from rawgpu.runtime import compiler, driver
+from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
 ROWS, COLS = 16, 16  # logits_xent.cu's block rows and padded classes
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(k % 8 for k in args.inputs) or not all(2 <= c <= COLS for c in args.classes):
         print(f"logits_xent: inputs must be multiples of 8 and classes 2..{COLS}", file=sys.stderr)
         return 1
+    return run_cli(lambda: run(args), "logits_xent")
+
+
+def run(args: argparse.Namespace) -> int:
     device = driver.Device(0)
     kernels, stream, rng = Kernels(device.arch), driver.Stream(), np.random.default_rng(0)
     module = driver.Module.of(compiler.compile_file(Path(__file__).with_name("logits_xent.cu"), device.arch))

@@ -26,6 +26,7 @@ from benchmarks import reading
 from rawgpu.data import tables
 from rawgpu.model.mlp import kept_features
 from rawgpu.runtime import compiler, driver
+from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
 TILE_ROWS, MAX_FEATURES = 128, 64  # columns_to_rows.cu's
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--chunk-rows", type=int, default=1 << 20)
     args = ap.parse_args(argv)
+    return run_cli(lambda: run(args), "transpose_upload")
+
+
+def run(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     path = reading.make_files(Path(args.dir), args.gigabytes)["parquet"]

@@ -145,7 +145,8 @@ RG_DEVICE void gather_table_body(const In* __restrict__ x, const void* __restric
         }
         if constexpr (VALUES) {
             for (int k = threadIdx.x; k < outputs; k += blockDim.x)
-                static_cast<float*>(y_out)[(i64)i * outputs + k] = static_cast<const float*>(targets)[src * outputs + k];
+                static_cast<float*>(y_out)[(i64)i * outputs + k] =
+                    static_cast<const float*>(targets)[src * outputs + k];
         } else if (threadIdx.x == 0) {
             static_cast<int*>(y_out)[i] = static_cast<const int*>(targets)[src];
         }

@@ -45,7 +45,8 @@ RG_DEVICE void narrow_update_body(const half_t* __restrict__ x, int ldx, const h
     for (int r = t; r < B; r += NU_THREADS) store_16(sx + r * NU_KROWS, load_16(x + (i64)r * ldx + k0));
     for (int i = t; i < B * (NU_COLS / 8); i += NU_THREADS) {
         const int r = i / (NU_COLS / 8), col = 8 * (i % (NU_COLS / 8));
-        store_16(sdy + r * NU_COLS + col, c0 + col < N ? load_16(dy + (i64)r * lddy + c0 + col) : make_uint4(0, 0, 0, 0));
+        store_16(sdy + r * NU_COLS + col,
+                 c0 + col < N ? load_16(dy + (i64)r * lddy + c0 + col) : make_uint4(0, 0, 0, 0));
     }
     const Optim o = *opt;  // this step's values: the gather wrote them, launches ago
     __syncthreads();
@@ -71,7 +72,8 @@ RG_DEVICE void narrow_update_body(const half_t* __restrict__ x, int ldx, const h
     __syncthreads();  // the staging is read: the partial sums go over it
 #pragma unroll
     for (int j = 0; j < NU_KROWS; ++j)
-        *reinterpret_cast<float2*>(part + (slice * NU_KROWS + j) * NU_COLS + 2 * pair) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(part + (slice * NU_KROWS + j) * NU_COLS + 2 * pair) =
+            make_float2(acc[j][0], acc[j][1]);
     if (biases) bias_part[t] = bias_sum;  // [t / NU_COLS][t % NU_COLS]
     __syncthreads();
     if (epilogue) {

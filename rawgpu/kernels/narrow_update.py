@@ -86,5 +86,5 @@ def narrow_update(k: Kernels, plan: NarrowPlan, x: Tensor, dy: Tensor, wlo: Tens
     require(optim, np.float32, what="optim")
     opt = lambda t: t if t is not None else 0  # noqa: E731 - a null pointer where the rule keeps no state
     return k.get(SRC, plan.kernel).bind(
-        (cdiv(N, NU_COLS), K // NU_KROWS), NU_THREADS, plan.smem_bytes, x, K, dy, N, B, K, N, wlo, w16, opt(mw), opt(vw), opt(bias),
-        opt(mb), opt(vb), optim)
+        (cdiv(N, NU_COLS), K // NU_KROWS), NU_THREADS, plan.smem_bytes, x, K, dy, N, B, K, N, wlo, w16, opt(mw),
+        opt(vw), opt(bias), opt(mb), opt(vb), optim)

@@ -4,8 +4,9 @@ At 3 hidden layers it is 18 kernels, with any optimiser. Its short form, on sm_9
 accumulation, is 8: each layer's backward, optimiser step and bias update is one pass over its weights
 (kernels/dx_sgd.py at batch <= 32 with plain SGD, kernels/dx_update.py with any optimiser; a narrow first layer's
 update and bias alone, kernels/narrow_update.py), the head's forward, loss, backward and step one cluster kernel
-that also moves the step counter (kernels/head.py), and the gather writes the step's optimiser values. A narrow table's gather and first layer are one launch where
-kernels/gather_forward.py's `folds` allows and the head kernel does not come next: one dependent launch fewer. On
+that also moves the step counter (kernels/head.py), and the gather writes the step's optimiser values. A narrow
+table's gather and first layer are one launch where kernels/gather_forward.py's `folds` allows and the head kernel
+does not come next: one dependent launch fewer. On
 sm_90 every kernel starts while the one before still runs (programmatic dependent launch, ptx/pdl.cuh), and the
 weight streams carry L2 cache hints (kernels/l2.py). Runs every recipe on every GPU: the step for fp16 accumulation,
 for GPUs before sm_90 at widths the fused step does not take, and for batches above 512 (above 256 at large widths).
