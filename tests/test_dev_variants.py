@@ -95,11 +95,10 @@ def test_backward_limits_experiment_builds_for_sm_90(mask):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
-@pytest.mark.parametrize("source, kernel", [("transpose_upload/columns_to_rows.cu", "columns_to_rows"),
-                                            ("logits_xent/logits_xent.cu", "logits_xent")])
+@pytest.mark.parametrize("source, kernel", [("transpose_upload/columns_to_rows.cu", "columns_to_rows")])
 def test_standalone_experiments_build(arch, source, kernel):
-    """dev/transpose_upload (a table's columns into fp16 rows on the GPU) and dev/logits_xent (the head's forward
-    with its softmax cross-entropy) compile without spills or local memory."""
+    """dev/transpose_upload (a table's columns into fp16 rows on the GPU) compiles without spills or local
+    memory."""
     built = compiler.compile_file(ROOT / "dev" / source, arch)
     assert list(built.resources) == [kernel]
     assert built.resources[kernel].spill_stores == 0 and built.resources[kernel].stack_frame == 0

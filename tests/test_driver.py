@@ -350,6 +350,17 @@ def test_large_dynamic_shared_memory_is_opted_in(device):
     assert got == want
 
 
+
+@pytest.mark.gpu
+def test_dynamic_shared_memory_beside_static_is_opted_in(device):
+    """A kernel with static shared memory (logits_xent: 9 KB) may take 44 KB more: below 48 KB of dynamic memory, but
+    above the driver's default, which counts the static memory too."""
+    import kernel_params  # beside this file
+
+    mod = compile_source("loss.cu", device.arch)
+    k = driver.Module(mod.cubin).kernel("logits_xent", kernel_params.signature("loss.cu", "logits_xent"))
+    assert k.max_blocks_per_sm(256, 44 * 1024) >= 1
+
 def test_a_modules_global_comes_back_with_its_size_or_a_named_error(fake_binding):
     fake = fake_binding(cuModuleLoadData=_ok("module"), cuModuleGetGlobal=_ok(0xDEF00, 144))
     module = driver.Module(b"cubin")

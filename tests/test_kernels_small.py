@@ -38,6 +38,7 @@ class _Recorder:
 
     def __init__(self):
         self.calls = []
+        self.arch = "sm_86"  # no launch asks the driver about the GPU (loss.logits_xent's shared memory on sm_90+)
 
     def get(self, source, name):
         rec, signature = self, kernel_params.signature(source, name, integers=True)
@@ -73,6 +74,7 @@ def _plan():
         g32=a.tensor("g32", (784, 256), np.float32), big_logits=a.tensor("big_logits", (4096, 16), np.float16),
         big_y=a.tensor("big_y", 4096, np.int32), big_dy=a.tensor("big_dy", (4096, 264), np.float16),
         sums=a.tensor("sums", 264, np.int64), sum_tickets=a.tensor("sum_tickets", 33, np.int32),
+        head_w=a.tensor("head_w", (800, 16), np.float16), head_b=a.tensor("head_b", 16, np.float32),
     )
     return t
 
@@ -86,6 +88,8 @@ def _valid_calls(k, t):
     kl.softmax_xent(k, t["logits"], t["y"], t["dlogits"], t["loss"], t["correct"], 10)
     kl.softmax_xent(k, t["logits"], t["y"], None, t["loss"], t["correct"], 7)
     kl.zero_metrics(k, t["loss"], t["correct"])
+    kl.logits_xent(k, t["x"], t["head_w"], t["head_b"], t["y"], t["logits"], t["dlogits"], t["loss"], t["correct"], 10,
+                   10, grad_scale=32.0, mean_over=20)
     ke.axpby_f32(k, t["bias"], t["mom"], 1.0, 2.0)
     ke.copy_f16_if_odd(k, t["w16"], t["w16"], t["step"])
     ke.copy_f16_if_odd(k, t["w16"], t["w16"], None)
@@ -130,7 +134,7 @@ def test_softmax_xent_spreads_long_rows_over_blocks_of_eight():
 def test_launchers_match_the_kernel_sources():
     k = _Recorder()
     _valid_calls(k, _plan())
-    assert len(k.calls) == 24
+    assert len(k.calls) == 25
     for source, name, signature, grid, block, smem, args in k.calls:
         assert name in (SOURCE_DIR / source).read_text(), f"{name} is not in {source}"
         assert len(args) == len(signature), f"{name}: the launcher binds {len(args)} arguments, it takes {signature}"
@@ -141,7 +145,7 @@ def test_launchers_match_the_kernel_sources():
                 driver._convert(kind, arg, i)  # in range for its C type
         assert block[0] * block[1] * block[2] <= 1024 and smem <= driver.STATIC_SHARED_LIMIT
     names = {c[1] for c in k.calls}
-    assert names >= {"gather_batch", "step_increment", "set_i64", "softmax_xent", "zero_metrics",
+    assert names >= {"gather_batch", "step_increment", "set_i64", "softmax_xent", "logits_xent", "zero_metrics",
                      "copy_f16_if_odd", "fill_f32", "bias_update", "init_uniform", "init_uniform_master",
                      "finish_sum_bias", "finish_sum_bias_act", "finish_sum_dact", "apply_update_sgd",
                      "apply_update_adam"}

@@ -58,8 +58,11 @@ def test_the_step_writes_every_gradient_into_one_buffer_on_one_gpus_update_tiles
     for (pin, pout), dw in zip(zip(padded, padded[1:]), step.dw):
         update = kg.plan_gemm(pin, pout, m.rows, "cr", family, arch=arch, states=recipe._state_tensors)
         assert dw.epilogue == "store32" and (dw.config, dw.splits) == (update.config, update.splits)
-    # gather, 4 forwards, the loss, 3 input gradients, 4 x (weight gradient, bias gradient, update), the counter
-    assert step.kernel_count() == 1 + 4 + 1 + 3 + 12 + 1
+    # gather, 3 forwards, the head's with the loss (logits_xent), 3 input gradients, 4 x (weight gradient, bias
+    # gradient, update), the counter; with the head's GEMM and softmax_xent apart, one more
+    assert step.kernel_count() == 1 + 3 + 1 + 3 + 12 + 1
+    apart = plan_model(recipe, "data", ranks=2, rank=1, arch=arch, options=StepOptions(fuse_loss=False))
+    assert apart.step.kernel_count() == step.kernel_count() + 1
 
 
 def test_joining_takes_rank_0s_copy_and_refuses_copies_that_differ(rng):

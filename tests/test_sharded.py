@@ -292,8 +292,9 @@ def assert_three_steps_are_the_long_forms(model, kernels, device, stream, data, 
     """One rank's model (its sums in lockstep, on its own) trains 3 steps and evaluates as the one-GPU layered
     step's long form does, from the same seed and order, to the same bits; `poisoned` tensors start as NaN.
     after_eval: launches that end the evaluation on several GPUs (a replicated model's metric sums)."""
+    # a tensor-parallel head is a sum over the ranks: its GEMM and softmax_xent stay apart (fuse_loss=False)
     one = plan_model(model.recipe, "layered", kernels=kernels, sm_count=device.sm_count,
-                     options=StepOptions(short=False)).allocate()
+                     options=StepOptions(short=False, fuse_loss=model.kind != "tensor")).allocate()
     try:
         one.upload_data(data)
         one.init_parameters(stream)
@@ -378,8 +379,8 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
         assert tp.model.kind == "tensor" and "tensor parallel over 1 GPU" in tp.session.step_description
         tp.fit(save_to=path)
         got, history = state_of(tp), tp.history
-    with Trainer._make(recipe, data=data, steps=total, steps_per_graph=4, step="layered",
-                       options=StepOptions(short=False)) as one:
+    apart = StepOptions(short=False, fuse_loss=False)  # the head's GEMM and softmax_xent, as the tensor step's
+    with Trainer._make(recipe, data=data, steps=total, steps_per_graph=4, step="layered", options=apart) as one:
         one.fit()
         expect, params = state_of(one), one.parameters()
         assert [h.test_accuracy for h in history] == [h.test_accuracy for h in one.history]
@@ -392,7 +393,7 @@ def test_one_rank_through_nccl_trains_as_one_gpu_and_saves_a_one_gpu_checkpoint(
         assert loaded.evaluate().accuracy == history[-1].test_accuracy
     # and the other way: a one-GPU checkpoint from inside an epoch, resumed as a rank, ends where one GPU does
     mid = tmp_path / "mid.safetensors"
-    with Trainer._make(recipe, data=data, steps=total, step="layered", options=StepOptions(short=False)) as first:
+    with Trainer._make(recipe, data=data, steps=total, step="layered", options=apart) as first:
         first.fit(stop_at=3000 // 64 + 11, save_to=mid)
     with Trainer._load(mid, data=data, steps_per_graph=4, rank=Rank(1, 0, nccl.new_unique_id()),
                        options=StepOptions(short=False)) as resumed:

@@ -228,7 +228,7 @@ class _BindingKernels:
     """Kernels that bind without a GPU: each launcher's checks and argument packing run, nothing is loaded."""
 
     def __init__(self, arch: str, activation: str = "relu"):
-        self.arch, self.activation = arch, activation
+        self.arch, self.activation, self.facts = arch, activation, {}
 
     def get(self, source: str, name: str):
         from rawgpu.runtime.driver import PackedArgs
@@ -238,6 +238,9 @@ class _BindingKernels:
         class Bound:
             def bind(self, grid, block, smem, *args, **kw):
                 return _Bound((name, PackedArgs(signature, args), None, ()))
+
+            def max_blocks_per_sm(self, threads, smem):  # as an SM of 228 KB would hold them
+                return min(2048 // threads, 228 * 1024 // (smem + 1024))
         return Bound()
 
 
@@ -258,8 +261,18 @@ def test_the_layered_step_counts_its_kernels_without_binding_them(arch, monkeypa
     assert plan_model(Recipe(hidden=256, batch=32, momentum=0.0), arch="sm_90").step.kernel_count() == 8
     assert plan_model(Recipe(hidden=1024), "layered", arch="sm_90").step.kernel_count() == 8
     assert plan_model(Recipe(hidden=1024, optimizer="adam"), arch="sm_90").step.kernel_count() == 8
+    # the long form: the head's forward with the loss in one launch (logits_xent) from a layer up to 512 wide, else 18
+    assert plan_model(Recipe(hidden=512), "layered", arch="sm_86").step.kernel_count() == 17
+    assert plan_model(Recipe(hidden=512, batch=512), "layered", arch="sm_90").step.kernel_count() == 17
     assert plan_model(Recipe(hidden=1024), "layered", arch="sm_86").step.kernel_count() == 18
     assert plan_model(Recipe(hidden=1024, batch=512), "layered", arch="sm_90").step.kernel_count() == 18
+    # the width that counts is the layer under the head's
+    assert plan_model(Recipe(hidden=[1024, 512], batch=512), "layered", arch="sm_90").step.kernel_count() == 13
+    assert plan_model(Recipe(hidden=[512, 1024], batch=512), "layered", arch="sm_90").step.kernel_count() == 14
+    apart = StepOptions(fuse_loss=False)
+    assert plan_model(Recipe(hidden=512, batch=512), "layered", arch="sm_90", options=apart).step.kernel_count() == 18
+    regression = Recipe(hidden=512, batch=512, inputs=784, classes=1, loss="mse")  # no softmax to fuse
+    assert plan_model(regression, "layered", arch="sm_90").step.kernel_count() == 18
 
 
 @pytest.mark.parametrize("arch,recipe", [("sm_90", Recipe(hidden=256, batch=1024)),
@@ -290,7 +303,9 @@ def test_outside_the_short_form_the_updates_run_beside_the_chain(arch, recipe, m
         assert [sides[i] for i in dw] == ["weight updates"] * recipe.layers + [first], names  # top down
         assert {sides[i] for i in bias} == {"bias updates"}
         assert all(s is None for i, s in enumerate(sides) if i not in dw + bias), sides
-        writes_dy = [names.index("softmax_xent")] + dx  # the chain's launch that writes each layer's dy, top down
+        fused = recipe._padded_widths[-2] <= 512  # the head's forward and the loss in one launch (logits_xent)
+        loss = names.index("logits_xent" if fused else "softmax_xent")
+        writes_dy = [loss] + dx  # the chain's launch that writes each layer's dy, top down
         forked_after = lambda i: max(j for j in range(i) if sides[j] is None)  # noqa: E731 - the chain's launch before
         for layer, (b, w) in enumerate(zip(bias, dw)):
             assert forked_after(b) == writes_dy[layer], names  # the bias forks as soon as its dy is there

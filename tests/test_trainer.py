@@ -140,7 +140,7 @@ def test_the_recipe_keeps_the_kernels_codes_out_of_its_public_surface():
         r.colour
 
 
-# Each kind where it runs on this GPU: the fused step (momentum), the layered step in 18 kernels (momentum, fp16
+# Each kind where it runs on this GPU: the fused step (momentum), the layered step in 17 kernels (momentum, fp16
 # accumulation) and in its short form, and the cluster step (batch 32, plain SGD, sm_90).
 KINDS = [
     ("fused", dict(hidden=96, batch=64, momentum=0.9)),

@@ -1,5 +1,5 @@
-"""Experiment: the head's forward GEMM and softmax_xent (two launches of the layered step's long form) against one
-kernel doing both (logits_xent.cu), at up to 16 classes.
+"""Experiment: the head's forward GEMM and softmax_xent (two launches of the layered step's long form before
+logits_xent) against the one kernel doing both (cu/loss.cu's logits_xent), at up to 16 classes.
 
     PYTHONPATH=.:scripts python dev/logits_xent/run.py [--batch B ...] [--inputs K ...] [--classes C ...]
                                                        [--repeats N] [--trials T]
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -25,11 +24,11 @@ from rawgpu.kernels import Kernels
 from rawgpu.kernels import gemm as kg
 from rawgpu.kernels import loss as kl
 from rawgpu.model.recipe import loss_scale
-from rawgpu.runtime import compiler, driver
+from rawgpu.runtime import driver
 from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
-ROWS, COLS = 16, 16  # logits_xent.cu's block rows and padded classes
+COLS = kl.LX_CLASSES
 
 
 def reference(h: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -67,19 +66,17 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     device = driver.Device(0)
     kernels, stream, rng = Kernels(device.arch), driver.Stream(), np.random.default_rng(0)
-    module = driver.Module.of(compiler.compile_file(Path(__file__).with_name("logits_xent.cu"), device.arch))
-    fused_kernel = module.kernel("logits_xent")
     overlap = kg.sm90_or_later(device.arch)
     print(f"{device.name} ({device.arch}): us per step's head forward and loss, a chain of {args.repeats} steps")
     failed = False
     for B in args.batch:
         for K in args.inputs:
             for classes in args.classes:
-                failed |= not run_shape(device, kernels, stream, rng, fused_kernel, overlap, B, K, classes, args)
+                failed |= not run_shape(device, kernels, stream, rng, overlap, B, K, classes, args)
     return 1 if failed else 0
 
 
-def run_shape(device, kernels, stream, rng, fused_kernel, overlap, B, K, classes, args) -> bool:
+def run_shape(device, kernels, stream, rng, overlap, B, K, classes, args) -> bool:
     plan = kg.plan_gemm(B, COLS, K, "rr", "bias", "f32", sm_count=device.sm_count, arch=device.arch,
                         capacity=kg.cluster_capacity(kernels))
     scale = loss_scale(B)
@@ -112,8 +109,8 @@ def run_shape(device, kernels, stream, rng, fused_kernel, overlap, B, K, classes
         pair = [kg.gemm(kernels, plan, h, w, p["logits"], bias=bias, workspace=ws, tickets=tickets),
                 kl.softmax_xent(kernels, p["logits"], labels, p["dlogits"], p["loss"], p["correct"], B, classes,
                                 grad_scale=scale, scratch=p["sums"], ticket=p["ticket"])]
-        fused = [fused_kernel.bind(-(-B // ROWS), 128, 0, h, K, K, w, bias, labels, B, classes, scale / B,
-                                   f["logits"], f["dlogits"], f["loss"], f["correct"], f["sums"], f["ticket"])]
+        fused = [kl.logits_xent(kernels, h, w, bias, labels, f["logits"], f["dlogits"], f["loss"], f["correct"], B,
+                                classes, grad_scale=scale, scratch=f["sums"], ticket=f["ticket"])]
         if overlap:
             pair, fused = [x.overlapping() for x in pair], [x.overlapping() for x in fused]
         for way in ways.values():

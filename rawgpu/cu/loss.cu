@@ -5,6 +5,7 @@
 #include "pdl.cuh"
 #include "exact_sum.cuh"
 #include "regression.cuh"
+#include "mma.cuh"
 
 // XENT_MAX_WARPS: the warps of the largest block the launcher gives (rawgpu/contract/loss.py: XENT_MAX_THREADS), a -D
 // option.
@@ -30,6 +31,14 @@
 #else
 #define XENT_MODEL_PARAMS
 #endif
+// One class's gradient of a row's softmax cross-entropy, (exp(z - m) * inv_se - [label]) * inv_batch, each step
+// rounded as written (no contraction into FMAs, which the compiler would choose per kernel): every kernel that takes
+// it (softmax_xent, logits_xent) gives the same bits for the same logits. Their sums of exp(z - m) add with __fadd_rn
+// for the same reason.
+RG_DEVICE float xent_dlogit(float z, float m, float inv_se, bool is_label, float inv_batch) {
+    return __fmul_rn(__fsub_rn(__fmul_rn(expf(z - m), inv_se), is_label ? 1.0f : 0.0f), inv_batch);
+}
+
 extern "C" __global__ void __launch_bounds__(XENT_MAX_WARPS * 32)
 softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ labels, int batch, int classes,
              float inv_batch, half_t* __restrict__ dlogits, double* loss_sum, int* correct, int block_rows,
@@ -70,7 +79,7 @@ softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ 
         // loss = log1p(rest) + (m - z[label]) adds two non-negative terms: accurate even when loss -> 0.
         float rest = 0.0f;
         for (int c = lane; c < classes; c += 32)
-            if (c != best_i) rest += expf(f16_to_f32(z[c]) - m);
+            if (c != best_i) rest = __fadd_rn(rest, expf(f16_to_f32(z[c]) - m));
         rest = warp_sum(rest);
         const bool valid = label >= 0 && label < classes;
         const float z_label = valid ? f16_to_f32(z[label]) : __int_as_float(0x7fffffff);  // bad label: NaN loss
@@ -83,7 +92,7 @@ softmax_xent(const half_t* __restrict__ logits, int ld, const int* __restrict__ 
             half_t* d = dlogits + (i64)r * ld;
             for (int c = lane; c < ld; c += 32) {
                 float g = 0.0f;
-                if (c < classes) g = (expf(f16_to_f32(z[c]) - m) * inv_se - (c == label ? 1.0f : 0.0f)) * inv_batch;
+                if (c < classes) g = xent_dlogit(f16_to_f32(z[c]), m, inv_se, c == label, inv_batch);
                 d[c] = f32_to_f16(g);
             }
         }
@@ -176,3 +185,136 @@ extern "C" __global__ void zero_sums(double* sums, int n) {
 extern "C" __global__ void zero_metrics(double* loss_sum, int* correct) {
     if (blockIdx.x == 0 && threadIdx.x == 0) *loss_sum = 0.0, *correct = 0;
 }
+
+// The head's forward and its softmax cross-entropy in one launch (the layered and data-parallel steps' long form at
+// up to 16 classes, where they were a GEMM with the bias epilogue and softmax_xent, each a launch of the step's
+// chain). logits = fp16(h @ W + bias), rounded as the GEMM's bias epilogue rounds them; then softmax_xent's math per
+// row on those logits (the same loss, hits and dlogits for the same logits). A block: LX_ROWS rows (one mma row
+// tile) by the LX_COLS padded classes; its LX_WARPS warps take K's 16-wide steps in turn (step s to warp s %
+// LX_WARPS), reading the rows straight into mma fragments and W's columns as pairs of fp16 (16 KB at K = 512: L1 and
+// L2 keep it), LX_DEPTH steps' loads at a time; the warps' partial tiles are summed in warp order through shared
+// memory. A half-warp then takes a row, a lane a class. The blocks' loss and hits meet exactly as softmax_xent's
+// (scratch 2 int64, ticket). No model axis (loss_models.cu builds softmax_xent alone).
+#if !XENT_MODELS
+#if LX_COLS != 16 || LX_ROWS != 16 || LX_WARPS * 2 < LX_ROWS
+#error "logits_xent is one mma row tile of 16 rows by two 8-column tiles, a half-warp a row (rawgpu/contract/loss.py)"
+#endif
+RG_DEVICE u32 lx_pair(const half_t* w, int k, int col) {  // W[k][col] and W[k + 1][col], packed as mma's B wants
+    return (u32)w[(i64)k * LX_COLS + col] | ((u32)w[(i64)(k + 1) * LX_COLS + col] << 16);
+}
+
+extern "C" __global__ void __launch_bounds__(LX_WARPS * 32)
+logits_xent(const half_t* __restrict__ h, int ldh, int K, const half_t* __restrict__ w, const float* __restrict__ bias,
+            const int* __restrict__ labels, int batch, int classes, float inv_batch, half_t* __restrict__ logits,
+            half_t* __restrict__ dlogits, double* loss_sum, int* correct, i64* scratch, int* ticket) {
+    __shared__ float s_part[LX_WARPS][LX_ROWS][LX_COLS];
+    __shared__ float s_z[LX_ROWS][LX_COLS];
+    __shared__ double s_loss[LX_WARPS * 2];
+    __shared__ int s_hits[LX_WARPS * 2];
+    pdl_enter();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * LX_ROWS;
+    const bool va = r0 + g < batch, vb = r0 + g + 8 < batch;  // this lane's two rows of the A fragment
+    const u32* ha = reinterpret_cast<const u32*>(h + (i64)(va ? r0 + g : 0) * ldh);
+    const u32* hb = reinterpret_cast<const u32*>(h + (i64)(vb ? r0 + g + 8 : 0) * ldh);
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    constexpr int STEP = LX_WARPS * 16;  // the K a block's warps take at once, 16 each
+    for (int base = warp * 16; base < K; base += STEP * LX_DEPTH) {
+        // every load of LX_DEPTH steps before their first mma: one round trip to L2 for them all
+        u32 a[LX_DEPTH][4], b[LX_DEPTH][2][2];
+#pragma unroll
+        for (int s = 0; s < LX_DEPTH; ++s) {
+            const int k0 = base + s * STEP;
+            const bool lo = k0 < K, hi = k0 + 8 < K;  // K is a multiple of 8: a step may lie past it, or half of it
+            const int ka = (k0 + 2 * t) / 2, kb = ka + 4;  // in u32 (fp16 pairs)
+            a[s][0] = va && lo ? ha[ka] : 0u;
+            a[s][1] = vb && lo ? hb[ka] : 0u;
+            a[s][2] = va && hi ? ha[kb] : 0u;
+            a[s][3] = vb && hi ? hb[kb] : 0u;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                b[s][j][0] = lo ? lx_pair(w, k0 + 2 * t, 8 * j + g) : 0u;
+                b[s][j][1] = hi ? lx_pair(w, k0 + 8 + 2 * t, 8 * j + g) : 0u;
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < LX_DEPTH; ++s)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) mma_m16n8k16_f32(acc[j], a[s], b[s][j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        s_part[warp][g][8 * j + 2 * t] = acc[j][0];
+        s_part[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+        s_part[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+        s_part[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int e = tid; e < LX_ROWS * LX_COLS; e += LX_WARPS * 32) {
+        const int r = e / LX_COLS, c = e % LX_COLS;
+        float v = s_part[0][r][c];
+#pragma unroll
+        for (int q = 1; q < LX_WARPS; ++q) v += s_part[q][r][c];
+        const half_t z = f32_to_f16(v + bias[c]);
+        s_z[r][c] = f16_to_f32(z);
+        if (r0 + r < batch) logits[(i64)(r0 + r) * LX_COLS + c] = z;
+    }
+    __syncthreads();
+
+    // a half-warp per row (rows rr, rr + 8), a lane per class; every lane runs the shuffles (full-warp masks)
+    const int half = lane >> 4, c = lane & 15, group = warp * 2 + half;
+    double loss_acc = 0.0;  // the group's lane 0: its rows in ascending order
+    int hits = 0;
+    for (int rr = group; rr < LX_ROWS; rr += LX_WARPS * 2) {
+        const int r = r0 + rr;
+        const float zc = s_z[rr][c];
+        float best = c < classes ? zc : -__int_as_float(0x7f800000);
+        int best_i = c < classes ? c : 0x7fffffff;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) {  // argmax across the half-warp, ties to the lower index
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (ob > best || (ob == best && oi < best_i)) best = ob, best_i = oi;
+        }
+        const float m = best;
+        float rest = 0.0f;
+        if (c < classes && c != best_i) rest = __fadd_rn(rest, expf(zc - m));
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) rest += __shfl_xor_sync(0xffffffffu, rest, o);
+        if (r < batch) {
+            const int label = labels[r];
+            const bool valid = label >= 0 && label < classes;
+            const float z_label = valid ? s_z[rr][label] : __int_as_float(0x7fffffff);  // bad label: NaN loss
+            if (c == 0) {
+                loss_acc += (double)(log1pf(rest) + (m - z_label));
+                hits += (valid && best_i == label) ? 1 : 0;
+            }
+            float gv = 0.0f;
+            if (c < classes) gv = xent_dlogit(zc, m, 1.0f / (1.0f + rest), c == label, inv_batch);
+            dlogits[(i64)r * LX_COLS + c] = f32_to_f16(gv);
+        }
+    }
+    if (c == 0) s_loss[group] = loss_acc, s_hits[group] = hits;
+    __syncthreads();
+    double total = 0.0;
+    int total_hits = 0;
+    if (tid == 0) {
+        for (int q = 0; q < LX_WARPS * 2; ++q) total += s_loss[q], total_hits += s_hits[q];
+        if (gridDim.x > 1) {
+            exact_add(scratch, isfinite(total) ? __double2ll_rn(total * 4294967296.0) : 0);
+            exact_add(scratch + 1, total_hits);
+            if (!isfinite(total)) *loss_sum = total;  // a NaN or infinite loss stays so
+        }
+    }
+    if (gridDim.x > 1) {
+        if (!last_of_blocks(ticket, gridDim.x)) return;
+        if (tid != 0) return;
+        total = (double)exact_take(scratch) * (1.0 / 4294967296.0);
+        total_hits = (int)exact_take(scratch + 1);
+    }
+    if (tid == 0) {
+        *loss_sum += total;
+        *correct += total_hits;
+    }
+}
+#endif

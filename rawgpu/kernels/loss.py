@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import XENT_MAX_THREADS
+from ..contract.arch import sm90_or_later
+from ..contract.loss import LX_CLASSES, LX_ROWS, LX_WARPS
 from ..contract.loss import REGRESSION_LOSSES
 from ..contract.shapes import MAX_OUTPUTS
 from ..runtime.driver import Launch
@@ -26,6 +28,9 @@ BLOCK_ROWS = 8
 # per row, in blocks of WIDE_ROWS rows spread over the SMs, so the rows' round trips run side by side.
 WIDE_CLASSES = 16
 WIDE_ROWS = 8
+# logits_xent takes the head's forward from the GEMM and softmax_xent up to this width of the layer below: beyond it
+# a block's 16 rows by K are the longer path of the step than the GEMM split over the GPU (docs/perf.md).
+FUSE_MAX_K = 512
 
 
 def xent_rows_per_block(batch: int, classes: int = 10) -> int | None:
@@ -78,6 +83,57 @@ def softmax_xent(k: Kernels, logits: Tensor, labels: Tensor, dlogits: Tensor | N
         0 if dlogits is None else dlogits, loss_sum, correct,
         batch if blocks == 1 else rows,
         0 if blocks == 1 else scratch, 0 if blocks == 1 else ticket)
+
+
+def logits_xent(k: Kernels, h: Tensor, w16: Tensor, bias: Tensor, labels: Tensor, logits: Tensor, dlogits: Tensor,
+                loss_sum: Tensor, correct: Tensor, batch: int, classes: int, grad_scale: float = 1.0,
+                mean_over: int | None = None, scratch: Tensor | None = None, ticket: Tensor | None = None) -> Launch:
+    """The head's forward and softmax_xent in one launch: logits = fp16(h @ W + bias) for h fp16 [>= batch, K] (K a
+    multiple of 8), W16 fp16 [K, LX_CLASSES] and bias float32 [LX_CLASSES] (the head at up to LX_CLASSES classes);
+    then softmax_xent's loss, hits and dlogits on those logits (logits, dlogits fp16 [>= batch, LX_CLASSES]). Above one
+    block of LX_ROWS rows, the blocks' sums meet through scratch and ticket as softmax_xent's."""
+    require(h, np.float16, what="h")
+    if len(h.shape) != 2 or h.shape[0] < batch or h.shape[1] % 8:
+        raise ValueError(f"h: expected [>= {batch}, a multiple of 8], got shape {h.shape}")
+    K = h.shape[1]
+    require(w16, np.float16, (K, LX_CLASSES), what="w16")
+    require(bias, np.float32, (LX_CLASSES,), what="bias")
+    if not 1 <= classes <= LX_CLASSES or batch < 1:
+        raise ValueError(f"logits_xent takes 1..{LX_CLASSES} classes and batch >= 1, got {classes} and {batch}")
+    require(labels, np.int32, what="labels")
+    if len(labels.shape) != 1 or labels.shape[0] < batch:
+        raise ValueError(f"labels: expected [>= {batch}], got shape {labels.shape}")
+    require(logits, np.float16, what="logits")
+    if len(logits.shape) != 2 or logits.shape[0] < batch or logits.shape[1] != LX_CLASSES:
+        raise ValueError(f"logits: expected [>= {batch}, {LX_CLASSES}], got shape {logits.shape}")
+    if dlogits is None:
+        raise ValueError("logits_xent trains: it needs dlogits (an evaluation runs the GEMM and softmax_xent)")
+    mean_over = _gradient_rows(dlogits, logits, "dlogits", batch, grad_scale, mean_over)
+    require(loss_sum, np.float64, (1,), what="loss_sum")
+    require(correct, np.int32, (1,), what="correct")
+    blocks = -(-batch // LX_ROWS)
+    if blocks > 1:
+        require_exact_sums(scratch, ticket, 2, 1, f"logits_xent over {batch} rows")
+    kernel = k.get(SRC, "logits_xent")
+    return kernel.bind(
+        blocks, LX_WARPS * 32, _two_to_an_sm(k, kernel), h, K, K, w16, bias, labels, batch, classes,
+        grad_scale / mean_over, logits, dlogits, loss_sum, correct, 0 if blocks == 1 else scratch,
+        0 if blocks == 1 else ticket)
+
+
+def _two_to_an_sm(k: Kernels, kernel) -> int:
+    """Shared memory for logits_xent to ask for (it uses none of it) so that no more than two of its blocks share an
+    SM, on sm_90+. There it starts while the GEMM before it still holds nearly every SM (programmatic dependent
+    launch), and its small blocks would all be placed on the few SMs left free and run there, eight or more to an SM
+    (docs/perf.md). Asked of the driver once per Kernels."""
+    if not sm90_or_later(k.arch):
+        return 0
+    if "logits_xent_shared" not in k.facts:
+        nbytes = 0
+        while kernel.max_blocks_per_sm(LX_WARPS * 32, nbytes) > 2:
+            nbytes += 8192
+        k.facts["logits_xent_shared"] = nbytes
+    return k.facts["logits_xent_shared"]
 
 
 def _gradient_rows(grad: Tensor | None, out: Tensor, what: str, batch: int, grad_scale: float,

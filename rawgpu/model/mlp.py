@@ -504,6 +504,22 @@ class MLP:
         return kl.softmax_xent(k, out, y, grad, loss_sum, correct, rows, r.classes, grad_scale=grad_scale,
                                mean_over=mean_over, scratch=scratch, ticket=ticket)
 
+    @property
+    def head_loss_fuses(self) -> bool:
+        """Whether a training step's head forward and loss are one launch (loss.logits_xent): softmax cross-entropy
+        over the head tile's classes, from a layer at most loss.FUSE_MAX_K wide. A step takes it where its head's
+        forward is a plain GEMM whose output is whole on this GPU."""
+        return (not self.recipe.regression and self.padded[-1] == kl.LX_CLASSES
+                and self.padded[-2] <= kl.FUSE_MAX_K)
+
+    def head_forward_loss(self, rows: int, grad_scale: float = 1.0, mean_over: int | None = None) -> Launch:
+        """The head's forward (from the top hidden layer's output) and the training loss in one launch, where
+        head_loss_fuses: logits and their gradient where the GEMM and `loss` would write them."""
+        lay, n = self.layers[-1], len(self.layers) - 1
+        return kl.logits_xent(self.k, self.acts[n], lay.w16, lay.b, self.y, self.acts[-1], self.grads[-1],
+                              self.loss_sum, self.correct, rows, self.recipe.classes, grad_scale, mean_over,
+                              scratch=self.exact_sums, ticket=self.exact_tickets)
+
     def _eval_forward(self, plans: list[kg.GemmPlan]) -> list[Launch]:
         hidden = [self.eval_h[i % 2] for i in range(len(self.layers) - 1)] + [self.eval_logits]
         return self.forward(self.eval_x, hidden, plans)

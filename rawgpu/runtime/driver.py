@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import CudaError, GpuHangError, NoDeviceError, OutOfMemoryError
 
-STATIC_SHARED_LIMIT = 48 * 1024  # beyond this a kernel must opt in to dynamic shared memory
+STATIC_SHARED_LIMIT = 48 * 1024  # a block's shared memory, static and dynamic together, without an opt-in
 
 
 @lru_cache(maxsize=1)
@@ -574,20 +574,21 @@ class Kernel:
         packed then, by the signature the build read)."""
         self._func, self.name, self.signature, self.resources = func, name, signature, resources
         self._resolve = resolve
-        self._dynamic_shared_limit = STATIC_SHARED_LIMIT
+        self._dynamic_shared_limit = 0  # opted in to (0: the driver's default, 48 KB less the static memory)
         self._non_portable_clusters = False
 
     @property
     def func(self) -> Any:
         if self._func is None:
             self._func, self.resources, self.signature = self._resolve()
-            if self._dynamic_shared_limit > STATIC_SHARED_LIMIT:
+            if self._dynamic_shared_limit:
                 self._set_shared_limit()
         return self._func
 
     def ensure_shared(self, nbytes: int) -> None:
-        """Raise the kernel's dynamic shared-memory limit when a launch asks for more than the 48 KB default (set
-        once the kernel is loaded)."""
+        """Raise the kernel's dynamic shared-memory limit to what a launch asks for, whenever that grows (set once the
+        kernel is loaded). The driver's default is 48 KB less the kernel's static shared memory, which a kernel with
+        both would overrun well below 48 KB of dynamic memory."""
         if nbytes > self._dynamic_shared_limit:
             self._dynamic_shared_limit = nbytes
             if self._func is not None:

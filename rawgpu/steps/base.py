@@ -23,7 +23,10 @@ class StepOptions:
     the chain of dx GEMMs (False: all in one chain). l2_bytes, l2_budget: layered step, the GPU's L2 size and the
     share of it one weight may keep between two reads (budget 0 or no size: no cache hints). fused_grid: blocks of
     the fused kernel (default one per SM). fold: layered step, a narrow table's gather and first layer in one launch
-    where gather_forward.folds says so (False: the gather and a forward GEMM)."""
+    where gather_forward.folds says so (False: the gather and a forward GEMM). fuse_loss: layered and data-parallel
+    steps, the head's forward and softmax cross-entropy in one launch where the model says they fuse
+    (MLP.head_loss_fuses; False: the head's GEMM and softmax_xent, as a tensor-parallel head summed over the ranks
+    runs them)."""
 
     overlap: bool = True
     short: bool = True
@@ -32,6 +35,7 @@ class StepOptions:
     l2_budget: float = DEFAULT_BUDGET
     fused_grid: int | None = None
     fold: bool = True
+    fuse_loss: bool = True
 
 
 class Step:

@@ -5,8 +5,9 @@ The layered step's long form over the rank's rows, with the updates moved after 
 is written in fp32 by a GEMM on the tile one GPU's update of that layer runs (epilogue store32), its bias gradient by
 bias_update's sums, all into one buffer; one all-reduce adds them up over the ranks inside the step's CUDA graph;
 then each layer's optimiser step runs from the sums (elementwise.apply_update, the GEMM's own update epilogue). The
-loss is the mean over the whole batch (softmax_xent's mean_over), so the sums are one GPU's gradient, and with one
-rank every bit is the layered step's long form. steps.choose picks it for a model on several GPUs.
+loss is the mean over the whole batch (softmax_xent's and logits_xent's mean_over), so the sums are one GPU's
+gradient, and with one rank every bit is the layered step's long form. steps.choose picks it for a model on several
+GPUs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class DataStep(ChainStep):
     def __init__(self, model: "ReplicatedMLP", options: StepOptions):
         super().__init__(model, options.overlap)
         r, arch, rows, padded = model.recipe, model.arch, model.rows, model.padded
+        self.fused_loss = options.fuse_loss and model.head_loss_fuses  # as the layered step's long form
         self.family = update_family(r.optimizer)
         plan = functools.partial(kg.plan_gemm, accum=r._kernel_accum, sm_count=model.sm_count, arch=arch,
                                  capacity=model.cluster_capacity)
@@ -64,16 +66,17 @@ class DataStep(ChainStep):
             at += w + b
 
     def kernel_units(self) -> set:
-        return kg.plan_units(self.fwd + self.dx + self.dw, self.model.arch)
+        fwd = self.fwd[:len(self.fwd) - self.fused_loss]  # logits_xent (loss.cu) runs the head's forward
+        return kg.plan_units(fwd + self.dx + self.dw, self.model.arch)
 
     def split_plans(self) -> list:
         return [p for p in self.fwd + self.dx + self.dw if p is not None]
 
     def kernel_count(self) -> int:
-        """Kernels per step: gather, the forwards, the loss, per layer its input gradient (not the first's), weight
-        gradient, bias gradient and update, and the counter."""
+        """Kernels per step: gather, the forwards, the loss (with the head's forward where they fuse), per layer its
+        input gradient (not the first's), weight gradient, bias gradient and update, and the counter."""
         n = len(self.fwd)
-        return 1 + n + 1 + (n - 1) + 3 * n + 1
+        return 1 + n - self.fused_loss + 1 + (n - 1) + 3 * n + 1
 
     def describe(self) -> str:
         m = self.model
@@ -90,8 +93,12 @@ class DataStep(ChainStep):
         schedule = kd.Schedule(lr0, lr_min, r.total_steps, r.warmup_steps, r.schedule)
         out = [m.gather(m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, rows, r.steps_per_epoch,
                         optim=m.optim, schedule=schedule)]
-        out += m.forward(m.acts[0], m.acts[1:], self.fwd, slopes=m.slopes[1:])
-        out.append(m.loss(m.acts[-1], m.y, m.grads[-1], rows, grad_scale=loss_scale(r.batch), mean_over=r.batch))
+        g = len(self.fwd) - self.fused_loss  # the layers up to the head's, where logits_xent runs the head's forward
+        out += m.forward(m.acts[0], m.acts[1:g + 1], self.fwd[:g], slopes=m.slopes[1:g + 1])
+        if self.fused_loss:
+            out.append(m.head_forward_loss(rows, grad_scale=loss_scale(r.batch), mean_over=r.batch))
+        else:
+            out.append(m.loss(m.acts[-1], m.y, m.grads[-1], rows, grad_scale=loss_scale(r.batch), mean_over=r.batch))
         for i in range(len(m.layers) - 1, -1, -1):
             lay, x, dy = m.layers[i], m.acts[i], m.grads[i + 1]
             if self.dx[i] is not None:

@@ -1,6 +1,7 @@
 """The layered step: one kernel per layer and role (gather, GEMMs with fused epilogues, softmax, bias updates).
 
-At 3 hidden layers it is 18 kernels, with any optimiser. Its short form, on sm_90 at batch <= 256 with fp32
+At 3 hidden layers it is 17 kernels, with any optimiser, where the head's forward and softmax are one launch (up to
+16 classes from a layer up to 512 wide, kernels/loss.py's logits_xent), 18 elsewhere. Its short form, on sm_90 at batch <= 256 with fp32
 accumulation, is 8: each layer's backward, optimiser step and bias update is one pass over its weights
 (kernels/dx_sgd.py at batch <= 32 with plain SGD, kernels/dx_update.py with any optimiser; a narrow first layer's
 update and bias alone, kernels/narrow_update.py), the head's forward, loss, backward and step one cluster kernel
@@ -92,8 +93,8 @@ class LayerPlans:
 class LayeredStep(ChainStep):
 
     def __init__(self, model: "MLP", overlap: bool, short: bool, l2_bytes: int, l2_budget: float,
-                 branches: bool = True, fold: bool = True):
-        """overlap, short, branches, l2_bytes, l2_budget, fold: see StepOptions."""
+                 branches: bool = True, fold: bool = True, fuse_loss: bool = True):
+        """overlap, short, branches, l2_bytes, l2_budget, fold, fuse_loss: see StepOptions."""
         super().__init__(model, overlap)
         r, arch, B = model.recipe, model.arch, model.recipe.batch
         padded = r._padded_widths
@@ -108,6 +109,8 @@ class LayeredStep(ChainStep):
         # kernel that writes them must be at least two launches back
         self.fold = (fold and not r._pixels and len(padded) - (self.head is not None) > 2
                      and kgf.folds(B, padded[0], padded[1], accum))
+        # elsewhere, the head's forward and softmax cross-entropy as one launch where they fuse (loss.logits_xent)
+        self.fused_loss = fuse_loss and self.head is None and model.head_loss_fuses
         one_pass = short and one_pass_reason(r, arch) is None
         n = len(padded) - 1
         self.plans: list[LayerPlans] = []
@@ -142,7 +145,8 @@ class LayeredStep(ChainStep):
 
     def kernel_units(self) -> set:
         layers = self.plans[:len(self.plans) - (self.head is not None)]  # the head kernel runs the last one's
-        gemms = [lp.fwd for lp in layers[self.fold:]] + [p for lp in layers if lp.bwd is None for p in (lp.dx, lp.dw)]
+        forwards = layers[self.fold:len(layers) - self.fused_loss]  # logits_xent (loss.cu) runs the head's forward
+        gemms = [lp.fwd for lp in forwards] + [p for lp in layers if lp.bwd is None for p in (lp.dx, lp.dw)]
         one_pass = {lp.bwd.unit for lp in layers if lp.bwd is not None}
         fold = {(kgf.SRC, None)} if self.fold else set()
         return kg.plan_units(gemms, self.model.arch) | one_pass | ({self.head.unit} if self.head else set()) | fold
@@ -152,11 +156,11 @@ class LayeredStep(ChainStep):
 
     def kernel_count(self) -> int:
         """Launches per step, from the plans alone (no tensor needs an address): gather, the forward GEMMs (the first
-        one with the gather where they fold), the head kernel or softmax, per layer the one-pass backward or dx + dW
-        + bias, and the counter where no head kernel moves it."""
+        one with the gather where they fold, the head's with the loss where they fuse), the head kernel or the loss,
+        per layer the one-pass backward or dx + dW + bias, and the counter where no head kernel moves it."""
         n = len(self.plans) - (self.head is not None)
         backward = sum(1 if p.bwd is not None else (p.dx is not None) + 2 for p in self.plans[:n])
-        return 1 + n - self.fold + 1 + backward + (self.head is None)
+        return 1 + n - self.fold - self.fused_loss + 1 + backward + (self.head is None)
 
     def describe(self) -> str:
         how = ", each overlapping the one before (programmatic dependent launch)" if self.overlap else ""
@@ -178,9 +182,12 @@ class LayeredStep(ChainStep):
             out = [m.gather(m.images, m.labels, m.perm, m.counter, m.acts[0], m.y, r.batch, r.steps_per_epoch,
                             optim=m.optim, schedule=schedule, early=early)]
         f = int(self.fold)  # the first layer with a forward GEMM of its own
-        out += m.forward(m.acts[f], m.acts[f + 1:n + 1], [p.fwd for p in self.plans[f:n]],
-                         [pol.forward for pol in self.l2[f:n]], slopes=m.slopes[f + 1:n + 1], first=f)
-        if self.head is not None:  # the head's forward, loss, backward and update in one launch
+        g = n - self.fused_loss  # the layers up to the head's, where logits_xent runs the head's forward
+        out += m.forward(m.acts[f], m.acts[f + 1:g + 1], [p.fwd for p in self.plans[f:g]],
+                         [pol.forward for pol in self.l2[f:g]], slopes=m.slopes[f + 1:g + 1], first=f)
+        if self.fused_loss:  # the head's forward and the loss in one launch
+            out.append(m.head_forward_loss(r.batch, grad_scale=scale))
+        elif self.head is not None:  # the head's forward, loss, backward and update in one launch
             lay = m.layers[n]
             sums, correct = (m.regression_sums, None) if r.regression else (m.loss_sum, m.correct)
             out.append(kh.head_step(k, self.head, m.acts[n], m.y, lay.wlo, lay.w16, lay.b, m.optim, m.acts[-1],
@@ -248,4 +255,4 @@ class _Sides:
 
 def build(model: "MLP", options: StepOptions) -> LayeredStep:
     return LayeredStep(model, options.overlap, options.short, options.l2_bytes, options.l2_budget, options.branches,
-                       options.fold)
+                       options.fold, options.fuse_loss)
