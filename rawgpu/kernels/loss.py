@@ -10,7 +10,7 @@ from ..contract.arch import sm90_or_later
 from ..contract.loss import LX_CLASSES, LX_ROWS, LX_WARPS
 from ..contract.loss import REGRESSION_LOSSES
 from ..contract.shapes import MAX_OUTPUTS
-from ..runtime.driver import Launch
+from ..runtime.driver import Kernel, Launch
 from ..runtime.memory import Tensor
 from . import Kernels, require, require_exact_sums
 
@@ -121,7 +121,7 @@ def logits_xent(k: Kernels, h: Tensor, w16: Tensor, bias: Tensor, labels: Tensor
         0 if blocks == 1 else ticket)
 
 
-def _two_to_an_sm(k: Kernels, kernel) -> int:
+def _two_to_an_sm(k: Kernels, kernel: Kernel) -> int:
     """Shared memory for logits_xent to ask for (it uses none of it) so that no more than two of its blocks share an
     SM, on sm_90+. There it starts while the GEMM before it still holds nearly every SM (programmatic dependent
     launch), and its small blocks would all be placed on the few SMs left free and run there, eight or more to an SM
