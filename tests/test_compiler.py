@@ -43,7 +43,8 @@ def test_every_kernel_compiles_without_spills(source, arch, whole_builds):
 OVERLAPPED = {"gather.cu": ["gather_batch", "step_increment"],
               "elementwise.cu": ["bias_update", "finish_sum_bias", "finish_sum_bias_act", "finish_sum_dact",
                                  "apply_update_sgd", "apply_update_adam"],
-              "loss.cu": ["softmax_xent", "logits_xent"], "dx_sgd.cu": ["dx_sgd"], "dx_update.cu": None, "head.cu": None,
+              "loss.cu": ["softmax_xent", "logits_xent"], "dx_sgd.cu": ["dx_sgd"], "dx_update.cu": None,
+              "head.cu": None,
               "gemm.cu": None, "gemm_tma.cu": None,  # None: all
               # the fp16-accumulating twins trap: the planner never launches them
               "gemm_wgmma.cu": [n for n in contract.all_kernel_names(contract.GEMM_WGMMA_SOURCE) if n.endswith("_f32")]}

@@ -1,16 +1,16 @@
 """The layered step: one kernel per layer and role (gather, GEMMs with fused epilogues, softmax, bias updates).
 
 At 3 hidden layers it is 17 kernels, with any optimiser, where the head's forward and softmax are one launch (up to
-16 classes from a layer up to 512 wide, kernels/loss.py's logits_xent), 18 elsewhere. Its short form, on sm_90 at batch <= 256 with fp32
-accumulation, is 8: each layer's backward, optimiser step and bias update is one pass over its weights
-(kernels/dx_sgd.py at batch <= 32 with plain SGD, kernels/dx_update.py with any optimiser; a narrow first layer's
-update and bias alone, kernels/narrow_update.py), the head's forward, loss, backward and step one cluster kernel
-that also moves the step counter (kernels/head.py), and the gather writes the step's optimiser values. A narrow
-table's gather and first layer are one launch where kernels/gather_forward.py's `folds` allows and the head kernel
-does not come next: one dependent launch fewer. On
-sm_90 every kernel starts while the one before still runs (programmatic dependent launch, ptx/pdl.cuh), and the
-weight streams carry L2 cache hints (kernels/l2.py). Runs every recipe on every GPU: the step for fp16 accumulation,
-for GPUs before sm_90 at widths the fused step does not take, and for batches above 512 (above 256 at large widths).
+16 classes from a layer up to 512 wide, kernels/loss.py's logits_xent), 18 elsewhere. Its short form, on sm_90 at
+batch <= 256 with fp32 accumulation, is 8: each layer's backward, optimiser step and bias update is one pass over
+its weights (kernels/dx_sgd.py at batch <= 32 with plain SGD, kernels/dx_update.py with any optimiser; a narrow
+first layer's update and bias alone, kernels/narrow_update.py), the head's forward, loss, backward and step one
+cluster kernel that also moves the step counter (kernels/head.py), and the gather writes the step's optimiser
+values. A narrow table's gather and first layer are one launch where kernels/gather_forward.py's `folds` allows
+and the head kernel does not come next: one dependent launch fewer. On sm_90 every kernel starts while the one
+before still runs (programmatic dependent launch, ptx/pdl.cuh), and the weight streams carry L2 cache hints
+(kernels/l2.py). Runs every recipe on every GPU: the step for fp16 accumulation, for GPUs before sm_90 at widths the
+fused step does not take, and for batches above 512 (above 256 at large widths).
 
 Outside the short form the chain a step waits on is the forward and the dx GEMMs: nothing later in a step reads a
 layer's updated weight or bias, so each layer's dW GEMM with its update and its bias update run on side streams
