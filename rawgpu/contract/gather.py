@@ -42,6 +42,21 @@ def column_kernels() -> list[str]:
     return [column_kernel(step, d) for step in ("sums", "scaling") for d in GATHER_TABLE_DTYPES]
 
 
+# columns_to_rows: a table's columns (float32 or float64, as its reader holds them) into the rows the model keeps
+# (fp16 or fp32); a block makes COLUMNS_TILE_ROWS whole rows of up to COLUMNS_MAX features through shared memory.
+COLUMN_DTYPES = {"f32": "float", "f64": "double"}  # a column's dtype -> its C type
+ROW_DTYPES = {"f16": "half_t", "f32": "float"}  # the rows' dtype -> its C type
+COLUMNS_TILE_ROWS, COLUMNS_MAX, COLUMNS_THREADS = 128, 64, 256
+
+
+def columns_kernel(column: str, row: str) -> str:
+    return f"columns_to_rows_{column}_{row}"
+
+
+def columns_kernels() -> list[str]:
+    return [columns_kernel(c, r) for c in COLUMN_DTYPES for r in ROW_DTYPES]
+
+
 def _table_instances(kernel) -> str:
     """X(name, In, STD, VALUES) of every table instance that `kernel(dtype, target, standardized)` names."""
     return " ".join(f"X({kernel(d, t, s)}, {c}, {'true' if s else 'false'}, {'true' if t == 'values' else 'false'})"
@@ -54,6 +69,11 @@ def gather_facts(arch: str):
     for step in ("sums", "scaling"):
         each = " ".join(f"X({column_kernel(step, d)}, {c})" for d, c in GATHER_TABLE_DTYPES.items())
         instances += f"#define COLUMN_{step.upper()}_FOR_EACH_KERNEL(X) {each}\n"
+    each = " ".join(f"X({columns_kernel(c, r)}, {cc}, {rc})" for c, cc in COLUMN_DTYPES.items()
+                    for r, rc in ROW_DTYPES.items())
+    instances += (f"#define COLUMNS_TILE_ROWS {COLUMNS_TILE_ROWS}\n#define COLUMNS_MAX {COLUMNS_MAX}\n"
+                  f"#define COLUMNS_THREADS {COLUMNS_THREADS}\n"
+                  f"// columns_to_rows's kernels: X(name, In, Out) each.\n#define COLUMNS_FOR_EACH_KERNEL(X) {each}\n")
     return {}, {"gather_instances.cuh": header(__name__, "gather.cu", instances)}
 
 

@@ -250,6 +250,51 @@ extern "C" __global__ void first_nonfinite_f16(const half_t* x, i64 n, unsigned 
 extern "C" __global__ void first_nonfinite_f32(const float* x, i64 n, unsigned long long* first) {
     first_nonfinite_body<float>(x, n, first);
 }
+
+// A table's columns as its reader holds them (rawgpu/data/columns.py) made into the rows the model keeps, on the GPU
+// so that the host neither writes nor reads the rows (docs/perf.md: Reading tables). Column c of a chunk of `rows`
+// rows is at cols + c * stride (In: float or double); rows [rows, features] of Out (fp16 or fp32) go to `out`, each
+// value rounded as the host's rows are (double to float, then float to fp16 to nearest even: the bytes of
+// data/tables.py's rows through mlp.kept_features). *first = min(*first, the flat index (row0 + row) * features +
+// column of a value Out cannot hold: the launcher sets it to the table's size first. A block: COLUMNS_TILE_ROWS
+// rows, read a column at a time (consecutive threads, consecutive rows), written as whole rows through shared memory
+// (16-byte stores: `out` starts on a 16-byte boundary, and so does every block's tile, COLUMNS_TILE_ROWS rows on).
+RG_DEVICE half_t row_value(float f, half_t*) { return f32_to_f16(f); }
+RG_DEVICE float row_value(float f, float*) { return f; }
+RG_DEVICE bool held(half_t h) { return (h & 0x7c00) != 0x7c00; }  // not inf or NaN: all exponent bits set
+RG_DEVICE bool held(float f) { return isfinite(f); }
+
+template <typename In, typename Out>
+RG_DEVICE void columns_to_rows_body(const In* __restrict__ cols, i64 stride, int rows, int features, i64 row0,
+                                    Out* __restrict__ out, unsigned long long* first) {
+    __shared__ __align__(16) Out tile[COLUMNS_TILE_ROWS * COLUMNS_MAX];
+    const int r_first = blockIdx.x * COLUMNS_TILE_ROWS;
+    const int n = min(COLUMNS_TILE_ROWS, rows - r_first);
+    unsigned long long bad = ~0ull;
+    for (int i = threadIdx.x; i < COLUMNS_TILE_ROWS * features; i += blockDim.x) {
+        const int c = i / COLUMNS_TILE_ROWS, r = i % COLUMNS_TILE_ROWS;
+        if (r < n) {
+            const Out v = row_value((float)cols[c * stride + r_first + r], (Out*)nullptr);
+            if (!held(v)) bad = min(bad, (unsigned long long)((row0 + r_first + r) * features + c));
+            tile[r * features + c] = v;
+        }
+    }
+    __syncthreads();
+    const int values = n * features, vectors = values * (int)sizeof(Out) / 16;
+    Out* base = out + (i64)r_first * features;
+    const uint4* src = reinterpret_cast<const uint4*>(tile);
+    uint4* dst = reinterpret_cast<uint4*>(base);
+    for (int v = threadIdx.x; v < vectors; v += blockDim.x) dst[v] = src[v];
+    for (int i = vectors * 16 / (int)sizeof(Out) + threadIdx.x; i < values; i += blockDim.x) base[i] = tile[i];
+    if (bad != ~0ull) atomicMin(first, bad);
+}
+#define COLUMNS_TO_ROWS(name, In, Out)                                                                             \
+    extern "C" __global__ void __launch_bounds__(COLUMNS_THREADS)                                                  \
+        name(const In* __restrict__ cols, i64 stride, int rows, int features, i64 row0, Out* __restrict__ out,     \
+             unsigned long long* first) {                                                                          \
+        columns_to_rows_body<In, Out>(cols, stride, rows, features, row0, out, first);                             \
+    }
+COLUMNS_FOR_EACH_KERNEL(COLUMNS_TO_ROWS)  // generated: rawgpu/contract/gather.py
 #endif
 
 // The training step counter moves forward inside the graph.

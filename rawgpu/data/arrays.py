@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import tables
+from ..runtime.columns import Columns
 from ..runtime.dlpack import FEATURE_DTYPES, DeviceArray, on_gpu
 from ..contract.shapes import MAX_CLASSES, MAX_INPUTS, MAX_OUTPUTS
 from ..runtime.errors import DataError
@@ -178,7 +179,8 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
 
 def _fields(name: str, x, y, xt, yt, outputs: int, source: Path, regression: bool, features: tuple,
             targets: tuple) -> dict[str, Any]:
-    kept = lambda a: a if isinstance(a, DeviceArray) else np.ascontiguousarray(a)  # noqa: E731 - GPU arrays stay
+    # GPU arrays stay where they are, and a table's columns as they are (the GPU makes their rows: data/columns.py)
+    kept = lambda a: a if isinstance(a, (DeviceArray, Columns)) else np.ascontiguousarray(a)  # noqa: E731
     return dict(name=name, train_images=kept(x), train_labels=np.ascontiguousarray(y),
                 test_images=kept(xt), test_labels=np.ascontiguousarray(yt),
                 image_shape=(1, x.shape[1]), classes=outputs, source=source, regression=regression, features=features,
@@ -206,7 +208,8 @@ def from_tables(path: str | Path, *, target: str | Sequence[str] | None = None, 
         train, held = tables.split(train, test_fraction, seed, "test")
     if held.x.dtype != train.x.dtype:  # one dtype on the GPU: the wider of the two (bytes only where both are)
         wide = np.float32 if np.float32 in (held.x.dtype, train.x.dtype) else np.float16
-        train, held = (tables.Table(t.x.astype(wide), t.y, t.features, t.targets, t.source) for t in (train, held))
+        train, held = (t if t.x.dtype == wide else tables.Table(t.x.astype(wide), t.y, t.features, t.targets, t.source)
+                       for t in (train, held))
     if regression:
         y, yt, outputs = tables.values(train), tables.values(held), train.y.shape[1]
     else:
@@ -237,5 +240,5 @@ def scored_table(path: str | Path, columns: dict[str, Any] | None, regression: b
             raise DataError(f"{path}: {y.shape[1]} target columns; the model predicts {classes}")
     else:
         y, _ = tables.labels(table, classes)
-    x = np.ascontiguousarray(table.x)
+    x = table.x if isinstance(table.x, Columns) else np.ascontiguousarray(table.x)
     return _fields(Path(path).stem, x, y, x, y, classes, Path(path), regression, table.features, table.targets)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import bisect
 import io
 import itertools
+import math
+import os
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,22 +28,27 @@ import numpy as np
 from ..contract.shapes import MAX_CLASSES, MAX_INPUTS, MAX_OUTPUTS
 from ..runtime.errors import DataError
 from ..runtime.host_rows import empty_rows, in_blocks, take_rows
+from ..runtime.columns import COLUMN_DTYPES, COLUMNS_MAX, Columns
 
 MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
 # bytes per parsed CSV block, the progress step: 4 MB parse as fast as pyarrow's default 1 MB on 16 cores and leave a
 # quarter as many chunks for the rows to cross (docs/perf.md: Your own data)
 CSV_BLOCK = 4 << 20
+# Formats whose float columns stay columns to the upload: Parquet's come in row groups of up to a million rows; a
+# CSV's in a chunk per 4 MB block, thousands of pieces to copy up, and its read's bound is met with rows made here
+KEPT_AS_COLUMNS = (".parquet",)
 
 Progress = Callable[[int, int], None]  # (bytes done, total bytes)
 
 
 @dataclass(frozen=True)
 class Table:
-    """Feature rows x [N, F] (float32, float16 or uint8 as read) and the target y [N, K] (float64: labels are checked
-    and converted by `labels`), with the columns' names and where they came from."""
+    """Feature rows x [N, F] (float32, float16 or uint8 as read; a narrow table of float columns as Columns, rows of
+    float32 made where they are needed) and the target y [N, K] (numbers as read, or float64 of several columns:
+    `labels` and `values` check and convert it), with the columns' names and where they came from."""
 
-    x: np.ndarray
+    x: np.ndarray | Columns
     y: np.ndarray
     features: tuple[str, ...]
     targets: tuple[str, ...]
@@ -50,7 +58,8 @@ class Table:
         return self.x.shape[0]
 
     def rows(self, index: np.ndarray) -> "Table":
-        return Table(take_rows(self.x, index), self.y[index], self.features, self.targets, self.source)
+        x = self.x.take(index) if isinstance(self.x, Columns) else take_rows(self.x, index)
+        return Table(x, self.y[index], self.features, self.targets, self.source)
 
 
 def read(path: str | Path, *, target: str | Sequence[str] | None = None, features: Sequence[str] | None = None,
@@ -125,7 +134,7 @@ def read_features(path: str | Path, features: Sequence[str] | None, width: int) 
             _numeric(path, by_name[f], f"column {f!r}")
     if len(columns[0]) == 0:
         raise DataError(f"{path}: no rows")
-    return _feature_rows(path, by_name, picked, len(columns[0]))
+    return np.asarray(_feature_rows(path, by_name, picked, len(columns[0])))
 
 
 def labels(table: Table, classes: int | None = None) -> tuple[np.ndarray, int]:
@@ -136,7 +145,7 @@ def labels(table: Table, classes: int | None = None) -> tuple[np.ndarray, int]:
                         f"({', '.join(table.targets)})")
     y = table.y[:, 0]
     name = table.targets[0]
-    whole = np.floor(y) == y
+    whole = np.floor(y) == y if not np.issubdtype(y.dtype, np.integer) else np.ones(1, bool)
     if not whole.all():
         row = int(np.argmin(whole))
         raise DataError(f"{table.source}: row {row + 1}, column {name!r}: label {_shown(y[row])} is not a whole number "
@@ -315,6 +324,11 @@ class _Converted:
             self._starts = list(itertools.accumulate((len(c) for c in chunks[:-1]), initial=0))
             self._chunks = chunks
 
+    def chunks(self) -> list[np.ndarray]:
+        """The direct column's chunks as NumPy views of Arrow's buffers."""
+        self.views()
+        return self._chunks
+
 
 def _direct(column, pa):
     """The column where its values are integers or floats with none missing (`_Converted.direct`), else None."""
@@ -450,7 +464,7 @@ def _select(path: Path, columns: list[np.ndarray], names: list[str], target, fea
         raise DataError(f"{path}: no feature columns left beside the target")
     by_name = dict(zip(names, columns))
     sources = [_array(by_name[t]) for t in wanted]
-    y = (sources[0].astype(np.float64).reshape(-1, 1) if len(sources) == 1  # one pass over a single target
+    y = (sources[0].reshape(-1, 1) if len(sources) == 1  # as read: `labels` and `values` convert it
          else np.stack([a.astype(np.float64) for a in sources], axis=1))
     if not all(np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_ for a in sources):  # else all finite
         _finite(path, y, wanted)
@@ -459,22 +473,54 @@ def _select(path: Path, columns: list[np.ndarray], names: list[str], target, fea
     return Table(x, y, tuple(picked), tuple(wanted), str(path))
 
 
-def _feature_rows(path: Path, by_name: dict, picked: list[str], n: int) -> np.ndarray:
+def _feature_rows(path: Path, by_name: dict, picked: list[str], n: int) -> np.ndarray | Columns:
     """The picked columns as the rows the GPU takes [n, len(picked)]: uint8 or float16 where every column is, else
-    float32; every value finite (else the first bad one named by row and column)."""
+    float32 (a Parquet file's kept as Columns where every column is float32, or every one float64, and there are at
+    most COLUMNS_MAX: the GPU makes their rows); every value finite (else the first bad one named by row and
+    column)."""
     for f in picked:  # a column of text or with a missing value: converted (and checked, naming its row) first
         if isinstance(by_name[f], _Converted) and by_name[f].direct is None:
             by_name[f].get()
     dtypes = {by_name[f].dtype for f in picked}
+    if path.suffix.lower() in KEPT_AS_COLUMNS and len(picked) <= COLUMNS_MAX and len(dtypes) == 1 and \
+            dtypes <= set(COLUMN_DTYPES) and \
+            all(isinstance(by_name[f], _Converted) and by_name[f].direct is not None for f in picked):
+        columns = Columns([by_name[f].chunks() for f in picked])
+        if not _all_held([by_name[f].direct for f in picked]) and (bad := columns.first_bad()) is not None:
+            _bad_value(path, bad[0], picked[bad[1]], columns.part(bad[1], bad[0], bad[0] + 1)[0], np.float32)
+        return columns
     dtype = np.uint8 if dtypes == {np.dtype(np.uint8)} else np.float16 if dtypes == {np.dtype(np.float16)} \
         else np.float32
     x, finite = _rows(n, [by_name[f] for f in picked], dtype)
     if not finite:
         row, j = np.argwhere(~np.isfinite(x))[0]
-        value = _part(by_name[picked[j]], row, row + 1)[0]
-        why = "every value must be finite" if not np.isfinite(float(value)) else f"too large for {x.dtype}"
-        raise DataError(f"{path}: row {row + 1}, column {picked[j]!r}: {_shown(value)} ({why})")
+        _bad_value(path, row, picked[j], _part(by_name[picked[j]], row, row + 1)[0], x.dtype)
     return x
+
+
+def _all_held(columns: list) -> bool:
+    """Whether float32 rows hold every value of these Arrow float columns: pyarrow's compute, a column per thread
+    (NumPy's reductions over the same columns kept the GIL and took 2.5x as long on 16 cores: docs/perf.md, Reading
+    tables); where one does not, NumPy finds which value. A float32 column's sum in float64 is finite exactly when
+    every value is (it cannot overflow): one pass; a float64 column's values are compared with float32's largest."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    most = float(np.finfo(np.float32).max)
+
+    def held(column) -> bool:
+        if pa.types.is_float32(column.type):
+            total = pc.sum(column).as_py()  # float64; NaN or inf where a value is
+            return total is not None and math.isfinite(total)
+        return bool(pc.all(pc.less_equal(pc.abs(column), most)).as_py())  # NaN compares False
+    with ThreadPoolExecutor(max_workers=min(len(columns), os.cpu_count() or 1)) as pool:
+        return all(pool.map(held, columns))
+
+
+def _bad_value(path: Path, row: int, name: str, value, dtype) -> None:
+    """Raise the one line naming a feature value the rows cannot hold: not finite, or beyond dtype's range."""
+    why = "every value must be finite" if not np.isfinite(float(value)) else f"too large for {np.dtype(dtype)}"
+    raise DataError(f"{path}: row {row + 1}, column {name!r}: {_shown(value)} ({why})")
 
 
 def _rows(n: int, columns: list, dtype) -> tuple[np.ndarray, bool]:

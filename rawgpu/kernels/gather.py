@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import OPTIM_WORDS, column_kernel, gather_table_kernel
+from ..contract import (COLUMNS_MAX, COLUMNS_THREADS, COLUMNS_TILE_ROWS, OPTIM_WORDS, column_kernel, columns_kernel,
+                        gather_table_kernel)
 from ..contract.optim import SCHEDULES  # the schedule codes gather_batch takes
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
@@ -206,6 +207,35 @@ def first_nonfinite(k: Kernels, x: Tensor, first: Tensor, sm_count: int) -> Laun
     n = int(np.prod(x.shape))
     blocks = max(1, min(-(-n // (8 * NONFINITE_THREADS)), NONFINITE_BLOCKS_PER_SM * sm_count))
     return k.get(SRC, f"first_nonfinite_{kind}").bind(blocks, NONFINITE_THREADS, 0, x, n, first)
+
+
+COLUMN_KINDS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+ROW_KINDS = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}
+
+
+def columns_to_rows(k: Kernels, cols: Tensor, rows: int, out: Tensor, row0: int, first: Tensor) -> Launch:
+    """out[row0 + r, c] = cols[c, r] for r < rows, every column of a chunk of a table (cols [features, stride] of
+    float32 or float64, the chunk's `rows` rows first in each) as out's dtype (fp16 or fp32, rounded as the host
+    rounds); first[0] = min(first[0], the flat index in out of a value out's dtype cannot hold): set it to out.size
+    before a table's first chunk. row0 is a multiple of COLUMNS_TILE_ROWS (out's rows from there start 16-byte
+    aligned)."""
+    column, row = COLUMN_KINDS.get(cols.dtype), ROW_KINDS.get(out.dtype)
+    if column is None or row is None:
+        raise TypeError(f"columns_to_rows: float32 or float64 columns into fp16 or fp32 rows, got {cols.dtype} "
+                        f"into {out.dtype}")
+    require(first, np.uint64, (1,), what="first")
+    if len(cols.shape) != 2 or len(out.shape) != 2 or cols.shape[0] != out.shape[1]:
+        raise ValueError(f"columns_to_rows: columns {cols.shape} into rows {out.shape}: expected [features, stride] "
+                         "and [rows, features]")
+    features, stride = cols.shape
+    if not 1 <= features <= COLUMNS_MAX:
+        raise ValueError(f"columns_to_rows: {features} columns, it takes 1 to {COLUMNS_MAX}")
+    if not 1 <= rows <= stride or row0 < 0 or row0 % COLUMNS_TILE_ROWS or row0 + rows > out.shape[0]:
+        raise ValueError(f"columns_to_rows: rows {row0}..{row0 + rows - 1} of a chunk of {stride} into {out.shape[0]} "
+                         f"rows (row0 a multiple of {COLUMNS_TILE_ROWS})")
+    at = out.view((rows, features), offset_bytes=row0 * features * out.dtype.itemsize)
+    return k.get(SRC, columns_kernel(column, row)).bind(-(-rows // COLUMNS_TILE_ROWS), COLUMNS_THREADS, 0, cols,
+                                                        stride, rows, features, row0, at, first)
 
 
 def step_increment(k: Kernels, step: Tensor) -> Launch:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import master, optimizer
+from ..runtime.columns import Columns
 from ..runtime.dlpack import DeviceArray
 from ..runtime import driver as drv
 from ..runtime.driver import Launch, Stream
@@ -35,6 +36,7 @@ from ..kernels import loss as kl
 from ..runtime.errors import DataError, OutOfMemoryError
 from ..runtime.host_rows import empty_rows, in_blocks
 from ..runtime.memory import Arena, Tensor, format_bytes
+from .upload import staging_bytes, upload_columns
 from .recipe import INPUT_DTYPES, Recipe, cdiv, loss_scale, pad8
 
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
@@ -86,6 +88,9 @@ class MLP:
         # standardization: per feature (v - mean) * inv_std, from the training split (set_scaling)
         # features handed over on the GPU are checked there: the first value that is not finite (_upload_features)
         self.nonfinite = a.tensor("nonfinite", 1, np.uint64) if r._input_dtype != "u8" else None
+        # a table read as columns (runtime/columns.py) goes up through a few MB of staging, its rows made there
+        staging = staging_bytes(max(r.train_rows, r.test_rows), r.inputs) if r._input_dtype != "u8" else 0
+        self.column_staging = a.tensor("column_staging", staging, np.uint8) if staging else None
         self.mean = a.tensor("feature_mean", r.inputs, np.float32) if r.standardize else None
         self.inv_std = a.tensor("feature_inv_std", r.inputs, np.float32) if r.standardize else None
         self.scaling_partial = (a.tensor("scaling_partial", (kd.column_chunks(r.train_rows, r.inputs, sm_count), 2,
@@ -266,9 +271,12 @@ class MLP:
             self.tail_perm.upload(np.arange(whole, r.test_rows, dtype=np.int32))
 
     def _upload_features(self, tensor: Tensor, x: Any, what: str) -> None:
-        """Features into the arena: a host array as kept_features converts it; one on the GPU (runtime/dlpack.py)
-        copied device to device as it is, then checked there: DataError naming the row and column of a value that is
-        not finite."""
+        """Features into the arena: a table's columns made into rows on the GPU (model/upload.py); a host array as
+        kept_features converts it; one on the GPU (runtime/dlpack.py) copied device to device as it is, then checked
+        there: DataError naming the row and column of a value that is not finite."""
+        if isinstance(x, Columns) and self.column_staging is not None:
+            upload_columns(self.k, x, tensor, self.column_staging, self.nonfinite, what)
+            return
         if not isinstance(x, DeviceArray):
             tensor.upload(self.device_features(x, what))
             return
