@@ -179,7 +179,7 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
 
 def _fields(name: str, x, y, xt, yt, outputs: int, source: Path, regression: bool, features: tuple,
             targets: tuple) -> dict[str, Any]:
-    # GPU arrays stay where they are, and a table's columns as they are (the GPU makes their rows: data/columns.py)
+    # GPU arrays stay where they are, and a table's columns as they are (the GPU makes their rows: runtime/columns.py)
     kept = lambda a: a if isinstance(a, (DeviceArray, Columns)) else np.ascontiguousarray(a)  # noqa: E731
     return dict(name=name, train_images=kept(x), train_labels=np.ascontiguousarray(y),
                 test_images=kept(xt), test_labels=np.ascontiguousarray(yt),
