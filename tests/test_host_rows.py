@@ -62,3 +62,14 @@ def test_take_rows_refuses_an_index_outside_the_rows(rng):
     for bad in ([0, 5], [-1, 2]):
         with pytest.raises(IndexError, match="outside 0..4"):
             host_rows.take_rows(a, np.array(bad))
+
+
+def test_work_on_every_core_keeps_the_units_order():
+    import threading
+
+    seen = []
+    out = host_rows.on_every_core(lambda u: (seen.append(threading.get_ident()), u * u)[1], list(range(50)))
+    assert out == [u * u for u in range(50)] and len(seen) == 50
+    main = threading.get_ident()
+    assert host_rows.on_every_core(lambda u: (u, threading.get_ident() == main), ["one"]) == [("one", True)]
+    assert host_rows.on_every_core(lambda u: u, []) == []

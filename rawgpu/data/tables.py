@@ -16,19 +16,18 @@ import bisect
 import io
 import itertools
 import math
-import os
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from ..contract import COLUMNS_MAX
 from ..contract.shapes import MAX_CLASSES, MAX_INPUTS, MAX_OUTPUTS
 from ..runtime.errors import DataError
-from ..runtime.host_rows import empty_rows, in_blocks, take_rows
-from ..runtime.columns import COLUMN_DTYPES, COLUMNS_MAX, Columns
+from ..runtime.host_rows import empty_rows, in_blocks, on_every_core, take_rows
+from ..runtime.columns import COLUMN_DTYPES, Columns
 
 MAX_FEATURES = MAX_INPUTS  # the widest input the first layer takes
 FORMATS = (".npy", ".npz", ".csv", ".parquet")
@@ -513,8 +512,7 @@ def _all_held(columns: list) -> bool:
             total = pc.sum(column).as_py()  # float64; NaN or inf where a value is
             return total is not None and math.isfinite(total)
         return bool(pc.all(pc.less_equal(pc.abs(column), most)).as_py())  # NaN compares False
-    with ThreadPoolExecutor(max_workers=min(len(columns), os.cpu_count() or 1)) as pool:
-        return all(pool.map(held, columns))
+    return all(on_every_core(held, columns))
 
 
 def _bad_value(path: Path, row: int, name: str, value, dtype) -> None:

@@ -1,35 +1,22 @@
 """A table's feature columns as its reader holds them, standing for the rows [N, F] of float32 the model trains on.
 
-A narrow table of float columns (Parquet's float32, CSV's float64: at most COLUMNS_MAX of them; data/tables.py) stays
-columns from the read to the upload, and the GPU makes the rows (model/upload.py, kernels/gather.py:
-columns_to_rows): making them on the host took twice as long as pyarrow's read of the file (docs/perf.md: Reading
-tables). Whatever asks
-for host rows (np.asarray: predictions, a digest, a sweep's upload) gets them made on every core, once.
+A Parquet file's float columns (at most COLUMNS_MAX of them, all float32 or all float64; data/tables.py) stay columns
+from the read to the upload, and the GPU makes the rows (model/upload.py, kernels/gather.py: columns_to_rows): making
+them on the host took longer than pyarrow's read of the file (docs/perf.md: Reading tables). Whatever asks for host
+rows (np.asarray: predictions, a digest, a sweep's upload) gets them made on every core, once.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import os
 from typing import Sequence
 
 import numpy as np
 
-from ..contract import COLUMNS_MAX  # noqa: F401 - the widest table kept as columns (the kernel's)
-from .host_rows import empty_rows, in_blocks
+from .host_rows import empty_rows, in_blocks, on_every_core
 
 COLUMN_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # what columns_to_rows reads
-
-
-def _on_every_core(work, units: list) -> list:
-    """work(unit) for every unit on a thread per core, the results in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    if len(units) < 2:
-        return [work(u) for u in units]
-    with ThreadPoolExecutor(max_workers=min(len(units), os.cpu_count() or 1)) as pool:
-        return list(pool.map(work, units))
 
 
 class Columns:
@@ -86,7 +73,7 @@ class Columns:
                 if not ok.all():
                     return self._starts[j][i] + int(np.argmin(ok)), j
             return None
-        found = [bad for bad in _on_every_core(check, list(range(len(self.columns)))) if bad is not None]
+        found = [bad for bad in on_every_core(check, list(range(len(self.columns)))) if bad is not None]
         return min(found) if found else None
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -127,7 +114,7 @@ class Columns:
         def gather(j: int) -> None:  # mode clip: NumPy buffers `out` under the default mode (raise), not here
             chunks = self.columns[j]
             np.take(chunks[0] if len(chunks) == 1 else np.concatenate(chunks), index, out=out[j], mode="clip")
-        _on_every_core(gather, list(range(len(self.columns))))
+        on_every_core(gather, list(range(len(self.columns))))
         return Columns([[o] for o in out])
 
     def __repr__(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -25,16 +25,22 @@ def block_rows(n: int) -> int:
     return min(ROW_BLOCK_MOST, max(ROW_BLOCK_LEAST, -(-n // (2 * cores))))
 
 
-def in_blocks(n: int, work: Callable[[int, int], object]) -> list:
-    """work(start, stop) over blocks of block_rows(n) of n rows on a thread per core, the results in order."""
+def on_every_core(work: Callable[[object], object], units: Sequence) -> list:
+    """work(unit) for every unit on a thread per core (inline where there is one), the results in order."""
     from concurrent.futures import ThreadPoolExecutor
 
+    if len(units) < 2:
+        return [work(u) for u in units]
+    with ThreadPoolExecutor(max_workers=min(len(units), os.cpu_count() or 1)) as pool:
+        return list(pool.map(work, units))
+
+
+def in_blocks(n: int, work: Callable[[int, int], object]) -> list:
+    """work(start, stop) over blocks of block_rows(n) of n rows on a thread per core, the results in order."""
     rows = block_rows(n)
-    starts = range(0, n, rows)
-    if len(starts) < 2:
+    if n <= rows:
         return [work(0, n)]
-    with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda a: work(a, min(a + rows, n)), starts))
+    return on_every_core(lambda a: work(a, min(a + rows, n)), range(0, n, rows))
 
 
 def empty_rows(shape: tuple[int, ...], dtype) -> np.ndarray:
