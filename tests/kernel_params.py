@@ -74,7 +74,12 @@ def _signature(source: str, name: str) -> str:
     generic = [(declared, letters) for declared, letters, takes_axis in decls if (takes_axis or not axis)
                and (declared.startswith("name") or ("##" in declared and name.startswith(declared.split("##")[0])))]
     if len({letters for _, letters in generic}) > 1:  # several X-macros: the one whose name begins the kernel's
-        generic = [(d, letters) for d, letters in generic if d.startswith("name:") and name.startswith(d[5:])]
+        # (a GEMM's after gemm_: WG_INSTANCE's gemm_wg64k_*, WGPP_INSTANCE's gemm_wgpp_*), the longest that does
+        stem = lambda d: d[5:].removesuffix("_instance")  # noqa: E731
+        begins = [(d, letters) for d, letters in generic if d.startswith("name:")
+                  and (name.startswith(d[5:]) or name.removeprefix("gemm_").startswith(stem(d)))]
+        longest = max((len(stem(d)) for d, _ in begins), default=0)
+        generic = [(d, letters) for d, letters in begins if len(stem(d)) == longest]
     generic = [letters for _, letters in generic]
     if len(set(generic)) != 1:
         raise LookupError(f"no one declaration of {name} in {source}: {decls}")

@@ -189,6 +189,38 @@ def test_persistent_tile_plans_a_resident_grid():
         G.plan_gemm(8192, 8192, 32, "cr", "sgd", config="persist")
 
 
+def test_the_sgd_update_of_a_wide_layer_over_a_batch_of_at_most_2048_takes_the_ping_pong_tile():
+    """x^T @ dy with SGD's update, from 4096 rows over at most 2048 of batch in two waves of 128 x 128 tiles or more,
+    on sm_90: the persistent ping-pong tile, one CTA an SM (fewer where the tiles are fewer), never split, its shared
+    memory the pipeline's 4 stages and the family's epilogue buffers; its fp32 gradient (store32, which it does not
+    compile) on wg128x2 or wg128, whose sums are its own; Adam's update on the tiles before (its ping-pong instance
+    is built and tested, not planned). Elsewhere the tiles before."""
+    for M, N, K in ((4096, 4096, 1024), (8192, 8192, 512), (4096, 4096, 2048), (4096, 8192, 300), (8200, 4104, 1000)):
+        for states in (0, 1):
+            p = G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=states, sm_count=132, capacity=H100_CLUSTERS)
+            tiles = -(-M // 128) * -(-N // 128)
+            assert (p.config.name, p.splits, p.config.threads, p.source) == ("wgpp", 1, 384, "gemm_wgmma.cu"), (M, N, K)
+            assert p.grid == (132, 1, 1) and p.cluster_dims == (1, 1, 1) and tiles >= 2 * 132
+            assert p.smem_bytes == 4 * 32768 + 3 * 32768 + 1024 <= 227 * 1024
+        adam = G.plan_gemm(M, N, K, "cr", "adam", arch="sm_90", states=2, sm_count=132, capacity=H100_CLUSTERS)
+        assert adam.config.name != "wgpp"
+        assert G.plan_gemm(M, N, K, "cr", "adam", config="wgpp", arch="sm_90", states=2).smem_bytes == (
+            4 * 32768 + 2 * 49152 + 1024)
+        fp32 = G.plan_gemm(M, N, K, "cr", "store32", arch="sm_90", sm_count=132, capacity=H100_CLUSTERS)
+        assert fp32.config.name == ("wg128x2" if K <= G.WGMMA_PAIR_MAX_K else "wg128") and fp32.splits == 1
+    assert G.plan_gemm(4096, 4096, 1024, "cr", "sgd", config="wgpp", arch="sm_90", sm_count=2000).grid == (1024, 1, 1)
+    with pytest.raises(ValueError, match="no split-K"):
+        G.plan_gemm(4096, 4096, 1024, "cr", "sgd", config="wgpp", arch="sm_90", splits=2)
+    for epi in ("store", "store32", "bias_act"):
+        with pytest.raises(ValueError, match="no compiled GEMM instance"):
+            G.plan_gemm(4096, 4096, 1024, "cr" if epi != "bias_act" else "rr", epi, config="wgpp", arch="sm_90")
+    with pytest.raises(ValueError, match="needs the tensor copy engine of sm_90"):
+        G.plan_gemm(4096, 4096, 1024, "cr", "sgd", config="wgpp", arch="sm_86")
+    for M, N, K in ((4096, 4096, 4096), (4096, 16, 1024), (2048, 4096, 1024), (4096, 256, 1024)):  # few tiles, long K
+        assert G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1).config.name != "wgpp", (M, N, K)
+    assert G.plan_gemm(4096, 4096, 1024, "cr", "sgd", arch="sm_86", states=1).config.name == "128x128"
+
+
 def test_staged_update_reserves_one_tile_per_optimiser_state():
     plain = G.plan_gemm(8192, 8192, 32, "cr", "sgd")
     mom = G.plan_gemm(8192, 8192, 32, "cr", "sgd", states=1)
@@ -338,13 +370,15 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
         assert p.config.wgmma and p.splits == splits and p.cluster == (splits > 1), (M, N, K)
         assert p.grid[2] == splits and p.cluster_dims == ((1, 1, splits) if splits > 1 else (p.config.multicast, 1, 1))
         assert p.workspace_floats == 0 and p.tickets == 0  # the splits meet in distributed shared memory
-    # a weight of 4096 rows or more over a batch of at most 1024: two CTAs an SM, whole tiles (the head's too)
-    for M, N, K in ((4096, 4096, 1024), (8192, 8192, 512), (4096, 16, 1024), (8192, 16, 300)):
-        p = G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1, capacity=H100_CLUSTERS)
+    # a weight of 4096 rows or more over a batch of at most 1024 whose tiles are too few for the ping-pong tile (the
+    # head's), and every such weight's fp32 gradient: two CTAs an SM, whole tiles
+    for M, N, K, epi in ((4096, 16, 1024, "sgd"), (8192, 16, 300, "sgd"), (4096, 4096, 1024, "store32"),
+                         (8192, 8192, 512, "store32")):
+        p = G.plan_gemm(M, N, K, "cr", epi, arch="sm_90", states=int(epi == "sgd"), capacity=H100_CLUSTERS)
         assert (p.config.name, p.splits, p.config.threads) == ("wg128x2", 1, 288), (M, N, K)
         assert p.smem_bytes == 3 * (128 + 128) * 64 * 2 + 1024  # twice fits an SM
-    for M, N, K in ((4096, 4096, 2048), (2048, 2048, 1024), (784, 4096, 1024)):
-        assert G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1).config.name != "wg128x2", (M, N, K)
+    for M, N, K in ((4096, 4096, 4096), (2048, 2048, 1024), (784, 4096, 1024)):
+        assert G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1).config.name not in ("wg128x2", "wgpp")
     for arch in ("sm_86", "sm_80", "sm_100"):
         assert G.plan_gemm(4096, 1024, 1024, "rr", "bias_act", arch=arch).config.name == "128x128"
         assert G.plan_gemm(4096, 16, 1024, "rr", "bias", arch=arch).config.name == "128x128"  # measured on sm_90
@@ -794,6 +828,31 @@ def test_warpgroup_mma_weight_gradients(device, stream, kernels, rng, M, N, K, s
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("opt", ["plain", "momentum", "nesterov", "adam", "adamw"])
+@pytest.mark.parametrize("M,N,K", [(304, 136, 200), (1000, 776, 200), (264, 16, 1000), (4104, 1032, 1000),
+                                   (8200, 4104, 64), (4096, 4096, 1024), (2056, 520, 4104)])
+def test_ping_pong_tile_weight_gradients(device, stream, kernels, M, N, K, opt):
+    """The persistent ping-pong tile (x^T @ dy with every optimiser's update) against float64: fewer tiles than SMs
+    (one warpgroup idle), partial tiles in M and N (a head's 16 columns), K below a k-tile's multiple, one k-tile,
+    many tiles per CTA (8200 x 4104: 16 or 17 each, both rings wrapping many times), a long K; and bit for bit
+    wg128's results (the same sums in the same order, the same update), on a second run too."""
+    if not G.has_wgmma(device.arch):
+        pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
+    runs = {}
+    for config in ("wgpp", "wg128"):
+        plan, runs[config], ref = run_case(device, stream, kernels, np.random.default_rng(M * N + K), M, N, K, "cr",
+                                           "update", "f32", opt=opt, config=config, splits=1, repeat=2)
+        for got in runs[config]:
+            check_case(plan, got, ref)
+        if config == "wgpp":
+            tiles = -(-M // 128) * -(-N // 128)
+            assert plan.grid == (min(tiles, device.sm_count), 1, 1) and plan.config.pingpong
+    for got in runs["wgpp"]:
+        for key, value in runs["wg128"][0].items():
+            assert np.array_equal(got[key].view(np.uint8), value.view(np.uint8)), key
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("opt", ["momentum", "adam"])
 @pytest.mark.parametrize("M,N", [(264, 136), (1024, 1024), (784, 16)])
 def test_weight_gradient_over_the_whole_training_set(device, stream, kernels, M, N, opt):
@@ -843,7 +902,7 @@ def test_persistent_store(device, stream, kernels, rng, M, N, K, accum):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["staged", "outer64", "32x128", "wg128", "wg64"])
+@pytest.mark.parametrize("config", ["staged", "outer64", "32x128", "wg128", "wg64", "wgpp"])
 def test_update_at_lr_zero_keeps_every_master_bit(device, stream, kernels, rng, config):
     """The update joins the master's halves, steps and splits again (cu/master.cuh): at lr = 0 every bit must come
     back, for weights from random bit patterns across the whole fp16 range, tiny ones included. (Inputs in the form

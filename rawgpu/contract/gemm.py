@@ -41,6 +41,8 @@ class GemmConfig:
     split_k: str = ""  # wgmma: the layout whose K may split over a cluster ("cr": x^T @ dy, "rr": x @ W; only these
     # instances carry the fix-up)
     multicast: int = 1  # wgmma: CTAs along M in a cluster, each loading its share of B's k-tile into all
+    pingpong: bool = False  # wgmma: the persistent ping-pong tile (PpConfig): one CTA an SM walks the tiles, its two
+    # consumer warpgroups owning whole tiles by turns, the update fed and stored by TMA (PINGPONG_BUFFERS)
     note: str = field(default="", compare=False, repr=False)  # why the tile exists (a comment in the header)
 
     @property
@@ -64,6 +66,9 @@ class GemmConfig:
         momentum, or Adam's two moments), rows padded by 8 floats; the persistent tile adds its fp16 output tile,
         rows padded by 8 halves. TMA tiles are swizzled, not padded, and need 1 KB of slack to align them. (The
         kernels trap on less.)"""
+        if self.pingpong:  # + its ring of epilogue buffers (a 64 x 64 chunk of every array the update rewrites)
+            buffers, nbytes = PINGPONG_BUFFERS.get(epilogue, (0, 0))
+            return self.stages * (self.bm + self.bn) * self.bk * 2 + buffers * nbytes + 1024
         if self.tma:
             return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
         a = self.bm * (self.bk + 8) if layout[0] == "r" else self.bk * (self.bm + 8)
@@ -71,6 +76,12 @@ class GemmConfig:
         staged = (1 + states) * self.bm * (self.bn + 8) * 4 if self.staged and epilogue in UPDATE_EPILOGUES else 0
         out = self.bm * (self.bn + 8) * 2 if self.persistent else 0
         return self.stages * (a + b) * 2 + staged + out
+
+
+# The ping-pong tile's epilogue buffers per update family: (how many, bytes each: W16 and lo 8 KB each, an fp32 state
+# 16 KB). Beside its 4 stages of 32 KB they fill sm_90's 227 KB; 3 of SGD's beat 2, and 4 at 3 stages lose
+# (`PYTHONPATH=.:scripts python dev/pingpong/run.py`).
+PINGPONG_BUFFERS = {"sgd": (3, 32768), "adam": (2, 49152)}
 
 
 STREAM_MAX_STAGES = 15  # the streaming tile's deepest pipeline (sm_90 would fit 16)
@@ -116,6 +127,8 @@ CONFIGS = {c.name: c for c in (
                note="64 columns: twice wg128's tiles, for GEMMs whose 128-column tiles leave SMs idle"),
     GemmConfig("wg64k", 128, 64, 64, 2, 1, 8, tma=True, wgmma=True, split_k="rr",
                note="wg64 whose K splits over a cluster: x @ W of a batch of at most 256 rows"),
+    GemmConfig("wgpp", 128, 128, 64, 2, 1, 4, tma=True, wgmma=True, pingpong=True,
+               note="x^T @ dy with its update, persistent: one warpgroup's update under the other's multiply"),
 )}
 LAYOUTS = ("rr", "rc", "cr", "cc")  # A then B: r = row-major, c = column-major
 EPILOGUES = ("store", "bias", "bias_act", "dact", "sgd", "adam", "store32")
@@ -141,7 +154,8 @@ _BASE_INSTANCES = frozenset([(c, lay, epi) for c in ("32x128", "64x128", "128x12
                              + [(c, lay, epi) for c in ("wg128", "wg256", "wg128x2")
                                 for lay, epi in TMA_ROLES + WG_DW_ROLES]
                              + [(c, lay, epi) for c in ("wg256mc", "wg64") for lay, epi in TMA_ROLES + WG_DW_ROLES]
-                             + [("wg64k", "rr", epi) for epi in ("store", "bias", "bias_act")])
+                             + [("wg64k", "rr", epi) for epi in ("store", "bias", "bias_act")]
+                             + [("wgpp", "cr", epi) for epi in UPDATE_EPILOGUES])
 # store32, an fp32 sum other GPUs add to (rawgpu/steps/split.py): a tensor-parallel layer's partial sum on every tile
 # that stores x @ W or dy @ W^T, which the planner gives it as it gives "store"; a data-parallel weight gradient on
 # every tile the planner gives a weight update, which it runs as one GPU's update would (kernels/gemm.py)
@@ -253,10 +267,19 @@ def _gemm_tma_header(kernel: str | None = None) -> str:
 
 def _gemm_wgmma_header(kernel: str | None = None) -> str:
     """gemm_wgmma.cu's WgConfig typedefs (with asserts that the template's fixed shape is the table's) and instances:
-    WG_ACCS (gemm_wgmma.cu's macro: name, config, A's and B's layouts, epilogue) per (config, layout, epilogue); with
-    `kernel`, that one kernel alone."""
+    WG_ACCS (gemm_wgmma.cu's macro: name, config, A's and B's layouts, epilogue) per (config, layout, epilogue), the
+    ping-pong tile's PpConfig and WGPP_ACCS (x^T @ dy alone: name, config, epilogue); with `kernel`, that one kernel
+    alone."""
     lines = []
     for c in (c for c in CONFIGS.values() if c.source == GEMM_WGMMA_SOURCE):
+        if c.pingpong:
+            sgd, adam = PINGPONG_BUFFERS["sgd"][0], PINGPONG_BUFFERS["adam"][0]
+            lines.append(f"typedef PpConfig<{c.stages}, {sgd}, {adam}> {c.c_name};  // {c.note}")
+            lines.append(f"static_assert({c.c_name}::BM == {c.bm} && {c.c_name}::BN == {c.bn} && {c.c_name}::BK == "
+                         f"{c.bk} && {c.c_name}::THREADS == {c.threads} && {c.c_name}::smem(EPI_SGD) == "
+                         f"{c.smem_bytes('cr', 'sgd')} && {c.c_name}::smem(EPI_ADAM) == {c.smem_bytes('cr', 'adam')}, "
+                         f'"{c.name}: its shape in rawgpu/contract/gemm.py");')
+            continue
         split = _C_LAYOUT[c.split_k[0]] if c.split_k else "NO_SPLIT"
         lines.append(f"typedef WgConfig<{c.bn}, {c.stages}, {c.ctas_per_sm}, {split}, "
                      f"{c.multicast}> {c.c_name};  // {c.note}")
@@ -265,8 +288,8 @@ def _gemm_wgmma_header(kernel: str | None = None) -> str:
     lines.append("")
     for c, lay, epi in _instances_of(GEMM_WGMMA_SOURCE):
         name = instance_name(c.name, lay, epi)
-        line = (f"WG_ACCS({name}, {c.c_name}, {_C_LAYOUT[lay[0]]}, {_C_LAYOUT[lay[1]]}, "
-                f"EPI_{epi.upper()})")
+        line = (f"WGPP_ACCS({name}, {c.c_name}, EPI_{epi.upper()})" if c.pingpong else
+                f"WG_ACCS({name}, {c.c_name}, {_C_LAYOUT[lay[0]]}, {_C_LAYOUT[lay[1]]}, EPI_{epi.upper()})")
         if (line := _one_kernel(name, line, kernel)) is not None:
             lines.append(line)
     return "\n".join(lines) + "\n"

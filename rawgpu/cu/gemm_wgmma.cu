@@ -387,6 +387,223 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 #endif
 }
 
+// ---- the persistent ping-pong tile (wgpp): x^T @ dy with its update, the update under the next tile's multiply ----
+// Above, a tile's update runs after its last wgmma with nothing to overlap it, and where its planes do not fit
+// (wg128x2, momentum) a pair of weights at a time, each a round trip to DRAM. Here one CTA an SM walks the tiles
+// (blockIdx.x, + gridDim.x, ...). Warpgroup 0 produces: its warp 0 copies A's and B's k-tiles into a ring of STAGES,
+// its warp 1 each tile's master halves and optimiser state, a 64 x 64 chunk at a time, into a ring of EBUFS epilogue
+// buffers (both by TMA). Warpgroups 1 and 2 own the CTA's even and odd tiles, whole 128 x 128 ones: two m64n128k16 per
+// k16 step (128 accumulators a thread, from the producers' registers: setmaxnreg). Two order barriers keep the
+// consumers' multiplies, and their epilogues, in tile order: while one warpgroup updates, the other multiplies, and a
+// ring's barrier is waited on at most one phase behind (its parity then names the phase). The update rewrites a chunk
+// in its buffer and stores it back with TMA, which frees the buffer once it has read it. The sums are those of the
+// 128-column tiles above (K ascending, the same m64n128k16 steps), so the bits are wg128's.
+// The fp32 states' maps name pairs of 16-bit elements (boxes of 32 floats, 128 bytes): the copy engine moves bytes.
+template <int STAGES_, int EBUFS_SGD_, int EBUFS_ADAM_>
+struct PpConfig {
+    static constexpr int BM = 128, BN = 128, BK = 64, STAGES = STAGES_, THREADS = 384, STAGE_BYTES = 32768;
+    static constexpr int ebufs(int epi) { return epi == EPI_ADAM ? EBUFS_ADAM_ : EBUFS_SGD_; }
+    static constexpr int ebuf_bytes(int epi) { return epi == EPI_ADAM ? 49152 : 32768; }  // a chunk of every array
+    static constexpr u32 smem(int epi) { return STAGES * STAGE_BYTES + ebufs(epi) * ebuf_bytes(epi) + 1024; }
+};
+
+#if RG_WGMMA
+RG_DEVICE void tma_store_2d(const TensorMap* map, int x, int y, const void* src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+                 :: "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(src)) : "memory");
+}
+RG_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N> RG_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
+template <int N> RG_DEVICE void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory"); }
+#endif
+
+// The update of one 64 x 64 chunk in its buffer (W16, lo, then the fp32 states; planes of 128-byte swizzled rows):
+// staged_update's pairs, from the accumulators of the chunk's 64 rows (d) and its half of their 128 columns.
+template <int EPI>
+RG_DEVICE void pingpong_update(u8* buf, const float (&d)[64], int half, const Optim& o, bool mom, int warp, int lane) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int jd = 8 * half + jj, r = warp * 16 + lane / 4 + 8 * h, col = jj * 8 + 2 * (lane % 4);
+            const float2 g = make_float2(d[4 * jd + 2 * h], d[4 * jd + 2 * h + 1]);
+            u32* hi = reinterpret_cast<u32*>(plane_at(buf, r, col * 2));
+            u32* lo = reinterpret_cast<u32*>(plane_at(buf + 8192, r, col * 2));
+            float2* m = reinterpret_cast<float2*>(plane_at(buf + 16384, r, col * 4));
+            float2* v = reinterpret_cast<float2*>(plane_at(buf + 32768, r, col * 4));
+            float2 w = master_join2(*hi, *lo), y = mom ? *m : make_float2(0.f, 0.f);
+            if constexpr (EPI == EPI_SGD) {
+                optim_sgd2(w, g, y, o);
+            } else {
+                float2 z = *v;
+                optim_adam2(w, g, y, z, o);
+                *v = z;
+            }
+            if (mom) *m = y;
+            master_split2(w, *hi, *lo);
+            if (EPI == EPI_SGD) asm volatile("" ::: "memory");  // a pair at a time: fewer registers live
+        }
+    }
+}
+
+template <class Cfg, int EPI, bool ACC16>
+RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const TensorMap* mapW16,
+                             const TensorMap* mapLo, const TensorMap* mapMom, const TensorMap* mapVar, const Params& p,
+                             float keep_b) {
+    static_assert(EPI_UPDATES(EPI), "the ping-pong tile runs the weight updates");
+#if RG_WGMMA
+    if constexpr (ACC16) {
+        __trap();  // fp16 accumulation runs on gemm.cu's tiles
+    } else {
+        constexpr int BK = Cfg::BK, STAGES = Cfg::STAGES, STAGE = Cfg::STAGE_BYTES, A_BYTES = 16384;
+        constexpr int EBUFS = Cfg::ebufs(EPI), EBUF = Cfg::ebuf_bytes(EPI);
+        extern __shared__ __align__(1024) u8 smem_raw[];
+        __shared__ u64 full[STAGES], empty[STAGES], efull[EBUFS], eempty[EBUFS], order[2], eorder[2];
+        if (dynamic_smem_bytes() < Cfg::smem(EPI) || gridDim.y * gridDim.z != 1) __trap();  // launcher mismatch
+        u8* stages = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+        u8* ebufs = stages + STAGES * STAGE;
+        const int tiles_m = (p.M + 127) / 128, tiles = tiles_m * ((p.N + 127) / 128), k_tiles = (p.K + BK - 1) / BK;
+        const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, warp = t / 32, lane = t % 32;
+        const bool mom = EPI == EPI_ADAM || p.mom != nullptr;
+        if (tid == 0) {
+            for (int s = 0; s < STAGES; ++s) {
+                mbar_init(&full[s], 1);   // the producer's arrival, plus the stage's bytes
+                mbar_init(&empty[s], 1);  // the consuming warpgroup's
+            }
+            for (int e = 0; e < EBUFS; ++e) {
+                mbar_init(&efull[e], 1);
+                mbar_init(&eempty[e], 1);
+            }
+            for (int c = 0; c < 2; ++c) {
+                mbar_init(&order[c], 128);   // every thread of the other warpgroup, its multiply issued
+                mbar_init(&eorder[c], 128);  // the same, its epilogue done
+            }
+            fence_proxy_async();
+        }
+        __syncthreads();
+        pdl_enter();  // A and B come from the kernels before (pdl.cuh)
+        if (wg == 0) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");  // the producers need few: the consumers take them
+            if (tid == 0) {  // the k-tiles of this CTA's tiles, in tile order
+                prefetch_tensor_map(mapA);
+                prefetch_tensor_map(mapB);
+                const u64 policy_b = l2_policy(keep_b);  // kernels/l2.py
+                int idx = 0;
+                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                    const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
+#pragma unroll 1
+                    for (int kt = 0; kt < k_tiles; ++kt, ++idx) {
+                        const int s = idx % STAGES, k = kt * BK;
+                        if (idx >= STAGES) mbar_wait(&empty[s], (idx / STAGES - 1) & 1);
+                        u8* a = stages + s * STAGE;
+                        mbar_arrive_expect_tx(&full[s], STAGE);
+                        tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 m-columns
+                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);
+                        tma_load_2d_policy(a + A_BYTES, mapB, n0, k, &full[s], policy_b);  // B: two such panels
+                        tma_load_2d_policy(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], policy_b);
+                    }
+                }
+            } else if (tid == 32) {  // the update's inputs; chunk q of a tile: rows 64 (q / 2) on, columns 64 (q % 2) on
+                prefetch_tensor_map(mapW16);
+                prefetch_tensor_map(mapLo);
+                if (mom) prefetch_tensor_map(mapMom);
+                if (EPI == EPI_ADAM) prefetch_tensor_map(mapVar);
+                int e = 0;
+                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                    const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
+#pragma unroll 1  // the producers' registers are few
+                    for (int q = 0; q < 4; ++q, ++e) {
+                        const int b = e % EBUFS, r0 = m0 + 64 * (q / 2), c0 = n0 + 64 * (q % 2);
+                        if (e >= EBUFS) mbar_wait(&eempty[b], (e / EBUFS - 1) & 1);
+                        u8* buf = ebufs + b * EBUF;
+                        mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 : 0));
+                        tma_load_2d(buf, mapW16, c0, r0, &efull[b]);
+                        tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);
+                        if (mom) {
+                            tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);
+                            tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);
+                        }
+                        if (EPI == EPI_ADAM) {
+                            tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);
+                            tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+        const int c = wg - 1;
+        const Optim o = *p.opt;  // this step's values (the gather wrote them before pdl_enter returned)
+        int n = 0;
+        for (int j = c, tile = blockIdx.x + c * gridDim.x; tile < tiles; j += 2, tile += 2 * gridDim.x, ++n) {
+            const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
+            if (c == 1 || n > 0) mbar_wait(&order[c], (c == 0 ? n - 1 : n) & 1);  // the other's multiply is issued
+            float d0[64], d1[64];  // rows 0..63 and 64..127 of the tile
+#pragma unroll
+            for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int idx = j * k_tiles + kt, s = idx % STAGES;
+                mbar_wait(&full[s], (idx / STAGES) & 1);
+                const u32 a = shared_address(stages + s * STAGE), b = a + A_BYTES;
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; ++kk) {  // as gemm_wgmma's column-major A and row-major B
+                    const u64 db = smem_desc(b + kk * 2048, 8192, 1024);
+                    wgmma_n128<1, 1>(d0, smem_desc(a + kk * 2048, 8192, 1024), db);
+                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);
+                }
+                wg_commit();
+                wg_wait<1>();  // the k-tile before this one has been multiplied: its stage may refill
+                if (kt > 0 && t == 0) mbar_arrive(&empty[(idx - 1) % STAGES]);
+            }
+            mbar_arrive(&order[1 - c]);  // the other warpgroup may multiply
+            wg_wait<0>();
+            wg_hold(d0);
+            wg_hold(d1);
+            if (t == 0 && k_tiles > 0) mbar_arrive(&empty[(j * k_tiles + k_tiles - 1) % STAGES]);
+            if (c == 1 || n > 0) mbar_wait(&eorder[c], (c == 0 ? n - 1 : n) & 1);  // the other's epilogue is done
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int e = j * 4 + q, b = e % EBUFS;
+                u8* buf = ebufs + b * EBUF;
+                mbar_wait(&efull[b], (e / EBUFS) & 1);
+                if (q < 2) pingpong_update<EPI>(buf, d0, q % 2, o, mom, warp, lane);
+                else pingpong_update<EPI>(buf, d1, q % 2, o, mom, warp, lane);
+                fence_proxy_async();  // this thread's writes, before the copy engine reads them
+                asm volatile("bar.sync %0, 128;" :: "r"(2 + c) : "memory");
+                if (t == 0) {
+                    const int r0 = m0 + 64 * (q / 2), c0 = n0 + 64 * (q % 2);  // the copy engine clips at the edges
+                    tma_store_2d(mapW16, c0, r0, buf);
+                    tma_store_2d(mapLo, c0, r0, buf + 8192);
+                    if (mom) {
+                        tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);
+                        tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);
+                    }
+                    if (EPI == EPI_ADAM) {
+                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);
+                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);
+                    }
+                    bulk_commit();
+                    if (q > 0) {  // the chunk before's stores have read its buffer: it may refill
+                        bulk_wait_read<1>();
+                        mbar_arrive(&eempty[(e - 1) % EBUFS]);
+                    }
+                    if (q == 3) {
+                        bulk_wait_read<0>();
+                        mbar_arrive(&eempty[b]);
+                    }
+                }
+            }
+            mbar_arrive(&eorder[1 - c]);  // the other warpgroup may run its epilogue
+        }
+        if (t == 0) bulk_wait<0>();  // every store has landed before the grid ends
+    }
+#else
+    __trap();  // wgmma is sm_90a's
+#endif
+}
+
 // ---- instances: gemm_<config>_<layout A><layout B>_<epilogue>_<accumulator>, with gemm_tma.cu's parameters -------
 // The WgConfig typedefs and the instance list are rawgpu/contract/gemm.py's table (CONFIGS, INSTANCES), generated into
 // gemm_wgmma_instances.cuh. Unlike gemm_tma.cu's, A may be column-major (the weight gradient).
@@ -400,4 +617,17 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
     WG_INSTANCE(name##_f32, CFG, LA, LB, EPI, false) \
     WG_INSTANCE(name##_f16, CFG, LA, LB, EPI, true)
 
-#include "gemm_wgmma_instances.cuh"  // generated: typedef WgConfig<...> Cfg_<name>; WG_ACCS per instance
+// The ping-pong tile's: gemm_tma.cu's parameters, then the maps of the master's halves and the optimiser's states.
+#define WGPP_INSTANCE(name, CFG, EPI, ACC16)                                                                         \
+    extern "C" __global__ void __launch_bounds__(CFG::THREADS, 1) name(                                            \
+        GEMM_TMA_PARAMS, const __grid_constant__ TensorMap mapW16, const __grid_constant__ TensorMap mapLo,        \
+        const __grid_constant__ TensorMap mapMom, const __grid_constant__ TensorMap mapVar) {                      \
+        const Params p = GEMM_TMA_ARGS;                                                                            \
+        gemm_pingpong<CFG, EPI, ACC16>(&mapA, &mapB, &mapW16, &mapLo, &mapMom, &mapVar, p, keep_b);                \
+    }
+
+#define WGPP_ACCS(name, CFG, EPI)                \
+    WGPP_INSTANCE(name##_f32, CFG, EPI, false) \
+    WGPP_INSTANCE(name##_f16, CFG, EPI, true)
+
+#include "gemm_wgmma_instances.cuh"  // generated: typedef WgConfig<...> / PpConfig<...> Cfg_<name>; WG_ACCS, WGPP_ACCS

@@ -91,6 +91,16 @@ WGMMA_MIN_K_TILES_PER_SPLIT = 2
 WGMMA_PAIR_CONFIG = "wg128x2"
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
+# SGD's update of such a weight over a batch of at most PINGPONG_MAX_K rows, where its 128 x 128 tiles number at
+# least PINGPONG_MIN_WAVES x SMs: the persistent ping-pong tile ("wgpp": one warpgroup's update under the other's
+# multiply, fed and stored by TMA) beats wg128x2 and, over up to 2048 rows, wg256mc; over 4096 rows the multicast
+# pair wins, and with fewer tiles (the head's 4096 x 16) its warpgroups have little to overlap (`PYTHONPATH=.:scripts
+# python dev/pingpong/run.py`; docs/history.md). Adam's instance is built and tested but not planned: its build
+# under NVRTC 13.0 spills and the step ran slower with it than with wg128x2.
+PINGPONG_CONFIG = "wgpp"
+PINGPONG_MAX_K = 2048
+PINGPONG_MIN_WAVES = 2
+PINGPONG_EPILOGUES = ("sgd",)
 # The 256-column tile in pairs of CTAs along M that load B's k-tiles once for both (TMA multicast) from
 # MULTICAST_MIN_K_TILES k-tiles on: a third fewer bytes from L2 per product, which bound the single tile's main loop;
 # over fewer k-tiles the pair's lockstep and cluster barriers cost more than that saves (`python dev/forward_tiles.py
@@ -122,7 +132,7 @@ class GemmPlan:
     k_chunk: int
     states: int = 0  # fp32 optimiser values per weight an update epilogue keeps (0 or 1: SGD's momentum; 2: Adam's)
     cluster: bool = False  # the splits meet in a cluster's shared memory (sm_90), not in a workspace
-    blocks: int = 0  # the persistent tile's resident grid (0 for the others: one block per tile and split)
+    blocks: int = 0  # the persistent and ping-pong tiles' resident grids (0 for the others: a block per tile and split)
 
     @property
     def cluster_dims(self) -> tuple[int, int, int]:
@@ -137,7 +147,7 @@ class GemmPlan:
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (self.blocks, 1, 1) if self.config.persistent else (*self.tiles, self.splits)
+        return (self.blocks, 1, 1) if self.config.persistent or self.config.pingpong else (*self.tiles, self.splits)
 
     @property
     def kernel(self) -> str:
@@ -197,12 +207,20 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       (with its update; the 64-column tile where that makes one wave filling half the SMs or more over at most
       WG64_MAX_K_TILES k-tiles; else K split over a cluster where its tiles are few: the head's 16 columns in a
       128-column tile still beat the mma.sync tiles' splits through the workspace; two CTAs an SM from
-      WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K);
+      WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K; SGD's update from WGMMA_PAIR_MIN_ROWS rows
+      over a batch of at most PINGPONG_MAX_K in PINGPONG_MIN_WAVES waves of 128 x 128 tiles or more: the persistent
+      ping-pong tile);
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
-    a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit."""
-    if epilogue == "store32":
-        epilogue = "sgd" if layout == "cr" else "store"
+    a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit (for the ping-pong
+    tile's, which stores no fp32 sum, wg128x2 or wg128: the same sums)."""
+    if epilogue == "store32":  # the ping-pong tile's sums are wg128's and wg128x2's (the same steps in the same order)
+        if layout == "cr":
+            update = choose_config(M, K, "sgd", layout, N, arch, sm_count, accum)
+            if update != PINGPONG_CONFIG:
+                return update
+            return WGMMA_PAIR_CONFIG if K <= WGMMA_PAIR_MAX_K else "wg128"
+        epilogue = "store"
     if layout == "cr" and epilogue in UPDATE_EPILOGUES + ("store",) and M > 64 and K <= 128:
         if epilogue == "store" and 0 < N <= 64 and M <= 2048:
             return "32x128"
@@ -233,6 +251,9 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
     if (batch > BATCH_STREAM_ROWS and has_wgmma(arch) and accum == "f32"
             and (N >= WGMMA_MIN_N or layout == "cr")
             and ("wg128", layout, epilogue) in INSTANCES):
+        if (layout == "cr" and epilogue in PINGPONG_EPILOGUES and M >= WGMMA_PAIR_MIN_ROWS and K <= PINGPONG_MAX_K
+                and cdiv(M, 128) * cdiv(N, 128) >= PINGPONG_MIN_WAVES * sm_count):
+            return PINGPONG_CONFIG
         if layout == "cr" and M >= WGMMA_PAIR_MIN_ROWS and K <= WGMMA_PAIR_MAX_K:
             return WGMMA_PAIR_CONFIG
         narrow_tiles = cdiv(M, 128) * cdiv(N, 64)  # the 64-column tile's
@@ -388,7 +409,7 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         s = choose_splits(tiles, k_tiles, sm_count, bytes_per_k_tile)
     if not 1 <= s <= MAX_SPLITS:
         raise ValueError(f"splits must be in 1..{MAX_SPLITS}, got {s}")
-    if cfg.persistent and s != 1:
+    if (cfg.persistent or cfg.pingpong) and s != 1:
         raise ValueError(f"GEMM config {name} runs whole tiles: it takes no split-K (asked for {s} splits)")
     if cfg.wgmma and s > 1 and (layout != cfg.split_k or s > MAX_CLUSTER_SPLITS or cluster is False):
         product = {"cr": "x^T @ dy", "rr": "x @ W"}
@@ -406,7 +427,8 @@ def plan_gemm(M: int, N: int, K: int, layout: str = "rr", epilogue: str = "store
         in_cluster = bool(cluster) and s > 1
     else:  # the warpgroup-MMA tile's splits meet only in a cluster
         in_cluster = s > 1 and clusters_ok and (cfg.wgmma or tiles <= room[s])
-    blocks = min(tiles, PERSIST_BLOCKS_PER_SM * sm_count) if cfg.persistent else 0
+    blocks = (min(tiles, PERSIST_BLOCKS_PER_SM * sm_count) if cfg.persistent
+              else min(tiles, sm_count) if cfg.pingpong else 0)
     return GemmPlan(M, N, K, layout, epilogue, accum, cfg, s, k_chunk, states, in_cluster, blocks)
 
 
@@ -451,7 +473,8 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
         require(out, np.float16, what="C")
     if len(out.shape) != 2 or out.shape[0] < p.M or out.shape[1] < p.N or out.shape[1] % 8:
         raise ValueError(f"output {out.name} of shape {out.shape} cannot hold {p.M} x {p.N} (stride multiple of 8)")
-    for t in (out, act):  # the warpgroup-MMA epilogues write (and dact reads) whole 16-byte pieces of a row
+    for t in (out, act, w16, mom, var):  # the warpgroup-MMA epilogues write (and dact reads) whole 16-byte pieces of
+        # a row; the ping-pong tile's copy engine reads and writes the update's arrays from 16-byte aligned starts
         if t is not None and t.offset % 16:
             raise ValueError(f"{t.name} starts {t.offset} bytes into the arena: it must be 16-byte aligned")
     if p.epilogue in ("bias", "bias_act"):
@@ -470,8 +493,9 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
                           f"split-K x{p.splits}")
     ptr = lambda t: 0 if t is None else t  # noqa: E731 - a null pointer for unused operands
     if p.config.tma:
+        maps = _update_maps(p, out, w16, mom, var) if p.config.pingpong else ()
         return _bind_tma(k, p, A, B, out, lda, ldb, (ptr(bias), ptr(act), ld_act, ptr(mom), ptr(var), ptr(w16),
-                                                     ptr(optim), ptr(workspace), ptr(tickets)), keep_b)
+                                                     ptr(optim), ptr(workspace), ptr(tickets)), keep_b, maps)
     kernel = k.get(SOURCE, p.kernel)
     return kernel.bind(p.grid, p.config.threads, p.smem_bytes,
                        A, B, out, p.M, p.N, p.K, lda, ldb, out.shape[1], p.k_chunk,
@@ -479,11 +503,24 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
                        ptr(workspace), ptr(tickets), cluster=p.cluster_dims)
 
 
+def _update_maps(p: GemmPlan, out: "Tensor", w16: "Tensor", mom: "Tensor | None", var: "Tensor | None") -> tuple:
+    """The ping-pong tile's maps of the update's arrays (w16, lo, the states; a state it does not keep: w16's map,
+    unread): 64 x 64 boxes of 128-byte swizzled rows, an fp32 state's as pairs of 16-bit elements (32 floats a box:
+    the copy engine moves bytes)."""
+    from ..runtime.driver import tensor_map_2d
+
+    ld = out.shape[1]
+    half = tensor_map_2d(w16.ptr, p.N, p.M, 2 * ld, 64, 64)
+    states = [half if t is None else tensor_map_2d(t.ptr, 2 * p.N, p.M, 4 * ld, 64, 64) for t in (mom, var)]
+    return (half, tensor_map_2d(out.ptr, p.N, p.M, 2 * ld, 64, 64), *states)
+
+
 def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", lda: int, ldb: int, rest: tuple,
-              keep_b: float) -> "Launch":
+              keep_b: float, maps: tuple = ()) -> "Launch":
     """The tensor-copy instances take tensor maps of A and B (boxes of 64 along the contiguous dimension, one
     128-byte swizzled row each) in place of pointers and strides; the maps hold the matrices' true extents, so the
-    copy engine zero-fills the edges. rest: the pointers and ld_act every GEMM takes, in GEMM_TMA_PARAMS' order."""
+    copy engine zero-fills the edges. rest: the pointers and ld_act every GEMM takes, in GEMM_TMA_PARAMS' order;
+    maps: the ping-pong tile's maps of the update's arrays (_update_maps), after them."""
     from ..runtime.driver import tensor_map_2d
 
     cfg = p.config
@@ -495,6 +532,6 @@ def _bind_tma(k: Kernels, p: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", 
         map_b = tensor_map_2d(B.ptr, p.N, p.K, 2 * ldb, 64, cfg.bk)
     else:                   # [N, K]: BN rows of 64 k (a multicast pair's CTAs copy BN / 2 each)
         map_b = tensor_map_2d(B.ptr, p.K, p.N, 2 * ldb, cfg.bk, cfg.bn // cfg.multicast)
-    kernel = k.get(p.source, p.kernel)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters
+    kernel = k.get(p.source, p.kernel)  # gemm_tma.cu's or gemm_wgmma.cu's: the same parameters (+ the update's maps)
     return kernel.bind(p.grid, cfg.threads, p.smem_bytes, map_a, map_b, out, p.M, p.N, p.K, out.shape[1],
-                       p.k_chunk, *rest, float(keep_b), cluster=p.cluster_dims)
+                       p.k_chunk, *rest, float(keep_b), *maps, cluster=p.cluster_dims)
