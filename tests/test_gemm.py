@@ -835,11 +835,12 @@ def test_ping_pong_tile_weight_gradients(device, stream, kernels, M, N, K, opt):
     """The persistent ping-pong tile (x^T @ dy with every optimiser's update) against float64: fewer tiles than SMs
     (one warpgroup idle), partial tiles in M and N (a head's 16 columns), K below a k-tile's multiple, one k-tile,
     many tiles per CTA (8200 x 4104: 16 or 17 each, both rings wrapping many times), a long K; and bit for bit
-    wg128's results (the same sums in the same order, the same update), on a second run too."""
+    wg128's and wg128x2's results (the same sums in the same order, the same update: data parallelism's fp32 gradient
+    of these shapes runs on wg128x2 or wg128), on a second run too."""
     if not G.has_wgmma(device.arch):
         pytest.skip(f"the warpgroup MMA is sm_90's, this GPU is {device.arch}")
     runs = {}
-    for config in ("wgpp", "wg128"):
+    for config in ("wgpp", "wg128", "wg128x2"):
         plan, runs[config], ref = run_case(device, stream, kernels, np.random.default_rng(M * N + K), M, N, K, "cr",
                                            "update", "f32", opt=opt, config=config, splits=1, repeat=2)
         for got in runs[config]:
@@ -847,7 +848,7 @@ def test_ping_pong_tile_weight_gradients(device, stream, kernels, M, N, K, opt):
         if config == "wgpp":
             tiles = -(-M // 128) * -(-N // 128)
             assert plan.grid == (min(tiles, device.sm_count), 1, 1) and plan.config.pingpong
-    for got in runs["wgpp"]:
+    for got in runs["wgpp"] + runs["wg128x2"]:
         for key, value in runs["wg128"][0].items():
             assert np.array_equal(got[key].view(np.uint8), value.view(np.uint8)), key
 
