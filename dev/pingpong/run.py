@@ -2,6 +2,7 @@
 planned tile and cuBLAS's plain GEMM, on the weight gradients of the step's big layers (issue 65).
 
     PYTHONPATH=.:scripts python dev/pingpong/run.py [--shapes MxNxK ...] [--kernels pp_cr_sgd ...] [--trials 20]
+                                                    [--configs wgpp wg128x2 ...]
 
 Builds pingpong.cu appended to rawgpu/cu/gemm_wgmma.cu for sm_90a. Checks first: pp_cr_store against float64
 (C poisoned), every update kernel bit for bit against the product's unsplit wg128 tile with the same optimiser
@@ -155,7 +156,7 @@ def check(module, kernels, device, stream, rng, shapes, names) -> bool:
     return ok
 
 
-def timing(module, kernels, device, stream, rng, shapes, names, trials) -> None:
+def timing(module, kernels, device, stream, rng, shapes, names, trials, configs=()) -> None:
     print(f"# {device.name}: us per launch, median of {trials} graph replays; cuBLAS: plain fp16 x^T @ dy")
     for shape in shapes:
         M, N, K = (int(x) for x in shape.split("x"))
@@ -187,15 +188,17 @@ def timing(module, kernels, device, stream, rng, shapes, names, trials) -> None:
                     us = time_graph(stream, lambda: [binds[i % copies].run(stream) for i in range(launches)],
                                     launches, trials)
                     cells.append(f"{name} {us:8.2f}")
-                if epi != "store":
+                for config in ((None, *configs) if epi != "store" else ()):  # the planned tile, then those named
                     plan = None
                     binds = []
                     for w in sets:
-                        plan, b = product_launch(kernels, device, epi, w, M, N, K, optim, ws, tickets)
+                        plan, b = product_launch(kernels, device, epi, w, M, N, K, optim, ws, tickets, config,
+                                                 1 if config else None)
                         binds.append(b)
                     us = time_graph(stream, lambda: [binds[i % copies].run(stream) for i in range(launches)],
                                     launches, trials)
-                    cells.append(f"product {epi} {plan.config.name}/{plan.splits} {us:8.2f}")
+                    cells.append(f"product {epi} {plan.config.name}/{plan.splits}{'' if config else ' (planned)'}"
+                                 f" {us:8.2f}")
         cub = bench_torch("dW+sgd", M, N, K, 20, trials, device.l2_bytes)
         if cub is not None:
             cells.append(f"cuBLAS plain {cub:8.2f}")
@@ -208,6 +211,8 @@ def main() -> int:
     p.add_argument("--check-shapes", nargs="+", default=["1000x776x200", "4096x4096x1024", "784x4096x1024"])
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--configs", nargs="*", default=[], choices=[c for c in G.CONFIGS if G.CONFIGS[c].wgmma],
+                   help="the product's tiles to time too (unsplit), beside the planned one: wgpp wg128x2 ...")
     args = p.parse_args()
     device = driver.Device(0)
     if device.arch != "sm_90":
@@ -218,7 +223,7 @@ def main() -> int:
     if not check(module, kernels, device, stream, rng, args.check_shapes, args.kernels):
         print("run.py: a check failed; no timing", file=sys.stderr)
         return 1
-    timing(module, kernels, device, stream, rng, args.shapes, args.kernels, args.trials)
+    timing(module, kernels, device, stream, rng, args.shapes, args.kernels, args.trials, args.configs)
     return 0
 
 
