@@ -36,7 +36,7 @@ from ..kernels import loss as kl
 from ..runtime.errors import DataError, OutOfMemoryError
 from ..runtime.host_rows import empty_rows, in_blocks
 from ..runtime.memory import Arena, Tensor, format_bytes
-from .upload import staging_bytes, upload_columns
+from .upload import beyond_fp16, staging_bytes, upload_columns
 from .recipe import INPUT_DTYPES, Recipe, cdiv, loss_scale, pad8
 
 EVAL_ACTIVATION_BUDGET = 512 << 20  # bytes of evaluation activations before the test set is split further
@@ -648,8 +648,7 @@ def kept_features(x: np.ndarray, input_dtype: str, what: str) -> np.ndarray:
         big = np.isinf(out) & np.isfinite(x)
         if big.any():
             row, col = np.argwhere(big)[0]
-            raise DataError(f"{what}: row {row}, column {col}: {x[row, col]:g} is beyond fp16's range (65504); "
-                            "keep the features as fp32 (input_dtype fp32, --input-dtype fp32)")
+            raise beyond_fp16(what, row, col, x[row, col])
     return out
 
 

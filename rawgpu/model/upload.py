@@ -29,9 +29,16 @@ def staging_bytes(rows: int, inputs: int) -> int:
     return max(1, min(tiles, STAGING_BYTES // per_tile)) * per_tile
 
 
+def beyond_fp16(what: str, row: int, col: int, value: float) -> DataError:
+    """The one line for a finite feature fp16 cannot hold, wherever the features become fp16 (mlp.kept_features on
+    the host, upload_columns on the GPU)."""
+    return DataError(f"{what}: row {row}, column {col}: {value:g} is beyond fp16's range (65504); keep the features "
+                     "as fp32 (input_dtype fp32, --input-dtype fp32)")
+
+
 def upload_columns(k: Kernels, x: Columns, tensor: Tensor, staging: Tensor, first: Tensor, what: str) -> None:
     """tensor [N, F] (fp16 or fp32) = the rows of x; DataError naming the first value the tensor's dtype cannot
-    hold (a finite float beyond fp16's range), as mlp.kept_features names it."""
+    hold (a finite float beyond fp16's range: beyond_fp16)."""
     rows, features = x.shape
     if (rows, features) != tensor.shape:
         raise DataError(f"{what}: {rows} rows of {features} features, the model keeps {tensor.shape}")
@@ -60,6 +67,5 @@ def upload_columns(k: Kernels, x: Columns, tensor: Tensor, staging: Tensor, firs
         row, col = divmod(bad, features)
         value = float(x.part(col, row, row + 1)[0])
         if tensor.dtype == np.float16:
-            raise DataError(f"{what}: row {row}, column {col}: {value:g} is beyond fp16's range (65504); keep the "
-                            "features as fp32 (input_dtype fp32, --input-dtype fp32)")
+            raise beyond_fp16(what, row, col, value)
         raise DataError(f"{what}: row {row}, column {col}: {value:g} does not fit {tensor.dtype}")
