@@ -448,6 +448,31 @@ def test_store32_binds_an_fp32_output_and_refuses_others():
             G.gemm(no, plan, A, B, a.tensor(f"bad{shape}", shape, np.float32))
 
 
+def test_the_ping_pong_tile_refuses_update_arrays_its_copy_engine_cannot_address():
+    """The ping-pong tile reads and writes the master's halves and the optimiser's state by TMA, from 16-byte aligned
+    starts: a view 8 bytes in is refused in one line before anything is bound; the other tiles take it as before."""
+    from rawgpu.runtime.memory import Arena
+
+    a = Arena()  # planned, never allocated: no GPU needed
+    M, N, K = 4096, 4096, 1024
+    A, B = a.tensor("A", (K, M), np.float16), a.tensor("B", (K, N), np.float16)
+    lo, optim = a.tensor("lo", (M, N), np.int16), a.tensor("optim", (OPTIM_WORDS,), np.float32)
+    hi = a.tensor("hi", (M + 1, N), np.float16)
+    mom = a.tensor("mom", (M + 1, N), np.float32)
+    plan = G.plan_gemm(M, N, K, "cr", "sgd", arch="sm_90", states=1, sm_count=132)
+    assert plan.config.pingpong
+    shifted = {"w16": hi.view((M, N), offset_bytes=8, name="hi+8"), "mom": mom.view((M, N), offset_bytes=8,
+                                                                                     name="mom+8")}
+    for bad in shifted:
+        kw = {"w16": hi.view((M, N)), "mom": mom.view((M, N)), bad: shifted[bad]}
+        with pytest.raises(ValueError, match=r"\+8 starts \d+ bytes into the arena: it must be 16-byte aligned"):
+            G.gemm(_NoKernels(), plan, A, B, lo, optim=optim, **kw)
+    k = _Recorder()
+    G.gemm(k, G.plan_gemm(M, N, K, "cr", "sgd", config="128x128", arch="sm_90", states=1), A, B, lo, optim=optim,
+           w16=shifted["w16"], mom=mom.view((M, N)))
+    assert k.calls[0][1] == "gemm_128x128_cr_sgd_f32"
+
+
 def test_plan_is_deterministic():
     a = G.plan_gemm(32, 1024, 1024, "rc", "dact", sm_count=132)
     assert a == G.plan_gemm(32, 1024, 1024, "rc", "dact", sm_count=132)

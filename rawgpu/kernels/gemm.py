@@ -473,8 +473,9 @@ def gemm(k: Kernels, plan: GemmPlan, A: "Tensor", B: "Tensor", out: "Tensor", *,
         require(out, np.float16, what="C")
     if len(out.shape) != 2 or out.shape[0] < p.M or out.shape[1] < p.N or out.shape[1] % 8:
         raise ValueError(f"output {out.name} of shape {out.shape} cannot hold {p.M} x {p.N} (stride multiple of 8)")
-    for t in (out, act, w16, mom, var):  # the warpgroup-MMA epilogues write (and dact reads) whole 16-byte pieces of
-        # a row; the ping-pong tile's copy engine reads and writes the update's arrays from 16-byte aligned starts
+    # the warpgroup-MMA epilogues write (and dact reads) whole 16-byte pieces of a row; the ping-pong tile's copy
+    # engine reads and writes the update's arrays from 16-byte aligned starts
+    for t in (out, act) + ((w16, mom, var) if p.config.pingpong else ()):
         if t is not None and t.offset % 16:
             raise ValueError(f"{t.name} starts {t.offset} bytes into the arena: it must be 16-byte aligned")
     if p.epilogue in ("bias", "bias_act"):
