@@ -122,6 +122,22 @@ RG_DEVICE void staged_epilogue(const Params& p, u8* tiles, const float* bias_til
     }
 }
 
+// One pair of weights' update in shared memory: the master's halves (hi, lo) joined, the optimiser's step with
+// gradient g (its states m, v where it keeps them), split back in place. staged_update's and the ping-pong tile's.
+template <int EPI>
+RG_DEVICE void update_pair(u32* hi, u32* lo, float2* m, float2* v, float2 g, const Optim& o, bool mom) {
+    float2 w = master_join2(*hi, *lo), y = mom ? *m : make_float2(0.f, 0.f);
+    if constexpr (EPI == EPI_SGD) {
+        optim_sgd2(w, g, y, o);
+    } else {
+        float2 z = *v;
+        optim_adam2(w, g, y, z, o);
+        *v = z;
+    }
+    if (mom) *m = y;
+    master_split2(w, *hi, *lo);
+}
+
 // The weight updates (sgd, adam), the same way, 64 columns at a time: each warpgroup copies the chunk's master halves
 // and optimiser state into shared memory (cp.async, 16-byte pieces, the next chunk's in flight during this one's
 // arithmetic), updates them there from its accumulators, and writes them back in 16-byte pieces. Where the two
@@ -190,21 +206,11 @@ RG_DEVICE void staged_update(const Params& p, const Optim& o, u8* tiles, const f
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int j = chunk * 8 + jj, r = warp * 16 + lane / 4 + 8 * h, c = jj * 8 + 2 * (lane % 4);
-                u32* hi = reinterpret_cast<u32*>(plane_at(plane(buf, 0), r, c * 2));
-                u32* lo = reinterpret_cast<u32*>(plane_at(plane(buf, 1), r, c * 2));
-                float2* m = reinterpret_cast<float2*>(plane_at(plane(buf, 2), r, c * 4));
-                float2* v = reinterpret_cast<float2*>(plane_at(plane(buf, 3), r, c * 4));
-                float2 w = master_join2(*hi, *lo), y = mom ? *m : make_float2(0.f, 0.f), z = make_float2(0.f, 0.f);
-                const float2 g = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-                if constexpr (EPI == EPI_SGD) {
-                    optim_sgd2(w, g, y, o);
-                } else {
-                    z = *v;
-                    optim_adam2(w, g, y, z, o);
-                    *v = z;
-                }
-                if (mom) *m = y;
-                master_split2(w, *hi, *lo);
+                update_pair<EPI>(reinterpret_cast<u32*>(plane_at(plane(buf, 0), r, c * 2)),
+                                 reinterpret_cast<u32*>(plane_at(plane(buf, 1), r, c * 2)),
+                                 reinterpret_cast<float2*>(plane_at(plane(buf, 2), r, c * 4)),
+                                 reinterpret_cast<float2*>(plane_at(plane(buf, 3), r, c * 4)),
+                                 make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]), o, mom);
                 asm volatile("" ::: "memory");  // a pair at a time: no next pair's loads hoisted, fewer registers live
             }
         }
@@ -417,8 +423,8 @@ template <int N> RG_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.w
 template <int N> RG_DEVICE void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory"); }
 #endif
 
-// The update of one 64 x 64 chunk in its buffer (W16, lo, then the fp32 states; planes of 128-byte swizzled rows):
-// staged_update's pairs, from the accumulators of the chunk's 64 rows (d) and its half of their 128 columns.
+// The update of one 64 x 64 chunk in its buffer (W16, lo, then the fp32 states; planes of 128-byte swizzled rows),
+// a pair at a time (update_pair), from the accumulators of the chunk's 64 rows (d) and its half of their 128 columns.
 template <int EPI>
 RG_DEVICE void pingpong_update(u8* buf, const float (&d)[64], int half, const Optim& o, bool mom, int warp, int lane) {
 #pragma unroll
@@ -426,21 +432,11 @@ RG_DEVICE void pingpong_update(u8* buf, const float (&d)[64], int half, const Op
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int jd = 8 * half + jj, r = warp * 16 + lane / 4 + 8 * h, col = jj * 8 + 2 * (lane % 4);
-            const float2 g = make_float2(d[4 * jd + 2 * h], d[4 * jd + 2 * h + 1]);
-            u32* hi = reinterpret_cast<u32*>(plane_at(buf, r, col * 2));
-            u32* lo = reinterpret_cast<u32*>(plane_at(buf + 8192, r, col * 2));
-            float2* m = reinterpret_cast<float2*>(plane_at(buf + 16384, r, col * 4));
-            float2* v = reinterpret_cast<float2*>(plane_at(buf + 32768, r, col * 4));
-            float2 w = master_join2(*hi, *lo), y = mom ? *m : make_float2(0.f, 0.f);
-            if constexpr (EPI == EPI_SGD) {
-                optim_sgd2(w, g, y, o);
-            } else {
-                float2 z = *v;
-                optim_adam2(w, g, y, z, o);
-                *v = z;
-            }
-            if (mom) *m = y;
-            master_split2(w, *hi, *lo);
+            update_pair<EPI>(reinterpret_cast<u32*>(plane_at(buf, r, col * 2)),
+                             reinterpret_cast<u32*>(plane_at(buf + 8192, r, col * 2)),
+                             reinterpret_cast<float2*>(plane_at(buf + 16384, r, col * 4)),
+                             reinterpret_cast<float2*>(plane_at(buf + 32768, r, col * 4)),
+                             make_float2(d[4 * jd + 2 * h], d[4 * jd + 2 * h + 1]), o, mom);
             if (EPI == EPI_SGD) asm volatile("" ::: "memory");  // a pair at a time: fewer registers live
         }
     }
