@@ -16,19 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.gemm import bench_ours, bench_torch, open_gpu
+from benchmarks.gemm import bench_ours, bench_torch, gemm_shape, open_gpu
 from benchmarks.timing import copy_bandwidth
 from rawgpu.cli.common import count
 from rawgpu.runtime.errors import run_cli
 from rawgpu.kernels import gemm as G
-
-
-def shape(text: str) -> tuple[int, int, int]:
-    try:
-        m, n, k = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MxNxK, got {text!r}") from None
-    return m, n, k
 
 
 def main(argv=None) -> int:
@@ -40,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--splits", type=count(1), nargs="+", default=[None], help="split-K counts to try")
     p.add_argument("--launches", type=count(1), default=20)
     p.add_argument("--trials", type=count(1), default=15)
-    p.add_argument("--shapes", type=shape, nargs="+", default=None, metavar="MxNxK",
+    p.add_argument("--shapes", type=gemm_shape, nargs="+", default=None, metavar="MxNxK",
                    help="GEMMs of M rows, N outputs, K inputs instead of --sizes and --batch")
     p.add_argument("--epilogue", default="bias_act", choices=("store", "bias_act"), help="default: bias_act")
     p.add_argument("--cublas", action="store_true", help="time torch.matmul on each shape too")

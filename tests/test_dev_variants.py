@@ -148,3 +148,23 @@ def test_transpose_upload_stages_every_chunk_of_rows_across_arrow_chunks(rng):
     assert [r for r, _ in seen] == [0, 16, 32, 48]
     got = np.concatenate([block for _, block in seen], axis=1)
     assert np.array_equal(got, np.stack(whole))
+
+
+def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
+    """dev/pingpong (x^T @ dy with its update on a persistent ping-pong grid, appended to gemm_wgmma.cu) builds for
+    sm_90a with every kernel its runner times; a shape the copy engine cannot take is one line, exit 2, before any
+    GPU work."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pingpong_run", ROOT / "dev" / "pingpong" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    built = run.compile_experiment()
+    assert set(run.KERNELS) <= set(built.resources)
+    for args, message in ((["--shapes", "100x776x200"], "M and N must be multiples of 8"),
+                          (["--check-shapes", "12x8"], "expected MxNxK, got '12x8'")):
+        with pytest.raises(SystemExit) as stop:
+            run.main(args)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[-1] and "Traceback" not in "\n".join(err)

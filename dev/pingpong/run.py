@@ -20,14 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.gemm import bench_torch
+from benchmarks.gemm import bench_torch, gemm_shape
 from benchmarks.timing import copies_for, time_graph
+from rawgpu.cli.common import count
 from rawgpu.contract import OPTIM_WORDS
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import gemm as G
 from rawgpu.model import master, optimizer
 from rawgpu.model.recipe import Recipe
 from rawgpu.runtime import compiler, driver
+from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
 HERE = Path(__file__).parent
@@ -37,10 +39,15 @@ KERNELS = {"pp_cr_store": ("store", 6, 2), "pp_cr_sgd": ("sgd", 4, 2), "pp_cr_sg
 EBUF = {"store": 8192, "sgd": 32768, "adam": 49152}
 
 
-def build() -> driver.Module:
+def compile_experiment() -> compiler.CompiledModule:
+    """pingpong.cu appended to the product's gemm_wgmma.cu (its helpers and contract), for sm_90a; no GPU needed."""
     text = (compiler.SOURCE_DIR / "gemm_wgmma.cu").read_text() + '\n#line 1 "pingpong.cu"\n' + \
         (HERE / "pingpong.cu").read_text()
-    module = compiler.compile_variant("gemm_wgmma.cu", text, "sm_90", kernel="gemm_wg128_cr_store_f32")
+    return compiler.compile_variant("gemm_wgmma.cu", text, "sm_90", kernel="gemm_wg128_cr_store_f32")
+
+
+def build() -> driver.Module:
+    module = compile_experiment()
     for name, r in sorted(module.resources.items()):
         if name.startswith("pp_"):
             print(f"# {name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}, stack {r.stack_frame}")
@@ -109,8 +116,7 @@ def product_launch(kernels, device, epi, w: Weights, M, N, K, optim, ws, tickets
 
 def check(module, kernels, device, stream, rng, shapes, names) -> bool:
     ok = True
-    for shape in shapes:
-        M, N, K = (int(x) for x in shape.split("x"))
+    for M, N, K in shapes:
         for name in names:
             epi, stages, ebufs = KERNELS[name]
             states = {"store": 0, "sgd": 1, "adam": 2}[epi]
@@ -135,7 +141,7 @@ def check(module, kernels, device, stream, rng, shapes, names) -> bool:
                     got = C.download().astype(np.float64)
                     err = float(np.abs(got - ref).max() / np.abs(ref).max()) if np.isfinite(got).all() else np.inf
                     good = err < 2e-3
-                    print(f"check {name} {shape}: max error {err:.2e} of the largest |C| (float64)"
+                    print(f"check {name} {M}x{N}x{K}: max error {err:.2e} of the largest |C| (float64)"
                           f" {'ok' if good else 'FAIL'}")
                 else:
                     before = w.snapshot()
@@ -150,7 +156,7 @@ def check(module, kernels, device, stream, rng, shapes, names) -> bool:
                     diff = [int(np.count_nonzero(g.view(np.uint8) != x.view(np.uint8))) for g, x in zip(got, want)]
                     changed = int(np.count_nonzero(want[1] != before[1]))
                     good = not any(diff) and changed > 0
-                    print(f"check {name} {shape}: differing bytes vs wg128 (w16, lo, states) {diff}, "
+                    print(f"check {name} {M}x{N}x{K}: differing bytes vs wg128 (w16, lo, states) {diff}, "
                           f"{changed} lo changed {'ok' if good else 'FAIL'}")
                 ok &= good
     return ok
@@ -158,8 +164,7 @@ def check(module, kernels, device, stream, rng, shapes, names) -> bool:
 
 def timing(module, kernels, device, stream, rng, shapes, names, trials, configs=()) -> None:
     print(f"# {device.name}: us per launch, median of {trials} graph replays; cuBLAS: plain fp16 x^T @ dy")
-    for shape in shapes:
-        M, N, K = (int(x) for x in shape.split("x"))
+    for M, N, K in shapes:
         cells = []
         for epi in ("sgd", "adam", "store"):
             mine = [n for n in names if KERNELS[n][0] == epi]
@@ -202,26 +207,35 @@ def timing(module, kernels, device, stream, rng, shapes, names, trials, configs=
         cub = bench_torch("dW+sgd", M, N, K, 20, trials, device.l2_bytes)
         if cub is not None:
             cells.append(f"cuBLAS plain {cub:8.2f}")
-        print(f"{shape}:\n  " + "\n  ".join(cells), flush=True)
+        print(f"{M}x{N}x{K}:\n  " + "\n  ".join(cells), flush=True)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", nargs="+", default=["4096x4096x1024", "4096x4096x4096", "8192x8192x1024"])
-    p.add_argument("--check-shapes", nargs="+", default=["1000x776x200", "4096x4096x1024", "784x4096x1024"])
+    p.add_argument("--shapes", type=gemm_shape, nargs="+", metavar="MxNxK",
+                   default=[(4096, 4096, 1024), (4096, 4096, 4096), (8192, 8192, 1024)])
+    p.add_argument("--check-shapes", type=gemm_shape, nargs="+", metavar="MxNxK",
+                   default=[(1000, 776, 200), (4096, 4096, 1024), (784, 4096, 1024)])
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
-    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--trials", type=count(1), default=20)
     p.add_argument("--configs", nargs="*", default=[], choices=[c for c in G.CONFIGS if G.CONFIGS[c].wgmma],
                    help="the product's tiles to time too (unsplit), beside the planned one: wgpp wg128x2 ...")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    for M, N, K in args.shapes + args.check_shapes:  # x^T [K, M] and dy [K, N] rows: whole 16-byte pieces
+        if M % 8 or N % 8:
+            p.error(f"{M}x{N}x{K}: M and N must be multiples of 8 (the copy engine's rows)")
+    return run_cli(lambda: run(args), "pingpong")
+
+
+def run(args) -> int:
     device = driver.Device(0)
     if device.arch != "sm_90":
-        print(f"run.py: error: warpgroup MMA needs sm_90; this GPU is {device.arch}", file=sys.stderr)
+        print(f"pingpong: error: warpgroup MMA needs sm_90; this GPU is {device.arch}", file=sys.stderr)
         return 1
     module, kernels, stream = build(), Kernels(device.arch), driver.Stream()
     rng = np.random.default_rng(0)
     if not check(module, kernels, device, stream, rng, args.check_shapes, args.kernels):
-        print("run.py: a check failed; no timing", file=sys.stderr)
+        print("pingpong: a check failed; no timing", file=sys.stderr)
         return 1
     timing(module, kernels, device, stream, rng, args.shapes, args.kernels, args.trials, args.configs)
     return 0

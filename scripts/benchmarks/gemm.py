@@ -5,6 +5,7 @@ PyTorch, imported only when asked for (bench_torch)."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 
@@ -211,6 +212,17 @@ def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
     del g, ops, outs
     torch.cuda.empty_cache()
     return statistics.median(times)
+
+
+def gemm_shape(text: str) -> tuple[int, int, int]:
+    """An argparse type: a GEMM's M x N x K, each positive (`4096x4096x1024`)."""
+    try:
+        m, n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MxNxK, got {text!r}") from None
+    if min(m, n, k) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
+    return m, n, k
 
 
 def variants_error(variants: list[str], arch: str) -> str | None:
