@@ -109,8 +109,9 @@ REFERENCE_CASES = [(256, 3, 32, PLAIN, "fp32"), (100, 2, 50, MOMENTUM, "fp32"), 
     (2048, 3, 128, MOMENTUM, "fp32", "layered"), (100, 3, 33, NESTEROV, "fp32", "layered"),
     (256, 3, 200, ADAMW, "fp32", "layered"), (520, 2, 256, PLAIN, "fp32", "layered"),
     (1024, 3, 128, MOMENTUM, "fp32", "layered-long"), (256, 3, 128, ADAM, "fp32", "layered-long"),
-    # a 4096-wide layer above batch 256: its SGD update on the persistent ping-pong tile
+    # a 4096-wide layer above batch 256: its update (SGD's, Adam's) on the persistent ping-pong tile
     (4096, 2, 512, MOMENTUM, "fp32", "layered"), (4096, 2, 300, PLAIN, "fp32", "layered"),
+    (4096, 2, 512, ADAMW, "fp32", "layered"),
     *[(*case, "fused") for case in REFERENCE_CASES],
     (2048, 3, 32, PLAIN, "fp32", "fused"), (64, 1, 7, MOMENTUM, "fp32", "fused"),
     (520, 4, 200, dict(momentum=0.5), "fp32", "fused"), (64, 1, 7, ADAM, "fp32", "fused"),
@@ -270,7 +271,8 @@ def test_layered_step_moves_the_counter_and_writes_the_scheduled_lr(device, stre
                                                    (1000, 128, PLAIN, True), (1024, 128, ADAM, True),
                                                    (4096, 256, ADAMW, True), (256, 64, MOMENTUM, False),
                                                    (1024, 128, ADAM, False), (256, 1024, MOMENTUM, True),
-                                                   (1000, 600, ADAM, True), (4096, 512, MOMENTUM, True)])
+                                                   (1000, 600, ADAM, True), (4096, 512, MOMENTUM, True),
+                                                   (4096, 512, ADAM, True)])
 def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden, batch, opt, short):
     """The layered step with each kernel overlapping the one before (programmatic dependent launch, sm_90+) and,
     outside the short form, the weight and bias updates on side streams, against the same step launched strictly
@@ -278,7 +280,7 @@ def test_overlapping_launches_change_no_bit(device, stream, kernels, rng, hidden
     predecessor's output before griddepcontrol.wait, or a side launch forked before its inputs were ready or joined
     too late, would differ. The shapes cover the tensor-copy forward, dx_sgd, dx_update with every batch tile's kind
     of split, the head kernel, split-K tickets, (short=False) the cp.async GEMMs with momentum and Adam, (batch
-    600, 1024) the warpgroup-MMA GEMMs and (4096 at batch 512) the ping-pong tile's update."""
+    600, 1024) the warpgroup-MMA GEMMs and (4096 at batch 512) the ping-pong tile's updates (SGD's, Adam's)."""
     from rawgpu.runtime.graph import capture
 
     if int(device.arch.removeprefix("sm_")) < 90:

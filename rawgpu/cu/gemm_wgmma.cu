@@ -437,7 +437,7 @@ RG_DEVICE void pingpong_update(u8* buf, const float (&d)[64], int half, const Op
                              reinterpret_cast<float2*>(plane_at(buf + 16384, r, col * 4)),
                              reinterpret_cast<float2*>(plane_at(buf + 32768, r, col * 4)),
                              make_float2(d[4 * jd + 2 * h], d[4 * jd + 2 * h + 1]), o, mom);
-            if (EPI == EPI_SGD) asm volatile("" ::: "memory");  // a pair at a time: fewer registers live
+            asm volatile("" ::: "memory");  // a pair at a time: fewer registers live
         }
     }
 }

@@ -91,16 +91,15 @@ WGMMA_MIN_K_TILES_PER_SPLIT = 2
 WGMMA_PAIR_CONFIG = "wg128x2"
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
-# SGD's update of such a weight over a batch of at most PINGPONG_MAX_K rows, where its 128 x 128 tiles number at
-# least PINGPONG_MIN_WAVES x SMs: the persistent ping-pong tile ("wgpp": one warpgroup's update under the other's
-# multiply, fed and stored by TMA) beats wg128x2 and, over up to 2048 rows, wg256mc; over 4096 rows the multicast
-# pair wins, and with fewer tiles (the head's 4096 x 16) its warpgroups have little to overlap (`PYTHONPATH=.:scripts
-# python dev/pingpong/run.py`; docs/history.md). Adam's instance is built and tested but not planned: its build
-# under NVRTC 13.0 spills and the step ran slower with it than with wg128x2.
+# The update (SGD's or Adam's) of such a weight over a batch of at most PINGPONG_MAX_K rows, where its 128 x 128 tiles
+# number at least PINGPONG_MIN_WAVES x SMs: the persistent ping-pong tile ("wgpp": one warpgroup's update under the
+# other's multiply, fed and stored by TMA) beats wg128x2 and, over up to 2048 rows, wg256mc; over 4096 rows the
+# multicast pair wins, and with fewer tiles (the head's 4096 x 16) its warpgroups have little to overlap
+# (`PYTHONPATH=.:scripts python dev/pingpong/run.py --configs wgpp`; docs/history.md).
 PINGPONG_CONFIG = "wgpp"
 PINGPONG_MAX_K = 2048
 PINGPONG_MIN_WAVES = 2
-PINGPONG_EPILOGUES = ("sgd",)
+PINGPONG_EPILOGUES = ("sgd", "adam")
 # The 256-column tile in pairs of CTAs along M that load B's k-tiles once for both (TMA multicast) from
 # MULTICAST_MIN_K_TILES k-tiles on: a third fewer bytes from L2 per product, which bound the single tile's main loop;
 # over fewer k-tiles the pair's lockstep and cluster barriers cost more than that saves (`python dev/forward_tiles.py
@@ -207,8 +206,8 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       (with its update; the 64-column tile where that makes one wave filling half the SMs or more over at most
       WG64_MAX_K_TILES k-tiles; else K split over a cluster where its tiles are few: the head's 16 columns in a
       128-column tile still beat the mma.sync tiles' splits through the workspace; two CTAs an SM from
-      WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K; SGD's update from WGMMA_PAIR_MIN_ROWS rows
-      over a batch of at most PINGPONG_MAX_K in PINGPONG_MIN_WAVES waves of 128 x 128 tiles or more: the persistent
+      WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K; the update (SGD's, Adam's) from
+      WGMMA_PAIR_MIN_ROWS rows over a batch of at most PINGPONG_MAX_K in PINGPONG_MIN_WAVES waves of 128 x 128 tiles or more: the persistent
       ping-pong tile);
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
