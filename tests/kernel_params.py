@@ -74,8 +74,9 @@ def _signature(source: str, name: str) -> str:
     generic = [(declared, letters) for declared, letters, takes_axis in decls if (takes_axis or not axis)
                and (declared.startswith("name") or ("##" in declared and name.startswith(declared.split("##")[0])))]
     if len({letters for _, letters in generic}) > 1:  # several X-macros: the one whose name begins the kernel's
-        # (a GEMM's after gemm_: WG_INSTANCE's gemm_wg64k_*, WGPP_INSTANCE's gemm_wgpp_*), the longest that does
-        stem = lambda d: d[5:].removesuffix("_instance")  # noqa: E731
+        # (a GEMM's after gemm_: WG_INSTANCE's gemm_wg64k_*, WGPP_INSTANCE's gemm_wgpp_*; DX_UPDATE_KERNEL's
+        # dx_update_*, UPDATE_STREAM_KERNEL's update_stream_*), the longest that does
+        stem = lambda d: d[5:].removesuffix("_instance").removesuffix("_kernel")  # noqa: E731
         begins = [(d, letters) for d, letters in generic if d.startswith("name:")
                   and (name.startswith(d[5:]) or name.removeprefix("gemm_").startswith(stem(d)))]
         longest = max((len(stem(d)) for d, _ in begins), default=0)

@@ -356,3 +356,63 @@ def test_the_stacks_evaluation_is_each_models_own(device, stream, kernels, rng):
             assert np.isfinite(loss[m])
     finally:
         stack.arena.close()
+
+
+@gpu
+@pytest.mark.parametrize("n,B,IN,N,opt", [(3, 128, 784, 256, dict(momentum=0.9)), (5, 100, 200, 136, dict(optimizer="adam")),
+                                          (2, 64, 136, 72, dict(momentum=0.0)), (4, 32, 784, 128, dict(optimizer="adamw")),
+                                          (2, 256, 520, 256, dict(momentum=0.9, nesterov=True))])
+def test_the_streamed_first_layer_update_gives_the_band_kernels_bits(device, stream, kernels, rng, n, B, IN, N, opt):
+    """The models step's first layer streamed (model_axis.update_stream: runs of every model's chunks, one block or
+    seven, one an SM, more than there are chunks) against the band kernel over the models (model_axis.dx_update
+    without dx: a block a band, which tests/test_dx_update.py checks against float64): every model's master halves,
+    optimiser state, bias and its state bit for bit, each model with its own optimiser row; partial bands and chunks
+    (IN, N not multiples of 64), a batch under its tile."""
+    from rawgpu.contract import OPTIM_WORDS
+    from rawgpu.kernels import dx_update as ku
+    from rawgpu.kernels import model_axis as km
+    from rawgpu.model import master, optimizer
+    from rawgpu.runtime.memory import Arena
+
+    recipe = Recipe(**opt)
+    plan = ku.plan_dx_update(B, IN, N, recipe.optimizer, device.arch, splits=1, cluster=False, dx=False, roles=1)
+    if not km.streams_update(device.arch, plan):
+        pytest.skip(f"{device.arch} builds no streamed update for a {plan.rows}-row tile with {plan.family}")
+    states = recipe._state_tensors
+    with Arena() as arena:
+        x = arena.tensor("x", (n * B, IN), np.float16)
+        dy = arena.tensor("dy", (n * B, N), np.float16)
+        w16, wlo = arena.tensor("w16", (n * IN, N), np.float16), arena.tensor("wlo", (n * IN, N), np.int16)
+        sw = [arena.tensor(f"s{i}", (n * IN, N), np.float32) for i in range(states)]
+        bias = arena.tensor("b", (n * N,), np.float32)
+        sb = [arena.tensor(f"sb{i}", (n * N,), np.float32) for i in range(states)]
+        optim = arena.tensor("optim", (n, OPTIM_WORDS), np.float32)
+        arena.allocate()
+        x.upload((rng.standard_normal((n * B, IN)) * 0.5).astype(np.float16))
+        dy.upload((rng.standard_normal((n * B, N)) * 0.5).astype(np.float16))
+        hi, lo = master.split((rng.standard_normal((n * IN, N)) * 0.05).astype(np.float32))
+        w16.upload(hi)
+        wlo.upload(lo)
+        for t in sw + sb:
+            t.upload(np.abs(rng.standard_normal(t.shape)).astype(np.float32) * 1e-3)
+        bias.upload(rng.standard_normal(n * N).astype(np.float32) * 0.1)
+        hyper = optimizer.hyperparameters(recipe)
+        optim.upload(np.stack([optimizer.words(optimizer.step_values(hyper, 3, 1e-2 * (1 + m))) for m in range(n)]))
+        arrays = [w16, wlo, bias, *sw, *sb]
+        before = [t.download().copy() for t in arrays]
+        m_, v_ = (sw + [None, None])[:2]
+        mb, vb = (sb + [None, None])[:2]
+
+        def run(launch):
+            for t, v in zip(arrays, before):
+                t.upload(v)
+            launch.run(stream)
+            stream.synchronize()
+            return [t.download().copy() for t in arrays]
+
+        want = run(km.dx_update(kernels, n, plan, x, dy, wlo, w16, m_, v_, None, optim, bias, mb, vb))
+        assert np.count_nonzero(want[1] != before[1]) > n * IN * N // 2  # the update moved the low halves
+        for blocks in (1, 7, device.sm_count, 1 << 20):
+            got = run(km.update_stream(kernels, n, plan, x, dy, wlo, w16, m_, v_, optim, bias, mb, vb, blocks))
+            for g, w, t in zip(got, want, arrays):
+                assert g.tobytes() == w.tobytes(), f"{blocks} blocks: {t.name} differs from the band kernel's"

@@ -46,15 +46,17 @@ EDITS = {
     1: [("        if (do_dx) {\n", "        if (false) {  // taken out: dx\n")],
     2: [("if (SW && do_update) {", "if (false) {  // taken out: G"),
         ("        if (SW) {\n            wg_wait<0>();", "        if (false) {\n            wg_wait<0>();"),
-        ("kk < (SW ? 0 : BB / 16)", "kk < 0")],
-    4: [("for (int f = 0; f < GF; ++f)\n#pragma unroll\n            for (int h = 0; h < 2; ++h) {",
-         "for (int f = 0; f < 0; ++f)\n#pragma unroll\n            for (int h = 0; h < 2; ++h) {")],
+        ("the batch in k16 steps\n#pragma unroll 4\n        for (int kk = 0; kk < (SW ? 0 : BB / 16); ++kk)",
+         "the batch in k16 steps\n#pragma unroll 4\n        for (int kk = 0; kk < 0; ++kk)")],
+    4: [("for (int f = 0; f < GF; ++f)\n#pragma unroll\n        for (int h = 0; h < 2; ++h) {",
+         "for (int f = 0; f < 0; ++f)\n#pragma unroll\n        for (int h = 0; h < 2; ++h) {")],
     8: [("i < BM * BN / 8; i += THREADS)", "i < 0; i += THREADS)"),
-        ("        if (has_m) {\n#pragma unroll 4", "        if (false) {\n#pragma unroll 4")],
-    32: [("    // where the block's weight (row r, column col)",
+        ("    if (has_m) {\n#pragma unroll 4", "    if (false) {\n#pragma unroll 4")],
+    32: [("    auto load_weights = [&](int s, int c) {\n",
           "    auto tile_at = [&](int n) { return ((i64)blockIdx.x * (N / BN) + n / BN) * BM * BN; };\n"
-          "    // where the block's weight (row r, column col)"),
-         ("return (i64)(i0 + r) * ldw + n + col;", "return tile_at(n) + r * BN + col;"),
+          "    auto load_weights = [&](int s, int c) {\n"),
+         ("return (i64)(i0 + r) * ldw + n + col; };",  # store_chunk's: ldw is N in this experiment's arrays
+          "return ((i64)blockIdx.x * (ldw / BN) + n / BN) * BM * BN + r * BN + col; };"),
          ("        load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16, ldw,",
           "        {\n"
           "            const i64 tile = tile_at(n);\n"

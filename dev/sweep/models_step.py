@@ -2,7 +2,7 @@
 step for all N against all N models' weight traffic at the copy rate (20 B per weight, as gemm_models.py counts it).
 
     PYTHONPATH=. python3 dev/sweep/models_step.py [--models 8 32 128] [--hidden 128 256 1024] [--recipe default|adam]
-        [--roles] [--no-overlap] [--head-ctas 2 4 8] [--first-splits 1 2 4]
+        [--roles] [--no-overlap] [--head-ctas 2 4 8] [--first-splits 1 2 4] [--no-stream]
         [--first-config 32x128] [--hidden-splits 2]
 """
 
@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--first-splits", type=int, nargs="+", default=[0],
                    help="the first layer's column ranges in its one pass (0: the plan's)")
     p.add_argument("--first-config", default=None, help="the first layer's forward tile config (default: the plan's)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="the first layer's update a block a band (the band kernel), not streamed over runs of chunks")
     p.add_argument("--hidden-splits", type=int, default=0,
                    help="the hidden layers' one passes in this many column ranges, adding dx in a cluster (0: none)")
     args = p.parse_args(argv)
@@ -74,7 +76,12 @@ def one(args, base, recipes, kernels, device, stream, data, rng, ctas: int, spli
     step, padded = stack.step, base._padded_widths
     if ctas and step.head is not None:
         step.head = kh.plan_head(base.batch, padded[-2], base.optimizer, ctas=ctas)
+    if args.no_stream and step.stream_first:
+        step.stream_first = False
+        step.bwd[0] = ku.plan_dx_update(base.batch, padded[0], padded[1], base.optimizer, stack.arch,
+                                        max(1, stack.sm_count // n), cluster=False, dx=False, roles=1)
     if splits and step.bwd[0] is not None:
+        step.stream_first = False
         step.bwd[0] = ku.plan_dx_update(base.batch, padded[0], padded[1], base.optimizer, stack.arch, 1,
                                         splits=min(splits, -(-padded[1] // ku.BN)), cluster=False, dx=False, roles=1)
     if args.hidden_splits:

@@ -25,7 +25,8 @@ from .dx_sgd import (  # noqa: F401
     DX_SGD_BM, DX_SGD_BN, DX_SGD_MAX_BATCH, DX_SGD_THREADS, dx_sgd_smem_bytes, dx_sgd_stages)
 from .dx_update import (  # noqa: F401
     DXU_BATCHES, DXU_BM, DXU_BN, DXU_FAMILIES, DXU_MAX_STAGES, DXU_WARPS, DXU_WGMMA_MIN_BATCH, dxu_kernel_name,
-    dxu_kernels, dxu_smem_bytes, dxu_stage_bytes, dxu_stages, dxu_wgmma)
+    dxu_kernels, dxu_smem_bytes, dxu_stage_bytes, dxu_stages, dxu_stream_kernel_name, dxu_stream_kernels,
+    dxu_stream_smem_bytes, dxu_wgmma)
 from .elementwise import EW_THREADS  # noqa: F401
 from .fused import (  # noqa: F401
     FS_HEADER_FIELDS, FS_INPUTS, FS_KERNELS, FS_LAYER_FIELDS, FS_LD, FS_MAX_LAYERS, FS_PANEL_LD, FS_T, FS_THREADS,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .abi import header
-from .arch import deepest_pipeline
+from .arch import STATIC_RESERVE, block_smem_limit, deepest_pipeline
 from .optim import UPDATE_FAMILIES
 
 DXU_BM = 64  # rows of W (input features) per block
@@ -71,6 +71,26 @@ def dxu_kernels(arch: str) -> list[str]:
     return [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES if dxu_stages(bb, f, arch) >= 2]
 
 
+def dxu_stream_kernel_name(batch_tile: int, family: str) -> str:
+    return f"update_stream_b{batch_tile}_{family}"
+
+
+def dxu_stream_smem_bytes(batch_tile: int, family: str, arch: str) -> int:
+    """dx_update.cu's update_stream_body (the models step's first layer, streamed): the band instance's stages, each
+    with an x slot beside it, then the bias partials and the swizzle's slack (the kernel asserts they agree)."""
+    x_bytes = batch_tile * _tile_row_halves(batch_tile, arch) * 2
+    stages = dxu_stages(batch_tile, family, arch)
+    return (stages * (dxu_stage_bytes(batch_tile, family, arch) + x_bytes)
+            + _dxu_fixed_bytes(batch_tile, arch) - x_bytes)
+
+
+def dxu_stream_kernels(arch: str) -> list[str]:
+    """The streamed instances built for `arch`: those of dxu_kernels whose x slots fit too."""
+    room = block_smem_limit(arch) - STATIC_RESERVE
+    return [dxu_stream_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES
+            if dxu_stages(bb, f, arch) >= 2 and dxu_stream_smem_bytes(bb, f, arch) <= room]
+
+
 def dx_update_facts(arch: str, kernel: str | None = None):
     defines = {"DXU_BM": DXU_BM, "DXU_BN": DXU_BN}
     cpp = lambda flag: "true" if flag else "false"  # noqa: E731
@@ -78,6 +98,13 @@ def dx_update_facts(arch: str, kernel: str | None = None):
             f"{dxu_smem_bytes(bb, f, arch)}, {DXU_WARPS[bb]}, {cpp(dxu_wgmma(bb, arch))})"
             for bb in DXU_BATCHES for f in DXU_FAMILIES
             if dxu_stages(bb, f, arch) >= 2 and kernel in (None, dxu_kernel_name(bb, f))]
-    instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES, WARPS, WG) each.\n"
-                 f"#define DXU_FOR_EACH_KERNEL(X) {' '.join(made)}\n")
+    streamed = [f"X({dxu_stream_kernel_name(bb, f)}, {bb}, {cpp(f == 'adam')}, {dxu_stages(bb, f, arch)}, "
+                f"{dxu_stream_smem_bytes(bb, f, arch)}, {DXU_WARPS[bb]}, {cpp(dxu_wgmma(bb, arch))})"
+                for bb in DXU_BATCHES for f in DXU_FAMILIES
+                if dxu_stream_kernel_name(bb, f) in dxu_stream_kernels(arch)
+                and kernel in (None, dxu_stream_kernel_name(bb, f))]
+    instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES, WARPS, WG) each; the streamed\n"
+                 "// update's (built with the model axis alone: dx_update_models.cu) likewise.\n"
+                 f"#define DXU_FOR_EACH_KERNEL(X) {' '.join(made)}\n"
+                 f"#define DXU_FOR_EACH_STREAM(X) {' '.join(streamed)}\n")
     return defines, {"dx_update_instances.cuh": header(__name__, "dx_update.cu", instances)}

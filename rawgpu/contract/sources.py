@@ -10,7 +10,8 @@ from .arch import PLANNING_ARCH
 from .activation import activation_facts
 from .cluster import CS_TILE_COUNTS, cluster_facts, cluster_kernel_name
 from .dx_sgd import dx_sgd_facts
-from .dx_update import DXU_BATCHES, DXU_FAMILIES, dx_update_facts, dxu_kernel_name, dxu_kernels
+from .dx_update import (DXU_BATCHES, DXU_FAMILIES, dx_update_facts, dxu_kernel_name, dxu_kernels,
+                        dxu_stream_kernel_name, dxu_stream_kernels)
 from .elementwise import elementwise_facts
 from .fused import FS_KERNELS, fused_facts
 from .gather import gather_facts, gather_forward_facts
@@ -76,7 +77,11 @@ def split_kernels(source: str, arch: str | None = None) -> list[str]:
     if source == "fused_step.cu":
         return list(FS_KERNELS)
     if source in ("dx_update.cu", DX_UPDATE_MODELS_SOURCE):
-        return dxu_kernels(arch) if arch else [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES]
+        kernels = dxu_kernels(arch) if arch else [dxu_kernel_name(bb, f) for bb in DXU_BATCHES for f in DXU_FAMILIES]
+        if source == DX_UPDATE_MODELS_SOURCE:  # the streamed update has a model axis only
+            kernels += dxu_stream_kernels(arch) if arch else [dxu_stream_kernel_name(bb, f) for bb in DXU_BATCHES
+                                                               for f in DXU_FAMILIES]
+        return kernels
     if source == "head.cu":
         return head_kernels()
     if source == HEAD_MODELS_SOURCE:

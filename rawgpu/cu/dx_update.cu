@@ -82,6 +82,66 @@ struct Tile {
 };
 }  // namespace dxu
 
+// The optimiser's step on a chunk's weights in shared memory: each of this warp's G fragments (fragment f at rows
+// g_row(f) + g + 8 h, columns g_col(f) + 2 t) joins the master's halves (w, wl), steps with the state (ms, vs) and
+// splits back in place. dx_update_body's and update_stream_body's.
+template <bool ADAM, int GF, class Row, class Col>
+RG_DEVICE void update_chunk(const float (&gacc)[GF][4], half_t* w, short* wl, float* ms, float* vs, bool has_m,
+                            const Optim& o, Row g_row, Col g_col, int g, int t) {
+    using namespace dxu;
+#pragma unroll
+    for (int f = 0; f < GF; ++f)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = g_row(f) + g + 8 * h, col = g_col(f) + 2 * t;
+            u32& hi2 = *reinterpret_cast<u32*>(w + r * LDW + col);
+            u32& lo2 = *reinterpret_cast<u32*>(wl + r * LDW + col);
+            float2 wv = master_join2(hi2, lo2);
+            const float2 grad = make_float2(gacc[f][2 * h], gacc[f][2 * h + 1]);
+            float2* m2 = reinterpret_cast<float2*>(ms + r * LDS + col);
+            if (ADAM) {
+                float2* v2 = reinterpret_cast<float2*>(vs + r * LDS + col);
+                float2 m = *m2, v = *v2;
+                optim_adam2(wv, grad, m, v, o);
+                *m2 = m;
+                *v2 = v;
+            } else {
+                float2 m = has_m ? *m2 : make_float2(0.f, 0.f);
+                optim_sgd2(wv, grad, m, o);
+                if (has_m) *m2 = m;
+            }
+            master_split2(wv, hi2, lo2);
+        }
+}
+
+// A chunk written back along rows (the block's rows from i0, the chunk's columns from n; none at or past IN, n_end):
+// W16 and lo 8 weights (16 bytes) per piece, the state 4.
+template <bool ADAM, int THREADS>
+RG_DEVICE void store_chunk(const half_t* w, const short* wl, const float* ms, const float* vs, bool has_m, half_t* w16,
+                           short* wlo, float* mw, float* vw, int ldw, int i0, int n, int IN, int n_end, int tid,
+                           u64 hi_policy, u64 lo_policy) {
+    using namespace dxu;
+    auto stored_at = [&](int r, int col) { return (i64)(i0 + r) * ldw + n + col; };  // weight (r, col) in memory
+#pragma unroll 2
+    for (int i = tid; i < BM * BN / 8; i += THREADS) {
+        const int r = i / (BN / 8), col = (i % (BN / 8)) * 8;
+        if (i0 + r >= IN || n + col >= n_end) continue;
+        const i64 at = stored_at(r, col);
+        store_16_policy(w16 + at, load_16(w + r * LDW + col), hi_policy);
+        store_16_policy(wlo + at, load_16(wl + r * LDW + col), lo_policy);
+    }
+    if (has_m) {
+#pragma unroll 4
+        for (int i = tid; i < BM * BN / 4; i += THREADS) {
+            const int r = i / (BN / 4), col = (i % (BN / 4)) * 4;
+            if (i0 + r >= IN || n + col >= n_end) continue;
+            const i64 at = stored_at(r, col);
+            store_16_policy(mw + at, load_16(ms + r * LDS + col), lo_policy);
+            if (ADAM) store_16_policy(vw + at, load_16(vs + r * LDS + col), lo_policy);
+        }
+    }
+}
+
 // DXU_MODELS (dx_update_models.cu sets it for the models step; 0 here): one launch runs the layer of every model of
 // a sweep, grid x the row bands of model 0, then model 1's, ...; each operand of model i sits i strides after model
 // 0's (z*: elements of x, dy, the weight-shaped operands, the bias-shaped ones; bytes of dx; Optim rows: one per
@@ -137,10 +197,6 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
     // written like lo (evict first where hints are planned).
     const u64 read_policy = l2_policy(keep_read), hi_policy = l2_policy(keep_hi), lo_policy = l2_policy(keep_lo);
     const u64 normal = l2_policy(0.f);
-    // where the block's weight (row r, column col) of the chunk at column n is stored
-    auto weight_at = [&](int r, int col, int n) {
-        return (i64)(i0 + r) * ldw + n + col;
-    };
     auto load_weights = [&](int s, int c) {
         const int n = n_begin + c * BN;
         load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16, ldw, i0, n, IN, n_end, tid, read_policy);
@@ -293,51 +349,12 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             if (mb != nullptr) mb[col] = mc;
             if (vb != nullptr) vb[col] = vc;
         }
-#pragma unroll
-        for (int f = 0; f < GF; ++f)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = g_row(f) + g + 8 * h, col = g_col(f) + 2 * t;
-                u32& hi2 = *reinterpret_cast<u32*>(w + r * LDW + col);
-                u32& lo2 = *reinterpret_cast<u32*>(wl + r * LDW + col);
-                float2 wv = master_join2(hi2, lo2);
-                const float2 grad = make_float2(gacc[f][2 * h], gacc[f][2 * h + 1]);
-                float2* m2 = reinterpret_cast<float2*>(ms + r * LDS + col);
-                if (ADAM) {
-                    float2* v2 = reinterpret_cast<float2*>(vs + r * LDS + col);
-                    float2 m = *m2, v = *v2;
-                    optim_adam2(wv, grad, m, v, o);
-                    *m2 = m;
-                    *v2 = v;
-                } else {
-                    float2 m = has_m ? *m2 : make_float2(0.f, 0.f);
-                    optim_sgd2(wv, grad, m, o);
-                    if (has_m) *m2 = m;
-                }
-                master_split2(wv, hi2, lo2);
-            }
+        update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);
         apart_wait(&apart_held, c);  // the old weights of chunk c are no longer read elsewhere
         __syncthreads();
         // mark 6 if c == 0: chunk 0: update
-        // Write back along rows: W16 and lo 8 weights (16 bytes) per piece, the state 4.
-#pragma unroll 2
-        for (int i = tid; i < BM * BN / 8; i += THREADS) {
-            const int r = i / (BN / 8), col = (i % (BN / 8)) * 8;
-            if (i0 + r >= IN || n + col >= n_end) continue;
-            const i64 at = weight_at(r, col, n);
-            store_16_policy(w16 + at, load_16(w + r * LDW + col), hi_policy);
-            store_16_policy(wlo + at, load_16(wl + r * LDW + col), lo_policy);
-        }
-        if (has_m) {
-#pragma unroll 4
-            for (int i = tid; i < BM * BN / 4; i += THREADS) {
-                const int r = i / (BN / 4), col = (i % (BN / 4)) * 4;
-                if (i0 + r >= IN || n + col >= n_end) continue;
-                const i64 at = weight_at(r, col, n);
-                store_16_policy(mw + at, load_16(ms + r * LDS + col), lo_policy);
-                if (ADAM) store_16_policy(vw + at, load_16(vs + r * LDS + col), lo_policy);
-            }
-        }
+        store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16, wlo, mw, vw, ldw, i0, n, IN, n_end, tid, hi_policy,
+                                   lo_policy);
     }
     // mark 7: chunks written back
     cp_async_wait<0>();
@@ -362,6 +379,171 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
                                                reinterpret_cast<float2*>(tiles));
     // mark 15: dx summed and stored
 }
+
+#if DXU_MODELS
+// The models step's update alone (a first layer: no dx) streamed. Above, a block owns one model's row band: a
+// 256-column layer's band is 4 chunks, too few to fill a block's pipeline before it drains, and 13 bands x N models
+// end in a last wave of few blocks. Here about one block an SM splits the chunks of every model's bands (model-major,
+// then band, then column) into equal runs and walks its run through one pipeline, the next band's chunks loading
+// while this one's update. A chunk's sums and update are dx_update_body's, so its bits are too. A band's x tile rides
+// with the band's first chunk in the run, into x slot (band - the run's first band) % STAGES: the slot is reloaded
+// only STAGES bands later, and a run advances at most one band a chunk, so never while its band is still read.
+template <int BB, bool ADAM, int STAGES, u32 SMEM, int WARPS, bool SW>
+RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw,
+                                  const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, float keep_read,
+                                  float keep_hi, float keep_lo, float* bias, float* mb, float* vb, int models, i64 zX,
+                                  i64 zDy, i64 zW, i64 zBias) {
+    using namespace dxu;
+    constexpr int THREADS = 32 * WARPS, BIAS_PARTS = THREADS / BN;
+    using T = Tile<BB, ADAM, THREADS, SW>;
+    constexpr int LDX = T::LDX, LDY = T::LDY, SLOT = T::STAGE_BYTES + T::X_BYTES;  // a stage and an x slot
+    static_assert(STAGES * SLOT + T::BIAS_BYTES + T::ALIGN == SMEM, "rawgpu/contract/dx_update.py's streamed layout");
+    static_assert(STAGES >= 2 && BB % 32 == 0, "a pipeline, and whole 32-row groups");
+    extern __shared__ __align__(128) u8 smem_raw[];
+    if (dynamic_smem_bytes() < SMEM) __trap();  // launcher/kernel mismatch
+    u8* const tiles = smem_raw + (SW ? (1024 - (shared_address(smem_raw) & 1023)) & 1023 : 0);
+    auto stage = [&](int s) { return tiles + s * SLOT; };
+    auto sW = [&](int s) { return reinterpret_cast<half_t*>(stage(s)); };
+    auto sL = [&](int s) { return reinterpret_cast<short*>(stage(s) + T::W_BYTES); };
+    auto sM = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * T::W_BYTES); };
+    auto sV = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * T::W_BYTES + T::S_BYTES); };
+    auto sY = [&](int s) { return reinterpret_cast<half_t*>(stage(s) + 2 * T::W_BYTES + T::STATES * T::S_BYTES); };
+    auto sX = [&](int slot) { return reinterpret_cast<half_t*>(stage(slot) + T::STAGE_BYTES); };
+    i64* sBias = reinterpret_cast<i64*>(tiles + STAGES * SLOT);
+    auto at_y = [](int r, int col) { return tile_index<half_t, LDY, SW>(r, col); };
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, t = lane % 4, r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
+    const int bands = (IN + BM - 1) / BM, per_band = (N + BN - 1) / BN;
+    const i64 total = (i64)models * bands * per_band;
+    const i64 g0 = total * blockIdx.x / gridDim.x, g1 = total * (blockIdx.x + 1) / gridDim.x;
+    const int count = (int)(g1 - g0);
+    const i64 band0 = g0 / per_band;
+    const bool has_m = ADAM || mw != nullptr;
+    const u64 read_policy = l2_policy(keep_read), hi_policy = l2_policy(keep_hi), lo_policy = l2_policy(keep_lo);
+    const u64 normal = l2_policy(0.f);
+    struct Chunk {
+        int model, band, n, slot;
+        bool first;  // the band's first chunk in this run: it brings the band's x tile
+    };
+    auto chunk = [&](int c) {
+        const i64 at = g0 + c, band = at / per_band;
+        return Chunk{(int)(band / bands), (int)(band % bands), (int)(at % per_band) * BN, (int)((band - band0) % STAGES),
+                     c == 0 || at % per_band == 0};
+    };
+    auto load_weights = [&](int s, const Chunk& k) {
+        const i64 z = k.model * zW;
+        const int i0 = k.band * BM;
+        load_rows<half_t, BM, BN, LDW, THREADS>(sW(s), w16 + z, ldw, i0, k.n, IN, N, tid, read_policy);
+        load_rows<short, BM, BN, LDW, THREADS>(sL(s), wlo + z, ldw, i0, k.n, IN, N, tid, read_policy);
+        if (has_m) load_rows<float, BM, BN, LDS, THREADS>(sM(s), mw + z, ldw, i0, k.n, IN, N, tid, normal);
+        if (ADAM) load_rows<float, BM, BN, LDS, THREADS>(sV(s), vw + z, ldw, i0, k.n, IN, N, tid, normal);
+    };
+    auto load_inputs = [&](int s, const Chunk& k) {  // written by the kernels before: after pdl_enter
+        if (k.first)
+            load_rows<half_t, BB, BM, LDX, THREADS, SW>(sX(k.slot), x + k.model * zX, ldx, 0, k.band * BM, B, IN, tid,
+                                                        normal);
+        load_rows<half_t, BB, BN, LDY, THREADS, SW>(sY(s), dy + k.model * zDy, lddy, 0, k.n, B, N, tid, normal);
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < count) load_weights(s, chunk(s));
+    pdl_enter();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < count) load_inputs(s, chunk(s));
+        cp_async_commit();
+    }
+    // G: as dx_update_body's warp grid
+    constexpr int GR = BM / (WARPS / 4), GMT = GR / 16, GF = 2 * GMT, GN = BN / (WARPS / 4);
+    static_assert(WARPS % 4 == 0 && GMT >= 1 && GMT * 16 * (WARPS / 4) == BM, "the G warp grid covers the chunk");
+    static_assert(!SW || GN == 8 * GF, "a warpgroup's columns are its warps' fragments");
+    const int wm = SW ? warp % 4 : warp / 4, wn = SW ? warp / 4 : warp % 4;
+    auto g_row = [&](int f) { return SW ? 16 * wm : GR * wm + 16 * (f / 2); };
+    auto g_col = [&](int f) { return SW ? GN * wn + 8 * f : 16 * wn + 8 * (f % 2); };
+
+    for (int c = 0; c < count; ++c) {
+        cp_async_wait<STAGES - 2>();
+#if DXU_WGMMA
+        if constexpr (SW) fence_proxy_async();
+#endif
+        __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
+        const int next = c + STAGES - 1;
+        if (next < count) {
+            const Chunk k = chunk(next);
+            load_weights(next % STAGES, k);
+            load_inputs(next % STAGES, k);
+        }
+        cp_async_commit();
+        const Chunk k = chunk(c);
+        const Optim o = opt[k.model];
+        half_t* w = sW(c % STAGES);
+        short* wl = sL(c % STAGES);
+        float* ms = sM(c % STAGES);
+        float* vs = sV(c % STAGES);
+        const half_t* y = sY(c % STAGES);
+        const half_t* sx = sX(k.slot);
+        const bool bias_here = bias != nullptr && k.n / BN % bands == k.band;  // uniform
+        if (bias_here) {
+            const int col = tid % BN;
+            i64 sum = 0;
+            for (int r = tid / BN; r < B; r += BIAS_PARTS) sum += f16_fixed24(y[at_y(r, col)]);
+            sBias[tid] = sum;
+        }
+        float gacc[GF][4];
+        zero_fragments(gacc);
+#if DXU_WGMMA
+        if (SW) {
+            wg_fence();
+            const u32 xa = shared_address(sx), ya = shared_address(y) + 2 * GN * wn;
+#pragma unroll
+            for (int kk = 0; kk < BB / 16; ++kk) {
+                const u64 da = smem_desc(xa + kk * 2048, 8192, 1024), db = smem_desc(ya + kk * 2048, 8192, 1024);
+                if constexpr (GN == 16)
+                    wgmma_n16<1, 1>(reinterpret_cast<float(&)[8]>(gacc), da, db);
+                else
+                    wgmma_n32<1, 1>(reinterpret_cast<float(&)[16]>(gacc), da, db);
+            }
+            wg_commit();
+            wg_wait<0>();
+            wg_hold(reinterpret_cast<float(&)[GF * 4]>(gacc));
+        }
+#endif
+#pragma unroll 4
+        for (int kk = 0; kk < (SW ? 0 : BB / 16); ++kk) {
+            u32 fx[GMT][4], r[4];
+#pragma unroll
+            for (int mt = 0; mt < GMT; ++mt)
+                ldmatrix_x4_trans(fx[mt], shared_address(sx + (16 * kk + r8 + 8 * q2) * LDX + GR * wm + 16 * mt + 8 * q1));
+            ldmatrix_x4_trans(r, shared_address(y + (16 * kk + r8 + 8 * q1) * LDY + 16 * wn + 8 * q2));
+            const u32 fb0[2] = {r[0], r[1]}, fb1[2] = {r[2], r[3]};
+#pragma unroll
+            for (int mt = 0; mt < GMT; ++mt) {
+                mma_m16n8k16_f32(gacc[2 * mt], fx[mt], fb0);
+                mma_m16n8k16_f32(gacc[2 * mt + 1], fx[mt], fb1);
+            }
+        }
+        if (bias_here) __syncthreads();  // the bias partials are in (nothing else here reads another thread's work)
+        const i64 zb = k.model * zBias;
+        if (bias_here && tid < BN && k.n + tid < N) {
+            i64 sum = 0;
+#pragma unroll
+            for (int p = 0; p < BIAS_PARTS; ++p) sum += sBias[p * BN + tid];
+            const int col = k.n + tid;
+            float mc = mb != nullptr ? mb[zb + col] : 0.f, vc = vb != nullptr ? vb[zb + col] : 0.f;
+            bias[zb + col] = optim_update(bias[zb + col], (float)((double)sum * (1.0 / 16777216.0)), mc, vc, o);
+            if (mb != nullptr) mb[zb + col] = mc;
+            if (vb != nullptr) vb[zb + col] = vc;
+        }
+        update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);
+        __syncthreads();
+        const i64 z = k.model * zW;
+        store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16 + z, wlo + z, mw ? mw + z : mw, vw ? vw + z : vw, ldw,
+                                   k.band * BM, k.n, IN, N, tid, hi_policy, lo_policy);
+    }
+    cp_async_wait<0>();
+}
+#endif
 
 // x [B, IN] (the layer's input), dy [B, N], the master W16 / lo [IN, N] and the state mw, vw (same shape, ld ldw;
 // nullptr where the optimiser keeps none), dx [B, IN] or nullptr: fp16, times act', or with dx_f32 fp32, the raw
@@ -391,7 +573,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
 #define DXU_MODEL_PARAMS
 #define DXU_MODEL_OFFSETS
 #endif
-#define DXU_KERNEL(name, BB, ADAM, STAGES, SMEM, WARPS, WG)                                                         \
+#define DX_UPDATE_KERNEL(name, BB, ADAM, STAGES, SMEM, WARPS, WG)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, 1)                                                    \
     name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, void* dx,               \
          const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk,   \
@@ -402,4 +584,20 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
                                                           lddx, dx_f32, n_chunk, workspace, tickets, keep_read,   \
                                                           keep_hi, keep_lo, bias, mb, vb, slope);                 \
     }
-DXU_FOR_EACH_KERNEL(DXU_KERNEL)  // generated: the instances this build makes (rawgpu/contract/dx_update.py)
+DXU_FOR_EACH_KERNEL(DX_UPDATE_KERNEL)  // generated: the instances this build makes (rawgpu/contract/dx_update.py)
+#if DXU_MODELS
+// The streamed update over every model (update_stream_body): the band kernel's parameters (dx null, one column range)
+// and strides, then the models.
+#define UPDATE_STREAM_KERNEL(name, BB, ADAM, STAGES, SMEM, WARPS, WG)                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, 1)                                                    \
+    name(const half_t* x, const half_t* dy, short* wlo, half_t* w16, float* mw, float* vw, void* dx,               \
+         const Optim* opt, int B, int IN, int N, int ldx, int lddy, int ldw, int lddx, int dx_f32, int n_chunk,   \
+         float* workspace, int* tickets, float keep_read, float keep_hi, float keep_lo, float* bias, float* mb,   \
+         float* vb, const half_t* slope DXU_MODEL_PARAMS, int models) {                                          \
+        if (dx != nullptr || n_chunk < N || gridDim.y * gridDim.z != 1) __trap(); /* launcher mismatch */           \
+        update_stream_body<BB, ADAM, STAGES, SMEM, WARPS, WG>(x, dy, wlo, w16, mw, vw, opt, B, IN, N, ldx, lddy,  \
+                                                              ldw, keep_read, keep_hi, keep_lo, bias, mb, vb,     \
+                                                              models, zX, zDy, zW, zBias);                        \
+    }
+DXU_FOR_EACH_STREAM(UPDATE_STREAM_KERNEL)  // generated: the streamed instances (rawgpu/contract/dx_update.py)
+#endif

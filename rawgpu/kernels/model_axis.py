@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import contract
 from ..contract import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE,
                         GEMM_MODELS_SOURCE, HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE, OPTIM_WORDS, UPDATE_EPILOGUES)
 from ..runtime.driver import Launch
@@ -182,6 +183,36 @@ def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, 
     strides = (_models(x, n, "x"), _models(dy, n, "dy"), _models(wlo, n, "W lo"),
                0 if dx is None else _models(dx, n, "dx") * dx.dtype.itemsize, _models(bias, n, "bias"))
     return _over_models(k, one, DX_UPDATE_MODELS_SOURCE, 0, n, strides)
+
+
+def streams_update(arch: str, plan: ku.DxUpdatePlan) -> bool:
+    """Whether a layer's update alone (no dx) over models can run streamed on `arch` (update_stream): its batch tile
+    and family have a streamed instance there."""
+    return contract.dxu_stream_kernel_name(plan.rows, plan.family) in contract.dxu_stream_kernels(arch)
+
+
+def update_stream(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, wlo: Tensor, w16: Tensor,
+                  mw: Tensor | None, vw: Tensor | None, optim: Tensor, bias: Tensor, mb: Tensor | None,
+                  vb: Tensor | None, blocks: int) -> Launch:
+    """Every model's update alone (a first layer: dx_update without dx), streamed: `blocks` blocks (about one an SM)
+    split the chunks of every model's row bands into equal runs, each walked through one pipeline (dx_update.cu's
+    update_stream_body); each chunk's arithmetic is the band kernel's, so each model's bits are too. plan: the band
+    kernel's plan of one model, in one column range. Operands as dx_update's."""
+    if plan.splits != 1 or plan.roles != 1:
+        raise ValueError(f"the streamed update takes one column range and one role, not {plan.splits} x {plan.roles}")
+    if not streams_update(k.arch, plan):
+        raise ValueError(f"no streamed update for a {plan.rows}-row tile with {plan.family} on {k.arch}")
+    if blocks < 1:
+        raise ValueError(f"the streamed update needs at least one block, not {blocks}")
+    require(optim, np.float32, (n, OPTIM_WORDS), what="optim")
+    part = lambda t: None if t is None else model_part(t, n)  # noqa: E731
+    one = ku.dx_update(_Recorder(k), plan, part(x), part(dy), part(wlo), part(w16), part(mw), part(vw), None,
+                       part(optim).view((OPTIM_WORDS,)), bias=part(bias), mb=part(mb), vb=part(vb))
+    strides = (_models(x, n, "x"), _models(dy, n, "dy"), _models(wlo, n, "W lo"), 0, _models(bias, n, "bias"))
+    chunks = n * plan.bands * -(-plan.N // ku.BN)
+    kernel = k.get(DX_UPDATE_MODELS_SOURCE, contract.dxu_stream_kernel_name(plan.rows, plan.family))
+    return kernel.bind((min(blocks, chunks), 1, 1), one.block,
+                       contract.dxu_stream_smem_bytes(plan.rows, plan.family, k.arch), *one.args, *strides, n)
 
 
 def head_step(k: Kernels, n: int, plan: kh.HeadPlan, h: Tensor, labels: Tensor, wlo: Tensor, w16: Tensor,

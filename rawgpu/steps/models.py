@@ -64,6 +64,11 @@ class ModelsStep(ChainStep):
         self.bwd = [ku.plan_dx_update(B, padded[i], padded[i + 1], r.optimizer, arch, share,
                                       splits=None if i == 0 else 1, cluster=False, dx=i > 0, roles=1)
                     if short and i < n_layers - 1 else None for i in range(n_layers)]
+        # the first layer's update streamed: about one block an SM walks a run of every model's chunks
+        self.stream_first = self.bwd[0] is not None and km.streams_update(arch, self.bwd[0])
+        if self.stream_first:
+            self.bwd[0] = ku.plan_dx_update(B, padded[0], padded[1], r.optimizer, arch, share, splits=1,
+                                            cluster=False, dx=False, roles=1)
         plan = stack.plan_gemm
         n_fwd = n_layers - (self.head is not None)
         self.fwd = [plan(B, padded[i + 1], padded[i], "rr", "bias" if i == n_layers - 1 else "bias_act")
@@ -87,12 +92,16 @@ class ModelsStep(ChainStep):
         return self.fwd + list(self.dx.values()) + list(self.dw.values())
 
     def kernel_units(self) -> set:
+        from .. import contract
         from ..contract import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE,
                                 GEMM_MODELS_SOURCE, HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE)
 
         m = self.model
         units = {(GEMM_MODELS_SOURCE, p.kernel) for p in self.plans() + m.eval_fwd + m.tail_fwd}
-        units |= {(DX_UPDATE_MODELS_SOURCE, p.kernel) for p in self.bwd if p is not None}
+        units |= {(DX_UPDATE_MODELS_SOURCE, p.kernel) for p in self.bwd[self.stream_first:] if p is not None}
+        if self.stream_first:
+            first = self.bwd[0]
+            units.add((DX_UPDATE_MODELS_SOURCE, contract.dxu_stream_kernel_name(first.rows, first.family)))
         units |= {(HEAD_MODELS_SOURCE, self.head.kernel)} if self.head else set()
         # the loss and the counter: evaluation's, and the long form's; the bias step: the long form's
         units |= {(GATHER_MODELS_SOURCE, None), (LOSS_MODELS_SOURCE, None)}
@@ -126,6 +135,10 @@ class ModelsStep(ChainStep):
                                        scale, scratch=m.xent_sums, ticket=m.xent_tickets))
         for i in range(top - 1, -1, -1):  # every layer with a forward GEMM (all but the head where it has its own)
             lay, x, dy = m.layers[i], m.acts[i], m.grads[i + 1]
+            if i == 0 and self.stream_first:
+                out.append(km.update_stream(k, n, self.bwd[0], x, dy, lay.wlo, lay.w16, lay.mw, lay.vw, m.optim,
+                                            lay.b, lay.mb, lay.vb, m.sm_count))
+                continue
             if self.bwd[i] is not None:
                 out.append(km.dx_update(k, n, self.bwd[i], x, dy, lay.wlo, lay.w16, lay.mw, lay.vw,
                                         m.grads[i] if i else None, m.optim, lay.b, lay.mb, lay.vb, slope=m.slopes[i]))
