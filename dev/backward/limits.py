@@ -44,10 +44,10 @@ TILED = 32
 # bit -> the pieces of cu/dx_update.cu it changes (variants.patch: each must occur there exactly once)
 EDITS = {
     1: [("        if (do_dx) {\n", "        if (false) {  // taken out: dx\n")],
-    2: [("if (SW && do_update) {", "if (false) {  // taken out: G"),
+    2: [("if (SW && do_update) issue_gradient_wgmma", "if (false) issue_gradient_wgmma"),  # taken out: G
         ("        if (SW) {\n            wg_wait<0>();", "        if (false) {\n            wg_wait<0>();"),
-        ("the batch in k16 steps\n#pragma unroll 4\n        for (int kk = 0; kk < (SW ? 0 : BB / 16); ++kk)",
-         "the batch in k16 steps\n#pragma unroll 4\n        for (int kk = 0; kk < 0; ++kk)")],
+        ("kept here: as a call it changes this kernel's b32 build)\n#pragma unroll 4\n        for (int kk = 0; kk < (SW ? 0 : BB / 16); ++kk)",
+         "kept here: as a call it changes this kernel's b32 build)\n#pragma unroll 4\n        for (int kk = 0; kk < 0; ++kk)")],
     4: [("for (int f = 0; f < GF; ++f)\n#pragma unroll\n        for (int h = 0; h < 2; ++h) {",
          "for (int f = 0; f < 0; ++f)\n#pragma unroll\n        for (int h = 0; h < 2; ++h) {")],
     8: [("i < BM * BN / 8; i += THREADS)", "i < 0; i += THREADS)"),

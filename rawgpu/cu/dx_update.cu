@@ -82,6 +82,72 @@ struct Tile {
 };
 }  // namespace dxu
 
+// A chunk's bias column sums, exact (fixed-point integers: any grouping the same sum): column tid % BN over every
+// (THREADS / BN)-th batch row of dy's chunk y, into sBias[tid].
+template <int THREADS, int LDY, bool SW>
+RG_DEVICE void bias_partials(i64* sBias, const half_t* y, int B, int tid) {
+    using namespace dxu;
+    const int col = tid % BN;
+    i64 sum = 0;
+    for (int r = tid / BN; r < B; r += THREADS / BN) sum += f16_fixed24(y[tile_index<half_t, LDY, SW>(r, col)]);
+    sBias[tid] = sum;
+}
+
+// Once every partial is in: bias column n + tid (tid < BN, below the chunk's end) steps (optim_update) with its sum.
+template <int THREADS>
+RG_DEVICE void bias_step(const i64* sBias, float* bias, float* mb, float* vb, int n, const Optim& o, int tid) {
+    using namespace dxu;
+    i64 sum = 0;
+#pragma unroll
+    for (int p = 0; p < THREADS / BN; ++p) sum += sBias[p * BN + tid];
+    const int col = n + tid;
+    float mc = mb != nullptr ? mb[col] : 0.f, vc = vb != nullptr ? vb[col] : 0.f;
+    bias[col] = optim_update(bias[col], (float)((double)sum * (1.0 / 16777216.0)), mc, vc, o);
+    if (mb != nullptr) mb[col] = mc;
+    if (vb != nullptr) vb[col] = vc;
+}
+
+#if DXU_WGMMA
+// G = x^T @ dy for a chunk on warpgroup MMA (x^T: M-contiguous, dy: N-contiguous, both 128-byte swizzled; 16 batch
+// rows a step), issued: warpgroup wn's GN columns. The caller waits for it (wg_wait) where it needs G.
+template <int BB, int GN, int GF>
+RG_DEVICE void issue_gradient_wgmma(float (&gacc)[GF][4], const half_t* sX, const half_t* y, int wn) {
+    wg_fence();
+    const u32 xa = shared_address(sX), ya = shared_address(y) + 2 * GN * wn;
+#pragma unroll
+    for (int kk = 0; kk < BB / 16; ++kk) {
+        const u64 da = smem_desc(xa + kk * 2048, 8192, 1024), db = smem_desc(ya + kk * 2048, 8192, 1024);
+        if constexpr (GN == 16)
+            wgmma_n16<1, 1>(reinterpret_cast<float(&)[8]>(gacc), da, db);
+        else
+            wgmma_n32<1, 1>(reinterpret_cast<float(&)[16]>(gacc), da, db);
+    }
+    wg_commit();
+}
+#endif
+
+// G = x^T @ dy for warp (wm, wn)'s 16 GMT x 16 of a chunk on mma.sync, the batch in k16 steps (x: rows of LDX
+// halves, dy: rows of LDY; r8, q1, q2: the lane's ldmatrix row and quarter, as the callers name them).
+template <int BB, int GMT, int LDX, int LDY>
+RG_DEVICE void gradient_mma(float (&gacc)[2 * GMT][4], const half_t* sX, const half_t* y, int wm, int wn, int r8,
+                            int q1, int q2) {
+    constexpr int GR = 16 * GMT;
+#pragma unroll 4
+    for (int kk = 0; kk < BB / 16; ++kk) {
+        u32 fx[GMT][4], r[4];
+#pragma unroll
+        for (int mt = 0; mt < GMT; ++mt)
+            ldmatrix_x4_trans(fx[mt], shared_address(sX + (16 * kk + r8 + 8 * q2) * LDX + GR * wm + 16 * mt + 8 * q1));
+        ldmatrix_x4_trans(r, shared_address(y + (16 * kk + r8 + 8 * q1) * LDY + 16 * wn + 8 * q2));
+        const u32 fb0[2] = {r[0], r[1]}, fb1[2] = {r[2], r[3]};
+#pragma unroll
+        for (int mt = 0; mt < GMT; ++mt) {
+            mma_m16n8k16_f32(gacc[2 * mt], fx[mt], fb0);
+            mma_m16n8k16_f32(gacc[2 * mt + 1], fx[mt], fb1);
+        }
+    }
+}
+
 // The optimiser's step on a chunk's weights in shared memory: each of this warp's G fragments (fragment f at rows
 // g_row(f) + g + 8 h, columns g_col(f) + 2 t) joins the master's halves (w, wl), steps with the state (ms, vs) and
 // splits back in place. dx_update_body's and update_stream_body's.
@@ -271,30 +337,12 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
 #else
         const bool bias_here = do_update && bias != nullptr && c % (int)gridDim.x == (int)blockIdx.x;  // uniform
 #endif
-        if (bias_here) {  // column tid % BN, every BIAS_PARTS-th row: exact integers, any grouping the same sum
-            const int col = tid % BN;
-            i64 sum = 0;
-            for (int r = tid / BN; r < B; r += BIAS_PARTS) sum += f16_fixed24(y[at_y(r, col)]);
-            sBias[tid] = sum;
-        }
+        if (bias_here) bias_partials<THREADS, LDY, SW>(sBias, y, B, tid);
         float gacc[GF][4];  // G for this warp's fragments
         zero_fragments(gacc);
 #if DXU_WGMMA
-        // G = x^T @ dy on warpgroup MMA (x^T: M-contiguous, dy: N-contiguous; 16 batch rows a step), issued now, in
-        // the background of dx's products, and waited for after them
-        if (SW && do_update) {  // uniform in the block
-            wg_fence();
-            const u32 xa = shared_address(sX), ya = shared_address(y) + 2 * GN * wn;
-#pragma unroll
-            for (int kk = 0; kk < BB / 16; ++kk) {
-                const u64 da = smem_desc(xa + kk * 2048, 8192, 1024), db = smem_desc(ya + kk * 2048, 8192, 1024);
-                if constexpr (GN == 16)
-                    wgmma_n16<1, 1>(reinterpret_cast<float(&)[8]>(gacc), da, db);
-                else
-                    wgmma_n32<1, 1>(reinterpret_cast<float(&)[16]>(gacc), da, db);
-            }
-            wg_commit();
-        }
+        // G on warpgroup MMA, issued now, in the background of dx's products, and waited for after them
+        if (SW && do_update) issue_gradient_wgmma<BB, GN>(gacc, sX, y, wn);  // uniform in the block
 #endif
 
         // dx += dy[:, chunk] @ W[rows, chunk]^T with the old weights (before this chunk's update)
@@ -322,7 +370,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
             wg_hold(reinterpret_cast<float(&)[GF * 4]>(gacc));
         }
 #endif
-        // G = x^T @ dy for this warp's GR x 16 of the chunk, the batch in k16 steps
+        // G = x^T @ dy on mma.sync (gradient_mma's loop, kept here: as a call it changes this kernel's b32 build)
 #pragma unroll 4
         for (int kk = 0; kk < (SW ? 0 : BB / 16); ++kk) {
             u32 fx[GMT][4], r[4];
@@ -339,16 +387,7 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         }
         __syncthreads();  // every warp has read the old weights; the bias partials are in
         // mark 5 if c == 0: chunk 0: G
-        if (bias_here && tid < BN && n + tid < n_end) {
-            i64 sum = 0;
-#pragma unroll
-            for (int p = 0; p < BIAS_PARTS; ++p) sum += sBias[p * BN + tid];
-            const int col = n + tid;
-            float mc = mb != nullptr ? mb[col] : 0.f, vc = vb != nullptr ? vb[col] : 0.f;
-            bias[col] = optim_update(bias[col], (float)((double)sum * (1.0 / 16777216.0)), mc, vc, o);
-            if (mb != nullptr) mb[col] = mc;
-            if (vb != nullptr) vb[col] = vc;
-        }
+        if (bias_here && tid < BN && n + tid < n_end) bias_step<THREADS>(sBias, bias, mb, vb, n, o, tid);
         update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);
         apart_wait(&apart_held, c);  // the old weights of chunk c are no longer read elsewhere
         __syncthreads();
@@ -394,7 +433,7 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
                                   float keep_hi, float keep_lo, float* bias, float* mb, float* vb, int models, i64 zX,
                                   i64 zDy, i64 zW, i64 zBias) {
     using namespace dxu;
-    constexpr int THREADS = 32 * WARPS, BIAS_PARTS = THREADS / BN;
+    constexpr int THREADS = 32 * WARPS;
     using T = Tile<BB, ADAM, THREADS, SW>;
     constexpr int LDX = T::LDX, LDY = T::LDY, SLOT = T::STAGE_BYTES + T::X_BYTES;  // a stage and an x slot
     static_assert(STAGES * SLOT + T::BIAS_BYTES + T::ALIGN == SMEM, "rawgpu/contract/dx_update.py's streamed layout");
@@ -410,7 +449,6 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
     auto sY = [&](int s) { return reinterpret_cast<half_t*>(stage(s) + 2 * T::W_BYTES + T::STATES * T::S_BYTES); };
     auto sX = [&](int slot) { return reinterpret_cast<half_t*>(stage(slot) + T::STAGE_BYTES); };
     i64* sBias = reinterpret_cast<i64*>(tiles + STAGES * SLOT);
-    auto at_y = [](int r, int col) { return tile_index<half_t, LDY, SW>(r, col); };
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int g = lane / 4, t = lane % 4, r8 = lane % 8, q1 = (lane / 8) % 2, q2 = lane / 16;
@@ -484,56 +522,22 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
         const half_t* y = sY(c % STAGES);
         const half_t* sx = sX(k.slot);
         const bool bias_here = bias != nullptr && k.n / BN % bands == k.band;  // uniform
-        if (bias_here) {
-            const int col = tid % BN;
-            i64 sum = 0;
-            for (int r = tid / BN; r < B; r += BIAS_PARTS) sum += f16_fixed24(y[at_y(r, col)]);
-            sBias[tid] = sum;
-        }
+        if (bias_here) bias_partials<THREADS, LDY, SW>(sBias, y, B, tid);
         float gacc[GF][4];
         zero_fragments(gacc);
 #if DXU_WGMMA
         if (SW) {
-            wg_fence();
-            const u32 xa = shared_address(sx), ya = shared_address(y) + 2 * GN * wn;
-#pragma unroll
-            for (int kk = 0; kk < BB / 16; ++kk) {
-                const u64 da = smem_desc(xa + kk * 2048, 8192, 1024), db = smem_desc(ya + kk * 2048, 8192, 1024);
-                if constexpr (GN == 16)
-                    wgmma_n16<1, 1>(reinterpret_cast<float(&)[8]>(gacc), da, db);
-                else
-                    wgmma_n32<1, 1>(reinterpret_cast<float(&)[16]>(gacc), da, db);
-            }
-            wg_commit();
+            issue_gradient_wgmma<BB, GN>(gacc, sx, y, wn);
             wg_wait<0>();
             wg_hold(reinterpret_cast<float(&)[GF * 4]>(gacc));
         }
 #endif
-#pragma unroll 4
-        for (int kk = 0; kk < (SW ? 0 : BB / 16); ++kk) {
-            u32 fx[GMT][4], r[4];
-#pragma unroll
-            for (int mt = 0; mt < GMT; ++mt)
-                ldmatrix_x4_trans(fx[mt], shared_address(sx + (16 * kk + r8 + 8 * q2) * LDX + GR * wm + 16 * mt + 8 * q1));
-            ldmatrix_x4_trans(r, shared_address(y + (16 * kk + r8 + 8 * q1) * LDY + 16 * wn + 8 * q2));
-            const u32 fb0[2] = {r[0], r[1]}, fb1[2] = {r[2], r[3]};
-#pragma unroll
-            for (int mt = 0; mt < GMT; ++mt) {
-                mma_m16n8k16_f32(gacc[2 * mt], fx[mt], fb0);
-                mma_m16n8k16_f32(gacc[2 * mt + 1], fx[mt], fb1);
-            }
-        }
-        if (bias_here) __syncthreads();  // the bias partials are in (nothing else here reads another thread's work)
-        const i64 zb = k.model * zBias;
-        if (bias_here && tid < BN && k.n + tid < N) {
-            i64 sum = 0;
-#pragma unroll
-            for (int p = 0; p < BIAS_PARTS; ++p) sum += sBias[p * BN + tid];
-            const int col = k.n + tid;
-            float mc = mb != nullptr ? mb[zb + col] : 0.f, vc = vb != nullptr ? vb[zb + col] : 0.f;
-            bias[zb + col] = optim_update(bias[zb + col], (float)((double)sum * (1.0 / 16777216.0)), mc, vc, o);
-            if (mb != nullptr) mb[zb + col] = mc;
-            if (vb != nullptr) vb[zb + col] = vc;
+        if constexpr (!SW) gradient_mma<BB, GMT, LDX, LDY>(gacc, sx, y, wm, wn, r8, q1, q2);
+        if (bias_here) {
+            __syncthreads();  // the bias partials are in (nothing else here reads another thread's work)
+            const i64 zb = k.model * zBias;
+            if (tid < BN && k.n + tid < N)
+                bias_step<THREADS>(sBias, bias + zb, mb ? mb + zb : mb, vb ? vb + zb : vb, k.n, o, tid);
         }
         update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);
         __syncthreads();
