@@ -168,3 +168,25 @@ def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
         assert stop.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert message in err[-1] and "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 31])
+def test_stream_limits_experiment_builds_and_refuses_bad_arguments_in_one_line(mask, capsys):
+    """dev/sweep/stream_limits.py: the models step's streamed update with each part taken out still compiles for
+    sm_90, without spills; unpaired --models and --hidden are one line, exit 2, before any GPU work."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stream_limits", ROOT / "dev" / "sweep" / "stream_limits.py")
+    limits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(limits)
+    kernel = contract.dxu_stream_kernel_name(128, "sgd")
+    built = variants.build(contract.DX_UPDATE_MODELS_SOURCE, limits.ablated(mask), "sm_90", kernel=kernel)
+    assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
+    if mask == 31:
+        for args, message in ((["--models", "32", "--hidden", "256", "128"], "--models and --hidden pair up"),
+                              (["--masks", "32"], "--masks are bit sets")):
+            with pytest.raises(SystemExit) as stop:
+                limits.main(args)
+            assert stop.value.code == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert message in err[-1] and "Traceback" not in "\n".join(err)

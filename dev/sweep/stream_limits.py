@@ -1,0 +1,161 @@
+"""What limits the models step's streamed first-layer update (cu/dx_update.cu's update_stream_body): the kernel timed
+over N models' 784 x H first layer with parts of its chunk loop taken out, each a variant built here
+(dev/variants.py; its results are then wrong):
+
+    1 the gradient (G = x^T @ dy)   2 the optimiser's arithmetic   4 the write-back   8 the weights' and state's loads
+    16 the barrier before the write-back
+
+    PYTHONPATH=.:scripts:dev python dev/sweep/stream_limits.py [--models 32 128 8] [--hidden 256 128 1024]
+                                                             [--optimizer sgd adam] [--masks 0 1 2 3 4 16 19 12]
+
+Each line: us per launch, and the % of copy bandwidth the whole kernel's bytes (16 a weight with momentum, 24 with
+Adam) would reach in that time. On an H200 (docs/perf.md) the whole kernel moves a chunk in 3.9 us against the 2.1
+its share of DRAM takes: if taking the arithmetic, the gradient or the barrier out (1, 2, 16, 19) brings it near
+the copy rate, the chunk's chain is the limit; if the loads and the write-back alone (19) stay well below it, the
+bytes in flight per SM are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+import variants  # dev/variants.py: run with PYTHONPATH=.:scripts:dev
+from benchmarks.timing import copy_bandwidth, time_graph
+from rawgpu.cli.common import count
+from rawgpu.contract import DX_UPDATE_MODELS_SOURCE, OPTIM_WORDS
+from rawgpu.kernels import Kernels
+from rawgpu.kernels import dx_update as U
+from rawgpu.kernels import model_axis as km
+from rawgpu.model import master, optimizer
+from rawgpu.model.recipe import Recipe
+from rawgpu.runtime.errors import run_cli
+from rawgpu.runtime.memory import Arena
+
+INPUTS = 784  # the models step's first layer: MNIST's pixels
+PARTS = {1: "gradient", 2: "update", 4: "write-back", 8: "weight loads", 16: "write-back barrier"}
+# bit -> the pieces of update_stream_body it changes (variants.patch: each must occur in cu/dx_update.cu once)
+EDITS = {
+    1: [("            issue_gradient_wgmma<BB, GN>(gacc, sx, y, wn);\n", ""),
+        ("if constexpr (!SW) gradient_mma<BB, GMT, LDX, LDY>(gacc, sx, y, wm, wn, r8, q1, q2);", "")],
+    2: [("        update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);\n        __syncthreads();\n"
+         "        const i64 z = k.model * zW;", "        __syncthreads();\n        const i64 z = k.model * zW;")],
+    4: [("        store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16 + z,",
+         "        if (false) store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16 + z,")],
+    8: [("    auto load_weights = [&](int s, const Chunk& k) {\n",
+         "    auto load_weights = [&](int s, const Chunk& k) {\n        return;  // taken out\n")],
+    16: [("        __syncthreads();\n        const i64 z = k.model * zW;", "        const i64 z = k.model * zW;")],
+}
+
+
+def ablated(mask: int) -> str:
+    """dx_update_models.cu's text (the model axis over dx_update.cu) with the parts of `mask` taken out."""
+    text = variants.source_text(U.SOURCE)
+    for bit, edits in EDITS.items():
+        if mask & bit:
+            text = variants.patch(text, edits, U.SOURCE)
+    return "#define DXU_MODELS 1\n" + text
+
+
+class AblatedKernels(Kernels):
+    """The package's kernels, with the streamed update's parts of `mask` taken out (built apart, never cached)."""
+
+    def __init__(self, arch: str, mask: int):
+        super().__init__(arch)
+        self.mask = mask
+
+    def _build(self, unit):
+        if unit[0] != DX_UPDATE_MODELS_SOURCE or self.mask == 0:
+            return super()._build(unit)
+        return variants.build(unit[0], ablated(self.mask), self.arch, kernel=unit[1])
+
+
+def describe(mask: int) -> str:
+    parts = [name for bit, name in PARTS.items() if mask & bit]
+    return "no " + ", ".join(parts) if parts else "whole"
+
+
+def time_masks(device, stream, rng, n: int, h: int, opt: str, masks, batch: int, launches: int, trials: int):
+    """(mask, us per launch) of the streamed update of n models' INPUTS x h layer, one block an SM."""
+    recipe = Recipe(optimizer="adam") if opt == "adam" else Recipe(momentum=0.9)
+    plan = U.plan_dx_update(batch, INPUTS, h, recipe.optimizer, device.arch, splits=1, cluster=False, dx=False,
+                            roles=1)
+    out = []
+    with Arena() as arena:
+        x = arena.tensor("x", (n * batch, INPUTS), np.float16)
+        dy = arena.tensor("dy", (n * batch, h), np.float16)
+        w16, wlo = arena.tensor("w16", (n * INPUTS, h), np.float16), arena.tensor("wlo", (n * INPUTS, h), np.int16)
+        states = [arena.tensor(f"s{i}", (n * INPUTS, h), np.float32) for i in range(recipe._state_tensors)]
+        bias = arena.tensor("b", (n * h,), np.float32)
+        bstates = [arena.tensor(f"sb{i}", (n * h,), np.float32) for i in range(recipe._state_tensors)]
+        optim = arena.tensor("optim", (n, OPTIM_WORDS), np.float32)
+        arena.allocate()
+        arena.zero()
+        x.upload((rng.standard_normal((n * batch, INPUTS)) * 0.5).astype(np.float16))
+        dy.upload((rng.standard_normal((n * batch, h)) * 0.5).astype(np.float16))
+        hi, lo = master.split((rng.standard_normal((n * INPUTS, h)) * 0.05).astype(np.float32))
+        w16.upload(hi)
+        wlo.upload(lo)
+        words = optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe), 3, 1e-6))
+        optim.upload(np.tile(words, (n, 1)))
+        mw, vw = (states + [None, None])[:2]
+        mb, vb = (bstates + [None, None])[:2]
+        for mask in masks:
+            kernels = AblatedKernels(device.arch, mask)
+            launch = km.update_stream(kernels, n, plan, x, dy, wlo, w16, mw, vw, optim, bias, mb, vb,
+                                      device.sm_count)
+            out.append((mask, time_graph(stream, lambda: [launch.run(stream) for _ in range(launches)], launches,
+                                         trials)))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=count(1), nargs="+", default=[32, 128, 8])
+    p.add_argument("--hidden", type=count(8), nargs="+", default=[256, 128, 1024],
+                   help="the layer's width, one per --models (zipped: 32 x 256, 128 x 128, 8 x 1024)")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), nargs="+", default=["sgd"])
+    p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 16, 19, 12],
+                   help="bit sets of the parts taken out, 0..31 (0: the whole kernel)")
+    p.add_argument("--batch", type=count(1), default=128)
+    p.add_argument("--launches", type=count(1), default=10)
+    p.add_argument("--trials", type=count(1), default=15)
+    args = p.parse_args(argv)
+    if len(args.models) != len(args.hidden):
+        p.error("--models and --hidden pair up: give as many of each")
+    if any(h % 8 for h in args.hidden):
+        p.error("--hidden must be multiples of 8 (the copy engine's rows)")
+    if any(not 0 <= m < 32 for m in args.masks):
+        p.error("--masks are bit sets of 1, 2, 4, 8 and 16 (0..31)")
+    if args.batch > U.MAX_BATCH:
+        p.error(f"--batch must be <= {U.MAX_BATCH} (the one-pass backward's largest batch tile)")
+    return run_cli(lambda: run(args), "stream_limits")
+
+
+def run(args) -> int:
+    from rawgpu.runtime.driver import Device, Stream
+
+    device, stream = Device(0), Stream()
+    bw = copy_bandwidth(stream)
+    print(f"# {device.name}; copy {bw:.0f} GB/s; batch {args.batch}; one block an SM; us per launch "
+          "(% of copy at the whole kernel's bytes)")
+    for opt in args.optimizer:
+        per_weight = {"sgd": 16, "adam": 24}[opt]
+        for n, h in zip(args.models, args.hidden):
+            plan = U.plan_dx_update(args.batch, INPUTS, h, opt, device.arch, splits=1, cluster=False, dx=False,
+                                    roles=1)
+            if not km.streams_update(device.arch, plan):
+                print(f"stream_limits: {device.arch} builds no streamed update for this tile", file=sys.stderr)
+                return 1
+            for mask, us in time_masks(device, stream, np.random.default_rng(0), n, h, opt, args.masks, args.batch,
+                                       args.launches, args.trials):
+                pct = 100 * per_weight * n * INPUTS * h / (us * 1e3) / bw
+                print(f"{opt:>4} {n:>4} x {INPUTS} x {h:<5} mask {mask:>2} {describe(mask):<52} {us:8.2f} us "
+                      f"({pct:3.0f}%)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
