@@ -359,8 +359,10 @@ def test_the_stacks_evaluation_is_each_models_own(device, stream, kernels, rng):
 
 
 @gpu
-@pytest.mark.parametrize("n,B,IN,N,opt", [(3, 128, 784, 256, dict(momentum=0.9)), (5, 100, 200, 136, dict(optimizer="adam")),
-                                          (2, 64, 136, 72, dict(momentum=0.0)), (4, 32, 784, 128, dict(optimizer="adamw")),
+@pytest.mark.parametrize("n,B,IN,N,opt", [(3, 128, 784, 256, dict(momentum=0.9)),
+                                          (5, 100, 200, 136, dict(optimizer="adam")),
+                                          (2, 64, 136, 72, dict(momentum=0.0)),
+                                          (4, 32, 784, 128, dict(optimizer="adamw")),
                                           (2, 256, 520, 256, dict(momentum=0.9, nesterov=True))])
 def test_the_streamed_first_layer_update_gives_the_band_kernels_bits(device, stream, kernels, rng, n, B, IN, N, opt):
     """The models step's first layer streamed (model_axis.update_stream: runs of every model's chunks, one block or

@@ -4,9 +4,11 @@ over N models' 784 x H first layer with parts of its chunk loop taken out, each 
 
     1 the gradient (G = x^T @ dy)   2 the optimiser's arithmetic   4 the write-back   8 the weights' and state's loads
     16 the barrier before the write-back
+    32 (a change, not a cut; alone or with 1 or 8) the write-back by the bulk copy engine, a row of each array a copy
+       (cp.async.bulk from shared memory), instead of the block's threads: the same results
 
     PYTHONPATH=.:scripts:dev python dev/sweep/stream_limits.py [--models 32 128 8] [--hidden 256 128 1024]
-                                                             [--optimizer sgd adam] [--masks 0 1 2 3 4 16 19 12]
+                                                             [--optimizer sgd adam] [--masks 0 1 2 3 4 16 19 12 32]
 
 Each line: us per launch, and the % of copy bandwidth the whole kernel's bytes (16 a weight with momentum, 24 with
 Adam) would reach in that time. On an H200 (docs/perf.md) the whole kernel moves a chunk in 3.9 us against the 2.1
@@ -36,6 +38,7 @@ from rawgpu.runtime.memory import Arena
 
 INPUTS = 784  # the models step's first layer: MNIST's pixels
 PARTS = {1: "gradient", 2: "update", 4: "write-back", 8: "weight loads", 16: "write-back barrier"}
+BULK = 32  # the write-back by the bulk copy engine (EDITS[BULK]); it rewrites what 2, 4 and 16 cut
 # bit -> the pieces of update_stream_body it changes (variants.patch: each must occur in cu/dx_update.cu once)
 EDITS = {
     1: [("            issue_gradient_wgmma<BB, GN>(gacc, sx, y, wn);\n", ""),
@@ -47,6 +50,36 @@ EDITS = {
     8: [("    auto load_weights = [&](int s, const Chunk& k) {\n",
          "    auto load_weights = [&](int s, const Chunk& k) {\n        return;  // taken out\n")],
     16: [("        __syncthreads();\n        const i64 z = k.model * zW;", "        const i64 z = k.model * zW;")],
+    BULK: [("    for (int c = 0; c < count; ++c) {\n        cp_async_wait<STAGES - 2>();\n",
+            "    for (int c = 0; c < count; ++c) {\n"
+            "        if (tid < BM) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");  // c - 1 read\n"
+            "        cp_async_wait<STAGES - 2>();\n"),
+           ("        update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);\n        __syncthreads();\n"
+            "        const i64 z = k.model * zW;\n"
+            "        store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16 + z, wlo + z, mw ? mw + z : mw, vw ? vw + z : vw, "
+            "ldw,\n"
+            "                                   k.band * BM, k.n, IN, N, tid, hi_policy, lo_policy);\n    }\n"
+            "    cp_async_wait<0>();\n}",
+            "        update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);\n"
+            "        fence_proxy_async();  // the update's writes, before the copy engine reads them\n"
+            "        __syncthreads();\n"
+            "        const i64 z = k.model * zW;\n"
+            "        if (tid < BM && k.band * BM + tid < IN) {  // row tid of the chunk, by the bulk copy engine\n"
+            "            const int cols = min(BN, N - k.n);\n"
+            "            const i64 at = z + (i64)(k.band * BM + tid) * ldw + k.n;\n"
+            "            auto put = [&](const void* to, const void* from, int bytes) {\n"
+            "                asm volatile(\"cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\"\n"
+            "                             :: \"l\"(to), \"r\"(shared_address(from)), \"r\"(bytes) : \"memory\");\n"
+            "            };\n"
+            "            put(w16 + at, w + tid * LDW, 2 * cols);\n"
+            "            put(wlo + at, wl + tid * LDW, 2 * cols);\n"
+            "            if (has_m) put(mw + at, ms + tid * LDS, 4 * cols);\n"
+            "            if (ADAM) put(vw + at, vs + tid * LDS, 4 * cols);\n"
+            "            asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");\n"
+            "        }\n    }\n"
+            "    cp_async_wait<0>();\n"
+            "    if (tid < BM) asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");"
+            "  // stored before the end\n}")],
 }
 
 
@@ -74,7 +107,9 @@ class AblatedKernels(Kernels):
 
 def describe(mask: int) -> str:
     parts = [name for bit, name in PARTS.items() if mask & bit]
-    return "no " + ", ".join(parts) if parts else "whole"
+    how = "bulk write-back" if mask & BULK else ""
+    cut = "no " + ", ".join(parts) if parts else ""
+    return ", ".join(filter(None, (how, cut))) or "whole"
 
 
 def time_masks(device, stream, rng, n: int, h: int, opt: str, masks, batch: int, launches: int, trials: int):
@@ -93,22 +128,50 @@ def time_masks(device, stream, rng, n: int, h: int, opt: str, masks, batch: int,
         optim = arena.tensor("optim", (n, OPTIM_WORDS), np.float32)
         arena.allocate()
         arena.zero()
+        bias.upload(rng.standard_normal(n * h).astype(np.float32) * 0.1)
         x.upload((rng.standard_normal((n * batch, INPUTS)) * 0.5).astype(np.float16))
         dy.upload((rng.standard_normal((n * batch, h)) * 0.5).astype(np.float16))
         hi, lo = master.split((rng.standard_normal((n * INPUTS, h)) * 0.05).astype(np.float32))
         w16.upload(hi)
         wlo.upload(lo)
-        words = optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe), 3, 1e-6))
+        words = optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe), 3, 1e-2))
         optim.upload(np.tile(words, (n, 1)))
         mw, vw = (states + [None, None])[:2]
         mb, vb = (bstates + [None, None])[:2]
+        arrays = [w16, wlo, bias, *states, *bstates]
+        def launch_of(mask: int):
+            return km.update_stream(AblatedKernels(device.arch, mask), n, plan, x, dy, wlo, w16, mw, vw, optim, bias,
+                                    mb, vb, device.sm_count)
+
+        bulk_ok = not any(mask & BULK for mask in masks) or check_bulk(stream, arrays, launch_of)
         for mask in masks:
-            kernels = AblatedKernels(device.arch, mask)
-            launch = km.update_stream(kernels, n, plan, x, dy, wlo, w16, mw, vw, optim, bias, mb, vb,
-                                      device.sm_count)
+            if mask & BULK and not bulk_ok:
+                continue
+            launch = launch_of(mask)
             out.append((mask, time_graph(stream, lambda: [launch.run(stream) for _ in range(launches)], launches,
                                          trials)))
     return out
+
+
+def check_bulk(stream, arrays, launch_of) -> bool:
+    """Whether the bulk write-back (mask 32) leaves every array the bytes the product's kernel leaves, from the
+    same start; printed either way."""
+    before = [t.download().copy() for t in arrays]
+    results = []
+    for mask in (0, BULK):
+        for t, v in zip(arrays, before):
+            t.upload(v)
+        launch_of(mask).run(stream)
+        stream.synchronize()
+        results.append([t.download().copy() for t in arrays])
+    for t, v in zip(arrays, before):
+        t.upload(v)
+    diff = [int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))) for a, b in zip(*results)]
+    moved = int(np.count_nonzero(results[0][1] != before[1]))
+    good = not any(diff) and moved > 0
+    print(f"check bulk write-back: differing bytes vs the product's (w16, lo, bias, states) {diff}, {moved} lo "
+          f"changed {'ok' if good else 'FAIL: not timed'}", flush=True)
+    return good
 
 
 def main(argv=None) -> int:
@@ -117,8 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=count(8), nargs="+", default=[256, 128, 1024],
                    help="the layer's width, one per --models (zipped: 32 x 256, 128 x 128, 8 x 1024)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), nargs="+", default=["sgd"])
-    p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 16, 19, 12],
-                   help="bit sets of the parts taken out, 0..31 (0: the whole kernel)")
+    p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 16, 19, 12, 32],
+                   help="bit sets of the parts taken out (1-16) and the bulk write-back (32); 0: the whole kernel")
     p.add_argument("--batch", type=count(1), default=128)
     p.add_argument("--launches", type=count(1), default=10)
     p.add_argument("--trials", type=count(1), default=15)
@@ -127,8 +190,10 @@ def main(argv=None) -> int:
         p.error("--models and --hidden pair up: give as many of each")
     if any(h % 8 for h in args.hidden):
         p.error("--hidden must be multiples of 8 (the copy engine's rows)")
-    if any(not 0 <= m < 32 for m in args.masks):
-        p.error("--masks are bit sets of 1, 2, 4, 8 and 16 (0..31)")
+    if any(not 0 <= m < 64 for m in args.masks):
+        p.error("--masks are bit sets of 1, 2, 4, 8, 16 and 32 (0..63)")
+    if any(m & BULK and m & (2 | 4 | 16) for m in args.masks):
+        p.error("--masks: 32 (the bulk write-back) combines with 1 and 8 only")
     if args.batch > U.MAX_BATCH:
         p.error(f"--batch must be <= {U.MAX_BATCH} (the one-pass backward's largest batch tile)")
     return run_cli(lambda: run(args), "stream_limits")

@@ -466,8 +466,8 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
     };
     auto chunk = [&](int c) {
         const i64 at = g0 + c, band = at / per_band;
-        return Chunk{(int)(band / bands), (int)(band % bands), (int)(at % per_band) * BN, (int)((band - band0) % STAGES),
-                     c == 0 || at % per_band == 0};
+        return Chunk{(int)(band / bands), (int)(band % bands), (int)(at % per_band) * BN,
+                     (int)((band - band0) % STAGES), c == 0 || at % per_band == 0};
     };
     auto load_weights = [&](int s, const Chunk& k) {
         const i64 z = k.model * zW;
