@@ -11,7 +11,8 @@ source (compiler.compile_variant, never cached):
 - patches: `patch` replaces pieces of the text, each of which must occur exactly once, so that a product change
   stops the experiment with a line naming what moved instead of timing something else.
 
-Used by dev/kernel_phases.py, dev/cluster_phases.py, dev/fused_phases.py and dev/backward/limits.py.
+Used by dev/kernel_phases.py, dev/cluster_phases.py, dev/fused_phases.py, dev/backward/limits.py and
+dev/sweep/stream_limits.py (VariantKernels: the product's launchers over a variant's build).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 
 import numpy as np
 
+from rawgpu.kernels import Kernels
 from rawgpu.runtime import compiler
 from rawgpu.runtime.driver import Module, copy_device_to_host, copy_host_to_device
 
@@ -93,9 +95,34 @@ def patch(text: str, edits: list[tuple[str, str]], source: str = "the source") -
     return text
 
 
+def masked(source: str, edits: dict[int, list[tuple[str, str]]], mask: int) -> str:
+    """`source`'s text with the edits of every bit of `mask` applied (patch), in the order `edits` lists the bits:
+    the ablation experiments' parts taken out."""
+    text = source_text(source)
+    for bit, pieces in edits.items():
+        if mask & bit:
+            text = patch(text, pieces, source)
+    return text
+
+
 def build(source: str, text: str, arch: str, options: tuple[str, ...] = (), kernel: str | None = None):
     """The variant's compiled module (compiler.CompiledModule)."""
     return compiler.compile_variant(source, text, arch, options, kernel=kernel)
+
+
+class VariantKernels(Kernels):
+    """The package's kernels for `arch` with `source`'s units built from `text` (a variant: built apart, never
+    cached; None: the package's own build), so that an experiment times the product's launchers over it."""
+
+    def __init__(self, arch: str, source: str, text: str | None):
+        super().__init__(arch)
+        self.variant = (source, text)
+
+    def _build(self, unit):
+        source, text = self.variant
+        if unit[0] != source or text is None:
+            return super()._build(unit)
+        return build(source, text, self.arch, kernel=unit[1])
 
 
 def load(source: str, text: str, arch: str, options: tuple[str, ...] = ()) -> Module:

@@ -33,7 +33,6 @@ from benchmarks.timing import copy_bandwidth, time_graph
 from rawgpu.cli.common import count
 from rawgpu.runtime.compiler import compile_file
 from rawgpu.runtime.errors import run_cli
-from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_update as U
 from rawgpu.runtime.memory import Arena
 import variants  # dev/variants.py: run with PYTHONPATH=.:scripts:dev
@@ -75,25 +74,12 @@ EDITS = {
 
 def ablated(mask: int) -> str:
     """cu/dx_update.cu with the parts of `mask` taken out."""
-    text = variants.source_text(U.SOURCE)
-    for bit, edits in EDITS.items():
-        if mask & bit:
-            text = variants.patch(text, edits, U.SOURCE)
-    return text
+    return variants.masked(U.SOURCE, EDITS, mask)
 
 
-class AblatedKernels(Kernels):
-    """The package's kernels, with dx_update.cu's parts of `mask` taken out (built apart, never cached: the
-    package's own builds stay as they are)."""
-
-    def __init__(self, arch: str, mask: int):
-        super().__init__(arch)
-        self.mask = mask
-
-    def _build(self, unit):
-        if unit[0] != U.SOURCE or self.mask == 0:
-            return super()._build(unit)
-        return variants.build(unit[0], ablated(self.mask), self.arch, kernel=unit[1])
+def ablated_kernels(arch: str, mask: int):
+    """The package's kernels with dx_update.cu's parts of `mask` taken out (the package's own builds untouched)."""
+    return variants.VariantKernels(arch, U.SOURCE, ablated(mask) if mask else None)
 
 
 def time_stream(device, stream, opt: str, h: int, launches: int, trials: int) -> list[tuple[int, float]]:
@@ -163,7 +149,7 @@ def run(args) -> int:
                     print(f"{opt:>4} {h:>5} x {h:<5} plain stream, {unroll} pieces in flight per thread "
                           f"{us:8.2f} us ({pct:3.0f}%)", flush=True)
             for mask in args.masks:
-                us, splits = bench_dx_update(device, stream, AblatedKernels(device.arch, mask), rng, args.batch, h, h,
+                us, splits = bench_dx_update(device, stream, ablated_kernels(device.arch, mask), rng, args.batch, h, h,
                                              opt, True, None, args.launches, args.trials)
                 pct = 100 * per_weight * h * h / (us * 1e3) / bw
                 stages = contract.dxu_stages(U.batch_tile(args.batch), opt, device.arch)

@@ -28,7 +28,6 @@ import variants  # dev/variants.py: run with PYTHONPATH=.:scripts:dev
 from benchmarks.timing import copy_bandwidth, time_graph
 from rawgpu.cli.common import count
 from rawgpu.contract import DX_UPDATE_MODELS_SOURCE, OPTIM_WORDS
-from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_update as U
 from rawgpu.kernels import model_axis as km
 from rawgpu.model import master, optimizer
@@ -85,24 +84,12 @@ EDITS = {
 
 def ablated(mask: int) -> str:
     """dx_update_models.cu's text (the model axis over dx_update.cu) with the parts of `mask` taken out."""
-    text = variants.source_text(U.SOURCE)
-    for bit, edits in EDITS.items():
-        if mask & bit:
-            text = variants.patch(text, edits, U.SOURCE)
-    return "#define DXU_MODELS 1\n" + text
+    return "#define DXU_MODELS 1\n" + variants.masked(U.SOURCE, EDITS, mask)
 
 
-class AblatedKernels(Kernels):
-    """The package's kernels, with the streamed update's parts of `mask` taken out (built apart, never cached)."""
-
-    def __init__(self, arch: str, mask: int):
-        super().__init__(arch)
-        self.mask = mask
-
-    def _build(self, unit):
-        if unit[0] != DX_UPDATE_MODELS_SOURCE or self.mask == 0:
-            return super()._build(unit)
-        return variants.build(unit[0], ablated(self.mask), self.arch, kernel=unit[1])
+def ablated_kernels(arch: str, mask: int):
+    """The package's kernels with the streamed update's parts of `mask` taken out (its own builds untouched)."""
+    return variants.VariantKernels(arch, DX_UPDATE_MODELS_SOURCE, ablated(mask) if mask else None)
 
 
 def describe(mask: int) -> str:
@@ -140,7 +127,7 @@ def time_masks(device, stream, rng, n: int, h: int, opt: str, masks, batch: int,
         mb, vb = (bstates + [None, None])[:2]
         arrays = [w16, wlo, bias, *states, *bstates]
         def launch_of(mask: int):
-            return km.update_stream(AblatedKernels(device.arch, mask), n, plan, x, dy, wlo, w16, mw, vw, optim, bias,
+            return km.update_stream(ablated_kernels(device.arch, mask), n, plan, x, dy, wlo, w16, mw, vw, optim, bias,
                                     mb, vb, device.sm_count)
 
         bulk_ok = not any(mask & BULK for mask in masks) or check_bulk(stream, arrays, launch_of)
