@@ -87,6 +87,37 @@ def test_every_launch_of_the_models_step_binds_on_the_cpu(arch, batch, monkeypat
     assert names[0] == "gather_batch" and len(names) == stack.step.kernel_count(), names
 
 
+def test_the_first_layer_streams_on_sm_90_and_its_launcher_refuses_what_it_cannot_run(monkeypatch):
+    """sm_90's short form streams the first layer's update (update_stream_*, about one block an SM); the launcher
+    refuses column ranges, two roles, a tile without a streamed instance and no blocks, each in one line."""
+    from test_steps import _BindingKernels
+    from rawgpu.kernels import model_axis as km
+
+    monkeypatch.setattr("rawgpu.runtime.driver.tensor_map_2d", lambda *a: bytes(128))
+    recipes = _recipes(3, hidden=256, layers=2, batch=128, momentum=0.9)
+    stack = steps.plan_model(recipes[0], arch="sm_90", sm_count=132, models=recipes)
+    stack.arena.base, stack.arena._allocated = 1 << 40, True
+    stack.k = _BindingKernels("sm_90")
+    step, lay = stack.step, stack.layers[0]
+    assert step.stream_first and step.bwd[0].splits == 1
+    assert [bound[0] for bound in step._one_step()][-1] == "update_stream_b128_sgd"
+    assert ("dx_update_models.cu", "update_stream_b128_sgd") in step.kernel_units()
+
+    def launch(plan, k=stack.k, blocks=132):
+        return km.update_stream(k, 3, plan, stack.acts[0], stack.grads[1], lay.wlo, lay.w16, lay.mw, lay.vw,
+                                stack.optim, lay.b, lay.mb, lay.vb, blocks)
+    launch(step.bwd[0])
+    for plan, k, blocks, message in ((replace(step.bwd[0], splits=2), stack.k, 132, "one column range"),
+                                     (replace(step.bwd[0], roles=2), stack.k, 132, "one role"),
+                                     (step.bwd[0], _BindingKernels("sm_86"), 132, "no streamed update"),
+                                     (step.bwd[0], stack.k, 0, "at least one block")):
+        with pytest.raises(ValueError, match=message) as err:
+            launch(plan, k, blocks)
+        assert "\n" not in str(err.value)
+    sm86 = steps.plan_model(recipes[0], arch="sm_86", sm_count=84, models=recipes)
+    assert not sm86.step.stream_first
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_86"])
 @pytest.mark.parametrize("table,gather", [(dict(inputs=54, classes=7, input_dtype="fp16", standardize=True),
                                            "gather_table_f16_labels_std"),
