@@ -32,7 +32,8 @@
 // a cluster, and the update waits for the dx block to hold a chunk before overwriting it (one_pass.cuh: apart_*).
 // Instances (rawgpu/contract/dx_update.py: DXU_*): per batch tile BB (32, 64, 128, 256) and optimiser family (SGD's
 // rule, with the momentum mw or without it when mw is null; Adam's, mw and vw both given), each with its pipeline
-// depth and whether G runs on warpgroup MMA (WG).
+// depth and whether G runs on warpgroup MMA (WG). With the model axis (dx_update_models.cu) also update_stream_*:
+// a first layer's update alone over every model of a sweep, streamed (update_stream_body, below).
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
 #include "master.cuh"
