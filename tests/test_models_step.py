@@ -409,7 +409,7 @@ def test_the_streamed_first_layer_update_gives_the_band_kernels_bits(device, str
 
     recipe = Recipe(**opt)
     plan = ku.plan_dx_update(B, IN, N, recipe.optimizer, device.arch, splits=1, cluster=False, dx=False, roles=1)
-    if not km.streams_update(device.arch, plan):
+    if not km.streams_update(device.arch, B, plan.family):
         pytest.skip(f"{device.arch} builds no streamed update for a {plan.rows}-row tile with {plan.family}")
     states = recipe._state_tensors
     with Arena() as arena:

@@ -196,9 +196,7 @@ def run(args) -> int:
     for opt in args.optimizer:
         per_weight = {"sgd": 16, "adam": 24}[opt]
         for n, h in zip(args.models, args.hidden):
-            plan = U.plan_dx_update(args.batch, INPUTS, h, opt, device.arch, splits=1, cluster=False, dx=False,
-                                    roles=1)
-            if not km.streams_update(device.arch, plan):
+            if not km.streams_update(device.arch, args.batch, opt):
                 print(f"stream_limits: {device.arch} builds no streamed update for this tile", file=sys.stderr)
                 return 1
             for mask, us in time_masks(device, stream, np.random.default_rng(0), n, h, opt, args.masks, args.batch,

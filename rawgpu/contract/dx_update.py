@@ -98,11 +98,11 @@ def dx_update_facts(arch: str, kernel: str | None = None):
             f"{dxu_smem_bytes(bb, f, arch)}, {DXU_WARPS[bb]}, {cpp(dxu_wgmma(bb, arch))})"
             for bb in DXU_BATCHES for f in DXU_FAMILIES
             if dxu_stages(bb, f, arch) >= 2 and kernel in (None, dxu_kernel_name(bb, f))]
-    streamed = [f"X({dxu_stream_kernel_name(bb, f)}, {bb}, {cpp(f == 'adam')}, {dxu_stages(bb, f, arch)}, "
+    built = dxu_stream_kernels(arch)
+    streamed = [f"X({name}, {bb}, {cpp(f == 'adam')}, {dxu_stages(bb, f, arch)}, "
                 f"{dxu_stream_smem_bytes(bb, f, arch)}, {DXU_WARPS[bb]}, {cpp(dxu_wgmma(bb, arch))})"
                 for bb in DXU_BATCHES for f in DXU_FAMILIES
-                if dxu_stream_kernel_name(bb, f) in dxu_stream_kernels(arch)
-                and kernel in (None, dxu_stream_kernel_name(bb, f))]
+                if (name := dxu_stream_kernel_name(bb, f)) in built and kernel in (None, name)]
     instances = ("// The kernels of this build: X(name, BB, ADAM, STAGES, SMEM_BYTES, WARPS, WG) each; the streamed\n"
                  "// update's (built with the model axis alone: dx_update_models.cu) likewise.\n"
                  f"#define DXU_FOR_EACH_KERNEL(X) {' '.join(made)}\n"

@@ -72,6 +72,11 @@ class DxUpdatePlan(OnePassPlan):
         return contract.dxu_smem_bytes(self.rows, self.family, self.arch)
 
     @property
+    def stream_kernel(self) -> str:
+        """The streamed update of its tile and family (the models step's first layer: model_axis.update_stream)."""
+        return contract.dxu_stream_kernel_name(self.rows, self.family)
+
+    @property
     def unit(self):
         """The unit of compilation it launches (compiler.unit_of): its instance alone."""
         return unit_of(SOURCE, self.kernel)

@@ -185,10 +185,11 @@ def dx_update(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, 
     return _over_models(k, one, DX_UPDATE_MODELS_SOURCE, 0, n, strides)
 
 
-def streams_update(arch: str, plan: ku.DxUpdatePlan) -> bool:
-    """Whether a layer's update alone (no dx) over models can run streamed on `arch` (update_stream): its batch tile
-    and family have a streamed instance there."""
-    return contract.dxu_stream_kernel_name(plan.rows, plan.family) in contract.dxu_stream_kernels(arch)
+def streams_update(arch: str, batch: int, family: str) -> bool:
+    """Whether a layer's update alone (no dx) over models of `batch` rows with `family`'s update ("sgd", "adam") can
+    run streamed on `arch` (update_stream): its batch tile and family have a streamed instance there."""
+    tile = ku.batch_tile(batch)
+    return tile is not None and contract.dxu_stream_kernel_name(tile, family) in contract.dxu_stream_kernels(arch)
 
 
 def update_stream(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tensor, wlo: Tensor, w16: Tensor,
@@ -200,7 +201,7 @@ def update_stream(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tens
     kernel's plan of one model, in one column range. Operands as dx_update's."""
     if plan.splits != 1 or plan.roles != 1:
         raise ValueError(f"the streamed update takes one column range and one role, not {plan.splits} x {plan.roles}")
-    if not streams_update(k.arch, plan):
+    if not streams_update(k.arch, plan.B, plan.family):
         raise ValueError(f"no streamed update for a {plan.rows}-row tile with {plan.family} on {k.arch}")
     if blocks < 1:
         raise ValueError(f"the streamed update needs at least one block, not {blocks}")
@@ -210,7 +211,7 @@ def update_stream(k: Kernels, n: int, plan: ku.DxUpdatePlan, x: Tensor, dy: Tens
                        part(optim).view((OPTIM_WORDS,)), bias=part(bias), mb=part(mb), vb=part(vb))
     strides = (_models(x, n, "x"), _models(dy, n, "dy"), _models(wlo, n, "W lo"), 0, _models(bias, n, "bias"))
     chunks = n * plan.bands * -(-plan.N // ku.BN)
-    kernel = k.get(DX_UPDATE_MODELS_SOURCE, contract.dxu_stream_kernel_name(plan.rows, plan.family))
+    kernel = k.get(DX_UPDATE_MODELS_SOURCE, plan.stream_kernel)
     return kernel.bind((min(blocks, chunks), 1, 1), one.block,
                        contract.dxu_stream_smem_bytes(plan.rows, plan.family, k.arch), *one.args, *strides, n)
 

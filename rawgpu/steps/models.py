@@ -60,15 +60,14 @@ class ModelsStep(ChainStep):
         self.head = self.plan_head(r) if short else None
         # N models fill the GPU: each model's one pass gets its share of the SMs, and no column ranges whose dx
         # would meet in a workspace (nor would the bits then depend on N); the first layer has no dx to add
+        # the first layer's update streams where its tile has a streamed instance (about one block an SM walks a run
+        # of every model's chunks: one column range), else takes column ranges to its share of the SMs
         share = max(1, stack.sm_count // stack.n)
+        self.stream_first = short and n_layers > 1 and km.streams_update(arch, B, update_family(r.optimizer))
         self.bwd = [ku.plan_dx_update(B, padded[i], padded[i + 1], r.optimizer, arch, share,
-                                      splits=None if i == 0 else 1, cluster=False, dx=i > 0, roles=1)
+                                      splits=None if i == 0 and not self.stream_first else 1, cluster=False,
+                                      dx=i > 0, roles=1)
                     if short and i < n_layers - 1 else None for i in range(n_layers)]
-        # the first layer's update streamed: about one block an SM walks a run of every model's chunks
-        self.stream_first = self.bwd[0] is not None and km.streams_update(arch, self.bwd[0])
-        if self.stream_first:
-            self.bwd[0] = ku.plan_dx_update(B, padded[0], padded[1], r.optimizer, arch, share, splits=1,
-                                            cluster=False, dx=False, roles=1)
         plan = stack.plan_gemm
         n_fwd = n_layers - (self.head is not None)
         self.fwd = [plan(B, padded[i + 1], padded[i], "rr", "bias" if i == n_layers - 1 else "bias_act")
@@ -92,16 +91,13 @@ class ModelsStep(ChainStep):
         return self.fwd + list(self.dx.values()) + list(self.dw.values())
 
     def kernel_units(self) -> set:
-        from .. import contract
         from ..contract import (GATHER_MODELS_SOURCE, DX_UPDATE_MODELS_SOURCE, ELEMENTWISE_MODELS_SOURCE,
                                 GEMM_MODELS_SOURCE, HEAD_MODELS_SOURCE, LOSS_MODELS_SOURCE)
 
         m = self.model
         units = {(GEMM_MODELS_SOURCE, p.kernel) for p in self.plans() + m.eval_fwd + m.tail_fwd}
-        units |= {(DX_UPDATE_MODELS_SOURCE, p.kernel) for p in self.bwd[self.stream_first:] if p is not None}
-        if self.stream_first:
-            first = self.bwd[0]
-            units.add((DX_UPDATE_MODELS_SOURCE, contract.dxu_stream_kernel_name(first.rows, first.family)))
+        units |= {(DX_UPDATE_MODELS_SOURCE, p.stream_kernel if i == 0 and self.stream_first else p.kernel)
+                  for i, p in enumerate(self.bwd) if p is not None}
         units |= {(HEAD_MODELS_SOURCE, self.head.kernel)} if self.head else set()
         # the loss and the counter: evaluation's, and the long form's; the bias step: the long form's
         units |= {(GATHER_MODELS_SOURCE, None), (LOSS_MODELS_SOURCE, None)}
