@@ -457,18 +457,30 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
     const i64 total = (i64)models * bands * per_band;
     const i64 g0 = total * blockIdx.x / gridDim.x, g1 = total * (blockIdx.x + 1) / gridDim.x;
     const int count = (int)(g1 - g0);
-    const i64 band0 = g0 / per_band;
     const bool has_m = ADAM || mw != nullptr;
     const u64 read_policy = l2_policy(keep_read), hi_policy = l2_policy(keep_hi), lo_policy = l2_policy(keep_lo);
     const u64 normal = l2_policy(0.f);
     struct Chunk {
-        int model, band, n, slot;
+        int model, band, n, slot;  // slot: the band's x slot, the next one at each band of the run
         bool first;  // the band's first chunk in this run: it brings the band's x tile
     };
-    auto chunk = [&](int c) {
-        const i64 at = g0 + c, band = at / per_band;
-        return Chunk{(int)(band / bands), (int)(band % bands), (int)(at % per_band) * BN,
-                     (int)((band - band0) % STAGES), c == 0 || at % per_band == 0};
+    // The run's chunks in order, walked by cursors in 32-bit steps (a 64-bit division per field and chunk costs
+    // the block's threads more than the chunk's other bookkeeping).
+    auto run_start = [&]() {
+        const int band = (int)(g0 / per_band);
+        return Chunk{band / bands, band % bands, (int)(g0 % per_band) * BN, 0, true};
+    };
+    auto advance = [&](Chunk& k) {
+        k.first = false;
+        k.n += BN;
+        if (k.n < N) return;
+        k.n = 0;
+        k.first = true;
+        k.slot = k.slot + 1 == STAGES ? 0 : k.slot + 1;
+        if (++k.band == bands) {
+            k.band = 0;
+            ++k.model;
+        }
     };
     auto load_weights = [&](int s, const Chunk& k) {
         const i64 z = k.model * zW;
@@ -484,13 +496,21 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
                                                         normal);
         load_rows<half_t, BB, BN, LDY, THREADS, SW>(sY(s), dy + k.model * zDy, lddy, 0, k.n, B, N, tid, normal);
     };
+    Chunk ahead = run_start(), cur = ahead;  // the next chunk to load, the next to compute
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s)
-        if (s < count) load_weights(s, chunk(s));
+        if (s < count) {
+            load_weights(s, cur);  // cur walks ahead here, then starts over
+            advance(cur);
+        }
+    cur = ahead;
     pdl_enter();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < count) load_inputs(s, chunk(s));
+        if (s < count) {
+            load_inputs(s, ahead);
+            advance(ahead);
+        }
         cp_async_commit();
     }
     // G: as dx_update_body's warp grid
@@ -509,12 +529,13 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
         __syncthreads();  // chunk c has landed for everyone; chunk c - 1's stage is written back
         const int next = c + STAGES - 1;
         if (next < count) {
-            const Chunk k = chunk(next);
-            load_weights(next % STAGES, k);
-            load_inputs(next % STAGES, k);
+            load_weights(next % STAGES, ahead);
+            load_inputs(next % STAGES, ahead);
+            advance(ahead);
         }
         cp_async_commit();
-        const Chunk k = chunk(c);
+        const Chunk k = cur;
+        advance(cur);
         const Optim o = opt[k.model];
         half_t* w = sW(c % STAGES);
         short* wl = sL(c % STAGES);

@@ -143,7 +143,7 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
         // many offsets, not one column of 128-byte pieces a row (16 KB at H = 8192) apart. (x @ W needs no stagger:
         // there the blocks side by side read one whole row of W.) The order is fixed per block: reproducible.
         if (lane == 0) {
-            const u64 policy_b = l2_policy(keep_b);  // how long B (the weight) should stay in L2: kernels/l2.py
+            const L2Hint hint_b = l2_hint(keep_b);  // how long B (the weight) should stay in L2: kernels/l2.py
             const int first = LB == COL && k_tiles > 0 ? (blockIdx.y * 5) % k_tiles : 0;
             auto k_of = [&](int kt) { return k_begin + ((first + kt) % k_tiles) * BK; };
             auto load_b = [&](int kt) {
@@ -152,9 +152,9 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
                 mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);  // A's bytes too: the stage completes with both
                 if (LB == ROW) {
 #pragma unroll
-                    for (int j = 0; j < BN / 64; ++j) tma_load_2d_policy(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s], policy_b);
+                    for (int j = 0; j < BN / 64; ++j) tma_load_2d_hinted(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s], hint_b);
                 } else {
-                    tma_load_2d_policy(b, mapB, k, n0, &full[s], policy_b);
+                    tma_load_2d_hinted(b, mapB, k, n0, &full[s], hint_b);
                 }
             };
             auto load_a = [&](int kt) {

@@ -265,7 +265,7 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
             for (int i = consumer * 128 + t; i < BN; i += 256) bias_tile[i] = n0 + i < p.N ? p.bias[n0 + i] : 0.f;
         if (wg == Cfg::PRODUCER) {
             if (t == 0) {
-                const u64 policy_b = l2_policy(keep_b);  // kernels/l2.py
+                const L2Hint hint_b = l2_hint(keep_b);  // kernels/l2.py
                 for (int kt = 0; kt < k_tiles; ++kt) {
                     const int s = kt % STAGES;
                     if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES - 1) & 1);
@@ -283,17 +283,17 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
                         for (int j = 0; j < BN / 64; ++j)
                             if (j % MC == (int)cluster_rank())
                                 tma_load_2d_multicast(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s],
-                                                      (u16)((1 << MC) - 1), policy_b);
+                                                      (u16)((1 << MC) - 1), hint_b);
                     } else if (LB == ROW) {
 #pragma unroll
                         for (int j = 0; j < BN / 64; ++j)
-                            tma_load_2d_policy(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s], policy_b);
+                            tma_load_2d_hinted(a + Cfg::A_BYTES + j * 8192, mapB, n0 + 64 * j, k, &full[s], hint_b);
                     } else if (MC > 1) {  // BN / MC of B's rows (the map's box), into every CTA of the cluster
                         const int part = (int)cluster_rank() * (BN / MC);
                         tma_load_2d_multicast(a + Cfg::A_BYTES + part * 128, mapB, k, n0 + part, &full[s],
-                                              (u16)((1 << MC) - 1), policy_b);
+                                              (u16)((1 << MC) - 1), hint_b);
                     } else {
-                        tma_load_2d_policy(a + Cfg::A_BYTES, mapB, k, n0, &full[s], policy_b);
+                        tma_load_2d_hinted(a + Cfg::A_BYTES, mapB, k, n0, &full[s], hint_b);
                     }
                 }
             }
@@ -483,7 +483,7 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
             if (tid == 0) {  // the k-tiles of this CTA's tiles, in tile order
                 prefetch_tensor_map(mapA);
                 prefetch_tensor_map(mapB);
-                const u64 policy_b = l2_policy(keep_b);  // kernels/l2.py
+                const L2Hint hint_b = l2_hint(keep_b);  // kernels/l2.py
                 int idx = 0;
                 for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
                     const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
@@ -495,8 +495,8 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
                         mbar_arrive_expect_tx(&full[s], STAGE);
                         tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 m-columns
                         tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);
-                        tma_load_2d_policy(a + A_BYTES, mapB, n0, k, &full[s], policy_b);  // B: two such panels
-                        tma_load_2d_policy(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], policy_b);
+                        tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, &full[s], hint_b);  // B: two such panels
+                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);
                     }
                 }
             } else if (tid == 32) {  // the update's inputs; chunk q of a tile: rows 64 (q / 2) on, columns 64 (q % 2) on

@@ -22,6 +22,14 @@ RG_DEVICE u64 l2_policy(float keep) {
     return policy;
 }
 
+// A planned hint for the copy engine's loads (tma.cuh): keep == 0 goes without one, since an evict-normal hint on
+// every load of a tile's B ran slower than none (docs/perf.md: "L2 hints").
+struct L2Hint {
+    u64 policy;
+    bool on;
+};
+RG_DEVICE L2Hint l2_hint(float keep) { return keep != 0.f ? L2Hint{l2_policy(keep), true} : L2Hint{0, false}; }
+
 // cp.async.cg of 16 bytes (cp_async.cuh) with a cache policy; `valid` false zero-fills and reads nothing.
 RG_DEVICE void cp_async_16_policy(void* smem, const void* gmem, bool valid, u64 policy) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"

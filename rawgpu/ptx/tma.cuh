@@ -10,6 +10,7 @@
 #pragma once
 #include "common.cuh"
 #include "ldmatrix.cuh"
+#include "l2.cuh"
 
 // What cuTensorMapEncodeTiled fills in; passed to kernels by value as a `const __grid_constant__` parameter,
 // so the copy engine reads it from the parameter space.
@@ -68,22 +69,31 @@ RG_DEVICE void tma_load_2d(void* dst, const TensorMap* map, int x, int y, u64* b
 }
 
 // tma_load_2d into the same shared offset of every CTA of the cluster in `mask`, counting the bytes on each one's
-// barrier at `bar`'s offset (sm_90 clusters).
-RG_DEVICE void tma_load_2d_multicast(void* dst, const TensorMap* map, int x, int y, u64* bar, u16 mask, u64 policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;"
-        :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar)),
-           "h"(mask), "l"(policy)
-        : "memory");
+// barrier at `bar`'s offset (sm_90 clusters), with the L2 hint where one is planned (l2.cuh).
+RG_DEVICE void tma_load_2d_multicast(void* dst, const TensorMap* map, int x, int y, u64* bar, u16 mask, L2Hint hint) {
+    if (hint.on)
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+            ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;"
+            :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar)),
+               "h"(mask), "l"(hint.policy)
+            : "memory");
+    else
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+            " [%0], [%1, {%2, %3}], [%4], %5;"
+            :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar)),
+               "h"(mask)
+            : "memory");
 }
 
-// tma_load_2d with an L2 cache policy (l2.cuh).
-RG_DEVICE void tma_load_2d_policy(void* dst, const TensorMap* map, int x, int y, u64* bar, u64 policy) {
+// tma_load_2d with the L2 hint where one is planned (l2.cuh).
+RG_DEVICE void tma_load_2d_hinted(void* dst, const TensorMap* map, int x, int y, u64* bar, L2Hint hint) {
+    if (!hint.on) return tma_load_2d(dst, map, x, y, bar);
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
         " [%0], [%1, {%2, %3}], [%4], %5;"
         :: "r"(shared_address(dst)), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(bar)),
-           "l"(policy)
+           "l"(hint.policy)
         : "memory");
 }
