@@ -3,18 +3,17 @@ over N models' 784 x H first layer with parts of its chunk loop taken out, each 
 (dev/variants.py; its results are then wrong):
 
     1 the gradient (G = x^T @ dy)   2 the optimiser's arithmetic   4 the write-back   8 the weights' and state's loads
-    16 the barrier before the write-back
-    32 (a change, not a cut; alone or with 1 or 8) the write-back by the bulk copy engine, a row of each array a copy
-       (cp.async.bulk from shared memory), instead of the block's threads: the same results
+    16 the barrier before the write-back   64 the bias's sums and step   128 the x and dy tiles' loads
+    32 (a change, not a cut; alone or with 1, 8, 64 or 128) the write-back by the bulk copy engine, a row of each
+       array a copy (cp.async.bulk from shared memory), instead of the block's threads: the same results
 
     PYTHONPATH=.:scripts:dev python dev/sweep/stream_limits.py [--models 32 128 8] [--hidden 256 128 1024]
                                                              [--optimizer sgd adam] [--masks 0 1 2 3 4 16 19 12 32]
 
 Each line: us per launch, and the % of copy bandwidth the whole kernel's bytes (16 a weight with momentum, 24 with
-Adam) would reach in that time. On an H200 (docs/perf.md) the whole kernel moves a chunk in 3.9 us against the 2.1
-its share of DRAM takes: if taking the arithmetic, the gradient or the barrier out (1, 2, 16, 19) brings it near
-the copy rate, the chunk's chain is the limit; if the loads and the write-back alone (19) stay well below it, the
-bytes in flight per SM are.
+Adam) would reach in that time. On an H200 (docs/history.md, 2026-11-29) the write-back by the block's threads is
+the largest part, and with no weight traffic at all (12) a chunk still takes 2.3 us against the 2.0 its share of
+DRAM takes whole: 64 and 128 split that rest between the bias, the x and dy loads and the chain itself.
 """
 
 from __future__ import annotations
@@ -36,7 +35,8 @@ from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
 INPUTS = 784  # the models step's first layer: MNIST's pixels
-PARTS = {1: "gradient", 2: "update", 4: "write-back", 8: "weight loads", 16: "write-back barrier"}
+PARTS = {1: "gradient", 2: "update", 4: "write-back", 8: "weight loads", 16: "write-back barrier", 64: "bias",
+         128: "x and dy loads"}
 BULK = 32  # the write-back by the bulk copy engine (EDITS[BULK]); it rewrites what 2, 4 and 16 cut
 # bit -> the pieces of update_stream_body it changes (variants.patch: each must occur in cu/dx_update.cu once)
 EDITS = {
@@ -49,6 +49,11 @@ EDITS = {
     8: [("    auto load_weights = [&](int s, const Chunk& k) {\n",
          "    auto load_weights = [&](int s, const Chunk& k) {\n        return;  // taken out\n")],
     16: [("        __syncthreads();\n        const i64 z = k.model * zW;", "        const i64 z = k.model * zW;")],
+    64: [("        const bool bias_here = bias != nullptr && k.n / BN % bands == k.band;  // uniform\n",
+          "        const bool bias_here = false;  // taken out\n")],
+    128: [("    auto load_inputs = [&](int s, const Chunk& k) {  // written by the kernels before: after pdl_enter\n",
+           "    auto load_inputs = [&](int s, const Chunk& k) {  // written by the kernels before: after pdl_enter\n"
+           "        return;  // taken out\n")],
     BULK: [("    for (int c = 0; c < count; ++c) {\n        cp_async_wait<STAGES - 2>();\n",
             "    for (int c = 0; c < count; ++c) {\n"
             "        if (tid < BM) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");  // c - 1 read\n"
@@ -168,7 +173,8 @@ def main(argv=None) -> int:
                    help="the layer's width, one per --models (zipped: 32 x 256, 128 x 128, 8 x 1024)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), nargs="+", default=["sgd"])
     p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 16, 19, 12, 32],
-                   help="bit sets of the parts taken out (1-16) and the bulk write-back (32); 0: the whole kernel")
+                   help="bit sets of the parts taken out (1-16, 64, 128) and the bulk write-back (32); 0: the whole "
+                        "kernel")
     p.add_argument("--batch", type=count(1), default=128)
     p.add_argument("--launches", type=count(1), default=10)
     p.add_argument("--trials", type=count(1), default=15)
@@ -177,10 +183,10 @@ def main(argv=None) -> int:
         p.error("--models and --hidden pair up: give as many of each")
     if any(h % 8 for h in args.hidden):
         p.error("--hidden must be multiples of 8 (the copy engine's rows)")
-    if any(not 0 <= m < 64 for m in args.masks):
-        p.error("--masks are bit sets of 1, 2, 4, 8, 16 and 32 (0..63)")
+    if any(not 0 <= m < 256 for m in args.masks):
+        p.error("--masks are bit sets of 1, 2, 4, 8, 16, 32, 64 and 128 (0..255)")
     if any(m & BULK and m & (2 | 4 | 16) for m in args.masks):
-        p.error("--masks: 32 (the bulk write-back) combines with 1 and 8 only")
+        p.error("--masks: 32 (the bulk write-back) combines with 1, 8, 64 and 128 only")
     if args.batch > U.MAX_BATCH:
         p.error(f"--batch must be <= {U.MAX_BATCH} (the one-pass backward's largest batch tile)")
     return run_cli(lambda: run(args), "stream_limits")
