@@ -170,7 +170,7 @@ def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
         assert message in err[-1] and "Traceback" not in "\n".join(err)
 
 
-@pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 31, 32, 41, 64, 128, 223])
+@pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 31, 32, 41, 64, 128, 223, 256, 457])
 def test_stream_limits_experiment_builds_and_refuses_bad_arguments_in_one_line(mask, capsys):
     """dev/sweep/stream_limits.py: the models step's streamed update with each part taken out, or written back by
     the bulk copy engine, still compiles for sm_90, without spills; unpaired --models and --hidden are one line,
@@ -185,7 +185,8 @@ def test_stream_limits_experiment_builds_and_refuses_bad_arguments_in_one_line(m
     assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
     if mask == 31:
         for args, message in ((["--models", "32", "--hidden", "256", "128"], "--models and --hidden pair up"),
-                              (["--masks", "256"], "--masks are bit sets"), (["--masks", "36"], "combines with")):
+                              (["--masks", "512"], "--masks are bit sets"), (["--masks", "36"], "combine with"),
+                              (["--masks", "288"], "combine with")):
             with pytest.raises(SystemExit) as stop:
                 limits.main(args)
             assert stop.value.code == 2

@@ -6,6 +6,8 @@ over N models' 784 x H first layer with parts of its chunk loop taken out, each 
     16 the barrier before the write-back   64 the bias's sums and step   128 the x and dy tiles' loads
     32 (a change, not a cut; alone or with 1, 8, 64 or 128) the write-back by the bulk copy engine, a row of each
        array a copy (cp.async.bulk from shared memory), instead of the block's threads: the same results
+    256 (a change, as 32) each thread's stepped pairs stored from its registers straight to global memory: no
+       round trip through shared memory, no barrier before the write-back; the same results
 
     PYTHONPATH=.:scripts:dev python dev/sweep/stream_limits.py [--models 32 128 8] [--hidden 256 128 1024]
                                                              [--optimizer sgd adam] [--masks 0 1 2 3 4 16 19 12 32]
@@ -38,6 +40,43 @@ INPUTS = 784  # the models step's first layer: MNIST's pixels
 PARTS = {1: "gradient", 2: "update", 4: "write-back", 8: "weight loads", 16: "write-back barrier", 64: "bias",
          128: "x and dy loads"}
 BULK = 32  # the write-back by the bulk copy engine (EDITS[BULK]); it rewrites what 2, 4 and 16 cut
+DIRECT = 256  # the write-back from the update's registers (EDITS[DIRECT]); the same pieces as BULK
+CHANGES = {BULK: "bulk write-back", DIRECT: "write-back from registers"}  # bits that change, not cut: checked first
+# update_chunk's step, each pair stored where it lives in global memory (rows from i0, columns from n; none at or past
+# IN, N) instead of back into the stage
+DIRECT_BODY = """template <bool ADAM, int GF, class Row, class Col>
+RG_DEVICE void update_chunk_direct(const float (&gacc)[GF][4], const half_t* w, const short* wl, const float* ms,
+                                   const float* vs, bool has_m, const Optim& o, Row g_row, Col g_col, int g, int t,
+                                   half_t* w16, short* wlo, float* mw, float* vw, int ldw, int i0, int n, int IN,
+                                   int N) {
+    using namespace dxu;
+#pragma unroll
+    for (int f = 0; f < GF; ++f)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = g_row(f) + g + 8 * h, col = g_col(f) + 2 * t;
+            if (i0 + r >= IN || n + col >= N) continue;
+            u32 hi2 = *reinterpret_cast<const u32*>(w + r * LDW + col);
+            u32 lo2 = *reinterpret_cast<const u32*>(wl + r * LDW + col);
+            float2 wv = master_join2(hi2, lo2);
+            const float2 grad = make_float2(gacc[f][2 * h], gacc[f][2 * h + 1]);
+            const i64 at = (i64)(i0 + r) * ldw + n + col;
+            float2 m = has_m ? *reinterpret_cast<const float2*>(ms + r * LDS + col) : make_float2(0.f, 0.f);
+            if (ADAM) {
+                float2 v = *reinterpret_cast<const float2*>(vs + r * LDS + col);
+                optim_adam2(wv, grad, m, v, o);
+                *reinterpret_cast<float2*>(vw + at) = v;
+            } else {
+                optim_sgd2(wv, grad, m, o);
+            }
+            if (has_m) *reinterpret_cast<float2*>(mw + at) = m;
+            master_split2(wv, hi2, lo2);
+            *reinterpret_cast<u32*>(w16 + at) = hi2;
+            *reinterpret_cast<u32*>(wlo + at) = lo2;
+        }
+}
+
+"""
 # bit -> the pieces of update_stream_body it changes (variants.patch: each must occur in cu/dx_update.cu once)
 EDITS = {
     1: [("            issue_gradient_wgmma<BB, GN>(gacc, sx, y, wn);\n", ""),
@@ -84,6 +123,15 @@ EDITS = {
             "    cp_async_wait<0>();\n"
             "    if (tid < BM) asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");"
             "  // stored before the end\n}")],
+    DIRECT: [("// DXU_MODELS (dx_update_models.cu sets it", DIRECT_BODY + "// DXU_MODELS (dx_update_models.cu sets it"),
+             ("        update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);\n        __syncthreads();\n"
+              "        const i64 z = k.model * zW;\n"
+              "        store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16 + z, wlo + z, mw ? mw + z : mw, vw ? vw + z : vw, "
+              "ldw,\n"
+              "                                   k.band * BM, k.n, IN, N, tid, hi_policy, lo_policy);\n",
+              "        const i64 z = k.model * zW;\n"
+              "        update_chunk_direct<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t, w16 + z, wlo + z,\n"
+              "                                  mw ? mw + z : mw, vw ? vw + z : vw, ldw, k.band * BM, k.n, IN, N);\n")],
 }
 
 
@@ -99,7 +147,7 @@ def ablated_kernels(arch: str, mask: int):
 
 def describe(mask: int) -> str:
     parts = [name for bit, name in PARTS.items() if mask & bit]
-    how = "bulk write-back" if mask & BULK else ""
+    how = ", ".join(name for bit, name in CHANGES.items() if mask & bit)
     cut = "no " + ", ".join(parts) if parts else ""
     return ", ".join(filter(None, (how, cut))) or "whole"
 
@@ -135,9 +183,9 @@ def time_masks(device, stream, rng, n: int, h: int, opt: str, masks, batch: int,
             return km.update_stream(ablated_kernels(device.arch, mask), n, plan, x, dy, wlo, w16, mw, vw, optim, bias,
                                     mb, vb, device.sm_count)
 
-        bulk_ok = not any(mask & BULK for mask in masks) or check_bulk(stream, arrays, launch_of)
+        same = {bit: check_change(stream, arrays, launch_of, bit) for bit in CHANGES if any(m & bit for m in masks)}
         for mask in masks:
-            if mask & BULK and not bulk_ok:
+            if not all(same[bit] for bit in CHANGES if mask & bit):
                 continue
             launch = launch_of(mask)
             out.append((mask, time_graph(stream, lambda: [launch.run(stream) for _ in range(launches)], launches,
@@ -145,12 +193,12 @@ def time_masks(device, stream, rng, n: int, h: int, opt: str, masks, batch: int,
     return out
 
 
-def check_bulk(stream, arrays, launch_of) -> bool:
-    """Whether the bulk write-back (mask 32) leaves every array the bytes the product's kernel leaves, from the
-    same start; printed either way."""
+def check_change(stream, arrays, launch_of, bit: int) -> bool:
+    """Whether the change `bit` (CHANGES) leaves every array the bytes the product's kernel leaves, from the same
+    start; printed either way."""
     before = [t.download().copy() for t in arrays]
     results = []
-    for mask in (0, BULK):
+    for mask in (0, bit):
         for t, v in zip(arrays, before):
             t.upload(v)
         launch_of(mask).run(stream)
@@ -161,7 +209,7 @@ def check_bulk(stream, arrays, launch_of) -> bool:
     diff = [int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))) for a, b in zip(*results)]
     moved = int(np.count_nonzero(results[0][1] != before[1]))
     good = not any(diff) and moved > 0
-    print(f"check bulk write-back: differing bytes vs the product's (w16, lo, bias, states) {diff}, {moved} lo "
+    print(f"check {CHANGES[bit]}: differing bytes vs the product's (w16, lo, bias, states) {diff}, {moved} lo "
           f"changed {'ok' if good else 'FAIL: not timed'}", flush=True)
     return good
 
@@ -173,8 +221,8 @@ def main(argv=None) -> int:
                    help="the layer's width, one per --models (zipped: 32 x 256, 128 x 128, 8 x 1024)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), nargs="+", default=["sgd"])
     p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 2, 3, 4, 16, 19, 12, 32],
-                   help="bit sets of the parts taken out (1-16, 64, 128) and the bulk write-back (32); 0: the whole "
-                        "kernel")
+                   help="bit sets of the parts taken out (1-16, 64, 128) and the changes (32: the bulk write-back, 256:"
+                        " the write-back from registers); 0: the whole kernel")
     p.add_argument("--batch", type=count(1), default=128)
     p.add_argument("--launches", type=count(1), default=10)
     p.add_argument("--trials", type=count(1), default=15)
@@ -183,10 +231,11 @@ def main(argv=None) -> int:
         p.error("--models and --hidden pair up: give as many of each")
     if any(h % 8 for h in args.hidden):
         p.error("--hidden must be multiples of 8 (the copy engine's rows)")
-    if any(not 0 <= m < 256 for m in args.masks):
-        p.error("--masks are bit sets of 1, 2, 4, 8, 16, 32, 64 and 128 (0..255)")
-    if any(m & BULK and m & (2 | 4 | 16) for m in args.masks):
-        p.error("--masks: 32 (the bulk write-back) combines with 1, 8, 64 and 128 only")
+    if any(not 0 <= m < 512 for m in args.masks):
+        p.error("--masks are bit sets of 1, 2, 4, 8, 16, 32, 64, 128 and 256 (0..511)")
+    rewritten = {BULK: 2 | 4 | 16 | DIRECT, DIRECT: 2 | 4 | 16 | BULK}  # a change, and the bits that edit its text
+    if any(m & bit and m & others for bit, others in rewritten.items() for m in args.masks):
+        p.error("--masks: 32 and 256 (the write-back changed) combine with 1, 8, 64 and 128 only, not each other")
     if args.batch > U.MAX_BATCH:
         p.error(f"--batch must be <= {U.MAX_BATCH} (the one-pass backward's largest batch tile)")
     return run_cli(lambda: run(args), "stream_limits")
