@@ -152,7 +152,8 @@ RG_DEVICE void gemm_tma(const TensorMap* mapA, const TensorMap* mapB, const Para
                 mbar_arrive_expect_tx(&full[s], Cfg::STAGE_BYTES);  // A's bytes too: the stage completes with both
                 if (LB == ROW) {
 #pragma unroll
-                    for (int j = 0; j < BN / 64; ++j) tma_load_2d_hinted(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s], hint_b);
+                    for (int j = 0; j < BN / 64; ++j)
+                        tma_load_2d_hinted(b + j * Cfg::PANEL_BYTES, mapB, n0 + 64 * j, k, &full[s], hint_b);
                 } else {
                     tma_load_2d_hinted(b, mapB, k, n0, &full[s], hint_b);
                 }
