@@ -1,9 +1,9 @@
 """Training-step experiments beside `scripts/bench.py train`: the layered step's L2 cache hints at other budgets
 (--l2-budgets) and the fused step with other grids (--fused-grid), each timed as bench.py times rawgpu
-(benchmarks.training.bench_rawgpu, the reference workload of batch 32, lr 0.003, plain SGD on
-MNIST, warm-up excluded, GPU time of `--steps` steps).
+(benchmarks.training.bench_rawgpu: by default the reference workload of batch 32, lr 0.003, plain SGD on
+MNIST; `--recipe` another of bench.py's; warm-up excluded, GPU time of `--steps` steps).
 
-    python dev/step_variants.py --l2-budgets 0 0.3 0.9 [--sizes 4096 8192]
+    python dev/step_variants.py --l2-budgets 0 0.3 0.9 [--sizes 4096 8192] [--recipe seed|default|adam]
     python dev/step_variants.py --fused-grid 66 132 [--sizes 256 512]
 
 Per width: the default step (row rawgpu), the baseline of each family (the layered step at the default budget; the
@@ -17,12 +17,12 @@ import argparse
 import datetime as dt
 import json
 import sys
-from pathlib import Path
 
 from rawgpu.runtime import driver as drv
-from benchmarks.training import HIDDEN, bench_rawgpu
+from benchmarks.training import HIDDEN, RECIPES, bench_rawgpu
 from rawgpu.cli.common import count
 from rawgpu.runtime.errors import RawgpuError
+from rawgpu.runtime.files import write_atomic
 from rawgpu.kernels.l2 import DEFAULT_BUDGET as DEFAULT_L2_BUDGET
 
 
@@ -43,7 +43,7 @@ def timed_rows(args, h: int, mnist) -> list[dict]:
     def measure(system: str, baseline: str | None = None, **kw) -> dict:
         try:
             r = bench_rawgpu(h, args.steps, args.seed, mnist, args.device,
-                             steps_per_launch=args.steps_per_launch, **kw)
+                             steps_per_launch=args.steps_per_launch, recipe=RECIPES[args.recipe], **kw)
             r.pop("init")
         except (RawgpuError, ValueError) as exc:  # e.g. a step kind that does not hold this width
             r = dict(us_per_step=None, test_accuracy=None, step_kind=None, note=f"n/a: {exc}"[:300])
@@ -70,8 +70,9 @@ def run(args) -> int:
 
     device = drv.Device(args.device)
     mnist = load_mnist(args.data_dir)
+    recipe = RECIPES[args.recipe]
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs), {dt.date.today()}; {args.steps} steps, "
-          f"{args.steps_per_launch} per launch, batch 32, lr 0.003")
+          f"{args.steps_per_launch} per launch, recipe {args.recipe} (batch {recipe['batch']})")
     print(f"{'H':>5} {'system':>24} {'us/step':>9} {'steps/s':>9} {'vs baseline':>12} {'test acc':>8}  step")
     results = []
     for h in args.sizes:
@@ -85,8 +86,8 @@ def run(args) -> int:
                   f"{vs:>12} {acc:>8}  {r['note']}", flush=True)
         results.append(dict(hidden=h, systems=rows))
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=device.name, arch=device.arch, date=str(dt.date.today()),
-                                                   steps=args.steps, batch=32, lr=0.003, rows=results), indent=1))
+        write_atomic(args.json, json.dumps(dict(device=device.name, arch=device.arch, date=str(dt.date.today()),
+                                                steps=args.steps, recipe=args.recipe, rows=results), indent=1).encode())
         print(f"# wrote {args.json}")
     return 0
 
@@ -96,6 +97,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=count(1), nargs="+", default=list(HIDDEN), help="hidden widths H")
     p.add_argument("--steps", type=count(1), default=5000, help="timed training steps per row (default 5000)")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="seed",
+                   help="bench.py's recipe to time (default seed: batch 32, lr 0.003, plain SGD)")
     p.add_argument("--seed", type=int, default=0, help="init and shuffle seed (default 0)")
     p.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
     p.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
