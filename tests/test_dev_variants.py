@@ -150,6 +150,16 @@ def test_transpose_upload_stages_every_chunk_of_rows_across_arrow_chunks(rng):
     assert np.array_equal(got, np.stack(whole))
 
 
+def assert_usage_error(main, args, message, capsys):
+    """An experiment's `main(args)` stops with argparse's exit 2 and `message` on its last stderr line, no
+    traceback (checked before any GPU work)."""
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
     """dev/pingpong (x^T @ dy with its update on a persistent ping-pong grid, appended to gemm_wgmma.cu) builds for
     sm_90a with every kernel its runner times; a shape the copy engine cannot take is one line, exit 2, before any
@@ -163,11 +173,7 @@ def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
     assert set(run.KERNELS) <= set(built.resources)
     for args, message in ((["--shapes", "100x776x200"], "M and N must be multiples of 8"),
                           (["--check-shapes", "12x8"], "expected MxNxK, got '12x8'")):
-        with pytest.raises(SystemExit) as stop:
-            run.main(args)
-        assert stop.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert message in err[-1] and "Traceback" not in "\n".join(err)
+        assert_usage_error(run.main, args, message, capsys)
 
 
 @pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 31, 32, 41, 64, 128, 223, 256, 457])
@@ -187,8 +193,4 @@ def test_stream_limits_experiment_builds_and_refuses_bad_arguments_in_one_line(m
         for args, message in ((["--models", "32", "--hidden", "256", "128"], "--models and --hidden pair up"),
                               (["--masks", "512"], "--masks are bit sets"), (["--masks", "36"], "combine with"),
                               (["--masks", "288"], "combine with")):
-            with pytest.raises(SystemExit) as stop:
-                limits.main(args)
-            assert stop.value.code == 2
-            err = capsys.readouterr().err.strip().splitlines()
-            assert message in err[-1] and "Traceback" not in "\n".join(err)
+            assert_usage_error(limits.main, args, message, capsys)

@@ -23,7 +23,7 @@ RG_DEVICE u64 l2_policy(float keep) {
 }
 
 // A planned hint for the copy engine's loads (tma.cuh): keep == 0 goes without one, since an evict-normal hint on
-// every load of a tile's B ran slower than none (docs/perf.md: "L2 hints").
+// every load of a tile's B ran slower than none (docs/history.md: "No hint where none is planned").
 struct L2Hint {
     u64 policy;
     bool on;
