@@ -11,15 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import (COLUMNS_MAX, COLUMNS_THREADS, COLUMNS_TILE_ROWS, OPTIM_WORDS, column_kernel, columns_kernel,
-                        gather_table_kernel)
+from ..contract import (COLUMNS_MAX, COLUMNS_THREADS, COLUMNS_TILE_ROWS, GATHER_MAX_THREADS, OPTIM_WORDS,
+                        column_kernel, columns_kernel, gather_table_kernel)
 from ..contract.optim import SCHEDULES  # the schedule codes gather_batch takes
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
 from . import Kernels, require
 
 SRC = "gather.cu"
-MAX_THREADS = 1024  # gather_batch: a block per row, a thread per 16 columns
+MAX_THREADS = GATHER_MAX_THREADS  # gather_batch: a block per row, a thread per 16 columns (its launch bound)
 
 
 @dataclass(frozen=True)
