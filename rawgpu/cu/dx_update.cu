@@ -400,7 +400,8 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         __syncthreads();  // every warp has read the old weights; the bias partials are in
         // mark 5 if c == 0: chunk 0: G
         if (bias_here && tid < BN && n + tid < n_end)
-            bias_step<THREADS>(sBias, [&](int col) { return bias_column(bias, mb, vb, col); }, bias, mb, vb, n, o, tid);
+            bias_step<THREADS>(sBias, [=](int col) { return bias_column(bias, mb, vb, col); }, bias, mb, vb, n, o,
+                               tid);
         update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);
         apart_wait(&apart_held, c);  // the old weights of chunk c are no longer read elsewhere
         __syncthreads();
@@ -560,7 +561,9 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
         float* vs = sV(c % STAGES);
         const half_t* y = sY(c % STAGES);
         const half_t* sx = sX(k.slot);
-        const bool bias_here = bias != nullptr && k.n / BN % bands == k.band;  // uniform
+        // the bias of column chunk j steps in band j bands / per_band: spread over the model's chunks, so that no
+        // run holds more of them than its share (uniform)
+        const bool bias_here = bias != nullptr && k.n / BN * bands / per_band == k.band;
         const i64 zb = k.model * zBias;
         const bool bias_mine = bias_here && tid < BN && k.n + tid < N;
         BiasColumn column{};  // loaded now, waited for after the products
