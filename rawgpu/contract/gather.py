@@ -7,8 +7,9 @@ from __future__ import annotations
 from .abi import header
 
 GATHER_TABLE_DTYPES = {"u8": "u8", "f16": "half_t", "f32": "float"}  # feature dtype -> its C type
-# gather_batch's block: a thread per 16 columns, at most this many (its launch bound: registers for every launch)
-GATHER_MAX_THREADS = 1024
+# gather_batch's block: a thread per 16 columns up to this many (its launch bound: registers for any launch); wider
+# rows take several 16-column steps a thread
+GATHER_MAX_THREADS = 256
 GATHER_TABLE_TARGETS = ("labels", "values")  # int32 class labels, or K float32 values
 
 
