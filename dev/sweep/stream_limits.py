@@ -88,7 +88,7 @@ EDITS = {
     8: [("    auto load_weights = [&](int s, const Chunk& k) {\n",
          "    auto load_weights = [&](int s, const Chunk& k) {\n        return;  // taken out\n")],
     16: [("        __syncthreads();\n        const i64 z = k.model * zW;", "        const i64 z = k.model * zW;")],
-    64: [("        const bool bias_here = bias != nullptr && k.n / BN % bands == k.band;  // uniform\n",
+    64: [("        const bool bias_here = bias != nullptr && k.n / BN * bands / per_band == k.band;\n",
           "        const bool bias_here = false;  // taken out\n")],
     128: [("    auto load_inputs = [&](int s, const Chunk& k) {  // written by the kernels before: after pdl_enter\n",
            "    auto load_inputs = [&](int s, const Chunk& k) {  // written by the kernels before: after pdl_enter\n"

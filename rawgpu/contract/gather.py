@@ -7,6 +7,9 @@ from __future__ import annotations
 from .abi import header
 
 GATHER_TABLE_DTYPES = {"u8": "u8", "f16": "half_t", "f32": "float"}  # feature dtype -> its C type
+# gather_batch's block: a thread per 16 columns up to this many (its launch bound: registers for any launch); wider
+# rows take several 16-column steps a thread
+GATHER_MAX_THREADS = 256
 GATHER_TABLE_TARGETS = ("labels", "values")  # int32 class labels, or K float32 values
 
 
@@ -64,7 +67,8 @@ def _table_instances(kernel) -> str:
 
 
 def gather_facts(arch: str):
-    instances = ("// The table gather's kernels: X(name, In, STD, VALUES) each.\n"
+    instances = (f"#define GATHER_MAX_THREADS {GATHER_MAX_THREADS}\n"
+                 "// The table gather's kernels: X(name, In, STD, VALUES) each.\n"
                  f"#define GATHER_TABLE_FOR_EACH_KERNEL(X) {_table_instances(gather_table_kernel)}\n")
     for step in ("sums", "scaling"):
         each = " ".join(f"X({column_kernel(step, d)}, {c})" for d, c in GATHER_TABLE_DTYPES.items())

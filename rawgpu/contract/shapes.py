@@ -9,7 +9,7 @@ HEAD_TILE_CLASSES = 16  # the one-tile heads (head.cu, the fused and cluster ste
 MAX_CLASSES = 1000  # above HEAD_TILE_CLASSES the head is a GEMM over the classes and softmax_xent reads them all
 IDX_MAX_CLASSES = 256  # IDX labels are bytes
 MAX_OUTPUTS = 64  # a regression's values per row (regression_loss: a row's values in one warp's registers)
-MAX_INPUTS = 16384  # pixels per image: gather_batch runs a thread per 16 columns, at most 1024 threads
+MAX_INPUTS = 16384  # pixels per image (and a table's features): the widest first layer the planner and tests cover
 
 
 def cdiv(a: int, b: int) -> int:

@@ -94,18 +94,29 @@ RG_DEVICE void bias_partials(i64* sBias, const half_t* y, int B, int tid) {
     sBias[tid] = sum;
 }
 
-// Once every partial is in: bias column n + tid (tid < BN, below the chunk's end) steps (optim_update) with its sum.
-template <int THREADS>
-RG_DEVICE void bias_step(const i64* sBias, float* bias, float* mb, float* vb, int n, const Optim& o, int tid) {
+// A bias column's value and state (0 where it has none).
+struct BiasColumn {
+    float b, m, v;
+};
+RG_DEVICE BiasColumn bias_column(const float* bias, const float* mb, const float* vb, int col) {
+    const float m = mb != nullptr ? mb[col] : 0.f, v = vb != nullptr ? vb[col] : 0.f;
+    return {bias[col], m, v};
+}
+
+// Once every partial is in: bias column n + tid (tid < BN, below the chunk's end) steps (optim_update) with its sum,
+// from the value and state column(col) gives (bias_column, or what the caller loaded earlier).
+template <int THREADS, class Column>
+RG_DEVICE void bias_step(const i64* sBias, Column column, float* bias, float* mb, float* vb, int n, const Optim& o,
+                         int tid) {
     using namespace dxu;
     i64 sum = 0;
 #pragma unroll
     for (int p = 0; p < THREADS / BN; ++p) sum += sBias[p * BN + tid];
     const int col = n + tid;
-    float mc = mb != nullptr ? mb[col] : 0.f, vc = vb != nullptr ? vb[col] : 0.f;
-    bias[col] = optim_update(bias[col], (float)((double)sum * (1.0 / 16777216.0)), mc, vc, o);
-    if (mb != nullptr) mb[col] = mc;
-    if (vb != nullptr) vb[col] = vc;
+    BiasColumn c = column(col);
+    bias[col] = optim_update(c.b, (float)((double)sum * (1.0 / 16777216.0)), c.m, c.v, o);
+    if (mb != nullptr) mb[col] = c.m;
+    if (vb != nullptr) vb[col] = c.v;
 }
 
 #if DXU_WGMMA
@@ -388,7 +399,9 @@ RG_DEVICE void dx_update_body(const half_t* x, const half_t* dy, short* wlo, hal
         }
         __syncthreads();  // every warp has read the old weights; the bias partials are in
         // mark 5 if c == 0: chunk 0: G
-        if (bias_here && tid < BN && n + tid < n_end) bias_step<THREADS>(sBias, bias, mb, vb, n, o, tid);
+        if (bias_here && tid < BN && n + tid < n_end)
+            bias_step<THREADS>(sBias, [=](int col) { return bias_column(bias, mb, vb, col); }, bias, mb, vb, n, o,
+                               tid);
         update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);
         apart_wait(&apart_held, c);  // the old weights of chunk c are no longer read elsewhere
         __syncthreads();
@@ -521,6 +534,8 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
     auto g_row = [&](int f) { return SW ? 16 * wm : GR * wm + 16 * (f / 2); };
     auto g_col = [&](int f) { return SW ? GN * wn + 8 * f : 16 * wn + 8 * (f % 2); };
 
+    Optim o;  // the optimiser row of model o_model
+    int o_model = -1;
     for (int c = 0; c < count; ++c) {
         cp_async_wait<STAGES - 2>();
 #if DXU_WGMMA
@@ -536,14 +551,23 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
         cp_async_commit();
         const Chunk k = cur;
         advance(cur);
-        const Optim o = opt[k.model];
+        if (k.model != o_model) {  // a run spans few models: their rows are not read again each chunk
+            o = opt[k.model];
+            o_model = k.model;
+        }
         half_t* w = sW(c % STAGES);
         short* wl = sL(c % STAGES);
         float* ms = sM(c % STAGES);
         float* vs = sV(c % STAGES);
         const half_t* y = sY(c % STAGES);
         const half_t* sx = sX(k.slot);
-        const bool bias_here = bias != nullptr && k.n / BN % bands == k.band;  // uniform
+        // the bias of column chunk j steps in band j bands / per_band: spread over the model's chunks, so that no
+        // run holds more of them than its share (uniform)
+        const bool bias_here = bias != nullptr && k.n / BN * bands / per_band == k.band;
+        const i64 zb = k.model * zBias;
+        const bool bias_mine = bias_here && tid < BN && k.n + tid < N;
+        BiasColumn column{};  // loaded now, waited for after the products
+        if (bias_mine) column = bias_column(bias + zb, mb ? mb + zb : mb, vb ? vb + zb : vb, k.n + tid);
         if (bias_here) bias_partials<THREADS, LDY, SW>(sBias, y, B, tid);
         float gacc[GF][4];
         zero_fragments(gacc);
@@ -557,9 +581,9 @@ RG_DEVICE void update_stream_body(const half_t* x, const half_t* dy, short* wlo,
         if constexpr (!SW) gradient_mma<BB, GMT, LDX, LDY>(gacc, sx, y, wm, wn, r8, q1, q2);
         if (bias_here) {
             __syncthreads();  // the bias partials are in (nothing else here reads another thread's work)
-            const i64 zb = k.model * zBias;
-            if (tid < BN && k.n + tid < N)
-                bias_step<THREADS>(sBias, bias + zb, mb ? mb + zb : mb, vb ? vb + zb : vb, k.n, o, tid);
+            if (bias_mine)
+                bias_step<THREADS>(sBias, [&](int) { return column; }, bias + zb, mb ? mb + zb : mb, vb ? vb + zb : vb,
+                                   k.n, o, tid);
         }
         update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);
         __syncthreads();

@@ -11,15 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import (COLUMNS_MAX, COLUMNS_THREADS, COLUMNS_TILE_ROWS, OPTIM_WORDS, column_kernel, columns_kernel,
-                        gather_table_kernel)
+from ..contract import (COLUMNS_MAX, COLUMNS_THREADS, COLUMNS_TILE_ROWS, GATHER_MAX_THREADS, OPTIM_WORDS,
+                        column_kernel, columns_kernel, gather_table_kernel)
 from ..contract.optim import SCHEDULES  # the schedule codes gather_batch takes
 from ..runtime.driver import Launch
 from ..runtime.memory import Tensor
 from . import Kernels, require
 
 SRC = "gather.cu"
-MAX_THREADS = 1024  # gather_batch: a block per row, a thread per 16 columns
+MAX_THREADS = GATHER_MAX_THREADS  # gather_batch: a block per row, a thread per 16 columns up to this many
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,6 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
     require(labels, np.uint8, (n,), what="labels")
     require(y_out, np.int32, what="y_out")
     ld_out = _check_order_and_batch(perm, step, x_out, batch, steps_per_epoch, row_bytes)
-    if ld_out > 16 * MAX_THREADS:
-        raise ValueError(f"x_out: rows of at most {16 * MAX_THREADS} halves (a thread per 16 columns), got {ld_out}")
     if len(y_out.shape) != 1 or y_out.shape[0] < batch:
         raise ValueError(f"y_out: expected [>= {batch}], got shape {y_out.shape}")
     if (optim is None) != (schedule is None):
@@ -65,7 +63,7 @@ def gather_batch(k: Kernels, images: Tensor, labels: Tensor, perm: Tensor, step:
     if optim is not None:
         require(optim, np.float32, (OPTIM_WORDS,), what="optim")
     sched = schedule.args() if schedule is not None else (0.0, 0.0, 0, 0, 0)
-    threads = -(-ld_out // (16 * 32)) * 32  # a thread per 16 columns, whole warps
+    threads = min(MAX_THREADS, -(-ld_out // (16 * 32)) * 32)  # a thread per 16 columns, whole warps
     if blocks is not None and not 1 <= blocks <= batch:
         raise ValueError(f"gather_batch: blocks must be in 1..{batch}, got {blocks}")
     return k.get(SRC, "gather_batch").bind(
