@@ -1,0 +1,152 @@
+"""What limits the product's ping-pong tile (gemm_wgmma.cu's gemm_pingpong, "wgpp": x^T @ dy with its update): the
+planned kernel timed with parts taken out, each a variant of gemm_wgmma.cu built here (dev/variants.py; its results
+are then wrong):
+
+    1 the multiply (the consumers' wgmma)   2 the update's arithmetic   4 the update's TMA stores
+    8 the update's TMA loads (master halves and state)   16 the k-tiles' TMA loads (A and B)
+
+    PYTHONPATH=.:scripts:dev python dev/pingpong/limits.py [--shapes 4096x4096x1024 ...] [--optimizer sgd adam]
+                                                          [--masks 0 1 17 14 2 4 8 12]
+
+Each line: us per launch and the % of copy bandwidth the update's bytes (16 a weight with momentum, 24 with Adam)
+reach in that time. 17 (no k-tiles, no multiply) is the epilogue alone, 14 (no update traffic or arithmetic) the
+multiply alone: if the whole kernel takes about their sum, the update does not hide under the multiply; if the
+epilogue alone is already far from the copy rate, its own chain (a chunk's wait, update, barrier and store) is the
+limit, not the overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+import variants  # dev/variants.py: run with PYTHONPATH=.:scripts:dev
+from benchmarks.gemm import gemm_shape
+from benchmarks.timing import copies_for, copy_bandwidth, time_graph
+from rawgpu.cli.common import count
+from rawgpu.contract import OPTIM_WORDS
+from rawgpu.contract.gemm import GEMM_WGMMA_SOURCE
+from rawgpu.kernels import gemm as G
+from rawgpu.model import optimizer
+from rawgpu.runtime import driver
+from rawgpu.runtime.errors import run_cli
+from rawgpu.runtime.memory import Arena
+from run import Weights, recipe_for  # dev/pingpong/run.py (this folder on the path: python puts it there)
+
+PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads"}
+EDITS = {
+    1: [("                    wgmma_n128<1, 1>(d0, smem_desc(a + kk * 2048, 8192, 1024), db);\n"
+         "                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);\n",
+         "                    (void)db;  // taken out\n")],
+    2: [("                if (q < 2) pingpong_update<EPI>(buf, d0, q % 2, o, mom, warp, lane);\n"
+         "                else pingpong_update<EPI>(buf, d1, q % 2, o, mom, warp, lane);\n", "")],
+    4: [("                    tma_store_2d(mapW16, c0, r0, buf);\n"
+         "                    tma_store_2d(mapLo, c0, r0, buf + 8192);\n"
+         "                    if (mom) {\n"
+         "                        tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);\n"
+         "                        tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);\n"
+         "                    }\n"
+         "                    if (EPI == EPI_ADAM) {\n"
+         "                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);\n"
+         "                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);\n"
+         "                    }\n",
+         "                    (void)r0, (void)c0;  // taken out\n")],
+    8: [("                        mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 : 0));\n"
+         "                        tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
+         "                        tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
+         "                        if (mom) {\n"
+         "                            tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);\n"
+         "                            tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);\n"
+         "                        }\n"
+         "                        if (EPI == EPI_ADAM) {\n"
+         "                            tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);\n"
+         "                            tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);\n"
+         "                        }\n",
+         "                        mbar_arrive(&efull[b]);  // taken out\n"
+         "                        (void)buf, (void)r0, (void)c0;\n")],
+    16: [("                        mbar_arrive_expect_tx(&full[s], STAGE);\n"
+          "                        tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 m-columns\n"
+          "                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);\n"
+          "                        tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, &full[s], hint_b);  // B: two such panels\n"
+          "                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
+          "                        mbar_arrive(&full[s]);  // taken out\n"
+          "                        (void)a, (void)k, (void)m0, (void)n0, (void)hint_b;\n")],
+}
+
+
+def describe(mask: int) -> str:
+    return "no " + ", ".join(name for bit, name in PARTS.items() if mask & bit) if mask else "whole"
+
+
+def variant_kernels(arch: str, mask: int) -> variants.VariantKernels:
+    """The package's kernels with the ping-pong tile's parts of `mask` taken out (mask 0: the product's own build)."""
+    text = variants.masked(GEMM_WGMMA_SOURCE, EDITS, mask) if mask else None
+    return variants.VariantKernels(arch, GEMM_WGMMA_SOURCE, text)
+
+
+def time_shape(device, stream, rng, M: int, N: int, K: int, opt: str, masks, trials: int, bw: float) -> None:
+    states = 2 if opt == "adam" else 1
+    per_copy = 2 * (M + N) * K + M * N * (4 + 4 * states)
+    copies = copies_for(per_copy, device.l2_bytes, cap=16)
+    weight_bytes = M * N * (8 + 8 * states)  # halves and states, read and written
+    with Arena() as arena:
+        sets = [Weights(arena, str(i), M, N, K, states) for i in range(copies)]
+        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
+        arena.allocate()
+        arena.zero()
+        for w in sets:
+            w.fill(rng, M, N, K)
+        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-6)))
+        for mask in masks:
+            kernels = variant_kernels(device.arch, mask)
+            binds = []
+            for w in sets:
+                plan = G.plan_gemm(M, N, K, "cr", opt, "f32", sm_count=device.sm_count, arch=device.arch,
+                                   states=states, config="wgpp", splits=1, capacity=G.cluster_capacity(kernels))
+                binds.append(G.gemm(kernels, plan, w.A, w.B, w.lo, mom=w.states[0],
+                                    var=w.states[1] if states > 1 else None, w16=w.w16, optim=optim))
+            launches = 20
+            us = time_graph(stream, lambda: [binds[i % copies].run(stream) for i in range(launches)], launches,
+                            trials)
+            print(f"{opt:>4} {M}x{N}x{K:<6} mask {mask:2d} {describe(mask):<58} {us:8.2f} us "
+                  f"({100 * weight_bytes / (us * 1e3) / bw:3.0f}%)", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", type=gemm_shape, nargs="+", metavar="MxNxK", default=[(4096, 4096, 1024)])
+    p.add_argument("--optimizer", nargs="+", choices=("sgd", "adam"), default=["sgd"])
+    p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 17, 14, 2, 4, 8, 12])
+    p.add_argument("--trials", type=count(1), default=20)
+    args = p.parse_args(argv)
+    for mask in args.masks:
+        if not 0 <= mask < 32:
+            p.error(f"--masks: {mask} is not a sum of {sorted(PARTS)}")
+    for M, N, K in args.shapes:
+        if M % 8 or N % 8:
+            p.error(f"{M}x{N}x{K}: M and N must be multiples of 8 (the copy engine's rows)")
+    for mask in set(args.masks) - {0}:  # every variant's text before the GPU (a moved piece: one line)
+        variants.masked(GEMM_WGMMA_SOURCE, EDITS, mask)
+    return run_cli(lambda: run(args), "pingpong limits")
+
+
+def run(args) -> int:
+    device = driver.Device(0)
+    if device.arch != "sm_90":
+        print(f"pingpong limits: error: warpgroup MMA needs sm_90; this GPU is {device.arch}", file=sys.stderr)
+        return 1
+    stream = driver.Stream()
+    bw = copy_bandwidth(stream)
+    print(f"# {device.name}; copy {bw:.0f} GB/s; the planned wgpp tile, us per launch (% of copy at the update's "
+          f"bytes)")
+    rng = np.random.default_rng(0)
+    for M, N, K in args.shapes:
+        for opt in args.optimizer:
+            time_shape(device, stream, rng, M, N, K, opt, args.masks, args.trials, bw)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
