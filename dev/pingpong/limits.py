@@ -4,6 +4,8 @@ are then wrong):
 
     1 the multiply (the consumers' wgmma)   2 the update's arithmetic   4 the update's TMA stores
     8 the update's TMA loads (master halves and state)   16 the k-tiles' TMA loads (A and B)
+    32, 64, 128 (changes, not cuts): the update's compiler barrier after every 2 pairs, every 4, or none (the
+       product's: after each pair, so that few registers live beside the 128 accumulators); the same arithmetic
 
     PYTHONPATH=.:scripts:dev python dev/pingpong/limits.py [--shapes 4096x4096x1024 ...] [--optimizer sgd adam]
                                                           [--masks 0 1 17 14 2 4 8 12]
@@ -36,6 +38,9 @@ from rawgpu.runtime.memory import Arena
 from run import Weights, recipe_for  # dev/pingpong/run.py (this folder on the path: python puts it there)
 
 PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads"}
+CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
+PAIR_BARRIER = ('            asm volatile("" ::: "memory");  // a pair at a time: fewer registers live\n'
+                "        }\n    }\n}\n")
 EDITS = {
     1: [("                    wgmma_n128<1, 1>(d0, smem_desc(a + kk * 2048, 8192, 1024), db);\n"
          "                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);\n",
@@ -73,11 +78,16 @@ EDITS = {
           "                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
           "                        mbar_arrive(&full[s]);  // taken out\n"
           "                        (void)a, (void)k, (void)m0, (void)n0, (void)hint_b;\n")],
+    32: [(PAIR_BARRIER, '        }\n        asm volatile("" ::: "memory");\n    }\n}\n')],
+    64: [(PAIR_BARRIER, '        }\n        if (jj % 2 == 1) asm volatile("" ::: "memory");\n    }\n}\n')],
+    128: [(PAIR_BARRIER, "        }\n    }\n}\n")],
 }
 
 
 def describe(mask: int) -> str:
-    return "no " + ", ".join(name for bit, name in PARTS.items() if mask & bit) if mask else "whole"
+    cut = ", ".join(name for bit, name in PARTS.items() if mask & bit)
+    how = ", ".join(name for bit, name in CHANGES.items() if mask & bit)
+    return ", ".join(filter(None, (how, "no " + cut if cut else ""))) or "whole"
 
 
 def variant_kernels(arch: str, mask: int) -> variants.VariantKernels:
@@ -122,8 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=count(1), default=20)
     args = p.parse_args(argv)
     for mask in args.masks:
-        if not 0 <= mask < 32:
-            p.error(f"--masks: {mask} is not a sum of {sorted(PARTS)}")
+        if not 0 <= mask < 256 or bin(mask >> 5).count("1") > 1:
+            p.error(f"--masks: {mask} is not a sum of {sorted(PARTS)} and at most one of {sorted(CHANGES)}")
     for M, N, K in args.shapes:
         if M % 8 or N % 8:
             p.error(f"{M}x{N}x{K}: M and N must be multiples of 8 (the copy engine's rows)")
