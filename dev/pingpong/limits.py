@@ -3,9 +3,13 @@ planned kernel timed with parts taken out, each a variant of gemm_wgmma.cu built
 are then wrong):
 
     1 the multiply (the consumers' wgmma)   2 the update's arithmetic   4 the update's TMA stores
-    8 the update's TMA loads (master halves and state)   16 the k-tiles' TMA loads (A and B)
+    8 the update's TMA loads (master halves and state)   16 the k-tiles' TMA loads (A and B; Adam's build then
+      spills 4 bytes)
     32, 64, 128 (changes, not cuts): the update's compiler barrier after every 2 pairs, every 4, or none (the
        product's: after each pair, so that few registers live beside the 128 accumulators); the same arithmetic
+    256, 512, 1024 (changes: L2 hints, the same results): the update's TMA loads evict first (not with 8), its TMA
+       stores evict first (not with 4), A's and B's k-tiles evict last (not with 16): the update's 268 MB at 4096 x
+       4096 stream through an L2 that should keep the 16 MB of A and B every tile re-reads
 
     PYTHONPATH=.:scripts:dev python dev/pingpong/limits.py [--shapes 4096x4096x1024 ...] [--optimizer sgd adam]
                                                           [--masks 0 1 17 14 2 4 8 12]
@@ -20,7 +24,9 @@ limit, not the overlap.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -35,10 +41,44 @@ from rawgpu.model import optimizer
 from rawgpu.runtime import driver
 from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
-from run import Weights, recipe_for  # dev/pingpong/run.py (this folder on the path: python puts it there)
+
+_spec = importlib.util.spec_from_file_location("pingpong_run", Path(__file__).with_name("run.py"))
+_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_run)  # dev/pingpong/run.py, the experiment's operands however this file is loaded
+Weights, recipe_for = _run.Weights, _run.recipe_for
 
 PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads"}
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
+HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last"}
+UPDATE_LOADS = ("                        tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
+                "                        tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
+                "                        if (mom) {\n"
+                "                            tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);\n"
+                "                            tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);\n"
+                "                        }\n"
+                "                        if (EPI == EPI_ADAM) {\n"
+                "                            tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);\n"
+                "                            tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);\n"
+                "                        }\n")
+UPDATE_STORES = ("                    tma_store_2d(mapW16, c0, r0, buf);\n"
+                 "                    tma_store_2d(mapLo, c0, r0, buf + 8192);\n"
+                 "                    if (mom) {\n"
+                 "                        tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);\n"
+                 "                        tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);\n"
+                 "                    }\n"
+                 "                    if (EPI == EPI_ADAM) {\n"
+                 "                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);\n"
+                 "                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);\n"
+                 "                    }\n")
+K_TILE_LOADS = ("                        tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 "
+                "m-columns\n"
+                "                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);\n")
+HINTED_STORE = """RG_DEVICE void tma_store_2d_policy(const TensorMap* map, int x, int y, const void* src, u64 policy) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2}], [%3], %4;"
+                 :: "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(src)), "l"(policy)
+                 : "memory");
+}
+"""
 PAIR_BARRIER = ('            asm volatile("" ::: "memory");  // a pair at a time: fewer registers live\n'
                 "        }\n    }\n}\n")
 EDITS = {
@@ -76,17 +116,26 @@ EDITS = {
           "                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);\n"
           "                        tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, &full[s], hint_b);  // B: two such panels\n"
           "                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
-          "                        mbar_arrive(&full[s]);  // taken out\n"
-          "                        (void)a, (void)k, (void)m0, (void)n0, (void)hint_b;\n")],
+          "                        mbar_arrive(&full[s]);  // taken out\n")],
     32: [(PAIR_BARRIER, '        }\n        asm volatile("" ::: "memory");\n    }\n}\n')],
     64: [(PAIR_BARRIER, '        }\n        if (jj % 2 == 1) asm volatile("" ::: "memory");\n    }\n}\n')],
     128: [(PAIR_BARRIER, "        }\n    }\n}\n")],
+    256: [("                int e = 0;\n                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n",
+           "                int e = 0;\n                const L2Hint once = l2_hint(-1.f);\n"
+           "                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n"),
+          (UPDATE_LOADS, UPDATE_LOADS.replace("tma_load_2d(", "tma_load_2d_hinted(").replace("]);", "], once);"))],
+    512: [("RG_DEVICE void bulk_commit()", HINTED_STORE + "RG_DEVICE void bulk_commit()"),
+          (UPDATE_STORES, "                    const u64 once = l2_policy(-1.f);  // made here: no register held\n"
+           + UPDATE_STORES.replace("tma_store_2d(", "tma_store_2d_policy(").replace(");", ", once);"))],
+    1024: [("                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(keep_b);",
+            "                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(1.f);"),
+           (K_TILE_LOADS, K_TILE_LOADS.replace("tma_load_2d(", "tma_load_2d_hinted(").replace("]);", "], hint_b);"))],
 }
 
 
 def describe(mask: int) -> str:
     cut = ", ".join(name for bit, name in PARTS.items() if mask & bit)
-    how = ", ".join(name for bit, name in CHANGES.items() if mask & bit)
+    how = ", ".join(name for bit, name in {**CHANGES, **HINTS}.items() if mask & bit)
     return ", ".join(filter(None, (how, "no " + cut if cut else ""))) or "whole"
 
 
@@ -94,6 +143,44 @@ def variant_kernels(arch: str, mask: int) -> variants.VariantKernels:
     """The package's kernels with the ping-pong tile's parts of `mask` taken out (mask 0: the product's own build)."""
     text = variants.masked(GEMM_WGMMA_SOURCE, EDITS, mask) if mask else None
     return variants.VariantKernels(arch, GEMM_WGMMA_SOURCE, text)
+
+
+def bind(kernels, device, opt: str, w: Weights, M: int, N: int, K: int, optim):
+    """The planned-as-wgpp tile of `kernels` on one set of operands."""
+    states = len(w.states)
+    plan = G.plan_gemm(M, N, K, "cr", opt, "f32", sm_count=device.sm_count, arch=device.arch, states=states,
+                       config="wgpp", splits=1, capacity=G.cluster_capacity(kernels))
+    return G.gemm(kernels, plan, w.A, w.B, w.lo, mom=w.states[0], var=w.states[1] if states > 1 else None, w16=w.w16,
+                  optim=optim)
+
+
+def check_change(device, stream, rng, opt: str, mask: int) -> bool:
+    """Whether a mask that only changes (no part taken out) leaves the product's bytes, from the same start, at a
+    few shapes (edge tiles included); printed either way."""
+    ok = True
+    states = 2 if opt == "adam" else 1
+    for M, N, K in ((1000, 776, 200), (4096, 4096, 1024)):
+        with Arena() as arena:
+            w = Weights(arena, "", M, N, K, states)
+            optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
+            arena.allocate()
+            arena.zero()
+            w.fill(rng, M, N, K)
+            optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-2)))
+            before = w.snapshot()
+            outs = []
+            for kernels in (variant_kernels(device.arch, 0), variant_kernels(device.arch, mask)):
+                w.restore(before)
+                bind(kernels, device, opt, w, M, N, K, optim).run(stream)
+                stream.synchronize()
+                outs.append(w.snapshot())
+        diff = [int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))) for a, b in zip(*outs)]
+        changed = int(np.count_nonzero(outs[0][1] != before[1]))
+        good = not any(diff) and changed > 0
+        print(f"check {opt} mask {mask} {M}x{N}x{K}: differing bytes vs the product's (w16, lo, states) {diff}, "
+              f"{changed} lo changed {'ok' if good else 'FAIL'}", flush=True)
+        ok &= good
+    return ok
 
 
 def time_shape(device, stream, rng, M: int, N: int, K: int, opt: str, masks, trials: int, bw: float) -> None:
@@ -111,16 +198,11 @@ def time_shape(device, stream, rng, M: int, N: int, K: int, opt: str, masks, tri
         optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-6)))
         for mask in masks:
             kernels = variant_kernels(device.arch, mask)
-            binds = []
-            for w in sets:
-                plan = G.plan_gemm(M, N, K, "cr", opt, "f32", sm_count=device.sm_count, arch=device.arch,
-                                   states=states, config="wgpp", splits=1, capacity=G.cluster_capacity(kernels))
-                binds.append(G.gemm(kernels, plan, w.A, w.B, w.lo, mom=w.states[0],
-                                    var=w.states[1] if states > 1 else None, w16=w.w16, optim=optim))
+            binds = [bind(kernels, device, opt, w, M, N, K, optim) for w in sets]
             launches = 20
             us = time_graph(stream, lambda: [binds[i % copies].run(stream) for i in range(launches)], launches,
                             trials)
-            print(f"{opt:>4} {M}x{N}x{K:<6} mask {mask:2d} {describe(mask):<58} {us:8.2f} us "
+            print(f"{opt:>4} {M}x{N}x{K:<6} mask {mask:4d} {describe(mask):<64} {us:8.2f} us "
                   f"({100 * weight_bytes / (us * 1e3) / bw:3.0f}%)", flush=True)
 
 
@@ -132,8 +214,11 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=count(1), default=20)
     args = p.parse_args(argv)
     for mask in args.masks:
-        if not 0 <= mask < 256 or bin(mask >> 5).count("1") > 1:
-            p.error(f"--masks: {mask} is not a sum of {sorted(PARTS)} and at most one of {sorted(CHANGES)}")
+        if not 0 <= mask < 2048 or bin(mask >> 5 & 7).count("1") > 1:
+            p.error(f"--masks: {mask} is not a sum of {sorted(PARTS)}, {sorted(HINTS)} and at most one of "
+                    f"{sorted(CHANGES)}")
+        if mask & 8 and mask & 256 or mask & 4 and mask & 512 or mask & 16 and mask & 1024:
+            p.error(f"--masks: {mask} hints what it takes out (8 with 256, 4 with 512, 16 with 1024)")
     for M, N, K in args.shapes:
         if M % 8 or N % 8:
             p.error(f"{M}x{N}x{K}: M and N must be multiples of 8 (the copy engine's rows)")
@@ -152,6 +237,10 @@ def run(args) -> int:
     print(f"# {device.name}; copy {bw:.0f} GB/s; the planned wgpp tile, us per launch (% of copy at the update's "
           f"bytes)")
     rng = np.random.default_rng(0)
+    changes = [m for m in dict.fromkeys(args.masks) if m and not m & sum(PARTS)]  # results must stay the product's
+    if not all([check_change(device, stream, rng, opt, m) for opt in args.optimizer for m in changes]):
+        print("pingpong limits: a change altered the results; no timing", file=sys.stderr)
+        return 1
     for M, N, K in args.shapes:
         for opt in args.optimizer:
             time_shape(device, stream, rng, M, N, K, opt, args.masks, args.trials, bw)
