@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import re
 
 import numpy as np
 import pytest
@@ -389,8 +388,16 @@ def test_gather_batch(kern, device, stream, rng, row_bytes, ld, batch, spe, earl
     p = (step_value % spe) * batch
     assert p == (spe - 1) * batch
     perm[p], perm[p + min(1, batch - 1)] = 1, 0  # the all-0 and all-255 rows are in the batch
+    got_step = _gather_and_check(kern, device, stream, images, labels, perm, step_value, batch, spe, ld, early=early)
+    assert got_step == step_value, "gather must not move the step"
+
+
+def _gather_and_check(kern, device, stream, images, labels, perm, step_value, batch, spe, ld, **options) -> int:
+    """gather_batch at `step_value` into a poisoned fp16 batch one row taller than `batch`: the same pixels / 255 and
+    labels as numpy, padding columns zero, nothing past the batch. The step counter afterwards."""
+    row_bytes, p = images.shape[1], (step_value % spe) * batch
     with Arena() as arena:
-        t_img, t_lab = arena.tensor("images", images.shape, np.uint8), arena.tensor("labels", n, np.uint8)
+        t_img, t_lab = arena.tensor("images", images.shape, np.uint8), arena.tensor("labels", len(labels), np.uint8)
         t_perm, t_step = arena.tensor("perm", perm.shape, np.int32), arena.tensor("step", 1, np.int64)
         x, y = arena.tensor("x", (batch + 1, ld), np.float16), arena.tensor("y", batch + 1, np.int32)
         arena.allocate()
@@ -398,7 +405,7 @@ def test_gather_batch(kern, device, stream, rng, row_bytes, ld, batch, spe, earl
         t_step.upload(np.array([step_value], np.int64))
         x.fill_bytes(0xFF), y.fill_bytes(0xFF)
         device.synchronize()
-        kd.gather_batch(kern, t_img, t_lab, t_perm, t_step, x, y, batch, spe, early=early).run(stream)
+        kd.gather_batch(kern, t_img, t_lab, t_perm, t_step, x, y, batch, spe, **options).run(stream)
         got_x, got_y, got_step = x.download(), y.download(), t_step.download()
     src = perm[p:p + batch]
     ref = (images[src] / 255).astype(np.float16)
@@ -406,7 +413,7 @@ def test_gather_batch(kern, device, stream, rng, row_bytes, ld, batch, spe, earl
     assert np.all(got_x[:batch, row_bytes:].view(np.uint16) == 0), "padding columns must be zero"
     assert np.all(got_x[batch].view(np.uint16) == 0xFFFF), "wrote past the batch"
     assert np.array_equal(got_y[:batch], labels[src].astype(np.int32)) and got_y[batch] == -1
-    assert got_step[0] == step_value, "gather must not move the step"
+    return int(got_step[0])
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
@@ -431,23 +438,9 @@ def test_gather_batch_wide_rows_and_shared_blocks(kern, device, stream, rng, row
     images = rng.integers(0, 256, size=(n, row_bytes), dtype=np.uint8)
     labels = rng.integers(0, 10, size=n, dtype=np.uint8)
     perm = rng.integers(0, n, size=batch * spe, dtype=np.int32)
-    with Arena() as arena:
-        t_img, t_lab = arena.tensor("images", images.shape, np.uint8), arena.tensor("labels", n, np.uint8)
-        t_perm, t_step = arena.tensor("perm", perm.shape, np.int32), arena.tensor("step", 1, np.int64)
-        x, y = arena.tensor("x", (batch + 1, ld), np.float16), arena.tensor("y", batch + 1, np.int32)
-        arena.allocate()
-        t_img.upload(images), t_lab.upload(labels), t_perm.upload(perm)
-        t_step.upload(np.array([spe + 1], np.int64))  # the second batch of the second epoch
-        x.fill_bytes(0xFF), y.fill_bytes(0xFF)
-        device.synchronize()
-        kd.gather_batch(kern, t_img, t_lab, t_perm, t_step, x, y, batch, spe, blocks=blocks).run(stream)
-        got_x, got_y = x.download(), y.download()
-    src = perm[batch:2 * batch]
-    ref = (images[src] / 255).astype(np.float16)
-    assert np.array_equal(got_x[:batch, :row_bytes].view(np.uint16), ref.view(np.uint16)), "pixels differ"
-    assert np.all(got_x[:batch, row_bytes:].view(np.uint16) == 0), "padding columns must be zero"
-    assert np.all(got_x[batch].view(np.uint16) == 0xFFFF), "wrote past the batch"
-    assert np.array_equal(got_y[:batch], labels[src].astype(np.int32)) and got_y[batch] == -1
+    step_value = spe + 1  # the second batch of the second epoch
+    assert _gather_and_check(kern, device, stream, images, labels, perm, step_value, batch, spe, ld,
+                             blocks=blocks) == step_value
 
 
 @gpu

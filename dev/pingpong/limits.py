@@ -87,33 +87,12 @@ EDITS = {
          "                    (void)db;  // taken out\n")],
     2: [("                if (q < 2) pingpong_update<EPI>(buf, d0, q % 2, o, mom, warp, lane);\n"
          "                else pingpong_update<EPI>(buf, d1, q % 2, o, mom, warp, lane);\n", "")],
-    4: [("                    tma_store_2d(mapW16, c0, r0, buf);\n"
-         "                    tma_store_2d(mapLo, c0, r0, buf + 8192);\n"
-         "                    if (mom) {\n"
-         "                        tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);\n"
-         "                        tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);\n"
-         "                    }\n"
-         "                    if (EPI == EPI_ADAM) {\n"
-         "                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);\n"
-         "                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);\n"
-         "                    }\n",
-         "                    (void)r0, (void)c0;  // taken out\n")],
-    8: [("                        mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 : 0));\n"
-         "                        tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
-         "                        tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
-         "                        if (mom) {\n"
-         "                            tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);\n"
-         "                            tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);\n"
-         "                        }\n"
-         "                        if (EPI == EPI_ADAM) {\n"
-         "                            tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);\n"
-         "                            tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);\n"
-         "                        }\n",
+    4: [(UPDATE_STORES, "                    (void)r0, (void)c0;  // taken out\n")],
+    8: [("                        mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 "
+         ": 0));\n" + UPDATE_LOADS,
          "                        mbar_arrive(&efull[b]);  // taken out\n"
          "                        (void)buf, (void)r0, (void)c0;\n")],
-    16: [("                        mbar_arrive_expect_tx(&full[s], STAGE);\n"
-          "                        tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 m-columns\n"
-          "                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);\n"
+    16: [("                        mbar_arrive_expect_tx(&full[s], STAGE);\n" + K_TILE_LOADS +
           "                        tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, &full[s], hint_b);  // B: two such panels\n"
           "                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
           "                        mbar_arrive(&full[s]);  // taken out\n")],
