@@ -207,9 +207,7 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    device = driver.Device(0)
-    if device.arch != "sm_90":
-        print(f"pingpong limits: error: warpgroup MMA needs sm_90; this GPU is {device.arch}", file=sys.stderr)
+    if (device := _run.hopper("pingpong limits")) is None:
         return 1
     stream = driver.Stream()
     bw = copy_bandwidth(stream)

@@ -227,10 +227,17 @@ def main(argv=None) -> int:
     return run_cli(lambda: run(args), "pingpong")
 
 
-def run(args) -> int:
+def hopper(tool: str):
+    """GPU 0 where it runs warpgroup MMA (sm_90); else None, after one line naming `tool` on stderr."""
     device = driver.Device(0)
     if device.arch != "sm_90":
-        print(f"pingpong: error: warpgroup MMA needs sm_90; this GPU is {device.arch}", file=sys.stderr)
+        print(f"{tool}: error: warpgroup MMA needs sm_90; this GPU is {device.arch}", file=sys.stderr)
+        return None
+    return device
+
+
+def run(args) -> int:
+    if (device := hopper("pingpong")) is None:
         return 1
     module, kernels, stream = build(), Kernels(device.arch), driver.Stream()
     rng = np.random.default_rng(0)
