@@ -10,9 +10,12 @@ are then wrong):
     256, 512, 1024 (changes: L2 hints, the same results): the update's TMA loads evict first (not with 8), its TMA
        stores evict first (not with 4), A's and B's k-tiles evict last (not with 16): the update's 268 MB at 4096 x
        4096 stream through an L2 that should keep the 16 MB of A and B every tile re-reads
+    4096 (stamps, the same results): each consumer warpgroup of block 0 stamps its SM clock at each tile's waits,
+       multiply, epilogue and chunks; --timeline prints them (cycles, medians of 5 launches; SGD: Adam's build
+       spills 16-76 bytes with them)
 
     PYTHONPATH=.:scripts:dev python dev/pingpong/limits.py [--shapes 4096x4096x1024 ...] [--optimizer sgd adam]
-                                                          [--masks 0 1 17 14 2 4 8 12]
+                                                          [--masks 0 1 17 14 2 4 8 12] [--timeline]
 
 Each line: us per launch and the % of copy bandwidth the update's bytes (16 a weight with momentum, 24 with Adam)
 reach in that time. 17 (no k-tiles, no multiply) is the epilogue alone, 14 (no update traffic or arithmetic) the
@@ -47,9 +50,22 @@ _run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_run)  # dev/pingpong/run.py, the experiment's operands however this file is loaded
 Weights, recipe_for = _run.Weights, _run.recipe_for
 
+TIMELINE = 4096
+TILES_STAMPED, STAMPS = 32, 16  # a warpgroup's first tiles, the stamps of each (STAMP_NAMES: where, by index)
+STAMP_NAMES = {0: "before the multiply's turn", 1: "multiply issued from", 2: "multiply done",
+               3: "epilogue's turn", **{4 + 2 * q: f"chunk {q} loaded" for q in range(4)},
+               **{5 + 2 * q: f"chunk {q} updated" for q in range(4)}, 12: "epilogue done"}
+STAMP_DEFS = """__device__ unsigned long long rg_pp[2 * %d * %d];  // dev/pingpong/limits.py: SM clock stamps
+#define PP_STAMP(n, k)                                                                    \\
+    do {                                                                                  \\
+        if (t == 0 && blockIdx.x == 0 && (n) < %d) rg_pp[(c * %d + (n)) * %d + (k)] = clock64(); \\
+    } while (0)
+""" % (TILES_STAMPED, STAMPS, TILES_STAMPED, TILES_STAMPED, STAMPS)
+
 PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads"}
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
-HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last"}
+HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last",
+         TIMELINE: "stamped"}
 UPDATE_LOADS = ("                        tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
                 "                        tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
                 "                        if (mom) {\n"
@@ -109,6 +125,25 @@ EDITS = {
     1024: [("                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(keep_b);",
             "                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(1.f);"),
            (K_TILE_LOADS, K_TILE_LOADS.replace("tma_load_2d(", "tma_load_2d_hinted(").replace("]);", "], hint_b);"))],
+    TIMELINE: [
+        ("template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong(",
+         STAMP_DEFS + "template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong("),
+        ("            if (c == 1 || n > 0) mbar_wait(&order[c], (c == 0 ? n - 1 : n) & 1);  // the other's multiply is "
+         "issued\n",
+         "            PP_STAMP(n, 0);\n"
+         "            if (c == 1 || n > 0) mbar_wait(&order[c], (c == 0 ? n - 1 : n) & 1);\n"
+         "            PP_STAMP(n, 1);\n"),
+        ("            wg_hold(d1);\n", "            wg_hold(d1);\n            PP_STAMP(n, 2);\n"),
+        ("            if (c == 1 || n > 0) mbar_wait(&eorder[c], (c == 0 ? n - 1 : n) & 1);  // the other's epilogue is "
+         "done\n",
+         "            if (c == 1 || n > 0) mbar_wait(&eorder[c], (c == 0 ? n - 1 : n) & 1);\n"
+         "            PP_STAMP(n, 3);\n"),
+        ("                mbar_wait(&efull[b], (e / EBUFS) & 1);\n",
+         "                mbar_wait(&efull[b], (e / EBUFS) & 1);\n                PP_STAMP(n, 4 + 2 * q);\n"),
+        ("                fence_proxy_async();  // this thread's writes, before the copy engine reads them\n",
+         "                PP_STAMP(n, 5 + 2 * q);\n                fence_proxy_async();\n"),
+        ("            mbar_arrive(&eorder[1 - c]);  // the other warpgroup may run its epilogue\n",
+         "            PP_STAMP(n, 12);\n            mbar_arrive(&eorder[1 - c]);\n")],
 }
 
 
@@ -162,6 +197,48 @@ def check_change(device, stream, rng, opt: str, mask: int) -> bool:
     return ok
 
 
+def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, runs: int = 5) -> None:
+    """Block 0's consumer warpgroups through their tiles (the TIMELINE build): per tile, thousands of SM cycles from
+    the first stamp, then each wait and part, medians of `runs` launches."""
+    states = 2 if opt == "adam" else 1
+    kernels = variant_kernels(device.arch, TIMELINE)
+    with Arena() as arena:
+        w = Weights(arena, "", M, N, K, states)
+        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
+        arena.allocate()
+        arena.zero()
+        w.fill(rng, M, N, K)
+        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-6)))
+        launch = bind(kernels, device, opt, w, M, N, K, optim)
+        launch.run(stream)  # built, loaded and warm
+        stream.synchronize()
+        module = next(m for unit, m in kernels.modules.items() if unit[0] == GEMM_WGMMA_SOURCE)
+        address, nbytes = module.global_address("rg_pp")
+        rows = []
+        for _ in range(runs):
+            driver.copy_host_to_device(address, np.zeros(nbytes // 8, np.uint64))
+            launch.run(stream)
+            stream.synchronize()
+            host = np.zeros(nbytes // 8, np.uint64)
+            driver.copy_device_to_host(host, address)
+            stamps = host.astype(np.int64).reshape(2, TILES_STAMPED, STAMPS)
+            rows.append(np.where(stamps > 0, stamps - stamps[stamps > 0].min(), -1))
+    st = np.median(np.stack(rows), axis=0)
+    k = lambda v: f"{v / 1e3:6.1f}"  # noqa: E731
+    print(f"# {opt} {M}x{N}x{K}, block 0, kcycles: start, waits for the multiply's turn, multiply, waits for the "
+          f"epilogue's turn; each chunk: from the one before (its barrier and stores) to its loads landed / its "
+          f"update; the epilogue whole")
+    for n in range(TILES_STAMPED):
+        for c in range(2):
+            r = st[c, n]
+            if (r[:13] < 0).any():
+                continue
+            chunks = " ".join(f"{k(r[4 + 2 * q] - r[3 + 2 * q if q else 3])}/{k(r[5 + 2 * q] - r[4 + 2 * q])}"
+                              for q in range(4))
+            print(f"  tile {n:2d} wg {c}  at {k(r[0])}  turn {k(r[1] - r[0])}  multiply {k(r[2] - r[1])}  turn "
+                  f"{k(r[3] - r[2])}  chunks {chunks}  epilogue {k(r[12] - r[3])}", flush=True)
+
+
 def time_shape(device, stream, rng, M: int, N: int, K: int, opt: str, masks, trials: int, bw: float) -> None:
     states = 2 if opt == "adam" else 1
     per_copy = 2 * (M + N) * K + M * N * (4 + 4 * states)
@@ -191,9 +268,11 @@ def main(argv=None) -> int:
     p.add_argument("--optimizer", nargs="+", choices=("sgd", "adam"), default=["sgd"])
     p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 17, 14, 2, 4, 8, 12])
     p.add_argument("--trials", type=count(1), default=20)
+    p.add_argument("--timeline", action="store_true",
+                   help="also print block 0's tiles through time (the stamped build; SGD only: Adam's spills)")
     args = p.parse_args(argv)
     for mask in args.masks:
-        if not 0 <= mask < 2048 or bin(mask >> 5 & 7).count("1") > 1:
+        if mask < 0 or mask & ~(sum(PARTS) | sum(CHANGES) | sum(HINTS)) or bin(mask >> 5 & 7).count("1") > 1:
             p.error(f"--masks: {mask} is not a sum of {sorted(PARTS)}, {sorted(HINTS)} and at most one of "
                     f"{sorted(CHANGES)}")
         if mask & 8 and mask & 256 or mask & 4 and mask & 512 or mask & 16 and mask & 1024:
@@ -221,6 +300,8 @@ def run(args) -> int:
     for M, N, K in args.shapes:
         for opt in args.optimizer:
             time_shape(device, stream, rng, M, N, K, opt, args.masks, args.trials, bw)
+            if args.timeline and opt == "sgd":
+                timeline(device, stream, rng, M, N, K, opt)
     return 0
 
 
