@@ -42,6 +42,7 @@ from rawgpu.contract.gemm import GEMM_WGMMA_SOURCE
 from rawgpu.kernels import gemm as G
 from rawgpu.model import optimizer
 from rawgpu.runtime import driver
+from rawgpu.runtime.compiler import unit_of
 from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
@@ -212,7 +213,7 @@ def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, runs: int = 
         launch = bind(kernels, device, opt, w, M, N, K, optim)
         launch.run(stream)  # built, loaded and warm
         stream.synchronize()
-        module = next(m for unit, m in kernels.modules.items() if unit[0] == GEMM_WGMMA_SOURCE)
+        module = kernels.modules[unit_of(GEMM_WGMMA_SOURCE, launch.kernel.name)]  # the stamped build
         address, nbytes = module.global_address("rg_pp")
         rows = []
         for _ in range(runs):
