@@ -169,19 +169,24 @@ def bind(kernels, device, opt: str, w: Weights, M: int, N: int, K: int, optim):
                   optim=optim)
 
 
+def one_set(arena, rng, opt: str, M: int, N: int, K: int, lr: float):
+    """A fresh set of operands and the optimiser's values at learning rate `lr`, in `arena` (allocated here)."""
+    w = Weights(arena, "", M, N, K, 2 if opt == "adam" else 1)
+    optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
+    arena.allocate()
+    arena.zero()
+    w.fill(rng, M, N, K)
+    optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, lr)))
+    return w, optim
+
+
 def check_change(device, stream, rng, opt: str, mask: int) -> bool:
     """Whether a mask that only changes (no part taken out) leaves the product's bytes, from the same start, at a
     few shapes (edge tiles included); printed either way."""
     ok = True
-    states = 2 if opt == "adam" else 1
     for M, N, K in ((1000, 776, 200), (4096, 4096, 1024)):
         with Arena() as arena:
-            w = Weights(arena, "", M, N, K, states)
-            optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-            arena.allocate()
-            arena.zero()
-            w.fill(rng, M, N, K)
-            optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-2)))
+            w, optim = one_set(arena, rng, opt, M, N, K, 1e-2)
             before = w.snapshot()
             outs = []
             for kernels in (variant_kernels(device.arch, 0), variant_kernels(device.arch, mask)):
@@ -201,15 +206,9 @@ def check_change(device, stream, rng, opt: str, mask: int) -> bool:
 def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, runs: int = 5) -> None:
     """Block 0's consumer warpgroups through their tiles (the TIMELINE build): per tile, thousands of SM cycles from
     the first stamp, then each wait and part, medians of `runs` launches."""
-    states = 2 if opt == "adam" else 1
     kernels = variant_kernels(device.arch, TIMELINE)
     with Arena() as arena:
-        w = Weights(arena, "", M, N, K, states)
-        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-        arena.allocate()
-        arena.zero()
-        w.fill(rng, M, N, K)
-        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-6)))
+        w, optim = one_set(arena, rng, opt, M, N, K, 1e-6)
         launch = bind(kernels, device, opt, w, M, N, K, optim)
         launch.run(stream)  # built, loaded and warm
         stream.synchronize()
