@@ -15,15 +15,6 @@
 //   new values back in place and stores them with TMA (bulk stores, which release the buffer once read).
 // Sums in the order of gemm_wgmma.cu's 128-column tiles (K ascending, the same m64n128k16 steps), so the bits are
 // those of its unsplit wg128 / wg128x2 instances.
-#if RG_WGMMA
-RG_DEVICE void pp_tma_store_2d(const TensorMap* map, int x, int y, const void* src) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
-                 :: "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(src)) : "memory");
-}
-RG_DEVICE void pp_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-template <int N> RG_DEVICE void pp_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
-template <int N> RG_DEVICE void pp_bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory"); }
-#endif
 
 // mapW: the output (store) or the master's high half; mapLo its low half; mapMom, mapVar the fp32 states as pairs of
 // 16-bit elements (boxes of 32 floats). All boxes 64 rows x 128 bytes, 128-byte swizzled.
@@ -165,6 +156,8 @@ RG_DEVICE void pingpong_cr(const TensorMap* mapA, const TensorMap* mapB, const T
                         u32* lo = reinterpret_cast<u32*>(plane_at(buf + 8192, r, col * 2));
                         float2* m = reinterpret_cast<float2*>(plane_at(buf + 16384, r, col * 4));
                         float2* v = reinterpret_cast<float2*>(plane_at(buf + 32768, r, col * 4));
+                        // gemm_wgmma.cu's update_pair, written out: as a call it changes the machine code of
+                        // three of the SGD kernels timed here (their recorded numbers: docs/history.md)
                         float2 w = master_join2(*hi, *lo), y = mom ? *m : make_float2(0.f, 0.f);
                         const float2 g = make_float2(g0, g1);
                         if constexpr (EPI == EPI_SGD) {
@@ -184,32 +177,32 @@ RG_DEVICE void pingpong_cr(const TensorMap* mapA, const TensorMap* mapB, const T
             asm volatile("bar.sync %0, 128;" :: "r"(2 + c) : "memory");
             if (t == 0) {
                 const int r0 = m0 + 64 * (q / 2), c0 = n0 + 64 * (q % 2);
-                pp_tma_store_2d(mapW, c0, r0, buf);
+                tma_store_2d(mapW, c0, r0, buf);
                 if (EPI != EPI_STORE) {
-                    pp_tma_store_2d(mapLo, c0, r0, buf + 8192);
+                    tma_store_2d(mapLo, c0, r0, buf + 8192);
                     if (mom) {
-                        pp_tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);
-                        pp_tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);
+                        tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);
+                        tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);
                     }
                     if (EPI == EPI_ADAM) {
-                        pp_tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);
-                        pp_tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);
+                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);
+                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);
                     }
                 }
-                pp_bulk_commit();
+                bulk_commit();
                 if (q > 0) {  // the chunk before's stores have read their buffer: it may refill
-                    pp_bulk_wait_read<1>();
+                    bulk_wait_read<1>();
                     mbar_arrive(&eempty[(e - 1) % EBUFS]);
                 }
                 if (q == 3) {
-                    pp_bulk_wait_read<0>();
+                    bulk_wait_read<0>();
                     mbar_arrive(&eempty[b]);
                 }
             }
         }
         mbar_arrive(&eorder[1 - c]);  // the other warpgroup may run its epilogue
     }
-    if (t == 0) pp_bulk_wait<0>();  // every store has landed before the grid ends
+    if (t == 0) bulk_wait<0>();  // every store has landed before the grid ends
 #else
     __trap();
 #endif
