@@ -194,7 +194,10 @@ def test_pingpong_limits_experiment_builds_and_refuses_bad_masks_in_one_line(mas
     if mask == 31:
         for args, message in ((["--masks", "96"], "at most one of"), (["--masks", "2048"], "is not a sum"),
                               (["--masks", "264"], "hints what it takes out"), (["--shapes", "12x8x4"], "multiples"),
-                              (["--masks", "8192"], "is not a sum")):
+                              (["--masks", "8192"], "is not a sum"),
+                              (["--buffers", "5", "2", "--optimizer", "adam"], "pass --optimizer sgd"),
+                              (["--buffers", "6", "2"], "more than a block of sm_90 has"),
+                              (["--buffers", "0", "2"], "--buffers")):
             assert_usage_error(limits.main, args, message, capsys)
 
 

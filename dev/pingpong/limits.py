@@ -16,12 +16,16 @@ are then wrong):
 
     PYTHONPATH=.:scripts:dev python dev/pingpong/limits.py [--shapes 4096x4096x1024 ...] [--optimizer sgd adam]
                                                           [--masks 0 1 17 14 2 4 8 12] [--timeline]
+                                                          [--buffers STAGES EBUFS]
+
+--buffers sizes SGD's two rings instead of the product's (contract/gemm.py: the wgpp config's stages and
+PINGPONG_BUFFERS): k-tile stages of 32 KB and epilogue buffers of 32 KB, within one block's shared memory.
 
 Each line: us per launch and the % of copy bandwidth the update's bytes (16 a weight with momentum, 24 with Adam)
 reach in that time. 17 (no k-tiles, no multiply) is the epilogue alone, 14 (no update traffic or arithmetic) the
 multiply alone: if the whole kernel takes about their sum, the update does not hide under the multiply; if the
-epilogue alone is already far from the copy rate, its own chain (a chunk's wait, update, barrier and store) is the
-limit, not the overlap.
+epilogue alone is already far from the copy rate, its own chain (a chunk's wait, update and fence) is the limit, not
+the overlap.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +43,8 @@ from benchmarks.gemm import gemm_shape
 from benchmarks.timing import copies_for, copy_bandwidth, time_graph
 from rawgpu.cli.common import count
 from rawgpu.contract import OPTIM_WORDS
+from rawgpu.contract import gemm as contract_gemm
+from rawgpu.contract.arch import STATIC_RESERVE, block_smem_limit
 from rawgpu.contract.gemm import GEMM_WGMMA_SOURCE
 from rawgpu.kernels import gemm as G
 from rawgpu.model import optimizer
@@ -67,16 +74,16 @@ PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update l
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
 HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last",
          TIMELINE: "stamped"}
-UPDATE_LOADS = ("                        tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
-                "                        tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
-                "                        if (mom) {\n"
-                "                            tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);\n"
-                "                            tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);\n"
-                "                        }\n"
-                "                        if (EPI == EPI_ADAM) {\n"
-                "                            tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);\n"
-                "                            tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);\n"
-                "                        }\n")
+UPDATE_LOADS = ("                    tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
+                "                    tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
+                "                    if (mom) {\n"
+                "                        tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);\n"
+                "                        tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);\n"
+                "                    }\n"
+                "                    if (EPI == EPI_ADAM) {\n"
+                "                        tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);\n"
+                "                        tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);\n"
+                "                    }\n")
 UPDATE_STORES = ("                    tma_store_2d(mapW16, c0, r0, buf);\n"
                  "                    tma_store_2d(mapLo, c0, r0, buf + 8192);\n"
                  "                    if (mom) {\n"
@@ -104,11 +111,11 @@ EDITS = {
          "                    (void)db;  // taken out\n")],
     2: [("                if (q < 2) pingpong_update<EPI>(buf, d0, q % 2, o, mom, warp, lane);\n"
          "                else pingpong_update<EPI>(buf, d1, q % 2, o, mom, warp, lane);\n", "")],
-    4: [(UPDATE_STORES, "                    (void)r0, (void)c0;  // taken out\n")],
-    8: [("                        mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 "
-         ": 0));\n" + UPDATE_LOADS,
-         "                        mbar_arrive(&efull[b]);  // taken out\n"
-         "                        (void)buf, (void)r0, (void)c0;\n")],
+    4: [(UPDATE_STORES, "                    (void)buf;  // taken out\n")],
+    8: [("                    mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 : "
+         "0));\n" + UPDATE_LOADS,
+         "                    mbar_arrive(&efull[b]);  // taken out\n"
+         "                    (void)buf, (void)r0, (void)c0;\n")],
     16: [("                        mbar_arrive_expect_tx(&full[s], STAGE);\n" + K_TILE_LOADS +
           "                        tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, &full[s], hint_b);  // B: two such panels\n"
           "                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
@@ -116,9 +123,9 @@ EDITS = {
     32: [(PAIR_BARRIER, '        }\n        asm volatile("" ::: "memory");\n    }\n}\n')],
     64: [(PAIR_BARRIER, '        }\n        if (jj % 2 == 1) asm volatile("" ::: "memory");\n    }\n}\n')],
     128: [(PAIR_BARRIER, "        }\n    }\n}\n")],
-    256: [("                int e = 0;\n                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n",
-           "                int e = 0;\n                const L2Hint once = l2_hint(-1.f);\n"
-           "                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n"),
+    256: [("                const int chunks = 4 * ((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);\n",
+           "                const int chunks = 4 * ((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);\n"
+           "                const L2Hint once = l2_hint(-1.f);\n"),
           (UPDATE_LOADS, UPDATE_LOADS.replace("tma_load_2d(", "tma_load_2d_hinted(").replace("]);", "], once);"))],
     512: [("RG_DEVICE void bulk_commit()", HINTED_STORE + "RG_DEVICE void bulk_commit()"),
           (UPDATE_STORES, "                    const u64 once = l2_policy(-1.f);  // made here: no register held\n"
@@ -226,7 +233,7 @@ def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, runs: int = 
     st = np.median(np.stack(rows), axis=0)
     k = lambda v: f"{v / 1e3:6.1f}"  # noqa: E731
     print(f"# {opt} {M}x{N}x{K}, block 0, kcycles: start, waits for the multiply's turn, multiply, waits for the "
-          f"epilogue's turn; each chunk: from the one before (its barrier and stores) to its loads landed / its "
+          f"epilogue's turn; each chunk: from the one before (its fence and arrival) to its loads landed / its "
           f"update; the epilogue whole")
     for n in range(TILES_STAMPED):
         for c in range(2):
@@ -270,7 +277,19 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=count(1), default=20)
     p.add_argument("--timeline", action="store_true",
                    help="also print block 0's tiles through time (the stamped build; SGD only: Adam's spills)")
+    p.add_argument("--buffers", type=count(1), nargs=2, metavar=("STAGES", "EBUFS"),
+                   help="SGD's rings instead of the product's: k-tile stages, epilogue buffers (--optimizer sgd)")
     args = p.parse_args(argv)
+    if args.buffers:
+        if args.optimizer != ["sgd"]:
+            p.error("--buffers sizes SGD's rings: pass --optimizer sgd")
+        stages, ebufs = args.buffers
+        cfg = replace(contract_gemm.CONFIGS["wgpp"], stages=stages)
+        smem = stages * (cfg.bm + cfg.bn) * cfg.bk * 2 + ebufs * contract_gemm.PINGPONG_BUFFERS["sgd"][1] + 1024
+        if smem > block_smem_limit("sm_90") - STATIC_RESERVE:
+            p.error(f"--buffers {stages} {ebufs}: {smem} bytes of shared memory, more than a block of sm_90 has")
+        contract_gemm.CONFIGS["wgpp"] = cfg  # the planner and the generated header both read these
+        contract_gemm.PINGPONG_BUFFERS["sgd"] = (ebufs, contract_gemm.PINGPONG_BUFFERS["sgd"][1])
     for mask in args.masks:
         if mask < 0 or mask & ~(sum(PARTS) | sum(CHANGES) | sum(HINTS)) or bin(mask >> 5 & 7).count("1") > 1:
             p.error(f"--masks: {mask} is not a sum of {sorted(PARTS)}, {sorted(HINTS)} and at most one of "
@@ -290,8 +309,9 @@ def run(args) -> int:
         return 1
     stream = driver.Stream()
     bw = copy_bandwidth(stream)
-    print(f"# {device.name}; copy {bw:.0f} GB/s; the planned wgpp tile, us per launch (% of copy at the update's "
-          f"bytes)")
+    rings = contract_gemm.CONFIGS["wgpp"].stages, contract_gemm.PINGPONG_BUFFERS["sgd"][0]
+    print(f"# {device.name}; copy {bw:.0f} GB/s; the planned wgpp tile (SGD's rings: {rings[0]} stages, {rings[1]} "
+          f"epilogue buffers), us per launch (% of copy at the update's bytes)")
     rng = np.random.default_rng(0)
     changes = [m for m in dict.fromkeys(args.masks) if m and not m & sum(PARTS)]  # results must stay the product's
     if not all([check_change(device, stream, rng, opt, m) for opt in args.optimizer for m in changes]):

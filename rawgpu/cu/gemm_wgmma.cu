@@ -398,11 +398,12 @@ RG_DEVICE void gemm_wgmma(const TensorMap* mapA, const TensorMap* mapB, const Pa
 // (wg128x2, momentum) a pair of weights at a time, each a round trip to DRAM. Here one CTA an SM walks the tiles
 // (blockIdx.x, + gridDim.x, ...). Warpgroup 0 produces: its warp 0 copies A's and B's k-tiles into a ring of STAGES,
 // its warp 1 each tile's master halves and optimiser state, a 64 x 64 chunk at a time, into a ring of EBUFS epilogue
-// buffers (both by TMA). Warpgroups 1 and 2 own the CTA's even and odd tiles, whole 128 x 128 ones: two m64n128k16 per
+// buffers (both by TMA), and stores each chunk back (TMA) once its warpgroup has updated it, so that no consumer
+// waits on a store. Warpgroups 1 and 2 own the CTA's even and odd tiles, whole 128 x 128 ones: two m64n128k16 per
 // k16 step (128 accumulators a thread, from the producers' registers: setmaxnreg). Two order barriers keep the
 // consumers' multiplies, and their epilogues, in tile order: while one warpgroup updates, the other multiplies, and a
 // ring's barrier is waited on at most one phase behind (its parity then names the phase). The update rewrites a chunk
-// in its buffer and stores it back with TMA, which frees the buffer once it has read it. The sums are those of the
+// in its buffer; the buffer refills once the chunk's stores have read it. The sums are those of the
 // 128-column tiles above (K ascending, the same m64n128k16 steps), so the bits are wg128's.
 // The fp32 states' maps name pairs of 16-bit elements (boxes of 32 floats, 128 bytes): the copy engine moves bytes.
 template <int STAGES_, int EBUFS_SGD_, int EBUFS_ADAM_>
@@ -454,7 +455,7 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
         constexpr int BK = Cfg::BK, STAGES = Cfg::STAGES, STAGE = Cfg::STAGE_BYTES, A_BYTES = 16384;
         constexpr int EBUFS = Cfg::ebufs(EPI), EBUF = Cfg::ebuf_bytes(EPI);
         extern __shared__ __align__(1024) u8 smem_raw[];
-        __shared__ u64 full[STAGES], empty[STAGES], efull[EBUFS], eempty[EBUFS], order[2], eorder[2];
+        __shared__ u64 full[STAGES], empty[STAGES], efull[EBUFS], written[EBUFS], order[2], eorder[2];
         if (dynamic_smem_bytes() < Cfg::smem(EPI) || gridDim.y * gridDim.z != 1) __trap();  // launcher mismatch
         u8* stages = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
         u8* ebufs = stages + STAGES * STAGE;
@@ -468,7 +469,7 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
             }
             for (int e = 0; e < EBUFS; ++e) {
                 mbar_init(&efull[e], 1);
-                mbar_init(&eempty[e], 1);
+                mbar_init(&written[e], 4);  // each warp of the updating warpgroup
             }
             for (int c = 0; c < 2; ++c) {
                 mbar_init(&order[c], 128);   // every thread of the other warpgroup, its multiply issued
@@ -499,32 +500,60 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
                         tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);
                     }
                 }
-            } else if (tid == 32) {  // the update's inputs; chunk q of a tile: rows 64 (q / 2) on, columns 64 (q % 2) on
-                prefetch_tensor_map(mapW16);
+            } else if (tid == 32) {  // the update's inputs and results; chunk q of a tile: rows 64 (q / 2) on, columns
+                prefetch_tensor_map(mapW16);  // 64 (q % 2) on
                 prefetch_tensor_map(mapLo);
                 if (mom) prefetch_tensor_map(mapMom);
                 if (EPI == EPI_ADAM) prefetch_tensor_map(mapVar);
-                int e = 0;
-                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-                    const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
+                const int chunks = 4 * ((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+                auto corner = [&](int e, int& r0, int& c0) {  // chunk e of this CTA's tiles: its first row and column
+                    const int tile = blockIdx.x + e / 4 * gridDim.x, q = e % 4;
+                    r0 = tile % tiles_m * 128 + 64 * (q / 2);
+                    c0 = tile / tiles_m * 128 + 64 * (q % 2);
+                };
+                auto store = [&](int e) {  // chunk e's results, once its warpgroup has written them
+                    const int b = e % EBUFS;
+                    int r0, c0;
+                    corner(e, r0, c0);  // the copy engine clips at the edges
+                    u8* buf = ebufs + b * EBUF;
+                    mbar_wait(&written[b], (e / EBUFS) & 1);
+                    tma_store_2d(mapW16, c0, r0, buf);
+                    tma_store_2d(mapLo, c0, r0, buf + 8192);
+                    if (mom) {
+                        tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);
+                        tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);
+                    }
+                    if (EPI == EPI_ADAM) {
+                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);
+                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);
+                    }
+                    bulk_commit();
+                };
 #pragma unroll 1  // the producers' registers are few
-                    for (int q = 0; q < 4; ++q, ++e) {
-                        const int b = e % EBUFS, r0 = m0 + 64 * (q / 2), c0 = n0 + 64 * (q % 2);
-                        if (e >= EBUFS) mbar_wait(&eempty[b], (e / EBUFS - 1) & 1);
-                        u8* buf = ebufs + b * EBUF;
-                        mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 : 0));
-                        tma_load_2d(buf, mapW16, c0, r0, &efull[b]);
-                        tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);
-                        if (mom) {
-                            tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);
-                            tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);
-                        }
-                        if (EPI == EPI_ADAM) {
-                            tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);
-                            tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);
-                        }
+                for (int e = 0; e < chunks; ++e) {
+                    const int b = e % EBUFS;
+                    if (e >= EBUFS) {
+                        store(e - EBUFS);
+                        bulk_wait_read<0>();  // its buffer is read: it may refill
+                    }
+                    int r0, c0;
+                    corner(e, r0, c0);
+                    u8* buf = ebufs + b * EBUF;
+                    mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 : 0));
+                    tma_load_2d(buf, mapW16, c0, r0, &efull[b]);
+                    tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);
+                    if (mom) {
+                        tma_load_2d(buf + 16384, mapMom, 2 * c0, r0, &efull[b]);
+                        tma_load_2d(buf + 24576, mapMom, 2 * c0 + 64, r0, &efull[b]);
+                    }
+                    if (EPI == EPI_ADAM) {
+                        tma_load_2d(buf + 32768, mapVar, 2 * c0, r0, &efull[b]);
+                        tma_load_2d(buf + 40960, mapVar, 2 * c0 + 64, r0, &efull[b]);
                     }
                 }
+#pragma unroll 1
+                for (int e = max(0, chunks - EBUFS); e < chunks; ++e) store(e);
+                bulk_wait<0>();  // every store has landed before the grid ends
             }
             return;
         }
@@ -533,7 +562,6 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
         const Optim o = *p.opt;  // this step's values (the gather wrote them before pdl_enter returned)
         int n = 0;
         for (int j = c, tile = blockIdx.x + c * gridDim.x; tile < tiles; j += 2, tile += 2 * gridDim.x, ++n) {
-            const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
             if (c == 1 || n > 0) mbar_wait(&order[c], (c == 0 ? n - 1 : n) & 1);  // the other's multiply is issued
             float d0[64], d1[64];  // rows 0..63 and 64..127 of the tile
 #pragma unroll
@@ -567,33 +595,11 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
                 if (q < 2) pingpong_update<EPI>(buf, d0, q % 2, o, mom, warp, lane);
                 else pingpong_update<EPI>(buf, d1, q % 2, o, mom, warp, lane);
                 fence_proxy_async();  // this thread's writes, before the copy engine reads them
-                asm volatile("bar.sync %0, 128;" :: "r"(2 + c) : "memory");
-                if (t == 0) {
-                    const int r0 = m0 + 64 * (q / 2), c0 = n0 + 64 * (q % 2);  // the copy engine clips at the edges
-                    tma_store_2d(mapW16, c0, r0, buf);
-                    tma_store_2d(mapLo, c0, r0, buf + 8192);
-                    if (mom) {
-                        tma_store_2d(mapMom, 2 * c0, r0, buf + 16384);
-                        tma_store_2d(mapMom, 2 * c0 + 64, r0, buf + 24576);
-                    }
-                    if (EPI == EPI_ADAM) {
-                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);
-                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);
-                    }
-                    bulk_commit();
-                    if (q > 0) {  // the chunk before's stores have read its buffer: it may refill
-                        bulk_wait_read<1>();
-                        mbar_arrive(&eempty[(e - 1) % EBUFS]);
-                    }
-                    if (q == 3) {
-                        bulk_wait_read<0>();
-                        mbar_arrive(&eempty[b]);
-                    }
-                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&written[b]);  // the loading warp stores the chunk
             }
             mbar_arrive(&eorder[1 - c]);  // the other warpgroup may run its epilogue
         }
-        if (t == 0) bulk_wait<0>();  // every store has landed before the grid ends
     }
 #else
     __trap();  // wgmma is sm_90a's
