@@ -10,9 +10,14 @@ are then wrong):
     256, 512, 1024 (changes: L2 hints, the same results): the update's TMA loads evict first (not with 8), its TMA
        stores evict first (not with 4), A's and B's k-tiles evict last (not with 16): the update's 268 MB at 4096 x
        4096 stream through an L2 that should keep the 16 MB of A and B every tile re-reads
+    8192 (a change, the same results): the update's loads by the loading warp's 32 lanes with cp.async (16-byte
+       pieces into the same swizzled planes, zeros past the edges) instead of the copy engine, which keeps the
+       k-tiles and the stores: the timeline showed the k-tiles' loads slowed only when both the update's loads and
+       its stores share the copy engine with them (within the loading warp's 24 registers it spills 4-16 bytes,
+       reloaded once a chunk)
     4096 (stamps, the same results): each consumer warpgroup of block 0 stamps its SM clock at each tile's waits,
-       multiply, epilogue and chunks; --timeline prints them (cycles, medians of 5 launches; SGD: Adam's build
-       spills 16-76 bytes with them)
+       multiply, epilogue and chunks; --timeline prints them for each of --masks' builds (cycles, medians of 5
+       launches; SGD: Adam's build spills 16-76 bytes with them)
 
     PYTHONPATH=.:scripts:dev python dev/pingpong/limits.py [--shapes 4096x4096x1024 ...] [--optimizer sgd adam]
                                                           [--masks 0 1 17 14 2 4 8 12] [--timeline]
@@ -73,7 +78,7 @@ STAMP_DEFS = """__device__ unsigned long long rg_pp[2 * %d * %d];  // dev/pingpo
 PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads"}
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
 HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last",
-         TIMELINE: "stamped"}
+         TIMELINE: "stamped", 8192: "update loads by cp.async"}
 UPDATE_LOADS = ("                    tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
                 "                    tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
                 "                    if (mom) {\n"
@@ -102,6 +107,23 @@ HINTED_STORE = """RG_DEVICE void tma_store_2d_policy(const TensorMap* map, int x
                  :: "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(src)), "l"(policy)
                  : "memory");
 }
+"""
+CP_ASYNC_LOADS = """\
+                    const int planes = 2 + (mom ? 2 : 0) + (EPI == EPI_ADAM ? 2 : 0);
+#pragma unroll 1
+                    for (int i = lane; i < planes * 512; i += 32) {  // 16-byte pieces, 8 a row, 64 rows a plane
+                        const int a = i / 512, r = i % 512 / 8, piece = i % 8, row = r0 + r;
+                        const bool wide = a >= 2;  // the fp32 planes: 32 columns each
+                        const int col = wide ? c0 + a % 2 * 32 + piece * 4 : c0 + piece * 8;
+                        const u8* base = a == 0 ? reinterpret_cast<const u8*>(p.w16)
+                                       : a == 1 ? static_cast<const u8*>(p.out)
+                                       : reinterpret_cast<const u8*>(a < 4 ? p.mom : p.var);
+                        const bool valid = row < p.M && col < p.N;  // the copy engine's zeros past the edges
+                        const u8* src = base + ((i64)(valid ? row : 0) * p.ldc + (valid ? col : 0)) * (wide ? 4 : 2);
+                        cp_async_16(buf + a * 8192 + swizzle_128b(r, piece), src, valid);
+                    }
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
+                                 :: "r"(shared_address(&efull[b])) : "memory");
 """
 PAIR_BARRIER = ('            asm volatile("" ::: "memory");  // a pair at a time: fewer registers live\n'
                 "        }\n    }\n}\n")
@@ -133,6 +155,21 @@ EDITS = {
     1024: [("                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(keep_b);",
             "                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(1.f);"),
            (K_TILE_LOADS, K_TILE_LOADS.replace("tma_load_2d(", "tma_load_2d_hinted(").replace("]);", "], hint_b);"))],
+    8192: [("                mbar_init(&efull[e], 1);\n",
+             "                mbar_init(&efull[e], 32);  // each lane of the loading warp, its copies landed\n"),
+           ("            } else if (tid == 32) {", "            } else if (warp == 1) {"),
+           ("                        store(e - EBUFS);\n                        bulk_wait_read<0>();  // its buffer is read: "
+            "it may refill\n",
+            "                        if (lane == 0) {\n                            store(e - EBUFS);\n"
+            "                            bulk_wait_read<0>();\n                        }\n"
+            "                        __syncwarp();  // the buffer is read: the lanes may refill it\n"),
+           ("                    mbar_arrive_expect_tx(&efull[b], 16384 + (mom ? 16384 : 0) + (EPI == EPI_ADAM ? 16384 : "
+            "0));\n" + UPDATE_LOADS, CP_ASYNC_LOADS),
+           ("                for (int e = max(0, chunks - EBUFS); e < chunks; ++e) store(e);\n"
+            "                bulk_wait<0>();  // every store has landed before the grid ends\n",
+            "                for (int e = max(0, chunks - EBUFS); e < chunks; ++e)\n"
+            "                    if (lane == 0) store(e);\n"
+            "                if (lane == 0) bulk_wait<0>();\n")],
     TIMELINE: [
         ("template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong(",
          STAMP_DEFS + "template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong("),
@@ -210,10 +247,10 @@ def check_change(device, stream, rng, opt: str, mask: int) -> bool:
     return ok
 
 
-def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, runs: int = 5) -> None:
-    """Block 0's consumer warpgroups through their tiles (the TIMELINE build): per tile, thousands of SM cycles from
-    the first stamp, then each wait and part, medians of `runs` launches."""
-    kernels = variant_kernels(device.arch, TIMELINE)
+def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, mask: int = 0, runs: int = 5) -> None:
+    """Block 0's consumer warpgroups through their tiles (mask's build, stamped): per tile, thousands of SM cycles
+    from the first stamp, then each wait and part, medians of `runs` launches."""
+    kernels = variant_kernels(device.arch, mask | TIMELINE)
     with Arena() as arena:
         w, optim = one_set(arena, rng, opt, M, N, K, 1e-6)
         launch = bind(kernels, device, opt, w, M, N, K, optim)
@@ -232,7 +269,7 @@ def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, runs: int = 
             rows.append(np.where(stamps > 0, stamps - stamps[stamps > 0].min(), -1))
     st = np.median(np.stack(rows), axis=0)
     k = lambda v: f"{v / 1e3:6.1f}"  # noqa: E731
-    print(f"# {opt} {M}x{N}x{K}, block 0, kcycles: start, waits for the multiply's turn, multiply, waits for the "
+    print(f"# {opt} {M}x{N}x{K}, mask {mask} ({describe(mask)}), block 0, kcycles: start, waits for the multiply's turn, multiply, waits for the "
           f"epilogue's turn; each chunk: from the one before (its fence and arrival) to its loads landed / its "
           f"update; the epilogue whole")
     for n in range(TILES_STAMPED):
@@ -276,7 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--masks", type=int, nargs="+", default=[0, 1, 17, 14, 2, 4, 8, 12])
     p.add_argument("--trials", type=count(1), default=20)
     p.add_argument("--timeline", action="store_true",
-                   help="also print block 0's tiles through time (the stamped build; SGD only: Adam's spills)")
+                   help="also print block 0's tiles through time in each mask's build, stamped (SGD only: Adam's "
+                        "spills)")
     p.add_argument("--buffers", type=count(1), nargs=2, metavar=("STAGES", "EBUFS"),
                    help="SGD's rings instead of the product's: k-tile stages, epilogue buffers (--optimizer sgd)")
     args = p.parse_args(argv)
@@ -296,6 +334,8 @@ def main(argv=None) -> int:
                     f"{sorted(CHANGES)}")
         if mask & 8 and mask & 256 or mask & 4 and mask & 512 or mask & 16 and mask & 1024:
             p.error(f"--masks: {mask} hints what it takes out (8 with 256, 4 with 512, 16 with 1024)")
+        if mask & 8192 and mask & (8 | 256):
+            p.error(f"--masks: {mask} changes the update's loads it takes out or hints (8192 with 8 or 256)")
     for M, N, K in args.shapes:
         if M % 8 or N % 8:
             p.error(f"{M}x{N}x{K}: M and N must be multiples of 8 (the copy engine's rows)")
@@ -321,7 +361,8 @@ def run(args) -> int:
         for opt in args.optimizer:
             time_shape(device, stream, rng, M, N, K, opt, args.masks, args.trials, bw)
             if args.timeline and opt == "sgd":
-                timeline(device, stream, rng, M, N, K, opt)
+                for mask in dict.fromkeys(m & ~TIMELINE for m in args.masks):
+                    timeline(device, stream, rng, M, N, K, opt, mask)
     return 0
 
 
