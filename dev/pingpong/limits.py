@@ -10,6 +10,11 @@ are then wrong):
     256, 512, 1024 (changes: L2 hints, the same results): the update's TMA loads evict first (not with 8), its TMA
        stores evict first (not with 4), A's and B's k-tiles evict last (not with 16): the update's 268 MB at 4096 x
        4096 stream through an L2 that should keep the 16 MB of A and B every tile re-reads
+    16384 (a cut): B's second 64-column panel of each k-tile not loaded (the multiply reads what the stage held):
+       the k-tiles' bytes through each SM's copy engine less a quarter, what a pair of CTAs sharing B by multicast
+       would save
+    32768 (a cut): the multiply of the tile's second 64 rows (half the tensor cores' work and their reads of
+       shared memory): whether the update's chain slows beside a multiply for its reads
     8192 (a change, the same results): the update's loads by the loading warp's 32 lanes with cp.async (16-byte
        pieces into the same swizzled planes, zeros past the edges) instead of the copy engine, which keeps the
        k-tiles and the stores: the timeline showed the k-tiles' loads slowed only when both the update's loads and
@@ -75,7 +80,8 @@ STAMP_DEFS = """__device__ unsigned long long rg_pp[2 * %d * %d];  // dev/pingpo
     } while (0)
 """ % (TILES_STAMPED, STAMPS, TILES_STAMPED, TILES_STAMPED, STAMPS)
 
-PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads"}
+PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads",
+         16384: "B's second k-tile panel", 32768: "the multiply's second 64 rows"}
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
 HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last",
          TIMELINE: "stamped", 8192: "update loads by cp.async"}
@@ -170,6 +176,11 @@ EDITS = {
             "                for (int e = max(0, chunks - EBUFS); e < chunks; ++e)\n"
             "                    if (lane == 0) store(e);\n"
             "                if (lane == 0) bulk_wait<0>();\n")],
+    16384: [("                        mbar_arrive_expect_tx(&full[s], STAGE);\n",
+              "                        mbar_arrive_expect_tx(&full[s], STAGE - 8192);  // B's second panel taken out\n"),
+            ("                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
+             "")],
+    32768: [("                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);\n", "")],
     TIMELINE: [
         ("template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong(",
          STAMP_DEFS + "template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong("),
@@ -334,6 +345,10 @@ def main(argv=None) -> int:
                     f"{sorted(CHANGES)}")
         if mask & 8 and mask & 256 or mask & 4 and mask & 512 or mask & 16 and mask & 1024:
             p.error(f"--masks: {mask} hints what it takes out (8 with 256, 4 with 512, 16 with 1024)")
+        if mask & 32768 and mask & 1:
+            p.error(f"--masks: {mask} takes out half of the multiply it takes out (32768 with 1)")
+        if mask & 16384 and mask & 16:
+            p.error(f"--masks: {mask} takes out part of the k-tiles it takes out (16384 with 16)")
         if mask & 8192 and mask & (8 | 256):
             p.error(f"--masks: {mask} changes the update's loads it takes out or hints (8192 with 8 or 256)")
     for M, N, K in args.shapes:
