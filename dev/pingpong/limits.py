@@ -5,21 +5,18 @@ are then wrong):
     1 the multiply (the consumers' wgmma)   2 the update's arithmetic   4 the update's TMA stores
     8 the update's TMA loads (master halves and state)   16 the k-tiles' TMA loads (A and B; Adam's build then
       spills 4 bytes)
+    16384 B's second 64-column panel of each k-tile (the multiply reads what the stage held): the k-tiles' bytes
+       through each SM's copy engine less a quarter, what a pair of CTAs sharing B by multicast would save
+    32768 the multiply of the tile's second 64 rows (half the tensor cores' work and their reads of shared
+       memory): whether the update's chain slows beside a multiply for its reads
     32, 64, 128 (changes, not cuts): the update's compiler barrier after every 2 pairs, every 4, or none (the
        product's: after each pair, so that few registers live beside the 128 accumulators); the same arithmetic
     256, 512, 1024 (changes: L2 hints, the same results): the update's TMA loads evict first (not with 8), its TMA
        stores evict first (not with 4), A's and B's k-tiles evict last (not with 16): the update's 268 MB at 4096 x
        4096 stream through an L2 that should keep the 16 MB of A and B every tile re-reads
-    16384 (a cut): B's second 64-column panel of each k-tile not loaded (the multiply reads what the stage held):
-       the k-tiles' bytes through each SM's copy engine less a quarter, what a pair of CTAs sharing B by multicast
-       would save
-    32768 (a cut): the multiply of the tile's second 64 rows (half the tensor cores' work and their reads of
-       shared memory): whether the update's chain slows beside a multiply for its reads
     8192 (a change, the same results): the update's loads by the loading warp's 32 lanes with cp.async (16-byte
        pieces into the same swizzled planes, zeros past the edges) instead of the copy engine, which keeps the
-       k-tiles and the stores: the timeline showed the k-tiles' loads slowed only when both the update's loads and
-       its stores share the copy engine with them (within the loading warp's 24 registers it spills 4-16 bytes,
-       reloaded once a chunk)
+       k-tiles and the stores (within the loading warp's 24 registers it spills 4-16 bytes, reloaded once a chunk)
     4096 (stamps, the same results): each consumer warpgroup of block 0 stamps its SM clock at each tile's waits,
        multiply, epilogue and chunks; --timeline prints them for each of --masks' builds (cycles, medians of 5
        launches; SGD: Adam's build spills 16-76 bytes with them)
