@@ -500,13 +500,14 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
                         tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);
                     }
                 }
-            } else if (tid == 32) {  // the update's inputs and results; chunk q of a tile: rows 64 (q / 2) on, columns
-                prefetch_tensor_map(mapW16);  // 64 (q % 2) on
+            } else if (tid == 32) {  // the update's inputs and results, a chunk at a time
+                prefetch_tensor_map(mapW16);
                 prefetch_tensor_map(mapLo);
                 if (mom) prefetch_tensor_map(mapMom);
                 if (EPI == EPI_ADAM) prefetch_tensor_map(mapVar);
                 const int chunks = 4 * ((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
-                auto corner = [&](int e, int& r0, int& c0) {  // chunk e of this CTA's tiles: its first row and column
+                // chunk e: the CTA's tile e / 4, its rows from 64 (q / 2) and columns from 64 (q % 2), q = e % 4
+                auto corner = [&](int e, int& r0, int& c0) {
                     const int tile = blockIdx.x + e / 4 * gridDim.x, q = e % 4;
                     r0 = tile % tiles_m * 128 + 64 * (q / 2);
                     c0 = tile / tiles_m * 128 + 64 * (q % 2);
