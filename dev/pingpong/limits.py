@@ -17,6 +17,8 @@ are then wrong):
     8192 (a change, the same results): the update's loads by the loading warp's 32 lanes with cp.async (16-byte
        pieces into the same swizzled planes, zeros past the edges) instead of the copy engine, which keeps the
        k-tiles and the stores (within the loading warp's 24 registers it spills 4-16 bytes, reloaded once a chunk)
+    65536 (a change, the same results): each pair's update with the next pair's operands already loaded (4-6
+       registers more), so that their shared-memory latency passes under this pair's arithmetic
     4096 (stamps, the same results): each consumer warpgroup of block 0 stamps its SM clock at each tile's waits,
        multiply, epilogue and chunks; --timeline prints them for each of --masks' builds (cycles, medians of 5
        launches; SGD: Adam's build spills 16-76 bytes with them)
@@ -81,7 +83,7 @@ PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update l
          16384: "B's second k-tile panel", 32768: "the multiply's second 64 rows"}
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
 HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last",
-         TIMELINE: "stamped", 8192: "update loads by cp.async"}
+         TIMELINE: "stamped", 8192: "update loads by cp.async", 65536: "the next pair's operands ahead"}
 UPDATE_LOADS = ("                    tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
                 "                    tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
                 "                    if (mom) {\n"
@@ -127,6 +129,57 @@ CP_ASYNC_LOADS = """\
                     }
                     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];"
                                  :: "r"(shared_address(&efull[b])) : "memory");
+"""
+PAIR_AHEAD = """\
+    const auto at = [&](int k, int plane, int bytes) {  // pair k's two elements in a plane
+        const int r = warp * 16 + lane / 4 + 8 * (k % 2), col = k / 2 * 8 + 2 * (lane % 4);
+        return plane_at(buf + plane, r, col * bytes);
+    };
+    u32 hi = *reinterpret_cast<u32*>(at(0, 0, 2)), lo = *reinterpret_cast<u32*>(at(0, 8192, 2));
+    float2 m = mom ? *reinterpret_cast<float2*>(at(0, 16384, 4)) : make_float2(0.f, 0.f);
+    float2 v = EPI == EPI_ADAM ? *reinterpret_cast<float2*>(at(0, 32768, 4)) : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {  // pair k: columns 8 (k / 2) on, rows 8 (k % 2) on; its next one's operands ahead
+        u32 hi_n = 0, lo_n = 0;
+        float2 m_n = make_float2(0.f, 0.f), v_n = make_float2(0.f, 0.f);
+        if (k + 1 < 16) {
+            hi_n = *reinterpret_cast<u32*>(at(k + 1, 0, 2));
+            lo_n = *reinterpret_cast<u32*>(at(k + 1, 8192, 2));
+            if (mom) m_n = *reinterpret_cast<float2*>(at(k + 1, 16384, 4));
+            if (EPI == EPI_ADAM) v_n = *reinterpret_cast<float2*>(at(k + 1, 32768, 4));
+        }
+        const int jd = 8 * half + k / 2, h = k % 2;
+        float2 w = master_join2(hi, lo), y = m;
+        const float2 g = make_float2(d[4 * jd + 2 * h], d[4 * jd + 2 * h + 1]);
+        if constexpr (EPI == EPI_SGD) {
+            optim_sgd2(w, g, y, o);
+        } else {
+            float2 z = v;
+            optim_adam2(w, g, y, z, o);
+            *reinterpret_cast<float2*>(at(k, 32768, 4)) = z;
+        }
+        if (mom) *reinterpret_cast<float2*>(at(k, 16384, 4)) = y;
+        master_split2(w, *reinterpret_cast<u32*>(at(k, 0, 2)), *reinterpret_cast<u32*>(at(k, 8192, 2)));
+        asm volatile("" ::: "memory");  // a pair at a time, the next one's loads already issued
+        hi = hi_n, lo = lo_n, m = m_n, v = v_n;
+    }
+}
+"""
+PAIR_UPDATE = """\
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int jd = 8 * half + jj, r = warp * 16 + lane / 4 + 8 * h, col = jj * 8 + 2 * (lane % 4);
+            update_pair<EPI>(reinterpret_cast<u32*>(plane_at(buf, r, col * 2)),
+                             reinterpret_cast<u32*>(plane_at(buf + 8192, r, col * 2)),
+                             reinterpret_cast<float2*>(plane_at(buf + 16384, r, col * 4)),
+                             reinterpret_cast<float2*>(plane_at(buf + 32768, r, col * 4)),
+                             make_float2(d[4 * jd + 2 * h], d[4 * jd + 2 * h + 1]), o, mom);
+            asm volatile("" ::: "memory");  // a pair at a time: fewer registers live
+        }
+    }
+}
 """
 PAIR_BARRIER = ('            asm volatile("" ::: "memory");  // a pair at a time: fewer registers live\n'
                 "        }\n    }\n}\n")
@@ -178,6 +231,7 @@ EDITS = {
             ("                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
              "")],
     32768: [("                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);\n", "")],
+    65536: [(PAIR_UPDATE, PAIR_AHEAD)],
     TIMELINE: [
         ("template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong(",
          STAMP_DEFS + "template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong("),
@@ -342,6 +396,8 @@ def main(argv=None) -> int:
                     f"{sorted(CHANGES)}")
         if mask & 8 and mask & 256 or mask & 4 and mask & 512 or mask & 16 and mask & 1024:
             p.error(f"--masks: {mask} hints what it takes out (8 with 256, 4 with 512, 16 with 1024)")
+        if mask & 65536 and mask & (32 | 64 | 128):
+            p.error(f"--masks: {mask} changes the pairs' update twice (65536 with 32, 64 or 128)")
         if mask & 32768 and mask & 1:
             p.error(f"--masks: {mask} takes out half of the multiply it takes out (32768 with 1)")
         if mask & 16384 and mask & 16:
