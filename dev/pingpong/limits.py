@@ -9,6 +9,9 @@ are then wrong):
        through each SM's copy engine less a quarter, what a pair of CTAs sharing B by multicast would save
     32768 the multiply of the tile's second 64 rows (half the tensor cores' work and their reads of shared
        memory): whether the update's chain slows beside a multiply for its reads
+    131072, 262144 the update's stores' or loads' DRAM traffic: each CTA stores to (loads from) its first chunk's
+       place, in L2, every time (the copy engine's operations stay): whether the memory or the engine delays the
+       k-tiles
     32, 64, 128 (changes, not cuts): the update's compiler barrier after every 2 pairs, every 4, or none (the
        product's: after each pair, so that few registers live beside the 128 accumulators); the same arithmetic
     256, 512, 1024 (changes: L2 hints, the same results): the update's TMA loads evict first (not with 8), its TMA
@@ -80,7 +83,8 @@ STAMP_DEFS = """__device__ unsigned long long rg_pp[2 * %d * %d];  // dev/pingpo
 """ % (TILES_STAMPED, STAMPS, TILES_STAMPED, TILES_STAMPED, STAMPS)
 
 PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update loads", 16: "k-tile loads",
-         16384: "B's second k-tile panel", 32768: "the multiply's second 64 rows"}
+         16384: "B's second k-tile panel", 32768: "the multiply's second 64 rows",
+         131072: "update stores' DRAM traffic", 262144: "update loads' DRAM traffic"}
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
 HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last",
          TIMELINE: "stamped", 8192: "update loads by cp.async", 65536: "the next pair's operands ahead"}
@@ -232,6 +236,11 @@ EDITS = {
              "")],
     32768: [("                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);\n", "")],
     65536: [(PAIR_UPDATE, PAIR_AHEAD)],
+    131072: [("                    corner(e, r0, c0);  // the copy engine clips at the edges\n",
+              "                    corner(0, r0, c0);  // taken out: every store to this CTA's first chunk (L2)\n")],
+    262144: [("                    int r0, c0;\n                    corner(e, r0, c0);\n",
+              "                    int r0, c0;\n                    corner(0, r0, c0);  // taken out: from this CTA's first "
+              "chunk (L2)\n")],
     TIMELINE: [
         ("template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong(",
          STAMP_DEFS + "template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong("),
@@ -398,6 +407,9 @@ def main(argv=None) -> int:
             p.error(f"--masks: {mask} hints what it takes out (8 with 256, 4 with 512, 16 with 1024)")
         if mask & 65536 and mask & (32 | 64 | 128):
             p.error(f"--masks: {mask} changes the pairs' update twice (65536 with 32, 64 or 128)")
+        if mask & 131072 and mask & (4 | 512) or mask & 262144 and mask & (8 | 256 | 8192):
+            p.error(f"--masks: {mask} moves update traffic it takes out or changes (131072 with 4 or 512, 262144 with "
+                    "8, 256 or 8192)")
         if mask & 32768 and mask & 1:
             p.error(f"--masks: {mask} takes out half of the multiply it takes out (32768 with 1)")
         if mask & 16384 and mask & 16:
