@@ -215,6 +215,16 @@ def dx_operand(dx: "Tensor | None", rows: int, cols: int) -> tuple[int, int]:
     return matrix_stride(dx, rows, cols, dx.dtype, "dx"), int(dx.dtype == np.float32)
 
 
+def layer_operands(p: OnePassPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor", w16: "Tensor") -> tuple[int, int, int]:
+    """The row strides of x [B, IN] and dy [B, N] (fp16) and of the master's halves wlo (int16) and W16 [IN, N], after
+    checking them: the one-pass kernels' operands."""
+    ldx = matrix_stride(x, p.B, p.IN, np.float16, "x")
+    lddy = matrix_stride(dy, p.B, p.N, np.float16, "dy")
+    ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
+    require(w16, np.float16, wlo.shape, "W16")
+    return ldx, lddy, ldw
+
+
 def matrix_stride(t: "Tensor", rows: int, cols: int, dtype, what: str) -> int:
     """The row stride of t after checking it holds a rows x cols matrix of dtype (the one-pass kernels' operands)."""
     require(t, dtype, what=what)
@@ -234,10 +244,7 @@ def dx_sgd(k: Kernels, plan: DxSgdPlan, x: "Tensor", dy: "Tensor", wlo: "Tensor"
     (kernels/l2.py; default normal). bias [N] fp32: also updated, b -= lr colsum(dy), the same bits as
     elementwise.bias_update."""
     p = plan
-    ldx = matrix_stride(x, p.B, p.IN, np.float16, "x")
-    lddy = matrix_stride(dy, p.B, p.N, np.float16, "dy")
-    ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
-    require(w16, np.float16, wlo.shape, "W16")
+    ldx, lddy, ldw = layer_operands(p, x, dy, wlo, w16)
     lddx, dx_f32 = dx_operand(dx, p.B, p.IN)
     require_slope(k, slope, None if dx_f32 else dx, "dx_sgd")
     require(lr, np.float32, what="lr")

@@ -19,7 +19,7 @@ from .. import contract
 from ..contract.optim import update_family
 from ..runtime.compiler import unit_of
 from . import PLANNING_ARCH, PLANNING_SM_COUNT, Kernels, require, require_slope, require_split_scratch
-from .dx_sgd import BM, OnePassPlan, dx_operand, matrix_stride, one_pass_layout
+from .dx_sgd import BM, OnePassPlan, dx_operand, layer_operands, one_pass_layout
 from .l2 import LayerPolicy
 
 if TYPE_CHECKING:
@@ -112,10 +112,7 @@ def dx_update(k: Kernels, plan: DxUpdatePlan, x: "Tensor", dy: "Tensor", wlo: "T
     (kernels/l2.py; default normal). bias [N] fp32 with its state mb, vb: also updated, with the same bits as
     elementwise.bias_update."""
     p = plan
-    ldx = matrix_stride(x, p.B, p.IN, np.float16, "x")
-    lddy = matrix_stride(dy, p.B, p.N, np.float16, "dy")
-    ldw = matrix_stride(wlo, p.IN, p.N, np.int16, "W lo")
-    require(w16, np.float16, wlo.shape, "W16")
+    ldx, lddy, ldw = layer_operands(p, x, dy, wlo, w16)
     if p.family == "adam" and (mw is None or vw is None):
         raise ValueError("Adam's update needs both moments (mw and vw)")
     if p.family == "sgd" and vw is not None:
