@@ -176,6 +176,24 @@ def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
         assert_usage_error(run.main, args, message, capsys)
 
 
+def test_wgmma_timeline_builds_and_refuses_bad_arguments_in_one_line(capsys):
+    """dev/wgmma/timeline.py: gemm_wgmma.cu with every CTA's stamps still compiles for sm_90, without spills, for the
+    tiles x^T @ dy with an update runs on (SGD and Adam); a shape the copy engine cannot take, or the ping-pong tile
+    (its own timeline), is one line, exit 2, before any GPU work."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wgmma_timeline", ROOT / "dev" / "wgmma" / "timeline.py")
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    text = timeline.stamped_text()
+    for kernel in ("gemm_wg256mc_cr_sgd_f32", "gemm_wg256mc_cr_adam_f32", "gemm_wg128x2_cr_sgd_f32"):
+        built = variants.build(contract.GEMM_WGMMA_SOURCE, text, "sm_90", kernel=kernel)
+        assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
+    for args, message in ((["--shapes", "100x776x200"], "M and N must be multiples of 8"),
+                          (["--config", "wgpp"], "invalid choice: 'wgpp'")):
+        assert_usage_error(timeline.main, args, message, capsys)
+
+
 @pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 17, 14, 31, 32, 64, 128, 256, 512, 1024, 1792, 4096,
                                   8192, 8192 | 32, 8192 | 4096, 16384, 16384 | 4096, 32768 | 4096, 65536,
                                   65536 | 4096, 131072 | 262144 | 4096])
