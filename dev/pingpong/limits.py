@@ -54,12 +54,10 @@ import variants  # dev/variants.py: run with PYTHONPATH=.:scripts:dev
 from benchmarks.gemm import gemm_shape
 from benchmarks.timing import copies_for, copy_bandwidth, time_graph
 from rawgpu.cli.common import count
-from rawgpu.contract import OPTIM_WORDS
 from rawgpu.contract import gemm as contract_gemm
 from rawgpu.contract.arch import STATIC_RESERVE, block_smem_limit
 from rawgpu.contract.gemm import GEMM_WGMMA_SOURCE
 from rawgpu.kernels import gemm as G
-from rawgpu.model import optimizer
 from rawgpu.runtime import driver
 from rawgpu.runtime.compiler import unit_of
 from rawgpu.runtime.errors import run_cli
@@ -68,7 +66,7 @@ from rawgpu.runtime.memory import Arena
 _spec = importlib.util.spec_from_file_location("pingpong_run", Path(__file__).with_name("run.py"))
 _run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_run)  # dev/pingpong/run.py, the experiment's operands however this file is loaded
-Weights, recipe_for = _run.Weights, _run.recipe_for
+Weights = _run.Weights
 
 TIMELINE = 4096
 TILES_STAMPED, STAMPS = 32, 16  # a warpgroup's first tiles, the stamps of each (STAMP_NAMES: where, by index)
@@ -286,12 +284,7 @@ def bind(kernels, device, opt: str, w: Weights, M: int, N: int, K: int, optim):
 
 def one_set(arena, rng, opt: str, M: int, N: int, K: int, lr: float):
     """A fresh set of operands and the optimiser's values at learning rate `lr`, in `arena` (allocated here)."""
-    w = Weights(arena, "", M, N, K, 2 if opt == "adam" else 1)
-    optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-    arena.allocate()
-    arena.zero()
-    w.fill(rng, M, N, K)
-    optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, lr)))
+    (w,), optim = _run.operand_sets(arena, rng, opt, M, N, K, 1, lr)
     return w, optim
 
 
@@ -360,13 +353,7 @@ def time_shape(device, stream, rng, M: int, N: int, K: int, opt: str, masks, tri
     copies = copies_for(per_copy, device.l2_bytes, cap=16)
     weight_bytes = M * N * (8 + 8 * states)  # halves and states, read and written
     with Arena() as arena:
-        sets = [Weights(arena, str(i), M, N, K, states) for i in range(copies)]
-        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-        arena.allocate()
-        arena.zero()
-        for w in sets:
-            w.fill(rng, M, N, K)
-        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-6)))
+        sets, optim = _run.operand_sets(arena, rng, opt, M, N, K, copies, 1e-6)
         for mask in masks:
             kernels = variant_kernels(device.arch, mask)
             binds = [bind(kernels, device, opt, w, M, N, K, optim) for w in sets]

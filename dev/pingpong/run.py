@@ -86,6 +86,19 @@ class Weights:
             t.upload(v)
 
 
+def operand_sets(arena: Arena, rng, opt: str, M: int, N: int, K: int, copies: int, lr: float):
+    """`copies` fresh sets of a layer's operands (opt: "sgd" with momentum or "adam") and the optimiser's table at
+    learning rate lr, in `arena` (allocated here): the limits and timeline experiments' inputs."""
+    sets = [Weights(arena, str(i), M, N, K, 2 if opt == "adam" else 1) for i in range(copies)]
+    optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
+    arena.allocate()
+    arena.zero()
+    for w in sets:
+        w.fill(rng, M, N, K)
+    optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, lr)))
+    return sets, optim
+
+
 def pp_launch(kern, sm_count, epi, stages, ebufs, w: Weights, M, N, K, optim, out=None):
     tmap = driver.tensor_map_2d
     map_a = tmap(w.A.ptr, M, K, 2 * M, 64, 64)

@@ -26,10 +26,8 @@ import variants  # dev/variants.py: run with PYTHONPATH=.:scripts:dev
 from benchmarks.gemm import gemm_shape
 from benchmarks.timing import copies_for, time_graph
 from rawgpu.cli.common import count
-from rawgpu.contract import OPTIM_WORDS
 from rawgpu.contract.gemm import CONFIGS, GEMM_WGMMA_SOURCE
 from rawgpu.kernels import gemm as G
-from rawgpu.model import optimizer
 from rawgpu.runtime import driver
 from rawgpu.runtime.compiler import unit_of
 from rawgpu.runtime.errors import run_cli
@@ -38,7 +36,7 @@ from rawgpu.runtime.memory import Arena
 _spec = importlib.util.spec_from_file_location("pingpong_run", Path(__file__).parent.parent / "pingpong" / "run.py")
 _run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_run)  # dev/pingpong/run.py: the operands of x^T @ dy with its update, the sm_90 check
-Weights, recipe_for = _run.Weights, _run.recipe_for
+Weights = _run.Weights
 
 MAX_CTAS, FIELDS = 8192, 8  # CTAs stamped (by linear index), words each: FIELD's names
 FIELD = {"start_ns": 0, "start": 1, "first": 2, "waits": 3, "multiplied": 4, "end": 5, "end_ns": 6, "sm": 7}
@@ -115,12 +113,7 @@ def shape(device, stream, rng, M: int, N: int, K: int, opt: str, config: str | N
     kernels = {"product": variants.VariantKernels(device.arch, GEMM_WGMMA_SOURCE, None),
                "stamped": variants.VariantKernels(device.arch, GEMM_WGMMA_SOURCE, stamped_text())}
     with Arena() as arena:
-        w = Weights(arena, "", M, N, K, states)
-        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-        arena.allocate()
-        arena.zero()
-        w.fill(rng, M, N, K)
-        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-2)))
+        (w,), optim = _run.operand_sets(arena, rng, opt, M, N, K, 1, 1e-2)
         before, outs = w.snapshot(), {}
         for side, k in kernels.items():
             w.restore(before)
@@ -141,13 +134,7 @@ def shape(device, stream, rng, M: int, N: int, K: int, opt: str, config: str | N
     copies = copies_for(per_copy, device.l2_bytes, cap=16)
     us = {}
     with Arena() as arena:
-        sets = [Weights(arena, str(i), M, N, K, states) for i in range(copies)]
-        optim = arena.tensor("optim", (OPTIM_WORDS,), np.float32)
-        arena.allocate()
-        arena.zero()
-        for w in sets:
-            w.fill(rng, M, N, K)
-        optim.upload(optimizer.words(optimizer.step_values(optimizer.hyperparameters(recipe_for(opt)), 3, 1e-6)))
+        sets, optim = _run.operand_sets(arena, rng, opt, M, N, K, copies, 1e-6)
         for side, k in kernels.items():
             binds = [bind(k, device, opt, w, M, N, K, optim, config)[1] for w in sets]
             us[side] = time_graph(stream, lambda: [binds[i % copies].run(stream) for i in range(20)], 20, trials)
