@@ -429,8 +429,9 @@ def test_gather_batch_fits_its_largest_block(arch, source):
 
 
 @gpu
-@pytest.mark.parametrize("row_bytes,ld,batch,blocks", [(16384, 16384, 5, None), (16000, 16008, 3, 2), (4100, 4104, 4, 1),
-                                                       (784, 784, 1000, 7), (784, 800, 128, 16), (13, 16, 9, 1)])
+@pytest.mark.parametrize("row_bytes,ld,batch,blocks", [(16384, 16384, 5, None), (16000, 16008, 3, 2),
+                                                       (4100, 4104, 4, 1), (784, 784, 1000, 7), (784, 800, 128, 16),
+                                                       (13, 16, 9, 1)])
 def test_gather_batch_wide_rows_and_shared_blocks(kern, device, stream, rng, row_bytes, ld, batch, blocks):
     """Rows wider than the largest block (each thread takes several 16-column steps, the last one partial), and
     fewer blocks than rows, give the same bytes as numpy, nothing past the batch."""

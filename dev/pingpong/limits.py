@@ -333,8 +333,8 @@ def timeline(device, stream, rng, M: int, N: int, K: int, opt: str, mask: int = 
             rows.append(np.where(stamps > 0, stamps - stamps[stamps > 0].min(), -1))
     st = np.median(np.stack(rows), axis=0)
     k = lambda v: f"{v / 1e3:6.1f}"  # noqa: E731
-    print(f"# {opt} {M}x{N}x{K}, mask {mask} ({describe(mask)}), block 0, kcycles: start, waits for the multiply's turn, multiply, waits for the "
-          f"epilogue's turn; each chunk: from the one before (its fence and arrival) to its loads landed / its "
+    print(f"# {opt} {M}x{N}x{K}, mask {mask} ({describe(mask)}), block 0, kcycles: start, waits for the multiply's "
+          f"turn, multiply, waits for the epilogue's turn; each chunk: from the one before (its fence and arrival) to its loads landed / its "
           f"update; the epilogue whole")
     for n in range(TILES_STAMPED):
         for c in range(2):

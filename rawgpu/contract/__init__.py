@@ -32,8 +32,8 @@ from .fused import (  # noqa: F401
     FS_HEADER_FIELDS, FS_INPUTS, FS_KERNELS, FS_LAYER_FIELDS, FS_LD, FS_MAX_LAYERS, FS_PANEL_LD, FS_T, FS_THREADS,
     FS_WARPS, FsLayer, FsParams, fs_smem_bytes, fs_stages, fused_kernel_name)
 from .gather import (COLUMNS_MAX, COLUMNS_THREADS, COLUMNS_TILE_ROWS, GATHER_MAX_THREADS,  # noqa: F401
-                     GATHER_TABLE_DTYPES, GF_MAX_INPUTS, GF_ROWS, GF_THREADS, column_kernel, column_kernels, columns_kernel,
-                     columns_kernels, gather_forward_kernel, gather_forward_kernels, gather_table_kernel,
+                     GATHER_TABLE_DTYPES, GF_MAX_INPUTS, GF_ROWS, GF_THREADS, column_kernel, column_kernels,
+                     columns_kernel, columns_kernels, gather_forward_kernel, gather_forward_kernels, gather_table_kernel,
                      gather_table_kernels)
 from .gemm import (  # noqa: F401
     ACCUMULATORS, CONFIGS, EPILOGUES, GEMM_SOURCE, GEMM_TMA_SOURCE, GEMM_WGMMA_SOURCE, INSTANCES, LAYOUTS,

@@ -61,11 +61,11 @@ __device__ __forceinline__ void store_halves_16(half_t* out, int j, int ld_out, 
     if (j + 8 < ld_out) store_16(out + j + 8, hi);
 }
 
-extern "C" __global__ void __launch_bounds__(GATHER_MAX_THREADS) gather_batch(const u8* __restrict__ images, const u8* __restrict__ labels,
-                                        const int* __restrict__ perm, const i64* __restrict__ step, int batch,
-                                        int steps_per_epoch, int row_bytes, int ld_out, half_t* __restrict__ x_out,
-                                        int* __restrict__ y_out, Optim* __restrict__ opt, float lr0, float lr_min,
-                                        i64 total_steps, i64 warmup_steps, int kind, int early GATHER_MODEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(GATHER_MAX_THREADS)
+    gather_batch(const u8* __restrict__ images, const u8* __restrict__ labels, const int* __restrict__ perm,
+                 const i64* __restrict__ step, int batch, int steps_per_epoch, int row_bytes, int ld_out,
+                 half_t* __restrict__ x_out, int* __restrict__ y_out, Optim* __restrict__ opt, float lr0, float lr_min,
+                 i64 total_steps, i64 warmup_steps, int kind, int early GATHER_MODEL_PARAMS) {
     GATHER_MODEL_OFFSETS
     bool waited = !early;
     if (!early) pdl_enter();
