@@ -65,6 +65,26 @@ def test_the_step_writes_every_gradient_into_one_buffer_on_one_gpus_update_tiles
     assert apart.step.kernel_count() == step.kernel_count() + 1
 
 
+@pytest.mark.parametrize("opt", [MOMENTUM, ADAM])
+def test_a_wide_layers_gradient_on_the_ping_pong_tile_is_stored_by_the_tile_of_its_sums(opt):
+    """Where one GPU's update runs on the ping-pong tile (a wide layer over at most PINGPONG_MAX_K rows), which
+    stores no fp32 sum, the step plans the weight gradient on the tile whose sums are the ping-pong tile's (it
+    failed to plan: no store32 instance of wgpp)."""
+    from rawgpu.kernels import gemm as kg
+
+    recipe = Recipe(hidden=4096, layers=2, batch=2048, **{"lr": 0.05, **opt})
+    m = plan_model(recipe, "data", ranks=2, rank=0, arch="sm_90", sm_count=132)
+    family = "adam" if recipe.optimizer != "sgd" else "sgd"
+    planned = []
+    for (pin, pout), dw in zip(zip(recipe._padded_widths, recipe._padded_widths[1:]), m.step.dw):
+        update = kg.plan_gemm(pin, pout, m.rows, "cr", family, arch="sm_90", states=recipe._state_tensors,
+                              sm_count=132)
+        planned.append(update.config.name)
+        same_sums = ("wg128x2", "wg128") if update.config.pingpong else (update.config.name,)
+        assert dw.epilogue == "store32" and dw.config.name in same_sums and dw.splits == update.splits == 1
+    assert kg.PINGPONG_CONFIG in planned
+
+
 def test_joining_takes_rank_0s_copy_and_refuses_copies_that_differ(rng):
     m = plan_model(Recipe(hidden=64, layers=1, batch=64), "data", ranks=2, rank=0)
     weights = [(rng.standard_normal((784, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32))]
@@ -241,11 +261,13 @@ def _ranks(kernels, device, stream, recipe, ranks, data, perm):
 
 @gpu
 @pytest.mark.parametrize("hidden,layers,batch,opt", [(256, 3, 256, MOMENTUM), (100, 2, 64, ADAM),
-                                                     (200, 3, 32, dict(momentum=0.0))])
+                                                     (200, 3, 32, dict(momentum=0.0)), (4096, 2, 512, MOMENTUM),
+                                                     (4096, 2, 384, ADAM)])
 def test_one_rank_is_the_one_gpu_long_form_bit_for_bit(device, stream, kernels, rng, hidden, layers, batch, opt):
     """With one rank the sums are one GPU's: the store32 weight gradients on the update's tiles, bias_grad and
     apply_update give the fused updates' bits, so three steps and an evaluation match the layered step's long form
-    byte for byte (gradients and activations poisoned first)."""
+    byte for byte (gradients and activations poisoned first). At H = 4096 on sm_90 one GPU updates the hidden layer
+    on the ping-pong tile, and the rank stores its gradient on the tile of the same sums."""
     data, perm = FakeMNIST(rng), rng.permutation(TRAIN_ROWS).astype(np.int32)
     recipe = Recipe(hidden=hidden, layers=layers, batch=batch, **{"lr": 0.05, **opt}, seed=int(rng.integers(1 << 30)))
     [rep] = _ranks(kernels, device, stream, recipe, 1, data, perm)

@@ -53,7 +53,9 @@ class DataStep(ChainStep):
             self.fwd.append(plan(rows, pout, pin, "rr", model.forward_epilogue(i)))
             self.dx.append(plan(rows, pin, pout, "rc", "dact") if i else None)
             update = plan(pin, pout, rows, "cr", self.family, states=r._state_tensors)  # one GPU's fused update
-            self.dw.append(plan(pin, pout, rows, "cr", "store32", config=update.config.name, splits=update.splits,
+            # its tile, or for the ping-pong tile (which stores no fp32 sum) the planner's tile of the same sums
+            tile = None if update.config.pingpong else update.config.name
+            self.dw.append(plan(pin, pout, rows, "cr", "store32", config=tile, splits=update.splits,
                                 cluster=update.cluster))
         # every gradient in one buffer, so that one all-reduce sums them all: per layer W's, then b's
         sizes = [(pin * pout, pout) for pin, pout in zip(padded, padded[1:])]
