@@ -196,7 +196,8 @@ def test_wgmma_timeline_builds_and_refuses_bad_arguments_in_one_line(capsys):
 
 @pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 17, 14, 31, 32, 64, 128, 256, 512, 1024, 1792, 4096,
                                   8192, 8192 | 32, 8192 | 4096, 16384, 16384 | 4096, 32768 | 4096, 65536,
-                                  65536 | 4096, 131072 | 262144 | 4096])
+                                  65536 | 4096, 131072 | 262144 | 4096, 524288, 1048576 | 4096,
+                                  524288 | 65536])
 def test_pingpong_limits_experiment_builds_and_refuses_bad_masks_in_one_line(mask, capsys):
     """dev/pingpong/limits.py: the product's ping-pong tile with each part taken out, or with fewer compiler barriers
     or other L2 hints, or stamped, still compiles for sm_90 (SGD and Adam), without spills (but where its docstring
@@ -216,7 +217,8 @@ def test_pingpong_limits_experiment_builds_and_refuses_bad_masks_in_one_line(mas
     if mask == 31:
         for args, message in ((["--masks", "96"], "at most one of"), (["--masks", "2048"], "is not a sum"),
                               (["--masks", "264"], "hints what it takes out"), (["--shapes", "12x8x4"], "multiples"),
-                              (["--masks", "524288"], "is not a sum"),
+                              (["--masks", "2097152"], "is not a sum"),
+                              (["--masks", "524296"], "prefetches twice"),
                               (["--masks", "131076"], "moves update traffic"),
                               (["--masks", "65568"], "changes the pairs' update twice"),
                               (["--masks", "32769"], "takes out half of the multiply"),

@@ -22,6 +22,9 @@ are then wrong):
        k-tiles and the stores (within the loading warp's 24 registers it spills 4-16 bytes, reloaded once a chunk)
     65536 (a change, the same results): each pair's update with the next pair's operands already loaded (4-6
        registers more), so that their shared-memory latency passes under this pair's arithmetic
+    524288, 1048576 (changes, the same results): the loading warp prefetches into L2 (the copy engine's bulk
+       prefetch, nothing lands in shared memory) the update's operands of the chunk 4 (a tile) or 8 (two tiles)
+       after the one it loads: whether the k-tiles come late behind the update loads' misses to DRAM
     4096 (stamps, the same results): each consumer warpgroup of block 0 stamps its SM clock at each tile's waits,
        multiply, epilogue and chunks; --timeline prints them for each of --masks' builds (cycles, medians of 5
        launches; SGD: Adam's build spills 16-76 bytes with them)
@@ -85,7 +88,9 @@ PARTS = {1: "multiply", 2: "update arithmetic", 4: "update stores", 8: "update l
          131072: "update stores' DRAM traffic", 262144: "update loads' DRAM traffic"}
 CHANGES = {32: "barrier every 2 pairs", 64: "barrier every 4 pairs", 128: "no barrier between pairs"}
 HINTS = {256: "update loads evict first", 512: "update stores evict first", 1024: "k-tiles evict last",
-         TIMELINE: "stamped", 8192: "update loads by cp.async", 65536: "the next pair's operands ahead"}
+         TIMELINE: "stamped", 8192: "update loads by cp.async", 65536: "the next pair's operands ahead",
+         524288: "update operands into L2 a tile ahead", 1048576: "update operands into L2 two tiles ahead"}
+PREFETCH_AHEAD = {524288: 4, 1048576: 8}  # chunks
 UPDATE_LOADS = ("                    tma_load_2d(buf, mapW16, c0, r0, &efull[b]);\n"
                 "                    tma_load_2d(buf + 8192, mapLo, c0, r0, &efull[b]);\n"
                 "                    if (mom) {\n"
@@ -109,6 +114,32 @@ UPDATE_STORES = ("                    tma_store_2d(mapW16, c0, r0, buf);\n"
 K_TILE_LOADS = ("                        tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 "
                 "m-columns\n"
                 "                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);\n")
+TMA_PREFETCH = """RG_DEVICE void tma_prefetch_2d(const TensorMap* map, int x, int y) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
+                 :: "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y) : "memory");
+}
+"""
+
+
+def prefetch_loads(ahead: int) -> str:
+    """UPDATE_LOADS, then the update's operands of the chunk `ahead` after this one into L2."""
+    return UPDATE_LOADS + (f"""\
+                    if (e + {ahead} < chunks) {{  // the chunk {ahead} ahead: into L2, nothing waits for it
+                        corner(e + {ahead}, r0, c0);
+                        tma_prefetch_2d(mapW16, c0, r0);
+                        tma_prefetch_2d(mapLo, c0, r0);
+                        if (mom) {{
+                            tma_prefetch_2d(mapMom, 2 * c0, r0);
+                            tma_prefetch_2d(mapMom, 2 * c0 + 64, r0);
+                        }}
+                        if (EPI == EPI_ADAM) {{
+                            tma_prefetch_2d(mapVar, 2 * c0, r0);
+                            tma_prefetch_2d(mapVar, 2 * c0 + 64, r0);
+                        }}
+                    }}
+""")
+
+
 HINTED_STORE = """RG_DEVICE void tma_store_2d_policy(const TensorMap* map, int x, int y, const void* src, u64 policy) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2}], [%3], %4;"
                  :: "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(shared_address(src)), "l"(policy)
@@ -239,6 +270,8 @@ EDITS = {
     262144: [("                    int r0, c0;\n                    corner(e, r0, c0);\n",
               "                    int r0, c0;\n                    corner(0, r0, c0);  // taken out: from this CTA's first "
               "chunk (L2)\n")],
+    **{bit: [("RG_DEVICE void bulk_commit()", TMA_PREFETCH + "RG_DEVICE void bulk_commit()"),
+             (UPDATE_LOADS, prefetch_loads(ahead))] for bit, ahead in PREFETCH_AHEAD.items()},
     TIMELINE: [
         ("template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong(",
          STAMP_DEFS + "template <class Cfg, int EPI, bool ACC16>\nRG_DEVICE void gemm_pingpong("),
@@ -397,6 +430,9 @@ def main(argv=None) -> int:
         if mask & 131072 and mask & (4 | 512) or mask & 262144 and mask & (8 | 256 | 8192):
             p.error(f"--masks: {mask} moves update traffic it takes out or changes (131072 with 4 or 512, 262144 with "
                     "8, 256 or 8192)")
+        if mask & 524288 and mask & 1048576 or mask & (524288 | 1048576) and mask & (8 | 8192 | 262144):
+            p.error(f"--masks: {mask} prefetches twice or prefetches loads it takes out, moves or changes (524288 or "
+                    "1048576 with each other, 8, 8192 or 262144)")
         if mask & 32768 and mask & 1:
             p.error(f"--masks: {mask} takes out half of the multiply it takes out (32768 with 1)")
         if mask & 16384 and mask & 16:
