@@ -6,10 +6,11 @@
 What a rank of an N-GPU run computes (its slice of every layer, steps/sharded.py; or, with --parallel data, the
 whole model over its 1/N of the batch, steps/replicated.py) is timed here alone: the all-reduces are replaced by
 nothing, so the figure is the step of an N-GPU run without its collectives, a floor for it, not a measurement of
-several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Parameters are left at zero
-(the arena starts zeroed; the timing does not depend on the values). Timed as scripts/bench.py times (benchmarks.training's
-step_alone_us): CUDA events around replays of a graph of steps, median of trials. --long: the tensor-parallel step's
-long form. --batch: the recipe's batch instead. --kernels: each kernel of the rank's step alone too.
+several GPUs. Rank 0's slices are the widest (the others' are the same size or padding). Every step trains on MNIST
+($RAWGPU_DATA or --data-dir) from the recipe's initial parameters, as a run does (at the GPU's power limit the time
+depends on the values). Timed as scripts/bench.py times (benchmarks.training's step_alone_us): CUDA events around
+replays of a graph of steps, median of trials. --long: the tensor-parallel step's long form. --batch: the recipe's
+batch instead. --kernels: each kernel of the rank's step alone too.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def main() -> int:
     p.add_argument("--batch", type=count(1), default=None)
     p.add_argument("--steps", type=count(1), default=20, help="steps per graph")
     p.add_argument("--trials", type=count(1), default=10)
+    p.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
     p.add_argument("--kernels", action="store_true",
                    help="also each kernel of the rank's step alone, repeated in a graph (where the step's time goes)")
     args = p.parse_args()
+    from rawgpu.data.datasets import load_mnist
     from rawgpu.runtime.driver import Device, Stream
 
+    mnist = load_mnist(args.data_dir)
     device = Device(0)
     kernels, stream = Kernels(device.arch), Stream()
     options = StepOptions(short=not args.long, l2_bytes=device.l2_bytes)
@@ -65,7 +69,7 @@ def main() -> int:
             recipe = rawgpu_recipe(h, {**r, "batch": args.batch or r["batch"]}, 1000, 0)
             one = plan_model(recipe, kernels=kernels, sm_count=device.sm_count, options=options).allocate()
             try:
-                base = step_alone_us(one, stream, args.steps, args.trials)
+                base = step_alone_us(one, stream, args.steps, args.trials, mnist)
             finally:
                 one.arena.close()
             cells = []
@@ -73,7 +77,7 @@ def main() -> int:
                 m = plan_model(recipe, args.parallel, kernels=kernels, sm_count=device.sm_count, options=options,
                                ranks=n, group=NoSums()).allocate()
                 try:
-                    t = step_alone_us(m, stream, args.steps, args.trials)
+                    t = step_alone_us(m, stream, args.steps, args.trials, mnist)
                     if args.kernels:
                         kernel_times(m, stream, args.steps, args.trials, f"{name} H={h}, rank 0 of {n}: {t:.1f} us")
                 finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 
 from rawgpu.runtime import driver as drv
-from rawgpu.model import optimizer
 from rawgpu.model.recipe import DEFAULTS, OPTIMIZER_DEFAULTS, Recipe
 from .timing import time_graph
 
@@ -154,11 +153,13 @@ class NoSums:
         return _Nothing()
 
 
-def step_alone_us(model, stream, steps: int, trials: int) -> float:
-    """Median us per step of a freshly allocated model's step, `steps` to a graph (zero parameters: the time does not
-    depend on the values), without data, evaluation or re-initialisation."""
-    model.optim.upload(optimizer.words(optimizer.hyperparameters(model.recipe)))
-    model.set_permutation(np.arange(model.recipe.train_rows))
+def step_alone_us(model, stream, steps: int, trials: int, data) -> float:
+    """Median us per step of a freshly allocated model's step on `data` (the recipe's dataset) from its initial
+    parameters, `steps` to a graph, without evaluation. Real values, not the zeroed arena's: where the GPU runs at its
+    power limit, the time depends on them (docs/perf.md: Power)."""
+    model.upload_data(data)
+    model.init_parameters(stream)
+    model.set_permutation(np.random.default_rng(model.recipe.seed).permutation(model.recipe.train_rows))
     launches = model.step_launches(steps)
     return time_graph(stream, lambda: [launch.run(stream) for launch in launches], steps, trials)
 
@@ -181,7 +182,7 @@ def bench_rank(rank: int, ranks: int, unique_id: bytes, h: int, steps: int, seed
                            options=StepOptions(l2_bytes=session.device.l2_bytes), rank=rank,
                            group=NoSums()).allocate()
         try:
-            without = step_alone_us(alone, session.stream, k, 10)
+            without = step_alone_us(alone, session.stream, k, 10, data)
         finally:
             alone.arena.close()
         return dict(rank=rank, us_per_step=us, us_without_sums=without, test_accuracy=accuracy, nodes=nodes,
