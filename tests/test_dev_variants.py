@@ -248,3 +248,16 @@ def test_stream_limits_experiment_builds_and_refuses_bad_arguments_in_one_line(m
                               (["--masks", "512"], "--masks are bit sets"), (["--masks", "36"], "combine with"),
                               (["--masks", "288"], "combine with")):
             assert_usage_error(limits.main, args, message, capsys)
+
+
+def test_power_draw_refuses_a_missing_command_or_bad_periods_in_one_line(capsys):
+    """dev/power_draw.py: no command after --, a period that is not positive: one line, exit 2, before NVML."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("power_draw", ROOT / "dev" / "power_draw.py")
+    power_draw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(power_draw)
+    for args, message in (([], "give the command to run"), (["--"], "give the command to run"),
+                          (["--interval-ms", "0", "--", "true"], "must be positive"),
+                          (["--every", "-1", "--", "true"], "must be positive")):
+        assert_usage_error(power_draw.main, args, message, capsys)
