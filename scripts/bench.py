@@ -76,7 +76,9 @@ def cmd_gemm(args) -> int:
     bw = copy_bandwidth(stream)
     print(f"# {device.name} ({device.arch}, {device.sm_count} SMs, L2 {device.l2_bytes >> 20} MiB), "
           f"{dt.date.today()}; measured copy bandwidth {bw:.0f} GB/s (read + write)")
-    print(f"# median of {args.trials} graph replays x {args.launches} launches; batch {args.batch}; fp32 accumulation")
+    print(f"# median of {args.trials} graph replays x {args.launches} launches"
+          + (f", each after {args.sustained:g} s of its own replays" if args.sustained else ", bursts")
+          + f"; batch {args.batch}; fp32 accumulation")
     print("# fused: the step's kernel, launched as the step launches it" + (" (overlapping the launch before)" if overlap
           else "") + "; plain: C = A @ B stored in fp16, launched after the launch before has finished, as cuBLAS is"
           + ("; +overlap: the same plain GEMM overlapping the launch before" if overlap else ""))
@@ -88,9 +90,11 @@ def cmd_gemm(args) -> int:
     for h in args.sizes:
         for role, layer, M, N, K, layout, epi in mlp_gemms(h, args.batch):
             fused, splits = bench_ours(device, stream, kernels, role, M, N, K, layout, epi, args.launches, args.trials,
-                                       rng, overlap=overlap)
-            plain, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches, args.trials, rng)
-            ref = None if args.no_torch else bench_torch(role, M, N, K, args.launches, args.trials, device.l2_bytes)
+                                       rng, overlap=overlap, sustained=args.sustained)
+            plain, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches, args.trials,
+                                  rng, sustained=args.sustained)
+            ref = None if args.no_torch else bench_torch(role, M, N, K, args.launches, args.trials, device.l2_bytes,
+                                                         args.sustained)
             gbs = min_bytes(role, M, N, K, True) / (fused * 1e-6) / 1e9
             tflops = 2 * M * N * K / (plain * 1e-6) / 1e12
             row = dict(hidden=h, role=role, layer=layer, M=M, N=N, K=K, splits=splits, fused_us=fused, fused_gbs=gbs,
@@ -99,7 +103,7 @@ def cmd_gemm(args) -> int:
             tail = ""
             if overlap:
                 plain_o, _ = bench_ours(device, stream, kernels, role, M, N, K, layout, "store", args.launches,
-                                        args.trials, rng, overlap=True)
+                                        args.trials, rng, overlap=True, sustained=args.sustained)
                 row.update(plain_overlap_us=plain_o, cublas_over_plain_overlap=(ref / plain_o) if ref else None)
                 tail = f" {plain_o:>11.2f} {(f'{ref / plain_o:.2f}x' if ref else '-'):>11}"
             if role == "dW+sgd" and D.supported(args.batch, False, "f32"):
@@ -107,7 +111,7 @@ def cmd_gemm(args) -> int:
                 # update alone (its input needs no gradient)
                 first = layer == f"784x{h}"
                 us, sp = bench_dx_sgd(device, stream, kernels, args.batch, M, N, args.launches, args.trials, rng,
-                                      overlap=overlap, with_dx=not first)
+                                      overlap=overlap, with_dx=not first, sustained=args.sustained)
                 nbytes = M * N * 8 + 2 * args.batch * (M + N + (0 if first else M))
                 row.update(fused_bwd_us=us, fused_bwd_pct_copy=100 * nbytes / (us * 1e3) / bw, fused_bwd_splits=sp)
                 print(f"      one pass ({'dW + SGD' if first else 'dx + dW + SGD'}): {us:.2f} us, split {sp}, "
@@ -510,6 +514,16 @@ def positive(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 3600, got {value:g}")
+    return value
+
+
 def cmd_read(args) -> int:
     """Reading a table file (benchmarks/reading.py): no GPU needed."""
     from benchmarks import reading
@@ -595,6 +609,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--no-overlap", action="store_true",
                    help="launch every kernel only after the one before has finished (default on sm_90+: the step's "
                         "kernels overlap the launch before, programmatic dependent launch; plain is timed both ways)")
+    g.add_argument("--sustained", type=seconds, default=0.0, metavar="S",
+                   help="replay each graph S seconds before timing it, so that it runs at the clock the GPU holds under "
+                        "it as in a training run (default 0: bursts, before the power controller acts; docs/perf.md: "
+                        "Power)")
     g.add_argument("--quick", action="store_true", help="sizes 256 and 8192, fewer trials")
     r = sub.add_parser("read", help="reading a CSV and a Parquet file: rawgpu's reader vs pyarrow's own read")
     r.add_argument("--gigabytes", type=float, default=1.0, help="the CSV file's size (default 1 GB)")

@@ -20,7 +20,7 @@ from rawgpu.kernels import dx_update as U
 from rawgpu.kernels import gemm as G
 from rawgpu.runtime.memory import Arena
 from rawgpu.model.recipe import Recipe
-from .timing import copies_for, time_graph
+from .timing import copies_for, settle, time_graph
 
 
 def mlp_gemms(hidden: int, batch: int):
@@ -46,7 +46,7 @@ def min_bytes(role: str, M: int, N: int, K: int, fused: bool) -> int:
 
 
 def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launches, trials, rng,
-               config=None, overlap=False, split=None, cluster=None) -> tuple[float, int]:
+               config=None, overlap=False, split=None, cluster=None, sustained=0.0) -> tuple[float, int]:
     """Microseconds per launch and the split count. overlap: each launch may start while the one before runs
     (programmatic dependent launch, as the layered training step launches them on sm_90+); cluster: how the splits
     meet (None: the plan's choice)."""
@@ -89,12 +89,12 @@ def bench_ours(device, stream, kernels, role, M, N, K, layout, epilogue, launche
                         tickets=tickets, **kw) for A, B, out, kw in sets]
         binds = [b.overlapping() for b in binds] if overlap else binds
         runs = [binds[i % n] for i in range(launches)]
-        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
+        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials, sustained)
     return us, plan.splits
 
 
 def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overlap=False,
-                 with_dx=True, splits=None, cluster=None, roles=None) -> tuple[float, int]:
+                 with_dx=True, splits=None, cluster=None, roles=None, sustained=0.0) -> tuple[float, int]:
     """The fused backward (dx with the ReLU mask + the SGD update of the master weights) on rotating copies;
     with_dx False: the update alone (the first layer's). splits, cluster, roles: the column ranges, where their dx
     sums meet, dx and the update in one block or apart (None: the plan's choice)."""
@@ -120,12 +120,12 @@ def bench_dx_sgd(device, stream, kernels, B, IN, N, launches, trials, rng, overl
         binds = [D.dx_sgd(kernels, plan, *t[:4], t[4] if with_dx else None, lr, ws, tickets) for t in sets]
         binds = [b.overlapping() for b in binds] if overlap else binds
         runs = [binds[i % n] for i in range(launches)]
-        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials)
+        us = time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials, sustained)
     return us, plan.splits
 
 
 def bench_dx_update(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits, launches, trials,
-                    cluster=None, roles=None) -> tuple[float, int]:
+                    cluster=None, roles=None, sustained=0.0) -> tuple[float, int]:
     """The one-pass backward with optimiser `opt` (dx_update: dx, when with_dx, and the update of the master and its
     state) on rotating copies, each launch overlapping the one before: microseconds per launch and the column-range
     count. splits, cluster, roles as bench_dx_sgd takes them (None: the plan's choice)."""
@@ -165,12 +165,13 @@ def bench_dx_update(device, stream, kernels, rng, B, IN, N, opt, with_dx, splits
                              t["dx"] if with_dx else None, optim, ws, tickets, bias=t["b"], mb=t.get("mb"),
                              vb=t.get("vb")).overlapping() for t in sets]
         runs = [binds[i % n] for i in range(launches)]
-        return time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials), plan.splits
+        return time_graph(stream, lambda: [b.run(stream) for b in runs], launches, trials, sustained), plan.splits
 
 
-def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
+def bench_torch(role, M, N, K, launches, trials, l2, sustained=0.0) -> float | None:
     """cuBLAS (torch.matmul, fp16, captured in a CUDA graph) on the shape of `role`, rotating over copies sized by the
-    L2 (`l2` bytes) as bench_ours does: microseconds per launch, or None when PyTorch is not installed."""
+    L2 (`l2` bytes) as bench_ours does, after `sustained` seconds of replays as time_graph: microseconds per launch,
+    or None when PyTorch is not installed."""
     try:
         import torch
     except ImportError:
@@ -201,6 +202,7 @@ def bench_torch(role, M, N, K, launches, trials, l2) -> float | None:
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
+    settle(g.replay, torch.cuda.synchronize, sustained)
     times = []
     for _ in range(trials):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import numpy as np
 
@@ -13,12 +14,14 @@ from rawgpu.runtime.graph import capture
 from rawgpu.runtime.memory import Arena
 
 
-def time_graph(stream, launch_fn, launches: int, trials: int) -> float:
-    """Median microseconds per launch over `trials` replays of a graph of `launches` launches."""
+def time_graph(stream, launch_fn, launches: int, trials: int, sustained: float = 0.0) -> float:
+    """Median microseconds per launch over `trials` replays of a graph of `launches` launches, after `sustained`
+    seconds of replays (0: a burst, before the GPU's power controller acts; docs/perf.md: Power)."""
     graph = capture(stream, launch_fn)
     for _ in range(3):
         graph.launch(stream)
     stream.synchronize()
+    settle(lambda: graph.launch(stream), stream.synchronize, sustained)
     times = []
     for _ in range(trials):
         start, end = drv.Event().record(stream), None
@@ -29,6 +32,16 @@ def time_graph(stream, launch_fn, launches: int, trials: int) -> float:
         end.close()
     graph.close()
     return statistics.median(times)
+
+
+def settle(replay, wait, seconds: float) -> None:
+    """`replay()` over and over for `seconds` (waiting every 10 replays), so that what is timed next runs at the clock
+    the GPU holds under this work, as a training run does."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        for _ in range(10):
+            replay()
+        wait()
 
 
 def copy_bandwidth(stream, nbytes: int = 1 << 30, trials: int = 20) -> float:
