@@ -176,6 +176,29 @@ def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
         assert_usage_error(run.main, args, message, capsys)
 
 
+def test_pingpong_layers_experiment_builds_and_refuses_bad_arguments_in_one_line(capsys):
+    """dev/pingpong/layers.py (x @ W and dy @ W^T with their epilogues on the ping-pong grid, appended to
+    gemm_wgmma.cu) builds for sm_90a every kernel its runner times, without spills, each with the kernel parameters
+    the runner binds and a ring that fits a block's shared memory; bad shapes and periods are one line, exit 2, before
+    any GPU work."""
+    import importlib.util
+
+    from rawgpu.contract.arch import STATIC_RESERVE, block_smem_limit
+
+    spec = importlib.util.spec_from_file_location("pingpong_layers", ROOT / "dev" / "pingpong" / "layers.py")
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    built = layers.compile_experiment()
+    for name, (_, epi, stages, ebufs) in layers.KERNELS.items():
+        assert built.resources[name].spill_stores == 0 and built.signatures[name] == "ttttiiipi"
+        assert stages * 32768 + ebufs * layers.EBUF[epi] + 1024 <= block_smem_limit("sm_90") - STATIC_RESERVE
+    for args, message in ((["--shapes", "128x100x200"], "N and K must be multiples of 8"),
+                          (["--check-shapes", "64x64x12"], "N and K must be multiples of 8"),
+                          (["--sustained", "-1"], "is not from 0 to 3600 seconds"),
+                          (["--kernels", "pp_cr_sgd"], "invalid choice")):
+        assert_usage_error(layers.main, args, message, capsys)
+
+
 def test_wgmma_timeline_builds_and_refuses_bad_arguments_in_one_line(capsys):
     """dev/wgmma/timeline.py: gemm_wgmma.cu with every CTA's stamps still compiles for sm_90, without spills, for the
     tiles x^T @ dy with an update runs on (SGD and Adam); a shape the copy engine cannot take, or the ping-pong tile
