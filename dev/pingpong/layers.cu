@@ -9,12 +9,12 @@
 // B row-major (W [K, N]: two panels of 64 k-rows x 64 columns, read with wgmma's transposed B) or column-major (W as
 // W^T's rows for dy @ W^T: 128 rows of 64 k).
 //
-//   As gemm_pingpong: warpgroup 0's warp 0 copies the k-tiles into a ring of STAGES; its warp 1 holds a ring of EBUFS
-//   64 x 64 chunk buffers: for dact it first loads the chunk's saved activation into the buffer (TMA), for the others
-//   it hands the buffer over once the stores before have read it; the consumer warpgroup whose epilogue it is
-//   writes the chunk's fp16 outputs there (bias_act's act'(z), where the build saves it, in a second plane), fences
-//   and arrives; warp 1 stores the chunk by TMA. Warpgroups 1 and 2 own whole 128 x 128 tiles by turns, order
-//   barriers keeping their multiplies and their epilogues in tile order.
+//   As gemm_pingpong (its multiply: pingpong_multiply): warpgroup 0's warp 0 copies the k-tiles into a ring of
+//   STAGES; its warp 1 holds a ring of EBUFS 64 x 64 chunk buffers: for dact it first loads the chunk's saved
+//   activation into the buffer (TMA), for the others it hands the buffer over once the stores before have read it;
+//   the consumer warpgroup whose epilogue it is writes the chunk's fp16 outputs there (bias_act's act'(z), where
+//   the build saves it, in a second plane), fences and arrives; warp 1 stores the chunk by TMA. Warpgroups 1 and 2
+//   own whole 128 x 128 tiles by turns, order barriers keeping their multiplies and their epilogues in tile order.
 // Sums in the order of gemm_wgmma.cu's 128-column tiles (K ascending, the same m64n128k16 steps): wg128's bits.
 
 // A chunk's fp16 outputs from the accumulators of its 64 rows (d) and its half of their 128 columns, into the
@@ -145,23 +145,7 @@ RG_DEVICE void pingpong_layer(const TensorMap* mapA, const TensorMap* mapB, cons
     for (int j = c, tile = blockIdx.x + c * gridDim.x; tile < tiles; j += 2, tile += 2 * gridDim.x, ++n) {
         if (c == 1 || n > 0) mbar_wait(&order[c], (c == 0 ? n - 1 : n) & 1);  // the other's multiply is issued
         float d0[64], d1[64];  // rows 0..63 and 64..127 of the tile
-#pragma unroll
-        for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            const int idx = j * k_tiles + kt, s = idx % STAGES;
-            mbar_wait(&full[s], (idx / STAGES) & 1);
-            const u32 a = shared_address(stages + s * STAGE), b = a + A_BYTES;
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk) {  // as gemm_wgmma's row-major A (K-major 128-byte rows)
-                const u64 db = LB == ROW ? smem_desc(b + kk * 2048, 8192, 1024) : smem_desc(b + kk * 32, 16, 1024);
-                wgmma_n128<LB == ROW ? 1 : 0, 0>(d0, smem_desc(a + kk * 32, 16, 1024), db);
-                wgmma_n128<LB == ROW ? 1 : 0, 0>(d1, smem_desc(a + 8192 + kk * 32, 16, 1024), db);
-            }
-            wg_commit();
-            wg_wait<1>();  // the k-tile before this one has been multiplied: its stage may refill
-            if (kt > 0 && t == 0) mbar_arrive(&empty[(idx - 1) % STAGES]);
-        }
+        pingpong_multiply<ROW, LB, STAGES>(d0, d1, stages, full, empty, j, k_tiles, t);  // gemm_wgmma.cu's
         mbar_arrive(&order[1 - c]);  // the other warpgroup may multiply
         wg_wait<0>();
         wg_hold(d0);

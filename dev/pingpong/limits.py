@@ -217,9 +217,9 @@ PAIR_UPDATE = """\
 PAIR_BARRIER = ('            asm volatile("" ::: "memory");  // a pair at a time: fewer registers live\n'
                 "        }\n    }\n}\n")
 EDITS = {
-    1: [("                    wgmma_n128<1, 1>(d0, smem_desc(a + kk * 2048, 8192, 1024), db);\n"
-         "                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);\n",
-         "                    (void)db;  // taken out\n")],
+    1: [("            wgmma_n128<TB, TA>(d0, desc_a(a), db);\n"
+         "            wgmma_n128<TB, TA>(d1, desc_a(a + 8192), db);\n",
+         "            (void)db, (void)desc_a;  // taken out\n")],
     2: [("                if (q < 2) pingpong_update<EPI>(buf, d0, q % 2, o, mom, warp, lane);\n"
          "                else pingpong_update<EPI>(buf, d1, q % 2, o, mom, warp, lane);\n", "")],
     4: [(UPDATE_STORES, "                    (void)buf;  // taken out\n")],
@@ -263,7 +263,7 @@ EDITS = {
               "                        mbar_arrive_expect_tx(&full[s], STAGE - 8192);  // B's second panel taken out\n"),
             ("                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
              "")],
-    32768: [("                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);\n", "")],
+    32768: [("            wgmma_n128<TB, TA>(d1, desc_a(a + 8192), db);\n", "")],
     65536: [(PAIR_UPDATE, PAIR_AHEAD)],
     131072: [("                    corner(e, r0, c0);  // the copy engine clips at the edges\n",
               "                    corner(0, r0, c0);  // taken out: every store to this CTA's first chunk (L2)\n")],

@@ -443,6 +443,39 @@ RG_DEVICE void pingpong_update(u8* buf, const float (&d)[64], int half, const Op
     }
 }
 
+// One consumer warpgroup's multiply of the CTA's j-th tile from a ring of STAGES k-tiles (32 KB: A's 16, then B's):
+// rows 0..63 into d0 and 64..127 into d1, two m64n128k16 per k16 step, K ascending, as gemm_wgmma's 128-column tiles
+// (the same sums, its descriptors); a stage released once the wgmma after it has been issued. LA, LB as gemm_wgmma's
+// (A column-major: two panels of 64 k-rows x 64 m-columns; row-major: 128 rows of 64 k; B as there).
+#if RG_WGMMA
+template <int LA, int LB, int STAGES>
+RG_DEVICE void pingpong_multiply(float (&d0)[64], float (&d1)[64], u8* stages, u64* full, u64* empty, int j,
+                                 int k_tiles, int t) {
+    constexpr int BK = 64, STAGE = 32768, A_BYTES = 16384;
+    constexpr int TB = LB == ROW ? 1 : 0, TA = LA == COL ? 1 : 0;  // wgmma's transposed operands
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int idx = j * k_tiles + kt, s = idx % STAGES;
+        mbar_wait(&full[s], (idx / STAGES) & 1);
+        const u32 a = shared_address(stages + s * STAGE), b = a + A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            const auto desc_a = [&](u32 rows) {  // the 64 rows from `rows` (their panel, column-major)
+                return LA == ROW ? smem_desc(rows + kk * 32, 16, 1024) : smem_desc(rows + kk * 2048, 8192, 1024);
+            };
+            const u64 db = LB == ROW ? smem_desc(b + kk * 2048, 8192, 1024) : smem_desc(b + kk * 32, 16, 1024);
+            wgmma_n128<TB, TA>(d0, desc_a(a), db);
+            wgmma_n128<TB, TA>(d1, desc_a(a + 8192), db);
+        }
+        wg_commit();
+        wg_wait<1>();  // the k-tile before this one has been multiplied: its stage may refill
+        if (kt > 0 && t == 0) mbar_arrive(&empty[(idx - 1) % STAGES]);
+    }
+}
+#endif
+
 template <class Cfg, int EPI, bool ACC16>
 RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const TensorMap* mapW16,
                              const TensorMap* mapLo, const TensorMap* mapMom, const TensorMap* mapVar, const Params& p,
@@ -565,23 +598,7 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
         for (int j = c, tile = blockIdx.x + c * gridDim.x; tile < tiles; j += 2, tile += 2 * gridDim.x, ++n) {
             if (c == 1 || n > 0) mbar_wait(&order[c], (c == 0 ? n - 1 : n) & 1);  // the other's multiply is issued
             float d0[64], d1[64];  // rows 0..63 and 64..127 of the tile
-#pragma unroll
-            for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0.f;
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int idx = j * k_tiles + kt, s = idx % STAGES;
-                mbar_wait(&full[s], (idx / STAGES) & 1);
-                const u32 a = shared_address(stages + s * STAGE), b = a + A_BYTES;
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) {  // as gemm_wgmma's column-major A and row-major B
-                    const u64 db = smem_desc(b + kk * 2048, 8192, 1024);
-                    wgmma_n128<1, 1>(d0, smem_desc(a + kk * 2048, 8192, 1024), db);
-                    wgmma_n128<1, 1>(d1, smem_desc(a + 8192 + kk * 2048, 8192, 1024), db);
-                }
-                wg_commit();
-                wg_wait<1>();  // the k-tile before this one has been multiplied: its stage may refill
-                if (kt > 0 && t == 0) mbar_arrive(&empty[(idx - 1) % STAGES]);
-            }
+            pingpong_multiply<COL, ROW, STAGES>(d0, d1, stages, full, empty, j, k_tiles, t);
             mbar_arrive(&order[1 - c]);  // the other warpgroup may multiply
             wg_wait<0>();
             wg_hold(d0);
