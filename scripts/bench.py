@@ -63,7 +63,7 @@ from rawgpu.runtime.files import write_atomic
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import dx_sgd as D
 from rawgpu.kernels import gemm as G
-from rawgpu.model.recipe import ACTIVATIONS, DEFAULTS, OPTIMIZER_DEFAULTS
+from rawgpu.model.recipe import ACTIVATIONS, DEFAULTS, OPTIMIZER_DEFAULTS, Option, argument_type
 from rawgpu.steps import MODES, ONE_GPU
 
 
@@ -514,16 +514,6 @@ def positive(text: str) -> int:
     return value
 
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}") from None
-    if not 0 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 3600, got {value:g}")
-    return value
-
-
 def cmd_read(args) -> int:
     """Reading a table file (benchmarks/reading.py): no GPU needed."""
     from benchmarks import reading
@@ -609,7 +599,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--no-overlap", action="store_true",
                    help="launch every kernel only after the one before has finished (default on sm_90+: the step's "
                         "kernels overlap the launch before, programmatic dependent launch; plain is timed both ways)")
-    g.add_argument("--sustained", type=seconds, default=0.0, metavar="S",
+    g.add_argument("--sustained", type=argument_type("--sustained", Option(None, float, 0.0, 3600.0)), default=0.0,
+                   metavar="S",
                    help="replay each graph S seconds before timing it, so that it runs at the clock the GPU holds under "
                         "it as in a training run (default 0: bursts, before the power controller acts; docs/perf.md: "
                         "Power)")

@@ -194,7 +194,7 @@ def test_pingpong_layers_experiment_builds_and_refuses_bad_arguments_in_one_line
         assert stages * 32768 + ebufs * layers.EBUF[epi] + 1024 <= block_smem_limit("sm_90") - STATIC_RESERVE
     for args, message in ((["--shapes", "128x100x200"], "N and K must be multiples of 8"),
                           (["--check-shapes", "64x64x12"], "N and K must be multiples of 8"),
-                          (["--sustained", "-1"], "is not from 0 to 3600 seconds"),
+                          (["--sustained", "-1"], "must be >= 0, got -1"),
                           (["--kernels", "pp_cr_sgd"], "invalid choice")):
         assert_usage_error(layers.main, args, message, capsys)
 

@@ -17,6 +17,7 @@ of 20 launches rotating over copies beyond the L2, median of trials; --sustained
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,11 +28,15 @@ from benchmarks.timing import copies_for, time_graph
 from rawgpu.cli.common import count
 from rawgpu.kernels import Kernels
 from rawgpu.kernels import gemm as G
+from rawgpu.model.recipe import Option, argument_type
 from rawgpu.runtime import compiler, driver
 from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
 HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location("pingpong_run", HERE / "run.py")
+_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_run)  # dev/pingpong/run.py: the sm_90 check, however this file is loaded
 # kernel -> (layout, epilogue, stages, epilogue buffers): layers.cu's LAYER_INSTANCE lines
 KERNELS = {"pp_rr_store": ("rr", "store", 6, 4), "pp_rr_bias_act": ("rr", "bias_act", 5, 4),
            "pp_rc_store": ("rc", "store", 6, 4), "pp_rc_dact": ("rc", "dact", 6, 4),
@@ -171,11 +176,9 @@ def main(argv=None) -> int:
                    default=[(1000, 776, 200), (4096, 4096, 1024), (300, 4096, 784)])
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     p.add_argument("--trials", type=count(1), default=20)
-    p.add_argument("--sustained", type=float, default=0.0, metavar="S",
-                   help="replay each graph S seconds before timing it (default 0: bursts)")
+    p.add_argument("--sustained", type=argument_type("--sustained", Option(None, float, 0.0, 3600.0)), default=0.0,
+                   metavar="S", help="replay each graph S seconds before timing it (default 0: bursts)")
     args = p.parse_args(argv)
-    if not 0 <= args.sustained <= 3600:
-        p.error(f"--sustained: {args.sustained:g} is not from 0 to 3600 seconds")
     for M, N, K in args.shapes + args.check_shapes:  # every row of A, B, C: whole 16-byte pieces
         if N % 8 or K % 8:
             p.error(f"{M}x{N}x{K}: N and K must be multiples of 8 (the copy engine's rows)")
@@ -183,9 +186,7 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    device = driver.Device(0)
-    if device.arch != "sm_90":
-        print(f"pingpong layers: error: warpgroup MMA needs sm_90; this GPU is {device.arch}", file=sys.stderr)
+    if (device := _run.hopper("pingpong layers")) is None:
         return 1
     compiled = compile_experiment()
     for name, r in sorted(compiled.resources.items()):
