@@ -30,6 +30,7 @@ class FakeNvml(types.ModuleType):
     """Just enough of pynvml: a GPU at bus 0000:19:00.0 with a given set of unsupported queries."""
 
     NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
 
     def __init__(self, fail=(), init_fails=False):
         super().__init__("pynvml")
@@ -53,6 +54,8 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetEnforcedPowerLimit(self, h): return self._call("limit", 700_000)
     def nvmlDeviceGetMemoryInfo(self, h): return self._call("mem", types.SimpleNamespace(used=2**30, total=80 * 2**30))
     def nvmlDeviceGetUtilizationRates(self, h): return self._call("util", types.SimpleNamespace(gpu=97))
+    def nvmlDeviceGetClockInfo(self, h, clock): return self._call("clock", 1980 if clock == 1 else 0)
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return self._call("reasons", 0x1)  # idle, not capped
 
 
 def fake_nvml(monkeypatch, **kw) -> FakeNvml:
@@ -97,10 +100,13 @@ def test_format_summary_variants():
 
 
 def test_format_gpu():
-    r = GpuReading(65, 251.5, 700.0, 2**30, 80 * 2**30, 97)
-    assert con.format_gpu(r) == "GPU 65 °C  252 W / 700 W  mem 1.00 GiB / 80.00 GiB  util 97%"
+    r = GpuReading(65, 251.5, 700.0, 2**30, 80 * 2**30, 97, 1980, False)
+    assert con.format_gpu(r) == "GPU 65 °C  252 W / 700 W  1980 MHz  mem 1.00 GiB / 80.00 GiB  util 97%"
     assert con.format_gpu(r, full=False) == "GPU 65 °C  252 W"
-    assert con.format_gpu(GpuReading(temperature_c=40)) == "GPU 40 °C  n/a W  mem n/a / n/a  util n/a%"
+    capped = GpuReading(70, 691.2, 700.0, 2**30, 80 * 2**30, 100, 1845, True)
+    assert con.format_gpu(capped) == ("GPU 70 °C  691 W / 700 W, power-capped  1845 MHz  mem 1.00 GiB / 80.00 GiB  "
+                                      "util 100%")
+    assert con.format_gpu(GpuReading(temperature_c=40)) == "GPU 40 °C  n/a W  n/a MHz  mem n/a / n/a  util n/a%"
     assert con.format_gpu(None) == "GPU n/a"
 
 
@@ -151,7 +157,8 @@ def test_json_mode_prints_only_epoch_records(monkeypatch):
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
     assert first["test_accuracy"] == 0.9785 and first["epoch"] == 3 and first["steps_per_s"] == 11141.5
     assert set(first) == set(STATS.__dict__) | {"gpu"}
-    assert first["gpu"] == {"temperature_c": 65, "power_w": 251.5, "memory_used_bytes": 2**30, "utilization_pct": 97}
+    assert first["gpu"] == {"temperature_c": 65, "power_w": 251.5, "memory_used_bytes": 2**30, "utilization_pct": 97,
+                            "sm_clock_mhz": 1980, "power_capped": False}
     assert second["train_loss"] is None and second["gpu"] is None and "NaN" not in out.getvalue()
 
 
@@ -235,10 +242,23 @@ def test_gpu_readings_find_the_bus_and_convert_units(monkeypatch):
     r = gpu.read()
     assert nv.calls[0] == "by_bus" and "by_index" not in nv.calls
     assert r == GpuReading(temperature_c=65, power_w=251.5, power_limit_w=700.0, memory_used_bytes=2**30,
-                           memory_total_bytes=80 * 2**30, utilization_pct=None)
+                           memory_total_bytes=80 * 2**30, utilization_pct=None, sm_clock_mhz=1980, power_capped=False)
     gpu.shutdown()
     gpu.shutdown()
     assert nv.calls.count("shutdown") == 1 and gpu.read() is None
+
+
+def test_gpu_readings_tell_when_the_power_limit_holds_the_clock(monkeypatch):
+    """NVML's software power cap (0x4) or hardware power brake (0x80) among the clock's event reasons: power_capped;
+    a GPU that does not report the clock or its reasons: None for those, the other readings as before."""
+    nv = fake_nvml(monkeypatch)
+    for mask, capped in ((0x4, True), (0x80 | 0x1, True), (0x1, False), (0x0, False)):
+        nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h, mask=mask: mask
+        r = GpuReadings("0000:19:00.0", interval=0).read()
+        assert r.power_capped is capped and r.sm_clock_mhz == 1980
+    nv = fake_nvml(monkeypatch, fail={"clock", "reasons"})
+    r = GpuReadings("0000:19:00.0", interval=0).read()
+    assert r.sm_clock_mhz is None and r.power_capped is None and r.temperature_c == 65
 
 
 def test_gpu_readings_fall_back_to_index_and_throttle(monkeypatch):

@@ -84,6 +84,8 @@ class GpuReading:
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     utilization_pct: int | None = None
+    sm_clock_mhz: int | None = None
+    power_capped: bool | None = None  # the power limit holds the clock down (docs/perf.md: Power)
 
 
 # ---- formatting -------------------------------------------------------------------------------------------------
@@ -119,7 +121,9 @@ def format_gpu(r: GpuReading | None, full: bool = True) -> str:
     parts = [f"{_na(r.temperature_c)} °C", f"{_na(r.power_w, round)} W"]
     if full:
         parts[1] += f" / {r.power_limit_w:.0f} W" if r.power_limit_w is not None else ""
-        parts += [f"mem {_na(r.memory_used_bytes, format_bytes)} / {_na(r.memory_total_bytes, format_bytes)}",
+        parts[1] += ", power-capped" if r.power_capped else ""
+        parts += [f"{_na(r.sm_clock_mhz)} MHz",
+                  f"mem {_na(r.memory_used_bytes, format_bytes)} / {_na(r.memory_total_bytes, format_bytes)}",
                   f"util {_na(r.utilization_pct)}%"]
     return "GPU " + "  ".join(parts)
 
@@ -183,6 +187,10 @@ def epoch_cells(s: EpochStats) -> tuple[str, ...]:
 
 # ---- NVML -------------------------------------------------------------------------------------------------------
 
+# NVML's clock event reasons that mean the power limit: the software power cap, the hardware power brake
+POWER_CAP_REASONS = 0x4 | 0x80
+
+
 def _try(fn, *args):
     try:
         return fn(*args)
@@ -228,12 +236,16 @@ class GpuReadings:
         nv, h = self._nv, self._handle
         power, limit = _try(nv.nvmlDeviceGetPowerUsage, h), _try(nv.nvmlDeviceGetEnforcedPowerLimit, h)
         mem, util = _try(nv.nvmlDeviceGetMemoryInfo, h), _try(nv.nvmlDeviceGetUtilizationRates, h)
+        clock = _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        reasons = _try(lambda: (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)  # since driver 535
+                                or nv.nvmlDeviceGetCurrentClocksThrottleReasons)(h))
         r = GpuReading(temperature_c=_try(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
                        power_w=power / 1000 if power is not None else None,
                        power_limit_w=limit / 1000 if limit is not None else None,
                        memory_used_bytes=mem.used if mem is not None else None,
                        memory_total_bytes=mem.total if mem is not None else None,
-                       utilization_pct=util.gpu if util is not None else None)
+                       utilization_pct=util.gpu if util is not None else None, sm_clock_mhz=clock,
+                       power_capped=bool(reasons & POWER_CAP_REASONS) if reasons is not None else None)
         return None if r == GpuReading() else r
 
     def read(self) -> GpuReading | None:
@@ -358,7 +370,8 @@ class JsonConsole(Console):
     def epoch_end(self, stats: EpochStats) -> None:
         r = self.gpu.read()
         gpu = None if r is None else {k: getattr(r, k) for k in
-                                      ("temperature_c", "power_w", "memory_used_bytes", "utilization_pct")}
+                                      ("temperature_c", "power_w", "memory_used_bytes", "utilization_pct",
+                                       "sm_clock_mhz", "power_capped")}
         record = {k: json_number(v) for k, v in dataclasses.asdict(stats).items()}
         self._line(json.dumps({**record, "gpu": gpu}))
 
