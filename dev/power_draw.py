@@ -1,7 +1,8 @@
-"""Whether a run is held by the GPU's power limit: runs a command while sampling NVML (SM clock, power, the clock's
-event reasons) and after each line the command prints, prints what the GPU did since the line before: the samples
-under load (power at least --loaded-w), their mean and lowest SM clock, mean power and the share capped by power
-(software or hardware slowdown by power). A timed run that prints a line per system or variant gets a reading each.
+"""Whether a run is held by the GPU's power limit: runs a command while GPU 0's NVML readings are taken
+(benchmarks.power.PowerLog: SM clock, power, whether the power limit holds the clock) and after each line the command
+prints, prints what the GPU did since the line before: the readings under load (power at least --loaded-w), their
+mean and lowest SM clock, mean power and the share capped by power. A timed run that prints a line per system or
+variant gets a reading each.
 
     PYTHONPATH=.:scripts:dev python dev/power_draw.py [--interval-ms 20] [--loaded-w 300] [--every S]
                                                       -- python3 dev/... ARGS
@@ -9,7 +10,7 @@ under load (power at least --loaded-w), their mean and lowest SM clock, mean pow
 --every S also prints a reading of each S seconds, for a command that prints its lines only at the end.
 
 A kernel that runs at the top clock (1980 MHz on the H200) beside one that runs capped at 700 W shows where energy,
-not cycles, sets the time (docs/history.md). Not part of the product (dev/README.md).
+not cycles, sets the time (docs/perf.md: Power). Not part of the product (dev/README.md).
 """
 
 from __future__ import annotations
@@ -20,38 +21,7 @@ import sys
 import threading
 import time
 
-CAPPED = 0x4 | 0x80  # nvmlClocksEventReasonSwPowerCap, nvmlClocksEventReasonHwPowerBrakeSlowdown
-
-
-class Sampler(threading.Thread):
-    """NVML readings of GPU `index` every `interval` seconds, (time, SM MHz, watts, reasons) each, until stopped."""
-
-    def __init__(self, index: int, interval: float):
-        super().__init__(daemon=True)
-        import pynvml as nv
-
-        nv.nvmlInit()
-        self.nv, self.handle, self.interval = nv, nv.nvmlDeviceGetHandleByIndex(index), interval
-        self.samples: list[tuple[float, int, float, int]] = []
-        self.done = threading.Event()
-
-    def run(self):
-        nv, h = self.nv, self.handle
-        reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)  # its name since driver 535
-                   or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
-        while not self.done.is_set():
-            self.samples.append((time.monotonic(), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-                                 nv.nvmlDeviceGetPowerUsage(h) / 1e3, reasons(h)))
-            time.sleep(self.interval)
-
-    def since(self, t0: float, t1: float, loaded_w: float) -> str:
-        got = [s for s in self.samples if t0 <= s[0] < t1 and s[2] >= loaded_w]
-        if not got:
-            return "no samples under load"
-        mhz = [s[1] for s in got]
-        capped = sum(1 for s in got if s[3] & CAPPED)
-        return (f"{len(got)} samples under load: SM {sum(mhz) / len(mhz):.0f} MHz (lowest {min(mhz)}), "
-                f"{sum(s[2] for s in got) / len(got):.0f} W, {100 * capped / len(got):.0f}% capped by power")
+from benchmarks.power import PowerLog, describe
 
 
 def main(argv=None) -> int:
@@ -59,7 +29,6 @@ def main(argv=None) -> int:
     p.add_argument("--interval-ms", type=float, default=20.0, help="between readings (default 20)")
     p.add_argument("--loaded-w", type=float, default=300.0, help="a reading under load draws at least this "
                                                                  "(default 300 W: an H200 idles near 120)")
-    p.add_argument("--device", type=int, default=0, help="GPU index (default 0)")
     p.add_argument("--every", type=float, default=None, metavar="S", help="also a reading of each S seconds")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = p.parse_args(argv)
@@ -68,13 +37,15 @@ def main(argv=None) -> int:
         p.error("give the command to run after --")
     if args.interval_ms <= 0 or args.every is not None and args.every <= 0:
         p.error(f"--interval-ms {args.interval_ms}, --every {args.every}: each must be positive")
+    log = PowerLog(interval=args.interval_ms / 1e3).start()
+    loaded = lambda r: (r.power_w or 0) >= args.loaded_w  # noqa: E731
+    reading = lambda t0, t1: describe(log.summary(t0, t1, loaded))  # noqa: E731
     try:
-        sampler = Sampler(args.device, args.interval_ms / 1e3)
-    except Exception as e:  # noqa: BLE001 -- no pynvml, no driver, no such GPU: one line
-        print(f"power_draw: error: NVML: {e}", file=sys.stderr)
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    except OSError as e:
+        log.stop()
+        print(f"power_draw: error: {command[0]}: {e.strerror}", file=sys.stderr)
         return 1
-    sampler.start()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     if args.every:
         start = time.monotonic()
 
@@ -84,8 +55,8 @@ def main(argv=None) -> int:
                 k += 1
                 time.sleep(max(0.0, start + k * args.every - time.monotonic()))
                 t1 = start + k * args.every
-                print(f"    [power {t1 - args.every - start:5.1f}-{t1 - start:5.1f} s] "
-                      f"{sampler.since(t1 - args.every, t1, args.loaded_w)}", flush=True)
+                print(f"    [power {t1 - args.every - start:5.1f}-{t1 - start:5.1f} s] {reading(t1 - args.every, t1)}",
+                      flush=True)
 
         threading.Thread(target=tick, daemon=True).start()
     last = time.monotonic()
@@ -93,11 +64,10 @@ def main(argv=None) -> int:
         now = time.monotonic()
         print(line.rstrip("\n"), flush=True)
         if now - last > 0.2:  # a line after work, not one of a burst
-            print(f"    [power] {sampler.since(last, now, args.loaded_w)}", flush=True)
+            print(f"    [power] {reading(last, now)}", flush=True)
         last = now
     rc = child.wait()
-    sampler.done.set()
-    sampler.join()
+    log.stop()
     return rc
 
 

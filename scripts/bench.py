@@ -53,6 +53,8 @@ import numpy as np
 
 from rawgpu.runtime import driver as drv
 from benchmarks.gemm import bench_dx_sgd, bench_ours, bench_torch, min_bytes, mlp_gemms
+from benchmarks.power import PowerLog
+from benchmarks.power import describe as describe_power
 from benchmarks.timing import copy_bandwidth, launch_floor
 from benchmarks.training import (HIDDEN, RECIPES, bench_rank, bench_rawgpu, bench_rawgpu_models, describe,
                                  rawgpu_recipe, with_optimizer)
@@ -277,13 +279,16 @@ def cmd_train(args) -> int:
         print(f"# peer {p} skipped: {why}")
     # seconds per system, set-up included; start-up: the device, the dataset and the peers' imports
     wall: dict[str, float] = {"start-up": time.perf_counter() - started}
+    power = PowerLog(device.pci_bus_id).start()  # whether each system ran at full clock or at the power limit
+    spans: dict[str, tuple[float, float]] = {}  # each system's last run, on power's clock
 
     def clocked(system: str, fn, *a, **kw):
-        t0 = time.perf_counter()
+        t0, m0 = time.perf_counter(), time.monotonic()
         try:
             return fn(*a, **kw)
         finally:
             wall[system] = wall.get(system, 0.0) + time.perf_counter() - t0
+            spans[system] = (m0, time.monotonic())
 
     bw = copy_bandwidth(stream)
     cu_major, cu_minor = drv.driver_version()
@@ -344,6 +349,11 @@ def cmd_train(args) -> int:
               f"{bw:.0f} GB/s, at the split master's {10 + state_bytes} B {split_floor:.1f} us, rawgpu at "
               f"{100 * split_floor / ours['us_per_step']:.0f}%"
               f" of that; {ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
+        for s in systems:  # NVML's readings under load during each system's run (set-up and warm-up included)
+            s["power"] = power.summary(*spans[s["system"]]) if s["system"] in spans else None
+        print(f"# power at H={label}: " + "; ".join(f"{s['system']} {describe_power(s['power'])}" for s in systems),
+              flush=True)
+    power.stop()
     wall["total"] = time.perf_counter() - started
     print("# wall time (set-up, warm-up and compiles included): "
           + ", ".join(f"{name} {sec:.1f} s" for name, sec in wall.items()), flush=True)
@@ -461,10 +471,13 @@ def cmd_sweep(args) -> int:
     print(f"{'H':>5} {'N':>4} {'system':>18} {'us/step':>9} {'us/model':>9} {'% floor':>8} {'acc min':>8} "
           f"{'acc max':>8}")
     mnist, peer_data, rows = load_mnist(args.data_dir), mnist_arrays(args.data_dir) if peers else None, []
+    power = PowerLog(device.pci_bus_id).start()  # whether each system ran at full clock or at the power limit
     for h in args.sizes:
         rr = rawgpu_recipe(h, recipe, args.steps, 0)
+        m0 = time.monotonic()
         one = bench_rawgpu(h, args.steps, 0, mnist, args.device, steps_per_launch=args.steps_per_launch,
                            recipe=recipe)
+        one_span = (m0, time.monotonic())
         base = Workload(hidden=h, steps=args.steps, batch=rr.batch, lr=rr.lr, momentum=rr.momentum,
                         schedule=rr.schedule, optimizer=rr.optimizer, nesterov=rr.nesterov,
                         betas=(rr.beta1, rr.beta2), eps=rr.eps, weight_decay=rr.weight_decay,
@@ -475,19 +488,25 @@ def cmd_sweep(args) -> int:
             grid = sweeps.lr_grid(rr.lr, rates)
             sweep = sweeps.Sweep(base, tuple(i // rates for i in range(n)), tuple(grid[i % rates] for i in range(n)))
             floor = n * sweeps.parameters(h) * per_weight / (bw * 1e9) * 1e6
+            m0 = time.monotonic()
             together = bench_rawgpu_models([replace(rr, seed=i // rates, lr=grid[i % rates]) for i in range(n)],
                                            args.steps, mnist, args.device)
+            spans = {"rawgpu-models": (m0, time.monotonic()), "rawgpu-sequential": one_span}
             results = [dict(system="rawgpu-models", **together, note="all N in one step (the models step)"),
                        dict(system="rawgpu-sequential", us_per_step=n * one["us_per_step"],
                             accuracies=[one["test_accuracy"]], note="N one-model runs one after another: N x one "
                             "model's step (its accuracy: model 0's lr and seed)")]
             for p in peers:
+                m0 = time.monotonic()
                 try:
                     r = sweeps.run(p, sweep, peer_data)
                     results.append(dict(system=p, us_per_step=r.us_per_step, accuracies=r.accuracies, note=r.note))
                 except Exception as exc:  # noqa: BLE001 - a failing peer is reported, the run goes on
                     results.append(dict(system=p, us_per_step=None, accuracies=[], note=f"failed: {exc}"[:300]))
+                spans[p] = (m0, time.monotonic())
                 device.make_current()
+            for r in results:  # NVML's readings under load during each system's run (set-up included)
+                r["power"] = power.summary(*spans[r["system"]])
             for r in results:
                 us, acc = r["us_per_step"], r["accuracies"]
                 cells = ((f"{us:.1f}", f"{us / n:.2f}", f"{100 * floor / us:.0f}%") if us else ("failed", "-", "-"))
@@ -496,7 +515,10 @@ def cmd_sweep(args) -> int:
                       f"{accs[1]:>8}" + ("" if us else f"  {r['note']}"), flush=True)
             print(f"{h:>5} {n:>4} {'floor':>18} {floor:>9.1f}   ({n} models x {sweeps.parameters(h)} weights at "
                   f"{per_weight} B each, {bw:.0f} GB/s; {rates} lr x {seeds} seeds)", flush=True)
+            print(f"# power at H={h}, N={n}: " + "; ".join(f"{r['system']} {describe_power(r['power'])}"
+                                                        for r in results), flush=True)
             rows.append(dict(hidden=h, models=n, lrs=grid, seeds=seeds, floor_us=floor, systems=results))
+    power.stop()
     results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",
                    date=str(dt.date.today()), copy_gbs=bw, recipe=args.recipe, steps=args.steps, **recipe, rows=rows)
     write_atomic(out / "bench_sweep.json", json.dumps(results, indent=1).encode())
