@@ -84,11 +84,12 @@ def layer_launch(kern, sm_count: int, name: str, o: Operands, M: int, N: int, K:
     return kern.bind(min(tiles, sm_count), 384, smem, map_a, map_b, map_c, map_act, M, N, K, o.bias, 0)
 
 
-def product_launch(kernels, device, layout: str, epi: str, o: Operands, M, N, K, config=None):
+def product_launch(kernels, device, layout: str, epi: str, o: Operands, M, N, K, config=None, ws=None, tickets=None):
+    """The product's GEMM of this role: the planned one, or `config` unsplit (ws, tickets: for a planned split)."""
     plan = G.plan_gemm(M, N, K, layout, epi, "f32", sm_count=device.sm_count, arch=device.arch, config=config,
                        splits=1 if config else None, capacity=G.cluster_capacity(kernels))
     return plan, G.gemm(kernels, plan, o.A, o.B, o.C, bias=o.bias if epi == "bias_act" else None,
-                        act=o.act if epi == "dact" else None)
+                        act=o.act if epi == "dact" else None, workspace=ws, tickets=tickets)
 
 
 def reference(layout: str, epi: str, o: Operands) -> np.ndarray:
@@ -145,7 +146,10 @@ def timing(module, kernels, device, stream, rng, shapes, names, trials, sustaine
             copies = copies_for(per_copy, device.l2_bytes, cap=16)
             with Arena() as arena:
                 sets = [Operands(arena, str(i), layout, M, N, K) for i in range(copies)]
+                ws = arena.tensor("ws", (1 << 22,), np.float32)
+                tickets = arena.tensor("tickets", (1 << 14,), np.int32)
                 arena.allocate()
+                arena.zero()
                 for o in sets:
                     o.fill(rng)
                 launches = 20
@@ -157,7 +161,7 @@ def timing(module, kernels, device, stream, rng, shapes, names, trials, sustaine
                 for epi in dict.fromkeys(KERNELS[n][1] for n in mine):
                     plan, binds = None, []
                     for o in sets:
-                        plan, b = product_launch(kernels, device, layout, epi, o, M, N, K)
+                        plan, b = product_launch(kernels, device, layout, epi, o, M, N, K, ws=ws, tickets=tickets)
                         binds.append(b)
                     us = time_graph(stream, lambda: [binds[i % copies].run(stream) for i in range(launches)],
                                     launches, trials, sustained)
