@@ -9,12 +9,13 @@
 // B row-major (W [K, N]: two panels of 64 k-rows x 64 columns, read with wgmma's transposed B) or column-major (W as
 // W^T's rows for dy @ W^T: 128 rows of 64 k).
 //
-//   As gemm_pingpong (its multiply: pingpong_multiply): warpgroup 0's warp 0 copies the k-tiles into a ring of
-//   STAGES; its warp 1 holds a ring of EBUFS 64 x 64 chunk buffers: for dact it first loads the chunk's saved
-//   activation into the buffer (TMA), for the others it hands the buffer over once the stores before have read it;
-//   the consumer warpgroup whose epilogue it is writes the chunk's fp16 outputs there (bias_act's act'(z), where
-//   the build saves it, in a second plane), fences and arrives; warp 1 stores the chunk by TMA. Warpgroups 1 and 2
-//   own whole 128 x 128 tiles by turns, order barriers keeping their multiplies and their epilogues in tile order.
+//   As gemm_pingpong (its walk and multiply: pingpong_k_tiles, pingpong_multiply): warpgroup 0's warp 0 copies the
+//   k-tiles into a ring of STAGES; its warp 1 holds a ring of EBUFS 64 x 64 chunk buffers: for dact it first loads the
+//   chunk's saved activation into the buffer (TMA), for the others it hands the buffer over once the stores before
+//   have read it; the consumer warpgroup whose epilogue it is writes the chunk's fp16 outputs there (bias_act's
+//   act'(z), where the build saves it, in a second plane), fences and arrives; warp 1 stores the chunk by TMA.
+//   Warpgroups 1 and 2 own whole 128 x 128 tiles by turns, order barriers keeping their multiplies and their epilogues
+//   in tile order.
 // Sums in the order of gemm_wgmma.cu's 128-column tiles (K ascending, the same m64n128k16 steps): wg128's bits.
 
 // A chunk's fp16 outputs from the accumulators of its 64 rows (d) and its half of their 128 columns, into the
@@ -80,24 +81,17 @@ RG_DEVICE void pingpong_layer(const TensorMap* mapA, const TensorMap* mapB, cons
         if (tid == 0) {  // the k-tiles of this CTA's tiles, in tile order
             prefetch_tensor_map(mapA);
             prefetch_tensor_map(mapB);
-            int idx = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-                const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
-#pragma unroll 1
-                for (int kt = 0; kt < k_tiles; ++kt, ++idx) {
-                    const int s = idx % STAGES, k = kt * BK;
-                    if (idx >= STAGES) mbar_wait(&empty[s], (idx / STAGES - 1) & 1);
-                    u8* a = stages + s * STAGE;
-                    mbar_arrive_expect_tx(&full[s], STAGE);
-                    tma_load_2d(a, mapA, k, m0, &full[s]);  // 128 rows of 64 k
-                    if (LB == ROW) {  // two panels of 64 k-rows x 64 columns
-                        tma_load_2d(a + A_BYTES, mapB, n0, k, &full[s]);
-                        tma_load_2d(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s]);
-                    } else {  // W^T: 128 rows of 64 k
-                        tma_load_2d(a + A_BYTES, mapB, k, n0, &full[s]);
-                    }
+            const auto load = [=](u8* a, u64* bar, int m0, int n0, int k) {  // gemm_wgmma.cu's walk calls it
+                mbar_arrive_expect_tx(bar, STAGE);
+                tma_load_2d(a, mapA, k, m0, bar);  // 128 rows of 64 k
+                if (LB == ROW) {  // two panels of 64 k-rows x 64 columns
+                    tma_load_2d(a + A_BYTES, mapB, n0, k, bar);
+                    tma_load_2d(a + A_BYTES + 8192, mapB, n0 + 64, k, bar);
+                } else {  // W^T: 128 rows of 64 k
+                    tma_load_2d(a + A_BYTES, mapB, k, n0, bar);
                 }
-            }
+            };
+            pingpong_k_tiles<STAGES>(stages, full, empty, tiles, tiles_m, k_tiles, load);
         } else if (tid == 32) {  // the chunk ring: dact's inputs in, every chunk's outputs out
             prefetch_tensor_map(mapC);
             if (EPI == EPI_DACT || save) prefetch_tensor_map(mapAct);

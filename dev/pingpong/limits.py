@@ -111,9 +111,9 @@ UPDATE_STORES = ("                    tma_store_2d(mapW16, c0, r0, buf);\n"
                  "                        tma_store_2d(mapVar, 2 * c0, r0, buf + 32768);\n"
                  "                        tma_store_2d(mapVar, 2 * c0 + 64, r0, buf + 40960);\n"
                  "                    }\n")
-K_TILE_LOADS = ("                        tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 "
+K_TILE_LOADS = ("                    tma_load_2d(a, mapA, m0, k, bar);  // A^T: two panels of 64 k-rows x 64 "
                 "m-columns\n"
-                "                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);\n")
+                "                    tma_load_2d(a + 8192, mapA, m0 + 64, k, bar);\n")
 TMA_PREFETCH = """RG_DEVICE void tma_prefetch_2d(const TensorMap* map, int x, int y) {
     asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
                  :: "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y) : "memory");
@@ -227,10 +227,10 @@ EDITS = {
          "0));\n" + UPDATE_LOADS,
          "                    mbar_arrive(&efull[b]);  // taken out\n"
          "                    (void)buf, (void)r0, (void)c0;\n")],
-    16: [("                        mbar_arrive_expect_tx(&full[s], STAGE);\n" + K_TILE_LOADS +
-          "                        tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, &full[s], hint_b);  // B: two such panels\n"
-          "                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
-          "                        mbar_arrive(&full[s]);  // taken out\n")],
+    16: [("                    mbar_arrive_expect_tx(bar, STAGE);\n" + K_TILE_LOADS +
+          "                    tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, bar, hint_b);  // B: two such panels\n"
+          "                    tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, bar, hint_b);\n",
+          "                    mbar_arrive(bar);  // taken out\n")],
     32: [(PAIR_BARRIER, '        }\n        asm volatile("" ::: "memory");\n    }\n}\n')],
     64: [(PAIR_BARRIER, '        }\n        if (jj % 2 == 1) asm volatile("" ::: "memory");\n    }\n}\n')],
     128: [(PAIR_BARRIER, "        }\n    }\n}\n")],
@@ -243,7 +243,8 @@ EDITS = {
            + UPDATE_STORES.replace("tma_store_2d(", "tma_store_2d_policy(").replace(");", ", once);"))],
     1024: [("                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(keep_b);",
             "                prefetch_tensor_map(mapB);\n                const L2Hint hint_b = l2_hint(1.f);"),
-           (K_TILE_LOADS, K_TILE_LOADS.replace("tma_load_2d(", "tma_load_2d_hinted(").replace("]);", "], hint_b);"))],
+           (K_TILE_LOADS,
+            K_TILE_LOADS.replace("tma_load_2d(", "tma_load_2d_hinted(").replace("bar);", "bar, hint_b);"))],
     8192: [("                mbar_init(&efull[e], 1);\n",
              "                mbar_init(&efull[e], 32);  // each lane of the loading warp, its copies landed\n"),
            ("            } else if (tid == 32) {", "            } else if (warp == 1) {"),
@@ -259,10 +260,9 @@ EDITS = {
             "                for (int e = max(0, chunks - EBUFS); e < chunks; ++e)\n"
             "                    if (lane == 0) store(e);\n"
             "                if (lane == 0) bulk_wait<0>();\n")],
-    16384: [("                        mbar_arrive_expect_tx(&full[s], STAGE);\n",
-              "                        mbar_arrive_expect_tx(&full[s], STAGE - 8192);  // B's second panel taken out\n"),
-            ("                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);\n",
-             "")],
+    16384: [("                    mbar_arrive_expect_tx(bar, STAGE);\n",
+              "                    mbar_arrive_expect_tx(bar, STAGE - 8192);  // B's second panel taken out\n"),
+            ("                    tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, bar, hint_b);\n", "")],
     32768: [("            wgmma_n128<TB, TA>(d1, desc_a(a + 8192), db);\n", "")],
     65536: [(PAIR_UPDATE, PAIR_AHEAD)],
     131072: [("                    corner(e, r0, c0);  // the copy engine clips at the edges\n",

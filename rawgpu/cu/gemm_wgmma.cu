@@ -474,6 +474,23 @@ RG_DEVICE void pingpong_multiply(float (&d0)[64], float (&d1)[64], u8* stages, u
         if (kt > 0 && t == 0) mbar_arrive(&empty[(idx - 1) % STAGES]);
     }
 }
+
+// The loading warp's walk over the CTA's tiles (blockIdx.x, + gridDim.x, ...), k-tile by k-tile into the same ring:
+// each stage once its last reader has released it; load(stage, its barrier, m0, n0, k) announces and copies it.
+template <int STAGES, class Load>
+RG_DEVICE void pingpong_k_tiles(u8* stages, u64* full, u64* empty, int tiles, int tiles_m, int k_tiles, Load load) {
+    int idx = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
+#pragma unroll 1
+        for (int kt = 0; kt < k_tiles; ++kt, ++idx) {
+            const int s = idx % STAGES, k = kt * 64;
+            if (idx >= STAGES) mbar_wait(&empty[s], (idx / STAGES - 1) & 1);
+            u8* a = stages + s * 32768;
+            load(a, &full[s], m0, n0, k);
+        }
+    }
+}
 #endif
 
 template <class Cfg, int EPI, bool ACC16>
@@ -518,21 +535,14 @@ RG_DEVICE void gemm_pingpong(const TensorMap* mapA, const TensorMap* mapB, const
                 prefetch_tensor_map(mapA);
                 prefetch_tensor_map(mapB);
                 const L2Hint hint_b = l2_hint(keep_b);  // kernels/l2.py
-                int idx = 0;
-                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-                    const int m0 = tile % tiles_m * 128, n0 = tile / tiles_m * 128;
-#pragma unroll 1
-                    for (int kt = 0; kt < k_tiles; ++kt, ++idx) {
-                        const int s = idx % STAGES, k = kt * BK;
-                        if (idx >= STAGES) mbar_wait(&empty[s], (idx / STAGES - 1) & 1);
-                        u8* a = stages + s * STAGE;
-                        mbar_arrive_expect_tx(&full[s], STAGE);
-                        tma_load_2d(a, mapA, m0, k, &full[s]);  // A^T: two panels of 64 k-rows x 64 m-columns
-                        tma_load_2d(a + 8192, mapA, m0 + 64, k, &full[s]);
-                        tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, &full[s], hint_b);  // B: two such panels
-                        tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, &full[s], hint_b);
-                    }
-                }
+                const auto load = [=](u8* a, u64* bar, int m0, int n0, int k) {  // a k-tile of A and B into stage a
+                    mbar_arrive_expect_tx(bar, STAGE);
+                    tma_load_2d(a, mapA, m0, k, bar);  // A^T: two panels of 64 k-rows x 64 m-columns
+                    tma_load_2d(a + 8192, mapA, m0 + 64, k, bar);
+                    tma_load_2d_hinted(a + A_BYTES, mapB, n0, k, bar, hint_b);  // B: two such panels
+                    tma_load_2d_hinted(a + A_BYTES + 8192, mapB, n0 + 64, k, bar, hint_b);
+                };
+                pingpong_k_tiles<STAGES>(stages, full, empty, tiles, tiles_m, k_tiles, load);
             } else if (tid == 32) {  // the update's inputs and results, a chunk at a time
                 prefetch_tensor_map(mapW16);
                 prefetch_tensor_map(mapLo);
