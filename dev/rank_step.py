@@ -20,8 +20,9 @@ import sys
 
 from benchmarks.timing import time_graph
 from benchmarks.training import RECIPES, NoSums, rawgpu_recipe, step_alone_us
-from rawgpu.cli.common import count
+from rawgpu.cli.common import check_data_options, count
 from rawgpu.kernels import Kernels
+from rawgpu.runtime.errors import run_cli
 from rawgpu.steps import StepOptions, plan_model
 
 
@@ -39,7 +40,7 @@ def kernel_times(model, stream, repeats: int, trials: int, title: str) -> None:
     print(f"#   {len(parts)} kernels, their sum {sum(parts):.1f} us", flush=True)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden", type=count(1), nargs="+", default=[4096, 8192, 16384])
     p.add_argument("--ranks", type=count(1), nargs="+", default=[1, 2, 4, 8])
@@ -52,7 +53,12 @@ def main() -> int:
     p.add_argument("--data-dir", default=None, help="MNIST directory (default: $RAWGPU_DATA, the cache, download)")
     p.add_argument("--kernels", action="store_true",
                    help="also each kernel of the rank's step alone, repeated in a graph (where the step's time goes)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    check_data_options(p, None, args.data_dir)
+    return run_cli(lambda: run(args), "rank_step")
+
+
+def run(args) -> int:
     from rawgpu.data.datasets import load_mnist
     from rawgpu.runtime.driver import Device, Stream
 

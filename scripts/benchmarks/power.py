@@ -14,9 +14,11 @@ BUSY_PCT = 50  # a reading under load: the GPU ran kernels at least this share o
 
 
 class PowerLog:
-    """Readings of one GPU every `interval` seconds from `start()` to `stop()` (or a with-block), each with its time."""
+    """Readings of one GPU every `interval` seconds from `start()` to `stop()` (or a with-block), each with its time.
+    The default, ten a second, is plenty for runs of seconds and keeps the thread's NVML calls off the timed launches'
+    way (dev/power_draw.py, a process of its own, reads faster)."""
 
-    def __init__(self, pci_bus_id: str | None = None, interval: float = 0.02):
+    def __init__(self, pci_bus_id: str | None = None, interval: float = 0.1):
         self.gpu, self.interval = GpuReadings(pci_bus_id, interval=0), interval
         self.readings: list = []  # (time.monotonic(), GpuReading)
         self._done = threading.Event()
