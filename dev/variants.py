@@ -18,6 +18,10 @@ dev/sweep/stream_limits.py (VariantKernels: the product's launchers over a varia
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -123,6 +127,48 @@ class VariantKernels(Kernels):
         if unit[0] != source or text is None:
             return super()._build(unit)
         return build(source, text, self.arch, kernel=unit[1])
+
+
+TENSOR_OPS = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(HGMMA|HMMA)\.(\S+) (.*)$", re.M)
+
+
+def keep_gradient(dest: str, indent: str = "    ") -> str:
+    """C text for a variant that takes out the only reader of G's accumulators (float gacc[GF][4]): a store that never
+    runs (lr is never NaN) reading one value of each fragment, so that the compiler keeps G's multiply."""
+    return (f"{indent}if (o.lr != o.lr) {{  // never: keeps G's multiply\n{indent}    float s = 0.f;\n"
+            f"{indent}    for (int f = 0; f < GF; ++f) s += gacc[f][0];\n"
+            f"{indent}    *reinterpret_cast<float*>({dest}) = s;\n{indent}}}\n")
+
+
+def nvdisasm() -> str | None:
+    """NVIDIA's disassembler: on PATH, or from the nvidia-cuda-nvdisasm wheel (the test extra); None if neither."""
+    if found := shutil.which("nvdisasm"):
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in getattr(nvidia, "__path__", []):
+        for candidate in sorted(Path(root).glob("cu*/bin/nvdisasm")):
+            return str(candidate)
+    return None
+
+
+def tensor_ops(cubin: bytes) -> dict[str, int]:
+    """Kernel -> its tensor-core instructions (HGMMA, HMMA) that compute something. A part taken out that leaves no
+    accumulator read lets the compiler drop the multiply (one HGMMA.64x8x16 on RZ stays, not counted here): an
+    ablation must show that its multiply survived. Needs nvdisasm (RuntimeError without it)."""
+    if (tool := nvdisasm()) is None:
+        raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm (the test extra has it)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        sass = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True, check=True).stdout
+    counts = {}
+    for section in re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)[1:]:
+        name = section.split(",", 1)[0].strip()
+        counts[name] = sum(1 for op in TENSOR_OPS.finditer(section) if "RZ, gdesc[URZ], RZ" not in op.group(3))
+    return counts
 
 
 def load(source: str, text: str, arch: str, options: tuple[str, ...] = ()) -> Module:

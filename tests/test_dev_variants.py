@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rawgpu import contract
+from rawgpu.kernels import dx_update
 from rawgpu.runtime import compiler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -284,3 +285,52 @@ def test_power_draw_refuses_a_missing_command_or_bad_periods_in_one_line(capsys)
                           (["--interval-ms", "0", "--", "true"], "must be positive"),
                           (["--every", "-1", "--", "true"], "must be positive")):
         assert_usage_error(power_draw.main, args, message, capsys)
+
+
+def _load(name: str, path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tensor_ops(built, kernel: str) -> int:
+    if variants.nvdisasm() is None:
+        pytest.skip("nvdisasm is not installed (pip install nvidia-cuda-nvdisasm, in the test extra)")
+    return variants.tensor_ops(built.cubin)[kernel]
+
+
+# experiment -> (source, kernel, the variant's text of a mask, the bits that take out a multiply, masks to check)
+ABLATIONS = {
+    "pingpong/limits.py": (contract.GEMM_WGMMA_SOURCE, "gemm_wgpp_cr_sgd_f32", "EDITS", 1 | 32768,
+                           [2, 4, 8, 12, 14, 16, 65536, 131072 | 262144, 2 | 32768]),
+    "backward/limits.py": (dx_update.SOURCE, contract.dxu_kernel_name(128, "sgd"), "ablated", 1 | 2,
+                           [4, 8, 16, 5, 6]),
+    "sweep/stream_limits.py": (contract.DX_UPDATE_MODELS_SOURCE, contract.dxu_stream_kernel_name(128, "sgd"),
+                               "ablated", 1, [2, 4, 8, 64, 128]),
+}
+
+
+@pytest.mark.parametrize("experiment, mask", [(e, m) for e, spec in ABLATIONS.items() for m in spec[4]])
+def test_an_ablation_keeps_every_multiply_it_does_not_take_out(experiment, mask):
+    """A part taken out that leaves an accumulator unread lets the compiler drop the multiply behind it, and the
+    experiment then times something else (dev/pingpong/limits.py's "multiply alone" once timed the k-tiles' loads
+    alone): every mask keeps the tensor-core instructions of the mask's multiply cuts alone, in the machine code."""
+    source, kernel, how, cuts, _ = ABLATIONS[experiment]
+    module = _load(experiment.replace("/", "_")[:-3], f"dev/{experiment}")
+
+    def count(m: int) -> int:
+        text = variants.masked(source, module.EDITS, m) if how == "EDITS" else getattr(module, how)(m)
+        return _tensor_ops(variants.build(source, text, "sm_90", kernel=kernel), kernel)
+
+    assert count(mask) == count(mask & cuts) > 0
+
+
+def test_the_ping_pong_layers_cuts_keep_the_multiply():
+    """dev/pingpong/layers.py: every kernel, the cuts too (the multiply alone, no chunk writes), multiplies."""
+    layers = _load("pingpong_layers_ops", "dev/pingpong/layers.py")
+    built = layers.compile_experiment()
+    counts = {name: _tensor_ops(built, name) for name in layers.KERNELS}
+    assert len(set(counts.values())) == 1 and counts["pp_rr_store"] > 0, counts

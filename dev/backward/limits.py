@@ -47,8 +47,11 @@ EDITS = {
         ("        if (SW) {\n            wg_wait<0>();", "        if (false) {\n            wg_wait<0>();"),
         ("kept here: as a call it changes this kernel's b32 build)\n#pragma unroll 4\n        for (int kk = 0; kk < (SW ? 0 : BB / 16); ++kk)",
          "kept here: as a call it changes this kernel's b32 build)\n#pragma unroll 4\n        for (int kk = 0; kk < 0; ++kk)")],
-    4: [("for (int f = 0; f < GF; ++f)\n#pragma unroll\n        for (int h = 0; h < 2; ++h) {",
-         "for (int f = 0; f < 0; ++f)\n#pragma unroll\n        for (int h = 0; h < 2; ++h) {")],
+    # G kept: a store that never runs reads its accumulators (none read, the compiler drops G's multiply too)
+    4: [("    using namespace dxu;\n#pragma unroll\n    for (int f = 0; f < GF; ++f)\n#pragma unroll\n"
+         "        for (int h = 0; h < 2; ++h) {",
+         "    using namespace dxu;\n" + variants.keep_gradient("ms")
+         + "    for (int f = 0; f < 0; ++f)\n#pragma unroll\n        for (int h = 0; h < 2; ++h) {")],
     8: [("i < BM * BN / 8; i += THREADS)", "i < 0; i += THREADS)"),
         ("    if (has_m) {\n#pragma unroll 4", "    if (false) {\n#pragma unroll 4")],
     32: [("    auto load_weights = [&](int s, int c) {\n",

@@ -82,7 +82,9 @@ EDITS = {
     1: [("            issue_gradient_wgmma<BB, GN>(gacc, sx, y, wn);\n", ""),
         ("if constexpr (!SW) gradient_mma<BB, GMT, LDX, LDY>(gacc, sx, y, wm, wn, r8, q1, q2);", "")],
     2: [("        update_chunk<ADAM>(gacc, w, wl, ms, vs, has_m, o, g_row, g_col, g, t);\n        __syncthreads();\n"
-         "        const i64 z = k.model * zW;", "        __syncthreads();\n        const i64 z = k.model * zW;")],
+         "        const i64 z = k.model * zW;",
+         # the gradient kept: its accumulators read in a store that never runs
+         variants.keep_gradient("ms", "        ") + "        __syncthreads();\n        const i64 z = k.model * zW;")],
     4: [("        store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16 + z,",
          "        if (false) store_chunk<ADAM, THREADS>(w, wl, ms, vs, has_m, w16 + z,")],
     8: [("    auto load_weights = [&](int s, const Chunk& k) {\n",
