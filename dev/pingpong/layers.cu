@@ -44,7 +44,11 @@ RG_DEVICE void layer_chunk(u8* buf, const float (&d)[64], int half, const float*
 // mapA: A [M, K] (boxes of 128 rows x 64 k); mapB: B [K, N] (boxes of 64 x 64) or, LB == COL, B^T [N, K] (128 x 64);
 // mapC: C [M, N] (64 x 64); mapAct: the saved activation [M, N] (64 x 64): dact's input, bias_act's slopes where
 // `slopes` (and the build saves them). All 128-byte swizzled, zeros outside the matrices, stores clipped.
-template <int LB, int EPI, int STAGES, int EBUFS>
+// CUT takes parts out, to tell their times apart: CUT_EPILOGUE the whole epilogue (the multiply alone: no chunk ring,
+// no outputs), CUT_STORES the copy engine's stores (the chunks written and handed back), CUT_WRITES the consumer's
+// chunk writes (buffers handed and stored, unwritten).
+constexpr int CUT_EPILOGUE = 1, CUT_STORES = 2, CUT_WRITES = 4;
+template <int LB, int EPI, int STAGES, int EBUFS, int CUT = 0>
 RG_DEVICE void pingpong_layer(const TensorMap* mapA, const TensorMap* mapB, const TensorMap* mapC,
                               const TensorMap* mapAct, int M, int N, int K, const float* bias, int slopes) {
 #if RG_WGMMA
@@ -92,7 +96,7 @@ RG_DEVICE void pingpong_layer(const TensorMap* mapA, const TensorMap* mapB, cons
                 }
             };
             pingpong_k_tiles<STAGES>(stages, full, empty, tiles, tiles_m, k_tiles, load);
-        } else if (tid == 32) {  // the chunk ring: dact's inputs in, every chunk's outputs out
+        } else if (tid == 32 && !(CUT & CUT_EPILOGUE)) {  // the chunk ring: dact's inputs in, every chunk's outputs out
             prefetch_tensor_map(mapC);
             if (EPI == EPI_DACT || save) prefetch_tensor_map(mapAct);
             const int chunks = 4 * ((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
@@ -107,6 +111,7 @@ RG_DEVICE void pingpong_layer(const TensorMap* mapA, const TensorMap* mapB, cons
                 corner(e, r0, c0);
                 u8* buf = ebufs + b * EBUF;
                 mbar_wait(&written[b], (e / EBUFS) & 1);
+                if (CUT & CUT_STORES) return;
                 tma_store_2d(mapC, c0, r0, buf);
                 if (save) tma_store_2d(mapAct, c0, r0, buf + 8192);
                 bulk_commit();
@@ -148,16 +153,20 @@ RG_DEVICE void pingpong_layer(const TensorMap* mapA, const TensorMap* mapB, cons
         if (c == 1 || n > 0) mbar_wait(&eorder[c], (c == 0 ? n - 1 : n) & 1);  // the other's epilogue is done
         const int n0 = tile / tiles_m * 128;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < (CUT & CUT_EPILOGUE ? 0 : 4); ++q) {
             const int e = j * 4 + q, b = e % EBUFS;
             u8* buf = ebufs + b * EBUF;
             mbar_wait(&efull[b], (e / EBUFS) & 1);
-            if (q < 2) layer_chunk<EPI>(buf, d0, q % 2, bias, n0 + 64 * (q % 2), N, save, warp, lane);
+            if (CUT & CUT_WRITES) {
+            } else if (q < 2) layer_chunk<EPI>(buf, d0, q % 2, bias, n0 + 64 * (q % 2), N, save, warp, lane);
             else layer_chunk<EPI>(buf, d1, q % 2, bias, n0 + 64 * (q % 2), N, save, warp, lane);
             fence_proxy_async();  // this thread's writes, before the copy engine reads them
             __syncwarp();
             if (lane == 0) mbar_arrive(&written[b]);  // the loading warp stores the chunk
         }
+        // A cut that reads no accumulator would let the compiler drop the multiply (a dummy HGMMA left): this
+        // store, which never runs, keeps every wgmma of both chains.
+        if ((CUT & (CUT_EPILOGUE | CUT_WRITES)) && K < 0) *reinterpret_cast<float*>(ebufs) = d0[0] + d1[0];
         mbar_arrive(&eorder[1 - c]);  // the other warpgroup may run its epilogue
     }
 #else
@@ -169,9 +178,9 @@ RG_DEVICE void pingpong_layer(const TensorMap* mapA, const TensorMap* mapB, cons
     const __grid_constant__ TensorMap mapA, const __grid_constant__ TensorMap mapB,                                 \
         const __grid_constant__ TensorMap mapC, const __grid_constant__ TensorMap mapAct, int M, int N, int K,     \
         const float *bias, int slopes
-#define LAYER_INSTANCE(name, LB, EPI, STAGES, EBUFS)                                                               \
+#define LAYER_INSTANCE(name, LB, EPI, STAGES, EBUFS, ...)                                                          \
     extern "C" __global__ void __launch_bounds__(384, 1) name(LAYER_PARAMS) {                                     \
-        pingpong_layer<LB, EPI, STAGES, EBUFS>(&mapA, &mapB, &mapC, &mapAct, M, N, K, bias, slopes);               \
+        pingpong_layer<LB, EPI, STAGES, EBUFS, ##__VA_ARGS__>(&mapA, &mapB, &mapC, &mapAct, M, N, K, bias, slopes); \
     }
 // name: pp_<layout of A><layout of B>_<epilogue>[_s<stages>e<buffers>]; rings as layers.py's KERNELS lists them
 LAYER_INSTANCE(pp_rr_store, ROW, EPI_STORE, 6, 4)
@@ -180,3 +189,9 @@ LAYER_INSTANCE(pp_rc_store, COL, EPI_STORE, 6, 4)
 LAYER_INSTANCE(pp_rc_dact, COL, EPI_DACT, 6, 4)
 LAYER_INSTANCE(pp_rr_bias_act_s6e2, ROW, EPI_BIAS_ACT, 6, 2)
 LAYER_INSTANCE(pp_rc_dact_s4e8, COL, EPI_DACT, 4, 8)
+// parts taken out (CUT): timed, not checked
+LAYER_INSTANCE(pp_rr_none, ROW, EPI_STORE, 6, 4, CUT_EPILOGUE)
+LAYER_INSTANCE(pp_rc_none, COL, EPI_STORE, 6, 4, CUT_EPILOGUE)
+LAYER_INSTANCE(pp_rr_nostores, ROW, EPI_STORE, 6, 4, CUT_STORES)
+LAYER_INSTANCE(pp_rr_nowrites, ROW, EPI_STORE, 6, 4, CUT_WRITES)
+LAYER_INSTANCE(pp_rr_store_s4e8, ROW, EPI_STORE, 4, 8)

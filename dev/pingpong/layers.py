@@ -11,7 +11,9 @@ dy @ W^T where the saved h > 0) and bit for bit against the product's wg128 inst
 kernel beside the product's planned GEMM of its role and cuBLAS's plain fp16 GEMM (PyTorch), CUDA events around graphs
 of 20 launches rotating over copies beyond the L2, median of trials; --sustained S replays each graph S seconds first
 (the clock the GPU holds under it, as in training: docs/perf.md, Power). Shapes: M the batch's rows, N x K the layer
-(fan-out x fan-in for x @ W; for dy @ W^T the fan-in is N). Not part of the product (dev/README.md).
+(fan-out x fan-in for x @ W; for dy @ W^T the fan-in is N). The *_none, *_nostores and *_nowrites kernels take the
+epilogue, the copy engine's stores or the chunk writes out (timed, not checked). Lost against wg256mc (docs/history.md:
+The forward and dx on the ping-pong tile); not part of the product (dev/README.md).
 """
 
 from __future__ import annotations
@@ -40,8 +42,12 @@ _spec.loader.exec_module(_run)  # dev/pingpong/run.py: the sm_90 check, however 
 # kernel -> (layout, epilogue, stages, epilogue buffers): layers.cu's LAYER_INSTANCE lines
 KERNELS = {"pp_rr_store": ("rr", "store", 6, 4), "pp_rr_bias_act": ("rr", "bias_act", 5, 4),
            "pp_rc_store": ("rc", "store", 6, 4), "pp_rc_dact": ("rc", "dact", 6, 4),
-           "pp_rr_bias_act_s6e2": ("rr", "bias_act", 6, 2), "pp_rc_dact_s4e8": ("rc", "dact", 4, 8)}
-EBUF = {"store": 8192, "bias_act": 16384, "dact": 8192}
+           "pp_rr_bias_act_s6e2": ("rr", "bias_act", 6, 2), "pp_rc_dact_s4e8": ("rc", "dact", 4, 8),
+           "pp_rr_store_s4e8": ("rr", "store", 4, 8),
+           # parts taken out (layers.cu's CUT), timed only: the epilogue, the stores, the consumer's chunk writes
+           "pp_rr_none": ("rr", "none", 6, 4), "pp_rc_none": ("rc", "none", 6, 4),
+           "pp_rr_nostores": ("rr", "none", 6, 4), "pp_rr_nowrites": ("rr", "none", 6, 4)}
+EBUF = {"store": 8192, "bias_act": 16384, "dact": 8192, "none": 8192}
 ROLE = {"rr": "fwd", "rc": "dx"}  # benchmarks.gemm's roles, for cuBLAS
 
 
@@ -108,6 +114,8 @@ def check(module, kernels, device, stream, rng, shapes, names) -> bool:
     for M, N, K in shapes:
         for name in names:
             layout, epi, _, _ = KERNELS[name]
+            if epi == "none":  # no outputs to check
+                continue
             with Arena() as arena:
                 o = Operands(arena, "", layout, M, N, K)
                 arena.allocate()
@@ -158,7 +166,7 @@ def timing(module, kernels, device, stream, rng, shapes, names, trials, sustaine
                     us = time_graph(stream, lambda: [binds[i % copies].run(stream) for i in range(launches)],
                                     launches, trials, sustained)
                     cells.append(f"{name:<22} {us:8.2f}")
-                for epi in dict.fromkeys(KERNELS[n][1] for n in mine):
+                for epi in dict.fromkeys(KERNELS[n][1] for n in mine if KERNELS[n][1] != "none"):
                     plan, binds = None, []
                     for o in sets:
                         plan, b = product_launch(kernels, device, layout, epi, o, M, N, K, ws=ws, tickets=tickets)
