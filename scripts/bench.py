@@ -53,7 +53,7 @@ import numpy as np
 
 from rawgpu.runtime import driver as drv
 from benchmarks.gemm import bench_dx_sgd, bench_ours, bench_torch, min_bytes, mlp_gemms
-from benchmarks.power import PowerLog
+from benchmarks.power import PowerLog, span_seconds
 from benchmarks.power import describe as describe_power
 from benchmarks.timing import copy_bandwidth, launch_floor
 from benchmarks.training import (HIDDEN, RECIPES, bench_rank, bench_rawgpu, bench_rawgpu_models, describe,
@@ -351,8 +351,9 @@ def cmd_train(args) -> int:
               f" of that; {ours['nodes']} empty nodes {nodes_floor:.1f} us)", flush=True)
         for s in systems:  # NVML's readings under load during each system's run (set-up and warm-up included)
             s["power"] = power.summary(*spans[s["system"]]) if s["system"] in spans else None
-        print(f"# power at H={label}: " + "; ".join(f"{s['system']} {describe_power(s['power'])}" for s in systems),
-              flush=True)
+        print(f"# power at H={label}: " + "; ".join(
+            f"{s['system']} {describe_power(s['power'], span_seconds(spans.get(s['system'])))}" for s in systems),
+            flush=True)
     power.stop()
     wall["total"] = time.perf_counter() - started
     print("# wall time (set-up, warm-up and compiles included): "
@@ -515,8 +516,9 @@ def cmd_sweep(args) -> int:
                       f"{accs[1]:>8}" + ("" if us else f"  {r['note']}"), flush=True)
             print(f"{h:>5} {n:>4} {'floor':>18} {floor:>9.1f}   ({n} models x {sweeps.parameters(h)} weights at "
                   f"{per_weight} B each, {bw:.0f} GB/s; {rates} lr x {seeds} seeds)", flush=True)
-            print(f"# power at H={h}, N={n}: " + "; ".join(f"{r['system']} {describe_power(r['power'])}"
-                                                        for r in results), flush=True)
+            print(f"# power at H={h}, N={n}: " + "; ".join(
+                f"{r['system']} {describe_power(r['power'], span_seconds(spans.get(r['system'])))}" for r in results),
+                flush=True)
             rows.append(dict(hidden=h, models=n, lrs=grid, seeds=seeds, floor_us=floor, systems=results))
     power.stop()
     results = dict(device=device.name, arch=device.arch, driver=f"CUDA {cu_major}.{cu_minor}",

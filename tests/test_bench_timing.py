@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import bench  # scripts/bench.py
-from benchmarks.power import PowerLog, describe
+from benchmarks.power import PowerLog, describe, span_seconds
 from benchmarks.timing import settle
 from rawgpu.cli.console import GpuReading
 
@@ -52,6 +52,7 @@ def test_a_span_of_readings_says_whether_the_power_limit_held_the_clock():
     assert log.summary(1.0, 2.0, loaded=lambda r: r.power_w >= 695) == dict(
         readings=1, sm_mhz=1710, sm_mhz_lowest=1710, watts=698.0, capped_pct=100.0)
     assert log.summary(3.0, 4.0) is None and describe(None) == "no readings"
+    assert describe(log.summary(3.0, 3.4), span_seconds((3.0, 3.4))) == "no readings under load in its 0.4 s"
     no_clock = PowerLog()
     no_clock.readings = [(1.0, reading(100, None, 250.0, None))]
     assert describe(no_clock.summary(0.0, 2.0)) == "250 W"

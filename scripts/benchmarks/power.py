@@ -63,10 +63,16 @@ class PowerLog:
                     watts=mean(watts), capped_pct=100 * sum(capped) / len(capped) if capped else None)
 
 
-def describe(summary: dict | None) -> str:
-    """'1850 MHz (lowest 1680), 689 W, 100% of readings capped by power', or 'no readings'."""
+def span_seconds(span: tuple[float, float] | None) -> float | None:
+    """A (start, end) span's length in seconds, None for no span."""
+    return None if span is None else span[1] - span[0]
+
+
+def describe(summary: dict | None, seconds: float | None = None) -> str:
+    """'1850 MHz (lowest 1680), 689 W, 100% of readings capped by power', or 'no readings' (with the span's length
+    where given: a run shorter than NVML's utilization period has no reading under load; more steps give some)."""
     if summary is None:
-        return "no readings"
+        return "no readings" if seconds is None else f"no readings under load in its {seconds:.1f} s"
     parts = []
     if summary["sm_mhz"] is not None:
         parts.append(f"{summary['sm_mhz']:.0f} MHz (lowest {summary['sm_mhz_lowest']})")
