@@ -334,3 +334,21 @@ def test_the_ping_pong_layers_cuts_keep_the_multiply():
     built = layers.compile_experiment()
     counts = {name: _tensor_ops(built, name) for name in layers.KERNELS}
     assert len(set(counts.values())) == 1 and counts["pp_rr_store"] > 0, counts
+
+
+def test_wgmma_prefetch_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
+    """dev/wgmma/prefetch.py: gemm_wgmma.cu with the update operands' L2 prefetch still compiles for sm_90, without
+    spills, for the one-CTA-a-tile updates (SGD and Adam), every multiply in place; a shape the copy engine cannot
+    take is one line, exit 2, before any GPU work."""
+    prefetch = _load("wgmma_prefetch", "dev/wgmma/prefetch.py")
+    assert prefetch.variant_text(0) is None
+    text = prefetch.variant_text(16)
+    for kernel in ("gemm_wg256mc_cr_sgd_f32", "gemm_wg256mc_cr_adam_f32"):
+        built = variants.build(contract.GEMM_WGMMA_SOURCE, text, "sm_90", kernel=kernel)
+        assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
+        product = variants.build(contract.GEMM_WGMMA_SOURCE, variants.source_text(contract.GEMM_WGMMA_SOURCE),
+                                 "sm_90", kernel=kernel)
+        assert _tensor_ops(built, kernel) == _tensor_ops(product, kernel) > 0
+    for args, message in ((["--shapes", "100x776x200"], "M and N must be multiples of 8"),
+                          (["--sustained", "-1"], "must be >= 0, got -1"), (["--ahead", "x"], "--ahead")):
+        assert_usage_error(prefetch.main, args, message, capsys)
