@@ -352,3 +352,16 @@ def test_wgmma_prefetch_experiment_builds_and_refuses_bad_shapes_in_one_line(cap
     for args, message in ((["--shapes", "100x776x200"], "M and N must be multiples of 8"),
                           (["--sustained", "-1"], "must be >= 0, got -1"), (["--ahead", "x"], "--ahead")):
         assert_usage_error(prefetch.main, args, message, capsys)
+
+
+def test_the_variant_checks_compare_every_byte_of_the_update():
+    """dev/pingpong/run.py's same_update (limits.py's and wgmma/prefetch.py's checks): a variant agrees only where
+    every byte of every array matches and the update changed the master's low half at all."""
+    run = _load("pingpong_run_same", "dev/pingpong/run.py")
+    before = [np.zeros(4, np.float16), np.zeros(4, np.int16), np.zeros(4, np.float32)]
+    after = [np.ones(4, np.float16), np.array([0, 1, 2, 0], np.int16), np.full(4, 0.5, np.float32)]
+    assert run.same_update([after, [a.copy() for a in after]], before) == ([0, 0, 0], 2, True)
+    other = [a.copy() for a in after]
+    other[2][3] = np.float32(0.25)
+    assert run.same_update([after, other], before) == ([0, 0, 2], 2, False)  # 0.5 and 0.25 differ in 2 bytes
+    assert run.same_update([before, before], before)[2] is False  # no update at all is no check

@@ -337,9 +337,7 @@ def check_change(device, stream, rng, opt: str, mask: int) -> bool:
                 bind(kernels, device, opt, w, M, N, K, optim).run(stream)
                 stream.synchronize()
                 outs.append(w.snapshot())
-        diff = [int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))) for a, b in zip(*outs)]
-        changed = int(np.count_nonzero(outs[0][1] != before[1]))
-        good = not any(diff) and changed > 0
+        diff, changed, good = _run.same_update(outs, before)
         print(f"check {opt} mask {mask} {M}x{N}x{K}: differing bytes vs the product's (w16, lo, states) {diff}, "
               f"{changed} lo changed {'ok' if good else 'FAIL'}", flush=True)
         ok &= good

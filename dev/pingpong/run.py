@@ -99,6 +99,14 @@ def operand_sets(arena: Arena, rng, opt: str, M: int, N: int, K: int, copies: in
     return sets, optim
 
 
+def same_update(outs, before) -> tuple[list[int], int, bool]:
+    """Two builds' (w16, lo, states) after the same update from `before`: differing bytes per array, how many lo
+    elements the first changed, and whether they agree with the update doing something (the variant checks')."""
+    diff = [int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))) for a, b in zip(*outs)]
+    changed = int(np.count_nonzero(outs[0][1] != before[1]))
+    return diff, changed, not any(diff) and changed > 0
+
+
 def pp_launch(kern, sm_count, epi, stages, ebufs, w: Weights, M, N, K, optim, out=None):
     tmap = driver.tensor_map_2d
     map_a = tmap(w.A.ptr, M, K, 2 * M, 64, 64)

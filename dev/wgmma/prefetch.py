@@ -99,9 +99,7 @@ def check(device, stream, rng, opt: str, ahead: int) -> bool:
                 stream.synchronize()
                 outs.append(w.snapshot())
                 name = f"{plan.config.name}/{plan.splits}"
-        diff = [int(np.count_nonzero(a.view(np.uint8) != b.view(np.uint8))) for a, b in zip(*outs)]
-        changed = int(np.count_nonzero(outs[0][1] != before[1]))
-        good = not any(diff) and changed > 0
+        diff, changed, good = _run.same_update(outs, before)
         print(f"check {opt} ahead {ahead} {M}x{N}x{K} ({name}): differing bytes vs the product's (w16, lo, states) "
               f"{diff}, {changed} lo changed {'ok' if good else 'FAIL'}", flush=True)
         ok &= good
