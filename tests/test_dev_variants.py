@@ -3,6 +3,7 @@ variants dev/ makes of them still apply and compile (an experiment that rots can
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -17,6 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 import variants  # dev/ is on the tests' path (pyproject.toml)
 
 PROFILED = ("head.cu", "dx_update.cu", "cluster_step.cu", "fused_step.cu")
+
+
+def load_dev(name: str, path: str):
+    """A dev/ script as a module, under `name`, from its path below the checkout (not a package: loaded by file)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_product_kernels_carry_no_experiment_switches():
@@ -108,11 +117,7 @@ def test_standalone_experiments_build(arch, source, kernel):
 def test_logits_xent_experiments_reference_is_softmax_cross_entropy():
     """dev/logits_xent/run.py's float64 check: the loss of uniform logits is log(classes), the hits the first
     maxima, and the gradient (softmax - onehot) x inv with zero padding columns."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("logits_run", ROOT / "dev" / "logits_xent" / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = load_dev("logits_run", "dev/logits_xent/run.py")
     z = np.zeros((4, 16), np.float16)
     z[3, 1] = 2.0
     loss, hits, d = run.softmax_reference(z, np.array([0, 1, 2, 1]), 3, 0.5)
@@ -126,11 +131,7 @@ def test_logits_xent_experiments_reference_is_softmax_cross_entropy():
 def test_transpose_upload_stages_every_chunk_of_rows_across_arrow_chunks(rng):
     """dev/transpose_upload/run.py's upload: each chunk of rows holds every column's own rows in order, whichever
     Arrow chunks they come from (the staging area here a host array, the kernel a copy of what it would read)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("transpose_run", ROOT / "dev" / "transpose_upload" / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = load_dev("transpose_run", "dev/transpose_upload/run.py")
     rows, features, chunk = 50, 3, 16
     whole = [rng.standard_normal(rows).astype(np.float32) for _ in range(features)]
     cuts = [[0, 5, 6, 30, 50], [0, 50], [0, 16, 32, 33, 50]]
@@ -165,11 +166,7 @@ def test_pingpong_experiment_builds_and_refuses_bad_shapes_in_one_line(capsys):
     """dev/pingpong (x^T @ dy with its update on a persistent ping-pong grid, appended to gemm_wgmma.cu) builds for
     sm_90a with every kernel its runner times; a shape the copy engine cannot take is one line, exit 2, before any
     GPU work."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pingpong_run", ROOT / "dev" / "pingpong" / "run.py")
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = load_dev("pingpong_run", "dev/pingpong/run.py")
     built = run.compile_experiment()
     assert set(run.KERNELS) <= set(built.resources)
     for args, message in ((["--shapes", "100x776x200"], "M and N must be multiples of 8"),
@@ -182,13 +179,9 @@ def test_pingpong_layers_experiment_builds_and_refuses_bad_arguments_in_one_line
     gemm_wgmma.cu) builds for sm_90a every kernel its runner times, without spills, each with the kernel parameters
     the runner binds and a ring that fits a block's shared memory; bad shapes and periods are one line, exit 2, before
     any GPU work."""
-    import importlib.util
-
     from rawgpu.contract.arch import STATIC_RESERVE, block_smem_limit
 
-    spec = importlib.util.spec_from_file_location("pingpong_layers", ROOT / "dev" / "pingpong" / "layers.py")
-    layers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layers)
+    layers = load_dev("pingpong_layers", "dev/pingpong/layers.py")
     built = layers.compile_experiment()
     for name, (_, epi, stages, ebufs) in layers.KERNELS.items():
         assert built.resources[name].spill_stores == 0 and built.signatures[name] == "ttttiiipi"
@@ -204,11 +197,7 @@ def test_wgmma_timeline_builds_and_refuses_bad_arguments_in_one_line(capsys):
     """dev/wgmma/timeline.py: gemm_wgmma.cu with every CTA's stamps still compiles for sm_90, without spills, for the
     tiles x^T @ dy with an update runs on (SGD and Adam); a shape the copy engine cannot take, or the ping-pong tile
     (its own timeline), is one line, exit 2, before any GPU work."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("wgmma_timeline", ROOT / "dev" / "wgmma" / "timeline.py")
-    timeline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timeline)
+    timeline = load_dev("wgmma_timeline", "dev/wgmma/timeline.py")
     text = timeline.stamped_text()
     for kernel in ("gemm_wg256mc_cr_sgd_f32", "gemm_wg256mc_cr_adam_f32", "gemm_wg128x2_cr_sgd_f32"):
         built = variants.build(contract.GEMM_WGMMA_SOURCE, text, "sm_90", kernel=kernel)
@@ -226,11 +215,7 @@ def test_pingpong_limits_experiment_builds_and_refuses_bad_masks_in_one_line(mas
     """dev/pingpong/limits.py: the product's ping-pong tile with each part taken out, or with fewer compiler barriers
     or other L2 hints, or stamped, still compiles for sm_90 (SGD and Adam), without spills (but where its docstring
     says); masks that cannot combine are one line, exit 2, before any GPU work."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pingpong_limits", ROOT / "dev" / "pingpong" / "limits.py")
-    limits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(limits)
+    limits = load_dev("pingpong_limits", "dev/pingpong/limits.py")
     text = variants.masked(contract.GEMM_WGMMA_SOURCE, limits.EDITS, mask)
     for kernel in ("gemm_wgpp_cr_sgd_f32", "gemm_wgpp_cr_adam_f32"):
         built = variants.build(contract.GEMM_WGMMA_SOURCE, text, "sm_90", kernel=kernel)
@@ -259,11 +244,7 @@ def test_stream_limits_experiment_builds_and_refuses_bad_arguments_in_one_line(m
     """dev/sweep/stream_limits.py: the models step's streamed update with each part taken out, or written back by
     the bulk copy engine, still compiles for sm_90, without spills; unpaired --models and --hidden are one line,
     exit 2, before any GPU work."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("stream_limits", ROOT / "dev" / "sweep" / "stream_limits.py")
-    limits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(limits)
+    limits = load_dev("stream_limits", "dev/sweep/stream_limits.py")
     kernel = contract.dxu_stream_kernel_name(128, "sgd")
     built = variants.build(contract.DX_UPDATE_MODELS_SOURCE, limits.ablated(mask), "sm_90", kernel=kernel)
     assert list(built.resources) == [kernel] and built.resources[kernel].spill_stores == 0
@@ -276,24 +257,11 @@ def test_stream_limits_experiment_builds_and_refuses_bad_arguments_in_one_line(m
 
 def test_power_draw_refuses_a_missing_command_or_bad_periods_in_one_line(capsys):
     """dev/power_draw.py: no command after --, a period that is not positive: one line, exit 2, before NVML."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("power_draw", ROOT / "dev" / "power_draw.py")
-    power_draw = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(power_draw)
+    power_draw = load_dev("power_draw", "dev/power_draw.py")
     for args, message in (([], "give the command to run"), (["--"], "give the command to run"),
                           (["--interval-ms", "0", "--", "true"], "must be positive"),
                           (["--every", "-1", "--", "true"], "must be positive")):
         assert_usage_error(power_draw.main, args, message, capsys)
-
-
-def _load(name: str, path: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _tensor_ops(built, kernel: str) -> int:
@@ -319,7 +287,7 @@ def test_an_ablation_keeps_every_multiply_it_does_not_take_out(experiment, mask)
     experiment then times something else (dev/pingpong/limits.py's "multiply alone" once timed the k-tiles' loads
     alone): every mask keeps the tensor-core instructions of the mask's multiply cuts alone, in the machine code."""
     source, kernel, how, cuts, _ = ABLATIONS[experiment]
-    module = _load(experiment.replace("/", "_")[:-3], f"dev/{experiment}")
+    module = load_dev(experiment.replace("/", "_")[:-3], f"dev/{experiment}")
 
     def count(m: int) -> int:
         text = variants.masked(source, module.EDITS, m) if how == "EDITS" else getattr(module, how)(m)
@@ -330,7 +298,7 @@ def test_an_ablation_keeps_every_multiply_it_does_not_take_out(experiment, mask)
 
 def test_the_ping_pong_layers_cuts_keep_the_multiply():
     """dev/pingpong/layers.py: every kernel, the cuts too (the multiply alone, no chunk writes), multiplies."""
-    layers = _load("pingpong_layers_ops", "dev/pingpong/layers.py")
+    layers = load_dev("pingpong_layers_ops", "dev/pingpong/layers.py")
     built = layers.compile_experiment()
     counts = {name: _tensor_ops(built, name) for name in layers.KERNELS}
     assert len(set(counts.values())) == 1 and counts["pp_rr_store"] > 0, counts
@@ -340,7 +308,7 @@ def test_wgmma_prefetch_experiment_builds_and_refuses_bad_shapes_in_one_line(cap
     """dev/wgmma/prefetch.py: gemm_wgmma.cu with the update operands' L2 prefetch still compiles for sm_90, without
     spills, for the one-CTA-a-tile updates (SGD and Adam), every multiply in place; a shape the copy engine cannot
     take is one line, exit 2, before any GPU work."""
-    prefetch = _load("wgmma_prefetch", "dev/wgmma/prefetch.py")
+    prefetch = load_dev("wgmma_prefetch", "dev/wgmma/prefetch.py")
     assert prefetch.variant_text(0) is None
     text = prefetch.variant_text(16)
     for kernel in ("gemm_wg256mc_cr_sgd_f32", "gemm_wg256mc_cr_adam_f32"):
@@ -357,7 +325,7 @@ def test_wgmma_prefetch_experiment_builds_and_refuses_bad_shapes_in_one_line(cap
 def test_the_variant_checks_compare_every_byte_of_the_update():
     """dev/pingpong/run.py's same_update (limits.py's and wgmma/prefetch.py's checks): a variant agrees only where
     every byte of every array matches and the update changed the master's low half at all."""
-    run = _load("pingpong_run_same", "dev/pingpong/run.py")
+    run = load_dev("pingpong_run_same", "dev/pingpong/run.py")
     before = [np.zeros(4, np.float16), np.zeros(4, np.int16), np.zeros(4, np.float32)]
     after = [np.ones(4, np.float16), np.array([0, 1, 2, 0], np.int16), np.full(4, 0.5, np.float32)]
     assert run.same_update([after, [a.copy() for a in after]], before) == ([0, 0, 0], 2, True)

@@ -30,6 +30,7 @@ from rawgpu.cli.common import count
 from rawgpu.contract import GEMM_WGMMA_SOURCE
 from rawgpu.kernels import gemm as G
 from rawgpu.model.recipe import Option, argument_type
+from rawgpu.runtime import driver
 from rawgpu.runtime.errors import run_cli
 from rawgpu.runtime.memory import Arena
 
@@ -154,7 +155,6 @@ def main(argv=None) -> int:
 def run(args) -> int:
     if (device := _run.hopper("wgmma prefetch")) is None:
         return 1
-    from rawgpu.runtime import driver
     stream, rng = driver.Stream(), np.random.default_rng(0)
     for opt in args.optimizer:
         if not all(check(device, stream, rng, opt, a) for a in args.ahead if a):
