@@ -120,6 +120,45 @@ def test_a_table_trains_on_two_gpus_from_the_cli(device, rng, tmp_path, mode, ta
         assert epochs[-1]["test_accuracy"] > 0.15 and abs(scored.accuracy - epochs[-1]["test_accuracy"]) <= 0.002
 
 
+@pytest.mark.parametrize("mode", SPLITS)
+def test_a_parquet_table_trains_on_two_gpus_as_the_same_rows_from_an_npz(device, rng, tmp_path, mode):
+    """`--data train.parquet --test test.parquet --gpus 2 --parallel MODE` (each rank reads the float columns, made
+    into rows on the GPU) against the same rows in an .npz: the same epochs reported (losses, accuracy) and the same
+    one-GPU checkpoint's parameters, bit for bit."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (the tables extra) reads Parquet")
+    import pyarrow.parquet as pq
+
+    from rawgpu import Trainer
+    from rawgpu.data.datasets import Dataset
+    from test_trainer import cli
+
+    _need_gpus(2)
+    x = (rng.standard_normal((9000, 40)) * rng.uniform(0.5, 30.0, 40)).astype(np.float32)
+    y = (x[:, :3].sum(1) > 0).astype(np.int64) + (x[:, 3] > 1)  # 3 classes
+    for name, rows in (("train", slice(0, 8000)), ("test", slice(8000, None))):
+        table = pa.table({**{f"f{j}": x[rows, j] for j in range(40)}, "label": y[rows]})
+        pq.write_table(table, tmp_path / f"{name}.parquet", row_group_size=1000)
+    np.savez(tmp_path / "t.npz", x_train=x[:8000], y_train=y[:8000], x_test=x[8000:], y_test=y[8000:])
+    sources = {"parquet": ["--data", str(tmp_path / "train.parquet"), "--test", str(tmp_path / "test.parquet")],
+               "npz": ["--data", str(tmp_path / "t.npz")]}
+    epochs, parameters = {}, {}
+    for name, data in sources.items():
+        path = tmp_path / f"{name}.safetensors"
+        out = cli("rawgpu.train", "--gpus", "2", "--parallel", mode, *data, "--standardize", "--hidden", "256",
+                  "--epochs", "3", "--json", "--save", str(path))
+        assert out.returncode == 0, out.stderr
+        epochs[name] = [tuple(json.loads(line)[k] for k in ("epoch", "train_loss", "test_loss", "test_accuracy"))
+                        for line in out.stdout.splitlines() if line.startswith("{")]
+        loaded_data = Dataset.from_tables(tmp_path / "train.parquet", test=tmp_path / "test.parquet") \
+            if name == "parquet" else Dataset.from_tables(tmp_path / "t.npz")
+        with Trainer.load(path, data=loaded_data) as loaded:
+            parameters[name] = loaded.parameters()
+    assert [e[0] for e in epochs["parquet"]] == [1, 2, 3] and epochs["parquet"] == epochs["npz"]
+    assert epochs["parquet"][-1][3] > 0.6  # it learned
+    for (w1, b1), (w2, b2) in zip(parameters["parquet"], parameters["npz"], strict=True):
+        assert np.array_equal(w1, w2) and np.array_equal(b1, b2)
+
+
 def test_the_benchmark_times_every_split_on_two_gpus(device, tmp_path):
     """`python scripts/bench.py train --gpus 1 2 --parallel MODE` (a script: its ranks' processes import it as the
     main module): a row per width with the 2-GPU time, the time in the sums and the test accuracy."""
