@@ -323,8 +323,9 @@ def test_a_weight_gradient_in_fp32_runs_the_tile_and_splits_of_one_gpus_update(a
 def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
     """x @ W and dy @ W^T of more than 256 rows run on the sm_90a warpgroup-MMA tiles (256 columns where those still
     fill half the SMs; in multicast pairs from 12 k-tiles on), never split, with fp32 accumulation, N >= 128 and
-    K >= 64, and so does x^T @ dy of a batch above 256 at any N, split over a cluster where its tiles are few;
-    elsewhere the tiles before."""
+    K >= 64 (dy @ W^T below one k-tile too into 2048 columns or more: the head's dx, two CTAs an SM), and so does
+    x^T @ dy of a batch above 256 at any N, split over a cluster where its tiles are few; elsewhere the tiles
+    before."""
     for layout, epi in (("rr", "bias_act"), ("rc", "dact"), ("rr", "store32"), ("rc", "store")):
         for K, config, cluster in ((704, "wg256", (1, 1, 1)), (768, "wg256mc", (2, 1, 1)),
                                    (1024, "wg256mc", (2, 1, 1))):
@@ -342,10 +343,17 @@ def test_batches_above_256_take_the_warpgroup_mma_tiles_on_sm_90_alone():
         assert (p.config.name, p.splits, p.config.threads, p.tiles[0] * p.tiles[1] <= 132) == ("wg64", 1, 384, True)
     for M, N, K in ((1024, 2048, 2048), (2048, 1024, 1024), (4096, 512, 512)):  # 256 tiles of 64 columns: two waves
         assert G.plan_gemm(M, N, K, "rr", "bias_act", arch="sm_90", sm_count=132).config.name == "wg128", (M, N, K)
+    # the head's dx (K under one k-tile) into 2048 columns or more over more tiles than a wave of wg64's: two CTAs an
+    # SM, one's epilogue beside the other's; into fewer columns the mma.sync tile
+    for M, N, epi in ((1024, 2048, "dact"), (1024, 4096, "dact"), (4096, 4096, "store"), (2048, 8192, "store32")):
+        p = G.plan_gemm(M, N, 16, "rc", epi, arch="sm_90", sm_count=132)
+        assert (p.config.name, p.splits, p.config.ctas_per_sm) == ("wg128x2", 1, 2), (M, N, epi)
     assert G.plan_gemm(4096, 1024, 16, "rc", "dact", arch="sm_90", sm_count=132).config.name == "128x128"
+    assert G.plan_gemm(4096, 1024, 16, "rc", "dact", arch="sm_90", accum="f16").config.name == "128x128"
+    assert G.plan_gemm(4096, 1024, 16, "rc", "dact", arch="sm_86").config.name == "128x128"
     for args, kw in [((256, 256, 784, "rr", "store"), {}),  # a batch the streaming tiles take
                      ((4096, 1024, 1024, "rr", "store"), {"accum": "f16"}),
-                     ((4096, 1024, 16, "rc", "dact"), {}),
+                     ((4096, 1024, 16, "rr", "bias_act"), {}),
                      ((4096, 104, 1024, "rr", "bias_act"), {}),
                      ((4096, 4096, 128, "cr", "sgd"), {"states": 1}), ((4096, 4096, 256, "cr", "adam"), {"states": 2})]:
         assert not G.plan_gemm(*args, arch="sm_90", **kw).config.wgmma, (args, kw)

@@ -87,10 +87,15 @@ WGMMA_MIN_K_TILES_PER_SPLIT = 2
 # x^T @ dy of a weight of WGMMA_PAIR_MIN_ROWS rows or more over a batch of at most WGMMA_PAIR_MAX_K: its update costs as
 # much as its multiply, and the 128-column tile two CTAs an SM ("wg128x2": one's update beside the other's multiply)
 # beats the one-CTA tiles, whole or split (`python dev/gemm_variants.py --variants wg128 wg128x2
-# wg256 --sizes 4096 8192 --batch 1024`)
+# wg256 --sizes 4096 8192 --batch 1024`); so does dy @ W^T of K under one k-tile (the head's dx, K = 16) into
+# PAIR_DX_MIN_COLUMNS columns or more where the 64-column tile would take more than a wave: its work is the epilogue,
+# which the other CTA overlaps, where the mma.sync tile it fell to before has none beside it (`python
+# dev/gemm_variants.py --variants wg128x2 128x128 --sizes 1024 4096 --batch 4096`). Into 1024 columns it is faster
+# alone too, but its step is slower (the layer's update beside it: docs/history.md)
 WGMMA_PAIR_CONFIG = "wg128x2"
 WGMMA_PAIR_MIN_ROWS = 4096
 WGMMA_PAIR_MAX_K = 1024
+PAIR_DX_MIN_COLUMNS = 2048
 # The update (SGD's or Adam's) of such a weight over a batch of at most PINGPONG_MAX_K rows, where its 128 x 128 tiles
 # number at least PINGPONG_MIN_WAVES x SMs: the persistent ping-pong tile ("wgpp": one warpgroup's update under the
 # other's multiply, fed and stored by TMA) beats wg128x2 and, over up to 2048 rows, wg256mc; over 4096 rows the
@@ -200,15 +205,16 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
       and ROW_TILE_MIN_COLUMNS); on sm_90 at more rows too while N <= NARROW_STREAM_COLUMNS (the head) and its row
       tiles fit one wave;
     - x @ W and dy @ W^T above BATCH_STREAM_ROWS rows on sm_90 with fp32 accumulation and N >= WGMMA_MIN_N: the
-      warpgroup-MMA tile, its 64-column form where that makes one wave of tiles, else (K >= 64) its 256-column form
-      where that still makes WGMMA_WIDE_SHARE x SMs tiles (in multicast pairs from MULTICAST_MIN_K_TILES k-tiles and
-      two row tiles on), its 128-column one where not; x^T @ dy of a batch above BATCH_STREAM_ROWS too, at any N
-      (with its update; the 64-column tile where that makes one wave filling half the SMs or more over at most
+      warpgroup-MMA tile, its 64-column form where that makes one wave of tiles, else dy @ W^T of K under one k-tile
+      into PAIR_DX_MIN_COLUMNS or more on two CTAs an SM (the head's dx: WGMMA_PAIR_CONFIG), else (K >= 64) its
+      256-column form where that still makes WGMMA_WIDE_SHARE x SMs tiles (in multicast pairs from MULTICAST_MIN_K_TILES
+      k-tiles and two row tiles on), its 128-column one where not; x^T @ dy of a batch above BATCH_STREAM_ROWS too, at
+      any N (with its update; the 64-column tile where that makes one wave filling half the SMs or more over at most
       WG64_MAX_K_TILES k-tiles; else K split over a cluster where its tiles are few: the head's 16 columns in a
       128-column tile still beat the mma.sync tiles' splits through the workspace; two CTAs an SM from
       WGMMA_PAIR_MIN_ROWS rows over a batch of at most WGMMA_PAIR_MAX_K; the update (SGD's, Adam's) from
-      WGMMA_PAIR_MIN_ROWS rows over a batch of at most PINGPONG_MAX_K in PINGPONG_MIN_WAVES waves of 128 x 128 tiles or more: the persistent
-      ping-pong tile);
+      WGMMA_PAIR_MIN_ROWS rows over a batch of at most PINGPONG_MAX_K in PINGPONG_MIN_WAVES waves of 128 x 128 tiles or
+      more: the persistent ping-pong tile);
     - otherwise the smallest M tile that covers the batch.
     store32 (an fp32 sum the GPUs add up) runs the tile "store" would (the same shape streams the same bytes), but
     a weight gradient (cr) the tile of one GPU's update, whose sums it then gives bit for bit (for the ping-pong
@@ -259,6 +265,9 @@ def choose_config(M: int, K: int, epilogue: str, layout: str = "rr", N: int = 0,
         if narrow_tiles <= sm_count and (layout != "cr" or 2 * narrow_tiles >= sm_count
                                          and cdiv(K, 64) <= WG64_MAX_K_TILES):
             return WG64_CONFIG
+        if (K < 64 and layout == "rc" and N >= PAIR_DX_MIN_COLUMNS
+                and (WGMMA_PAIR_CONFIG, layout, epilogue) in INSTANCES):
+            return WGMMA_PAIR_CONFIG
         if K >= 64:
             if cdiv(M, 128) * cdiv(N, 256) < WGMMA_WIDE_SHARE * sm_count:
                 return "wg128"
